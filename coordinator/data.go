@@ -1,0 +1,120 @@
+package coordinator
+
+// lcg is the 64-bit linear congruential generator (Knuth's MMIX constants)
+// that shuffles trainers for data assignment. It only has to be cheap and the
+// same everywhere, not unpredictable: its seed is the round seed.
+type lcg struct{ state uint64 }
+
+func (g *lcg) next() uint64 {
+	g.state = g.state*6364136223846793005 + 1442695040888963407
+	return g.state
+}
+
+func (g *lcg) nextRange(m uint64) uint64 { return g.next() % m }
+
+// DataRange is a run of consecutive data indices [Start, Start+Count); one
+// data index is one sequence of max_seq_len+1 tokens.
+type DataRange struct {
+	Start uint64
+	Count uint64
+}
+
+// AssignData splits the batch [dataIndex, dataIndex+batchSize) among n
+// trainers. The trainers, in epoch order, are Fisher–Yates shuffled with the
+// LCG seeded by seed; the i-th shuffled trainer gets ⌊B/n⌋ indices, plus one if
+// i < B mod n, following the previous one. The result is indexed by trainer.
+func AssignData(seed, dataIndex uint64, batchSize uint16, n int) []DataRange {
+	if n <= 0 {
+		return nil
+	}
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	g := lcg{state: seed}
+	for i := n - 1; i >= 1; i-- {
+		j := int(g.nextRange(uint64(i + 1)))
+		order[i], order[j] = order[j], order[i]
+	}
+	out := make([]DataRange, n)
+	b := uint64(batchSize)
+	per, extra := b/uint64(n), b%uint64(n)
+	next := dataIndex
+	for i, trainer := range order {
+		count := per
+		if uint64(i) < extra {
+			count++
+		}
+		out[trainer] = DataRange{Start: next, Count: count}
+		next += count
+	}
+	return out
+}
+
+// RoundBatchSize is the batch size of round r.
+func (s *Coordinator) RoundBatchSize(r *Round) uint16 {
+	return s.Config.BatchSize(s.Model.MaxSeqLen, r.DataIndex)
+}
+
+// RoundAssignment is the data of every trainer of round r, by epoch index.
+func (s *Coordinator) RoundAssignment(r *Round) []DataRange {
+	return AssignData(r.RandomSeed, r.DataIndex, s.RoundBatchSize(r), int(r.ClientsLen))
+}
+
+// CurrentRound is the round in the current ring slot.
+func (s *Coordinator) CurrentRound() *Round { return &s.Epoch.Rounds[s.Epoch.CurrentRound] }
+
+// PreviousRound is the round before the current one in this epoch, or nil in
+// the epoch's first round.
+func (s *Coordinator) PreviousRound() *Round {
+	if s.Epoch.FirstRound {
+		return nil
+	}
+	r := s.CurrentRound()
+	if r.Height == 0 {
+		return nil
+	}
+	return &s.Epoch.Rounds[(s.Epoch.CurrentRound+NumRounds-1)%NumRounds]
+}
+
+// RoundAtHeight returns the round of this epoch with the given height if the
+// ring still holds it.
+func (s *Coordinator) RoundAtHeight(height uint32) *Round {
+	cur := s.CurrentRound()
+	if height > cur.Height || cur.Height-height >= NumRounds {
+		return nil
+	}
+	back := uint8(cur.Height - height)
+	return &s.Epoch.Rounds[(s.Epoch.CurrentRound+NumRounds-back)%NumRounds]
+}
+
+// ClientIndex finds an epoch member by signer.
+func (s *Coordinator) ClientIndex(signer Pubkey) (uint16, bool) {
+	for i := uint16(0); i < s.Epoch.ClientsLen; i++ {
+		if s.Epoch.Clients[i].ID.Signer == signer {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// PendingIndex finds a pending joiner by signer.
+func (s *Coordinator) PendingIndex(signer Pubkey) (uint16, bool) {
+	for i := uint16(0); i < s.PendingLen; i++ {
+		if s.Pending[i].Signer == signer {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// HealthyClients counts the epoch members that are still healthy.
+func (s *Coordinator) HealthyClients() uint16 {
+	var n uint16
+	for i := uint16(0); i < s.Epoch.ClientsLen; i++ {
+		if s.Epoch.Clients[i].State == Healthy {
+			n++
+		}
+	}
+	return n
+}

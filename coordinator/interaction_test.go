@@ -1,0 +1,440 @@
+package coordinator
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ with the actual output")
+
+// TestTranscripts replays every testdata/*.txt transcript. A transcript is a
+// list of blocks:
+//
+//	command arg key=value ...
+//	----
+//	expected output
+//	(blank line)
+//
+// Lines starting with # between blocks are comments. Run with -rewrite to
+// regenerate the expected output, then review the diff.
+func TestTranscripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no transcripts: %v", err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
+			runTranscript(t, file)
+		})
+	}
+}
+
+type block struct {
+	comments []string
+	cmd      string
+	want     string
+}
+
+func parseTranscript(t *testing.T, path string) []block {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var blocks []block
+	var cur block
+	state := 0 // 0: between blocks, 1: reading command, 2: reading output
+	sc := bufio.NewScanner(f)
+	line := 0
+	for sc.Scan() {
+		line++
+		l := sc.Text()
+		switch state {
+		case 0:
+			if strings.HasPrefix(l, "#") || strings.TrimSpace(l) == "" {
+				cur.comments = append(cur.comments, l)
+				continue
+			}
+			cur.cmd = l
+			state = 1
+		case 1:
+			if l != "----" {
+				t.Fatalf("%s:%d: want ---- after the command, got %q", path, line, l)
+			}
+			state = 2
+		case 2:
+			if l == "" {
+				blocks = append(blocks, cur)
+				cur = block{}
+				state = 0
+				continue
+			}
+			cur.want += l + "\n"
+		}
+	}
+	if state == 1 {
+		t.Fatalf("%s: command %q has no output section", path, cur.cmd)
+	}
+	if state == 2 {
+		blocks = append(blocks, cur)
+	}
+	return blocks
+}
+
+func runTranscript(t *testing.T, path string) {
+	blocks := parseTranscript(t, path)
+	h := newHarness()
+	var out strings.Builder
+	for _, b := range blocks {
+		got := h.run(t, b.cmd)
+		for _, c := range b.comments {
+			out.WriteString(c + "\n")
+		}
+		out.WriteString(b.cmd + "\n----\n" + got + "\n")
+		if !*rewrite && got != b.want {
+			t.Errorf("%s: %s\n got:\n%s\nwant:\n%s", path, b.cmd, got, b.want)
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// harness drives one coordinator with named participants. A name's signer
+// key is sha256("signer:"+name) and its p2p key sha256("p2p:"+name).
+type harness struct {
+	c     *Coordinator
+	now   uint64
+	names map[Pubkey]string
+}
+
+func newHarness() *harness { return &harness{c: new(Coordinator), names: map[Pubkey]string{}} }
+
+func (h *harness) key(name string) Pubkey {
+	k := Pubkey(sha256.Sum256([]byte("signer:" + name)))
+	h.names[k] = name
+	return k
+}
+
+func (h *harness) id(name string) ClientID {
+	return ClientID{Signer: h.key(name), P2P: sha256.Sum256([]byte("p2p:" + name))}
+}
+
+func (h *harness) name(k Pubkey) string {
+	if n, ok := h.names[k]; ok {
+		return n
+	}
+	return fmt.Sprintf("%x", k[:4])
+}
+
+type args struct {
+	pos []string
+	kv  map[string]string
+}
+
+func (a args) get(k, def string) string {
+	if v, ok := a.kv[k]; ok {
+		return v
+	}
+	return def
+}
+
+func (a args) num(t testing.TB, k string, def uint64) uint64 {
+	v, ok := a.kv[k]
+	if !ok {
+		return def
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", k, v, err)
+	}
+	return n
+}
+
+func (h *harness) ctx(t testing.TB, a args, sender string) Context {
+	h.now = a.num(t, "t", h.now)
+	c := Context{Sender: h.key(sender), Now: h.now, Seed: a.num(t, "seed", h.now)}
+	if co := a.get("cosign", ""); co != "" {
+		c.CoSigner = h.key(co)
+	}
+	return c
+}
+
+func result(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return "error " + e.Name + ": " + err.Error()
+	}
+	return "error: " + err.Error()
+}
+
+// tinyConfig is the config the transcripts start from: 3 clients, short timeouts.
+func tinyConfig() Config {
+	return Config{WarmupTime: 10, CooldownTime: 10, MaxRoundTrainTime: 20, RoundWitnessTime: 5, EpochTime: 100,
+		WaitingForMembersExtraTime: 2, TotalSteps: 100, GlobalBatchSizeStart: 6, GlobalBatchSizeEnd: 12,
+		GlobalBatchSizeWarmupTokens: 8 * 16, InitMinClients: 3, MinClients: 2, WitnessNodes: 2}
+}
+
+func tinyModel() Model {
+	m := Model{Architecture: ArchGPT, DataKind: DataLocal, TokenSize: 2, MaxSeqLen: 8, VocabSize: 256,
+		DModel: 32, NLayers: 2, NHeads: 4,
+		LR:        LRSchedule{Kind: LRConstant, BaseLR: 0.001},
+		Optimizer: Optimizer{Kind: OptimizerDistro, CompressionDecay: 0.999, CompressionTopK: 4, CompressionChunk: 8, Quantize1Bit: true}}
+	m.Checkpoint.Kind = CheckpointHub
+	_ = SetFixedString(m.Checkpoint.Source.URL[:], "file:///models/tiny")
+	_ = SetFixedString(m.DataLocation[:], "data/tokens.bin")
+	return m
+}
+
+func setConfigField(t testing.TB, k *Config, name, v string) {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("config %s=%q: %v", name, v, err)
+	}
+	fields := map[string]any{
+		"warmup_time": &k.WarmupTime, "cooldown_time": &k.CooldownTime, "max_round_train_time": &k.MaxRoundTrainTime,
+		"round_witness_time": &k.RoundWitnessTime, "epoch_time": &k.EpochTime,
+		"waiting_for_members_extra_time": &k.WaitingForMembersExtraTime, "warmup_tokens": &k.GlobalBatchSizeWarmupTokens,
+		"total_steps": &k.TotalSteps, "batch_start": &k.GlobalBatchSizeStart, "batch_end": &k.GlobalBatchSizeEnd,
+		"init_min_clients": &k.InitMinClients, "min_clients": &k.MinClients, "witness_nodes": &k.WitnessNodes,
+		"verification_percent": &k.VerificationPercent,
+	}
+	switch p := fields[name].(type) {
+	case *uint64:
+		*p = n
+	case *uint32:
+		*p = uint32(n)
+	case *uint16:
+		*p = uint16(n)
+	case *uint8:
+		*p = uint8(n)
+	default:
+		t.Fatalf("unknown config field %q", name)
+	}
+}
+
+func parseArgs(fields []string) args {
+	a := args{kv: map[string]string{}}
+	for _, f := range fields {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			a.kv[k] = v
+		} else {
+			a.pos = append(a.pos, f)
+		}
+	}
+	return a
+}
+
+// names expands the positional arguments; "witnesses" stands for every healthy
+// elected witness of the current round, in index order.
+func (h *harness) expand(pos []string) []string {
+	var out []string
+	for _, p := range pos {
+		if p != "witnesses" {
+			out = append(out, p)
+			continue
+		}
+		r := h.c.CurrentRound()
+		for i := uint16(0); i < r.ClientsLen && i < h.c.Epoch.ClientsLen; i++ {
+			cl := h.c.Epoch.Clients[i]
+			if cl.State == Healthy && h.c.Config.WitnessProofFor(r, i).IsWitness {
+				out = append(out, h.name(cl.ID.Signer))
+			}
+		}
+	}
+	return out
+}
+
+// report builds a witness report from name for the current round: every
+// healthy listed client except those in missing is a participant.
+func (h *harness) report(t testing.TB, a args, name string) Witness {
+	r := h.c.CurrentRound()
+	w := Witness{Key: uint64(len(name))*1000 + h.now}
+	if i, ok := h.c.ClientIndex(h.key(name)); ok {
+		w.Proof = h.c.Config.WitnessProofFor(r, i)
+	}
+	if p := a.get("proof", ""); p != "" {
+		parts := strings.Split(p, ":")
+		idx, _ := strconv.Atoi(parts[0])
+		pos, _ := strconv.Atoi(parts[1])
+		w.Proof = WitnessProof{Index: uint16(idx), Position: uint16(pos), IsWitness: parts[2] == "1"}
+	}
+	missing := map[string]bool{}
+	for _, m := range strings.Split(a.get("missing", ""), ",") {
+		missing[m] = true
+	}
+	for i := uint16(0); i < h.c.Epoch.ClientsLen; i++ {
+		cl := h.c.Epoch.Clients[i]
+		if !missing[h.name(cl.ID.Signer)] {
+			w.Participants.Add(w.Key, ParticipantMember(cl.ID.Signer))
+		}
+	}
+	w.Metadata.Step = uint32(a.num(t, "step", uint64(h.c.Progress.Step)))
+	return w
+}
+
+func (h *harness) run(t testing.TB, line string) string {
+	fields := strings.Fields(line)
+	cmd, a := fields[0], parseArgs(fields[1:])
+	var out strings.Builder
+	say := func(prefix string, err error) {
+		if prefix != "" {
+			out.WriteString(prefix + ": ")
+		}
+		out.WriteString(result(err) + "\n")
+	}
+	apply := func(sender string, ix Instruction) error {
+		before := h.c.MarshalAccount()
+		_, err := h.c.Apply(h.ctx(t, a, sender), ix)
+		if err != nil && string(before) != string(h.c.MarshalAccount()) {
+			t.Fatalf("%s: failed instruction changed the state", line)
+		}
+		return err
+	}
+	switch cmd {
+	case "init":
+		// init run=ID [authority=NAME] [join-authority=NAME]
+		ix := &InitCoordinator{MainAuthority: h.key(a.get("authority", "admin"))}
+		ix.RunID, _ = ParseRunID(a.get("run", "test"))
+		copy(ix.RunID[:], a.get("raw-run", ""))
+		if ja := a.get("join-authority", ""); ja != "" {
+			ix.JoinAuthority = h.key(ja)
+		}
+		say("", apply("admin", ix))
+	case "config":
+		// config [from=NAME] [field=value ...]: update config (and the tiny model if unset)
+		k := tinyConfig()
+		for key, v := range a.kv {
+			if key != "t" && key != "from" {
+				setConfigField(t, &k, key, v)
+			}
+		}
+		u := &Update{Config: &k}
+		if !slices.Contains(a.pos, "no-model") {
+			m := tinyModel()
+			u.Model = &m
+		}
+		say("", apply(a.get("from", "admin"), u))
+	case "progress":
+		// progress step=N epoch=N data=N
+		p := Progress{Step: uint32(a.num(t, "step", 0)), Epoch: uint32(a.num(t, "epoch", 0)), EpochStartDataIndex: a.num(t, "data", 0)}
+		say("", apply(a.get("from", "admin"), &Update{Progress: &p}))
+	case "metadata":
+		var m Metadata
+		_ = SetFixedString(m.Name[:], a.get("name", "run"))
+		say("", apply(a.get("from", "admin"), &Update{Metadata: &m}))
+	case "pause", "resume":
+		say("", apply(a.get("from", "admin"), &SetPaused{Paused: cmd == "pause"}))
+	case "join":
+		// join NAME... [p2p=NAME] [cosign=NAME] [as=NAME]
+		for _, n := range a.pos {
+			id := h.id(n)
+			if p := a.get("p2p", ""); p != "" {
+				id.P2P = sha256.Sum256([]byte("p2p:" + p))
+			}
+			say(n, apply(a.get("as", n), &JoinRun{ID: id}))
+		}
+	case "tick":
+		say("", apply("anyone", &Tick{}))
+	case "run":
+		// run until=T: tick every second up to T, printing each change.
+		until := a.num(t, "until", h.now)
+		for h.now < until {
+			h.now++
+			changed, err := h.c.Tick(h.now, h.now)
+			if err != nil {
+				fmt.Fprintf(&out, "t=%d: %s\n", h.now, result(err))
+				break
+			}
+			if changed {
+				fmt.Fprintf(&out, "t=%d: %s\n", h.now, h.c.Describe())
+			}
+		}
+		return out.String()
+	case "warmup-witness", "witness":
+		for _, n := range h.expand(a.pos) {
+			w := h.report(t, a, n)
+			var ix Instruction = &WitnessRound{Report: w}
+			if cmd == "warmup-witness" {
+				ix = &WarmupWitness{Report: w}
+			}
+			say(n, apply(n, ix))
+		}
+	case "health-check":
+		// health-check FROM TARGET [index=N]
+		from, target := a.pos[0], a.pos[1]
+		r := h.c.CurrentRound()
+		i, _ := h.c.ClientIndex(h.key(target))
+		p := h.c.Config.HealthCheckProofFor(r, i)
+		if v, ok := a.kv["index"]; ok {
+			n, _ := strconv.Atoi(v)
+			p.Index = uint16(n)
+		}
+		say("", apply(from, &HealthCheck{ID: h.id(target), Proof: p}))
+	case "checkpoint":
+		// checkpoint NAME|elected [url=U]
+		var src CheckpointSource
+		_ = SetFixedString(src.URL[:], a.get("url", "file:///ckpt/epoch"))
+		for _, n := range a.pos {
+			if n == "elected" {
+				for i := uint16(0); i < h.c.Epoch.ClientsLen; i++ {
+					if h.c.IsCheckpointer(i) {
+						n = h.name(h.c.Epoch.Clients[i].ID.Signer)
+						break
+					}
+				}
+			}
+			say(n, apply(n, &RecordCheckpoint{Source: src}))
+		}
+	case "free":
+		say("", apply(a.get("from", "admin"), &FreeCoordinator{}))
+	case "drop":
+		for _, n := range a.pos {
+			fmt.Fprintf(&out, "%s: changed=%v\n", n, h.c.DropClient(h.key(n)))
+		}
+	case "clients":
+		return h.c.DescribeClients(h.name)
+	case "assign":
+		r := h.c.CurrentRound()
+		ranges := h.c.RoundAssignment(r)
+		for i, d := range ranges {
+			fmt.Fprintf(&out, "%s: [%d, %d)\n", h.name(h.c.Epoch.Clients[i].ID.Signer), d.Start, d.Start+d.Count)
+		}
+		return out.String()
+	case "roles":
+		r := h.c.CurrentRound()
+		var lines []string
+		for i := uint16(0); i < r.ClientsLen && i < h.c.Epoch.ClientsLen; i++ {
+			p := h.c.Config.WitnessProofFor(r, i)
+			role := "trainer"
+			if p.IsWitness {
+				role = "trainer+witness"
+			}
+			if h.c.RunState == Cooldown && h.c.IsCheckpointer(i) {
+				role += "+checkpointer"
+			}
+			lines = append(lines, fmt.Sprintf("%s: witness-position=%d %s", h.name(h.c.Epoch.Clients[i].ID.Signer), p.Position, role))
+		}
+		sort.Strings(lines)
+		return strings.Join(lines, "\n") + "\n"
+	default:
+		t.Fatalf("unknown command %q", cmd)
+	}
+	out.WriteString(h.c.Describe() + "\n")
+	return out.String()
+}

@@ -1,0 +1,112 @@
+package archtest
+
+import (
+	"go/parser"
+	"go/token"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// pureRules lists the packages that must stay pure (no clock, randomness, I/O
+// or logging) and the modules outside the standard library they may use.
+var pureRules = map[string][]string{
+	"coordinator": {"github.com/bits-and-blooms/bloom/v3"},
+	"distro":      nil,
+}
+
+// forbidden are standard packages that bring time, randomness, I/O or logging.
+var forbidden = []string{"time", "math/rand", "math/rand/v2", "crypto/rand", "os", "os/exec", "os/signal",
+	"net", "net/http", "log", "log/slog", "syscall", "unsafe", "io/ioutil", "io/fs", "runtime"}
+
+func repoRoot(t *testing.T) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+func isStdlib(path string) bool {
+	first, _, _ := strings.Cut(path, "/")
+	return !strings.Contains(first, ".")
+}
+
+func TestPurePackagesImportNothingImpure(t *testing.T) {
+	root := repoRoot(t)
+	for dir, allowed := range pureRules {
+		files, _ := filepath.Glob(filepath.Join(root, dir, "*.go"))
+		if len(files) == 0 {
+			t.Fatalf("%s: no Go files", dir)
+		}
+		for _, file := range files {
+			if strings.HasSuffix(file, "_test.go") {
+				continue // tests may use the clock, files and randomness
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				rel, _ := filepath.Rel(root, file)
+				for _, bad := range forbidden {
+					if path == bad {
+						t.Errorf("%s imports %q: %s must stay pure", rel, path, dir)
+					}
+				}
+				if !isStdlib(path) && !contains(allowed, path) {
+					t.Errorf("%s imports %q: only the standard library%s is allowed in %s", rel, path, also(allowed), dir)
+				}
+			}
+		}
+	}
+}
+
+// TestPurePackagesDependencyClosure checks the transitive closure too: no
+// module outside the allowed ones (and their own dependencies) sneaks in.
+func TestPurePackagesDependencyClosure(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go command not found")
+	}
+	allowedModules := map[string][]string{
+		"coordinator": {"github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
+		"distro":      nil,
+	}
+	for dir, allowed := range allowedModules {
+		cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+dir)
+		cmd.Dir = repoRoot(t)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", dir, err, out)
+		}
+		for _, pkg := range strings.Fields(string(out)) {
+			if strings.HasPrefix(pkg, "github.com/psyche-go/psyche/"+dir) {
+				continue
+			}
+			ok := false
+			for _, a := range allowed {
+				ok = ok || pkg == a || strings.HasPrefix(pkg, a+"/")
+			}
+			if !ok {
+				t.Errorf("%s depends on %s", dir, pkg)
+			}
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func also(allowed []string) string {
+	if len(allowed) == 0 {
+		return ""
+	}
+	return " and " + strings.Join(allowed, ", ")
+}

@@ -1,0 +1,3 @@
+// Package programs owns the on-chain coordinator program (C compiled to SBPF)
+// and its build chain.
+package programs

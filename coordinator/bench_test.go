@@ -135,3 +135,16 @@ func BenchmarkDecodeAccount(b *testing.B) {
 		}
 	}
 }
+
+func TestPendingListIsCappedAt256(t *testing.T) {
+	h := fullEpoch(t) // batch_end is 512, so only the 256 cap applies
+	for i := 0; i < MaxClients; i++ {
+		h.run(t, "join p"+itoa(uint64(i)))
+	}
+	if h.c.PendingLen != MaxClients {
+		t.Fatalf("%d pending", h.c.PendingLen)
+	}
+	if got := h.run(t, "join one-too-many"); !strings.Contains(got, "PendingFull") {
+		t.Fatalf("257th join: %s", got)
+	}
+}

@@ -1,0 +1,284 @@
+package distro
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Options are the DisTrO hyper-parameters of a run (the coordinator's
+// optimizer config) plus how many goroutines to use.
+type Options struct {
+	Chunk        int     // compression_chunk: tiles are at most Chunk×Chunk (e.g. 64)
+	TopK         int     // compression_topk: coefficients kept per tile (e.g. 4)
+	Quantize1Bit bool    // transmit signs instead of float32 values
+	Decay        float32 // compression_decay β of the momentum (e.g. 0.999)
+	WeightDecay  float32 // decoupled weight decay, applied as θ *= 1 − lr·wd
+	ClipGradNorm float32 // clip the global gradient norm to this (0: off)
+	Workers      int     // goroutines for compression and aggregation (0: 1)
+}
+
+// ErrNonFinite reports a gradient with NaN or Inf in it.
+var ErrNonFinite = errors.New("distro: gradient is not finite")
+
+// DeMo is one trainer's DisTrO optimizer state (decoupled momentum).
+//
+// A step is: δ ← β·δ + lr·g; q = TopK(DCT(δ)) per tile; δ −= IDCT(q) (the
+// residual keeps what was not sent, using the unquantized values); q is
+// transmitted. Applying a set of results scatters every peer's q into dense
+// tiles, averaging duplicate indices, inverts the DCT, takes the sign, and
+// updates θ ← θ·(1 − lr·wd) − lr·sign.
+//
+// The momentum is kept in the DCT domain, tile by tile. The DCT is orthonormal
+// and linear, so DCT(β·δ + lr·g) = β·DCT(δ) + lr·DCT(g) and subtracting
+// IDCT(q) from δ is zeroing the sent coefficients: the same optimizer, with
+// one transform per step instead of three.
+type DeMo struct {
+	opts        Options
+	plans       []*tensorPlan
+	delta       [][]float32 // per tensor, tile-major: tile t at [t*tileSize, (t+1)*tileSize)
+	backup      [][]float32 // parameters saved by Speculate
+	speculating bool
+}
+
+// NewDeMo returns a zero optimizer state for tensors of the given shapes.
+func NewDeMo(shapes [][]int, o Options) (*DeMo, error) {
+	if o.Chunk <= 0 || o.TopK <= 0 {
+		return nil, fmt.Errorf("distro: chunk (%d) and top-k (%d) must be positive", o.Chunk, o.TopK)
+	}
+	if !(o.Decay >= 0 && o.Decay < 1) || !(o.WeightDecay >= 0) || !(o.ClipGradNorm >= 0) {
+		return nil, fmt.Errorf("distro: need 0 ≤ decay < 1, weight decay ≥ 0 and clip ≥ 0")
+	}
+	d := &DeMo{opts: o}
+	for _, s := range shapes {
+		p, err := newTensorPlan(s, o.Chunk, o.TopK)
+		if err != nil {
+			return nil, err
+		}
+		d.plans = append(d.plans, p)
+		d.delta = append(d.delta, make([]float32, p.params))
+	}
+	return d, nil
+}
+
+// Momentum returns the momentum of tensor i in the DCT domain (tile-major).
+func (d *DeMo) Momentum(i int) []float32 { return d.delta[i] }
+
+func (d *DeMo) checkTensors(what string, ts [][]float32) error {
+	if len(ts) != len(d.plans) {
+		return fmt.Errorf("distro: %d %s tensors, the model has %d", len(ts), what, len(d.plans))
+	}
+	for i, p := range d.plans {
+		if len(ts[i]) != p.params {
+			return fmt.Errorf("distro: %s tensor %d has %d values, shape %v needs %d", what, i, len(ts[i]), p.shape, p.params)
+		}
+	}
+	return nil
+}
+
+// GradNorm is the global L2 norm of grads.
+func GradNorm(grads [][]float32) float64 {
+	var s float64
+	for _, g := range grads {
+		for _, v := range g {
+			s += float64(v) * float64(v)
+		}
+	}
+	return math.Sqrt(s)
+}
+
+// Step folds grads into the momentum and returns the compressed result to
+// transmit. grads are not modified.
+func (d *DeMo) Step(grads [][]float32, lr float32) (*Frame, error) {
+	if err := d.checkTensors("gradient", grads); err != nil {
+		return nil, err
+	}
+	scale := lr
+	if d.opts.ClipGradNorm > 0 {
+		if norm := GradNorm(grads); norm > float64(d.opts.ClipGradNorm) {
+			scale = float32(float64(lr) * float64(d.opts.ClipGradNorm) / norm)
+		}
+	}
+	for _, g := range grads {
+		if !allFinite(g) {
+			return nil, ErrNonFinite
+		}
+	}
+	f := &Frame{Tensors: make([]Tensor, len(d.plans))}
+	for i, p := range d.plans {
+		t := &f.Tensors[i]
+		*t = Tensor{Shape: append([]int(nil), p.shape...), TileH: p.th, TileW: p.tw, K: p.k, Quantized: d.opts.Quantize1Bit,
+			Indices: make([]uint32, p.tiles()*p.k), Values: make([]float32, p.tiles()*p.k)}
+		d.compressTensor(p, d.delta[i], grads[i], t, scale)
+	}
+	return f, nil
+}
+
+func allFinite(v []float32) bool {
+	for _, x := range v {
+		if math.Float32bits(x)&0x7f800000 == 0x7f800000 {
+			return false
+		}
+	}
+	return true
+}
+
+// compressTensor runs the step on every tile of one tensor.
+func (d *DeMo) compressTensor(p *tensorPlan, delta, g []float32, out *Tensor, scale float32) {
+	ts, k := p.tileSize(), p.k
+	beta := d.opts.Decay
+	parallel(d.opts.Workers, p.tiles(), func(lo, hi int) {
+		tile, tmp := make([]float32, ts), make([]float32, ts)
+		mag := make([]uint32, k)
+		for t := lo; t < hi; t++ {
+			p.gather(tile, g, t)
+			p.dct.forward(tile, tmp)
+			m := delta[t*ts : (t+1)*ts]
+			momentum(m, tile, beta, scale)
+			idx := out.Indices[t*k : (t+1)*k]
+			vals := out.Values[t*k : (t+1)*k]
+			topK(m, idx, mag)
+			for j, ix := range idx {
+				v := m[ix]
+				m[ix] = 0 // the residual keeps everything but what is sent, unquantized
+				if d.opts.Quantize1Bit {
+					v = signBit(v)
+				}
+				vals[j] = v
+			}
+		}
+	})
+}
+
+// signs replaces each value by its sign: −1, 0 or +1 (branch-free: the
+// values are dense and their signs random, which defeats branch prediction).
+func signs(v []float32) {
+	for j, x := range v {
+		b := math.Float32bits(x)
+		nonzero := (b&0x7fffffff + 0x7fffffff) >> 31 // 1 unless ±0
+		v[j] = math.Float32frombits((b&0x80000000 | 0x3f800000) * nonzero)
+	}
+}
+
+// signBit maps a value to the ±1 it is transmitted as (zero counts as +1).
+func signBit(v float32) float32 {
+	if v < 0 {
+		return -1
+	}
+	return 1
+}
+
+// Check reports whether a received frame fits this model; frames that do not
+// must be ignored before Apply.
+func (d *DeMo) Check(f *Frame) error {
+	if len(f.Tensors) != len(d.plans) {
+		return fmt.Errorf("%w: %d tensors, the model has %d", ErrMismatch, len(f.Tensors), len(d.plans))
+	}
+	for i, p := range d.plans {
+		if err := p.matches(&f.Tensors[i]); err != nil {
+			return fmt.Errorf("tensor %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// Aggregate writes to out the update direction of a set of results: for every
+// tile, the average of all frames' coefficients at each index, inverse DCT,
+// sign (−1, 0 or +1).
+func (d *DeMo) Aggregate(out [][]float32, frames []*Frame) error {
+	return d.aggregate(out, frames, func(dst []float32, at int, dir []float32) { copy(dst[at:], dir) })
+}
+
+// Apply updates params with a set of results (the consensus results of a
+// round, in any order): θ ← θ·(1 − lr·wd) − lr·sign(aggregate).
+func (d *DeMo) Apply(params [][]float32, frames []*Frame, lr float32) error {
+	keep := 1 - lr*d.opts.WeightDecay
+	return d.aggregate(params, frames, func(dst []float32, at int, dir []float32) {
+		row := dst[at : at+len(dir)]
+		for j, s := range dir {
+			row[j] = row[j]*keep - lr*s
+		}
+	})
+}
+
+// aggregate computes each tile's direction and hands it to emit, one tile row
+// at a time (dst is the tensor, at the offset of the row's first element).
+func (d *DeMo) aggregate(dst [][]float32, frames []*Frame, emit func(dst []float32, at int, dir []float32)) error {
+	if err := d.checkTensors("output", dst); err != nil {
+		return err
+	}
+	for fi, f := range frames {
+		if err := d.Check(f); err != nil {
+			return fmt.Errorf("frame %d: %w", fi, err)
+		}
+	}
+	for i, p := range d.plans {
+		ts, k := p.tileSize(), p.k
+		out := dst[i]
+		parallel(d.opts.Workers, p.tiles(), func(lo, hi int) {
+			tile, tmp, count := make([]float32, ts), make([]float32, ts), make([]float32, ts)
+			touched := make([]uint32, 0, k*len(frames))
+			for t := lo; t < hi; t++ {
+				clear(tile)
+				touched = touched[:0]
+				for _, f := range frames {
+					ft := &f.Tensors[i]
+					vals := ft.Values[t*k : (t+1)*k]
+					for j, ix := range ft.Indices[t*k : (t+1)*k] {
+						if count[ix] == 0 {
+							touched = append(touched, ix)
+						}
+						tile[ix] += vals[j]
+						count[ix]++
+					}
+				}
+				for _, ix := range touched {
+					if c := count[ix]; c > 1 {
+						tile[ix] /= c
+					}
+					count[ix] = 0
+				}
+				p.dct.inverse(tile, tmp)
+				signs(tile)
+				at := p.origin(t)
+				for r := 0; r < p.th; r++ {
+					emit(out, at+r*p.cols, tile[r*p.tw:(r+1)*p.tw])
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// Speculate applies this trainer's own result to params right away, saving
+// them first, so that its next gradient is taken near where the run will be;
+// Undo restores the saved parameters exactly before the consensus results of
+// the round are applied.
+func (d *DeMo) Speculate(params [][]float32, own *Frame, lr float32) error {
+	if err := d.checkTensors("parameter", params); err != nil {
+		return err
+	}
+	if d.backup == nil {
+		d.backup = make([][]float32, len(params))
+		for i, p := range params {
+			d.backup[i] = make([]float32, len(p))
+		}
+	}
+	for i, p := range params {
+		copy(d.backup[i], p)
+	}
+	d.speculating = true
+	return d.Apply(params, []*Frame{own}, lr)
+}
+
+// Undo restores the parameters saved by the last Speculate. It is a no-op if
+// nothing is speculated.
+func (d *DeMo) Undo(params [][]float32) {
+	if !d.speculating {
+		return
+	}
+	for i, p := range params {
+		copy(p, d.backup[i])
+	}
+	d.speculating = false
+}

@@ -1,0 +1,359 @@
+package distro
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// A frame is one trainer's compressed result for one step: for every
+// parameter tensor, the top-k DCT coefficients of every tile.
+//
+// Wire format (little-endian):
+//
+//	offset  size  field
+//	0       4     magic "PSDF"
+//	4       1     version (FrameVersion)
+//	5       1     reserved, 0
+//	6       2     tensor count
+//	8       ...   tensors, each:
+//	        1     ndim (1..MaxDims)
+//	        1     flags: bit 0 = values are 1-bit signs; other bits 0
+//	        2     reserved, 0
+//	        4     tile height (divides dim[-2], 1 for 1-D tensors)
+//	        4     tile width (divides dim[-1])
+//	        4     k, entries per tile (1..tile height × tile width)
+//	        4×ndim dims
+//	        indices: k per tile, tile-local, strictly ascending within a
+//	              tile, each 1, 2 or 4 bytes for tiles of ≤ 2^8, ≤ 2^16 or more
+//	              coefficients
+//	        values: k per tile, float32, or with flag bit 0 one bit per
+//	              entry packed LSB first (1 = +1, 0 = −1), the last byte's
+//	              spare bits 0
+//
+// Tiles are ordered by leading dims, then tile row, then tile column. The
+// format is canonical: a decoded frame re-encodes to the same bytes.
+
+const (
+	FrameVersion = 1
+	MaxDims      = 8
+	frameMagic   = "PSDF"
+)
+
+var (
+	ErrFrame      = errors.New("distro: malformed frame")
+	ErrFrameLimit = errors.New("distro: frame exceeds the configured limits")
+	ErrMismatch   = errors.New("distro: frame does not match the model")
+)
+
+// Tensor is the compressed form of one parameter tensor.
+type Tensor struct {
+	Shape        []int
+	TileH, TileW int
+	K            int // entries per tile
+	Quantized    bool
+	Indices      []uint32  // K per tile, tile-local, ascending within a tile
+	Values       []float32 // K per tile; ±1 when Quantized
+}
+
+// Frame is one trainer's result.
+type Frame struct {
+	Tensors []Tensor
+}
+
+// Limits bounds what a decoder will allocate for one frame.
+type Limits struct {
+	MaxTensors int   // tensors per frame
+	MaxParams  int64 // parameters described, summed over tensors
+	MaxEntries int64 // coefficients carried, summed over tensors
+}
+
+// DefaultLimits allow models up to 2^31 parameters and 2^27 entries (about
+// 1 GiB once decoded).
+var DefaultLimits = Limits{MaxTensors: 4096, MaxParams: 1 << 31, MaxEntries: 1 << 27}
+
+func indexWidth(tileSize int) int {
+	switch {
+	case tileSize <= 1<<8:
+		return 1
+	case tileSize <= 1<<16:
+		return 2
+	}
+	return 4
+}
+
+// geometry checks a tensor's shape and tiling and returns its tile count and
+// tile size, without trusting any of it.
+func geometry(shape []int, th, tw, k int) (tiles, tileSize int64, err error) {
+	if len(shape) == 0 || len(shape) > MaxDims {
+		return 0, 0, fmt.Errorf("%w: %d dims", ErrFrame, len(shape))
+	}
+	params := int64(1)
+	for _, d := range shape {
+		if d <= 0 || d > math.MaxInt32 {
+			return 0, 0, fmt.Errorf("%w: dimension %d", ErrFrame, d)
+		}
+		params *= int64(d)
+		if params > math.MaxInt32*int64(1<<16) {
+			return 0, 0, fmt.Errorf("%w: tensor too large", ErrFrameLimit)
+		}
+	}
+	rows, cols := 1, shape[len(shape)-1]
+	if len(shape) >= 2 {
+		rows = shape[len(shape)-2]
+	}
+	if th <= 0 || tw <= 0 || rows%th != 0 || cols%tw != 0 {
+		return 0, 0, fmt.Errorf("%w: tile %dx%d does not divide %dx%d", ErrFrame, th, tw, rows, cols)
+	}
+	tileSize = int64(th) * int64(tw)
+	if k <= 0 || int64(k) > tileSize {
+		return 0, 0, fmt.Errorf("%w: k=%d for tiles of %d", ErrFrame, k, tileSize)
+	}
+	return params / tileSize, tileSize, nil
+}
+
+// MarshalBinary encodes the frame. It refuses frames that DecodeFrame would
+// reject, so every encoded frame decodes.
+func (f *Frame) MarshalBinary() ([]byte, error) {
+	if len(f.Tensors) > math.MaxUint16 {
+		return nil, fmt.Errorf("%w: %d tensors", ErrFrame, len(f.Tensors))
+	}
+	size := 8
+	for i := range f.Tensors {
+		t := &f.Tensors[i]
+		tiles, ts, err := geometry(t.Shape, t.TileH, t.TileW, t.K)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %d: %w", i, err)
+		}
+		n := tiles * int64(t.K)
+		if int64(len(t.Indices)) != n || int64(len(t.Values)) != n {
+			return nil, fmt.Errorf("%w: tensor %d has %d indices and %d values, want %d", ErrFrame, i, len(t.Indices), len(t.Values), n)
+		}
+		if err := checkEntries(t, int(ts)); err != nil {
+			return nil, fmt.Errorf("tensor %d: %w", i, err)
+		}
+		size += 16 + 4*len(t.Shape) + int(n)*indexWidth(int(ts))
+		if t.Quantized {
+			size += int((n + 7) / 8)
+		} else {
+			size += 4 * int(n)
+		}
+	}
+	b := make([]byte, 0, size)
+	b = append(b, frameMagic...)
+	b = append(b, FrameVersion, 0)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(f.Tensors)))
+	for i := range f.Tensors {
+		t := &f.Tensors[i]
+		var flags byte
+		if t.Quantized {
+			flags = 1
+		}
+		b = append(b, byte(len(t.Shape)), flags, 0, 0)
+		b = binary.LittleEndian.AppendUint32(b, uint32(t.TileH))
+		b = binary.LittleEndian.AppendUint32(b, uint32(t.TileW))
+		b = binary.LittleEndian.AppendUint32(b, uint32(t.K))
+		for _, d := range t.Shape {
+			b = binary.LittleEndian.AppendUint32(b, uint32(d))
+		}
+		switch indexWidth(t.TileH * t.TileW) {
+		case 1:
+			for _, ix := range t.Indices {
+				b = append(b, byte(ix))
+			}
+		case 2:
+			for _, ix := range t.Indices {
+				b = binary.LittleEndian.AppendUint16(b, uint16(ix))
+			}
+		default:
+			for _, ix := range t.Indices {
+				b = binary.LittleEndian.AppendUint32(b, ix)
+			}
+		}
+		if t.Quantized {
+			start := len(b)
+			b = append(b, make([]byte, (len(t.Values)+7)/8)...)
+			for j, v := range t.Values {
+				if v > 0 {
+					b[start+j/8] |= 1 << (j % 8)
+				}
+			}
+		} else {
+			for _, v := range t.Values {
+				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+			}
+		}
+	}
+	return b, nil
+}
+
+// checkEntries verifies indices (in range, strictly ascending per tile) and
+// values (finite; exactly ±1 when quantized).
+func checkEntries(t *Tensor, tileSize int) error {
+	for start := 0; start < len(t.Indices); start += t.K {
+		prev := -1
+		for j := start; j < start+t.K; j++ {
+			ix := int(t.Indices[j])
+			if ix >= tileSize {
+				return fmt.Errorf("%w: index %d outside a tile of %d", ErrFrame, ix, tileSize)
+			}
+			if ix <= prev {
+				return fmt.Errorf("%w: indices of a tile are not strictly ascending", ErrFrame)
+			}
+			prev = ix
+		}
+	}
+	for _, v := range t.Values {
+		if t.Quantized {
+			if v != 1 && v != -1 {
+				return fmt.Errorf("%w: quantized value %v is not ±1", ErrFrame, v)
+			}
+		} else if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("%w: value %v is not finite", ErrFrame, v)
+		}
+	}
+	return nil
+}
+
+type frameReader struct {
+	b   []byte
+	off int
+}
+
+func (r *frameReader) take(n int64) ([]byte, error) {
+	if n < 0 || n > int64(len(r.b)-r.off) {
+		return nil, fmt.Errorf("%w: truncated at offset %d (need %d bytes)", ErrFrame, r.off, n)
+	}
+	s := r.b[r.off : r.off+int(n)]
+	r.off += int(n)
+	return s, nil
+}
+
+// DecodeFrame parses a frame, rejecting anything malformed or beyond lim
+// before allocating for it.
+func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
+	r := &frameReader{b: data}
+	hdr, err := r.take(8)
+	if err != nil {
+		return nil, err
+	}
+	if string(hdr[:4]) != frameMagic {
+		return nil, fmt.Errorf("%w: bad magic %q", ErrFrame, hdr[:4])
+	}
+	if hdr[4] != FrameVersion {
+		return nil, fmt.Errorf("%w: version %d, this build reads %d", ErrFrame, hdr[4], FrameVersion)
+	}
+	if hdr[5] != 0 {
+		return nil, fmt.Errorf("%w: reserved byte set", ErrFrame)
+	}
+	n := int(binary.LittleEndian.Uint16(hdr[6:]))
+	if n > lim.MaxTensors {
+		return nil, fmt.Errorf("%w: %d tensors, limit %d", ErrFrameLimit, n, lim.MaxTensors)
+	}
+	f := &Frame{Tensors: make([]Tensor, n)}
+	var params, entries int64
+	for i := range f.Tensors {
+		th, err := r.take(16)
+		if err != nil {
+			return nil, err
+		}
+		ndim, flags := int(th[0]), th[1]
+		if flags&^1 != 0 || th[2] != 0 || th[3] != 0 {
+			return nil, fmt.Errorf("%w: tensor %d: unknown flags or reserved bytes", ErrFrame, i)
+		}
+		if ndim == 0 || ndim > MaxDims {
+			return nil, fmt.Errorf("%w: tensor %d has %d dims", ErrFrame, i, ndim)
+		}
+		t := &f.Tensors[i]
+		t.Quantized = flags&1 == 1
+		t.TileH = int(binary.LittleEndian.Uint32(th[4:]))
+		t.TileW = int(binary.LittleEndian.Uint32(th[8:]))
+		t.K = int(binary.LittleEndian.Uint32(th[12:]))
+		db, err := r.take(int64(4 * ndim))
+		if err != nil {
+			return nil, err
+		}
+		t.Shape = make([]int, ndim)
+		for d := range t.Shape {
+			t.Shape[d] = int(binary.LittleEndian.Uint32(db[4*d:]))
+		}
+		if ndim == 1 && t.TileH != 1 {
+			return nil, fmt.Errorf("%w: tensor %d is 1-D with tile height %d", ErrFrame, i, t.TileH)
+		}
+		tiles, ts, err := geometry(t.Shape, t.TileH, t.TileW, t.K)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %d: %w", i, err)
+		}
+		params += tiles * ts
+		count := tiles * int64(t.K)
+		entries += count
+		if params > lim.MaxParams || entries > lim.MaxEntries {
+			return nil, fmt.Errorf("%w: %d parameters and %d entries so far, limits %d and %d",
+				ErrFrameLimit, params, entries, lim.MaxParams, lim.MaxEntries)
+		}
+		w := indexWidth(int(ts))
+		ib, err := r.take(count * int64(w))
+		if err != nil {
+			return nil, err
+		}
+		valueBytes := 4 * count
+		if t.Quantized {
+			valueBytes = (count + 7) / 8
+		}
+		vb, err := r.take(valueBytes)
+		if err != nil {
+			return nil, err
+		}
+		t.Indices = make([]uint32, count)
+		for j := range t.Indices {
+			switch w {
+			case 1:
+				t.Indices[j] = uint32(ib[j])
+			case 2:
+				t.Indices[j] = uint32(binary.LittleEndian.Uint16(ib[2*j:]))
+			default:
+				t.Indices[j] = binary.LittleEndian.Uint32(ib[4*j:])
+			}
+		}
+		t.Values = make([]float32, count)
+		if t.Quantized {
+			for j := range t.Values {
+				t.Values[j] = -1
+				if vb[j/8]>>(j%8)&1 == 1 {
+					t.Values[j] = 1
+				}
+			}
+			if rem := count % 8; rem != 0 && vb[len(vb)-1]>>rem != 0 {
+				return nil, fmt.Errorf("%w: tensor %d: spare sign bits set", ErrFrame, i)
+			}
+		} else {
+			for j := range t.Values {
+				t.Values[j] = math.Float32frombits(binary.LittleEndian.Uint32(vb[4*j:]))
+			}
+		}
+		if err := checkEntries(t, int(ts)); err != nil {
+			return nil, fmt.Errorf("tensor %d: %w", i, err)
+		}
+	}
+	if r.off != len(data) {
+		return nil, fmt.Errorf("%w: %d trailing bytes", ErrFrame, len(data)-r.off)
+	}
+	return f, nil
+}
+
+// WireSize is the encoded size of the frame in bytes.
+func (f *Frame) WireSize() int {
+	size := 8
+	for i := range f.Tensors {
+		t := &f.Tensors[i]
+		n := len(t.Indices)
+		size += 16 + 4*len(t.Shape) + n*indexWidth(t.TileH*t.TileW)
+		if t.Quantized {
+			size += (n + 7) / 8
+		} else {
+			size += 4 * n
+		}
+	}
+	return size
+}

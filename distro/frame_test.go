@@ -1,0 +1,189 @@
+package distro
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+)
+
+func sampleFrames(tb testing.TB) [][]byte {
+	r := rand.New(rand.NewPCG(4, 4))
+	var out [][]byte
+	for _, o := range []Options{
+		{Chunk: 16, TopK: 4, Quantize1Bit: true, Decay: 0.9},
+		{Chunk: 16, TopK: 3, Decay: 0.9},
+		{Chunk: 4, TopK: 16, Quantize1Bit: true},
+		{Chunk: 512, TopK: 5},
+	} {
+		shapes := [][]int{{32, 32}, {20}, {2, 3, 4, 8}}
+		if o.Chunk == 512 {
+			shapes = [][]int{{300, 300}} // tiles of 300×300 use 4-byte indices
+		}
+		d, err := NewDeMo(shapes, o)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		f, err := d.Step(randomTensors(r, shapes, 1), 0.1)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		b, err := f.MarshalBinary()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	for _, b := range sampleFrames(t) {
+		f, err := DecodeFrame(b, DefaultLimits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := f.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatal("re-encoding differs")
+		}
+		if f.WireSize() != len(b) {
+			t.Fatalf("WireSize %d, encoded %d", f.WireSize(), len(b))
+		}
+		g, _ := DecodeFrame(again, DefaultLimits)
+		if !reflect.DeepEqual(f, g) {
+			t.Fatal("decoded frames differ")
+		}
+	}
+}
+
+// tensorOffset is where the first tensor's header starts, and its entries.
+const firstTensor = 8
+
+func TestDecodeFrameRejects(t *testing.T) {
+	// A single 1-D tensor of 16 with tiles of 8, k=2, float values: 2 tiles.
+	good := (&Frame{Tensors: []Tensor{{Shape: []int{16}, TileH: 1, TileW: 8, K: 2,
+		Indices: []uint32{1, 5, 0, 7}, Values: []float32{0.5, -1, 2, 3}}}}).mustMarshal(t)
+	idxAt := firstTensor + 16 + 4
+	valAt := idxAt + 4
+	mutate := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
+	setU32 := func(at int, v uint32) []byte {
+		return mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[at:], v); return b })
+	}
+	nan := math.Float32bits(float32(math.NaN()))
+	inf := math.Float32bits(float32(math.Inf(1)))
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want error
+	}{
+		{"empty", nil, ErrFrame},
+		{"magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b }), ErrFrame},
+		{"version", mutate(func(b []byte) []byte { b[4] = 2; return b }), ErrFrame},
+		{"reserved", mutate(func(b []byte) []byte { b[5] = 1; return b }), ErrFrame},
+		{"truncated", good[:len(good)-1], ErrFrame},
+		{"trailing", append(bytes.Clone(good), 0), ErrFrame},
+		{"no dims", mutate(func(b []byte) []byte { b[firstTensor] = 0; return b }), ErrFrame},
+		{"too many dims", mutate(func(b []byte) []byte { b[firstTensor] = 9; return b }), ErrFrame},
+		{"flags", mutate(func(b []byte) []byte { b[firstTensor+1] = 2; return b }), ErrFrame},
+		{"tile does not divide", setU32(firstTensor+8, 5), ErrFrame},
+		{"1-D with tile height", setU32(firstTensor+4, 2), ErrFrame},
+		{"k zero", setU32(firstTensor+12, 0), ErrFrame},
+		{"k above tile", setU32(firstTensor+12, 9), ErrFrame},
+		{"zero dim", setU32(firstTensor+16, 0), ErrFrame},
+		{"shape mismatch", setU32(firstTensor+16, 24), ErrFrame},
+		{"index out of tile", mutate(func(b []byte) []byte { b[idxAt+1] = 8; return b }), ErrFrame},
+		{"index not ascending", mutate(func(b []byte) []byte { b[idxAt], b[idxAt+1] = 5, 1; return b }), ErrFrame},
+		{"duplicate index", mutate(func(b []byte) []byte { b[idxAt+1] = 1; return b }), ErrFrame},
+		{"NaN", setU32(valAt, nan), ErrFrame},
+		{"Inf", setU32(valAt+4, inf), ErrFrame},
+		{"too many tensors", mutate(func(b []byte) []byte { b[6], b[7] = 0xff, 0xff; return b }), ErrFrameLimit},
+		{"huge tensor", setU32(firstTensor+16, 1<<31-8), ErrFrameLimit},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := DefaultLimits
+			lim.MaxParams = 1 << 20
+			_, err := DecodeFrame(tc.data, lim)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDecodeQuantizedRejectsSpareBits(t *testing.T) {
+	f := &Frame{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 3, Quantized: true,
+		Indices: []uint32{0, 1, 2}, Values: []float32{1, -1, 1}}}}
+	b := f.mustMarshal(t)
+	if _, err := DecodeFrame(b, DefaultLimits); err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] |= 0x80
+	if _, err := DecodeFrame(b, DefaultLimits); !errors.Is(err, ErrFrame) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestMarshalRefusesInvalidFrames(t *testing.T) {
+	for _, f := range []*Frame{
+		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 1, Indices: []uint32{9}, Values: []float32{1}}}},
+		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 1, Indices: []uint32{1}, Values: []float32{float32(math.NaN())}}}},
+		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 1, Quantized: true, Indices: []uint32{1}, Values: []float32{0.5}}}},
+		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1}, Values: []float32{1}}}},
+	} {
+		if _, err := f.MarshalBinary(); !errors.Is(err, ErrFrame) {
+			t.Errorf("got %v", err)
+		}
+	}
+}
+
+func (f *Frame) mustMarshal(tb testing.TB) []byte {
+	b, err := f.MarshalBinary()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func TestWireSizeAtChunk64TopK4OneBit(t *testing.T) {
+	d, err := NewDeMo([][]int{{4096, 4096}}, Options{Chunk: 64, TopK: 4, Quantize1Bit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := d.Step([][]float32{randomTensors(rand.New(rand.NewPCG(1, 1)), [][]int{{4096, 4096}}, 1)[0]}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bf16 := 2 * 4096 * 4096
+	ratio := float64(bf16) / float64(f.WireSize())
+	t.Logf("wire %d bytes: %.4f bytes/param, %.0fx smaller than bf16", f.WireSize(), float64(f.WireSize())/(4096*4096), ratio)
+	if ratio < 900 {
+		t.Fatalf("only %.0fx smaller than bf16", ratio)
+	}
+}
+
+func FuzzDecodeFrame(f *testing.F) {
+	for _, b := range sampleFrames(f) {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		lim := Limits{MaxTensors: 64, MaxParams: 1 << 22, MaxEntries: 1 << 20}
+		fr, err := DecodeFrame(data, lim)
+		if err != nil {
+			return
+		}
+		b, err := fr.MarshalBinary()
+		if err != nil {
+			t.Fatalf("decoded frame does not encode: %v", err)
+		}
+		if !bytes.Equal(b, data) {
+			t.Fatal("encode(decode(x)) != x")
+		}
+	})
+}

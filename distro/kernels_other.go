@@ -1,0 +1,16 @@
+//go:build !amd64 || purego
+
+package distro
+
+func butterfly(u, v, a, b []float32, g float32)    { butterflyGo(u, v, a, b, g) }
+func unbutterfly(x, y, u, v []float32, g float32)  { unbutterflyGo(x, y, u, v, g) }
+func add(dst, a, b []float32)                      { addGo(dst, a, b) }
+func axpy(dst []float32, c float32, x []float32)   { axpyGo(dst, c, x) }
+func momentum(m, c []float32, beta, scale float32) { momentumGo(m, c, beta, scale) }
+
+func nextAbove(v []float32, from int, thr uint32) int { return nextAboveGo(v, from, thr) }
+
+const (
+	vectorKernels = false
+	hasAVX2       = false
+)

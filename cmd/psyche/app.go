@@ -19,7 +19,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Usage:     "train one neural network together over the internet",
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  []*cli.Command{localnetCommand},
+		Commands:  []*cli.Command{localnetCommand, dataCommand, parityCommand},
 		ExitErrHandler: func(*cli.Context, error) {
 			// run() reports errors; the default handler would os.Exit.
 		},
@@ -42,6 +42,12 @@ func deriveEnvVars(cmd *cli.Command) {
 			f.EnvVars = []string{env}
 		case *cli.BoolFlag:
 			f.EnvVars = []string{env}
+		case *cli.Float64Flag:
+			f.EnvVars = []string{env}
+		case *cli.DurationFlag:
+			f.EnvVars = []string{env}
+		default:
+			panic(fmt.Sprintf("psyche: flag --%s has a type without an environment variable", f.Names()[0]))
 		}
 	}
 	for _, sub := range cmd.Subcommands {

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/parity"
+	"github.com/urfave/cli/v2"
+)
+
+var parityCommand = &cli.Command{
+	Name:  "parity",
+	Usage: "train one model with AdamW on one node and with DisTrO on simulated peers, and compare",
+	Description: `Trains the same GPT on the same tokens twice: with AdamW on the whole batch, and
+with the DisTrO optimizer on --peers simulated peers that each take an equal share
+of every batch and exchange only encoded frames. Prints validation loss at equal
+tokens, bytes sent per peer per step against a dense fp32 gradient, tokens/s, and
+the achieved GFLOP/s against this build's matmul rate. The data is the embedded
+Opticks text (byte tokens) unless --data names a token file; the last tenth of the
+tokens is held out for validation.`,
+	Flags: []cli.Flag{
+		&cli.IntFlag{Name: "steps", Value: 300, Usage: "optimizer steps of each run", Category: "RUN"},
+		&cli.IntFlag{Name: "batch", Value: 16, Usage: "sequences per step, over all peers", Category: "RUN"},
+		&cli.IntFlag{Name: "peers", Value: 4, Usage: "simulated DisTrO peers", Category: "RUN"},
+		&cli.IntFlag{Name: "seq-len", Value: 64, Usage: "tokens per sequence", Category: "RUN"},
+		&cli.IntFlag{Name: "eval-every", Value: 50, Usage: "steps between validation evaluations", Category: "RUN"},
+		&cli.IntFlag{Name: "eval-seqs", Value: 64, Usage: "validation sequences per evaluation", Category: "RUN"},
+		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights and the data order", Category: "RUN"},
+		&cli.IntFlag{Name: "width", Value: 128, Usage: "model width (d_model)", Category: "MODEL"},
+		&cli.IntFlag{Name: "layers", Value: 4, Usage: "transformer blocks", Category: "MODEL"},
+		&cli.IntFlag{Name: "heads", Value: 4, Usage: "attention heads", Category: "MODEL"},
+		&cli.Float64Flag{Name: "adam-lr", Value: 3e-3, Usage: "peak AdamW learning rate", Category: "OPTIMIZER"},
+		&cli.Float64Flag{Name: "distro-lr", Value: 2e-3, Usage: "peak DisTrO learning rate", Category: "OPTIMIZER"},
+		&cli.Float64Flag{Name: "decay", Value: 0.95, Usage: "DisTrO momentum decay (compression_decay)", Category: "OPTIMIZER"},
+		&cli.IntFlag{Name: "chunk", Value: 64, Usage: "DisTrO compression_chunk", Category: "OPTIMIZER"},
+		&cli.IntFlag{Name: "topk", Value: 8, Usage: "DisTrO compression_topk", Category: "OPTIMIZER"},
+		&cli.BoolFlag{Name: "one-bit", Value: true, Usage: "send 1-bit signs instead of float32 values", Category: "OPTIMIZER"},
+		&cli.StringFlag{Name: "data", Usage: "token file (default: the embedded Opticks text)", Category: "DATA"},
+		&cli.IntFlag{Name: "token-size", Value: 2, Usage: "bytes per token of --data (2 or 4)", Category: "DATA"},
+	},
+	Action: runParity,
+}
+
+func runParity(c *cli.Context) error {
+	ctx := c.Context
+	seqLen := c.Int("seq-len")
+	var tokens []uint32
+	if path := c.String("data"); path != "" {
+		var err error
+		if tokens, err = data.ReadTokenFile(ctx, path, c.Int("token-size")); err != nil {
+			return err
+		}
+	} else {
+		tokens = data.Tokenize(data.Opticks())
+	}
+	cut := len(tokens) * 9 / 10
+	open := func(toks []uint32, opts ...data.Option) (*data.Provider, error) {
+		enc, err := data.EncodeTokens(nil, toks, data.TokenSize32)
+		if err != nil {
+			return nil, err
+		}
+		return data.NewProvider(ctx, data.NewBytesSource(enc), data.TokenSize32, seqLen, opts...)
+	}
+	train, err := open(tokens[:cut], data.WithShuffleSeed(c.Uint64("seed")))
+	if err != nil {
+		return fmt.Errorf("training data: %w", err)
+	}
+	val, err := open(tokens[cut:])
+	if err != nil {
+		return fmt.Errorf("validation data: %w", err)
+	}
+	vocab := 256
+	for _, t := range tokens {
+		vocab = max(vocab, int(t)+1)
+	}
+	cfg := parity.Config{
+		Model:  gpt.Config{Vocab: vocab, Context: seqLen, Width: c.Int("width"), Layers: c.Int("layers"), Heads: c.Int("heads")},
+		SeqLen: seqLen, Batch: c.Int("batch"), Peers: c.Int("peers"), Steps: c.Int("steps"),
+		WarmupSteps: max(1, c.Int("steps")/15),
+		AdamLR:      float32(c.Float64("adam-lr")), DistroLR: float32(c.Float64("distro-lr")),
+		Distro: distro.Options{Chunk: c.Int("chunk"), TopK: c.Int("topk"), Quantize1Bit: c.Bool("one-bit"),
+			Decay: float32(c.Float64("decay")), Workers: 2},
+		EvalEvery: c.Int("eval-every"), EvalSeqs: min(c.Int("eval-seqs"), int(val.NumSequences())), Seed: c.Uint64("seed"),
+	}
+	out := c.App.Writer
+	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, %d DisTrO peers (chunk %d, top-k %d, 1-bit %v)\n",
+		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.Peers, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit)
+	res, err := parity.Run(ctx, cfg, train, val, out)
+	if err != nil {
+		return err
+	}
+	res.Print(out)
+	return nil
+}

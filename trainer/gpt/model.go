@@ -1,0 +1,178 @@
+package gpt
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/psyche-go/psyche/trainer/kernels"
+)
+
+// Config is the shape of a model.
+type Config struct {
+	Vocab   int // tokens (256 for the byte tokenizer)
+	Context int // maximum sequence length
+	Width   int // d_model
+	Layers  int
+	Heads   int // must divide Width
+}
+
+// Validate checks the shape.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Vocab <= 0 || c.Context <= 0 || c.Width <= 0 || c.Layers <= 0 || c.Heads <= 0 {
+		errs = append(errs, fmt.Errorf("gpt: vocab, context, width, layers and heads must be positive: %+v", c))
+	}
+	if c.Heads > 0 && c.Width%c.Heads != 0 {
+		errs = append(errs, fmt.Errorf("gpt: heads (%d) must divide width (%d)", c.Heads, c.Width))
+	}
+	return errors.Join(errs...)
+}
+
+// TensorSpec names one parameter tensor.
+type TensorSpec struct {
+	Name  string
+	Shape []int
+}
+
+func (s TensorSpec) size() int {
+	n := 1
+	for _, d := range s.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Specs lists the parameter tensors in storage order.
+func (c Config) Specs() []TensorSpec {
+	V, T, C, L := c.Vocab, c.Context, c.Width, c.Layers
+	return []TensorSpec{
+		{"wte", []int{V, C}},
+		{"wpe", []int{T, C}},
+		{"ln1.weight", []int{L, C}},
+		{"ln1.bias", []int{L, C}},
+		{"attn.qkv.weight", []int{L, 3 * C, C}},
+		{"attn.qkv.bias", []int{L, 3 * C}},
+		{"attn.proj.weight", []int{L, C, C}},
+		{"attn.proj.bias", []int{L, C}},
+		{"ln2.weight", []int{L, C}},
+		{"ln2.bias", []int{L, C}},
+		{"mlp.fc.weight", []int{L, 4 * C, C}},
+		{"mlp.fc.bias", []int{L, 4 * C}},
+		{"mlp.proj.weight", []int{L, C, 4 * C}},
+		{"mlp.proj.bias", []int{L, C}},
+		{"lnf.weight", []int{C}},
+		{"lnf.bias", []int{C}},
+	}
+}
+
+// NumParams is the number of parameters.
+func (c Config) NumParams() int {
+	n := 0
+	for _, s := range c.Specs() {
+		n += s.size()
+	}
+	return n
+}
+
+// params are views into one buffer, in Specs order.
+type params struct {
+	wte, wpe                   []float32
+	ln1w, ln1b, qkvw, qkvb     []float32
+	projw, projb, ln2w, ln2b   []float32
+	fcw, fcb, fcprojw, fcprojb []float32
+	lnfw, lnfb                 []float32
+}
+
+func (c Config) views(buf []float32) (params, [][]float32) {
+	var p params
+	dst := []*[]float32{&p.wte, &p.wpe, &p.ln1w, &p.ln1b, &p.qkvw, &p.qkvb, &p.projw, &p.projb,
+		&p.ln2w, &p.ln2b, &p.fcw, &p.fcb, &p.fcprojw, &p.fcprojb, &p.lnfw, &p.lnfb}
+	var all [][]float32
+	off := 0
+	for i, s := range c.Specs() {
+		n := s.size()
+		*dst[i] = buf[off : off+n : off+n]
+		all = append(all, *dst[i])
+		off += n
+	}
+	return p, all
+}
+
+// Model is a GPT with its parameters, gradients and the activations of the
+// last forward pass (sized for batches of up to B sequences of T tokens).
+type Model struct {
+	Config
+	be kernels.Backend
+
+	Params  []float32 // all parameters, Specs order
+	Grads   []float32 // all gradients, same layout
+	p, g    params
+	pTensor [][]float32
+	gTensor [][]float32
+
+	b, t int
+	act  activations
+	grad activations
+	// inputs and targets of the last forward pass
+	inputs, targets []uint32
+}
+
+// New returns a model with GPT-2 style initial weights drawn from seed:
+// N(0, 0.02) for matrices (the residual projections scaled by 1/√(2·layers)),
+// zero biases, unit norm weights.
+func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if be == nil {
+		be = kernels.Default()
+	}
+	m := &Model{Config: c, be: be}
+	n := c.NumParams()
+	m.Params = make([]float32, n)
+	m.Grads = make([]float32, n)
+	m.p, m.pTensor = c.views(m.Params)
+	m.g, m.gTensor = c.views(m.Grads)
+	r := rand.New(rand.NewPCG(seed, 0x677074))
+	normal := func(v []float32, std float64) {
+		for i := range v {
+			v[i] = float32(r.NormFloat64() * std)
+		}
+	}
+	ones := func(v []float32) {
+		for i := range v {
+			v[i] = 1
+		}
+	}
+	resid := 0.02 / math.Sqrt(2*float64(c.Layers))
+	normal(m.p.wte, 0.02)
+	normal(m.p.wpe, 0.01)
+	ones(m.p.ln1w)
+	ones(m.p.ln2w)
+	ones(m.p.lnfw)
+	normal(m.p.qkvw, 0.02)
+	normal(m.p.projw, resid)
+	normal(m.p.fcw, 0.02)
+	normal(m.p.fcprojw, resid)
+	return m, nil
+}
+
+// Backend is the kernels implementation the model runs on.
+func (m *Model) Backend() kernels.Backend { return m.be }
+
+// Tensors returns the parameter tensors (views into Params), Specs order.
+func (m *Model) Tensors() [][]float32 { return m.pTensor }
+
+// GradTensors returns the gradient tensors (views into Grads), Specs order.
+func (m *Model) GradTensors() [][]float32 { return m.gTensor }
+
+// Shapes returns the parameter shapes, Specs order.
+func (m *Model) Shapes() [][]int {
+	var out [][]int
+	for _, s := range m.Specs() {
+		out = append(out, s.Shape)
+	}
+	return out
+}

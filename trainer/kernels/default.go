@@ -1,0 +1,5 @@
+//go:build !openblas && !cuda
+
+package kernels
+
+func defaultBackend() Backend { return Go{} }

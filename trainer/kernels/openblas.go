@@ -1,0 +1,24 @@
+//go:build openblas && !cuda
+
+package kernels
+
+// #cgo LDFLAGS: -lopenblas
+import "C"
+
+import (
+	"gonum.org/v1/netlib/blas/netlib"
+)
+
+// OpenBLAS is the Go backend with its matrix products done by OpenBLAS
+// (Debian libopenblas-dev) through gonum's cgo BLAS bindings.
+type OpenBLAS struct{ Go }
+
+// Name implements Backend.
+func (OpenBLAS) Name() string { return "openblas" }
+
+// Gemm implements Backend with cblas_sgemm.
+func (OpenBLAS) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	netlib.Implementation{}.Sgemm(transpose(transA), transpose(transB), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+func defaultBackend() Backend { return OpenBLAS{} }

@@ -1,0 +1,288 @@
+// Package parity runs the DisTrO-versus-AdamW experiment: the same model on
+// the same tokens, trained (a) with AdamW on one node and (b) with the DisTrO
+// optimizer on simulated peers that each take a share of every batch and
+// exchange only encoded frames, and reports validation loss at equal tokens,
+// bytes sent and throughput.
+package parity
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/kernels"
+)
+
+// Sequences supplies training sequences of SeqLen+1 tokens by index.
+type Sequences interface {
+	// Sequence writes sequence index into dst and returns dst[:SeqLen+1].
+	Sequence(ctx context.Context, index uint64, dst []uint32) ([]uint32, error)
+}
+
+// Config is one experiment.
+type Config struct {
+	Model       gpt.Config
+	SeqLen      int     // tokens per sequence (≤ Model.Context)
+	Batch       int     // sequences per step, over all peers
+	Peers       int     // simulated DisTrO peers; Batch must be a multiple
+	Steps       int     // optimizer steps of each run
+	WarmupSteps int     // linear learning-rate warmup, then cosine decay to 10%
+	AdamLR      float32 // peak learning rate of AdamW
+	DistroLR    float32 // peak learning rate of DisTrO
+	Distro      distro.Options
+	EvalEvery   int // steps between validation evaluations
+	EvalSeqs    int // validation sequences per evaluation
+	Seed        uint64
+}
+
+// Row is one evaluation point.
+type Row struct {
+	Step       int
+	Tokens     int64
+	AdamLoss   float64 // validation loss
+	DistroLoss float64
+}
+
+// Result is the outcome of both runs.
+type Result struct {
+	Rows               []Row
+	Params             int
+	FrameBytes         float64 // mean encoded frame size, per peer per step
+	DenseBytes         float64 // a dense fp32 gradient, per peer per step
+	AdamTokensPerSec   float64
+	DistroTokensPerSec float64
+	AdamGFLOPs         float64 // achieved by the training step
+	DistroGFLOPs       float64
+	MatmulGFLOPs       float64 // Gemm of the same build, measured in the same run
+	Backend            string
+}
+
+// FinalRatio is DisTrO's validation loss over AdamW's at the last evaluation.
+func (r *Result) FinalRatio() float64 {
+	last := r.Rows[len(r.Rows)-1]
+	return last.DistroLoss / last.AdamLoss
+}
+
+// Compression is how many times smaller a frame is than a dense fp32 gradient.
+func (r *Result) Compression() float64 { return r.DenseBytes / r.FrameBytes }
+
+func (c *Config) validate() error {
+	switch {
+	case c.Peers <= 0 || c.Batch <= 0 || c.Batch%c.Peers != 0:
+		return fmt.Errorf("parity: batch (%d) must be a positive multiple of peers (%d)", c.Batch, c.Peers)
+	case c.SeqLen <= 0 || c.SeqLen > c.Model.Context:
+		return fmt.Errorf("parity: sequence length %d must be in [1, %d]", c.SeqLen, c.Model.Context)
+	case c.Steps <= 0 || c.EvalEvery <= 0 || c.EvalSeqs <= 0:
+		return fmt.Errorf("parity: steps, eval interval and eval sequences must be positive")
+	}
+	return c.Model.Validate()
+}
+
+// lr is linear warmup then cosine decay to a tenth of the peak.
+func (c *Config) lr(peak float32, step int) float32 {
+	if step < c.WarmupSteps {
+		return peak * float32(step+1) / float32(c.WarmupSteps)
+	}
+	frac := float64(step-c.WarmupSteps) / float64(max(1, c.Steps-c.WarmupSteps))
+	return peak * float32(0.1+0.9*0.5*(1+math.Cos(math.Pi*frac)))
+}
+
+// loader turns sequence indices into model batches.
+type loader struct {
+	src    Sequences
+	seqLen int
+	buf    []uint32
+}
+
+func (l *loader) batch(ctx context.Context, first uint64, n int) (in, tg []uint32, err error) {
+	t := l.seqLen
+	in, tg = make([]uint32, n*t), make([]uint32, n*t)
+	if cap(l.buf) < t+1 {
+		l.buf = make([]uint32, t+1)
+	}
+	seq := l.buf[:t+1]
+	for i := 0; i < n; i++ {
+		got, err := l.src.Sequence(ctx, first+uint64(i), seq)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(got) != t+1 {
+			return nil, nil, fmt.Errorf("parity: sequence %d has %d tokens, want %d", first+uint64(i), len(got), t+1)
+		}
+		seq = got
+		copy(in[i*t:], seq[:t])
+		copy(tg[i*t:], seq[1:t+1])
+	}
+	return in, tg, nil
+}
+
+func evaluate(ctx context.Context, m *gpt.Model, val *loader, seqs, chunk int) (float64, error) {
+	var sum float64
+	for done := 0; done < seqs; done += chunk {
+		n := min(chunk, seqs-done)
+		in, tg, err := val.batch(ctx, uint64(done), n)
+		if err != nil {
+			return 0, err
+		}
+		l, err := m.Forward(in, tg, n, val.seqLen)
+		if err != nil {
+			return 0, err
+		}
+		sum += float64(l) * float64(n)
+	}
+	return sum / float64(seqs), nil
+}
+
+// Run trains both models and reports. progress (may be nil) receives a line
+// per evaluation.
+func Run(ctx context.Context, cfg Config, train, val Sequences, progress io.Writer) (*Result, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	adam, err := gpt.New(cfg.Model, cfg.Seed, nil)
+	if err != nil {
+		return nil, err
+	}
+	dmodel, _ := gpt.New(cfg.Model, cfg.Seed, nil) // same initial weights
+	sizes := make([]int, 0)
+	for _, t := range adam.Tensors() {
+		sizes = append(sizes, len(t))
+	}
+	adamw := distro.NewAdamW(sizes, 0.9, 0.95, 1e-8, 0)
+	adamw.ClipGradNorm = 1
+	peers := make([]*distro.DeMo, cfg.Peers)
+	for p := range peers {
+		if peers[p], err = distro.NewDeMo(dmodel.Shapes(), cfg.Distro); err != nil {
+			return nil, err
+		}
+	}
+	res := &Result{Params: cfg.Model.NumParams(), Backend: adam.Backend().Name(),
+		DenseBytes: 4 * float64(cfg.Model.NumParams())}
+	tr := &loader{src: train, seqLen: cfg.SeqLen}
+	vl := &loader{src: val, seqLen: cfg.SeqLen}
+	share := cfg.Batch / cfg.Peers
+	var adamTime, distroTime time.Duration
+	var frameBytes float64
+	tokensPerStep := int64(cfg.Batch * cfg.SeqLen)
+
+	for step := 0; step < cfg.Steps; step++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		first := uint64(step * cfg.Batch)
+		in, tg, err := tr.batch(ctx, first, cfg.Batch)
+		if err != nil {
+			return nil, err
+		}
+		// (a) AdamW, one node, the whole batch.
+		start := time.Now()
+		if _, err := adam.Forward(in, tg, cfg.Batch, cfg.SeqLen); err != nil {
+			return nil, err
+		}
+		adam.ZeroGrad()
+		if err := adam.Backward(); err != nil {
+			return nil, err
+		}
+		if err := adamw.Step(adam.Tensors(), adam.GradTensors(), cfg.lr(cfg.AdamLR, step)); err != nil {
+			return nil, err
+		}
+		adamTime += time.Since(start)
+
+		// (b) DisTrO: each peer trains on its share and sends an encoded frame.
+		start = time.Now()
+		lr := cfg.lr(cfg.DistroLR, step)
+		frames := make([]*distro.Frame, cfg.Peers)
+		for p := range peers {
+			lo, hi := p*share*cfg.SeqLen, (p+1)*share*cfg.SeqLen
+			if _, err := dmodel.Forward(in[lo:hi], tg[lo:hi], share, cfg.SeqLen); err != nil {
+				return nil, err
+			}
+			dmodel.ZeroGrad()
+			if err := dmodel.Backward(); err != nil {
+				return nil, err
+			}
+			f, err := peers[p].Step(dmodel.GradTensors(), lr)
+			if err != nil {
+				return nil, err
+			}
+			wire, err := f.MarshalBinary()
+			if err != nil {
+				return nil, err
+			}
+			frameBytes += float64(len(wire))
+			if frames[p], err = distro.DecodeFrame(wire, distro.DefaultLimits); err != nil {
+				return nil, err
+			}
+		}
+		if err := peers[0].Apply(dmodel.Tensors(), frames, lr); err != nil {
+			return nil, err
+		}
+		distroTime += time.Since(start)
+
+		if (step+1)%cfg.EvalEvery == 0 || step+1 == cfg.Steps {
+			chunk := max(1, cfg.Batch)
+			a, err := evaluate(ctx, adam, vl, cfg.EvalSeqs, chunk)
+			if err != nil {
+				return nil, err
+			}
+			d, err := evaluate(ctx, dmodel, vl, cfg.EvalSeqs, chunk)
+			if err != nil {
+				return nil, err
+			}
+			row := Row{Step: step + 1, Tokens: int64(step+1) * tokensPerStep, AdamLoss: a, DistroLoss: d}
+			res.Rows = append(res.Rows, row)
+			fmt.Fprintf(progress, "step %4d  tokens %8d  val loss adamw %.4f  distro %.4f  (%.3fx)\n",
+				row.Step, row.Tokens, a, d, d/a)
+		}
+	}
+	total := float64(int64(cfg.Steps) * tokensPerStep)
+	res.FrameBytes = frameBytes / float64(cfg.Steps*cfg.Peers)
+	res.AdamTokensPerSec = total / adamTime.Seconds()
+	res.DistroTokensPerSec = total / distroTime.Seconds()
+	flops := cfg.Model.FLOPsPerToken(cfg.SeqLen)
+	res.AdamGFLOPs = flops * res.AdamTokensPerSec / 1e9
+	res.DistroGFLOPs = flops * res.DistroTokensPerSec / 1e9
+	res.MatmulGFLOPs = MatmulGFLOPs(adam.Backend())
+	return res, nil
+}
+
+// MatmulGFLOPs measures the backend's Gemm on 512×512 matrices.
+func MatmulGFLOPs(be kernels.Backend) float64 {
+	const n = 512
+	r := rand.New(rand.NewPCG(1, 1))
+	a, b, c := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
+	for i := range a {
+		a[i], b[i] = float32(r.NormFloat64()), float32(r.NormFloat64())
+	}
+	be.Gemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n) // warm up
+	start := time.Now()
+	reps := 0
+	for time.Since(start) < 300*time.Millisecond {
+		be.Gemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n)
+		reps++
+	}
+	return 2 * n * n * n * float64(reps) / time.Since(start).Seconds() / 1e9
+}
+
+// Print writes the result table.
+func (r *Result) Print(w io.Writer) {
+	fmt.Fprintf(w, "\n%8s %10s %14s %14s %8s\n", "step", "tokens", "adamw val", "distro val", "ratio")
+	for _, row := range r.Rows {
+		fmt.Fprintf(w, "%8d %10d %14.4f %14.4f %8.3f\n", row.Step, row.Tokens, row.AdamLoss, row.DistroLoss, row.DistroLoss/row.AdamLoss)
+	}
+	fmt.Fprintf(w, "\nmodel: %d parameters, kernels: %s\n", r.Params, r.Backend)
+	fmt.Fprintf(w, "bytes sent per peer per step: distro %.0f, dense fp32 gradient %.0f (%.0fx fewer)\n",
+		r.FrameBytes, r.DenseBytes, r.Compression())
+	fmt.Fprintf(w, "tokens/s: adamw %.0f, distro %.0f (4 peers simulated on this machine)\n", r.AdamTokensPerSec, r.DistroTokensPerSec)
+	fmt.Fprintf(w, "achieved GFLOP/s: adamw %.1f, distro %.1f; matmul of this build %.1f (%.0f%% and %.0f%% of it)\n",
+		r.AdamGFLOPs, r.DistroGFLOPs, r.MatmulGFLOPs, 100*r.AdamGFLOPs/r.MatmulGFLOPs, 100*r.DistroGFLOPs/r.MatmulGFLOPs)
+	fmt.Fprintf(w, "final validation loss: distro/adamw = %.3f\n", r.FinalRatio())
+}

@@ -1,0 +1,246 @@
+package checkpoint
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// The format's fixed parts.
+const (
+	// lengthSize is the size of the little-endian header length that starts
+	// every file.
+	lengthSize = 8
+	// metadataKey is the one header key that is not a tensor.
+	metadataKey = "__metadata__"
+	// headerAlign is the multiple the header length is padded to, so that the
+	// data section starts 8-byte aligned when the file is mapped.
+	headerAlign = 8
+	// chunkSize bounds the scratch buffer used to convert between float32
+	// and bytes, and is how often a long write checks its context.
+	chunkSize = 1 << 20
+)
+
+// DefaultMaxHeaderSize is the largest header Load, Decode and Read accept
+// with zero Limits, and the largest Save writes. A header costs ~80 bytes
+// per tensor, so 100 MiB is a million tensors, far more than any model we
+// train, while it stops a hostile length from allocating gigabytes.
+const DefaultMaxHeaderSize = 100 << 20
+
+// dtype describes one element type a file may hold.
+type dtype struct {
+	size   int
+	decode func(dst []float32, src []byte) // len(src) == size*len(dst)
+}
+
+var dtypes = map[string]dtype{
+	"F32":  {4, decodeF32},
+	"F16":  {2, decodeF16},
+	"BF16": {2, decodeBF16},
+}
+
+func decodeF32(dst []float32, src []byte) {
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+	}
+}
+
+func encodeF32(dst []byte, src []float32) {
+	for i, v := range src {
+		binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+	}
+}
+
+// decodeBF16 widens bfloat16, which is the top half of a float32.
+func decodeBF16(dst []float32, src []byte) {
+	for i := range dst {
+		dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+	}
+}
+
+func decodeF16(dst []float32, src []byte) {
+	for i := range dst {
+		dst[i] = f16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+	}
+}
+
+// f16ToF32 widens an IEEE 754 binary16 value exactly (every binary16 value,
+// subnormals included, is a normal binary32 value; NaN payloads are kept).
+func f16ToF32(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h) & 0x3ff
+	switch {
+	case exp == 0x1f: // infinity or NaN
+		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
+	case exp == 0 && mant == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal: mant·2^-24; normalize so bit 10 is the implicit 1
+		e := uint32(127 - 15 + 1)
+		for mant&0x400 == 0 {
+			mant <<= 1
+			e--
+		}
+		return math.Float32frombits(sign | e<<23 | (mant&0x3ff)<<13)
+	default:
+		return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
+	}
+}
+
+// numElements is the product of shape, or an error if a dimension is
+// negative or the product overflows uint64. A zero dimension makes the
+// product 0 however large the others are.
+func numElements(shape []int) (uint64, error) {
+	zero := false
+	for i, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("dimension %d is negative (%d)", i, d)
+		}
+		zero = zero || d == 0
+	}
+	if zero {
+		return 0, nil
+	}
+	n := uint64(1)
+	for _, d := range shape {
+		hi, lo := bits.Mul64(n, uint64(d))
+		if hi != 0 {
+			return 0, fmt.Errorf("shape %s has too many elements", shapeString(shape))
+		}
+		n = lo
+	}
+	return n, nil
+}
+
+func shapeString(shape []int) string {
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, d := range shape {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(d))
+	}
+	b.WriteByte(']')
+	return b.String()
+}
+
+// appendJSONString appends s as a JSON string. Only the characters JSON
+// requires are escaped (unlike encoding/json, which also escapes <, > and &
+// for HTML), so the header stays readable and its bytes depend on nothing but
+// s. s must be valid UTF-8.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for len(s) > 0 {
+		// Copy the run of bytes that need no escape in one append: names and
+		// values are almost always entirely such a run.
+		i := 0
+		for i < len(s) && s[i] >= 0x20 && s[i] != '"' && s[i] != '\\' {
+			i++
+		}
+		b = append(b, s[:i]...)
+		if i == len(s) {
+			break
+		}
+		if c := s[i]; c < 0x20 {
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		} else {
+			b = append(b, '\\', c)
+		}
+		s = s[i+1:]
+	}
+	return append(b, '"')
+}
+
+// member is one key and raw value of a JSON object, in file order.
+type member struct {
+	key   string
+	value json.RawMessage
+}
+
+// objectMembers splits a JSON object into its members, rejecting anything
+// else: a non-object, a duplicate key (encoding/json would silently keep the
+// last one, so two readers could disagree about a file), or bytes after the
+// object other than whitespace.
+func objectMembers(raw []byte) ([]member, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, errors.New("not a JSON object")
+	}
+	var out []member
+	seen := make(map[string]bool)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return nil, errors.New("object key is not a string")
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("duplicate key %q", key)
+		}
+		seen[key] = true
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, member{key, v})
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("unexpected data after the JSON object")
+	}
+	return out, nil
+}
+
+// jsonKind is the first byte of a raw JSON value: '{', '[', '"', 'n' (null),
+// 't'/'f' or a number's first character. encoding/json decodes null into
+// anything without an error, so callers check the kind first.
+func jsonKind(v json.RawMessage) byte {
+	v = bytes.TrimLeft(v, " \t\r\n")
+	if len(v) == 0 {
+		return 0
+	}
+	return v[0]
+}
+
+// decodeString decodes a raw JSON string value (not null).
+func decodeString(v json.RawMessage) (string, error) {
+	if jsonKind(v) != '"' {
+		return "", fmt.Errorf("%s is not a string", truncate(v))
+	}
+	var s string
+	err := json.Unmarshal(v, &s)
+	return s, err
+}
+
+// truncate shortens a raw JSON value for an error message, so a hostile
+// header cannot make an error message huge. It cuts at a character boundary.
+func truncate(v json.RawMessage) string {
+	const limit = 40
+	if len(v) <= limit {
+		return string(v)
+	}
+	i := limit
+	for i > 0 && !utf8.RuneStart(v[i]) {
+		i--
+	}
+	return string(v[:i]) + "..."
+}

@@ -1,0 +1,188 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// ModelKey is the metadata key under which a checkpoint stores its
+// ModelConfig as JSON.
+const ModelKey = "psyche.model"
+
+// ArchGPT is ModelConfig.Architecture for coordinator.ArchGPT. Architectures
+// are stored by name, not by the coordinator's number, so a checkpoint stays
+// readable by tools that know nothing of the coordinator's encoding.
+const ArchGPT = "gpt"
+
+// ModelConfig is the shape-determining part of a model: what a trainer must
+// agree with before it can use a checkpoint's tensors. It deliberately leaves
+// out how the model is trained (schedule, optimizer, data), which may change
+// between runs that share a checkpoint.
+type ModelConfig struct {
+	Architecture string `json:"architecture"` // model family by name: ArchGPT
+	VocabSize    uint32 `json:"vocab_size"`   // rows of the token embedding (and tied output head)
+	MaxSeqLen    uint32 `json:"max_seq_len"`  // context length; sizes the position embeddings
+	DModel       uint32 `json:"d_model"`      // width of the residual stream
+	NLayers      uint32 `json:"n_layers"`     // number of transformer blocks
+	NHeads       uint32 `json:"n_heads"`      // attention heads per block; divides DModel
+}
+
+// ModelConfigOf extracts the config of a coordinator model. It fails with
+// ErrInvalidModelConfig when the model's architecture is unknown or the
+// result is not valid.
+func ModelConfigOf(m *coordinator.Model) (ModelConfig, error) {
+	var arch string
+	switch m.Architecture {
+	case coordinator.ArchGPT:
+		arch = ArchGPT
+	default:
+		return ModelConfig{}, wrap(ErrInvalidModelConfig, "architecture %d is unknown", m.Architecture)
+	}
+	c := ModelConfig{Architecture: arch, VocabSize: m.VocabSize, MaxSeqLen: m.MaxSeqLen,
+		DModel: m.DModel, NLayers: m.NLayers, NHeads: m.NHeads}
+	return c, c.Validate()
+}
+
+// Validate reports whether c describes a model we can build, with the same
+// rules as coordinator.Model.Validate. Errors wrap ErrInvalidModelConfig.
+func (c ModelConfig) Validate() error {
+	var errs []error
+	rule := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, wrap(ErrInvalidModelConfig, format, args...))
+		}
+	}
+	rule(c.Architecture == ArchGPT, "architecture %q is unknown (want %q)", c.Architecture, ArchGPT)
+	rule(c.VocabSize > 0, "vocab_size must be greater than 0")
+	rule(c.MaxSeqLen > 0, "max_seq_len must be greater than 0")
+	rule(c.DModel > 0, "d_model must be greater than 0")
+	rule(c.NLayers > 0, "n_layers must be greater than 0")
+	rule(c.NHeads > 0 && c.DModel%max(c.NHeads, 1) == 0, "n_heads (%d) must be positive and divide d_model (%d)", c.NHeads, c.DModel)
+	return errors.Join(errs...)
+}
+
+// Check reports whether c is the config of the run's model m, wrapping
+// ErrModelMismatch with every field that differs.
+func (c ModelConfig) Check(m *coordinator.Model) error {
+	want, err := ModelConfigOf(m)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	diff := func(field string, got, want any) {
+		if got != want {
+			errs = append(errs, wrap(ErrModelMismatch, "%s is %v in the checkpoint, %v in the run", field, got, want))
+		}
+	}
+	diff("architecture", c.Architecture, want.Architecture)
+	diff("vocab_size", c.VocabSize, want.VocabSize)
+	diff("max_seq_len", c.MaxSeqLen, want.MaxSeqLen)
+	diff("d_model", c.DModel, want.DModel)
+	diff("n_layers", c.NLayers, want.NLayers)
+	diff("n_heads", c.NHeads, want.NHeads)
+	return errors.Join(errs...)
+}
+
+// WithModelConfig returns a copy of meta (which may be nil) with c stored
+// under ModelKey, for passing to Save. It refuses an invalid c, so a
+// checkpoint never carries a config that ParseModelConfig would reject.
+func WithModelConfig(meta map[string]string, c ModelConfig) (map[string]string, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(c) // struct fields marshal in declaration order: deterministic
+	if err != nil {
+		return nil, wrap(ErrInvalidModelConfig, "%v", err)
+	}
+	out := maps.Clone(meta)
+	if out == nil {
+		out = make(map[string]string, 1)
+	}
+	out[ModelKey] = string(b)
+	return out, nil
+}
+
+// ParseModelConfig parses and validates the JSON stored under ModelKey. It
+// is strict: every field must be present exactly once with its exact name,
+// and unknown fields are rejected, since a field this version does not know
+// could change the architecture. Errors wrap ErrInvalidModelConfig.
+func ParseModelConfig(s string) (ModelConfig, error) {
+	var c ModelConfig
+	if jsonKind(json.RawMessage(s)) != '{' {
+		return c, wrap(ErrInvalidModelConfig, "not a JSON object")
+	}
+	members, err := objectMembers([]byte(s))
+	if err != nil {
+		return c, wrap(ErrInvalidModelConfig, "%v", err)
+	}
+	fields := map[string]*uint32{"vocab_size": &c.VocabSize, "max_seq_len": &c.MaxSeqLen,
+		"d_model": &c.DModel, "n_layers": &c.NLayers, "n_heads": &c.NHeads}
+	seen := 0
+	for _, m := range members {
+		if m.key == "architecture" {
+			if c.Architecture, err = decodeString(m.value); err != nil {
+				return c, wrap(ErrInvalidModelConfig, "architecture: %v", err)
+			}
+			seen++
+			continue
+		}
+		dst, ok := fields[m.key]
+		if !ok {
+			return c, wrap(ErrInvalidModelConfig, "unknown field %q", m.key)
+		}
+		if err := decodeUint32(m.value, dst); err != nil {
+			return c, wrap(ErrInvalidModelConfig, "%s: %v", m.key, err)
+		}
+		seen++
+	}
+	if seen != len(fields)+1 {
+		for _, name := range []string{"architecture", "vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads"} {
+			if !hasMember(members, name) {
+				return c, wrap(ErrInvalidModelConfig, "missing field %q", name)
+			}
+		}
+	}
+	return c, c.Validate()
+}
+
+func hasMember(members []member, key string) bool {
+	for _, m := range members {
+		if m.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// decodeUint32 decodes a JSON integer (not null, not fractional, in range).
+func decodeUint32(v json.RawMessage, dst *uint32) error {
+	var n json.Number
+	if k := jsonKind(v); k != '-' && (k < '0' || k > '9') {
+		return fmt.Errorf("%s is not a number", truncate(v))
+	}
+	if err := json.Unmarshal(v, &n); err != nil {
+		return err
+	}
+	x, err := n.Int64()
+	if err != nil || x < 0 || x > math.MaxUint32 {
+		return fmt.Errorf("%s is not an integer in [0, %d]", n, uint32(math.MaxUint32))
+	}
+	*dst = uint32(x)
+	return nil
+}
+
+// ModelConfig returns the checkpoint's model config, wrapping
+// ErrNoModelConfig when it has none and ErrInvalidModelConfig when it is
+// unreadable.
+func (c *Checkpoint) ModelConfig() (ModelConfig, error) {
+	s, ok := c.meta[ModelKey]
+	if !ok {
+		return ModelConfig{}, ErrNoModelConfig
+	}
+	return ParseModelConfig(s)
+}

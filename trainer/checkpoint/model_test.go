@@ -1,0 +1,143 @@
+package checkpoint
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+func runModel() coordinator.Model {
+	return coordinator.Model{Architecture: coordinator.ArchGPT, MaxSeqLen: 128, VocabSize: 256,
+		DModel: 64, NLayers: 2, NHeads: 4}
+}
+
+func TestModelConfigRoundTrip(t *testing.T) {
+	m := runModel()
+	cfg, err := ModelConfigOf(&m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ModelConfig{Architecture: ArchGPT, VocabSize: 256, MaxSeqLen: 128, DModel: 64, NLayers: 2, NHeads: 4}
+	if cfg != want {
+		t.Fatalf("ModelConfigOf = %+v, want %+v", cfg, want)
+	}
+	in := map[string]string{"step": "9"}
+	meta, err := WithModelConfig(in, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := in[ModelKey]; ok {
+		t.Fatal("WithModelConfig modified its input")
+	}
+	const js = `{"architecture":"gpt","vocab_size":256,"max_seq_len":128,"d_model":64,"n_layers":2,"n_heads":4}`
+	if meta[ModelKey] != js || meta["step"] != "9" {
+		t.Fatalf("metadata = %v", meta)
+	}
+	path := filepath.Join(t.TempDir(), "m.safetensors")
+	if err := Save(t.Context(), path, []Tensor{{Name: "w", Data: []float32{1}}}, meta); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.ModelConfig()
+	if err != nil || got != cfg {
+		t.Fatalf("ModelConfig = %+v, %v", got, err)
+	}
+	if err := got.Check(&m); err != nil {
+		t.Fatalf("Check against its own model: %v", err)
+	}
+	if meta, err := WithModelConfig(nil, cfg); err != nil || len(meta) != 1 {
+		t.Fatalf("WithModelConfig(nil) = %v, %v", meta, err)
+	}
+}
+
+func TestModelConfigMissing(t *testing.T) {
+	enc, _ := Encode(nil, map[string]string{"other": "x"})
+	c, err := Decode(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ModelConfig(); !errors.Is(err, ErrNoModelConfig) {
+		t.Fatalf("ModelConfig without the key = %v", err)
+	}
+}
+
+func TestModelConfigCheck(t *testing.T) {
+	m := runModel()
+	cfg, _ := ModelConfigOf(&m)
+	other := m
+	other.DModel, other.NLayers = 128, 3
+	err := cfg.Check(&other)
+	if !errors.Is(err, ErrModelMismatch) || !strings.Contains(err.Error(), "d_model is 64 in the checkpoint, 128 in the run") ||
+		!strings.Contains(err.Error(), "n_layers") || strings.Contains(err.Error(), "vocab_size") {
+		t.Fatalf("Check = %v", err)
+	}
+	other = m
+	other.Architecture = 7
+	if err := cfg.Check(&other); !errors.Is(err, ErrInvalidModelConfig) {
+		t.Fatalf("Check against an unknown architecture = %v", err)
+	}
+}
+
+func TestModelConfigRejects(t *testing.T) {
+	bad := []struct {
+		name string
+		m    func(*coordinator.Model)
+		want string
+	}{
+		{"arch", func(m *coordinator.Model) { m.Architecture = coordinator.ArchNone }, "architecture 0"},
+		{"vocab", func(m *coordinator.Model) { m.VocabSize = 0 }, "vocab_size"},
+		{"seq", func(m *coordinator.Model) { m.MaxSeqLen = 0 }, "max_seq_len"},
+		{"width", func(m *coordinator.Model) { m.DModel = 0 }, "d_model must"},
+		{"layers", func(m *coordinator.Model) { m.NLayers = 0 }, "n_layers"},
+		{"heads", func(m *coordinator.Model) { m.NHeads = 5 }, "n_heads (5)"},
+		{"no heads", func(m *coordinator.Model) { m.NHeads = 0 }, "n_heads (0)"},
+	}
+	for _, tc := range bad {
+		m := runModel()
+		tc.m(&m)
+		_, err := ModelConfigOf(&m)
+		if !errors.Is(err, ErrInvalidModelConfig) || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "checkpoint: ") {
+			t.Errorf("%s: ModelConfigOf = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := WithModelConfig(nil, ModelConfig{Architecture: "rnn"}); !errors.Is(err, ErrInvalidModelConfig) {
+		t.Errorf("WithModelConfig accepted an invalid config: %v", err)
+	}
+
+	for _, tc := range []struct{ name, js, want string }{
+		{"not JSON", `gpt`, "not a JSON object"},
+		{"null", `null`, "not a JSON object"},
+		{"array", `[]`, "not a JSON object"},
+		{"truncated", `{"architecture":"gpt"`, "EOF"},
+		{"trailing", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1} {}`, "after the JSON object"},
+		{"missing", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1}`, `missing field "n_heads"`},
+		{"unknown", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1,"n_kv_heads":1}`, `unknown field "n_kv_heads"`},
+		{"case", `{"Architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, `unknown field "Architecture"`},
+		{"duplicate", `{"architecture":"gpt","vocab_size":1,"vocab_size":2,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "duplicate key"},
+		{"null field", `{"architecture":"gpt","vocab_size":null,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "not a number"},
+		{"string field", `{"architecture":"gpt","vocab_size":"1","max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "not a number"},
+		{"negative", `{"architecture":"gpt","vocab_size":-1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "not an integer"},
+		{"fraction", `{"architecture":"gpt","vocab_size":1.5,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "not an integer"},
+		{"too big", `{"architecture":"gpt","vocab_size":4294967296,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "not an integer"},
+		{"arch number", `{"architecture":1,"vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "not a string"},
+		{"arch unknown", `{"architecture":"rnn","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, `architecture "rnn"`},
+		{"invalid", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":6,"n_layers":1,"n_heads":4}`, "n_heads (4)"},
+	} {
+		_, err := ParseModelConfig(tc.js)
+		if !errors.Is(err, ErrInvalidModelConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: ParseModelConfig = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	// Through a checkpoint, the same errors surface from ModelConfig.
+	enc, _ := Encode(nil, map[string]string{ModelKey: `{"architecture":"gpt"}`})
+	c, _ := Decode(enc)
+	if _, err := c.ModelConfig(); !errors.Is(err, ErrInvalidModelConfig) {
+		t.Errorf("ModelConfig of a bad entry = %v", err)
+	}
+}

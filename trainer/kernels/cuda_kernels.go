@@ -1,0 +1,322 @@
+//go:build cuda
+
+package kernels
+
+// cudaKernel names one kernel of cudaSource; the values index cudaKernelNames.
+type cudaKernel int
+
+const (
+	kLayerNormForward cudaKernel = iota
+	kLayerNormBackwardInput
+	kLayerNormBackwardParams
+	kGELUForward
+	kGELUBackward
+	kAttentionForward
+	kAttentionBackwardQuery
+	kAttentionBackwardKeyValue
+	kSoftmaxCrossEntropy
+	kCrossEntropyBackward
+	numCUDAKernels
+)
+
+// cudaKernelNames are the extern "C" names of the kernels in cudaSource, in
+// cudaKernel order.
+var cudaKernelNames = [numCUDAKernels]string{
+	kLayerNormForward:          "layernorm_forward",
+	kLayerNormBackwardInput:    "layernorm_backward_input",
+	kLayerNormBackwardParams:   "layernorm_backward_params",
+	kGELUForward:               "gelu_forward",
+	kGELUBackward:              "gelu_backward",
+	kAttentionForward:          "attention_forward",
+	kAttentionBackwardQuery:    "attention_backward_query",
+	kAttentionBackwardKeyValue: "attention_backward_keyvalue",
+	kSoftmaxCrossEntropy:       "softmax_cross_entropy",
+	kCrossEntropyBackward:      "cross_entropy_backward",
+}
+
+// cudaBlock is the block size of every launch (a multiple of the warp size:
+// the row-wise kernels give each row one warp of 32 lanes).
+const cudaBlock = 256
+
+// cudaSource is the CUDA C of the kernels, compiled at run time by NVRTC. It
+// computes the same math as the Go backend (gokernels.go), kernel by kernel.
+//
+// Launch shapes:
+//   - element-wise kernels (gelu_*, cross_entropy_backward) and
+//     layernorm_backward_params: one thread per element (per column), in
+//     grid-stride loops;
+//   - row-wise kernels (layernorm_forward, layernorm_backward_input,
+//     softmax_cross_entropy): one warp per row, lanes striding over the
+//     columns and combining their partial sums with a fixed butterfly of
+//     warp shuffles, so results are deterministic; every lane of a warp
+//     follows the same control flow, as __shfl_xor_sync with a full mask
+//     requires;
+//   - attention: one thread per (sequence, head, position). The backward pass
+//     is two kernels so that no two threads write the same element: the first
+//     (per query position) writes the softmax gradient into datt and
+//     accumulates dq; the second (per key position) reads it and accumulates
+//     dk and dv, summing over query positions in the same order as the Go
+//     backend.
+//
+// Sizes are int; offsets into tensors are computed in long long.
+const cudaSource = `
+#define FULL_MASK 0xffffffffu
+#define GELU_SCALE 0.7978845608028654f
+#define GELU_CUBE 0.044715f
+#define LAYERNORM_EPS 1e-5
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+	for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float warp_sum_f(float v) {
+	for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float warp_max_f(float v) {
+	for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+	return v;
+}
+
+__device__ __forceinline__ long long global_thread() {
+	return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ long long global_threads() {
+	return (long long)gridDim.x * blockDim.x;
+}
+
+// ---- layer norm ----
+
+extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd,
+		const float* in, const float* weight, const float* bias, int rows, int cols) {
+	int lane = threadIdx.x & 31;
+	for (long long row = global_thread() >> 5; row < rows; row += global_threads() >> 5) {
+		const float* x = in + row * cols;
+		float* o = out + row * cols;
+		double m = 0;
+		for (int i = lane; i < cols; i += 32) m += (double)x[i];
+		m = warp_sum_d(m) / cols;
+		double var = 0;
+		for (int i = lane; i < cols; i += 32) {
+			double d = (double)x[i] - m;
+			var += d * d;
+		}
+		var = warp_sum_d(var) / cols;
+		double s = 1.0 / sqrt(var + LAYERNORM_EPS);
+		for (int i = lane; i < cols; i += 32) o[i] = (float)(((double)x[i] - m) * s) * weight[i] + bias[i];
+		if (lane == 0) {
+			mean[row] = (float)m;
+			rstd[row] = (float)s;
+		}
+	}
+}
+
+// dIn += (dnorm - mean(dnorm) - norm*mean(dnorm*norm))*rstd, dnorm = weight*dOut.
+extern "C" __global__ void layernorm_backward_input(float* dIn, const float* dOut,
+		const float* in, const float* weight, const float* mean, const float* rstd, int rows, int cols) {
+	int lane = threadIdx.x & 31;
+	for (long long row = global_thread() >> 5; row < rows; row += global_threads() >> 5) {
+		const float* x = in + row * cols;
+		const float* dy = dOut + row * cols;
+		float* dx = dIn + row * cols;
+		float m = mean[row], s = rstd[row];
+		float dnormMean = 0, dnormNormMean = 0;
+		for (int i = lane; i < cols; i += 32) {
+			float norm = (x[i] - m) * s;
+			float dnorm = weight[i] * dy[i];
+			dnormMean += dnorm;
+			dnormNormMean += dnorm * norm;
+		}
+		dnormMean = warp_sum_f(dnormMean) / cols;
+		dnormNormMean = warp_sum_f(dnormNormMean) / cols;
+		for (int i = lane; i < cols; i += 32) {
+			float norm = (x[i] - m) * s;
+			float dnorm = weight[i] * dy[i];
+			dx[i] += (dnorm - dnormMean - norm * dnormNormMean) * s;
+		}
+	}
+}
+
+// One thread per column, looping over the rows: dWeight += Σ norm*dOut,
+// dBias += Σ dOut, with no two threads writing the same element.
+extern "C" __global__ void layernorm_backward_params(float* dWeight, float* dBias,
+		const float* dOut, const float* in, const float* mean, const float* rstd, int rows, int cols) {
+	for (long long j = global_thread(); j < cols; j += global_threads()) {
+		float dw = 0, db = 0;
+		for (long long r = 0; r < rows; r++) {
+			float dy = dOut[r * cols + j];
+			float norm = (in[r * cols + j] - mean[r]) * rstd[r];
+			dw += norm * dy;
+			db += dy;
+		}
+		dWeight[j] += dw;
+		dBias[j] += db;
+	}
+}
+
+// ---- GELU, tanh approximation ----
+
+extern "C" __global__ void gelu_forward(float* out, const float* in, int n) {
+	for (long long i = global_thread(); i < n; i += global_threads()) {
+		float x = in[i];
+		out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + GELU_CUBE * x * x * x)));
+	}
+}
+
+extern "C" __global__ void gelu_backward(float* dIn, const float* in, const float* dOut, int n) {
+	for (long long i = global_thread(); i < n; i += global_threads()) {
+		float x = in[i];
+		float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
+		float th = tanhf(u);
+		float sech2 = 1.0f - th * th;
+		float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
+		dIn[i] += grad * dOut[i];
+	}
+}
+
+// ---- causal multi-head self-attention ----
+//
+// qkv is (B·T)×3C, rows [q | k | v]; head h of a row is the hs = C/H values
+// from h·hs. att is B·H·T·T; out and dOut are (B·T)×C.
+
+extern "C" __global__ void attention_forward(float* out, float* att, const float* qkv,
+		int B, int T, int C, int H, float scale) {
+	int hs = C / H;
+	long long total = (long long)B * H * T;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		int ti = (int)(idx % T);
+		long long bh = idx / T;
+		int h = (int)(bh % H);
+		long long b = bh / H;
+		const float* q = qkv + (b * T + ti) * 3 * C + h * hs;
+		float* a = att + (bh * T + ti) * T;
+		float maxv = -__int_as_float(0x7f800000);
+		for (int t2 = 0; t2 <= ti; t2++) {
+			const float* k = qkv + (b * T + t2) * 3 * C + C + h * hs;
+			float dot = 0;
+			for (int i = 0; i < hs; i++) dot += q[i] * k[i];
+			dot *= scale;
+			a[t2] = dot;
+			maxv = fmaxf(maxv, dot);
+		}
+		float sum = 0;
+		for (int t2 = 0; t2 <= ti; t2++) {
+			float e = expf(a[t2] - maxv);
+			a[t2] = e;
+			sum += e;
+		}
+		float inv = 1.0f / sum;
+		for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= ti ? a[t2] * inv : 0.0f;
+		float* o = out + (b * T + ti) * C + h * hs;
+		for (int i = 0; i < hs; i++) o[i] = 0;
+		for (int t2 = 0; t2 <= ti; t2++) {
+			const float* v = qkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
+			float w = a[t2];
+			for (int i = 0; i < hs; i++) o[i] += w * v[i];
+		}
+	}
+}
+
+// Per query position ti: datt[ti][t2] = (att·(d(att) − Σ att·d(att)))·scale,
+// the gradient of the pre-softmax score, for t2 ≤ ti; dq[ti] += Σ datt·k.
+extern "C" __global__ void attention_backward_query(float* dqkv, float* datt, const float* dOut,
+		const float* qkv, const float* att, int B, int T, int C, int H, float scale) {
+	int hs = C / H;
+	long long total = (long long)B * H * T;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		int ti = (int)(idx % T);
+		long long bh = idx / T;
+		int h = (int)(bh % H);
+		long long b = bh / H;
+		const float* a = att + (bh * T + ti) * T;
+		float* da = datt + (bh * T + ti) * T;
+		const float* g = dOut + (b * T + ti) * C + h * hs;
+		for (int t2 = 0; t2 <= ti; t2++) {
+			const float* v = qkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
+			float dot = 0;
+			for (int i = 0; i < hs; i++) dot += v[i] * g[i];
+			da[t2] = dot;
+		}
+		float s = 0;
+		for (int t2 = 0; t2 <= ti; t2++) s += a[t2] * da[t2];
+		for (int t2 = 0; t2 <= ti; t2++) da[t2] = a[t2] * (da[t2] - s) * scale;
+		float* dq = dqkv + (b * T + ti) * 3 * C + h * hs;
+		for (int t2 = 0; t2 <= ti; t2++) {
+			const float* k = qkv + (b * T + t2) * 3 * C + C + h * hs;
+			float dpre = da[t2];
+			for (int i = 0; i < hs; i++) dq[i] += dpre * k[i];
+		}
+	}
+}
+
+// Per key position t2 (after attention_backward_query has filled datt):
+// dk[t2] += Σ_{ti ≥ t2} datt[ti][t2]·q[ti], dv[t2] += Σ_{ti ≥ t2} att[ti][t2]·dOut[ti].
+extern "C" __global__ void attention_backward_keyvalue(float* dqkv, const float* datt, const float* dOut,
+		const float* qkv, const float* att, int B, int T, int C, int H) {
+	int hs = C / H;
+	long long total = (long long)B * H * T;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		int t2 = (int)(idx % T);
+		long long bh = idx / T;
+		int h = (int)(bh % H);
+		long long b = bh / H;
+		float* dk = dqkv + (b * T + t2) * 3 * C + C + h * hs;
+		float* dv = dqkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
+		for (int ti = t2; ti < T; ti++) {
+			float dpre = datt[(bh * T + ti) * T + t2];
+			float w = att[(bh * T + ti) * T + t2];
+			const float* q = qkv + (b * T + ti) * 3 * C + h * hs;
+			const float* g = dOut + (b * T + ti) * C + h * hs;
+			for (int i = 0; i < hs; i++) {
+				dk[i] += dpre * q[i];
+				dv[i] += w * g[i];
+			}
+		}
+	}
+}
+
+// ---- softmax and cross-entropy ----
+
+// One warp per row: logits become probabilities in place, and the lane that
+// holds the target writes the row's loss −log max(p[target], 1e-30).
+extern "C" __global__ void softmax_cross_entropy(float* losses, float* logits,
+		const unsigned int* targets, int rows, int vocab) {
+	int lane = threadIdx.x & 31;
+	for (long long row = global_thread() >> 5; row < rows; row += global_threads() >> 5) {
+		float* x = logits + row * vocab;
+		float maxv = -__int_as_float(0x7f800000);
+		for (int i = lane; i < vocab; i += 32) maxv = fmaxf(maxv, x[i]);
+		maxv = warp_max_f(maxv);
+		double sum = 0;
+		for (int i = lane; i < vocab; i += 32) {
+			float e = expf(x[i] - maxv);
+			x[i] = e;
+			sum += (double)e;
+		}
+		sum = warp_sum_d(sum);
+		float inv = (float)(1.0 / sum);
+		int target = (int)targets[row];
+		for (int i = lane; i < vocab; i += 32) {
+			float p = x[i] * inv;
+			x[i] = p;
+			if (i == target) losses[row] = -(float)log(fmax((double)p, 1e-30));
+		}
+	}
+}
+
+// dLogits = (probs − onehot(target))·scale, overwriting dLogits.
+extern "C" __global__ void cross_entropy_backward(float* dLogits, const float* probs,
+		const unsigned int* targets, int rows, int vocab, float scale) {
+	long long total = (long long)rows * vocab;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		long long row = idx / vocab;
+		int i = (int)(idx % vocab);
+		float d = probs[idx] * scale;
+		if (i == (int)targets[row]) d -= scale;
+		dLogits[idx] = d;
+	}
+}
+`

@@ -1,0 +1,271 @@
+//go:build cuda
+
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// These tests compare the CUDA backend with the Go backend element by element
+// on shapes that span several warps and blocks (kernels_test.go checks the
+// math on small shapes), check that accumulating outputs accumulate and that
+// results repeat bit for bit. They need a GPU.
+
+func cudaBackend(t *testing.T) *CUDA {
+	t.Helper()
+	c, ok := Default().(*CUDA)
+	if !ok {
+		t.Fatalf("default backend is %T", Default())
+	}
+	t.Logf("device: %s", c.Device())
+	return c
+}
+
+// closeTo fails unless got matches want to tol relative to want's largest
+// magnitude.
+func closeTo(t *testing.T, what string, got, want []float32, tol float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	var scale float64 = 1e-6
+	for _, w := range want {
+		scale = math.Max(scale, math.Abs(float64(w)))
+	}
+	for i := range got {
+		if d := math.Abs(float64(got[i]) - float64(want[i])); !(d <= tol*scale) {
+			t.Fatalf("%s[%d] = %g, want %g (scale %g)", what, i, got[i], want[i], scale)
+		}
+	}
+}
+
+// deterministic runs fn twice and checks that the results agree
+// bit for bit.
+func deterministic(t *testing.T, what string, fn func() []float32) {
+	t.Helper()
+	a, b := fn(), fn()
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			t.Fatalf("%s: run 2 differs at %d: %g vs %g", what, i, a[i], b[i])
+		}
+	}
+}
+
+func TestCUDAGemmShapes(t *testing.T) {
+	c := cudaBackend(t)
+	r := rand.New(rand.NewPCG(11, 11))
+	for _, tc := range []struct{ m, n, k int }{{1, 1, 0}, {3, 1, 300}, {300, 2, 5}, {257, 129, 65}} {
+		for _, ta := range []bool{false, true} {
+			for _, tb := range []bool{false, true} {
+				ar, ac := tc.m, tc.k
+				if ta {
+					ar, ac = tc.k, tc.m
+				}
+				br, bc := tc.k, tc.n
+				if tb {
+					br, bc = tc.n, tc.k
+				}
+				lda, ldb, ldc := max(ac, 1)+1, max(bc, 1), tc.n+5
+				a, b, cm := randVec(r, max(ar*lda, 1)), randVec(r, max(br*ldb, 1)), randVec(r, tc.m*ldc)
+				for _, beta := range []float32{0, 0.5} {
+					want := slices.Clone(cm)
+					Go{}.Gemm(ta, tb, tc.m, tc.n, tc.k, 1.5, a, lda, b, ldb, beta, want, ldc)
+					got := slices.Clone(cm)
+					c.Gemm(ta, tb, tc.m, tc.n, tc.k, 1.5, a, lda, b, ldb, beta, got, ldc)
+					closeTo(t, "gemm", got, want, 1e-5)
+				}
+			}
+		}
+	}
+}
+
+func TestCUDALayerNormMatchesGo(t *testing.T) {
+	c := cudaBackend(t)
+	r := rand.New(rand.NewPCG(12, 12))
+	rows, cols := 301, 97
+	in, w, b := randVec(r, rows*cols), randVec(r, cols), randVec(r, cols)
+	fwd := func(be Backend) (out, mean, rstd []float32) {
+		out, mean, rstd = make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
+		be.LayerNorm(out, mean, rstd, in, w, b, rows, cols)
+		return
+	}
+	gOut, gMean, gRstd := fwd(Go{})
+	cOut, cMean, cRstd := fwd(c)
+	closeTo(t, "out", cOut, gOut, 1e-5)
+	closeTo(t, "mean", cMean, gMean, 1e-5)
+	closeTo(t, "rstd", cRstd, gRstd, 1e-5)
+	deterministic(t, "layernorm", func() []float32 { o, _, _ := fwd(c); return o })
+
+	dOut := randVec(r, rows*cols)
+	dIn0, dW0, dB0 := randVec(r, rows*cols), randVec(r, cols), randVec(r, cols) // accumulated into
+	bwd := func(be Backend) (dIn, dW, dB []float32) {
+		dIn, dW, dB = slices.Clone(dIn0), slices.Clone(dW0), slices.Clone(dB0)
+		be.LayerNormBackward(dIn, dW, dB, dOut, in, w, gMean, gRstd, rows, cols)
+		return
+	}
+	gIn, gW, gB := bwd(Go{})
+	cIn, cW, cB := bwd(c)
+	closeTo(t, "dIn", cIn, gIn, 1e-4)
+	closeTo(t, "dWeight", cW, gW, 1e-4)
+	closeTo(t, "dBias", cB, gB, 1e-4)
+	deterministic(t, "layernorm backward", func() []float32 { _, dw, _ := bwd(c); return dw })
+}
+
+func TestCUDAGELUMatchesGo(t *testing.T) {
+	c := cudaBackend(t)
+	r := rand.New(rand.NewPCG(13, 13))
+	in := randVec(r, 100_003)
+	gOut, cOut := make([]float32, len(in)), make([]float32, len(in))
+	Go{}.GELU(gOut, in)
+	c.GELU(cOut, in)
+	closeTo(t, "gelu", cOut, gOut, 1e-5)
+	dOut, dIn0 := randVec(r, len(in)), randVec(r, len(in))
+	gIn, cIn := slices.Clone(dIn0), slices.Clone(dIn0)
+	Go{}.GELUBackward(gIn, in, dOut)
+	c.GELUBackward(cIn, in, dOut)
+	closeTo(t, "gelu backward", cIn, gIn, 1e-5)
+}
+
+func TestCUDAAttentionMatchesGo(t *testing.T) {
+	c := cudaBackend(t)
+	r := rand.New(rand.NewPCG(14, 14))
+	b, tt, ch, heads := 3, 70, 48, 4
+	qkv := randVec(r, b*tt*3*ch)
+	fwd := func(be Backend) (out, att []float32) {
+		out, att = make([]float32, b*tt*ch), randVec(r, b*heads*tt*tt) // att fully overwritten
+		be.Attention(out, att, qkv, b, tt, ch, heads)
+		return
+	}
+	gOut, gAtt := fwd(Go{})
+	cOut, cAtt := fwd(c)
+	closeTo(t, "out", cOut, gOut, 1e-5)
+	closeTo(t, "att", cAtt, gAtt, 1e-5)
+	deterministic(t, "attention", func() []float32 { o, _ := fwd(c); return o })
+
+	dOut, dqkv0 := randVec(r, len(gOut)), randVec(r, len(qkv))
+	bwd := func(be Backend) []float32 {
+		dqkv := slices.Clone(dqkv0)
+		be.AttentionBackward(dqkv, make([]float32, len(gAtt)), dOut, qkv, gAtt, b, tt, ch, heads)
+		return dqkv
+	}
+	closeTo(t, "dqkv", bwd(c), bwd(Go{}), 1e-4)
+	deterministic(t, "attention backward", func() []float32 { return bwd(c) })
+}
+
+func TestCUDACrossEntropyMatchesGo(t *testing.T) {
+	c := cudaBackend(t)
+	r := rand.New(rand.NewPCG(15, 15))
+	rows, vocab := 67, 1000
+	logits := randVec(r, rows*vocab)
+	for i := range logits {
+		logits[i] *= 4
+	}
+	targets := make([]uint32, rows)
+	for i := range targets {
+		targets[i] = uint32(r.IntN(vocab))
+	}
+	fwd := func(be Backend) (probs, losses []float32) {
+		probs, losses = slices.Clone(logits), make([]float32, rows)
+		be.SoftmaxCrossEntropy(losses, probs, targets, rows, vocab)
+		return
+	}
+	gP, gL := fwd(Go{})
+	cP, cL := fwd(c)
+	closeTo(t, "probs", cP, gP, 1e-5)
+	closeTo(t, "losses", cL, gL, 1e-5)
+	deterministic(t, "softmax", func() []float32 { _, l := fwd(c); return l })
+
+	gD, cD := randVec(r, rows*vocab), randVec(r, rows*vocab) // overwritten
+	Go{}.CrossEntropyBackward(gD, gP, targets, rows, vocab, 0.25)
+	c.CrossEntropyBackward(cD, gP, targets, rows, vocab, 0.25)
+	closeTo(t, "dLogits", cD, gD, 1e-6)
+}
+
+// TestCUDABuffersGrowAndShrink runs the same op on sizes that go up and down,
+// so cached device buffers are reused and regrown.
+func TestCUDABuffersGrowAndShrink(t *testing.T) {
+	c := cudaBackend(t)
+	r := rand.New(rand.NewPCG(16, 16))
+	for _, n := range []int{10, 5000, 3, 70_000, 1} {
+		in := randVec(r, n)
+		g, d := make([]float32, n), make([]float32, n)
+		Go{}.GELU(g, in)
+		c.GELU(d, in)
+		closeTo(t, "gelu", d, g, 1e-5)
+	}
+}
+
+// TestCUDAConcurrentUse calls the backend from several goroutines at once;
+// the calls are serialized on the worker that owns the context.
+func TestCUDAConcurrentUse(t *testing.T) {
+	c := cudaBackend(t)
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(18, uint64(g)))
+			for i := range 5 {
+				n := 100 + 37*g + i
+				in := randVec(r, n)
+				want, got := make([]float32, n), make([]float32, n)
+				Go{}.GELU(want, in)
+				c.GELU(got, in)
+				for j := range got {
+					if math.Abs(float64(got[j]-want[j])) > 1e-5*math.Max(1, math.Abs(float64(want[j]))) {
+						errs <- fmt.Sprintf("goroutine %d call %d: gelu[%d] = %g, want %g", g, i, j, got[j], want[j])
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+// TestCUDAClose opens a second backend, uses it, closes it, and checks that a
+// call after Close panics.
+func TestCUDAClose(t *testing.T) {
+	c, err := NewCUDA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, out := []float32{-1, 0, 1}, make([]float32, 3)
+	c.GELU(out, in)
+	if out[2] < 0.8 || out[2] > 0.9 {
+		t.Fatalf("gelu(1) = %g", out[2])
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic after Close")
+		}
+	}()
+	c.GELU(out, in)
+}
+
+func BenchmarkCUDALayerNorm(b *testing.B) {
+	c, ok := Default().(*CUDA)
+	if !ok {
+		b.Skip("not the CUDA backend")
+	}
+	r := rand.New(rand.NewPCG(17, 17))
+	rows, cols := 4096, 768
+	in, w, bias := randVec(r, rows*cols), randVec(r, cols), randVec(r, cols)
+	out, mean, rstd := make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
+	for b.Loop() {
+		c.LayerNorm(out, mean, rstd, in, w, bias, rows, cols)
+	}
+}

@@ -9,13 +9,14 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"time"
 
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/schedule"
 )
 
 // Sequences supplies training sequences of SeqLen+1 tokens by index.
@@ -83,13 +84,12 @@ func (c *Config) validate() error {
 	return c.Model.Validate()
 }
 
-// lr is linear warmup then cosine decay to a tenth of the peak.
+// lr is the rate of 0-based step: linear warmup, then cosine decay to a
+// tenth of the peak at the last step.
 func (c *Config) lr(peak float32, step int) float32 {
-	if step < c.WarmupSteps {
-		return peak * float32(step+1) / float32(c.WarmupSteps)
-	}
-	frac := float64(step-c.WarmupSteps) / float64(max(1, c.Steps-c.WarmupSteps))
-	return peak * float32(0.1+0.9*0.5*(1+math.Cos(math.Pi*frac)))
+	s := coordinator.LRSchedule{Kind: coordinator.LRCosine, BaseLR: peak, FinalLR: peak / 10,
+		WarmupSteps: uint32(c.WarmupSteps), DecaySteps: uint32(max(1, c.Steps-c.WarmupSteps))}
+	return schedule.LR(s, uint32(step+1))
 }
 
 // loader turns sequence indices into model batches.

@@ -1,0 +1,85 @@
+package gpt
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/kernels"
+)
+
+// checkpointConfig describes the model in the checkpoint's metadata.
+func (c Config) checkpointConfig() checkpoint.ModelConfig {
+	return checkpoint.ModelConfig{Architecture: checkpoint.ArchGPT, VocabSize: uint32(c.Vocab),
+		MaxSeqLen: uint32(c.Context), DModel: uint32(c.Width), NLayers: uint32(c.Layers), NHeads: uint32(c.Heads)}
+}
+
+// ConfigFromCheckpoint is the model shape a checkpoint's metadata describes.
+func ConfigFromCheckpoint(mc checkpoint.ModelConfig) (Config, error) {
+	if err := mc.Validate(); err != nil {
+		return Config{}, err
+	}
+	c := Config{Vocab: int(mc.VocabSize), Context: int(mc.MaxSeqLen), Width: int(mc.DModel), Layers: int(mc.NLayers), Heads: int(mc.NHeads)}
+	return c, c.Validate()
+}
+
+// CheckpointTensors names the parameter tensors (views, not copies).
+func (m *Model) CheckpointTensors() []checkpoint.Tensor {
+	var out []checkpoint.Tensor
+	for i, s := range m.Specs() {
+		out = append(out, checkpoint.Tensor{Name: s.Name, Shape: s.Shape, Data: m.pTensor[i]})
+	}
+	return out
+}
+
+// Save writes the parameters and the model shape (plus meta) to a
+// safetensors file atomically.
+func (m *Model) Save(ctx context.Context, path string, meta map[string]string) error {
+	meta, err := checkpoint.WithModelConfig(meta, m.checkpointConfig())
+	if err != nil {
+		return err
+	}
+	return checkpoint.Save(ctx, path, m.CheckpointTensors(), meta)
+}
+
+// LoadParams copies a checkpoint's tensors into the model, checking that the
+// checkpoint describes this model's shape and that every tensor is there with
+// the right shape.
+func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
+	mc, err := ck.ModelConfig()
+	if err != nil {
+		return err
+	}
+	if mc != m.checkpointConfig() {
+		return fmt.Errorf("gpt: checkpoint is for %+v, this model is %+v", mc, m.checkpointConfig())
+	}
+	for i, s := range m.Specs() {
+		data, err := ck.Tensor(s.Name, s.Shape)
+		if err != nil {
+			return fmt.Errorf("gpt: %w", err)
+		}
+		copy(m.pTensor[i], data)
+	}
+	return nil
+}
+
+// Load builds a model from a checkpoint file.
+func Load(path string, be kernels.Backend) (*Model, error) {
+	ck, err := checkpoint.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	mc, err := ck.ModelConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := ConfigFromCheckpoint(mc)
+	if err != nil {
+		return nil, err
+	}
+	m, err := New(cfg, 0, be)
+	if err != nil {
+		return nil, err
+	}
+	return m, m.LoadParams(ck)
+}

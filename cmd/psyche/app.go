@@ -30,9 +30,15 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	return app
 }
 
+// envName is the environment variable of a flag: PSYCHE_ and the flag's
+// name in upper case with dashes as underscores.
+func envName(f cli.Flag) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(f.Names()[0], "-", "_"))
+}
+
 func deriveEnvVars(cmd *cli.Command) {
 	for _, f := range cmd.Flags {
-		env := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Names()[0], "-", "_"))
+		env := envName(f)
 		switch f := f.(type) {
 		case *cli.IntFlag:
 			f.EnvVars = []string{env}
@@ -62,7 +68,7 @@ func knownEnv(app *cli.App) map[string]bool {
 	walk = func(cmds []*cli.Command) {
 		for _, c := range cmds {
 			for _, f := range c.Flags {
-				known[envPrefix+strings.ToUpper(strings.ReplaceAll(f.Names()[0], "-", "_"))] = true
+				known[envName(f)] = true
 			}
 			walk(c.Subcommands)
 		}

@@ -1,0 +1,80 @@
+package chain
+
+import (
+	"context"
+	"errors"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// Backend is where a run's coordinator lives: the embedded server or a
+// Solana program account. Both execute the same instructions with the same
+// rules; the trainer and the CLI only see this interface.
+type Backend interface {
+	// Send executes one instruction signed by signer (and, for join_run on a
+	// run with a join authority, co-signed by coSigner, which may be nil). A
+	// rejected instruction returns the coordinator error (errors.Is works
+	// with the coordinator's sentinel errors).
+	Send(ctx context.Context, runID string, signer, coSigner Signer, ix coordinator.Instruction) (Receipt, error)
+	// Snapshot fetches the current state of a run.
+	Snapshot(ctx context.Context, runID string) (Snapshot, error)
+	// Subscribe delivers snapshots of a run, each with a newer nonce than the
+	// one before, until ctx ends; the channel is closed then. The current
+	// state is delivered first.
+	Subscribe(ctx context.Context, runID string) (<-chan Snapshot, error)
+}
+
+// Receipt says what an executed instruction did.
+type Receipt struct {
+	Changed bool
+	From    coordinator.RunState
+	To      coordinator.RunState
+	Nonce   uint64 // the state's nonce after the instruction
+}
+
+// Snapshot is a decoded coordinator state.
+type Snapshot struct {
+	State *coordinator.Coordinator
+}
+
+// Nonce is the snapshot's nonce (0 for an empty snapshot).
+func (s Snapshot) Nonce() uint64 {
+	if s.State == nil {
+		return 0
+	}
+	return s.State.Nonce
+}
+
+// ErrRunNotFound reports a run id that no coordinator exists for.
+var ErrRunNotFound = errors.New("chain: run not found")
+
+// Newer forwards snapshots from in to the returned channel, dropping any whose
+// nonce is not newer than the last one forwarded (snapshots can arrive out of
+// order or twice after a reconnect).
+func Newer(ctx context.Context, in <-chan Snapshot) <-chan Snapshot {
+	out := make(chan Snapshot, 1)
+	go func() {
+		defer close(out)
+		var last uint64
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case s, ok := <-in:
+				if !ok {
+					return
+				}
+				if s.Nonce() <= last {
+					continue
+				}
+				last = s.Nonce()
+				select {
+				case out <- s:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out
+}

@@ -1,0 +1,217 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// Client is the chain.Backend of a server.
+type Client struct {
+	base string
+	http *http.Client
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	lastSeq uint64
+}
+
+var _ chain.Backend = (*Client)(nil)
+
+// NewClient talks to the server at base (for example http://127.0.0.1:7600).
+func NewClient(base string, log *slog.Logger) *Client {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{}, log: log}
+}
+
+// sequence returns a fresh, strictly increasing sequence number: the time in
+// nanoseconds, or one more than the last when the clock has not moved.
+func (c *Client) sequence() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seq := max(uint64(time.Now().UnixNano()), c.lastSeq+1)
+	c.lastSeq = seq
+	return seq
+}
+
+// Send implements chain.Backend.
+func (c *Client) Send(ctx context.Context, runID string, signer, coSigner chain.Signer, ix coordinator.Instruction) (chain.Receipt, error) {
+	id, err := coordinator.ParseRunID(runID)
+	if err != nil {
+		return chain.Receipt{}, err
+	}
+	var body []byte
+	if coSigner != nil {
+		body, err = EncodeRequest(id, c.sequence(), coordinator.EncodeInstruction(ix), signer, coSigner)
+	} else {
+		body, err = EncodeRequest(id, c.sequence(), coordinator.EncodeInstruction(ix), signer, nil)
+	}
+	if err != nil {
+		return chain.Receipt{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/instructions", bytes.NewReader(body))
+	if err != nil {
+		return chain.Receipt{}, fmt.Errorf("server: %w", err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return chain.Receipt{}, fmt.Errorf("server: sending %s: %w", ix.Name(), err)
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		var f Failure
+		if err := dec.Decode(&f); err != nil {
+			return chain.Receipt{}, fmt.Errorf("server: %s: HTTP %d", ix.Name(), resp.StatusCode)
+		}
+		return chain.Receipt{}, f.asError()
+	}
+	var r Result
+	if err := dec.Decode(&r); err != nil {
+		return chain.Receipt{}, fmt.Errorf("server: decoding the reply to %s: %w", ix.Name(), err)
+	}
+	return chain.Receipt{Changed: r.Changed, From: parseState(r.From), To: parseState(r.To), Nonce: r.Nonce}, nil
+}
+
+// asError turns a failure back into the error the server saw: coordinator
+// errors keep their identity, so errors.Is works across the network.
+func (f *Failure) asError() error {
+	if e := coordinator.ErrorFromCode(f.Code); e != nil {
+		return fmt.Errorf("%w (%s)", e, strings.TrimPrefix(f.Error, e.Error()+": "))
+	}
+	switch f.Name {
+	case "RunNotFound":
+		return fmt.Errorf("%w: %s", chain.ErrRunNotFound, f.Error)
+	case "Replay":
+		return ErrReplay
+	}
+	return errors.New(f.Error)
+}
+
+func parseState(name string) coordinator.RunState {
+	for s := coordinator.Uninitialized; s <= coordinator.Paused; s++ {
+		if s.String() == name {
+			return s
+		}
+	}
+	return coordinator.Uninitialized
+}
+
+// Snapshot implements chain.Backend.
+func (c *Client) Snapshot(ctx context.Context, runID string) (chain.Snapshot, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs/"+runID, nil)
+	if err != nil {
+		return chain.Snapshot{}, fmt.Errorf("server: %w", err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return chain.Snapshot{}, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return chain.Snapshot{}, fmt.Errorf("%w: %q", chain.ErrRunNotFound, runID)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return chain.Snapshot{}, fmt.Errorf("server: fetching run %q: HTTP %d", runID, resp.StatusCode)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(coordinator.AccountSize)+1))
+	if err != nil {
+		return chain.Snapshot{}, fmt.Errorf("server: %w", err)
+	}
+	state, err := coordinator.DecodeAccount(b)
+	if err != nil {
+		return chain.Snapshot{}, err
+	}
+	return chain.Snapshot{State: state}, nil
+}
+
+// Subscribe implements chain.Backend. It reconnects (with backoff) when the
+// stream breaks, and drops snapshots that are not newer than the last one.
+func (c *Client) Subscribe(ctx context.Context, runID string) (<-chan chain.Snapshot, error) {
+	// Fail fast on a run that does not exist.
+	if _, err := c.Snapshot(ctx, runID); err != nil {
+		return nil, err
+	}
+	raw := make(chan chain.Snapshot, 1)
+	go func() {
+		defer close(raw)
+		backoff := 50 * time.Millisecond
+		for ctx.Err() == nil {
+			err := c.stream(ctx, runID, raw)
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, chain.ErrRunNotFound) {
+				c.log.Info("run is gone; subscription ends", "run", runID)
+				return
+			}
+			c.log.Warn("snapshot stream broke; reconnecting", "run", runID, "err", err, "backoff", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}()
+	return chain.Newer(ctx, raw), nil
+}
+
+func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snapshot) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs/"+runID+"/events", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return chain.ErrRunNotFound
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		b, err := base64.StdEncoding.DecodeString(data)
+		if err != nil {
+			return fmt.Errorf("bad event: %w", err)
+		}
+		state, err := coordinator.DecodeAccount(b)
+		if err != nil {
+			return err
+		}
+		select {
+		case out <- chain.Snapshot{State: state}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return io.ErrUnexpectedEOF
+}

@@ -1,0 +1,269 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/chain/backendtest"
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// fakeClock is a settable unix clock for deterministic tests.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func newTestServer(t *testing.T, dir string) (*Server, *fakeClock, *httptest.Server) {
+	t.Helper()
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	var seed uint64
+	s, err := New(dir, WithClock(clock.Now), WithSeeds(func() uint64 { seed++; return seed }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(hs.Close)
+	return s, clock, hs
+}
+
+func TestBackendSuite(t *testing.T) {
+	s, clock, hs := newTestServer(t, t.TempDir())
+	backendtest.Run(t, "suite", backendtest.Harness{
+		Backend: NewClient(hs.URL, nil),
+		Advance: func(t *testing.T, seconds uint64) {
+			for i := uint64(0); i < seconds; i++ {
+				clock.Advance(time.Second)
+				s.Tick()
+			}
+		},
+	})
+}
+
+func post(t *testing.T, url string, body []byte) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/instructions", "application/octet-stream", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	_, _ = bufio.NewReader(resp.Body).WriteTo(&b)
+	return resp.StatusCode, b.String()
+}
+
+func TestRequestsAreAuthenticatedAndNotReplayable(t *testing.T) {
+	_, _, hs := newTestServer(t, t.TempDir())
+	admin := backendtest.Key("admin")
+	id, _ := coordinator.ParseRunID("auth")
+	init := coordinator.EncodeInstruction(&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id})
+	req, err := EncodeRequest(id, 1, init, admin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := post(t, hs.URL, req); code != http.StatusOK {
+		t.Fatalf("init: %d %s", code, body)
+	}
+	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
+	update, _ := EncodeRequest(id, 2, coordinator.EncodeInstruction(&coordinator.Update{Config: &k, Model: &m}), admin, nil)
+	if code, body := post(t, hs.URL, update); code != http.StatusOK {
+		t.Fatalf("update: %d %s", code, body)
+	}
+	// The same bytes again: a replay.
+	if code, body := post(t, hs.URL, update); code != http.StatusConflict || !strings.Contains(body, "Replay") {
+		t.Fatalf("replay: %d %s", code, body)
+	}
+	// An older sequence number: also refused.
+	old, _ := EncodeRequest(id, 1, coordinator.EncodeInstruction(&coordinator.SetPaused{}), admin, nil)
+	if code, _ := post(t, hs.URL, old); code != http.StatusConflict {
+		t.Fatalf("old sequence: %d", code)
+	}
+	// A flipped byte in the instruction breaks the signature.
+	forged, _ := EncodeRequest(id, 3, coordinator.EncodeInstruction(&coordinator.SetPaused{}), admin, nil)
+	forged[headerSize] ^= 1
+	if code, _ := post(t, hs.URL, forged); code != http.StatusUnauthorized {
+		t.Fatalf("forged: %d", code)
+	}
+	// Garbage and truncated requests get errors, and the server keeps working.
+	for _, b := range [][]byte{nil, []byte("hello"), forged[:40], append(bytes.Clone(update), 0)} {
+		if code, _ := post(t, hs.URL, b); code != http.StatusBadRequest && code != http.StatusUnauthorized {
+			t.Fatalf("garbage %q...: %d", b[:min(len(b), 8)], code)
+		}
+	}
+	resume, _ := EncodeRequest(id, 4, coordinator.EncodeInstruction(&coordinator.SetPaused{}), admin, nil)
+	if code, body := post(t, hs.URL, resume); code != http.StatusOK || !strings.Contains(body, "WaitingForMembers") {
+		t.Fatalf("resume: %d %s", code, body)
+	}
+	// A coordinator error keeps its code across the network.
+	c := NewClient(hs.URL, nil)
+	_, err = c.Send(context.Background(), "auth", backendtest.Key("mallory"), nil, &coordinator.SetPaused{Paused: true})
+	if !errors.Is(err, coordinator.ErrUnauthorized) {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := c.Send(context.Background(), "nope", admin, nil, &coordinator.Tick{}); !errors.Is(err, chain.ErrRunNotFound) {
+		t.Fatalf("missing run: %v", err)
+	}
+}
+
+func TestJoinAuthorityCoSigns(t *testing.T) {
+	_, _, hs := newTestServer(t, t.TempDir())
+	c := NewClient(hs.URL, nil)
+	ctx := context.Background()
+	admin, gate, alice := backendtest.Key("admin"), backendtest.Key("gate"), backendtest.Key("alice")
+	id, _ := coordinator.ParseRunID("gated")
+	steps := []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), JoinAuthority: gate.Public(), RunID: id}}
+	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
+	steps = append(steps, &coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{})
+	for _, ix := range steps {
+		if _, err := c.Send(ctx, "gated", admin, nil, ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join := &coordinator.JoinRun{ID: coordinator.ClientID{Signer: alice.Public(), P2P: coordinator.Pubkey{1}}}
+	if _, err := c.Send(ctx, "gated", alice, nil, join); !errors.Is(err, coordinator.ErrJoinNotAuthorized) {
+		t.Fatalf("join without the co-signature: %v", err)
+	}
+	if _, err := c.Send(ctx, "gated", alice, gate, join); err != nil {
+		t.Fatalf("co-signed join: %v", err)
+	}
+}
+
+// TestRestartLosesNothing runs the server as a separate process, kills it
+// with SIGKILL after a series of acknowledged instructions and ticks, and
+// checks that a new process on the same directory has exactly the last
+// acknowledged state.
+func TestRestartLosesNothing(t *testing.T) {
+	dir := t.TempDir()
+	url, kill := startChild(t, dir)
+	c := NewClient(url, nil)
+	ctx := context.Background()
+	admin := backendtest.Key("admin")
+	id, _ := coordinator.ParseRunID("durable")
+	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
+	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
+		&coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{}} {
+		if _, err := c.Send(ctx, "durable", admin, nil, ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var last uint64
+	for i := 0; i < 4; i++ { // the tiny config takes 4 joiners
+		who := backendtest.Key(fmt.Sprintf("client%d", i))
+		r, err := c.Send(ctx, "durable", who, nil, &coordinator.JoinRun{ID: coordinator.ClientID{Signer: who.Public(), P2P: coordinator.Pubkey{byte(i + 1)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Nonce
+	}
+	before, err := c.Snapshot(ctx, "durable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill()
+	url, kill = startChild(t, dir)
+	defer kill()
+	after, err := NewClient(url, nil).Snapshot(ctx, "durable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Nonce() < last || after.State.PendingLen != 4 {
+		t.Fatalf("after a kill -9: %s (acknowledged nonce %d)", after.State.Describe(), last)
+	}
+	// The child ticks on wall time, so it may have moved on; everything
+	// acknowledged before the kill is still there.
+	if after.State.Nonce == before.State.Nonce && !bytes.Equal(after.State.MarshalAccount(), before.State.MarshalAccount()) {
+		t.Fatal("same nonce, different state")
+	}
+}
+
+const childEnv = "PSYCHE_SERVER_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(childEnv); dir != "" {
+		s, err := New(dir, WithTickInterval(100*time.Millisecond))
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		l, err := listenLocal()
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("listening http://%s\n", l.Addr())
+		_ = s.Serve(context.Background(), l)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// startChild runs this test binary as a server on dir and returns its URL and
+// a function that SIGKILLs it.
+func startChild(t *testing.T, dir string) (string, func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "listening ") {
+		_ = cmd.Process.Kill()
+		t.Fatalf("child server: %q %v", line, err)
+	}
+	killed := false
+	kill := func() {
+		if !killed {
+			killed = true
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			_ = cmd.Wait()
+		}
+	}
+	t.Cleanup(kill)
+	return strings.TrimSpace(strings.TrimPrefix(line, "listening ")), kill
+}
+
+func FuzzDecodeRequest(f *testing.F) {
+	admin := backendtest.Key("admin")
+	id, _ := coordinator.ParseRunID("fuzz")
+	for _, ix := range []coordinator.Instruction{&coordinator.Tick{}, &coordinator.SetPaused{Paused: true}} {
+		b, _ := EncodeRequest(id, 7, coordinator.EncodeInstruction(ix), admin, nil)
+		f.Add(b)
+		b2, _ := EncodeRequest(id, 8, coordinator.EncodeInstruction(ix), admin, backendtest.Key("gate"))
+		f.Add(b2)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := DecodeRequest(data)
+		if err != nil {
+			return
+		}
+		sigs := int(data[5]) // DecodeRequest accepted it, so it is 1 or 2
+		if len(r.Data) > MaxInstruction || len(data) != headerSize+len(r.Data)+sigs*sigSize {
+			t.Fatalf("accepted %d bytes carrying %d instruction bytes and %d signatures", len(data), len(r.Data), sigs)
+		}
+	})
+}

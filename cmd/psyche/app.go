@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"os"
 	"strings"
 
@@ -19,14 +21,26 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Usage:     "train one neural network together over the internet",
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  []*cli.Command{localnetCommand, dataCommand, parityCommand},
+		Commands:  append([]*cli.Command{localnetCommand, dataCommand, parityCommand}, adminCommands...),
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json", Category: "LOGGING"},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "log level: debug, info, warn or error", Category: "LOGGING"},
+		},
+		Before: func(c *cli.Context) error {
+			if f := c.String("log-format"); f != "text" && f != "json" {
+				return fmt.Errorf("--log-format must be text or json, not %q", f)
+			}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+				return fmt.Errorf("--log-level must be debug, info, warn or error, not %q", c.String("log-level"))
+			}
+			return nil
+		},
 		ExitErrHandler: func(*cli.Context, error) {
 			// run() reports errors; the default handler would os.Exit.
 		},
 	}
-	for _, cmd := range app.Commands {
-		deriveEnvVars(cmd)
-	}
+	deriveEnvVars(&cli.Command{Flags: app.Flags, Subcommands: app.Commands})
 	return app
 }
 
@@ -73,7 +87,7 @@ func knownEnv(app *cli.App) map[string]bool {
 			walk(c.Subcommands)
 		}
 	}
-	walk(app.Commands)
+	walk(append([]*cli.Command{{Flags: app.Flags}}, app.Commands...))
 	return known
 }
 
@@ -92,3 +106,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// logger builds the process's logger from the global logging flags; logs go
+// to stderr so that stdout stays for results.
+func logger(c *cli.Context) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.String("log-format") == "json" {
+		return slog.New(slog.NewJSONHandler(c.App.ErrWriter, opts))
+	}
+	return slog.New(slog.NewTextHandler(c.App.ErrWriter, opts))
+}
+
+// listen opens a TCP listener.
+func listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }

@@ -1,0 +1,331 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/urfave/cli/v2"
+)
+
+func defaultKeyPath() string {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "psyche-key.json"
+	}
+	return filepath.Join(dir, "psyche", "id.json")
+}
+
+var (
+	serverFlag = &cli.StringFlag{Name: "server", Value: "http://127.0.0.1:7600", Usage: "URL of the server backend", Category: "BACKEND"}
+	keyFlag    = &cli.StringFlag{Name: "key", Value: defaultKeyPath(), Usage: "key file (Solana CLI JSON format)", Category: "IDENTITY"}
+	runIDFlag  = &cli.StringFlag{Name: "run-id", Required: true, Usage: "the run (1-32 characters of [A-Za-z0-9._-])", Category: "RUN"}
+)
+
+var adminCommands = []*cli.Command{
+	{
+		Name:   "keygen",
+		Usage:  "create a key file",
+		Flags:  []cli.Flag{&cli.StringFlag{Name: "out", Value: defaultKeyPath(), Usage: "where to write the key", Category: "IDENTITY"}},
+		Action: keygen,
+	},
+	{
+		Name:  "server",
+		Usage: "run the server backend",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "dir", Value: "psyche-server", Usage: "directory holding the runs' state", Category: "SERVER"},
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7600", Usage: "address to serve on", Category: "SERVER"},
+			&cli.DurationFlag{Name: "tick-interval", Value: time.Second, Usage: "how often every run is ticked", Category: "SERVER"},
+		},
+		Action: runServer,
+	},
+	{
+		Name:  "init-coordinator",
+		Usage: "create a run (it starts paused; configure it with update, then set-paused --resume)",
+		Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag,
+			&cli.StringFlag{Name: "join-authority", Usage: "address that must co-sign every join (default: anyone may join)", Category: "RUN"}},
+		Action: initCoordinator,
+	},
+	{
+		Name:  "update",
+		Usage: "set a run's metadata, config and model from a TOML file (see examples/)",
+		Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag,
+			&cli.StringFlag{Name: "config", Required: true, Usage: "run file (TOML)", Category: "RUN"}},
+		Action: update,
+	},
+	{
+		Name:   "set-paused",
+		Usage:  "pause a run (or resume it with --resume)",
+		Flags:  []cli.Flag{serverFlag, keyFlag, runIDFlag, &cli.BoolFlag{Name: "resume", Usage: "resume instead of pausing", Category: "RUN"}},
+		Action: setPaused,
+	},
+	{
+		Name:  "tick",
+		Usage: "advance a run's state machine",
+		Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag,
+			&cli.DurationFlag{Name: "interval", Value: time.Second, Usage: "time between ticks", Category: "RUN"},
+			&cli.IntFlag{Name: "count", Value: 1, Usage: "ticks to send (0: until interrupted)", Category: "RUN"}},
+		Action: tick,
+	},
+	{
+		Name:   "status",
+		Usage:  "show a run",
+		Flags:  []cli.Flag{serverFlag, runIDFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON", Category: "OUTPUT"}},
+		Action: status,
+	},
+	{
+		Name:  "checkpoint",
+		Usage: "record where this epoch's model was saved (elected checkpointers and the main authority, in Cooldown)",
+		Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag,
+			&cli.StringFlag{Name: "url", Required: true, Usage: "where the checkpoint is", Category: "RUN"},
+			&cli.StringFlag{Name: "revision", Usage: "revision of the checkpoint", Category: "RUN"}},
+		Action: recordCheckpoint,
+	},
+}
+
+func keygen(c *cli.Context) error {
+	path := c.String("out")
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	k, err := chain.NewKeypair()
+	if err != nil {
+		return err
+	}
+	if err := k.Save(c.Context, path); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "wrote %s\naddress: %s\n", path, chain.Address(k.Public()))
+	return nil
+}
+
+func runServer(c *cli.Context) error {
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	s, err := server.New(c.String("dir"), server.WithLogger(logger(c)), server.WithTickInterval(c.Duration("tick-interval")))
+	if err != nil {
+		return err
+	}
+	l, err := listen(c.String("listen"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "server listening on http://%s (state in %s)\n", l.Addr(), c.String("dir"))
+	return s.Serve(ctx, l)
+}
+
+// backend returns the backend the flags select and the signing key.
+func backend(c *cli.Context, needKey bool) (chain.Backend, *chain.Keypair, error) {
+	b := server.NewClient(c.String("server"), logger(c))
+	if !needKey {
+		return b, nil, nil
+	}
+	k, err := chain.LoadKeypair(c.String("key"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w (create one with `psyche keygen`)", err)
+	}
+	return b, k, nil
+}
+
+func send(c *cli.Context, ix coordinator.Instruction) error {
+	b, k, err := backend(c, true)
+	if err != nil {
+		return err
+	}
+	r, err := b.Send(c.Context, c.String("run-id"), k, nil, ix)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "%s: ok (%s -> %s, nonce %d)\n", ix.Name(), r.From, r.To, r.Nonce)
+	return nil
+}
+
+func initCoordinator(c *cli.Context) error {
+	id, err := coordinator.ParseRunID(c.String("run-id"))
+	if err != nil {
+		return err
+	}
+	_, k, err := backend(c, true)
+	if err != nil {
+		return err
+	}
+	ix := &coordinator.InitCoordinator{MainAuthority: k.Public(), RunID: id}
+	if ja := c.String("join-authority"); ja != "" {
+		if ix.JoinAuthority, err = chain.ParseAddress(ja); err != nil {
+			return err
+		}
+	}
+	return send(c, ix)
+}
+
+func update(c *cli.Context) error {
+	u, err := loadRunFile(c.String("config"))
+	if err != nil {
+		return err
+	}
+	return send(c, u)
+}
+
+func setPaused(c *cli.Context) error {
+	return send(c, &coordinator.SetPaused{Paused: !c.Bool("resume")})
+}
+
+func recordCheckpoint(c *cli.Context) error {
+	var src coordinator.CheckpointSource
+	if err := coordinator.SetFixedString(src.URL[:], c.String("url")); err != nil {
+		return err
+	}
+	if err := coordinator.SetFixedString(src.Revision[:], c.String("revision")); err != nil {
+		return err
+	}
+	return send(c, &coordinator.RecordCheckpoint{Source: src})
+}
+
+func tick(c *cli.Context) error {
+	b, k, err := backend(c, true)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	t := time.NewTicker(c.Duration("interval"))
+	defer t.Stop()
+	for i := 0; c.Int("count") == 0 || i < c.Int("count"); i++ {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+		}
+		r, err := b.Send(ctx, c.String("run-id"), k, nil, &coordinator.Tick{})
+		switch {
+		case err != nil:
+			fmt.Fprintf(c.App.Writer, "tick: %v\n", err)
+		case r.Changed:
+			fmt.Fprintf(c.App.Writer, "tick: %s -> %s (nonce %d)\n", r.From, r.To, r.Nonce)
+		default:
+			fmt.Fprintf(c.App.Writer, "tick: nothing to do (%s)\n", r.To)
+		}
+	}
+	return nil
+}
+
+// statusView is what `psyche status --json` prints.
+type statusView struct {
+	RunID        string       `json:"run_id"`
+	State        string       `json:"state"`
+	StateSince   uint64       `json:"state_since"`
+	Epoch        uint32       `json:"epoch"`
+	Step         uint32       `json:"step"`
+	Nonce        uint64       `json:"nonce"`
+	PendingPause bool         `json:"pending_pause"`
+	Clients      []clientView `json:"clients"`
+	Pending      []string     `json:"pending"`
+	Exited       []clientView `json:"exited"`
+	Round        *roundView   `json:"round,omitempty"`
+	Checkpoint   struct {
+		Kind     string `json:"kind"`
+		URL      string `json:"url"`
+		Revision string `json:"revision"`
+	} `json:"checkpoint"`
+}
+
+type clientView struct {
+	Address string `json:"address"`
+	P2P     string `json:"p2p"`
+	State   string `json:"state"`
+	Height  uint32 `json:"exited_height,omitempty"`
+}
+
+type roundView struct {
+	Height    uint32 `json:"height"`
+	DataIndex uint64 `json:"data_index"`
+	BatchSize uint16 `json:"batch_size"`
+	Witnesses int    `json:"witnesses"`
+	Of        uint16 `json:"witness_slots"`
+}
+
+func viewOf(s *coordinator.Coordinator) statusView {
+	v := statusView{RunID: s.RunIDString(), State: s.RunState.String(), StateSince: s.RunStateStart,
+		Epoch: s.Progress.Epoch, Step: s.Progress.Step, Nonce: s.Nonce, PendingPause: s.PendingPause,
+		Clients: []clientView{}, Pending: []string{}, Exited: []clientView{}}
+	client := func(cl coordinator.Client) clientView {
+		return clientView{Address: chain.Address(cl.ID.Signer), P2P: chain.Address(cl.ID.P2P), State: cl.State.String(), Height: cl.ExitedHeight}
+	}
+	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
+		v.Clients = append(v.Clients, client(cl))
+	}
+	for _, cl := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
+		v.Exited = append(v.Exited, client(cl))
+	}
+	for _, id := range s.Pending[:s.PendingLen] {
+		v.Pending = append(v.Pending, chain.Address(id.Signer))
+	}
+	switch s.RunState {
+	case coordinator.RoundTrain, coordinator.RoundWitness, coordinator.Cooldown, coordinator.Warmup:
+		r := s.CurrentRound()
+		v.Round = &roundView{Height: r.Height, DataIndex: r.DataIndex, BatchSize: s.RoundBatchSize(r),
+			Witnesses: int(r.WitnessesLen), Of: s.Config.WitnessCount(r.ClientsLen)}
+	}
+	v.Checkpoint.Kind = s.Model.Checkpoint.Kind.String()
+	v.Checkpoint.URL = coordinator.FixedString(s.Model.Checkpoint.Source.URL[:])
+	v.Checkpoint.Revision = coordinator.FixedString(s.Model.Checkpoint.Source.Revision[:])
+	return v
+}
+
+func status(c *cli.Context) error {
+	b, _, err := backend(c, false)
+	if err != nil {
+		return err
+	}
+	snap, err := b.Snapshot(c.Context, c.String("run-id"))
+	if err != nil {
+		return err
+	}
+	v := viewOf(snap.State)
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	printStatus(c.App.Writer, v)
+	return nil
+}
+
+func printStatus(w io.Writer, v statusView) {
+	fmt.Fprintf(w, "run %s: %s since %s, epoch %d, step %d (nonce %d)\n", v.RunID, v.State,
+		time.Unix(int64(v.StateSince), 0).UTC().Format(time.RFC3339), v.Epoch, v.Step, v.Nonce)
+	if v.PendingPause {
+		fmt.Fprintln(w, "a pause is pending: the run pauses when this epoch ends")
+	}
+	if v.Round != nil {
+		fmt.Fprintf(w, "round %d: data [%d, %d), witnesses %d/%d\n", v.Round.Height, v.Round.DataIndex,
+			v.Round.DataIndex+uint64(v.Round.BatchSize), v.Round.Witnesses, v.Round.Of)
+	}
+	fmt.Fprintf(w, "checkpoint: %s %s %s\n", v.Checkpoint.Kind, v.Checkpoint.URL, v.Checkpoint.Revision)
+	fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
+	for _, cl := range v.Clients {
+		fmt.Fprintf(w, "  %-44s %s\n", cl.Address, cl.State)
+	}
+	if len(v.Pending) > 0 {
+		fmt.Fprintf(w, "pending for the next epoch (%d):\n", len(v.Pending))
+		for _, p := range v.Pending {
+			fmt.Fprintf(w, "  %s\n", p)
+		}
+	}
+	if len(v.Exited) > 0 {
+		fmt.Fprintf(w, "exited (%d):\n", len(v.Exited))
+		for _, cl := range v.Exited {
+			fmt.Fprintf(w, "  %-44s %s at round %d\n", cl.Address, cl.State, cl.Height)
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *testClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// startServer runs a server backend on 127.0.0.1 with a settable clock (no
+// background ticks: the test ticks through the CLI).
+func startServer(t *testing.T) (string, *testClock) {
+	t.Helper()
+	clock := &testClock{now: time.Unix(1_750_000_000, 0)}
+	s, err := server.New(t.TempDir(), server.WithClock(clock.Now), server.WithTickInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Serve(ctx, l); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return "http://" + l.Addr().String(), clock
+}
+
+func psyche(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(append([]string{"psyche"}, args...), &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestAdminFlowOnTheServerBackend(t *testing.T) {
+	url, clock := startServer(t)
+	dir := t.TempDir()
+	keys := map[string]string{}
+	for _, name := range []string{"admin", "alice", "bob", "carol"} {
+		keys[name] = filepath.Join(dir, name+".json")
+		if out, errs, code := psyche(t, "keygen", "--out", keys[name]); code != 0 || !strings.Contains(out, "address: ") {
+			t.Fatalf("keygen: %d %s %s", code, out, errs)
+		}
+	}
+	as := func(who string, args ...string) (string, string, int) {
+		return psyche(t, append(args, "--server", url, "--key", keys[who], "--run-id", "cli")...)
+	}
+	if out, errs, code := as("admin", "init-coordinator"); code != 0 || !strings.Contains(out, "init_coordinator: ok") {
+		t.Fatalf("init: %d %s %s", code, out, errs)
+	}
+	runFile := filepath.Join("..", "..", "examples", "tiny-run.toml")
+	if _, errs, code := as("alice", "update", "--config", runFile); code == 0 || !strings.Contains(errs, "main authority") {
+		t.Fatalf("update by alice: %d %s", code, errs)
+	}
+	if out, errs, code := as("admin", "update", "--config", runFile); code != 0 {
+		t.Fatalf("update: %d %s %s", code, out, errs)
+	}
+	if _, errs, code := as("bob", "set-paused", "--resume"); code == 0 || !strings.Contains(errs, "main authority") {
+		t.Fatalf("resume by bob: %d %s", code, errs)
+	}
+	if out, errs, code := as("admin", "set-paused", "--resume"); code != 0 || !strings.Contains(out, "WaitingForMembers") {
+		t.Fatalf("resume: %d %s %s", code, out, errs)
+	}
+	// Three trainers join (what `psyche join` does first).
+	client := server.NewClient(url, nil)
+	for i, name := range []string{"alice", "bob", "carol"} {
+		k, err := chain.LoadKeypair(keys[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Send(context.Background(), "cli", k, nil, &coordinator.JoinRun{ID: coordinator.ClientID{Signer: k.Public(), P2P: coordinator.Pubkey{byte(i + 1)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.add(3 * time.Second)
+	if out, errs, code := as("bob", "tick"); code != 0 || !strings.Contains(out, "WaitingForMembers -> Warmup") {
+		t.Fatalf("tick: %d %s %s", code, out, errs)
+	}
+	out, errs, code := psyche(t, "status", "--server", url, "--run-id", "cli", "--json")
+	if code != 0 {
+		t.Fatalf("status: %d %s", code, errs)
+	}
+	var v statusView
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("status JSON: %v\n%s", err, out)
+	}
+	if v.State != "Warmup" || len(v.Clients) != 3 || v.Clients[0].State != "Healthy" || v.Round == nil || v.Checkpoint.Kind != "Hub" {
+		t.Fatalf("status: %+v", v)
+	}
+	out, _, _ = psyche(t, "status", "--server", url, "--run-id", "cli")
+	for _, want := range []string{"run cli: Warmup", "clients (3)", "checkpoint: Hub"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "nope"); code == 0 || !strings.Contains(errs, "not found") {
+		t.Fatalf("status of a missing run: %d %s", code, errs)
+	}
+}
+
+func TestRunFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name, content string
+		want          []string
+	}{
+		{"unknown.toml", "[config]\nwarmup_tme = 3\n", []string{"unknown keys: config.warmup_tme"}},
+		{"syntax.toml", "[config\n", []string{"syntax.toml"}},
+		{"rules.toml", "[config]\nepoch_time = 10\nwarmup_time = 20\nmax_round_train_time = 1\nround_witness_time = 1\ncooldown_time = 1\nwaiting_for_members_extra_time = 1\nglobal_batch_size_start = 4\nglobal_batch_size_end = 4\ntotal_steps = 1\ninit_min_clients = 2\nmin_clients = 3\n",
+			[]string{"warmup_time (20) must be less than epoch_time (10)", "min_clients (3) must not exceed init_min_clients (2)"}},
+		{"range.toml", "[config]\nglobal_batch_size_end = 70000\n", []string{"global_batch_size_end = 70000 does not fit"}},
+		{"enum.toml", "[model]\narchitecture = \"rnn\"\n[model.lr]\nschedule = \"step\"\n", []string{"model.architecture = \"rnn\"", "model.lr.schedule = \"step\""}},
+	} {
+		_, err := loadRunFile(write(tc.name, tc.content))
+		if err == nil {
+			t.Errorf("%s: accepted", tc.name)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error lacks %q:\n%v", tc.name, w, err)
+			}
+		}
+	}
+	for _, p := range []string{"tiny-run.toml", "run.toml"} {
+		if _, err := loadRunFile(filepath.Join("..", "..", "examples", p)); err != nil {
+			t.Errorf("examples/%s: %v", p, err)
+		}
+	}
+}
+
+func TestBadLoggingFlags(t *testing.T) {
+	for _, args := range [][]string{{"--log-format", "xml", "status", "--run-id", "x"}, {"--log-level", "loud", "status", "--run-id", "x"}} {
+		if _, errs, code := psyche(t, args...); code == 0 || !strings.Contains(errs, "must be") {
+			t.Errorf("%v: %d %s", args, code, errs)
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// runFile is the TOML form of a run's metadata, config and model (see
+// examples/*.toml, which document every field).
+type runFile struct {
+	Metadata *struct {
+		Name          string `toml:"name"`
+		Description   string `toml:"description"`
+		NumParameters uint64 `toml:"num_parameters"`
+		VocabSize     uint64 `toml:"vocab_size"`
+	} `toml:"metadata"`
+	Config *struct {
+		WarmupTime                  uint64 `toml:"warmup_time"`
+		CooldownTime                uint64 `toml:"cooldown_time"`
+		MaxRoundTrainTime           uint64 `toml:"max_round_train_time"`
+		RoundWitnessTime            uint64 `toml:"round_witness_time"`
+		EpochTime                   uint64 `toml:"epoch_time"`
+		WaitingForMembersExtraTime  uint64 `toml:"waiting_for_members_extra_time"`
+		GlobalBatchSizeStart        uint64 `toml:"global_batch_size_start"`
+		GlobalBatchSizeEnd          uint64 `toml:"global_batch_size_end"`
+		GlobalBatchSizeWarmupTokens uint64 `toml:"global_batch_size_warmup_tokens"`
+		TotalSteps                  uint64 `toml:"total_steps"`
+		InitMinClients              uint64 `toml:"init_min_clients"`
+		MinClients                  uint64 `toml:"min_clients"`
+		WitnessNodes                uint64 `toml:"witness_nodes"`
+		VerificationPercent         uint64 `toml:"verification_percent"`
+	} `toml:"config"`
+	Model *struct {
+		Architecture string `toml:"architecture"`
+		MaxSeqLen    uint64 `toml:"max_seq_len"`
+		VocabSize    uint64 `toml:"vocab_size"`
+		DModel       uint64 `toml:"d_model"`
+		NLayers      uint64 `toml:"n_layers"`
+		NHeads       uint64 `toml:"n_heads"`
+		TokenSize    uint64 `toml:"token_size"`
+		Data         string `toml:"data"`
+		Checkpoint   struct {
+			Kind     string `toml:"kind"`
+			URL      string `toml:"url"`
+			Revision string `toml:"revision"`
+		} `toml:"checkpoint"`
+		LR struct {
+			Schedule    string  `toml:"schedule"`
+			Base        float64 `toml:"base"`
+			Final       float64 `toml:"final"`
+			WarmupSteps uint64  `toml:"warmup_steps"`
+			DecaySteps  uint64  `toml:"decay_steps"`
+			TotalSteps  uint64  `toml:"total_steps"`
+		} `toml:"lr"`
+		Optimizer struct {
+			Kind             string  `toml:"kind"`
+			ClipGradNorm     float64 `toml:"clip_grad_norm"`
+			WeightDecay      float64 `toml:"weight_decay"`
+			CompressionDecay float64 `toml:"compression_decay"`
+			CompressionTopK  uint64  `toml:"compression_topk"`
+			CompressionChunk uint64  `toml:"compression_chunk"`
+			Quantize1Bit     bool    `toml:"quantize_1bit"`
+			Beta1            float64 `toml:"beta1"`
+			Beta2            float64 `toml:"beta2"`
+			Epsilon          float64 `toml:"epsilon"`
+		} `toml:"optimizer"`
+	} `toml:"model"`
+}
+
+// loadRunFile reads a run file into an update instruction (sections that are
+// absent are left out of the update). Unknown keys and values that do not fit
+// their fields are errors; the coordinator's own rules are checked too, and
+// every violation is reported.
+func loadRunFile(path string) (*coordinator.Update, error) {
+	var f runFile
+	md, err := toml.DecodeFile(path, &f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		sort.Strings(keys)
+		return nil, fmt.Errorf("%s: unknown keys: %s", path, strings.Join(keys, ", "))
+	}
+	var errs []error
+	fit := func(name string, v, max uint64) {
+		if v > max {
+			errs = append(errs, fmt.Errorf("%s = %d does not fit (maximum %d)", name, v, max))
+		}
+	}
+	text := func(name string, dst []byte, s string) {
+		if err := coordinator.SetFixedString(dst, s); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %d bytes, at most %d", name, len(s), len(dst)))
+		}
+	}
+	u := &coordinator.Update{}
+	if m := f.Metadata; m != nil {
+		u.Metadata = &coordinator.Metadata{NumParameters: m.NumParameters, VocabSize: m.VocabSize}
+		text("metadata.name", u.Metadata.Name[:], m.Name)
+		text("metadata.description", u.Metadata.Description[:], m.Description)
+	}
+	if c := f.Config; c != nil {
+		fit("config.global_batch_size_start", c.GlobalBatchSizeStart, math.MaxUint16)
+		fit("config.global_batch_size_end", c.GlobalBatchSizeEnd, math.MaxUint16)
+		fit("config.total_steps", c.TotalSteps, math.MaxUint32)
+		fit("config.init_min_clients", c.InitMinClients, math.MaxUint16)
+		fit("config.min_clients", c.MinClients, math.MaxUint16)
+		fit("config.witness_nodes", c.WitnessNodes, math.MaxUint16)
+		fit("config.verification_percent", c.VerificationPercent, 100)
+		u.Config = &coordinator.Config{WarmupTime: c.WarmupTime, CooldownTime: c.CooldownTime,
+			MaxRoundTrainTime: c.MaxRoundTrainTime, RoundWitnessTime: c.RoundWitnessTime, EpochTime: c.EpochTime,
+			WaitingForMembersExtraTime: c.WaitingForMembersExtraTime, GlobalBatchSizeWarmupTokens: c.GlobalBatchSizeWarmupTokens,
+			TotalSteps: uint32(c.TotalSteps), GlobalBatchSizeStart: uint16(c.GlobalBatchSizeStart),
+			GlobalBatchSizeEnd: uint16(c.GlobalBatchSizeEnd), InitMinClients: uint16(c.InitMinClients),
+			MinClients: uint16(c.MinClients), WitnessNodes: uint16(c.WitnessNodes), VerificationPercent: uint8(c.VerificationPercent)}
+	}
+	if m := f.Model; m != nil {
+		for name, v := range map[string]uint64{"model.max_seq_len": m.MaxSeqLen, "model.vocab_size": m.VocabSize,
+			"model.d_model": m.DModel, "model.n_layers": m.NLayers, "model.n_heads": m.NHeads,
+			"model.lr.warmup_steps": m.LR.WarmupSteps, "model.lr.decay_steps": m.LR.DecaySteps, "model.lr.total_steps": m.LR.TotalSteps} {
+			fit(name, v, math.MaxUint32)
+		}
+		fit("model.token_size", m.TokenSize, 255)
+		fit("model.optimizer.compression_topk", m.Optimizer.CompressionTopK, math.MaxUint16)
+		fit("model.optimizer.compression_chunk", m.Optimizer.CompressionChunk, math.MaxUint16)
+		cm := &coordinator.Model{MaxSeqLen: uint32(m.MaxSeqLen), VocabSize: uint32(m.VocabSize), DModel: uint32(m.DModel),
+			NLayers: uint32(m.NLayers), NHeads: uint32(m.NHeads), TokenSize: uint8(m.TokenSize)}
+		choose := func(name, value string, options map[string]uint8, dst *uint8) {
+			if v, ok := options[value]; ok {
+				*dst = v
+				return
+			}
+			var names []string
+			for k := range options {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			errs = append(errs, fmt.Errorf("%s = %q: want one of %s", name, value, strings.Join(names, ", ")))
+		}
+		choose("model.architecture", m.Architecture, map[string]uint8{"gpt": uint8(coordinator.ArchGPT)}, (*uint8)(&cm.Architecture))
+		choose("model.checkpoint.kind", m.Checkpoint.Kind, map[string]uint8{"hub": uint8(coordinator.CheckpointHub),
+			"p2p": uint8(coordinator.CheckpointP2P), "ephemeral": uint8(coordinator.CheckpointEphemeral)}, (*uint8)(&cm.Checkpoint.Kind))
+		choose("model.lr.schedule", m.LR.Schedule, map[string]uint8{"constant": uint8(coordinator.LRConstant),
+			"linear": uint8(coordinator.LRLinear), "cosine": uint8(coordinator.LRCosine), "wsd": uint8(coordinator.LRWarmupStableDecay)}, (*uint8)(&cm.LR.Kind))
+		choose("model.optimizer.kind", m.Optimizer.Kind, map[string]uint8{"adamw": uint8(coordinator.OptimizerAdamW),
+			"distro": uint8(coordinator.OptimizerDistro)}, (*uint8)(&cm.Optimizer.Kind))
+		text("model.checkpoint.url", cm.Checkpoint.Source.URL[:], m.Checkpoint.URL)
+		text("model.checkpoint.revision", cm.Checkpoint.Source.Revision[:], m.Checkpoint.Revision)
+		text("model.data", cm.DataLocation[:], m.Data)
+		cm.DataKind = coordinator.DataLocal
+		if strings.HasPrefix(m.Data, "http://") || strings.HasPrefix(m.Data, "https://") {
+			cm.DataKind = coordinator.DataHTTP
+		}
+		cm.LR.BaseLR, cm.LR.FinalLR = float32(m.LR.Base), float32(m.LR.Final)
+		cm.LR.WarmupSteps, cm.LR.DecaySteps, cm.LR.TotalSteps = uint32(m.LR.WarmupSteps), uint32(m.LR.DecaySteps), uint32(m.LR.TotalSteps)
+		o := &cm.Optimizer
+		o.ClipGradNorm, o.WeightDecay, o.CompressionDecay = float32(m.Optimizer.ClipGradNorm), float32(m.Optimizer.WeightDecay), float32(m.Optimizer.CompressionDecay)
+		o.CompressionTopK, o.CompressionChunk, o.Quantize1Bit = uint16(m.Optimizer.CompressionTopK), uint16(m.Optimizer.CompressionChunk), m.Optimizer.Quantize1Bit
+		o.Beta1, o.Beta2, o.Epsilon = float32(m.Optimizer.Beta1), float32(m.Optimizer.Beta2), float32(m.Optimizer.Epsilon)
+		u.Model = cm
+	}
+	if len(errs) == 0 {
+		if u.Config != nil {
+			errs = append(errs, u.Config.Validate())
+		}
+		if u.Model != nil {
+			errs = append(errs, u.Model.Validate())
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("%s:\n%w", path, err)
+	}
+	return u, nil
+}

@@ -167,3 +167,21 @@ func TestBadLoggingFlags(t *testing.T) {
 		}
 	}
 }
+
+// startRealServer runs a server backend on wall time, ticking every 100 ms.
+func startRealServer(t *testing.T) (string, *server.Server) {
+	t.Helper()
+	s, err := server.New(t.TempDir(), server.WithTickInterval(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Serve(ctx, l); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return "http://" + l.Addr().String(), s
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,7 +22,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Usage:     "train one neural network together over the internet",
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  append([]*cli.Command{localnetCommand, dataCommand, parityCommand}, adminCommands...),
+		Commands:  append([]*cli.Command{localnetCommand, joinCommand, dataCommand, parityCommand}, adminCommands...),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json", Category: "LOGGING"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "log level: debug, info, warn or error", Category: "LOGGING"},
@@ -66,6 +67,8 @@ func deriveEnvVars(cmd *cli.Command) {
 			f.EnvVars = []string{env}
 		case *cli.DurationFlag:
 			f.EnvVars = []string{env}
+		case *cli.StringSliceFlag:
+			f.EnvVars = []string{env}
 		default:
 			panic(fmt.Sprintf("psyche: flag --%s has a type without an environment variable", f.Names()[0]))
 		}
@@ -92,6 +95,12 @@ func knownEnv(app *cli.App) map[string]bool {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	return runContext(context.Background(), args, stdout, stderr)
+}
+
+// runContext runs the app until it returns or ctx ends (tests stop
+// long-running commands this way).
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
 	known := knownEnv(app)
 	for _, kv := range os.Environ() {
@@ -100,7 +109,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "warning: unknown environment variable %s (no psyche flag reads it)\n", name)
 		}
 	}
-	if err := app.Run(args); err != nil {
+	if err := app.RunContext(ctx, args); err != nil {
 		fmt.Fprintf(stderr, "psyche: %v\n", err)
 		return 1
 	}

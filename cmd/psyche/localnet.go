@@ -1,141 +1,326 @@
 package main
 
 import (
+	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"fmt"
-	"math/rand/v2"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
 
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/urfave/cli/v2"
 )
 
 var localnetCommand = &cli.Command{
 	Name:  "localnet",
-	Usage: "run a whole run on this machine with the embedded coordinator",
-	Description: `Runs the coordinator state machine with in-process trainers on a simulated clock:
-they join, warm up, witness every round and move through epochs exactly as
-remote trainers would. Training itself (model, DisTrO, libp2p) is not wired in
-yet: the trainers vouch for each other without computing anything.`,
+	Usage: "run a whole training run on this machine: the embedded server and N trainers",
+	Description: `Starts the server backend and --trainers trainers on 127.0.0.1, each with its own
+libp2p host, and trains a small GPT on the bundled Opticks text with DisTrO for
+--epochs epochs: the trainers join, warm up, train their assigned batches, exchange
+compressed results over libp2p, witness each other, apply the consensus results and
+record checkpoints, exactly as separate machines would. Ends with a summary.`,
 	Flags: []cli.Flag{
-		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-256)", Category: "RUN"},
-		&cli.IntFlag{Name: "epochs", Value: 2, Usage: "epochs to run before stopping", Category: "RUN"},
-		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the simulated round randomness", Category: "RUN"},
+		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
+		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
+		&cli.IntFlag{Name: "epoch-time", Value: 20, Usage: "target epoch length in seconds", Category: "RUN"},
+		&cli.StringFlag{Name: "dir", Usage: "working directory for state, data and checkpoints (default: a new temporary one)", Category: "RUN"},
+		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
 	},
 	Action: localnet,
 }
 
+// localnetModel is the model localnet trains: about 120k parameters.
+var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}
+
 func localnet(c *cli.Context) error {
-	n, epochs := c.Int("trainers"), c.Int("epochs")
-	if n < 1 || n > coordinator.MaxClients {
-		return fmt.Errorf("--trainers must be between 1 and %d, got %d", coordinator.MaxClients, n)
-	}
-	if epochs < 1 {
+	n, epochs, epochTime := c.Int("trainers"), c.Int("epochs"), c.Int("epoch-time")
+	switch {
+	case n < 1 || n > 16:
+		return fmt.Errorf("--trainers must be between 1 and 16, got %d", n)
+	case epochs < 1:
 		return fmt.Errorf("--epochs must be at least 1, got %d", epochs)
+	case epochTime < 4:
+		return fmt.Errorf("--epoch-time must be at least 4 seconds, got %d", epochTime)
 	}
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	out := c.App.Writer
-	authority := coordinator.Pubkey(sha256.Sum256([]byte("localnet authority")))
-	runID, _ := coordinator.ParseRunID("localnet")
-	s, err := coordinator.New(coordinator.InitCoordinator{MainAuthority: authority, RunID: runID})
+	log := logger(c)
+	if c.String("log-level") == "info" {
+		log = slog.New(slog.DiscardHandler) // the progress lines say what matters; --log-level debug shows everything
+	}
+	dir := c.String("dir")
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "psyche-localnet-"); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+
+	// Data: the bundled text, byte tokens; the last tenth is held out.
+	tokens := data.Tokenize(data.Opticks())
+	heldOut := tokens[len(tokens)*9/10:]
+	tokenPath := filepath.Join(dir, "opticks.tokens")
+	if err := data.WriteTokenFile(ctx, tokenPath, tokens[:len(tokens)*9/10], data.TokenSize16); err != nil {
+		return err
+	}
+	initial, err := gpt.New(localnetModel, c.Uint64("seed"), nil)
 	if err != nil {
 		return err
 	}
-	cfg, model := localnetConfig(n)
-	admin := coordinator.Context{Sender: authority}
-	if _, err := s.Apply(admin, &coordinator.Update{Config: &cfg, Model: &model}); err != nil {
+	initPath := filepath.Join(dir, "init.safetensors")
+	if err := initial.Save(ctx, initPath, nil); err != nil {
 		return err
 	}
-	if _, err := s.Apply(admin, &coordinator.SetPaused{Paused: false}); err != nil {
+
+	srv, err := server.New(filepath.Join(dir, "server"), server.WithTickInterval(200*time.Millisecond), server.WithLogger(log))
+	if err != nil {
 		return err
 	}
-	trainers := make([]coordinator.ClientID, n)
-	for i := range trainers {
-		trainers[i] = coordinator.ClientID{
-			Signer: sha256.Sum256(fmt.Appendf(nil, "localnet trainer %d", i)),
-			P2P:    sha256.Sum256(fmt.Appendf(nil, "localnet p2p %d", i)),
-		}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
 	}
-	rng := rand.New(rand.NewPCG(c.Uint64("seed"), 0x70737963))
-	fmt.Fprintf(out, "localnet: %d trainers, %d epochs, run %q (simulated clock, no training yet)\n", n, epochs, s.RunIDString())
-	rounds, witnesses := 0, 0
-	for now := uint64(1); int(s.Progress.Epoch) < epochs && s.RunState != coordinator.Finished; now++ {
-		if now > 100_000 {
-			return fmt.Errorf("run did not progress: %s", s.Describe())
-		}
-		before := s.RunState
-		for _, id := range trainers {
-			witnesses += act(s, id, now, rng.Uint64())
-		}
-		if changed, err := s.Tick(now, rng.Uint64()); err != nil {
-			return err
-		} else if changed || s.RunState != before {
-			if s.RunState == coordinator.RoundTrain {
-				rounds++
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	serverDone := make(chan error, 1)
+	go func() { serverDone <- srv.Serve(runCtx, l) }()
+	backend := server.NewClient("http://"+l.Addr().String(), log)
+	runID := fmt.Sprintf("localnet-%d", time.Now().Unix())
+	if err := createLocalRun(ctx, backend, runID, n, epochTime, tokenPath, initPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, server http://%s, files in %s\n",
+		runID, n, localnetModel.NumParams(), l.Addr(), dir)
+
+	trainers, err := startTrainers(runCtx, runID, n, backend, dir, log)
+	if err != nil {
+		return err
+	}
+	errs := make(chan error, n)
+	for _, t := range trainers {
+		go func() { errs <- t.node.Run(runCtx) }()
+	}
+
+	snaps, err := backend.Subscribe(runCtx, runID)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	var last *coordinator.Coordinator
+	lastStep := uint32(0)
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(out, "interrupted")
+			break loop
+		case err := <-errs:
+			return fmt.Errorf("a trainer stopped: %w", err)
+		case s, ok := <-snaps:
+			if !ok {
+				break loop
 			}
-			fmt.Fprintf(out, "t=%5ds  %s\n", now, s.Describe())
+			last = s.State
+			if s.State.Progress.Step != lastStep && s.State.RunState == coordinator.RoundTrain {
+				lastStep = s.State.Progress.Step
+				printLocalProgress(out, s.State, trainers, time.Since(start))
+			}
+			if int(s.State.Progress.Epoch) >= epochs || s.State.RunState == coordinator.Finished {
+				break loop
+			}
 		}
 	}
-	fmt.Fprintf(out, "done: %d epochs, step %d, %d rounds, %d witness reports, nonce %d\n",
-		s.Progress.Epoch, s.Progress.Step, rounds, witnesses, s.Nonce)
+	cancelRun()
+	for range trainers {
+		<-errs
+	}
+	<-serverDone
+	return summarize(out, last, initial, trainers, heldOut, time.Since(start))
+}
+
+type localTrainer struct {
+	node *node.Node
+	net  *p2p.Node
+	mu   sync.Mutex
+	prog node.Progress
+}
+
+func (t *localTrainer) progress() node.Progress {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.prog
+}
+
+func createLocalRun(ctx context.Context, b chain.Backend, runID string, n, epochTime int, tokenPath, initPath string) error {
+	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("localnet admin " + runID)))
+	id, err := coordinator.ParseRunID(runID)
+	if err != nil {
+		return err
+	}
+	batch := uint16(12 * n)
+	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: uint64(min(30, epochTime-1)), RoundWitnessTime: 1,
+		EpochTime: uint64(epochTime), WaitingForMembersExtraTime: 1, TotalSteps: 100_000,
+		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(n), MinClients: uint16(max(1, n-1))}
+	m := coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
+		MaxSeqLen: uint32(localnetModel.Context), VocabSize: uint32(localnetModel.Vocab), DModel: uint32(localnetModel.Width),
+		NLayers: uint32(localnetModel.Layers), NHeads: uint32(localnetModel.Heads),
+		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
+		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true}}
+	m.Checkpoint.Kind = coordinator.CheckpointHub
+	if err := coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file://"+initPath); err != nil {
+		return fmt.Errorf("the working directory's path is too long for a checkpoint URL: %w", err)
+	}
+	if err := coordinator.SetFixedString(m.DataLocation[:], tokenPath); err != nil {
+		return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
+	}
+	var meta coordinator.Metadata
+	_ = coordinator.SetFixedString(meta.Name[:], "localnet")
+	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
+		&coordinator.Update{Metadata: &meta, Config: &cfg, Model: &m}, &coordinator.SetPaused{}} {
+		if _, err := b.Send(ctx, runID, admin, nil, ix); err != nil {
+			return fmt.Errorf("%s: %w", ix.Name(), err)
+		}
+	}
 	return nil
 }
 
-// act is what one simulated trainer does in one second; it returns the number
-// of witness reports it sent.
-func act(s *coordinator.Coordinator, id coordinator.ClientID, now, seed uint64) int {
-	ctx := coordinator.Context{Sender: id.Signer, Now: now, Seed: seed}
-	switch s.RunState {
-	case coordinator.WaitingForMembers:
-		if _, pending := s.PendingIndex(id.Signer); !pending {
-			_, _ = s.Apply(ctx, &coordinator.JoinRun{ID: id})
+func startTrainers(ctx context.Context, runID string, n int, b chain.Backend, dir string, log *slog.Logger) ([]*localTrainer, error) {
+	var trainers []*localTrainer
+	var addrs []string
+	for i := 0; i < n; i++ {
+		signer := chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("localnet trainer %d %s", i, runID))))
+		seed := sha256.Sum256([]byte(fmt.Sprintf("localnet p2p %d %s", i, runID)))
+		t := &localTrainer{}
+		var ready sync.Mutex
+		ready.Lock()
+		assigned := func(step uint32, batch p2p.BatchRange, who coordinator.ClientID) error {
+			ready.Lock()
+			defer ready.Unlock()
+			return t.node.Assigned(step, batch, who)
 		}
-		return 0
-	case coordinator.Warmup, coordinator.RoundTrain:
-		// Results "arrive" two seconds into the phase; then each elected
-		// witness reports everyone it heard from.
-		if now < s.RunStateStart+2 {
-			return 0
+		pn, err := p2p.New(p2p.WithRunID(runID), p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
+			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithSigner(signer.Public()),
+			p2p.WithAssignmentCheck(assigned), p2p.WithLogger(log.With("trainer", i)))
+		if err != nil {
+			return nil, err
 		}
-		i, ok := s.ClientIndex(id.Signer)
-		if !ok {
-			return 0
+		go func() { _ = pn.Run(ctx) }()
+		nd, err := node.New(runID, b, signer, pn, node.WithPeers(addrs...), node.WithCheckpointDir(dir),
+			node.WithLogger(log.With("trainer", i)),
+			node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() }))
+		if err != nil {
+			return nil, err
 		}
-		r := s.CurrentRound()
-		w := coordinator.Witness{Proof: s.Config.WitnessProofFor(r, i), Key: seed}
-		if !w.Proof.IsWitness {
-			return 0
-		}
-		for j := uint16(0); j < s.Epoch.ClientsLen; j++ {
-			w.Participants.Add(w.Key, coordinator.ParticipantMember(s.Epoch.Clients[j].ID.Signer))
-		}
-		w.Metadata.Step = s.Progress.Step
-		var ix coordinator.Instruction = &coordinator.WitnessRound{Report: w}
-		if s.RunState == coordinator.Warmup {
-			ix = &coordinator.WarmupWitness{Report: w}
-		}
-		if _, err := s.Apply(ctx, ix); err == nil {
-			return 1
-		}
+		t.node, t.net = nd, pn
+		ready.Unlock()
+		addrs = append(addrs, pn.Addrs()...)
+		trainers = append(trainers, t)
 	}
-	return 0
+	return trainers, nil
 }
 
-func localnetConfig(n int) (coordinator.Config, coordinator.Model) {
-	batch := uint16(max(n, 8))
-	cfg := coordinator.Config{
-		WarmupTime: 10, CooldownTime: 5, MaxRoundTrainTime: 15, RoundWitnessTime: 2, EpochTime: 30,
-		WaitingForMembersExtraTime: 2, TotalSteps: 10_000,
-		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: 2 * batch, GlobalBatchSizeWarmupTokens: 64 * 1024,
-		InitMinClients: uint16(n), MinClients: uint16(n),
+func printLocalProgress(w io.Writer, s *coordinator.Coordinator, trainers []*localTrainer, elapsed time.Duration) {
+	var loss float32
+	var tokens, sent uint64
+	count := 0
+	for _, t := range trainers {
+		p := t.progress()
+		if p.Loss > 0 {
+			loss += p.Loss
+			count++
+		}
+		tokens += p.Tokens
+		sent += p.Sent
 	}
-	m := coordinator.Model{
-		Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
-		MaxSeqLen: 128, VocabSize: 256, DModel: 64, NLayers: 2, NHeads: 4,
-		LR: coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 1e-3},
-		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.999,
-			CompressionTopK: 4, CompressionChunk: 64, Quantize1Bit: true},
+	if count > 0 {
+		loss /= float32(count)
 	}
-	m.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file://checkpoints/localnet")
-	_ = coordinator.SetFixedString(m.DataLocation[:], "data/opticks.tokens")
-	return cfg, m
+	fmt.Fprintf(w, "%6.1fs  epoch %d  step %3d  clients %d  loss %.3f  tokens %7d (%.0f/s)  sent %s\n",
+		elapsed.Seconds(), s.Progress.Epoch, s.Progress.Step, s.Epoch.ClientsLen, loss, tokens,
+		float64(tokens)/elapsed.Seconds(), bytesString(sent))
+}
+
+func bytesString(b uint64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+// heldOutLoss is the mean loss over up to 32 held-out sequences.
+func heldOutLoss(m *gpt.Model, tokens []uint32) (float32, error) {
+	t := m.Context
+	seqs := min(32, (len(tokens)-1)/t)
+	in, tg := make([]uint32, seqs*t), make([]uint32, seqs*t)
+	for i := 0; i < seqs; i++ {
+		copy(in[i*t:], tokens[i*t:(i+1)*t])
+		copy(tg[i*t:], tokens[i*t+1:(i+1)*t+1])
+	}
+	return m.Forward(in, tg, seqs, t)
+}
+
+func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trainers []*localTrainer, heldOut []uint32, elapsed time.Duration) error {
+	if s == nil {
+		return fmt.Errorf("no coordinator state was received")
+	}
+	final := trainers[0].node.Model()
+	var tokens, sent, results uint64
+	for _, t := range trainers {
+		p := t.progress()
+		tokens += p.Tokens
+		sent += p.Sent
+	}
+	fmt.Fprintf(w, "\ndone in %s: epoch %d, step %d\n", elapsed.Round(time.Second), s.Progress.Epoch, s.Progress.Step)
+	before, err := heldOutLoss(initial, heldOut)
+	if err != nil {
+		return err
+	}
+	if final != nil {
+		after, err := heldOutLoss(final, heldOut)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "held-out loss: %.3f -> %.3f\n", before, after)
+		same := true
+		for _, t := range trainers[1:] {
+			if m := t.node.Model(); m == nil || !slices.Equal(m.Params, final.Params) {
+				same = false
+			}
+		}
+		fmt.Fprintf(w, "trainers hold identical weights: %v\n", same)
+	}
+	if s.Progress.Step > 0 {
+		results = uint64(s.Progress.Step-1) * uint64(len(trainers))
+	}
+	dense := results * 4 * uint64(localnetModel.NumParams())
+	fmt.Fprintf(w, "tokens trained: %d\n", tokens)
+	if sent > 0 && dense > 0 {
+		fmt.Fprintf(w, "results sent: %s (dense fp32 gradients would be %s: %.0fx more)\n", bytesString(sent), bytesString(dense), float64(dense)/float64(sent))
+	}
+	url := coordinator.FixedString(s.Model.Checkpoint.Source.URL[:])
+	fmt.Fprintf(w, "checkpoint: %s (%s)\n", strings.TrimPrefix(url, "file://"), s.Model.Checkpoint.Kind)
+	return nil
 }

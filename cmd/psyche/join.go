@@ -1,0 +1,94 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/urfave/cli/v2"
+)
+
+var joinCommand = &cli.Command{
+	Name:  "join",
+	Usage: "train in a run: join every epoch, train, exchange results, witness, checkpoint",
+	Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag,
+		&cli.StringFlag{Name: "p2p-key", Value: "psyche-p2p.key", Usage: "p2p identity key file (created if missing)", Category: "P2P"},
+		&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "p2p listen addresses (multiaddrs)", Category: "P2P"},
+		&cli.StringSliceFlag{Name: "peer", Usage: "address of another trainer (multiaddr ending in /p2p/<id>); repeatable", Category: "P2P"},
+		&cli.StringFlag{Name: "checkpoint-dir", Value: "checkpoints", Usage: "where to save checkpoints when elected", Category: "RUN"},
+	},
+	Action: join,
+}
+
+func join(c *cli.Context) error {
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	b, signer, err := backend(c, true)
+	if err != nil {
+		return err
+	}
+	log := logger(c)
+	key, err := p2p.LoadOrCreateKey(c.String("p2p-key"))
+	if err != nil {
+		return err
+	}
+	var nd *node.Node
+	var ready sync.Mutex
+	ready.Lock()
+	assigned := func(step uint32, batch p2p.BatchRange, who coordinator.ClientID) error {
+		ready.Lock()
+		defer ready.Unlock()
+		return nd.Assigned(step, batch, who)
+	}
+	pn, err := p2p.New(p2p.WithRunID(c.String("run-id")), p2p.WithListenAddrs(c.StringSlice("listen")...), p2p.WithKey(key),
+		p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned), p2p.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	defer pn.Close()
+	go func() { _ = pn.Run(ctx) }()
+	if err := os.MkdirAll(c.String("checkpoint-dir"), 0o755); err != nil {
+		return err
+	}
+	interactive := isTerminal(c.App.Writer)
+	var last time.Time
+	nd, err = node.New(c.String("run-id"), b, signer, pn, node.WithPeers(c.StringSlice("peer")...),
+		node.WithCheckpointDir(c.String("checkpoint-dir")), node.WithLogger(log),
+		node.WithProgress(func(p node.Progress) {
+			if !interactive || time.Since(last) < 200*time.Millisecond {
+				return
+			}
+			last = time.Now()
+			fmt.Fprintf(c.App.Writer, "\r%-17s epoch %d step %d loss %.3f tokens %d peers %d sent %s received %s   ",
+				p.State, p.Epoch, p.Step, p.Loss, p.Tokens, len(pn.Peers()), bytesString(p.Sent), bytesString(p.Received))
+		}))
+	if err != nil {
+		return err
+	}
+	ready.Unlock()
+	for _, a := range pn.Addrs() {
+		fmt.Fprintf(c.App.Writer, "p2p address: %s\n", a)
+	}
+	err = nd.Run(ctx)
+	if interactive {
+		fmt.Fprintln(c.App.Writer)
+	}
+	return err
+}
+
+// isTerminal reports whether w is a character device (a terminal), where a
+// live progress line makes sense; elsewhere the logs say what happens.
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/gpt"
+)
+
+// TestJoinTrains runs `psyche join` against a server backend run that needs a
+// single trainer, until the run has trained a few steps.
+func TestJoinTrains(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	dir := t.TempDir()
+	url, _ := startRealServer(t)
+	ctx := context.Background()
+	tokens := filepath.Join(dir, "tokens.bin")
+	if err := data.WriteTokenFile(ctx, tokens, data.Tokenize(data.Opticks()[:100_000]), 2); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := gpt.New(gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}, 3, nil)
+	initPath := filepath.Join(dir, "init.safetensors")
+	if err := m.Save(ctx, initPath, nil); err != nil {
+		t.Fatal(err)
+	}
+	runFile := filepath.Join(dir, "run.toml")
+	tiny, err := os.ReadFile(filepath.Join("..", "..", "examples", "tiny-run.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.NewReplacer("init_min_clients = 3", "init_min_clients = 1", "min_clients = 2", "min_clients = 1",
+		"warmup_time = 10", "warmup_time = 2", `data = "opticks.tokens"`, `data = "`+tokens+`"`,
+		`url = "file:///var/lib/psyche/tiny/init.safetensors"`, `url = "file://`+initPath+`"`).Replace(string(tiny))
+	if err := os.WriteFile(runFile, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	admin := filepath.Join(dir, "admin.json")
+	trainer := filepath.Join(dir, "trainer.json")
+	for _, k := range []string{admin, trainer} {
+		if _, errs, code := psyche(t, "keygen", "--out", k); code != 0 {
+			t.Fatal(errs)
+		}
+	}
+	for _, args := range [][]string{{"init-coordinator"}, {"update", "--config", runFile}, {"set-paused", "--resume"}} {
+		if out, errs, code := psyche(t, append(args, "--server", url, "--key", admin, "--run-id", "joined")...); code != 0 {
+			t.Fatalf("%v: %s %s", args, out, errs)
+		}
+	}
+	jctx, stop := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	var out, errb bytes.Buffer
+	go func() {
+		done <- runContext(jctx, []string{"psyche", "--log-level", "warn", "join", "--server", url, "--key", trainer, "--run-id", "joined",
+			"--p2p-key", filepath.Join(dir, "p2p.key"), "--listen", "/ip4/127.0.0.1/tcp/0", "--checkpoint-dir", filepath.Join(dir, "ckpt")}, &out, &errb)
+	}()
+	client := server.NewClient(url, nil)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		s, err := client.Snapshot(ctx, "joined")
+		if err == nil && s.State.Progress.Step >= 4 && s.State.RunState == coordinator.RoundTrain {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run did not progress: %v %+v\n%s\n%s", err, s.State.Describe(), out.String(), errb.String())
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("join exited early (%d): %s %s", code, out.String(), errb.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	stop()
+	if code := <-done; code != 0 {
+		t.Fatalf("join exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "p2p address: /ip4/127.0.0.1/tcp/") {
+		t.Errorf("join did not print its address: %s", out.String())
+	}
+}

@@ -1,0 +1,124 @@
+package p2p
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var (
+	benchReport = flag.Bool("p2p.bench", false, "run the propagation and throughput report (scripts/bench-p2p)")
+	benchNodes  = flag.String("p2p.bench.nodes", "4,8,16", "cluster sizes for the propagation report")
+	benchRounds = flag.Int("p2p.bench.rounds", 3, "rounds per cluster size and payload")
+)
+
+// TestBenchReport prints round propagation and blob throughput, each beside a
+// reference measured in the same run: a plain TCP copy of the same bytes
+// between two loopback sockets. Off unless -p2p.bench is given.
+func TestBenchReport(t *testing.T) {
+	if !*benchReport {
+		t.Skip("run with -p2p.bench (scripts/bench-p2p)")
+	}
+	out := os.Stdout
+	const big = 64 << 20
+	tcp := tcpCopy(t, big)
+	fmt.Fprintf(out, "\nreference: plain TCP copy over loopback, %d MiB: %v (%.0f MiB/s)\n", big>>20, tcp.Round(time.Millisecond), mibps(big, tcp))
+
+	// Blob throughput between two nodes, with the same bytes.
+	nodes := startCluster(t, 2)
+	ctx := context.Background()
+	nodes[0].SetStep(1)
+	nodes[1].SetStep(1)
+	payload := randomBytes(1, big)
+	a, err := nodes[0].Publish(ctx, 1, BatchRange{Start: 0, End: 1}, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := nodes[1].Fetch(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	bs := time.Since(start)
+	fmt.Fprintf(out, "bitswap blob fetch (raw 1 MiB blocks, commitment checked), %d MiB: %v (%.0f MiB/s, %.2fx the TCP copy's time)\n\n",
+		big>>20, bs.Round(time.Millisecond), mibps(big, bs), float64(bs)/float64(tcp))
+	for _, nd := range nodes {
+		nd.kill(t)
+	}
+
+	fmt.Fprintf(out, "%-6s %-8s %10s %10s %12s %14s %s\n", "nodes", "payload", "best", "median", "bytes moved", "TCP same bytes", "median/TCP")
+	for _, f := range strings.Split(*benchNodes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cluster := startCluster(t, n, WithReannounceInterval(0))
+		step := uint32(0)
+		for _, size := range []int{1 << 20, 10 << 20} {
+			var times []time.Duration
+			for range *benchRounds {
+				step++
+				times = append(times, runRound(t, cluster, step, size))
+				if t.Failed() {
+					t.FailNow()
+				}
+			}
+			slices.Sort(times)
+			moved := n * (n - 1) * size
+			ref := tcpCopy(t, moved)
+			med := times[len(times)/2]
+			fmt.Fprintf(out, "%-6d %-8s %10v %10v %9d MiB %14v %9.2fx\n", n, fmt.Sprintf("%d MiB", size>>20),
+				times[0].Round(time.Millisecond), med.Round(time.Millisecond), moved>>20, ref.Round(time.Millisecond),
+				float64(med)/float64(ref))
+		}
+		for _, nd := range cluster {
+			nd.kill(t)
+		}
+	}
+}
+
+func mibps(n int, d time.Duration) float64 { return float64(n) / (1 << 20) / d.Seconds() }
+
+// tcpCopy sends n bytes through a loopback TCP connection and returns the
+// time from the first write to the last byte read.
+func tcpCopy(t testing.TB, n int) time.Duration {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		_, err = io.Copy(io.Discard, c)
+		done <- err
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := randomBytes(2, 1<<20)
+	start := time.Now()
+	for sent := 0; sent < n; sent += len(buf) {
+		if _, err := c.Write(buf[:min(len(buf), n-sent)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}

@@ -1,0 +1,252 @@
+package p2p
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"time"
+
+	blocks "github.com/ipfs/go-block-format"
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-multihash"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// Blobs are payloads cut into raw CIDv1 sha2-256 blocks of at most
+// BlockSize bytes and moved with bitswap by CID list. Raw blocks and a flat
+// list beat a UnixFS DAG here (~4× on loopback, DESIGN.md §7), and the list
+// already travels in the signed announcement.
+//
+// Every block is reference counted: blobs are held per step and dropped two
+// steps later (SetStep), checkpoint blocks are held until the next
+// checkpoint replaces them, and a block shared by two owners (identical
+// chunks) is deleted only when the last one lets go.
+
+func cidOf(h coordinator.Hash) cid.Cid {
+	mh, err := multihash.Encode(h[:], multihash.SHA2_256)
+	if err != nil {
+		panic(err) // a 32-byte sha2-256 digest always encodes
+	}
+	return cid.NewCidV1(cid.Raw, mh)
+}
+
+// split cuts data into blocks and returns them with their digests.
+func split(data []byte) ([]blocks.Block, []coordinator.Hash) {
+	var bs []blocks.Block
+	var hs []coordinator.Hash
+	for off := 0; off < len(data); off += BlockSize {
+		chunk := data[off:min(off+BlockSize, len(data))]
+		h := coordinator.Hash(sha256.Sum256(chunk))
+		b, err := blocks.NewBlockWithCid(chunk, cidOf(h))
+		if err != nil {
+			panic(err) // only fails when the digest does not match, and it does
+		}
+		bs = append(bs, b)
+		hs = append(hs, h)
+	}
+	return bs, hs
+}
+
+// store puts blocks and lets bitswap serve them to peers already asking.
+// Callers take their references (refStep, setCheckpoint) first, so that a
+// collection running meanwhile cannot delete what is being stored.
+func (n *Node) store(ctx context.Context, bs []blocks.Block) error {
+	if err := n.bstore.PutMany(ctx, bs); err != nil {
+		return fmt.Errorf("p2p: store blocks: %w", err)
+	}
+	return n.bs.NotifyNewBlocks(ctx, bs...)
+}
+
+func (n *Node) refStep(step uint32, hs []coordinator.Hash) {
+	n.mu.Lock()
+	n.stepRefs[step] = append(n.stepRefs[step], hs...)
+	for _, h := range hs {
+		n.refs[h]++
+	}
+	n.mu.Unlock()
+}
+
+// unref drops one reference per hash and returns those that reached zero.
+// Callers hold n.mu and delete the returned blocks after unlocking.
+func (n *Node) unref(hs []coordinator.Hash) []coordinator.Hash {
+	var drop []coordinator.Hash
+	for _, h := range hs {
+		n.refs[h]--
+		if n.refs[h] <= 0 {
+			delete(n.refs, h)
+			drop = append(drop, h)
+		}
+	}
+	return drop
+}
+
+func (n *Node) deleteBlocks(hs []coordinator.Hash) {
+	for _, h := range hs {
+		n.mu.Lock()
+		live := n.refs[h] > 0 // re-referenced since unref
+		n.mu.Unlock()
+		if !live {
+			_ = n.bstore.DeleteBlock(context.Background(), cidOf(h))
+		}
+	}
+}
+
+func (n *Node) putBlob(ctx context.Context, step uint32, payload []byte) (BlobRef, error) {
+	bs, hs := split(payload)
+	if len(hs) > MaxBlobBlocks {
+		return BlobRef{}, fmt.Errorf("%w: payload of %d bytes", ErrOversize, len(payload))
+	}
+	n.refStep(step, hs)
+	if err := n.store(ctx, bs); err != nil {
+		return BlobRef{}, err
+	}
+	return BlobRef{Size: uint64(len(payload)), Blocks: hs}, nil
+}
+
+// getBlocks makes sure every block in hs is in the local store, fetching the
+// missing ones over one bitswap session. Bitswap asks every connected peer
+// and takes each block from whoever has it; blocks that arrive stay stored,
+// so a later attempt resumes instead of starting over.
+func (n *Node) getBlocks(ctx context.Context, hs []coordinator.Hash) error {
+	var missing []cid.Cid
+	seen := map[coordinator.Hash]bool{}
+	for _, h := range hs {
+		if seen[h] {
+			continue
+		}
+		seen[h] = true
+		c := cidOf(h)
+		if ok, _ := n.bstore.Has(ctx, c); !ok {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := n.bs.NewSession(ctx).GetBlocks(ctx, missing)
+	if err != nil {
+		return err
+	}
+	got := 0
+	for b := range ch {
+		// Bitswap checks blocks against their CIDs; the client stores them
+		// too, but an explicit Put costs little and does not depend on that.
+		if err := n.bstore.Put(ctx, b); err != nil {
+			return err
+		}
+		got++
+	}
+	if got < len(missing) {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%d of %d blocks: %w", got, len(missing), err)
+		}
+		return fmt.Errorf("%w: %d of %d blocks", ErrFetchFailed, got, len(missing))
+	}
+	return nil
+}
+
+// assemble reads a blob's blocks from the local store and checks each one.
+func (n *Node) assemble(ctx context.Context, ref BlobRef) ([]byte, error) {
+	out := make([]byte, 0, ref.Size)
+	for _, h := range ref.Blocks {
+		b, err := n.bstore.Get(ctx, cidOf(h))
+		if err != nil {
+			return nil, err
+		}
+		if sha256.Sum256(b.RawData()) != h {
+			return nil, fmt.Errorf("%w: %x", ErrBlockMismatch, h[:8])
+		}
+		out = append(out, b.RawData()...)
+	}
+	if uint64(len(out)) != ref.Size {
+		return nil, fmt.Errorf("%w: %d bytes, announced %d", ErrCommitmentMismatch, len(out), ref.Size)
+	}
+	return out, nil
+}
+
+// Fetch gets the payload of a, trying the announcer first: it is dialled
+// before each attempt, so bitswap's first want goes to it as well as to
+// every other connected peer (those that fetched the blob already serve it
+// too). Each attempt is bounded by the fetch timeout; failures are retried
+// with doubling backoff and counted against the announcer. The payload is
+// returned only if it matches the announced commitment.
+func (n *Node) Fetch(ctx context.Context, a Announcement) ([]byte, error) {
+	if err := n.alive(); err != nil {
+		return nil, err
+	}
+	if err := a.check(); err != nil {
+		return nil, err
+	}
+	n.refStep(a.Step, a.Blob.Blocks) // partial fetches are collected with the step
+	announcer, err := peerIDOf(a.Trainer.P2P)
+	if err != nil {
+		return nil, fmt.Errorf("%w: trainer key: %v", ErrMalformed, err)
+	}
+	start := time.Now()
+	backoff := n.cfg.retryBackoff
+	var lastErr error
+	for attempt := 0; attempt <= n.cfg.fetchRetries; attempt++ {
+		if attempt > 0 {
+			n.count(func(s *Stats) { s.FetchRetries++ })
+			n.m.FetchRetries.Add(1)
+			if err := sleep(ctx, backoff); err != nil {
+				return nil, err
+			}
+			backoff *= 2
+		}
+		actx, cancel := context.WithTimeout(ctx, n.cfg.fetchTimeout)
+		if announcer != n.host.ID() && n.host.Network().Connectedness(announcer) != network.Connected {
+			if err := n.host.Connect(actx, peer.AddrInfo{ID: announcer}); err != nil {
+				n.peerError(a.Trainer.P2P, "dial announcer", err)
+			}
+		}
+		err := n.getBlocks(actx, a.Blob.Blocks)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			lastErr = err
+			n.peerError(a.Trainer.P2P, "fetch", err)
+			continue
+		}
+		payload, err := n.assemble(ctx, a.Blob)
+		if err == nil && Commitment(a.Step, a.Batch, payload) != a.Commitment {
+			err = ErrCommitmentMismatch
+		}
+		if err != nil {
+			// The blocks are what their CIDs say, so the announcer signed a
+			// block list that does not match its own commitment: retrying
+			// cannot help.
+			n.peerError(a.Trainer.P2P, "commitment", err)
+			n.count(func(s *Stats) { s.FetchFailures++ })
+			n.m.FetchFailures.Add(1)
+			return nil, err
+		}
+		n.count(func(s *Stats) { s.BlobsFetched++ })
+		n.m.BlobsFetched.Add(1)
+		n.m.BlobBytes.Add(float64(len(payload)))
+		n.m.FetchSeconds.Observe(time.Since(start).Seconds())
+		return payload, nil
+	}
+	n.count(func(s *Stats) { s.FetchFailures++ })
+	n.m.FetchFailures.Add(1)
+	return nil, fmt.Errorf("%w: step %d batch [%d,%d) from %x: %w", ErrFetchFailed, a.Step,
+		a.Batch.Start, a.Batch.End, a.Trainer.P2P[:8], lastErr)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,200 @@
+package p2p
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"sync"
+
+	blocks "github.com/ipfs/go-block-format"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// ShareCheckpoint stores tensors as blocks, stores their manifest as one more
+// block, and serves both until the next ShareCheckpoint or FetchCheckpoint.
+// It returns the manifest id, which is what a joiner needs.
+func (n *Node) ShareCheckpoint(ctx context.Context, tensors []Tensor) (coordinator.Hash, error) {
+	if err := n.alive(); err != nil {
+		return coordinator.Hash{}, err
+	}
+	var m CheckpointManifest
+	var all []blocks.Block
+	var hs []coordinator.Hash
+	for _, t := range tensors {
+		bs, th := split(t.Data)
+		all = append(all, bs...)
+		hs = append(hs, th...)
+		m.Tensors = append(m.Tensors, TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape,
+			Blob: BlobRef{Size: uint64(len(t.Data)), Blocks: th}})
+	}
+	raw, err := m.MarshalBinary()
+	if err != nil {
+		return coordinator.Hash{}, err
+	}
+	mb, mh := split(raw)
+	all = append(all, mb...)
+	hs = append(hs, mh...)
+	n.setCheckpoint(hs)
+	if err := n.store(ctx, all); err != nil {
+		return coordinator.Hash{}, err
+	}
+	return mh[0], nil
+}
+
+// setCheckpoint replaces the blocks held for the shared checkpoint.
+func (n *Node) setCheckpoint(hs []coordinator.Hash) {
+	n.mu.Lock()
+	for _, h := range hs {
+		n.refs[h]++
+	}
+	drop := n.unref(n.ckptRefs)
+	n.ckptRefs = hs
+	n.mu.Unlock()
+	n.deleteBlocks(drop)
+}
+
+// FetchCheckpoint assembles the checkpoint whose manifest id is id. It dials
+// the given peers (any connected peer that has blocks serves too), fetches
+// the manifest, then every block with at most WithCheckpointConcurrency
+// requests in flight over one bitswap session, which spreads the wants over
+// the peers that have the blocks. Every block is checked against its digest.
+// A request that fails (a peer left mid-transfer, a timeout) is retried with
+// backoff; blocks already received are kept, so nothing is fetched twice.
+// Afterwards the node shares the checkpoint itself.
+func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]Tensor, error) {
+	if err := n.alive(); err != nil {
+		return nil, err
+	}
+	for _, k := range from {
+		p, err := peerIDOf(k)
+		if err != nil || p == n.host.ID() || n.host.Network().Connectedness(p) == network.Connected {
+			continue
+		}
+		if err := n.host.Connect(ctx, peer.AddrInfo{ID: p}); err != nil {
+			n.peerError(k, "dial checkpoint peer", err)
+		}
+	}
+	sess := n.bs.NewSession(ctx)
+	get := func(ctx context.Context, h coordinator.Hash) ([]byte, error) {
+		if b, err := n.bstore.Get(ctx, cidOf(h)); err == nil && sha256.Sum256(b.RawData()) == h {
+			return b.RawData(), nil
+		}
+		backoff := n.cfg.retryBackoff
+		var lastErr error
+		for attempt := 0; attempt <= n.cfg.fetchRetries; attempt++ {
+			if attempt > 0 {
+				n.count(func(s *Stats) { s.FetchRetries++ })
+				n.m.FetchRetries.Add(1)
+				if err := sleep(ctx, backoff); err != nil {
+					return nil, err
+				}
+				backoff *= 2
+			}
+			actx, cancel := context.WithTimeout(ctx, n.cfg.fetchTimeout)
+			b, err := sess.GetBlock(actx, cidOf(h))
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				lastErr = err
+				continue
+			}
+			if sha256.Sum256(b.RawData()) != h {
+				lastErr = fmt.Errorf("%w: %x", ErrBlockMismatch, h[:8])
+				continue
+			}
+			if err := n.bstore.Put(ctx, b); err != nil {
+				return nil, err
+			}
+			return b.RawData(), nil
+		}
+		return nil, fmt.Errorf("%w: block %x: %w", ErrFetchFailed, h[:8], lastErr)
+	}
+
+	raw, err := get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: checkpoint manifest: %w", err)
+	}
+	m, err := DecodeCheckpointManifest(raw)
+	if err != nil {
+		return nil, err
+	}
+	var todo []coordinator.Hash
+	uniq := map[coordinator.Hash]bool{}
+	for _, t := range m.Tensors {
+		for _, h := range t.Blob.Blocks {
+			if !uniq[h] {
+				uniq[h] = true
+				todo = append(todo, h)
+			}
+		}
+	}
+	// Hold the blocks from the start, so that a GC running meanwhile cannot
+	// take what this fetch has already received.
+	n.setCheckpoint(append([]coordinator.Hash{id}, todo...))
+
+	work := make(chan coordinator.Hash)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		done     int
+		firstErr error
+	)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range min(n.cfg.ckptConcurrency, max(len(todo), 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for h := range work {
+				if _, err := get(wctx, h); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					cancel()
+					continue
+				}
+				n.count(func(s *Stats) { s.CheckpointBlocks++ })
+				n.m.CheckpointBlocks.Add(1)
+				mu.Lock()
+				done++
+				d := done
+				mu.Unlock()
+				if n.cfg.ckptProgress != nil {
+					n.cfg.ckptProgress(d, len(todo))
+				}
+			}
+		}()
+	}
+feed:
+	for _, h := range todo {
+		select {
+		case work <- h:
+		case <-wctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]Tensor, 0, len(m.Tensors))
+	for _, t := range m.Tensors {
+		data, err := n.assemble(ctx, t.Blob)
+		if err != nil {
+			return nil, fmt.Errorf("p2p: tensor %q: %w", t.Name, err)
+		}
+		out = append(out, Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: data})
+	}
+	return out, nil
+}

@@ -1,0 +1,293 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// runRound has every node publish one payload for step and every node fetch
+// and check everyone else's. It returns how long the slowest node took.
+func runRound(t testing.TB, nodes []*testNode, step uint32, size int) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	payloads := map[coordinator.Pubkey][]byte{}
+	for i, nd := range nodes {
+		nd.SetStep(step)
+		payloads[nd.ID()] = randomBytes(uint64(step)<<8|uint64(i), size)
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(nodes)*len(nodes))
+	for i, nd := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batch := BatchRange{Start: uint64(i) * 4, End: uint64(i)*4 + 4}
+			if _, err := nd.Publish(ctx, step, batch, payloads[nd.ID()]); err != nil {
+				errs <- fmt.Errorf("%s publish: %w", nd.name, err)
+				return
+			}
+			as, err := collect(ctx, nd, step, len(nodes)-1)
+			if err != nil {
+				errs <- err
+				return
+			}
+			got, ferrs := fetchAll(ctx, nd, as)
+			for k, a := range as {
+				if ferrs[k] != nil {
+					errs <- fmt.Errorf("%s fetch from %x: %w", nd.name, a.Trainer.P2P[:4], ferrs[k])
+				} else if !bytes.Equal(got[k], payloads[a.Trainer.P2P]) {
+					errs <- fmt.Errorf("%s: payload from %x differs", nd.name, a.Trainer.P2P[:4])
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	return time.Since(start)
+}
+
+func TestAllToAllRounds(t *testing.T) {
+	nodes := startCluster(t, 8)
+	for step := uint32(1); step <= 5; step++ {
+		d := runRound(t, nodes, step, 1<<20)
+		t.Logf("round %d: 8 nodes x 1 MiB all-to-all in %v", step, d)
+		if t.Failed() {
+			return
+		}
+	}
+	for _, nd := range nodes {
+		if s := nd.Stats(); s.BlobsFetched != 5*7 {
+			t.Errorf("%s fetched %d blobs, want 35", nd.name, s.BlobsFetched)
+		}
+	}
+}
+
+// A node killed while others fetch its blob must not hold up the exchange of
+// everyone else's, and the fetch of its own blob must end (from a peer that
+// already has it, or with ErrFetchFailed) rather than hang.
+func TestKilledNodeDoesNotStall(t *testing.T) {
+	nodes := startCluster(t, 5, WithFetchTimeout(2*time.Second), WithFetchRetries(1, 50*time.Millisecond))
+	victim, live := nodes[4], nodes[:4]
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	payloads := map[coordinator.Pubkey][]byte{}
+	for i, nd := range nodes {
+		nd.SetStep(1)
+		size := 1 << 20
+		if nd == victim {
+			size = 16 << 20 // long enough to be cut mid-transfer
+		}
+		payloads[nd.ID()] = randomBytes(uint64(i), size)
+		if _, err := nd.Publish(ctx, 1, BatchRange{Start: uint64(i), End: uint64(i) + 1}, payloads[nd.ID()]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	anns := make([][]Announcement, len(live))
+	for i, nd := range live {
+		as, err := collect(ctx, nd, 1, len(nodes)-1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		anns[i] = as
+	}
+	// Kill the victim as soon as any block of its blob has left it.
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		for ctx.Err() == nil {
+			for _, nd := range live {
+				if nd.Stats().BlocksFrom[victim.ID()] > 0 {
+					victim.kill(t)
+					return
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, nd := range live {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, errs := fetchAll(ctx, nd, anns[i])
+			for k, a := range anns[i] {
+				switch {
+				case a.Trainer.P2P == victim.ID():
+					if errs[k] == nil && !bytes.Equal(got[k], payloads[a.Trainer.P2P]) {
+						t.Errorf("%s: victim's payload differs", nd.name)
+					}
+				case errs[k] != nil:
+					t.Errorf("%s: fetch from a live node failed: %v", nd.name, errs[k])
+				case !bytes.Equal(got[k], payloads[a.Trainer.P2P]):
+					t.Errorf("%s: payload differs", nd.name)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	<-killed
+	// Two attempts of 2s plus backoff bound a fetch whose source died.
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("exchange took %v with a dead node", d)
+	}
+}
+
+// A node that missed the gossip gets announcements by pulling them from a
+// peer, and the blob from a peer other than the unreachable announcer; a node
+// that connects late to the announcer gets the re-announcement.
+func TestPullFallbackAndReannounce(t *testing.T) {
+	ids := []coordinator.ClientID{clientIDOf("a"), clientIDOf("b"), clientIDOf("c"), clientIDOf("d")}
+	a := startNode(t, "a", WithReannounceInterval(50*time.Millisecond))
+	b := startNode(t, "b")
+	c := startNode(t, "c", WithFetchTimeout(2*time.Second), WithFetchRetries(1, 10*time.Millisecond))
+	d := startNode(t, "d")
+	for _, nd := range []*testNode{a, b, c, d} {
+		nd.SetClients(ids)
+		nd.SetStep(3)
+	}
+	connectAll(t, []*testNode{a, b})
+	waitTopicPeers(t, []*testNode{a, b}, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	payload := randomBytes(7, 3<<20+5)
+	ann, err := a.Publish(ctx, 3, BatchRange{Start: 10, End: 12}, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := collect(ctx, b, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Fetch(ctx, as[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	// c knows only b: it pulls the announcement and fetches from b.
+	if err := c.Connect(ctx, b.Addrs()[0]); err != nil {
+		t.Fatal(err)
+	}
+	pulled, err := c.Pull(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pulled) != 1 || pulled[0].Commitment != ann.Commitment {
+		t.Fatalf("pulled %d announcements, want a's", len(pulled))
+	}
+	if again, _ := c.Pull(ctx, 3); len(again) != 0 {
+		t.Errorf("a second pull returned %d announcements already delivered", len(again))
+	}
+	got, err := c.Fetch(ctx, pulled[0])
+	if err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("fetch through b: %v", err)
+	}
+	if s := c.Stats(); s.BlocksFrom[b.ID()] == 0 || s.BlocksFrom[a.ID()] != 0 {
+		t.Errorf("blocks by peer: %v, want all from b", s.BlocksFrom)
+	}
+
+	// d connects to a after the publish: the re-announcement reaches it.
+	if err := d.Connect(ctx, a.Addrs()[0]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-d.Announcements():
+		if got.Commitment != ann.Commitment {
+			t.Errorf("d got another announcement")
+		}
+	case <-ctx.Done():
+		t.Fatal("no re-announcement reached d")
+	}
+	if a.Stats().Reannounced == 0 {
+		t.Error("a did not re-announce")
+	}
+}
+
+// Blobs are collected once their step is more than two steps old.
+func TestBlobGarbageCollection(t *testing.T) {
+	nd := startNode(t, "gc")
+	ctx := context.Background()
+	refs := map[uint32]BlobRef{}
+	for step := uint32(1); step <= 5; step++ {
+		nd.SetStep(step)
+		a, err := nd.Publish(ctx, step, BatchRange{Start: 0, End: 1}, randomBytes(uint64(step), BlockSize+10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs[step] = a.Blob
+	}
+	// Step 5: steps 3, 4 and 5 are kept, 1 and 2 are gone.
+	for step, ref := range refs {
+		has, _ := nd.bstore.Has(ctx, cidOf(ref.Blocks[0]))
+		if want := step >= 3; has != want {
+			t.Errorf("step %d blob held = %v, want %v", step, has, want)
+		}
+	}
+	// A block shared with a live owner survives the collection of another.
+	shared := randomBytes(99, 100)
+	if _, err := nd.ShareCheckpoint(ctx, []Tensor{{Name: "w", Data: shared}}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := nd.Publish(ctx, 5, BatchRange{Start: 1, End: 2}, shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd.SetStep(8)
+	if has, _ := nd.bstore.Has(ctx, cidOf(a.Blob.Blocks[0])); !has {
+		t.Error("a block still held by the checkpoint was collected")
+	}
+}
+
+// The node listens on TCP and QUIC; a result moves over either alone.
+func TestTCPAndQUIC(t *testing.T) {
+	for _, tr := range []string{"/tcp/", "/quic-v1"} {
+		t.Run(strings.Trim(tr, "/"), func(t *testing.T) {
+			a, b := startNode(t, "a"+tr), startNode(t, "b"+tr)
+			ids := []coordinator.ClientID{clientIDOf("a" + tr), clientIDOf("b" + tr)}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var addr string
+			for _, s := range b.Addrs() {
+				if strings.Contains(s, tr) {
+					addr = s
+				}
+			}
+			for _, nd := range []*testNode{a, b} {
+				nd.SetClients(ids)
+				nd.SetStep(1)
+			}
+			if err := a.Connect(ctx, addr); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range a.host.Network().ConnsToPeer(b.host.ID()) {
+				if !strings.Contains(c.RemoteMultiaddr().String(), tr) {
+					t.Fatalf("connected over %s", c.RemoteMultiaddr())
+				}
+			}
+			waitTopicPeers(t, []*testNode{a, b}, 1)
+			payload := randomBytes(5, 2<<20)
+			if _, err := b.Publish(ctx, 1, BatchRange{Start: 0, End: 1}, payload); err != nil {
+				t.Fatal(err)
+			}
+			as, err := collect(ctx, a, 1, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := a.Fetch(ctx, as[0])
+			if err != nil || !bytes.Equal(got, payload) {
+				t.Fatalf("fetch: %v", err)
+			}
+		})
+	}
+}

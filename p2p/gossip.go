@@ -1,0 +1,407 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+const pullTimeout = 10 * time.Second
+
+func (n *Node) startGossip() error {
+	ps, err := pubsub.NewGossipSub(n.life, n.host,
+		// Without flood publishing gossipsub drops what is published before
+		// the mesh forms (measured here: DESIGN.md §7).
+		pubsub.WithFloodPublish(true),
+		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
+		// Peers come from the coordinator, not from gossip.
+		pubsub.WithPeerExchange(false),
+	)
+	if err != nil {
+		return fmt.Errorf("p2p: pubsub: %w", err)
+	}
+	n.ps = ps
+	name := TopicName(*n.cfg.runID)
+	if err := ps.RegisterTopicValidator(name, n.validate, pubsub.WithValidatorInline(true)); err != nil {
+		return fmt.Errorf("p2p: validator: %w", err)
+	}
+	if n.topic, err = ps.Join(name); err != nil {
+		return fmt.Errorf("p2p: join topic: %w", err)
+	}
+	if n.sub, err = n.topic.Subscribe(pubsub.WithBufferSize(1024)); err != nil {
+		return fmt.Errorf("p2p: subscribe: %w", err)
+	}
+	return nil
+}
+
+// reason names a rejection for Stats.Rejected.
+func reason(err error) string {
+	for _, r := range []struct {
+		err  error
+		name string
+	}{
+		{ErrBadSignature, "bad_signature"}, {ErrWrongRun, "wrong_run"}, {ErrStepOutOfWindow, "step_window"},
+		{ErrNotAssigned, "not_assigned"}, {ErrOversize, "oversize"}, {ErrReplayed, "replayed"},
+	} {
+		if errors.Is(err, r.err) {
+			return r.name
+		}
+	}
+	return "malformed"
+}
+
+// check decodes and validates an announcement from outside: structure,
+// signature, run, step window and assignment. Replay is checked separately
+// because a pulled copy of a message already seen is not an offence.
+func (n *Node) check(data []byte) (Announcement, error) {
+	if len(data) > MaxAnnouncementSize {
+		return Announcement{}, fmt.Errorf("%w: %d bytes", ErrOversize, len(data))
+	}
+	a, err := DecodeAnnouncement(data)
+	if err != nil {
+		return a, err
+	}
+	if err := a.Verify(); err != nil {
+		return a, err
+	}
+	if a.RunID != *n.cfg.runID {
+		return a, fmt.Errorf("%w: %q", ErrWrongRun, a.RunID)
+	}
+	cur := n.step.Load()
+	lo := cur - min(cur, 2)
+	if a.Step < lo || a.Step > cur+1 {
+		return a, fmt.Errorf("%w: step %d at %d", ErrStepOutOfWindow, a.Step, cur)
+	}
+	if n.cfg.assigned != nil {
+		if err := n.cfg.assigned(a.Step, a.Batch, a.Trainer); err != nil {
+			return a, fmt.Errorf("%w: %v", ErrNotAssigned, err)
+		}
+		return a, nil
+	}
+	if n.cfg.allowAll {
+		return a, nil
+	}
+	n.mu.Lock()
+	id, ok := n.clients[a.Trainer.P2P]
+	n.mu.Unlock()
+	if !ok || id != a.Trainer {
+		return a, fmt.Errorf("%w: not a client of the epoch", ErrNotAssigned)
+	}
+	return a, nil
+}
+
+// markSeen records a nonce and reports whether it was new.
+func (n *Node) markSeen(a *Announcement) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := nonceKey{a.Trainer.P2P, a.Nonce}
+	if _, dup := n.seen[k]; dup {
+		return false
+	}
+	n.seen[k] = a.Step
+	return true
+}
+
+func (n *Node) reject(err error, from peer.ID) {
+	r := reason(err)
+	n.count(func(s *Stats) { s.Rejected[r]++ })
+	n.m.Rejected.With("reason", r).Add(1)
+	n.log.Debug("announcement refused", "reason", r, "remote", from.String(), "err", err)
+}
+
+// validate is the topic validator. Reject (the sender misbehaved) for
+// anything invalid; Ignore for an exact replay of a nonce already seen, since
+// an honest relay can race a pull and is not to be punished for it.
+func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubsub.ValidationResult {
+	if from == n.host.ID() {
+		// Our own publish (Publish signed it; the assignment is the
+		// trainer's business). Record the nonce so a replay is caught.
+		if a, err := DecodeAnnouncement(m.Data); err == nil {
+			n.markSeen(&a)
+			m.ValidatorData = a
+		}
+		return pubsub.ValidationAccept
+	}
+	a, err := n.check(m.Data)
+	if err != nil {
+		n.reject(err, from)
+		return pubsub.ValidationReject
+	}
+	if !n.markSeen(&a) {
+		n.reject(ErrReplayed, from)
+		return pubsub.ValidationIgnore
+	}
+	n.count(func(s *Stats) { s.Accepted++ })
+	n.m.Accepted.Add(1)
+	m.ValidatorData = a
+	return pubsub.ValidationAccept
+}
+
+// hold keeps an accepted announcement for pullers and reports whether the
+// trainer has not had it yet (and marks it delivered).
+func (n *Node) hold(a *Announcement, raw []byte) (fresh bool) {
+	k := keyOf(a)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.heldKeys[k]; !ok && len(n.held[a.Step]) < MaxPullAnnouncements {
+		n.heldKeys[k] = struct{}{}
+		n.held[a.Step] = append(n.held[a.Step], raw)
+	}
+	if _, ok := n.delivered[k]; ok {
+		return false
+	}
+	n.delivered[k] = struct{}{}
+	n.stats.Delivered++
+	n.m.Delivered.Add(1)
+	return true
+}
+
+func (n *Node) receiveLoop(ctx context.Context) error {
+	for {
+		m, err := n.sub.Next(ctx)
+		if err != nil {
+			return err
+		}
+		if m.ReceivedFrom == n.host.ID() {
+			continue // our own, already held by Publish
+		}
+		a, ok := m.ValidatorData.(Announcement)
+		if !ok || !n.hold(&a, m.Data) {
+			continue
+		}
+		select {
+		case n.out <- a:
+		default:
+			// The trainer is not draining; the batch is still recoverable
+			// through Pull, so losing it here beats stalling gossip.
+			n.mu.Lock()
+			delete(n.delivered, keyOf(&a)) // so that Pull can still return it
+			n.stats.Dropped++
+			n.stats.Delivered--
+			n.mu.Unlock()
+			n.m.Dropped.Add(1)
+			n.log.Warn("announcement dropped: channel full", "step", a.Step)
+		}
+	}
+}
+
+// Announcements delivers each valid announcement of other trainers once
+// (re-announcements and pulled copies are filtered out).
+func (n *Node) Announcements() <-chan Announcement { return n.out }
+
+// Publish stores payload as raw blocks, then signs and gossips an
+// announcement of it for step and batch. The announcement is re-sent every
+// reannounce interval while its step is in the window.
+func (n *Node) Publish(ctx context.Context, step uint32, batch BatchRange, payload []byte) (Announcement, error) {
+	if err := n.alive(); err != nil {
+		return Announcement{}, err
+	}
+	ref, err := n.putBlob(ctx, step, payload)
+	if err != nil {
+		return Announcement{}, err
+	}
+	a := Announcement{
+		RunID: *n.cfg.runID, Step: step, Batch: batch,
+		Trainer:    coordinator.ClientID{Signer: n.signer},
+		Commitment: Commitment(step, batch, payload), Blob: ref,
+	}
+	raw, err := n.signAndPublish(ctx, &a)
+	if err != nil {
+		return a, err
+	}
+	k := keyOf(&a)
+	n.mu.Lock()
+	n.own[k] = a
+	n.delivered[k] = struct{}{}
+	n.stats.Published++
+	n.mu.Unlock()
+	n.m.Published.Add(1)
+	n.hold(&a, raw)
+	return a, nil
+}
+
+func (n *Node) signAndPublish(ctx context.Context, a *Announcement) ([]byte, error) {
+	a.Nonce = n.nonce.Add(1)
+	if err := a.Sign(n.key); err != nil {
+		return nil, err
+	}
+	raw, err := a.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	return raw, n.topic.Publish(ctx, raw)
+}
+
+func (n *Node) reannounceLoop(ctx context.Context) {
+	if n.cfg.reannounce <= 0 {
+		return
+	}
+	t := time.NewTicker(n.cfg.reannounce)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.mu.Lock()
+		var again []Announcement
+		for _, a := range n.own {
+			again = append(again, a)
+		}
+		n.mu.Unlock()
+		for _, a := range again {
+			cur := n.step.Load()
+			if a.Step+2 < cur || a.Step > cur+1 {
+				continue // peers would reject it; SetStep forgets it soon
+			}
+			if _, err := n.signAndPublish(ctx, &a); err != nil {
+				n.log.Debug("re-announce failed", "step", a.Step, "err", err)
+				continue
+			}
+			n.count(func(s *Stats) { s.Reannounced++ })
+			n.m.Reannounced.Add(1)
+		}
+	}
+}
+
+// servePull answers one pull request with the announcements held for the
+// step. Everything it sends was validated on the way in, and the requester
+// validates it again.
+func (n *Node) servePull(s network.Stream) {
+	defer s.Close()
+	_ = s.SetDeadline(time.Now().Add(pullTimeout))
+	b, err := io.ReadAll(io.LimitReader(s, maxPullRequestSize+1))
+	if err != nil {
+		s.Reset()
+		return
+	}
+	req, err := DecodePullRequest(b)
+	if err != nil || req.RunID != *n.cfg.runID {
+		s.Reset()
+		return
+	}
+	n.mu.Lock()
+	var items [][]byte
+	size := 3
+	for _, it := range n.held[req.Step] {
+		// Stay within what a requester reads; the rest can be pulled from
+		// another peer or arrives by gossip.
+		if len(items) == MaxPullAnnouncements || size+4+len(it) > maxPullResponseSize {
+			break
+		}
+		items = append(items, it)
+		size += 4 + len(it)
+	}
+	n.mu.Unlock()
+	resp, err := encodePullResponse(items)
+	if err != nil {
+		s.Reset()
+		return
+	}
+	if _, err := s.Write(resp); err != nil {
+		s.Reset()
+	}
+}
+
+// Pull asks every connected peer for its announcements of step and returns
+// the valid ones the trainer has not received yet (in no particular order).
+// It fails only if no peer answered.
+func (n *Node) Pull(ctx context.Context, step uint32) ([]Announcement, error) {
+	if err := n.alive(); err != nil {
+		return nil, err
+	}
+	req, err := PullRequest{RunID: *n.cfg.runID, Step: step}.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	peers := n.host.Network().Peers()
+	var (
+		mu       sync.Mutex
+		out      []Announcement
+		answered int
+		lastErr  error
+		wg       sync.WaitGroup
+		limit    = make(chan struct{}, 8)
+	)
+	for _, p := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			limit <- struct{}{}
+			defer func() { <-limit }()
+			got, err := n.pullFrom(ctx, p, req)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				lastErr = err
+				return
+			}
+			answered++
+			out = append(out, got...)
+		}()
+	}
+	wg.Wait()
+	if answered == 0 && len(peers) > 0 {
+		return nil, fmt.Errorf("p2p: pull step %d: no peer answered: %w", step, lastErr)
+	}
+	return out, nil
+}
+
+func (n *Node) pullFrom(ctx context.Context, p peer.ID, req []byte) ([]Announcement, error) {
+	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
+	defer cancel()
+	s, err := n.host.NewStream(ctx, p, PullProtocol)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = s.SetDeadline(d)
+	}
+	if _, err := s.Write(req); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	if err := s.CloseWrite(); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(s, maxPullResponseSize+1))
+	if err != nil {
+		return nil, err
+	}
+	remote, _ := pubkeyOf(p)
+	items, err := DecodePullResponse(b)
+	if err != nil {
+		n.peerError(remote, "pull response", err)
+		return nil, err
+	}
+	var out []Announcement
+	for _, raw := range items {
+		a, err := n.check(raw)
+		if err != nil {
+			// A peer only serves what it validated: a bad item is its fault.
+			n.reject(err, p)
+			n.peerError(remote, "pull item", err)
+			continue
+		}
+		if n.markSeen(&a) {
+			n.count(func(s *Stats) { s.Accepted++ })
+			n.m.Accepted.Add(1)
+		}
+		if n.hold(&a, raw) {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,65 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestKeyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p2p.key")
+	k1, err := LoadOrCreateKey(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("key file mode %v, want 0600", st.Mode().Perm())
+	}
+	k2, err := LoadOrCreateKey(path)
+	if err != nil || !k1.Equal(k2) {
+		t.Fatalf("reload gave another key: %v", err)
+	}
+	// A node started from the file has the key's identity.
+	n, err := New(WithRunID(testRun), WithKeyFile(path), loopback())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		n.Close()
+		if _, err := n.Publish(context.Background(), 1, BatchRange{}, nil); !errors.Is(err, ErrClosed) {
+			t.Errorf("publish after close: %v", err)
+		}
+	}()
+	if id := n.ID(); !bytes.Equal(id[:], k1.Public().(ed25519.PublicKey)) {
+		t.Error("the node's identity is not the key file's")
+	}
+	if err := os.WriteFile(path, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(path); !errors.Is(err, ErrKeyFile) {
+		t.Errorf("corrupt key file: %v", err)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	if _, err := New(WithKey(testKey("x"))); !errors.Is(err, ErrConfig) {
+		t.Errorf("missing run id: %v", err)
+	}
+	if _, err := New(WithRunID("r"), WithKey(testKey("x")), WithKey(testKey("y"))); !errors.Is(err, ErrOptionSet) {
+		t.Errorf("key set twice: %v", err)
+	}
+	if _, err := New(WithRunID("r")); !errors.Is(err, ErrConfig) {
+		t.Errorf("missing key: %v", err)
+	}
+	if _, err := New(WithRunID("r"), WithKey(testKey("x")), WithBootstrapPeers("/ip4/127.0.0.1/tcp/1")); !errors.Is(err, ErrBadAddress) {
+		t.Errorf("bootstrap address without /p2p/: %v", err)
+	}
+}

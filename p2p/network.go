@@ -1,0 +1,71 @@
+package p2p
+
+import (
+	"context"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// Network is everything the trainer's client node needs from the network,
+// in the project's own value types: no libp2p type crosses it, so the trainer
+// can be tested against any implementation and libp2p can be upgraded without
+// touching it. *Node implements it.
+type Network interface {
+	// ID is this node's p2p key (the ClientID.P2P it joins the run with).
+	ID() coordinator.Pubkey
+	// Addrs are this node's dialable multiaddrs, each ending in /p2p/<id>.
+	Addrs() []string
+	// Connect dials a peer given as a multiaddr ending in /p2p/<id>.
+	Connect(ctx context.Context, addr string) error
+	// Peers lists the p2p keys of connected peers.
+	Peers() []coordinator.Pubkey
+
+	// SetStep moves the validator's window and collects blobs older than two
+	// steps. Call it on every coordinator snapshot.
+	SetStep(step uint32)
+	// SetClients replaces the allowlist with the current epoch's clients and
+	// drops connections to everyone else (bootstrap peers excepted).
+	SetClients(ids []coordinator.ClientID)
+
+	// Publish stores payload as blocks and gossips a signed announcement.
+	Publish(ctx context.Context, step uint32, batch BatchRange, payload []byte) (Announcement, error)
+	// Announcements delivers each valid announcement of other trainers once.
+	Announcements() <-chan Announcement
+	// Pull asks connected peers for the announcements they hold for step and
+	// returns the valid ones not delivered before (the gossip fallback).
+	Pull(ctx context.Context, step uint32) ([]Announcement, error)
+	// Fetch gets an announced payload and checks it against the commitment.
+	Fetch(ctx context.Context, a Announcement) ([]byte, error)
+
+	// ShareCheckpoint serves tensors to joiners and returns the manifest id.
+	ShareCheckpoint(ctx context.Context, tensors []Tensor) (coordinator.Hash, error)
+	// FetchCheckpoint assembles a checkpoint by manifest id from peers.
+	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]Tensor, error)
+
+	// Stats is a snapshot of the node's counters.
+	Stats() Stats
+}
+
+var _ Network = (*Node)(nil)
+
+// Stats counts what the node has done since it started.
+type Stats struct {
+	Published   uint64
+	Reannounced uint64
+	Accepted    uint64 // announcements accepted by the validator (gossip and pull)
+	Delivered   uint64 // announcements handed to the trainer
+	Dropped     uint64 // announcements lost because Announcements() was not drained
+	// Rejected counts refused announcements by reason: bad_signature,
+	// wrong_run, step_window, not_assigned, oversize, malformed, replayed.
+	Rejected         map[string]uint64
+	BlobsFetched     uint64
+	FetchRetries     uint64
+	FetchFailures    uint64
+	CheckpointBlocks uint64 // checkpoint blocks fetched and verified
+	// PeerErrors counts failures attributed to a peer (an announcer that
+	// could not be reached or did not deliver, a bad commitment, a bad pull
+	// answer).
+	PeerErrors map[coordinator.Pubkey]uint64
+	// BlocksFrom counts bitswap blocks received from each peer.
+	BlocksFrom map[coordinator.Pubkey]uint64
+}

@@ -1,0 +1,401 @@
+package p2p
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"github.com/libp2p/go-libp2p/core/network"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ipfs/boxo/bitswap"
+	bsmsg "github.com/ipfs/boxo/bitswap/message"
+	bsnet "github.com/ipfs/boxo/bitswap/network/bsnet"
+	"github.com/ipfs/boxo/blockstore"
+	ds "github.com/ipfs/go-datastore"
+	dssync "github.com/ipfs/go-datastore/sync"
+	"github.com/libp2p/go-libp2p"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// Node is one trainer's presence on the network: a libp2p host (TCP and
+// QUIC, no relay) behind the epoch allowlist, the run's gossip topic, the
+// pull fallback and a bitswap blob store. Create it with New, drive it with
+// Run; it closes itself when Run's context ends.
+type Node struct {
+	cfg    *config
+	log    *slog.Logger
+	m      *Metrics
+	key    ed25519.PrivateKey
+	signer coordinator.Pubkey
+	self   coordinator.Pubkey
+
+	host   host.Host
+	gate   *allowlist
+	ps     *pubsub.PubSub
+	topic  *pubsub.Topic
+	sub    *pubsub.Subscription
+	bs     *bitswap.Bitswap
+	bstore blockstore.Blockstore
+
+	life   context.Context // lives until Close; pubsub and bitswap hang off it
+	cancel context.CancelFunc
+	closed sync.Once
+	out    chan Announcement
+
+	step  atomic.Uint32
+	nonce atomic.Uint64
+
+	mu        sync.Mutex
+	clients   map[coordinator.Pubkey]coordinator.ClientID // by p2p key
+	seen      map[nonceKey]uint32                         // nonces validated, by step, for replay detection
+	delivered map[deliveryKey]struct{}                    // announcements already handed to the trainer
+	held      map[uint32][][]byte                         // accepted encodings by step, served to pullers
+	heldKeys  map[deliveryKey]struct{}
+	own       map[deliveryKey]Announcement // our announcements, re-sent while in the window
+	stepRefs  map[uint32][]coordinator.Hash
+	ckptRefs  []coordinator.Hash
+	refs      map[coordinator.Hash]int
+	stats     Stats
+}
+
+type nonceKey struct {
+	p2p   coordinator.Pubkey
+	nonce uint64
+}
+
+// deliveryKey identifies a result independently of its nonce, so that a
+// re-announcement is relayed but not delivered twice.
+type deliveryKey struct {
+	p2p        coordinator.Pubkey
+	step       uint32
+	batch      BatchRange
+	commitment coordinator.Hash
+}
+
+func keyOf(a *Announcement) deliveryKey {
+	return deliveryKey{a.Trainer.P2P, a.Step, a.Batch, a.Commitment}
+}
+
+// TopicName is the gossip topic of a run.
+func TopicName(runID string) string { return fmt.Sprintf("/psyche/run/%x/announce/1", runID) }
+
+// WithSigner sets the trainer's signer key (its Solana address), which goes
+// into every announcement beside the p2p key (default: zero, for tools).
+func WithSigner(k coordinator.Pubkey) Option {
+	return func(c *config) error {
+		c.signer = k
+		return c.once("signer")
+	}
+}
+
+// New starts a host listening on the configured addresses, joins the run's
+// topic and starts bitswap. Nothing is delivered until Run is called.
+func New(opts ...Option) (*Node, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	key := cfg.key
+	if cfg.keyFile != "" {
+		if key, err = LoadOrCreateKey(cfg.keyFile); err != nil {
+			return nil, err
+		}
+	}
+	if key == nil {
+		return nil, fmt.Errorf("%w: WithKey or WithKeyFile is required", ErrConfig)
+	}
+	lk, err := crypto.UnmarshalEd25519PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	id, err := peer.IDFromPrivateKey(lk)
+	if err != nil {
+		return nil, err
+	}
+	var boot []peer.AddrInfo
+	gate := newAllowlist(id, cfg.allowAll)
+	for _, s := range cfg.bootstrap {
+		ai, err := parseAddr(s)
+		if err != nil {
+			return nil, err
+		}
+		gate.addBootstrap(ai.ID)
+		boot = append(boot, ai)
+	}
+	h, err := libp2p.New(
+		libp2p.Identity(lk),
+		libp2p.ListenAddrStrings(cfg.listen...),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Transport(quic.NewTransport),
+		libp2p.ConnectionGater(gate),
+		libp2p.DisableRelay(),
+		// Many nodes share a process in tests and benchmarks; the global
+		// Prometheus registry is not ours to fill.
+		libp2p.DisableMetrics(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: host: %w", err)
+	}
+	n := &Node{
+		cfg: cfg, log: cfg.logger.With("peer", id.String()), m: cfg.metrics, key: key, signer: cfg.signer,
+		host: h, gate: gate, out: make(chan Announcement, 4096),
+		clients: map[coordinator.Pubkey]coordinator.ClientID{}, seen: map[nonceKey]uint32{},
+		delivered: map[deliveryKey]struct{}{}, held: map[uint32][][]byte{}, heldKeys: map[deliveryKey]struct{}{},
+		own: map[deliveryKey]Announcement{}, stepRefs: map[uint32][]coordinator.Hash{},
+		refs: map[coordinator.Hash]int{},
+	}
+	n.self, _ = pubkeyOf(id)
+	n.stats.Rejected = map[string]uint64{}
+	n.stats.PeerErrors = map[coordinator.Pubkey]uint64{}
+	n.stats.BlocksFrom = map[coordinator.Pubkey]uint64{}
+	// Nonces start at the clock so that a restarted node never reuses one
+	// (its earlier messages may still sit in peers' replay sets).
+	n.nonce.Store(uint64(time.Now().UnixNano()))
+	n.life, n.cancel = context.WithCancel(context.Background())
+
+	if err := n.startGossip(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	n.bstore = blockstore.NewBlockstore(dssync.MutexWrap(ds.NewMapDatastore()))
+	n.bs = bitswap.New(n.life, bsnet.NewFromIpfsHost(h), nil, n.bstore,
+		bitswap.WithTracer(blockTracer{n}))
+	h.SetStreamHandler(PullProtocol, n.servePull)
+
+	for _, ai := range boot {
+		if err := h.Connect(n.life, ai); err != nil {
+			n.log.Warn("bootstrap peer unreachable", "addr", ai.String(), "err", err)
+		}
+	}
+	return n, nil
+}
+
+// Run delivers announcements and re-announces the node's own until ctx ends,
+// then closes the node. Call it once. It returns nil on a clean shutdown. The
+// Announcements channel is not closed: select on ctx beside it.
+func (n *Node) Run(ctx context.Context) error {
+	defer n.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // Close from elsewhere also ends Run
+		select {
+		case <-n.life.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		n.reannounceLoop(ctx)
+	}()
+	err := n.receiveLoop(ctx)
+	cancel()
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// Close stops the node and its host. It is safe to call more than once.
+func (n *Node) Close() error {
+	var err error
+	n.closed.Do(func() {
+		if n.sub != nil {
+			n.sub.Cancel()
+		}
+		if n.topic != nil {
+			n.topic.Close()
+		}
+		if n.bs != nil {
+			n.bs.Close()
+		}
+		n.cancel()
+		err = n.host.Close()
+	})
+	return err
+}
+
+// alive returns ErrClosed once the node is closed, so that calls after Close
+// fail with one recognisable error instead of whatever libp2p says.
+func (n *Node) alive() error {
+	if n.life.Err() != nil {
+		return ErrClosed
+	}
+	return nil
+}
+
+// ID is this node's p2p key.
+func (n *Node) ID() coordinator.Pubkey { return n.self }
+
+// Addrs lists the node's listen addresses with its /p2p/ id appended.
+func (n *Node) Addrs() []string {
+	ais, err := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: n.host.ID(), Addrs: n.host.Addrs()})
+	if err != nil {
+		return nil
+	}
+	out := make([]string, len(ais))
+	for i, a := range ais {
+		out[i] = a.String()
+	}
+	return out
+}
+
+func parseAddr(s string) (peer.AddrInfo, error) {
+	m, err := ma.NewMultiaddr(s)
+	if err != nil {
+		return peer.AddrInfo{}, fmt.Errorf("%w: %q: %v", ErrBadAddress, s, err)
+	}
+	ai, err := peer.AddrInfoFromP2pAddr(m)
+	if err != nil {
+		return peer.AddrInfo{}, fmt.Errorf("%w: %q: %v", ErrBadAddress, s, err)
+	}
+	return *ai, nil
+}
+
+// Connect dials addr (a multiaddr ending in /p2p/<id>). The peer must be
+// allowed by the allowlist on both sides.
+func (n *Node) Connect(ctx context.Context, addr string) error {
+	ai, err := parseAddr(addr)
+	if err != nil {
+		return err
+	}
+	// An explicit connect skips the swarm's dial backoff: trainers dial
+	// each other before the coordinator lists them (and the allowlist admits
+	// them), and the backoff of those refused dials would otherwise delay
+	// the retry that succeeds by many seconds.
+	return n.host.Connect(network.WithForceDirectDial(ctx, "psyche: explicit connect"), ai)
+}
+
+// Peers lists the p2p keys of connected peers.
+func (n *Node) Peers() []coordinator.Pubkey {
+	var out []coordinator.Pubkey
+	for _, p := range n.host.Network().Peers() {
+		if k, ok := pubkeyOf(p); ok {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// SetClients replaces the allowlist with the epoch's clients and closes
+// connections to peers that are no longer allowed.
+func (n *Node) SetClients(ids []coordinator.ClientID) {
+	pids := make([]peer.ID, 0, len(ids))
+	clients := make(map[coordinator.Pubkey]coordinator.ClientID, len(ids))
+	for _, id := range ids {
+		clients[id.P2P] = id
+		if p, err := peerIDOf(id.P2P); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	n.mu.Lock()
+	n.clients = clients
+	n.mu.Unlock()
+	for _, p := range n.gate.setClients(pids) {
+		n.log.Debug("peer left the allowlist", "remote", p.String())
+		_ = n.host.Network().ClosePeer(p)
+	}
+}
+
+// SetStep sets the coordinator's current step: the validator accepts
+// announcements for [step-2, step+1], and everything older is forgotten,
+// blobs included.
+func (n *Node) SetStep(step uint32) {
+	n.step.Store(step)
+	if step < 3 {
+		return
+	}
+	oldest := step - 2
+	n.mu.Lock()
+	var drop []coordinator.Hash
+	for s, hs := range n.stepRefs {
+		if s < oldest {
+			drop = append(drop, n.unref(hs)...)
+			delete(n.stepRefs, s)
+		}
+	}
+	for k, s := range n.seen {
+		if s < oldest {
+			delete(n.seen, k)
+		}
+	}
+	for k := range n.delivered {
+		if k.step < oldest {
+			delete(n.delivered, k)
+		}
+	}
+	for k := range n.heldKeys {
+		if k.step < oldest {
+			delete(n.heldKeys, k)
+		}
+	}
+	for s := range n.held {
+		if s < oldest {
+			delete(n.held, s)
+		}
+	}
+	for k := range n.own {
+		if k.step < oldest {
+			delete(n.own, k)
+		}
+	}
+	n.mu.Unlock()
+	n.deleteBlocks(drop)
+}
+
+// Stats returns a copy of the counters.
+func (n *Node) Stats() Stats {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.stats
+	s.Rejected = cloneMap(n.stats.Rejected)
+	s.PeerErrors = cloneMap(n.stats.PeerErrors)
+	s.BlocksFrom = cloneMap(n.stats.BlocksFrom)
+	return s
+}
+
+func cloneMap[K comparable, V any](m map[K]V) map[K]V {
+	out := make(map[K]V, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func (n *Node) count(f func(*Stats)) {
+	n.mu.Lock()
+	f(&n.stats)
+	n.mu.Unlock()
+}
+
+func (n *Node) peerError(k coordinator.Pubkey, why string, err error) {
+	n.count(func(s *Stats) { s.PeerErrors[k]++ })
+	n.m.PeerErrors.Add(1)
+	n.log.Debug("peer error", "remote", fmt.Sprintf("%x", k[:8]), "why", why, "err", err)
+}
+
+// blockTracer attributes received bitswap blocks to the peer that sent them.
+type blockTracer struct{ n *Node }
+
+func (t blockTracer) MessageReceived(p peer.ID, m bsmsg.BitSwapMessage) {
+	if b := len(m.Blocks()); b > 0 {
+		if k, ok := pubkeyOf(p); ok {
+			t.n.count(func(s *Stats) { s.BlocksFrom[k] += uint64(b) })
+		}
+	}
+}
+func (blockTracer) MessageSent(peer.ID, bsmsg.BitSwapMessage) {}

@@ -1,0 +1,215 @@
+package p2p
+
+import (
+	"crypto/ed25519"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// AssignmentCheck reports whether trainer is the trainer the coordinator
+// assigned to batch at step. It is fed from coordinator snapshots (the data
+// assignment of the round) and is called from the gossip validator, so it must
+// be fast and safe for concurrent use. A non-nil error rejects.
+type AssignmentCheck func(step uint32, batch BatchRange, trainer coordinator.ClientID) error
+
+// Option configures a Node.
+type Option func(*config) error
+
+type config struct {
+	runID           *string
+	listen          []string
+	key             ed25519.PrivateKey
+	keyFile         string
+	bootstrap       []string
+	allowAll        bool
+	logger          *slog.Logger
+	assigned        AssignmentCheck
+	reannounce      time.Duration
+	fetchTimeout    time.Duration
+	fetchRetries    int
+	retryBackoff    time.Duration
+	ckptConcurrency int
+	ckptProgress    func(done, total int)
+	signer          coordinator.Pubkey
+	metrics         *Metrics
+	set             map[string]bool
+}
+
+func (c *config) once(name string) error {
+	if c.set[name] {
+		return fmt.Errorf("%w: %s", ErrOptionSet, name)
+	}
+	c.set[name] = true
+	return nil
+}
+
+// WithRunID sets the run whose topic the node joins (required, ≤ 32 bytes).
+func WithRunID(id string) Option {
+	return func(c *config) error {
+		if len(id) == 0 || len(id) > coordinator.MaxRunIDLen {
+			return fmt.Errorf("%w: run id of %d bytes", ErrConfig, len(id))
+		}
+		c.runID = &id
+		return c.once("run id")
+	}
+}
+
+// WithListenAddrs sets the multiaddrs to listen on. Default: TCP and QUIC on
+// every interface, ports chosen by the system.
+func WithListenAddrs(addrs ...string) Option {
+	return func(c *config) error {
+		c.listen = addrs
+		return c.once("listen addresses")
+	}
+}
+
+// WithKey sets the node's ed25519 identity.
+func WithKey(key ed25519.PrivateKey) Option {
+	return func(c *config) error {
+		if len(key) != ed25519.PrivateKeySize {
+			return fmt.Errorf("%w: ed25519 key of %d bytes", ErrConfig, len(key))
+		}
+		c.key = key
+		return c.once("key")
+	}
+}
+
+// WithKeyFile loads the identity from path, creating and saving a fresh one
+// if the file does not exist (see LoadOrCreateKey).
+func WithKeyFile(path string) Option {
+	return func(c *config) error {
+		c.keyFile = path
+		return c.once("key")
+	}
+}
+
+// WithBootstrapPeers adds peers (multiaddrs ending in /p2p/<id>) that are
+// dialled at start and always allowed through the gater, whatever the epoch.
+func WithBootstrapPeers(addrs ...string) Option {
+	return func(c *config) error {
+		c.bootstrap = append(c.bootstrap, addrs...)
+		return nil
+	}
+}
+
+// WithAllowAll turns the allowlist off. Only for tools and benchmarks: in a
+// run, only clients of the current epoch may connect.
+func WithAllowAll() Option {
+	return func(c *config) error {
+		c.allowAll = true
+		return c.once("allow all")
+	}
+}
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		c.logger = l
+		return c.once("logger")
+	}
+}
+
+// WithAssignmentCheck sets the validator's question to the coordinator. The
+// default accepts any trainer that is a client of the current epoch (see
+// Node.SetClients), which is weaker: set this in a run.
+func WithAssignmentCheck(f AssignmentCheck) Option {
+	return func(c *config) error {
+		c.assigned = f
+		return c.once("assignment check")
+	}
+}
+
+// WithReannounceInterval sets how often the node re-publishes its own
+// announcements of the last steps (default 2s; 0 disables). Gossip can lose a
+// message while the mesh forms; a re-send with a fresh nonce repairs that.
+func WithReannounceInterval(d time.Duration) Option {
+	return func(c *config) error {
+		c.reannounce = d
+		return c.once("reannounce interval")
+	}
+}
+
+// WithFetchTimeout bounds one attempt to fetch a blob (default 30s). A round
+// lasts minutes; a 1 MiB blob takes milliseconds on a healthy link.
+func WithFetchTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: fetch timeout %v", ErrConfig, d)
+		}
+		c.fetchTimeout = d
+		return c.once("fetch timeout")
+	}
+}
+
+// WithFetchRetries sets how many times a failed fetch is retried (default 3)
+// and the first backoff (default 250ms, doubling each retry).
+func WithFetchRetries(retries int, backoff time.Duration) Option {
+	return func(c *config) error {
+		if retries < 0 || backoff < 0 {
+			return fmt.Errorf("%w: retries %d, backoff %v", ErrConfig, retries, backoff)
+		}
+		c.fetchRetries, c.retryBackoff = retries, backoff
+		return c.once("fetch retries")
+	}
+}
+
+// WithCheckpointConcurrency bounds the block requests in flight while
+// fetching a checkpoint (default 8).
+func WithCheckpointConcurrency(n int) Option {
+	return func(c *config) error {
+		if n <= 0 {
+			return fmt.Errorf("%w: checkpoint concurrency %d", ErrConfig, n)
+		}
+		c.ckptConcurrency = n
+		return c.once("checkpoint concurrency")
+	}
+}
+
+// WithCheckpointProgress sets a callback run after each verified checkpoint
+// block. It is called from the fetching goroutines, possibly concurrently:
+// keep it short and safe for concurrent use.
+func WithCheckpointProgress(f func(done, total int)) Option {
+	return func(c *config) error {
+		c.ckptProgress = f
+		return c.once("checkpoint progress")
+	}
+}
+
+func newConfig(opts []Option) (*config, error) {
+	c := &config{set: map[string]bool{}}
+	for _, o := range opts {
+		if err := o(c); err != nil {
+			return nil, err
+		}
+	}
+	// Defaults last, so that an option can tell whether it was set.
+	if c.runID == nil {
+		return nil, fmt.Errorf("%w: WithRunID is required", ErrConfig)
+	}
+	if c.listen == nil {
+		c.listen = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if !c.set["reannounce interval"] {
+		c.reannounce = 2 * time.Second
+	}
+	if c.fetchTimeout == 0 {
+		c.fetchTimeout = 30 * time.Second
+	}
+	if !c.set["fetch retries"] {
+		c.fetchRetries, c.retryBackoff = 3, 250*time.Millisecond
+	}
+	if c.metrics == nil {
+		c.metrics = NopMetrics()
+	}
+	if c.ckptConcurrency == 0 {
+		c.ckptConcurrency = 8
+	}
+	return c, nil
+}

@@ -1,0 +1,194 @@
+package p2p
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// rogue is a client of the epoch running plain gossipsub with no validator:
+// it can put any bytes on the topic, as a modified client could.
+type rogue struct {
+	key   ed25519.PrivateKey
+	topic *pubsub.Topic
+	sub   *pubsub.Subscription
+	id    peer.ID
+	addrs peer.AddrInfo
+}
+
+func startRogue(t *testing.T, name string) *rogue {
+	t.Helper()
+	lk, err := crypto.UnmarshalEd25519PrivateKey(testKey(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := libp2p.New(libp2p.Identity(lk), libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); h.Close() })
+	ps, err := pubsub.NewGossipSub(ctx, h, pubsub.WithFloodPublish(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic, err := ps.Join(TopicName(testRun))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := topic.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rogue{key: testKey(name), topic: topic, sub: sub, id: h.ID(), addrs: peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()}}
+}
+
+// assignments is the coordinator's data assignment as the validator sees
+// it: batch start → assigned trainer.
+type assignments map[uint64]coordinator.ClientID
+
+func (as assignments) check(_ uint32, b BatchRange, trainer coordinator.ClientID) error {
+	if as[b.Start] != trainer {
+		return errors.New("batch assigned to someone else")
+	}
+	return nil
+}
+
+func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
+	alice, mallory := clientIDOf("alice"), clientIDOf("mallory")
+	assigned := assignments{0: alice, 1: mallory}
+	ids := []coordinator.ClientID{alice, clientIDOf("carol"), mallory}
+	a := startNode(t, "alice", WithAssignmentCheck(assigned.check), WithReannounceInterval(0))
+	rejected := newRecorder()
+	c := startNode(t, "carol", WithAssignmentCheck(assigned.check), WithMetrics(&Metrics{Rejected: rejected}))
+	m := startRogue(t, "mallory")
+	for _, nd := range []*testNode{a, c} {
+		nd.SetClients(ids)
+		nd.SetStep(10)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	connectAll(t, []*testNode{a, c})
+	for _, nd := range []*testNode{a, c} {
+		if err := nd.host.Connect(ctx, m.addrs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 20*time.Second, "mesh with the rogue", func() bool {
+		return len(c.topic.ListPeers()) == 2 && len(a.topic.ListPeers()) == 2 && len(m.topic.ListPeers()) == 2
+	})
+
+	// Alice's honest announcement reaches carol and, as a plain subscriber,
+	// mallory, who keeps the bytes to replay.
+	honest, err := a.Publish(ctx, 10, BatchRange{Start: 0, End: 1}, []byte("alice's result"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-c.Announcements(); got.Commitment != honest.Commitment {
+		t.Fatal("carol did not get alice's announcement")
+	}
+	var honestBytes []byte
+	for honestBytes == nil {
+		msg, err := m.sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.ReceivedFrom != m.id {
+			honestBytes = msg.Data
+		}
+	}
+
+	sign := func(a Announcement) []byte {
+		if err := a.Sign(m.key); err != nil {
+			t.Fatal(err)
+		}
+		b, err := a.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	payload := []byte("mallory's result")
+	own := func(step uint32, start uint64, run string) Announcement {
+		return Announcement{RunID: run, Step: step, Batch: BatchRange{Start: start, End: start + 1}, Trainer: mallory,
+			Commitment: Commitment(step, BatchRange{Start: start, End: start + 1}, payload), Nonce: uint64(time.Now().UnixNano())}
+	}
+	// Forged: claims to be alice but is signed by mallory's key.
+	forged := own(10, 0, testRun)
+	forged.Trainer = alice
+	forgedBytes := sign(forged) // Sign puts mallory's p2p key in; put alice's back
+	copy(forgedBytes[2+len(testRun)+54:], alice.P2P[:])
+	cases := []struct {
+		name   string
+		data   []byte
+		reason string
+	}{
+		{"forged signature", forgedBytes, "bad_signature"},
+		{"replay of alice's message", honestBytes, "replayed"},
+		{"unassigned batch", sign(own(10, 0, testRun)), "not_assigned"},
+		{"another run", sign(own(10, 1, "other-run")), "wrong_run"},
+		{"stale step", sign(own(7, 1, testRun)), "step_window"},
+		{"future step", sign(own(12, 1, testRun)), "step_window"},
+		{"oversize", make([]byte, MaxAnnouncementSize+1), "oversize"},
+		{"garbage", []byte{1, 2, 3}, "malformed"},
+	}
+	want := map[string]uint64{}
+	for _, tc := range cases {
+		if err := m.topic.Publish(ctx, tc.data); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		want[tc.reason]++
+	}
+	for _, nd := range []*testNode{a, c} {
+		eventually(t, 20*time.Second, nd.name+" refusing every bad announcement", func() bool {
+			got := nd.Stats().Rejected
+			for r, n := range want {
+				if got[r] < n {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	for r, n := range want {
+		if got := rejected.get(fmt.Sprint([]string{"reason", r})); got < float64(n) {
+			t.Errorf("metrics: %v rejections for %s, want %d", got, r, n)
+		}
+	}
+	// A valid announcement from mallory, published after all the bad ones,
+	// is the next (and only) thing carol delivers.
+	good := own(10, 1, testRun)
+	if err := m.topic.Publish(ctx, sign(good)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-c.Announcements():
+		if got.Trainer != mallory || got.Batch.Start != 1 || got.Step != 10 {
+			t.Errorf("carol delivered %+v, want mallory's valid announcement", got)
+		}
+	case <-ctx.Done():
+		t.Fatal("mallory's valid announcement was not delivered")
+	}
+	select {
+	case got := <-c.Announcements():
+		t.Errorf("carol delivered an extra announcement: %+v", got)
+	default:
+	}
+	// The replay was dropped, not relayed: the pull store holds one copy.
+	c.mu.Lock()
+	held := len(c.held[10])
+	c.mu.Unlock()
+	if held != 2 {
+		t.Errorf("carol holds %d announcements for step 10, want 2", held)
+	}
+}

@@ -1,0 +1,249 @@
+package p2p
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/binary"
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+func sampleAnnouncement(t testing.TB) Announcement {
+	payload := randomBytes(1, 2*BlockSize+3)
+	_, hs := split(payload)
+	a := Announcement{
+		RunID: "run-7", Step: 42, Batch: BatchRange{Start: 1000, End: 1016},
+		Trainer:    coordinator.ClientID{Signer: coordinator.Pubkey{9, 9, 9}},
+		Commitment: Commitment(42, BatchRange{Start: 1000, End: 1016}, payload),
+		Blob:       BlobRef{Size: uint64(len(payload)), Blocks: hs}, Nonce: 0x0102030405060708,
+	}
+	if err := a.Sign(testKey("wire")); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestAnnouncementLayout checks the offset table in announcement.go.
+func TestAnnouncementLayout(t *testing.T) {
+	a := sampleAnnouncement(t)
+	b, err := a.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	L, K := len(a.RunID), len(a.Blob.Blocks)
+	le32, le64 := binary.LittleEndian.Uint32, binary.LittleEndian.Uint64
+	for _, c := range []struct {
+		field string
+		ok    bool
+	}{
+		{"version", b[0] == 1},
+		{"run id length", int(b[1]) == L},
+		{"run id", string(b[2:2+L]) == a.RunID},
+		{"step", le32(b[2+L:]) == a.Step},
+		{"batch start", le64(b[6+L:]) == a.Batch.Start},
+		{"batch end", le64(b[14+L:]) == a.Batch.End},
+		{"signer", bytes.Equal(b[22+L:54+L], a.Trainer.Signer[:])},
+		{"p2p key", bytes.Equal(b[54+L:86+L], a.Trainer.P2P[:])},
+		{"commitment", bytes.Equal(b[86+L:118+L], a.Commitment[:])},
+		{"size", le64(b[118+L:]) == a.Blob.Size},
+		{"block count", int(binary.LittleEndian.Uint16(b[126+L:])) == K},
+		{"last block", bytes.Equal(b[128+L+32*(K-1):128+L+32*K], a.Blob.Blocks[K-1][:])},
+		{"nonce", le64(b[128+L+32*K:]) == a.Nonce},
+		{"signature", bytes.Equal(b[136+L+32*K:], a.Signature[:])},
+		{"length", len(b) == 136+L+32*K+ed25519.SignatureSize},
+	} {
+		if !c.ok {
+			t.Errorf("%s is not where the table says", c.field)
+		}
+	}
+}
+
+func TestAnnouncementRoundTripAndTamper(t *testing.T) {
+	a := sampleAnnouncement(t)
+	b, _ := a.MarshalBinary()
+	got, err := DecodeAnnouncement(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, a) {
+		t.Fatalf("round trip: got %+v", got)
+	}
+	if err := got.Verify(); err != nil {
+		t.Fatal(err)
+	}
+	// Flipping any signed byte (past the structural ones) breaks the signature.
+	for _, off := range []int{2, 10, 30, 60, 100, 140, len(b) - 70} {
+		c := bytes.Clone(b)
+		c[off] ^= 1
+		d, err := DecodeAnnouncement(c)
+		if err == nil {
+			err = d.Verify()
+		}
+		if err == nil {
+			t.Errorf("flipping byte %d went unnoticed", off)
+		}
+	}
+	for name, c := range map[string][]byte{
+		"truncated": b[:len(b)-1], "trailing": append(bytes.Clone(b), 0), "version": append([]byte{2}, b[1:]...),
+	} {
+		if _, err := DecodeAnnouncement(c); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+	if _, err := DecodeAnnouncement(make([]byte, MaxAnnouncementSize+1)); !errors.Is(err, ErrOversize) {
+		t.Errorf("oversize: %v", err)
+	}
+}
+
+func TestCommitmentBindsStepBatchPayload(t *testing.T) {
+	base := Commitment(1, BatchRange{Start: 2, End: 3}, []byte("x"))
+	for _, other := range []coordinator.Hash{
+		Commitment(2, BatchRange{Start: 2, End: 3}, []byte("x")),
+		Commitment(1, BatchRange{Start: 2, End: 4}, []byte("x")),
+		Commitment(1, BatchRange{Start: 2, End: 3}, []byte("y")),
+	} {
+		if other == base {
+			t.Error("commitment ignores a field")
+		}
+	}
+}
+
+func TestPullRoundTrip(t *testing.T) {
+	req := PullRequest{RunID: "r", Step: 9}
+	b, err := req.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodePullRequest(b); err != nil || got != req {
+		t.Fatalf("request: %+v %v", got, err)
+	}
+	a := sampleAnnouncement(t)
+	ab, _ := a.MarshalBinary()
+	resp, err := encodePullResponse([][]byte{ab, ab[:10]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items, err := DecodePullResponse(resp)
+	if err != nil || len(items) != 2 || !bytes.Equal(items[0], ab) || !bytes.Equal(items[1], ab[:10]) {
+		t.Fatalf("response: %d items, %v", len(items), err)
+	}
+}
+
+func TestCheckpointManifestRoundTrip(t *testing.T) {
+	_, hs := split(randomBytes(3, BlockSize+1))
+	m := CheckpointManifest{Tensors: []TensorEntry{
+		{Name: "wte", DType: "F32", Shape: []uint64{256, 64}, Blob: BlobRef{Size: BlockSize + 1, Blocks: hs}},
+		{Name: "empty", DType: "BF16", Blob: BlobRef{}},
+	}}
+	b, err := m.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeCheckpointManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, m) {
+		t.Fatalf("round trip: %+v", got)
+	}
+	bad := m
+	bad.Tensors = []TensorEntry{{Name: "x", Blob: BlobRef{Size: 5}}}
+	if _, err := bad.MarshalBinary(); !errors.Is(err, ErrMalformed) {
+		t.Errorf("block count mismatch: %v", err)
+	}
+}
+
+// Fuzz targets: every decoder of outside bytes must not panic, and what it
+// accepts must re-encode to the same bytes (one encoding per value).
+
+func FuzzDecodeAnnouncement(f *testing.F) {
+	a := sampleAnnouncement(f)
+	b, _ := a.MarshalBinary()
+	f.Add(b)
+	empty := Announcement{RunID: "x"}
+	eb, _ := empty.MarshalBinary()
+	f.Add(eb)
+	f.Add([]byte{1, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		a, err := DecodeAnnouncement(b)
+		if err != nil {
+			return
+		}
+		_ = a.Verify()
+		again, err := a.MarshalBinary()
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding differs: %v", err)
+		}
+	})
+}
+
+func FuzzDecodePullRequest(f *testing.F) {
+	b, _ := PullRequest{RunID: "run", Step: 3}.MarshalBinary()
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodePullRequest(b)
+		if err != nil {
+			return
+		}
+		again, err := r.MarshalBinary()
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding differs: %v", err)
+		}
+	})
+}
+
+func FuzzDecodePullResponse(f *testing.F) {
+	a := sampleAnnouncement(f)
+	ab, _ := a.MarshalBinary()
+	resp, _ := encodePullResponse([][]byte{ab})
+	f.Add(resp)
+	f.Add([]byte{1, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		items, err := DecodePullResponse(b)
+		if err != nil {
+			return
+		}
+		again, err := encodePullResponse(items)
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding differs: %v", err)
+		}
+	})
+}
+
+func FuzzDecodeCheckpointManifest(f *testing.F) {
+	_, hs := split(randomBytes(3, BlockSize+1))
+	m := CheckpointManifest{Tensors: []TensorEntry{{Name: "wte", DType: "F32", Shape: []uint64{2, 3},
+		Blob: BlobRef{Size: BlockSize + 1, Blocks: hs}}}}
+	b, _ := m.MarshalBinary()
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeCheckpointManifest(b)
+		if err != nil {
+			return
+		}
+		again, err := m.MarshalBinary()
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding differs: %v", err)
+		}
+	})
+}
+
+// BenchmarkValidateAnnouncement is the validator's per-message cost (decode
+// and ed25519 verify), paid inline by every node for every message.
+func BenchmarkValidateAnnouncement(b *testing.B) {
+	a := sampleAnnouncement(b)
+	raw, _ := a.MarshalBinary()
+	b.ReportAllocs()
+	for b.Loop() {
+		d, err := DecodeAnnouncement(raw)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := d.Verify(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package node_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/node"
+)
+
+// cluster is a server backend and trainers over real libp2p on 127.0.0.1.
+type cluster struct {
+	t       *testing.T
+	ctx     context.Context
+	backend *server.Client
+	tokens  []uint32
+	initial *gpt.Model
+	nodes   []*node.Node
+	stops   []context.CancelFunc
+	errs    []chan error
+}
+
+func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config)) *cluster {
+	dir := t.TempDir() // removed last: cleanups run in reverse order
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	c := &cluster{t: t, ctx: ctx}
+	c.tokens = data.Tokenize(data.Opticks()[:200_000])
+	tokenPath := filepath.Join(dir, "opticks.tokens")
+	if err := data.WriteTokenFile(ctx, tokenPath, c.tokens[:150_000], 2); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if c.initial, err = gpt.New(gpt.Config{Vocab: 256, Context: 32, Width: 32, Layers: 1, Heads: 2}, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	initPath := filepath.Join(dir, "init.safetensors")
+	if err := c.initial.Save(ctx, initPath, nil); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(filepath.Join(dir, "server"), server.WithTickInterval(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(ctx, l); close(served) }()
+	t.Cleanup(func() { cancel(); <-served })
+	c.backend = server.NewClient("http://"+l.Addr().String(), nil)
+
+	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("admin")))
+	id, _ := coordinator.ParseRunID("e2e")
+	cfg := coordinator.Config{WarmupTime: 3, CooldownTime: 3, MaxRoundTrainTime: 4, RoundWitnessTime: 1, EpochTime: 8,
+		WaitingForMembersExtraTime: 1, TotalSteps: 1000, GlobalBatchSizeStart: 12, GlobalBatchSizeEnd: 12,
+		InitMinClients: uint16(trainers), MinClients: 2}
+	if edit != nil {
+		edit(&cfg)
+	}
+	model := coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
+		MaxSeqLen: 32, VocabSize: 256, DModel: 32, NLayers: 1, NHeads: 2,
+		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3},
+		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true}}
+	model.Checkpoint.Kind = coordinator.CheckpointHub
+	_ = coordinator.SetFixedString(model.Checkpoint.Source.URL[:], "file://"+initPath)
+	_ = coordinator.SetFixedString(model.DataLocation[:], tokenPath)
+	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
+		&coordinator.Update{Config: &cfg, Model: &model}, &coordinator.SetPaused{}} {
+		if _, err := c.backend.Send(ctx, "e2e", admin, nil, ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var addrs []string
+	for i := 0; i < trainers; i++ {
+		signer := chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("trainer %d", i))))
+		seed := sha256.Sum256([]byte(fmt.Sprintf("p2p %d", i)))
+		var tn *node.Node
+		var mu sync.Mutex
+		assigned := func(step uint32, b p2p.BatchRange, who coordinator.ClientID) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if tn == nil {
+				return fmt.Errorf("not ready")
+			}
+			return tn.Assigned(step, b, who)
+		}
+		nctx, stop := context.WithCancel(ctx)
+		pn, err := p2p.New(p2p.WithRunID("e2e"), p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
+			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pn.Close() })
+		go func() { _ = pn.Run(nctx) }()
+		nd, err := node.New("e2e", c.backend, signer, pn, node.WithPeers(addrs...), node.WithCheckpointDir(dir), node.WithLogger(testLogger(t, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		tn = nd
+		mu.Unlock()
+		addrs = append(addrs, pn.Addrs()...)
+		errc := make(chan error, 1)
+		go func() { errc <- nd.Run(nctx) }()
+		c.nodes = append(c.nodes, nd)
+		c.stops = append(c.stops, func() { stop(); _ = pn.Close() })
+		c.errs = append(c.errs, errc)
+	}
+	return c
+}
+
+// waitFor returns the first snapshot that satisfies cond.
+func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool) *coordinator.Coordinator {
+	c.t.Helper()
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	snaps, err := c.backend.Subscribe(ctx, "e2e")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for s := range snaps {
+		if cond(s.State) {
+			return s.State
+		}
+		for i, errc := range c.errs {
+			select {
+			case err := <-errc:
+				c.t.Fatalf("trainer %d stopped: %v", i, err)
+			default:
+			}
+		}
+	}
+	c.t.Fatalf("gave up waiting for %s", what)
+	return nil
+}
+
+// stopAll stops the trainers that are still running.
+func (c *cluster) stopAll(alive ...int) {
+	for _, i := range alive {
+		c.stops[i]()
+		if err := <-c.errs[i]; err != nil {
+			c.t.Fatalf("trainer %d: %v", i, err)
+		}
+	}
+}
+
+func (c *cluster) heldOutLoss(m *gpt.Model) float32 {
+	in, tg := make([]uint32, 8*32), make([]uint32, 8*32)
+	for i := 0; i < 8; i++ {
+		copy(in[i*32:], c.tokens[160_000+i*32:])
+		copy(tg[i*32:], c.tokens[160_000+i*32+1:])
+	}
+	l, err := m.Forward(in, tg, 8, 32)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return l
+}
+
+func (c *cluster) sameWeights(idx ...int) {
+	c.t.Helper()
+	for _, i := range idx[1:] {
+		if !slices.Equal(c.nodes[i].Model().Params, c.nodes[idx[0]].Model().Params) {
+			c.t.Fatalf("trainer %d's weights differ from trainer %d's", i, idx[0])
+		}
+	}
+}
+
+// TestThreeTrainersTrainTogether: two epochs, identical weights, lower loss,
+// every trainer in every witness's participant bloom.
+func TestThreeTrainersTrainTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	c := newCluster(t, 3, nil)
+	seenAll := true
+	c.waitFor("two epochs", func(s *coordinator.Coordinator) bool {
+		if s.RunState == coordinator.RoundWitness {
+			r := s.CurrentRound()
+			for w := 0; w < int(r.WitnessesLen); w++ {
+				for i := uint16(0); i < s.Epoch.ClientsLen; i++ {
+					if !r.Witnesses[w].Participants.Has(r.Witnesses[w].Key, coordinator.ParticipantMember(s.Epoch.Clients[i].ID.Signer)) {
+						seenAll = false
+					}
+				}
+			}
+		}
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1, 2)
+	if !seenAll {
+		t.Error("a witness's participant bloom missed a trainer")
+	}
+	c.sameWeights(0, 1, 2)
+	if slices.Equal(c.nodes[0].Model().Params, c.initial.Params) {
+		t.Fatal("the weights never changed")
+	}
+	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
+	t.Logf("held-out loss %.3f -> %.3f", before, after)
+	if after >= before-0.2 {
+		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
+	}
+}
+
+// TestDeadTrainerIsDropped kills a trainer mid-epoch: health checks drop it,
+// the others go on, and they still agree on the weights.
+func TestDeadTrainerIsDropped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	c := newCluster(t, 3, func(k *coordinator.Config) { k.EpochTime = 12 })
+	c.waitFor("training", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.RoundTrain && s.CurrentRound().Height >= 1
+	})
+	c.stops[2]()
+	<-c.errs[2]
+	dead := c.nodes[2].ID()
+	s := c.waitFor("the dead trainer to be dropped", func(s *coordinator.Coordinator) bool {
+		for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
+			if e.ID == dead && e.State == coordinator.Dropped {
+				return true
+			}
+		}
+		return false
+	})
+	step := s.Progress.Step
+	c.waitFor("two more steps and the end of the epoch", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Step >= step+2 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1)
+	c.sameWeights(0, 1)
+}
+
+// testLogger logs through t.Log when PSYCHE_TEST_LOG is set.
+func testLogger(t *testing.T, i int) *slog.Logger {
+	if os.Getenv("PSYCHE_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("trainer", i)
+}

@@ -34,7 +34,19 @@ func (c *testClock) add(d time.Duration) {
 func startServer(t *testing.T) (string, *testClock) {
 	t.Helper()
 	clock := &testClock{now: time.Unix(1_750_000_000, 0)}
-	s, err := server.New(t.TempDir(), server.WithClock(clock.Now), server.WithTickInterval(time.Hour))
+	return serve(t, server.WithClock(clock.Now), server.WithTickInterval(time.Hour)), clock
+}
+
+// startRealServer runs a server backend on wall time, ticking every 100 ms.
+func startRealServer(t *testing.T) string {
+	t.Helper()
+	return serve(t, server.WithTickInterval(100*time.Millisecond))
+}
+
+// serve runs a server backend on 127.0.0.1 until the test ends and returns its URL.
+func serve(t *testing.T, opts ...server.Option) string {
+	t.Helper()
+	s, err := server.New(t.TempDir(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +58,7 @@ func startServer(t *testing.T) (string, *testClock) {
 	done := make(chan struct{})
 	go func() { _ = s.Serve(ctx, l); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return "http://" + l.Addr().String(), clock
+	return "http://" + l.Addr().String()
 }
 
 func psyche(t *testing.T, args ...string) (string, string, int) {
@@ -166,22 +178,4 @@ func TestBadLoggingFlags(t *testing.T) {
 			t.Errorf("%v: %d %s", args, code, errs)
 		}
 	}
-}
-
-// startRealServer runs a server backend on wall time, ticking every 100 ms.
-func startRealServer(t *testing.T) (string, *server.Server) {
-	t.Helper()
-	s, err := server.New(t.TempDir(), server.WithTickInterval(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = s.Serve(ctx, l); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return "http://" + l.Addr().String(), s
 }

@@ -22,7 +22,7 @@ func TestJoinTrains(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	dir := t.TempDir()
-	url, _ := startRealServer(t)
+	url := startRealServer(t)
 	ctx := context.Background()
 	tokens := filepath.Join(dir, "tokens.bin")
 	if err := data.WriteTokenFile(ctx, tokens, data.Tokenize(data.Opticks()[:100_000]), 2); err != nil {

@@ -46,6 +46,8 @@ type config struct {
 	progress    func(Progress)
 	workers     int
 	dataOpts    []data.Option
+	corrupt     func([]byte) []byte // fault injection in tests (export_test.go)
+	epochs      int
 }
 
 // Option configures a Node.
@@ -72,6 +74,18 @@ func WithCheckpointDir(dir string) Option {
 // discovery service.
 func WithPeers(addrs ...string) Option {
 	return func(c *config) error { c.peers = append(c.peers, addrs...); return nil }
+}
+
+// WithEpochs makes the node leave after training n epochs (0: stay until the
+// run finishes): it does not join the next one, and Run returns.
+func WithEpochs(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("node: %d epochs", n)
+		}
+		c.epochs = n
+		return nil
+	}
 }
 
 // WithProgress receives progress reports.
@@ -102,12 +116,14 @@ type Node struct {
 	dataLoc  string
 	results  map[uint32]map[uint64]*result // step → batch start → first verified result
 	fetching map[coordinator.Hash]bool
-	rounds   map[uint32]*roundState // by step
-	joined   uint32                 // epoch+1 of the last join sent (0: none)
-	held     uint32                 // epoch+1 of the last epoch this node ended as a client
-	ready    uint32                 // epoch+1 of the epoch the model was made ready for
-	warmedUp uint32                 // epoch+1 of the last warmup witness sent
-	ckpt     uint32                 // epoch+1 of the last checkpoint attempt
+	rejected map[coordinator.Hash]bool // results that failed their checks: never fetched again
+	rounds   map[uint32]*roundState    // by step
+	joined   uint32                    // epoch+1 of the last join sent (0: none)
+	held     uint32                    // epoch+1 of the last epoch this node ended as a client
+	ready    uint32                    // epoch+1 of the epoch the model was made ready for
+	trained  int                       // epochs this node has ended as a client
+	warmedUp uint32                    // epoch+1 of the last warmup witness sent
+	ckpt     uint32                    // epoch+1 of the last checkpoint attempt
 	progress Progress
 	pulling  bool
 }
@@ -139,7 +155,8 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 	}
 	n := &Node{cfg: cfg, runID: runID, backend: backend, signer: signer, net: network,
 		id:      coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()},
-		results: map[uint32]map[uint64]*result{}, fetching: map[coordinator.Hash]bool{}, rounds: map[uint32]*roundState{}}
+		results: map[uint32]map[uint64]*result{}, fetching: map[coordinator.Hash]bool{}, rejected: map[coordinator.Hash]bool{},
+		rounds: map[uint32]*roundState{}}
 	return n, nil
 }
 
@@ -257,7 +274,7 @@ type fetchResult struct {
 
 // fetch starts fetching an announced result in the background.
 func (n *Node) fetch(ctx context.Context, a p2p.Announcement, out chan<- fetchResult) {
-	if n.fetching[a.Commitment] || a.Trainer == n.id {
+	if n.fetching[a.Commitment] || n.rejected[a.Commitment] || a.Trainer == n.id {
 		return
 	}
 	if got := n.results[a.Step][a.Batch.Start]; got != nil {
@@ -283,6 +300,9 @@ func (n *Node) onFetched(ctx context.Context, f fetchResult) {
 		f.err = n.opt.Check(f.frame)
 	}
 	if f.err != nil {
+		if ctx.Err() == nil {
+			n.rejected[f.ann.Commitment] = true
+		}
 		n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
 		return
 	}

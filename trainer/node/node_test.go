@@ -27,18 +27,22 @@ import (
 type cluster struct {
 	t       *testing.T
 	ctx     context.Context
+	dir     string
 	backend *server.Client
+	admin   *chain.Keypair
 	tokens  []uint32
 	initial *gpt.Model
 	nodes   []*node.Node
 	stops   []context.CancelFunc
 	errs    []chan error
+	addrs   []string
+	stopped map[int]bool
 }
 
-func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config)) *cluster {
+func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts ...func(i int) []node.Option) *cluster {
 	dir := t.TempDir() // removed last: cleanups run in reverse order
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	c := &cluster{t: t, ctx: ctx}
+	c := &cluster{t: t, ctx: ctx, dir: dir}
 	c.tokens = data.Tokenize(data.Opticks()[:200_000])
 	tokenPath := filepath.Join(dir, "opticks.tokens")
 	if err := data.WriteTokenFile(ctx, tokenPath, c.tokens[:150_000], 2); err != nil {
@@ -66,6 +70,7 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config)) *clu
 	c.backend = server.NewClient("http://"+l.Addr().String(), nil)
 
 	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("admin")))
+	c.admin = admin
 	id, _ := coordinator.ParseRunID("e2e")
 	cfg := coordinator.Config{WarmupTime: 3, CooldownTime: 3, MaxRoundTrainTime: 4, RoundWitnessTime: 1, EpochTime: 8,
 		WaitingForMembersExtraTime: 1, TotalSteps: 1000, GlobalBatchSizeStart: 12, GlobalBatchSizeEnd: 12,
@@ -86,8 +91,15 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config)) *clu
 			t.Fatal(err)
 		}
 	}
-	var addrs []string
-	for i := 0; i < trainers; i++ {
+	c.addTrainers(0, trainers, opts...)
+	return c
+}
+
+// addTrainers starts trainers first..first+n-1 (their keys derive from the
+// index), each dialling every trainer started before it.
+func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
+	t := c.t
+	for i := first; i < first+n; i++ {
 		signer := chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("trainer %d", i))))
 		seed := sha256.Sum256([]byte(fmt.Sprintf("p2p %d", i)))
 		var tn *node.Node
@@ -100,7 +112,7 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config)) *clu
 			}
 			return tn.Assigned(step, b, who)
 		}
-		nctx, stop := context.WithCancel(ctx)
+		nctx, stop := context.WithCancel(c.ctx)
 		pn, err := p2p.New(p2p.WithRunID("e2e"), p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
 			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned))
 		if err != nil {
@@ -108,21 +120,24 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config)) *clu
 		}
 		t.Cleanup(func() { _ = pn.Close() })
 		go func() { _ = pn.Run(nctx) }()
-		nd, err := node.New("e2e", c.backend, signer, pn, node.WithPeers(addrs...), node.WithCheckpointDir(dir), node.WithLogger(testLogger(t, i)))
+		nodeOpts := []node.Option{node.WithPeers(c.addrs...), node.WithCheckpointDir(c.dir), node.WithLogger(testLogger(t, i))}
+		for _, o := range opts {
+			nodeOpts = append(nodeOpts, o(i)...)
+		}
+		nd, err := node.New("e2e", c.backend, signer, pn, nodeOpts...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		mu.Lock()
 		tn = nd
 		mu.Unlock()
-		addrs = append(addrs, pn.Addrs()...)
+		c.addrs = append(c.addrs, pn.Addrs()...)
 		errc := make(chan error, 1)
 		go func() { errc <- nd.Run(nctx) }()
 		c.nodes = append(c.nodes, nd)
 		c.stops = append(c.stops, func() { stop(); _ = pn.Close() })
 		c.errs = append(c.errs, errc)
 	}
-	return c
 }
 
 // waitFor returns the first snapshot that satisfies cond.
@@ -139,9 +154,15 @@ func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool)
 			return s.State
 		}
 		for i, errc := range c.errs {
+			if c.stopped[i] {
+				continue
+			}
 			select {
 			case err := <-errc:
-				c.t.Fatalf("trainer %d stopped: %v", i, err)
+				if err != nil {
+					c.t.Fatalf("trainer %d stopped: %v", i, err)
+				}
+				errc <- err // it left cleanly (WithEpochs); keep the result for whoever waits
 			default:
 			}
 		}
@@ -150,10 +171,14 @@ func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool)
 	return nil
 }
 
-// stopAll stops the trainers that are still running.
-func (c *cluster) stopAll(alive ...int) {
-	for _, i := range alive {
+// stopAll stops trainers.
+func (c *cluster) stopAll(which ...int) {
+	for _, i := range which {
 		c.stops[i]()
+		if c.stopped == nil {
+			c.stopped = map[int]bool{}
+		}
+		c.stopped[i] = true
 		if err := <-c.errs[i]; err != nil {
 			c.t.Fatalf("trainer %d: %v", i, err)
 		}
@@ -228,8 +253,7 @@ func TestDeadTrainerIsDropped(t *testing.T) {
 	c.waitFor("training", func(s *coordinator.Coordinator) bool {
 		return s.RunState == coordinator.RoundTrain && s.CurrentRound().Height >= 1
 	})
-	c.stops[2]()
-	<-c.errs[2]
+	c.stopAll(2)
 	dead := c.nodes[2].ID()
 	s := c.waitFor("the dead trainer to be dropped", func(s *coordinator.Coordinator) bool {
 		for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
@@ -253,4 +277,115 @@ func testLogger(t *testing.T, i int) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("trainer", i)
+}
+
+// TestGarbagePublisherIsIgnored: one of four trainers publishes garbage
+// (bytes that are no frame, and frames of the wrong shape). The others ignore
+// it, health checks drop it, and the rest train on with equal weights.
+func TestGarbagePublisherIsIgnored(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	const rogue = 3
+	calls := 0
+	c := newCluster(t, 4, func(k *coordinator.Config) { k.EpochTime = 12 }, func(i int) []node.Option {
+		if i != rogue {
+			return nil
+		}
+		return []node.Option{node.WithCorruptResults(func(p []byte) []byte {
+			calls++
+			if calls%2 == 0 {
+				return []byte("this is not a frame at all")
+			}
+			bad := slices.Clone(p)
+			bad[8+16]++ // the first tensor's first dimension: no longer the model's shape
+			return bad
+		})}
+	})
+	bad := c.nodes[rogue].ID()
+	c.waitFor("the rogue trainer to be dropped", func(s *coordinator.Coordinator) bool {
+		for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
+			if e.ID == bad && e.State == coordinator.Dropped {
+				return true
+			}
+		}
+		return false
+	})
+	c.waitFor("the end of the epoch", func(s *coordinator.Coordinator) bool { return s.RunState == coordinator.WaitingForMembers })
+	c.stopAll(0, 1, 2, 3)
+	c.sameWeights(0, 1, 2)
+	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
+	t.Logf("held-out loss %.3f -> %.3f", before, after)
+	if after >= before-0.2 {
+		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
+	}
+}
+
+// TestPauseAndResume pauses mid-epoch: the epoch winds down, the run waits,
+// and after resuming the same trainers go on from the same weights.
+func TestPauseAndResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	c := newCluster(t, 3, func(k *coordinator.Config) { k.EpochTime = 30 })
+	c.waitFor("training", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.RoundTrain && s.CurrentRound().Height >= 2
+	})
+	if _, err := c.backend.Send(c.ctx, "e2e", c.admin, nil, &coordinator.SetPaused{Paused: true}); err != nil {
+		t.Fatal(err)
+	}
+	paused := c.waitFor("the pause", func(s *coordinator.Coordinator) bool { return s.RunState == coordinator.Paused })
+	if _, err := c.backend.Send(c.ctx, "e2e", c.admin, nil, &coordinator.SetPaused{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("training after the pause", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Epoch == paused.Progress.Epoch && s.RunState == coordinator.RoundTrain &&
+			s.CurrentRound().Height >= 3 && s.Epoch.ClientsLen == 3
+	})
+	if _, err := c.backend.Send(c.ctx, "e2e", c.admin, nil, &coordinator.SetPaused{Paused: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the second pause", func(s *coordinator.Coordinator) bool { return s.RunState == coordinator.Paused })
+	c.stopAll(0, 1, 2)
+	c.sameWeights(0, 1, 2)
+}
+
+// TestAllTrainersLeave: after an epoch whose checkpoint was recorded, every
+// trainer leaves; new trainers start the next epoch from that checkpoint.
+func TestAllTrainersLeave(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	// The first trainers train one epoch and leave.
+	c := newCluster(t, 3, nil, func(int) []node.Option { return []node.Option{node.WithEpochs(1)} })
+	ended := c.waitFor("a recorded checkpoint", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.Cooldown && s.Epoch.Checkpointed
+	})
+	c.stopped = map[int]bool{}
+	for i := 0; i < 3; i++ {
+		if err := <-c.errs[i]; err != nil { // they leave by themselves
+			t.Fatalf("trainer %d: %v", i, err)
+		}
+		c.stopped[i] = true
+		c.stops[i]()
+	}
+	final := slices.Clone(c.nodes[0].Model().Params)
+	url := coordinator.FixedString(ended.Model.Checkpoint.Source.URL[:])
+	c.addTrainers(3, 3)
+	warm := c.waitFor("the next epoch's warmup", func(s *coordinator.Coordinator) bool { return s.RunState == coordinator.Warmup })
+	if warm.Model.Checkpoint.Kind != coordinator.CheckpointHub || coordinator.FixedString(warm.Model.Checkpoint.Source.URL[:]) != url {
+		t.Fatalf("the checkpoint did not fall back to the recorded one: %s %q", warm.Model.Checkpoint.Kind, coordinator.FixedString(warm.Model.Checkpoint.Source.URL[:]))
+	}
+	saved, err := gpt.Load(url[len("file://"):], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(saved.Params, final) {
+		t.Fatal("the recorded checkpoint is not the weights the epoch ended with")
+	}
+	c.waitFor("the end of the new trainers' epoch", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.WaitingForMembers && s.Progress.Epoch == 2
+	})
+	c.stopAll(3, 4, 5)
+	c.sameWeights(3, 4, 5)
 }

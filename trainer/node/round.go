@@ -46,6 +46,10 @@ func (n *Node) onSnapshot(ctx context.Context, s *coordinator.Coordinator) (bool
 		n.cfg.log.Info("run finished", "epoch", s.Progress.Epoch, "step", s.Progress.Step)
 		return true, nil
 	case coordinator.WaitingForMembers:
+		if n.cfg.epochs > 0 && n.trained >= n.cfg.epochs {
+			n.cfg.log.Info("leaving after the epochs asked for", "epochs", n.trained)
+			return true, nil
+		}
 		if _, pending := s.PendingIndex(n.id.Signer); !pending && n.joined != epochTag {
 			n.joined = epochTag
 			if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.JoinRun{ID: n.id}); err != nil {
@@ -81,8 +85,9 @@ func (n *Node) onSnapshot(ctx context.Context, s *coordinator.Coordinator) (bool
 		n.maybeWitness(ctx)
 	case coordinator.Cooldown:
 		i, ok := n.member(s)
-		if ok && n.model != nil {
+		if ok && n.model != nil && n.held != epochTag {
 			n.held = epochTag // this node holds the epoch's final model
+			n.trained++
 		}
 		if ok && n.ckpt != epochTag && n.cfg.checkpoints != "" && n.model != nil && s.IsCheckpointer(i) {
 			n.ckpt = epochTag
@@ -99,6 +104,9 @@ func (n *Node) forget(s *coordinator.Coordinator) {
 		if step+4 < s.Progress.Step {
 			delete(n.results, step)
 		}
+	}
+	if len(n.rejected) > 4096 {
+		clear(n.rejected) // commitments are per step; old ones cannot come back
 	}
 	for step := range n.rounds {
 		if step+4 < s.Progress.Step {
@@ -208,6 +216,9 @@ func (n *Node) train(ctx context.Context, s *coordinator.Coordinator) error {
 	payload, err := frame.MarshalBinary()
 	if err != nil {
 		return err
+	}
+	if n.cfg.corrupt != nil {
+		payload = n.cfg.corrupt(payload)
 	}
 	batch := p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}
 	ann, err := n.net.Publish(ctx, step, batch, payload)

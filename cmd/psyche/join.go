@@ -22,6 +22,8 @@ var joinCommand = &cli.Command{
 		&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "p2p listen addresses (multiaddrs)", Category: "P2P"},
 		&cli.StringSliceFlag{Name: "peer", Usage: "address of another trainer (multiaddr ending in /p2p/<id>); repeatable", Category: "P2P"},
 		&cli.StringFlag{Name: "checkpoint-dir", Value: "checkpoints", Usage: "where to save checkpoints when elected", Category: "RUN"},
+		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
+		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
 	},
 	Action: join,
 }
@@ -58,9 +60,18 @@ func join(c *cli.Context) error {
 	}
 	interactive := isTerminal(c.App.Writer)
 	var last time.Time
+	m := &metrics{net: pn}
+	if addr := c.String("metrics-addr"); addr != "" {
+		at, err := serveMetrics(ctx, addr, m)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.App.Writer, "metrics: http://%s/metrics\n", at)
+	}
 	nd, err = node.New(c.String("run-id"), b, signer, pn, node.WithPeers(c.StringSlice("peer")...),
-		node.WithCheckpointDir(c.String("checkpoint-dir")), node.WithLogger(log),
+		node.WithCheckpointDir(c.String("checkpoint-dir")), node.WithLogger(log), node.WithEpochs(c.Int("epochs")),
 		node.WithProgress(func(p node.Progress) {
+			m.set(p)
 			if !interactive || time.Since(last) < 200*time.Millisecond {
 				return
 			}

@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,10 +61,11 @@ func TestJoinTrains(t *testing.T) {
 	}
 	jctx, stop := context.WithCancel(ctx)
 	done := make(chan int, 1)
-	var out, errb bytes.Buffer
+	var out, errb syncBuffer
 	go func() {
 		done <- runContext(jctx, []string{"psyche", "--log-level", "warn", "join", "--server", url, "--key", trainer, "--run-id", "joined",
-			"--p2p-key", filepath.Join(dir, "p2p.key"), "--listen", "/ip4/127.0.0.1/tcp/0", "--checkpoint-dir", filepath.Join(dir, "ckpt")}, &out, &errb)
+			"--p2p-key", filepath.Join(dir, "p2p.key"), "--listen", "/ip4/127.0.0.1/tcp/0", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+			"--metrics-addr", "127.0.0.1:0"}, &out, &errb)
 	}()
 	client := server.NewClient(url, nil)
 	deadline := time.Now().Add(90 * time.Second)
@@ -79,6 +83,24 @@ func TestJoinTrains(t *testing.T) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+	// The metrics endpoint reports the trainer's progress.
+	var metricsURL string
+	for _, line := range strings.Split(out.String(), "\n") {
+		if u, ok := strings.CutPrefix(line, "metrics: "); ok {
+			metricsURL = u
+		}
+	}
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatalf("metrics at %q: %v", metricsURL, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"# TYPE psyche_tokens_total counter", "psyche_step ", "psyche_p2p_peers 0"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
 	stop()
 	if code := <-done; code != 0 {
 		t.Fatalf("join exit %d: %s", code, errb.String())
@@ -86,4 +108,22 @@ func TestJoinTrains(t *testing.T) {
 	if !strings.Contains(out.String(), "p2p address: /ip4/127.0.0.1/tcp/") {
 		t.Errorf("join did not print its address: %s", out.String())
 	}
+}
+
+// syncBuffer is a bytes.Buffer that a command can write while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -3,6 +3,10 @@
 // each round, publishes the compressed result to its peers, fetches theirs,
 // witnesses rounds when elected, applies each round's consensus results two
 // rounds later, and records checkpoints when elected.
+//
+// The decisions live in machine (machine.go), which does no I/O: each event
+// returns a Ready saying what to send, fetch, train, apply and save. Node.Run
+// is the driver: one goroutine that feeds it events and does the work.
 package node
 
 import (
@@ -98,13 +102,14 @@ func WithDataOptions(opts ...data.Option) Option {
 	return func(c *config) error { c.dataOpts = append(c.dataOpts, opts...); return nil }
 }
 
-// Node is one trainer.
+// Node is one trainer: the driver that does what its machine decides.
 type Node struct {
 	cfg     config
 	runID   string
 	backend chain.Backend
 	signer  chain.Signer
 	net     p2p.Network
+	m       *machine
 
 	mu   sync.Mutex // guards snap, for the p2p assignment check
 	snap *coordinator.Coordinator
@@ -114,28 +119,7 @@ type Node struct {
 	opt      *distro.DeMo
 	data     *data.Provider
 	dataLoc  string
-	results  map[uint32]map[uint64]*result // step → batch start → first verified result
-	fetching map[coordinator.Hash]bool
-	rejected map[coordinator.Hash]bool // results that failed their checks: never fetched again
-	rounds   map[uint32]*roundState    // by step
-	joined   uint32                    // epoch+1 of the last join sent (0: none)
-	held     uint32                    // epoch+1 of the last epoch this node ended as a client
-	ready    uint32                    // epoch+1 of the epoch the model was made ready for
-	trained  int                       // epochs this node has ended as a client
-	warmedUp uint32                    // epoch+1 of the last warmup witness sent
-	ckpt     uint32                    // epoch+1 of the last checkpoint attempt
 	progress Progress
-	pulling  bool
-}
-
-// result is a verified peer (or own) result for one batch.
-type result struct {
-	ann   p2p.Announcement
-	frame *distro.Frame
-}
-
-type roundState struct {
-	trained, witnessed, applied, checked bool
 }
 
 // New creates a node for a run. The network must have been created with
@@ -153,11 +137,9 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 	if _, err := coordinator.ParseRunID(runID); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, runID: runID, backend: backend, signer: signer, net: network,
-		id:      coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()},
-		results: map[uint32]map[uint64]*result{}, fetching: map[coordinator.Hash]bool{}, rejected: map[coordinator.Hash]bool{},
-		rounds: map[uint32]*roundState{}}
-	return n, nil
+	id := coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()}
+	return &Node{cfg: cfg, runID: runID, backend: backend, signer: signer, net: network, id: id,
+		m: newMachine(id, cfg.epochs, randomKey)}, nil
 }
 
 // ID is the node's client identity.
@@ -216,8 +198,8 @@ func (n *Node) report() {
 	}
 }
 
-// Run follows the run until it finishes, the node is dropped for good, or
-// ctx ends.
+// Run follows the run until it finishes, the node has trained the epochs it
+// was asked to, or ctx ends.
 func (n *Node) Run(ctx context.Context) error {
 	snaps, err := n.backend.Subscribe(ctx, n.runID)
 	if err != nil {
@@ -229,17 +211,15 @@ func (n *Node) Run(ctx context.Context) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
+		var rd Ready
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 			n.connectPeers(ctx)
-			n.pullMissing(ctx, pulled)
+			rd = n.m.tick()
 		case list := <-pulled:
-			n.pulling = false
-			for _, a := range list {
-				n.fetch(ctx, a, fetched)
-			}
+			rd = n.m.pulled(list)
 		case s, ok := <-snaps:
 			if !ok {
 				if ctx.Err() != nil {
@@ -247,22 +227,130 @@ func (n *Node) Run(ctx context.Context) error {
 				}
 				return errors.New("node: the coordinator subscription ended")
 			}
-			done, err := n.onSnapshot(ctx, s.State)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil // shutting down: the work in hand was interrupted, not failed
-				}
-				return err
-			}
-			if done {
-				return nil
-			}
+			n.observe(s.State)
+			rd = n.m.snapshot(s.State)
 		case a := <-anns:
-			n.fetch(ctx, a, fetched)
+			rd = n.m.announced(a)
 		case f := <-fetched:
-			n.onFetched(ctx, f)
+			if f.err == nil && n.opt != nil {
+				f.err = n.opt.Check(f.frame)
+			}
+			if f.err != nil && ctx.Err() == nil {
+				n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
+			} else if f.err == nil {
+				n.progress.Received += uint64(f.size)
+			}
+			if f.err != nil && ctx.Err() != nil {
+				continue // interrupted, not refused
+			}
+			rd = n.m.fetched(f.ann, f.frame, f.err)
+		}
+		done, err := n.do(ctx, rd, fetched, pulled)
+		n.report()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // shutting down: the work in hand was interrupted, not failed
+			}
+			return err
+		}
+		if done {
+			return nil
 		}
 	}
+}
+
+// observe passes a snapshot to the network (step window, allowlist) and the
+// assignment check.
+func (n *Node) observe(s *coordinator.Coordinator) {
+	n.mu.Lock()
+	n.snap = s
+	n.mu.Unlock()
+	n.net.SetStep(s.Progress.Step)
+	allowed := make([]coordinator.ClientID, 0, int(s.Epoch.ClientsLen)+int(s.PendingLen))
+	for _, c := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
+		allowed = append(allowed, c.ID)
+	}
+	allowed = append(allowed, s.Pending[:s.PendingLen]...)
+	n.net.SetClients(allowed)
+	n.progress.State, n.progress.Epoch, n.progress.Step = s.RunState, s.Progress.Epoch, s.Progress.Step
+}
+
+// do carries out a Ready, feeding the answers back into the machine.
+func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pulled chan<- []p2p.Announcement) (bool, error) {
+	if rd.Load != nil {
+		if err := n.load(ctx, n.m.snap, rd.Load.Keep); err != nil {
+			return false, err
+		}
+		if done, err := n.do(ctx, n.m.loaded(rd.Load.Epoch), fetched, pulled); done || err != nil {
+			return done, err
+		}
+	}
+	if rd.Apply != nil {
+		if err := n.apply(rd.Apply); err != nil {
+			return false, err
+		}
+	}
+	if rd.Train != nil {
+		ann, frame, loss, err := n.train(ctx, rd.Train)
+		if err != nil {
+			return false, err
+		}
+		if done, err := n.do(ctx, n.m.trainedResult(ann, frame, loss), fetched, pulled); done || err != nil {
+			return done, err
+		}
+	}
+	for _, ix := range rd.Send {
+		n.send(ctx, ix)
+	}
+	for _, a := range rd.Fetch {
+		go func() {
+			payload, err := n.net.Fetch(ctx, a)
+			r := fetchResult{ann: a, err: err, size: len(payload)}
+			if err == nil {
+				r.frame, r.err = distro.DecodeFrame(payload, distro.DefaultLimits)
+			}
+			select {
+			case fetched <- r:
+			case <-ctx.Done():
+			}
+		}()
+	}
+	if rd.Pull != nil {
+		step := *rd.Pull
+		go func() {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			list, err := n.net.Pull(pctx, step)
+			if err != nil {
+				n.cfg.log.Debug("pull", "step", step, "err", err)
+			}
+			select {
+			case pulled <- list:
+			case <-ctx.Done():
+			}
+		}()
+	}
+	if rd.Save && n.cfg.checkpoints != "" {
+		n.saveCheckpoint(ctx, n.m.snap)
+	}
+	if rd.Done {
+		n.cfg.log.Info("leaving", "state", n.m.snap.RunState.String(), "epoch", n.m.snap.Progress.Epoch)
+	}
+	return rd.Done, nil
+}
+
+func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
+	if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, ix); err != nil {
+		if ctx.Err() == nil {
+			n.cfg.log.Warn("instruction refused", "ix", ix.Name(), "err", err)
+		}
+		return
+	}
+	switch ix.(type) {
+	case *coordinator.WitnessRound, *coordinator.WarmupWitness:
+		n.progress.Witnessed++
+	}
+	n.cfg.log.Info("sent", "ix", ix.Name(), "step", n.m.snap.Progress.Step)
 }
 
 type fetchResult struct {
@@ -270,56 +358,6 @@ type fetchResult struct {
 	frame *distro.Frame
 	size  int
 	err   error
-}
-
-// fetch starts fetching an announced result in the background.
-func (n *Node) fetch(ctx context.Context, a p2p.Announcement, out chan<- fetchResult) {
-	if n.fetching[a.Commitment] || n.rejected[a.Commitment] || a.Trainer == n.id {
-		return
-	}
-	if got := n.results[a.Step][a.Batch.Start]; got != nil {
-		return
-	}
-	n.fetching[a.Commitment] = true
-	go func() {
-		payload, err := n.net.Fetch(ctx, a)
-		r := fetchResult{ann: a, err: err, size: len(payload)}
-		if err == nil {
-			r.frame, r.err = distro.DecodeFrame(payload, distro.DefaultLimits)
-		}
-		select {
-		case out <- r:
-		case <-ctx.Done():
-		}
-	}()
-}
-
-func (n *Node) onFetched(ctx context.Context, f fetchResult) {
-	delete(n.fetching, f.ann.Commitment)
-	if f.err == nil && n.opt != nil {
-		f.err = n.opt.Check(f.frame)
-	}
-	if f.err != nil {
-		if ctx.Err() == nil {
-			n.rejected[f.ann.Commitment] = true
-		}
-		n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
-		return
-	}
-	n.progress.Received += uint64(f.size)
-	n.store(f.ann, f.frame)
-	n.maybeWitness(ctx)
-}
-
-func (n *Node) store(a p2p.Announcement, f *distro.Frame) {
-	m := n.results[a.Step]
-	if m == nil {
-		m = map[uint64]*result{}
-		n.results[a.Step] = m
-	}
-	if m[a.Batch.Start] == nil {
-		m[a.Batch.Start] = &result{ann: a, frame: f}
-	}
 }
 
 // connectPeers dials the configured peers that are not connected (the
@@ -336,37 +374,4 @@ func (n *Node) connectPeers(ctx context.Context) {
 		}
 		cancel()
 	}
-}
-
-// pullMissing asks peers directly for the current round's announcements when
-// some result has not arrived by gossip (the fallback for lost messages). It
-// runs in the background; what it finds comes back on out.
-func (n *Node) pullMissing(ctx context.Context, out chan<- []p2p.Announcement) {
-	n.mu.Lock()
-	s := n.snap
-	n.mu.Unlock()
-	if n.pulling || s == nil || (s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness) {
-		return
-	}
-	step := s.Progress.Step
-	missing := false
-	for _, b := range expectedBatches(s, s.CurrentRound()) {
-		missing = missing || n.results[step][b] == nil
-	}
-	if !missing {
-		return
-	}
-	n.pulling = true
-	go func() {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		list, err := n.net.Pull(pctx, step)
-		if err != nil {
-			n.cfg.log.Debug("pull", "step", step, "err", err)
-		}
-		select {
-		case out <- list:
-		case <-ctx.Done():
-		}
-	}()
 }

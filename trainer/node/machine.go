@@ -1,0 +1,483 @@
+package node
+
+import (
+	"crypto/sha256"
+	"sort"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/schedule"
+)
+
+// machine holds the trainer's decisions and none of its I/O, in the manner
+// of raft's RawNode: each event (a coordinator snapshot, an announcement, a
+// fetched or trained result, the model being ready, a timer tick, a pull
+// answer) returns a Ready that says what to do; the driver (Node.Run) does it
+// and reports back with more events. It is single-threaded and deterministic
+// given its inputs (witness bloom keys come from newKey).
+type machine struct {
+	id     coordinator.ClientID
+	epochs int // leave after this many epochs (0: never)
+	newKey func() uint64
+
+	snap     *coordinator.Coordinator
+	results  map[uint32]map[uint64]*result // step → batch start → first verified result
+	fetching map[coordinator.Hash]bool
+	rejected map[coordinator.Hash]bool // results that failed their checks: never fetched again
+	rounds   map[uint32]*roundState    // by step
+	joined   uint32                    // epoch+1 of the last join sent (0: none)
+	held     uint32                    // epoch+1 of the last epoch this node ended as a client
+	ready    uint32                    // epoch+1 of the epoch the model is ready for
+	trained  int                       // epochs this node has ended as a client
+	warmedUp uint32                    // epoch+1 of the last warmup witness sent
+	ckpt     uint32                    // epoch+1 of the last checkpoint attempt
+	loss     float32                   // loss of the last trained batch
+	pulling  bool                      // a pull is in flight
+}
+
+// result is a verified peer (or own) result for one batch.
+type result struct {
+	ann   p2p.Announcement
+	frame *distro.Frame
+}
+
+type roundState struct {
+	trained, witnessed, applied, checked, pulled bool
+}
+
+// Ready is what the driver does next, in field order.
+type Ready struct {
+	// Load asks for the model, optimizer and data of the snapshot's epoch;
+	// Keep says the model in memory may stay (it is the previous epoch's
+	// end, which P2P checkpoints serve). Answer with loaded.
+	Load *LoadWork
+	// Apply asks to apply a round's consensus results, in this order.
+	Apply *ApplyWork
+	// Train asks to train this node's batch and publish it. Answer with
+	// trainedResult.
+	Train *TrainWork
+	// Send lists instructions for the coordinator.
+	Send []coordinator.Instruction
+	// Fetch lists announced results to fetch and check. Answer each with
+	// fetched.
+	Fetch []p2p.Announcement
+	// Pull asks peers directly for a step's announcements. Answer with pulled.
+	Pull *uint32
+	// Save asks to save the model and record it as the epoch's checkpoint.
+	Save bool
+	// Done says the node should stop: the run is finished, or the node has
+	// trained the epochs it was asked to.
+	Done bool
+}
+
+// LoadWork describes a model load.
+type LoadWork struct {
+	Epoch uint32
+	Keep  bool
+}
+
+// TrainWork describes this node's batch of a round.
+type TrainWork struct {
+	Step  uint32
+	Batch p2p.BatchRange
+	LR    float32
+}
+
+// ApplyWork is a round's consensus results. Missing lists batches whose
+// winning result never arrived (the model then differs from the others').
+type ApplyWork struct {
+	Step    uint32
+	Frames  []*distro.Frame
+	LR      float32
+	Missing []uint64
+}
+
+func newMachine(id coordinator.ClientID, epochs int, newKey func() uint64) *machine {
+	return &machine{id: id, epochs: epochs, newKey: newKey,
+		results: map[uint32]map[uint64]*result{}, fetching: map[coordinator.Hash]bool{},
+		rejected: map[coordinator.Hash]bool{}, rounds: map[uint32]*roundState{}}
+}
+
+func (m *machine) round(step uint32) *roundState {
+	r := m.rounds[step]
+	if r == nil {
+		r = &roundState{}
+		m.rounds[step] = r
+	}
+	return r
+}
+
+// member returns this node's index in the epoch if it is a healthy client.
+func (m *machine) member() (uint16, bool) {
+	s := m.snap
+	i, ok := s.ClientIndex(m.id.Signer)
+	return i, ok && s.Epoch.Clients[i].State == coordinator.Healthy
+}
+
+func (m *machine) epochTag() uint32 { return m.snap.Progress.Epoch + 1 }
+
+// snapshot takes a new coordinator state.
+func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
+	m.snap = s
+	var rd Ready
+	tag := m.epochTag()
+	switch s.RunState {
+	case coordinator.Finished:
+		rd.Done = true
+	case coordinator.WaitingForMembers:
+		if m.epochs > 0 && m.trained >= m.epochs {
+			rd.Done = true
+			break
+		}
+		if _, pending := s.PendingIndex(m.id.Signer); !pending && m.joined != tag {
+			m.joined = tag
+			rd.Send = append(rd.Send, &coordinator.JoinRun{ID: m.id})
+		}
+	case coordinator.Warmup:
+		if _, ok := m.member(); !ok {
+			break
+		}
+		if m.ready != tag {
+			// The model in memory may stay only if this node ended the
+			// previous epoch as a client and the run says to use peers.
+			keep := m.held == s.Progress.Epoch && s.Model.Checkpoint.Kind == coordinator.CheckpointP2P
+			rd.Load = &LoadWork{Epoch: s.Progress.Epoch, Keep: keep}
+			break
+		}
+		m.warmupWitness(&rd)
+	case coordinator.RoundTrain, coordinator.RoundWitness:
+		if _, ok := m.member(); !ok || m.ready != tag {
+			break
+		}
+		m.applyDue(&rd)
+		if s.RunState == coordinator.RoundTrain {
+			m.train(&rd)
+			m.healthChecks(&rd)
+		}
+		m.maybeWitness(&rd)
+	case coordinator.Cooldown:
+		i, ok := m.member()
+		if ok && m.ready == tag && m.held != tag {
+			m.held = tag // this node holds the epoch's final model
+			m.trained++
+		}
+		if ok && m.ready == tag && m.ckpt != tag && s.IsCheckpointer(i) {
+			m.ckpt = tag
+			rd.Save = true
+		}
+	}
+	m.forget()
+	return rd
+}
+
+// loaded says the model for epoch is ready.
+func (m *machine) loaded(epoch uint32) Ready {
+	m.ready = epoch + 1
+	var rd Ready
+	if m.snap != nil && m.snap.RunState == coordinator.Warmup && m.snap.Progress.Epoch == epoch {
+		m.warmupWitness(&rd)
+	}
+	return rd
+}
+
+// announced takes a peer's announcement (gossip or pull).
+func (m *machine) announced(a p2p.Announcement) Ready {
+	var rd Ready
+	if m.fetching[a.Commitment] || m.rejected[a.Commitment] || a.Trainer == m.id || m.results[a.Step][a.Batch.Start] != nil {
+		return rd
+	}
+	m.fetching[a.Commitment] = true
+	rd.Fetch = append(rd.Fetch, a)
+	return rd
+}
+
+// fetched takes a fetched result: its frame, or why it was refused.
+func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error) Ready {
+	delete(m.fetching, a.Commitment)
+	var rd Ready
+	if err != nil {
+		m.rejected[a.Commitment] = true
+		return rd
+	}
+	m.store(a, f)
+	if m.snap != nil && m.ready == m.epochTag() {
+		m.applyDue(&rd)
+		m.maybeWitness(&rd)
+	}
+	return rd
+}
+
+// trainedResult takes this node's own published result.
+func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, loss float32) Ready {
+	m.store(a, f)
+	m.loss = loss
+	var rd Ready
+	m.maybeWitness(&rd)
+	return rd
+}
+
+// tick runs once a second: it asks peers directly for results gossip has
+// not delivered.
+func (m *machine) tick() Ready {
+	var rd Ready
+	s := m.snap
+	if m.pulling || s == nil || m.ready != m.epochTag() || (s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness) {
+		return rd
+	}
+	step := s.Progress.Step
+	for _, b := range expectedBatches(s, s.CurrentRound()) {
+		if m.results[step][b] == nil {
+			m.pulling = true
+			rd.Pull = &step
+			break
+		}
+	}
+	if rd.Pull == nil {
+		m.applyDue(&rd)
+	}
+	return rd
+}
+
+// pulled takes the answer to a pull.
+func (m *machine) pulled(list []p2p.Announcement) Ready {
+	m.pulling = false
+	var rd Ready
+	for _, a := range list {
+		sub := m.announced(a)
+		rd.Fetch = append(rd.Fetch, sub.Fetch...)
+	}
+	return rd
+}
+
+func (m *machine) store(a p2p.Announcement, f *distro.Frame) {
+	r := m.results[a.Step]
+	if r == nil {
+		r = map[uint64]*result{}
+		m.results[a.Step] = r
+	}
+	if r[a.Batch.Start] == nil {
+		r[a.Batch.Start] = &result{ann: a, frame: f}
+	}
+}
+
+// forget drops results and round bookkeeping that can no longer be used.
+func (m *machine) forget() {
+	step := m.snap.Progress.Step
+	for st := range m.results {
+		if st+4 < step {
+			delete(m.results, st)
+		}
+	}
+	for st := range m.rounds {
+		if st+4 < step {
+			delete(m.rounds, st)
+		}
+	}
+	if len(m.rejected) > 4096 {
+		clear(m.rejected) // commitments are per step; old ones cannot come back
+	}
+}
+
+// expectedBatches lists the batch starts of a round that have a trainer.
+func expectedBatches(s *coordinator.Coordinator, r *coordinator.Round) []uint64 {
+	var out []uint64
+	for _, d := range s.RoundAssignment(r) {
+		if d.Count > 0 {
+			out = append(out, d.Start)
+		}
+	}
+	return out
+}
+
+// train asks for this node's batch of the current round, once.
+func (m *machine) train(rd *Ready) {
+	s := m.snap
+	step := s.Progress.Step
+	rs := m.round(step)
+	if rs.trained {
+		return
+	}
+	rs.trained = true
+	i, _ := m.member()
+	assignment := s.RoundAssignment(s.CurrentRound())
+	if int(i) >= len(assignment) || assignment[i].Count == 0 {
+		return // more trainers than sequences this round
+	}
+	d := assignment[i]
+	rd.Train = &TrainWork{Step: step, Batch: p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}, LR: schedule.LR(s.Model.LR, step)}
+}
+
+// maybeWitness sends the witness report for the current round once every
+// result is in, or at the latest when the round reaches RoundWitness.
+func (m *machine) maybeWitness(rd *Ready) {
+	s := m.snap
+	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness {
+		return
+	}
+	if _, ok := m.member(); !ok {
+		return
+	}
+	step := s.Progress.Step
+	rs := m.round(step)
+	if rs.witnessed {
+		return
+	}
+	if s.RunState == coordinator.RoundTrain {
+		for _, b := range expectedBatches(s, s.CurrentRound()) {
+			if m.results[step][b] == nil {
+				return
+			}
+		}
+	}
+	rs.witnessed = true
+	m.witness(rd, false)
+}
+
+func (m *machine) warmupWitness(rd *Ready) {
+	if tag := m.epochTag(); m.warmedUp != tag {
+		m.warmedUp = tag
+		m.witness(rd, true)
+	}
+}
+
+// witness adds this node's (warmup) witness report if it is an elected
+// witness of the current round: the trainers whose results it verified, the
+// commitments of those results, and a root over them.
+func (m *machine) witness(rd *Ready, warmup bool) {
+	s := m.snap
+	i, ok := m.member()
+	if !ok {
+		return
+	}
+	r := s.CurrentRound()
+	proof := s.Config.WitnessProofFor(r, i)
+	if !proof.IsWitness {
+		return
+	}
+	w := coordinator.Witness{Proof: proof, Key: m.newKey()}
+	w.Metadata.Step = s.Progress.Step
+	w.Metadata.Loss = m.loss
+	h := sha256.New()
+	if !warmup {
+		// Clients the round gave no data (more trainers than sequences) did
+		// all they were asked to.
+		for k, d := range s.RoundAssignment(r) {
+			if d.Count == 0 && k < int(s.Epoch.ClientsLen) {
+				w.Participants.Add(w.Key, coordinator.ParticipantMember(s.Epoch.Clients[k].ID.Signer))
+			}
+		}
+		batches := m.results[s.Progress.Step]
+		starts := make([]uint64, 0, len(batches))
+		for b := range batches {
+			starts = append(starts, b)
+		}
+		sort.Slice(starts, func(a, b int) bool { return starts[a] < starts[b] })
+		for _, b := range starts {
+			res := batches[b]
+			w.Participants.Add(w.Key, coordinator.ParticipantMember(res.ann.Trainer.Signer))
+			w.Broadcasts.Add(w.Key, res.ann.Commitment)
+			h.Write(res.ann.Commitment[:])
+		}
+	}
+	copy(w.Merkle[:], h.Sum(nil))
+	if warmup {
+		rd.Send = append(rd.Send, &coordinator.WarmupWitness{Report: w})
+	} else {
+		rd.Send = append(rd.Send, &coordinator.WitnessRound{Report: w})
+	}
+}
+
+// healthChecks reports, once per round, the clients that a quorum of the
+// previous round's witnesses did not see. Only that round's witnesses report,
+// and the coordinator checks every claim against the blooms itself.
+func (m *machine) healthChecks(rd *Ready) {
+	s := m.snap
+	prev := s.PreviousRound()
+	if prev == nil {
+		return
+	}
+	rs := m.round(s.Progress.Step)
+	if rs.checked {
+		return
+	}
+	rs.checked = true
+	me, ok := m.member()
+	if !ok {
+		return
+	}
+	wasWitness := false
+	for k := 0; k < int(prev.WitnessesLen); k++ {
+		wasWitness = wasWitness || prev.Witnesses[k].Proof.Index == me
+	}
+	if !wasWitness {
+		return
+	}
+	quorum := coordinator.Quorum(s.Config.WitnessCount(prev.ClientsLen))
+	cur := s.CurrentRound()
+	for i := uint16(0); i < s.Epoch.ClientsLen; i++ {
+		c := s.Epoch.Clients[i]
+		if c.State != coordinator.Healthy || coordinator.HealthScore(prev, c.ID.Signer) >= quorum {
+			continue
+		}
+		rd.Send = append(rd.Send, &coordinator.HealthCheck{ID: c.ID, Proof: s.Config.HealthCheckProofFor(cur, i)})
+	}
+}
+
+// applyDue applies the consensus results of the round two rounds back (train
+// h, witness h during h+1, apply at the start of h+2), once. Every node
+// applies the same results in the same order, so their models stay equal. A
+// result that a quorum of witnesses saw but that this node lacks is pulled
+// from peers first; after one more round it is given up on.
+func (m *machine) applyDue(rd *Ready) {
+	s := m.snap
+	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness {
+		return
+	}
+	cur := s.CurrentRound()
+	if cur.Height < 2 {
+		return
+	}
+	// Rounds are applied in order: the oldest unapplied one the ring holds.
+	for back := uint32(3); back >= 2; back-- {
+		if cur.Height < back {
+			continue
+		}
+		step := s.Progress.Step - back
+		r := s.RoundAtHeight(cur.Height - back)
+		rs := m.round(step)
+		if r == nil || rs.applied {
+			continue
+		}
+		work := ApplyWork{Step: step, LR: schedule.LR(s.Model.LR, step)}
+		quorum := coordinator.Quorum(s.Config.WitnessCount(r.ClientsLen))
+		for ti, d := range s.RoundAssignment(r) {
+			if d.Count == 0 {
+				continue
+			}
+			res := m.results[step][d.Start]
+			if res == nil {
+				// Only a result a quorum of witnesses received can have won;
+				// a trainer they did not see produced nothing to apply.
+				if ti < int(s.Epoch.ClientsLen) && coordinator.HealthScore(r, s.Epoch.Clients[ti].ID.Signer) >= quorum {
+					work.Missing = append(work.Missing, d.Start)
+				}
+				continue
+			}
+			if _, ok := s.Config.ConsensusCommitment(r, []coordinator.Hash{res.ann.Commitment}); ok {
+				work.Frames = append(work.Frames, res.frame)
+			}
+		}
+		if len(work.Missing) > 0 && back == 2 {
+			if !rs.pulled && !m.pulling {
+				rs.pulled = true
+				m.pulling = true
+				rd.Pull = &step
+			}
+			return // wait for the pull, at most until the next round
+		}
+		rs.applied = true
+		rd.Apply = &work
+		return
+	}
+}

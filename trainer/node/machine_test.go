@@ -1,0 +1,221 @@
+package node
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/p2p"
+)
+
+// run is a coordinator driven by hand for the machine tests: three clients,
+// one of which is the machine under test.
+type run struct {
+	t     *testing.T
+	s     *coordinator.Coordinator
+	ids   []coordinator.ClientID
+	admin coordinator.Pubkey
+	now   uint64
+}
+
+func clientID(i int) coordinator.ClientID {
+	return coordinator.ClientID{Signer: sha256.Sum256([]byte(fmt.Sprint("signer", i))), P2P: sha256.Sum256([]byte(fmt.Sprint("p2p", i)))}
+}
+
+func newRun(t *testing.T) *run {
+	r := &run{t: t, admin: sha256.Sum256([]byte("admin"))}
+	id, _ := coordinator.ParseRunID("m")
+	s, err := coordinator.New(coordinator.InitCoordinator{MainAuthority: r.admin, RunID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.s = s
+	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: 10, RoundWitnessTime: 2, EpochTime: 100,
+		WaitingForMembersExtraTime: 1, TotalSteps: 100, GlobalBatchSizeStart: 6, GlobalBatchSizeEnd: 6, InitMinClients: 3, MinClients: 2}
+	m := coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2, MaxSeqLen: 8,
+		VocabSize: 256, DModel: 8, NLayers: 1, NHeads: 1, LR: coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 0.5},
+		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.9, CompressionTopK: 2, CompressionChunk: 8}}
+	m.Checkpoint.Kind = coordinator.CheckpointHub
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file:///m")
+	_ = coordinator.SetFixedString(m.DataLocation[:], "d")
+	r.apply(r.admin, &coordinator.Update{Config: &cfg, Model: &m})
+	r.apply(r.admin, &coordinator.SetPaused{})
+	for i := 0; i < 3; i++ {
+		r.ids = append(r.ids, clientID(i))
+	}
+	return r
+}
+
+func (r *run) apply(sender coordinator.Pubkey, ix coordinator.Instruction) error {
+	_, err := r.s.Apply(coordinator.Context{Sender: sender, Now: r.now, Seed: r.now + 7}, ix)
+	return err
+}
+
+func (r *run) tick(seconds uint64) {
+	for i := uint64(0); i < seconds; i++ {
+		r.now++
+		_, _ = r.s.Tick(r.now, r.now*31)
+	}
+}
+
+// snap is a copy of the state, as a subscriber would get it.
+func (r *run) snap() *coordinator.Coordinator { c := *r.s; return &c }
+
+func keys() func() uint64 {
+	k := uint64(0)
+	return func() uint64 { k++; return k }
+}
+
+func TestMachineJoinsOncePerEpoch(t *testing.T) {
+	r := newRun(t)
+	m := newMachine(r.ids[0], 0, keys())
+	rd := m.snapshot(r.snap())
+	if len(rd.Send) != 1 || rd.Send[0].Name() != "join_run" {
+		t.Fatalf("want a join, got %+v", rd)
+	}
+	if err := r.apply(r.ids[0].Signer, rd.Send[0]); err != nil {
+		t.Fatal(err)
+	}
+	if rd := m.snapshot(r.snap()); len(rd.Send) != 0 {
+		t.Fatalf("joined twice: %+v", rd)
+	}
+}
+
+// toTraining brings the run to its first RoundTrain with the machine as
+// client 0, loaded, and returns the machine.
+func toTraining(t *testing.T, r *run) *machine {
+	m := newMachine(r.ids[0], 0, keys())
+	for i, id := range r.ids {
+		if err := r.apply(id.Signer, &coordinator.JoinRun{ID: id}); err != nil {
+			t.Fatal(i, err)
+		}
+	}
+	r.tick(1)
+	if r.s.RunState != coordinator.Warmup {
+		t.Fatalf("setup: %s", r.s.Describe())
+	}
+	rd := m.snapshot(r.snap())
+	if rd.Load == nil || rd.Load.Keep {
+		t.Fatalf("want a fresh load in warmup, got %+v", rd)
+	}
+	rd = m.loaded(rd.Load.Epoch)
+	for _, ix := range rd.Send {
+		if ix.Name() != "warmup_witness" {
+			t.Fatalf("unexpected %s", ix.Name())
+		}
+		if err := r.apply(r.ids[0].Signer, ix); err != nil {
+			t.Fatalf("warmup witness refused: %v", err)
+		}
+	}
+	r.tick(5)
+	if r.s.RunState != coordinator.RoundTrain {
+		t.Fatalf("setup: %s", r.s.Describe())
+	}
+	return m
+}
+
+func announcement(r *run, trainer int, step uint32, b p2p.BatchRange) p2p.Announcement {
+	return p2p.Announcement{RunID: "m", Step: step, Batch: b, Trainer: r.ids[trainer],
+		Commitment: sha256.Sum256([]byte(fmt.Sprint(trainer, step, b.Start)))}
+}
+
+func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
+	r := newRun(t)
+	m := toTraining(t, r)
+	rd := m.snapshot(r.snap())
+	if rd.Train == nil || rd.Train.Step != 1 || rd.Train.Batch.End-rd.Train.Batch.Start != 2 || rd.Train.LR != 0.5 {
+		t.Fatalf("want this node's 2-sequence batch of step 1, got %+v", rd.Train)
+	}
+	if again := m.snapshot(r.snap()); again.Train != nil {
+		t.Fatal("trained the same round twice")
+	}
+	frame := &distro.Frame{}
+	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), frame, 2.5)
+
+	ranges := r.s.RoundAssignment(r.s.CurrentRound())
+	var anns []p2p.Announcement
+	for i := 1; i < 3; i++ {
+		anns = append(anns, announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count}))
+	}
+	if got := m.announced(anns[0]); len(got.Fetch) != 1 {
+		t.Fatalf("want a fetch, got %+v", got)
+	}
+	if got := m.announced(anns[0]); len(got.Fetch) != 0 {
+		t.Fatal("fetched the same result twice")
+	}
+	if got := m.announced(announcement(r, 0, 1, rd.Train.Batch)); len(got.Fetch) != 0 {
+		t.Fatal("fetched its own result")
+	}
+	// A result that fails its checks is never fetched again.
+	if got := m.fetched(anns[1], nil, errors.New("bad frame")); len(got.Send) != 0 {
+		t.Fatal("witnessed after a bad result")
+	}
+	if got := m.announced(anns[1]); len(got.Fetch) != 0 {
+		t.Fatal("refetched a rejected result")
+	}
+	// Once every result is in, an elected witness reports them all.
+	rd = m.fetched(anns[0], frame, nil)
+	good := anns[1]
+	good.Commitment[0] ^= 1
+	if len(rd.Send) != 0 {
+		t.Fatal("witnessed before every result was in")
+	}
+	m.announced(good)
+	rd = m.fetched(good, frame, nil)
+	proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0)
+	if !proof.IsWitness {
+		if len(rd.Send) != 0 {
+			t.Fatalf("a non-witness sent %+v", rd.Send)
+		}
+		return
+	}
+	if len(rd.Send) != 1 {
+		t.Fatalf("want one witness report, got %+v", rd)
+	}
+	w := rd.Send[0].(*coordinator.WitnessRound).Report
+	for i := 0; i < 3; i++ {
+		if !w.Participants.Has(w.Key, coordinator.ParticipantMember(r.ids[i].Signer)) {
+			t.Errorf("trainer %d missing from the participant bloom", i)
+		}
+	}
+	if w.Metadata.Step != 1 || w.Metadata.Loss != 2.5 {
+		t.Errorf("metadata %+v", w.Metadata)
+	}
+	if err := r.apply(r.ids[0].Signer, rd.Send[0]); err != nil {
+		t.Fatalf("the coordinator refused the report: %v", err)
+	}
+}
+
+func TestMachineLeavesWhenDone(t *testing.T) {
+	r := newRun(t)
+	m := newMachine(r.ids[0], 1, keys())
+	m.trained = 1
+	if rd := m.snapshot(r.snap()); !rd.Done || len(rd.Send) != 0 {
+		t.Fatalf("want to leave without joining, got %+v", rd)
+	}
+	r.s.RunState = coordinator.Finished
+	if rd := newMachine(r.ids[0], 0, keys()).snapshot(r.snap()); !rd.Done {
+		t.Fatal("a finished run did not end the node")
+	}
+}
+
+func TestMachinePullsWhatGossipLost(t *testing.T) {
+	r := newRun(t)
+	m := toTraining(t, r)
+	m.snapshot(r.snap())
+	rd := m.tick()
+	if rd.Pull == nil || *rd.Pull != 1 {
+		t.Fatalf("want a pull of step 1, got %+v", rd)
+	}
+	if again := m.tick(); again.Pull != nil {
+		t.Fatal("a second pull while one is in flight")
+	}
+	ranges := r.s.RoundAssignment(r.s.CurrentRound())
+	a := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
+	if got := m.pulled([]p2p.Announcement{a}); len(got.Fetch) != 1 {
+		t.Fatalf("want the pulled result fetched, got %+v", got)
+	}
+}

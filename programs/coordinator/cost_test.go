@@ -1,0 +1,165 @@
+package coordinator_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	coord "github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/programs/validator"
+)
+
+// TestOnChainAt256 fills a run to 256 clients through real transactions and
+// measures the compute units of the instructions whose cost grows with the
+// number of clients (the join that fills the list, the tick that starts the
+// epoch, warmup and round witnesses with the full 90-round shuffle), checking
+// the account against the Go coordinator after each of them.
+func TestOnChainAt256(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the local validator and sends 260 transactions")
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not on PATH: the local validator needs Node 20 or newer (apt-get install nodejs npm)")
+	}
+	programID := sha256.Sum256([]byte("psyche/coordinator-program-cost"))
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	v, err := validator.Start(ctx, validator.WithSlotDuration(50*time.Millisecond),
+		validator.WithProgram(base58Encode(programID[:]), filepath.Join(".", "coordinator.so")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	c := &chain{t: t, rpc: &rpcClient{url: v.RPC}, program: programID[:]}
+	_, admin, _ := ed25519.GenerateKey(nil)
+	_, acctKey, _ := ed25519.GenerateKey(nil)
+	c.rpc.call(t, "requestAirdrop", base58Encode(pub(admin)), 100_000_000_000)
+
+	var runID [coord.MaxRunIDLen]byte
+	copy(runID[:], "cost-run")
+	instance := findProgramAddress([][]byte{[]byte("coordinator"), []byte("cost-run")}, programID[:])
+	coordKey := pub(acctKey)
+	system := make([]byte, 32)
+	slotHashes := mustB58(t, "SysvarS1otHashes111111111111111111111111111")
+	accounts := func(sender ed25519.PrivateKey, extra ...accountMeta) []accountMeta {
+		return append([]accountMeta{{instance, false, true}, {coordKey, false, true}, {pub(sender), true, true}}, extra...)
+	}
+	goAcct := make([]byte, coord.AccountSize)
+	check := func(label string, ix coord.Instruction, sender coord.Pubkey) {
+		t.Helper()
+		onChain := c.account(coordKey)
+		s, err := coord.DecodeAccount(onChain)
+		if err != nil {
+			t.Fatalf("%s: %v", label, err)
+		}
+		want := goRun(goAcct, coord.EncodeInstruction(ix), coord.Context{Sender: sender, Now: s.RunStateStart, Seed: s.CurrentRound().RandomSeed})
+		if d := diff(want, result{acct: onChain}); d != "" || want.code != 0 {
+			t.Fatalf("%s: %s %s", label, codeName(want.code), d)
+		}
+		goAcct = onChain
+	}
+
+	createData := binary.LittleEndian.AppendUint32(nil, 0)
+	createData = binary.LittleEndian.AppendUint64(createData, c.rent(coord.AccountSize))
+	createData = binary.LittleEndian.AppendUint64(createData, uint64(coord.AccountSize))
+	createData = append(createData, programID[:]...)
+	transfer := binary.LittleEndian.AppendUint32(nil, 2)
+	transfer = binary.LittleEndian.AppendUint64(transfer, c.rent(80))
+	init := &coord.InitCoordinator{MainAuthority: coord.Pubkey(pub(admin)), RunID: runID}
+	c.send("init", admin, []ed25519.PrivateKey{acctKey},
+		instruction{system, []accountMeta{{pub(admin), true, true}, {coordKey, true, true}}, createData},
+		instruction{system, []accountMeta{{pub(admin), true, true}, {instance, false, true}}, transfer},
+		instruction{c.program, accounts(admin, accountMeta{system, false, false}), coord.EncodeInstruction(init)})
+	check("init", init, coord.Pubkey(pub(admin)))
+	k, m := testConfig(), testModel()
+	k.InitMinClients, k.MinClients, k.WitnessNodes, k.GlobalBatchSizeStart, k.GlobalBatchSizeEnd = 256, 32, 32, 256, 512
+	k.WaitingForMembersExtraTime, k.WarmupTime, k.MaxRoundTrainTime, k.EpochTime = 1, 60, 60, 600
+	for _, ix := range []coord.Instruction{&coord.Update{Config: &k, Model: &m}, &coord.SetPaused{Paused: false}} {
+		c.send(ix.Name(), admin, nil, instruction{c.program, accounts(admin), coord.EncodeInstruction(ix)})
+		check(ix.Name(), ix, coord.Pubkey(pub(admin)))
+	}
+
+	clients := map[coord.Pubkey]ed25519.PrivateKey{}
+	c.unique = true
+	for i := 0; i < 256; i++ {
+		_, key, _ := ed25519.GenerateKey(nil)
+		id := coord.ClientID{Signer: coord.Pubkey(pub(key)), P2P: coord.Pubkey(sha256.Sum256([]byte(fmt.Sprint("p2p", i))))}
+		clients[id.Signer] = key
+		join := &coord.JoinRun{ID: id}
+		label := "join"
+		if i == 255 {
+			label = "join (256th)"
+		}
+		c.send(label, admin, []ed25519.PrivateKey{key}, instruction{c.program, accounts(key), coord.EncodeInstruction(join)})
+		if i == 0 || i == 255 {
+			check(label, join, id.Signer)
+		} else {
+			goAcct = c.account(coordKey)
+		}
+	}
+	c.unique = false
+	tick := instruction{c.program, accounts(admin, accountMeta{slotHashes, false, false}), coord.EncodeInstruction(&coord.Tick{})}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		before := c.account(coordKey)
+		c.send("tick (start epoch, 256)", admin, nil, tick)
+		if after := c.account(coordKey); string(before) != string(after) {
+			check("tick", &coord.Tick{}, coord.Pubkey(pub(admin)))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the epoch never started")
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+
+	// Witnesses: every warmup witness (the last one starts the first round),
+	// then one round witness.
+	witness := func(label string, warmup bool) {
+		s, _ := coord.DecodeAccount(goAcct)
+		r := s.CurrentRound()
+		for i := uint16(0); i < s.Epoch.ClientsLen; i++ {
+			p := s.Config.WitnessProofFor(r, i)
+			dup := false
+			for j := 0; j < int(r.WitnessesLen); j++ {
+				dup = dup || r.Witnesses[j].Proof.Index == i
+			}
+			if !p.IsWitness || dup {
+				continue
+			}
+			key := clients[s.Epoch.Clients[i].ID.Signer]
+			rep := witnessReport(s, i, uint64(i), nil)
+			var ix coord.Instruction = &coord.WitnessRound{Report: rep}
+			if warmup {
+				ix = &coord.WarmupWitness{Report: rep}
+			}
+			c.send(label, admin, []ed25519.PrivateKey{key}, instruction{c.program, accounts(key, accountMeta{slotHashes, false, false}), coord.EncodeInstruction(ix)})
+			check(label, ix, s.Epoch.Clients[i].ID.Signer)
+			return
+		}
+		t.Fatalf("%s: no witness left", label)
+	}
+	for n := 0; ; n++ {
+		s, _ := coord.DecodeAccount(goAcct)
+		if s.RunState != coord.Warmup {
+			break
+		}
+		if n > 32 {
+			t.Fatal("warmup never ended")
+		}
+		c.unique = true
+		witness("warmup_witness (256)", true)
+	}
+	witness("witness (256)", false)
+	t.Logf("compute units at 256 clients (simulated): %v", c.units)
+	for what, cu := range c.units {
+		if cu > 200_000 {
+			t.Errorf("%s: %d CU, over the default 200,000 per instruction", what, cu)
+		}
+	}
+}

@@ -1,0 +1,38 @@
+// Package coordinator holds the on-chain coordinator program: freestanding C
+// in src/ that reproduces the Go state machine of package
+// github.com/psyche-go/psyche/coordinator byte for byte, compiled to SBPF by
+// scripts/build-program (clang-22 -target bpfel -mcpu=v2 and the repository's
+// linker) into coordinator.so, which Program embeds.
+//
+// The sources (in src/ because the go command refuses .c files in a package
+// directory that does not use cgo):
+//
+//   - psyche.h: the account as a C struct (offsets asserted against
+//     coordinator/testdata/account_layout.golden), error codes, instructions;
+//   - core.c: instruction decoding, account checks and the state machine.
+//     psy_process(account, data, context) is coordinator.Apply: the context
+//     carries the sender, the co-signer, now and the seed, so the core is
+//     deterministic and testable off chain;
+//   - hash.c: sha256 (through the sol_sha256 syscall), the swap-or-not
+//     shuffle, and the witness blooms (murmur3-128 bit positions identical to
+//     bits-and-blooms/bloom/v3 for m = 2560, k = 7);
+//   - input.c: a bounds-checked parser of the loader's serialized input;
+//   - entrypoint.c: the SBPF entrypoint: account checks (owner, instance PDA
+//     ["coordinator", run_id] and bump, signer), now from the Clock sysvar,
+//     the round seed from the SlotHashes sysvar (its grindability is discussed
+//     there), then psy_process; init_coordinator creates the instance PDA and
+//     free_coordinator closes both accounts.
+//   - host/: a host build of core.c, hash.c and input.c (sha256 and the memory
+//     syscalls written out in shim.c) that the tests drive over a pipe.
+//
+// Tests: the differential tests (TestScenarioFullRun, TestRandomSequences,
+// TestMalformedInstructions) apply the same instruction bytes with the same
+// context to the Go coordinator and to the host build of the C core and
+// require identical result codes and identical account bytes after every
+// step; TestInputParser checks the input parser on truncated and corrupted
+// inputs under the address sanitizer; TestLayoutMatchesGolden and
+// TestErrorCodesMatchGo check the ABI tables; TestProgramIsReproducible
+// rebuilds coordinator.so; TestOnChain and TestOnChainAt256 run the built
+// program on the local validator through real transactions and compare the
+// account with the Go coordinator given the time and seed the program used.
+package coordinator

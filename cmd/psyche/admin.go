@@ -7,11 +7,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/urfave/cli/v2"
 )
@@ -25,9 +28,12 @@ func defaultKeyPath() string {
 }
 
 var (
-	serverFlag = &cli.StringFlag{Name: "server", Value: "http://127.0.0.1:7600", Usage: "URL of the server backend", Category: "BACKEND"}
-	keyFlag    = &cli.StringFlag{Name: "key", Value: defaultKeyPath(), Usage: "key file (Solana CLI JSON format)", Category: "IDENTITY"}
-	runIDFlag  = &cli.StringFlag{Name: "run-id", Required: true, Usage: "the run (1-32 characters of [A-Za-z0-9._-])", Category: "RUN"}
+	serverFlag    = &cli.StringFlag{Name: "server", Value: "http://127.0.0.1:7600", Usage: "URL of the server backend (when --rpc is not given)", Category: "BACKEND"}
+	rpcFlag       = &cli.StringSliceFlag{Name: "rpc", Usage: "Solana JSON-RPC endpoint(s), tried in order: selects the Solana backend", Category: "BACKEND"}
+	wsFlag        = &cli.StringSliceFlag{Name: "ws-rpc", Usage: "Solana websocket endpoint(s) (default: each --rpc with ws:// or wss://)", Category: "BACKEND"}
+	programIDFlag = &cli.StringFlag{Name: "program-id", Value: solana.LocalProgramID.String(), Usage: "address of the coordinator program", Category: "BACKEND"}
+	keyFlag       = &cli.StringFlag{Name: "key", Value: defaultKeyPath(), Usage: "key file (Solana CLI JSON format)", Category: "IDENTITY"}
+	runIDFlag     = &cli.StringFlag{Name: "run-id", Required: true, Usage: "the run (1-32 characters of [A-Za-z0-9._-])", Category: "RUN"}
 )
 
 var adminCommands = []*cli.Command{
@@ -122,9 +128,34 @@ func runServer(c *cli.Context) error {
 	return s.Serve(ctx, l)
 }
 
+// withSolanaFlags gives every command that talks to a backend (it has
+// --server) the flags that select Solana instead.
+func withSolanaFlags(cmds []*cli.Command) {
+	for _, c := range cmds {
+		if slices.Contains(c.Flags, cli.Flag(serverFlag)) && !slices.Contains(c.Flags, cli.Flag(rpcFlag)) {
+			c.Flags = append(c.Flags, rpcFlag, wsFlag, programIDFlag)
+		}
+	}
+}
+
 // backend returns the backend the flags select and the signing key.
 func backend(c *cli.Context, needKey bool) (chain.Backend, *chain.Keypair, error) {
-	b := server.NewClient(c.String("server"), logger(c))
+	var b chain.Backend = server.NewClient(c.String("server"), logger(c))
+	if rpcs := c.StringSlice("rpc"); len(rpcs) > 0 {
+		wss := c.StringSlice("ws-rpc")
+		if len(wss) == 0 {
+			for _, u := range rpcs {
+				wss = append(wss, strings.Replace(strings.Replace(u, "https://", "wss://", 1), "http://", "ws://", 1))
+			}
+		}
+		program, err := chain.ParseAddress(c.String("program-id"))
+		if err != nil {
+			return nil, nil, fmt.Errorf("--program-id: %w", err)
+		}
+		if b, err = solana.New(solana.WithRPC(rpcs...), solana.WithWebsocket(wss...), solana.WithProgramID(program), solana.WithLogger(logger(c))); err != nil {
+			return nil, nil, err
+		}
+	}
 	if !needKey {
 		return b, nil, nil
 	}

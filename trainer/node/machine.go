@@ -34,6 +34,8 @@ type machine struct {
 	ckpt     uint32                    // epoch+1 of the last checkpoint attempt
 	loss     float32                   // loss of the last trained batch
 	pulling  bool                      // a pull is in flight
+	diverged bool                      // a round was applied without every consensus result
+	counted  uint32                    // epoch+1 of the last epoch counted in trained
 }
 
 // result is a verified peer (or own) result for one batch.
@@ -43,17 +45,26 @@ type result struct {
 }
 
 type roundState struct {
-	trained, witnessed, applied, checked, pulled bool
+	trained, witnessed, applied, checked bool
+	due                                  *dueRound // set when the round's results are due and not yet applied
+}
+
+// dueRound keeps what deciding a round's consensus needs after the
+// coordinator's ring has moved on.
+type dueRound struct {
+	round      coordinator.Round
+	assignment []coordinator.DataRange
+	signers    []coordinator.Pubkey
 }
 
 // Ready is what the driver does next, in field order.
 type Ready struct {
+	// Apply asks to apply a round's consensus results, in this order.
+	Apply *ApplyWork
 	// Load asks for the model, optimizer and data of the snapshot's epoch;
 	// Keep says the model in memory may stay (it is the previous epoch's
 	// end, which P2P checkpoints serve). Answer with loaded.
 	Load *LoadWork
-	// Apply asks to apply a round's consensus results, in this order.
-	Apply *ApplyWork
 	// Train asks to train this node's batch and publish it. Answer with
 	// trainedResult.
 	Train *TrainWork
@@ -122,6 +133,12 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 	m.snap = s
 	var rd Ready
 	tag := m.epochTag()
+	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness && s.RunState != coordinator.Cooldown && m.hasDue() {
+		// The epoch ended with results still missing: apply what there is
+		// (this marks the model as diverged; the driver applies before it
+		// loads, so a load in the same Ready replaces it).
+		m.applyDue(&rd)
+	}
 	switch s.RunState {
 	case coordinator.Finished:
 		rd.Done = true
@@ -140,7 +157,8 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 		}
 		if m.ready != tag {
 			// The model in memory may stay only if this node ended the
-			// previous epoch as a client and the run says to use peers.
+			// previous epoch as a client with every result applied and the
+			// run says to use peers.
 			keep := m.held == s.Progress.Epoch && s.Model.Checkpoint.Kind == coordinator.CheckpointP2P
 			rd.Load = &LoadWork{Epoch: s.Progress.Epoch, Keep: keep}
 			break
@@ -157,23 +175,44 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 		}
 		m.maybeWitness(&rd)
 	case coordinator.Cooldown:
-		i, ok := m.member()
-		if ok && m.ready == tag && m.held != tag {
-			m.held = tag // this node holds the epoch's final model
-			m.trained++
-		}
-		if ok && m.ready == tag && m.ckpt != tag && s.IsCheckpointer(i) {
-			m.ckpt = tag
-			rd.Save = true
-		}
+		m.cooldown(&rd)
 	}
 	m.forget()
 	return rd
 }
 
+// cooldown finishes the epoch's applies, then marks the model as held and,
+// if this node is an elected checkpointer, asks to save it.
+func (m *machine) cooldown(rd *Ready) {
+	tag := m.epochTag()
+	if m.ready != tag {
+		return
+	}
+	m.applyDue(rd)
+	if m.hasDue() || rd.Apply != nil {
+		return // the next event (a fetch, the tick) finishes the applies
+	}
+	i, ok := m.member()
+	if !ok {
+		return
+	}
+	if m.held != tag && !m.diverged {
+		m.held = tag // this node holds the epoch's final model
+	}
+	if m.counted != tag {
+		m.counted = tag
+		m.trained++
+	}
+	if m.ckpt != tag && !m.diverged && m.snap.IsCheckpointer(i) {
+		m.ckpt = tag
+		rd.Save = true
+	}
+}
+
 // loaded says the model for epoch is ready.
 func (m *machine) loaded(epoch uint32) Ready {
 	m.ready = epoch + 1
+	m.diverged = false
 	var rd Ready
 	if m.snap != nil && m.snap.RunState == coordinator.Warmup && m.snap.Progress.Epoch == epoch {
 		m.warmupWitness(&rd)
@@ -202,6 +241,10 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error) Ready 
 	}
 	m.store(a, f)
 	if m.snap != nil && m.ready == m.epochTag() {
+		if m.snap.RunState == coordinator.Cooldown {
+			m.cooldown(&rd)
+			return rd
+		}
 		m.applyDue(&rd)
 		m.maybeWitness(&rd)
 	}
@@ -222,15 +265,21 @@ func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, loss float3
 func (m *machine) tick() Ready {
 	var rd Ready
 	s := m.snap
-	if m.pulling || s == nil || m.ready != m.epochTag() || (s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness) {
+	if s == nil || m.ready != m.epochTag() {
 		return rd
 	}
-	step := s.Progress.Step
-	for _, b := range expectedBatches(s, s.CurrentRound()) {
-		if m.results[step][b] == nil {
-			m.pulling = true
-			rd.Pull = &step
-			break
+	if s.RunState == coordinator.Cooldown {
+		m.cooldown(&rd)
+		return rd
+	}
+	if !m.pulling && (s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness) {
+		step := s.Progress.Step
+		for _, b := range expectedBatches(s, s.CurrentRound()) {
+			if m.results[step][b] == nil {
+				m.pulling = true
+				rd.Pull = &step
+				break
+			}
 		}
 	}
 	if rd.Pull == nil {
@@ -265,12 +314,12 @@ func (m *machine) store(a p2p.Announcement, f *distro.Frame) {
 func (m *machine) forget() {
 	step := m.snap.Progress.Step
 	for st := range m.results {
-		if st+4 < step {
+		if rs := m.rounds[st]; st+4 < step && (rs == nil || rs.due == nil) {
 			delete(m.results, st)
 		}
 	}
-	for st := range m.rounds {
-		if st+4 < step {
+	for st, rs := range m.rounds {
+		if st+4 < step && rs.due == nil {
 			delete(m.rounds, st)
 		}
 	}
@@ -424,60 +473,102 @@ func (m *machine) healthChecks(rd *Ready) {
 	}
 }
 
-// applyDue applies the consensus results of the round two rounds back (train
-// h, witness h during h+1, apply at the start of h+2), once. Every node
-// applies the same results in the same order, so their models stay equal. A
-// result that a quorum of witnesses saw but that this node lacks is pulled
-// from peers first; after one more round it is given up on.
+// applyDue applies the consensus results of each round two rounds later
+// (train h, witness h during h+1, apply at the start of h+2), in round order,
+// once. Every node applies the same results in the same order, so their
+// models stay equal. When a round becomes due, its witness reports are copied
+// (the ring will drop them); a result that a quorum of witnesses saw but this
+// node lacks is pulled from peers, and the apply waits for it (keeping later
+// rounds waiting too) until the epoch ends, when what is there is applied.
 func (m *machine) applyDue(rd *Ready) {
 	s := m.snap
-	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness {
-		return
-	}
-	cur := s.CurrentRound()
-	if cur.Height < 2 {
-		return
-	}
-	// Rounds are applied in order: the oldest unapplied one the ring holds.
-	for back := uint32(3); back >= 2; back-- {
-		if cur.Height < back {
-			continue
-		}
-		step := s.Progress.Step - back
-		r := s.RoundAtHeight(cur.Height - back)
-		rs := m.round(step)
-		if r == nil || rs.applied {
-			continue
-		}
-		work := ApplyWork{Step: step, LR: schedule.LR(s.Model.LR, step)}
-		quorum := coordinator.Quorum(s.Config.WitnessCount(r.ClientsLen))
-		for ti, d := range s.RoundAssignment(r) {
-			if d.Count == 0 {
+	training := s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness
+	if training {
+		cur := s.CurrentRound()
+		for back := uint32(3); back >= 2; back-- {
+			if cur.Height < back {
 				continue
 			}
-			res := m.results[step][d.Start]
-			if res == nil {
-				// Only a result a quorum of witnesses received can have won;
-				// a trainer they did not see produced nothing to apply.
-				if ti < int(s.Epoch.ClientsLen) && coordinator.HealthScore(r, s.Epoch.Clients[ti].ID.Signer) >= quorum {
-					work.Missing = append(work.Missing, d.Start)
-				}
-				continue
-			}
-			if _, ok := s.Config.ConsensusCommitment(r, []coordinator.Hash{res.ann.Commitment}); ok {
-				work.Frames = append(work.Frames, res.frame)
+			step := s.Progress.Step - back
+			if rs := m.round(step); !rs.applied && rs.due == nil {
+				r := *s.RoundAtHeight(cur.Height - back)
+				rs.due = &dueRound{round: r, assignment: s.RoundAssignment(&r), signers: m.signers(&r)}
 			}
 		}
-		if len(work.Missing) > 0 && back == 2 {
-			if !rs.pulled && !m.pulling {
-				rs.pulled = true
-				m.pulling = true
-				rd.Pull = &step
-			}
-			return // wait for the pull, at most until the next round
+	}
+	// The oldest due round goes first; nothing after it may jump ahead.
+	steps := make([]uint32, 0, len(m.rounds))
+	for st, rs := range m.rounds {
+		if rs.due != nil && !rs.applied {
+			steps = append(steps, st)
 		}
-		rs.applied = true
-		rd.Apply = &work
+	}
+	if len(steps) == 0 {
 		return
 	}
+	sort.Slice(steps, func(a, b int) bool { return steps[a] < steps[b] })
+	step := steps[0]
+	rs := m.rounds[step]
+	d := rs.due
+	work := ApplyWork{Step: step, LR: schedule.LR(s.Model.LR, step)}
+	quorum := coordinator.Quorum(s.Config.WitnessCount(d.round.ClientsLen))
+	for ti, a := range d.assignment {
+		if a.Count == 0 {
+			continue
+		}
+		res := m.results[step][a.Start]
+		if res == nil {
+			// Only a result a quorum of witnesses received can have won;
+			// a trainer they did not see produced nothing to apply.
+			if ti < len(d.signers) && coordinator.HealthScore(&d.round, d.signers[ti]) >= quorum {
+				work.Missing = append(work.Missing, a.Start)
+			}
+			continue
+		}
+		if _, ok := s.Config.ConsensusCommitment(&d.round, []coordinator.Hash{res.ann.Commitment}); ok {
+			work.Frames = append(work.Frames, res.frame)
+		}
+	}
+	if len(work.Missing) > 0 && (training || s.RunState == coordinator.Cooldown) {
+		if !m.pulling {
+			m.pulling = true
+			rd.Pull = &step
+		}
+		return // wait for the missing results while the epoch lasts
+	}
+	if len(work.Missing) > 0 {
+		// The epoch is over without them: this model now differs from the
+		// others, so it must not be served or saved, and the next epoch
+		// loads the checkpoint instead.
+		m.diverged = true
+	}
+	rs.applied = true
+	rs.due = nil
+	rd.Apply = &work
+}
+
+// hasDue reports whether a round's results are due and not yet applied.
+func (m *machine) hasDue() bool {
+	for _, rs := range m.rounds {
+		if rs.due != nil && !rs.applied {
+			return true
+		}
+	}
+	return false
+}
+
+// signers lists the signers of a round's trainers, by index: the epoch's
+// list, if no client has left it since the round (else nil, and no trainer is
+// judged missing: pulling is only a way to catch up).
+func (m *machine) signers(r *coordinator.Round) []coordinator.Pubkey {
+	s := m.snap
+	out := make([]coordinator.Pubkey, 0, r.ClientsLen)
+	cur := s.Epoch.Clients[:s.Epoch.ClientsLen]
+	if int(r.ClientsLen) != len(cur) {
+		return nil
+	}
+	for _, c := range cur {
+		out = append(out, c.ID.Signer)
+	}
+	return out
 }

@@ -277,17 +277,17 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 
 // do carries out a Ready, feeding the answers back into the machine.
 func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pulled chan<- []p2p.Announcement) (bool, error) {
+	if rd.Apply != nil {
+		if err := n.apply(rd.Apply); err != nil {
+			return false, err
+		}
+	}
 	if rd.Load != nil {
 		if err := n.load(ctx, n.m.snap, rd.Load.Keep); err != nil {
 			return false, err
 		}
 		if done, err := n.do(ctx, n.m.loaded(rd.Load.Epoch), fetched, pulled); done || err != nil {
 			return done, err
-		}
-	}
-	if rd.Apply != nil {
-		if err := n.apply(rd.Apply); err != nil {
-			return false, err
 		}
 	}
 	if rd.Train != nil {

@@ -72,7 +72,9 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts
 	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("admin")))
 	c.admin = admin
 	id, _ := coordinator.ParseRunID("e2e")
-	cfg := coordinator.Config{WarmupTime: 3, CooldownTime: 3, MaxRoundTrainTime: 4, RoundWitnessTime: 1, EpochTime: 8,
+	// Rounds end as soon as every witness has reported; the long training
+	// limit only matters on a loaded machine, where results arrive late.
+	cfg := coordinator.Config{WarmupTime: 3, CooldownTime: 3, MaxRoundTrainTime: 7, RoundWitnessTime: 1, EpochTime: 8,
 		WaitingForMembersExtraTime: 1, TotalSteps: 1000, GlobalBatchSizeStart: 12, GlobalBatchSizeEnd: 12,
 		InitMinClients: uint16(trainers), MinClients: 2}
 	if edit != nil {
@@ -288,7 +290,9 @@ func TestGarbagePublisherIsIgnored(t *testing.T) {
 	}
 	const rogue = 3
 	calls := 0
-	c := newCluster(t, 4, func(k *coordinator.Config) { k.EpochTime = 12 }, func(i int) []node.Option {
+	// The rogue's rounds run to the training limit (its result never
+	// verifies), so the limit is short and the epoch long.
+	c := newCluster(t, 4, func(k *coordinator.Config) { k.EpochTime, k.MaxRoundTrainTime = 20, 3 }, func(i int) []node.Option {
 		if i != rogue {
 			return nil
 		}

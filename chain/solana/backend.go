@@ -1,0 +1,509 @@
+// Package solana is the chain.Backend of a coordinator that lives in a Solana
+// program account (programs/coordinator), reached over JSON-RPC and websocket
+// with gagliardetto/solana-go.
+//
+// A run has two accounts: the instance, a PDA ["coordinator", run_id] of 80
+// bytes that names the run's coordinator account, and the coordinator account
+// itself (too large to create from inside a program, so the creator's
+// transaction creates it with the system program, funds the instance and
+// calls init_coordinator). Every program instruction takes the accounts
+// [instance, coordinator, sender, extras…]; the extras are the system program
+// for init_coordinator, the join authority's co-signature for join_run, and
+// the SlotHashes sysvar for tick and warmup_witness (the program derives the
+// round seed from it).
+package solana
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	sol "github.com/gagliardetto/solana-go"
+	"github.com/gagliardetto/solana-go/programs/system"
+	"github.com/gagliardetto/solana-go/rpc"
+	"github.com/gagliardetto/solana-go/rpc/jsonrpc"
+	"github.com/gagliardetto/solana-go/rpc/ws"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// LocalProgramID is where `psyche validator` and the tests preload the
+// coordinator program (a deployment names its own id).
+var LocalProgramID = sol.PublicKeyFromBytes(func() []byte { h := sha256.Sum256([]byte("psyche/coordinator-program")); return h[:] }())
+
+const instanceSize = 80
+
+// Errors a caller can branch on.
+var (
+	ErrRPCDown      = errors.New("solana: no RPC endpoint answered")
+	ErrWrongOwner   = errors.New("solana: account is not owned by the coordinator program")
+	ErrNotConfirmed = errors.New("solana: transaction was not confirmed in time")
+	ErrInsufficient = errors.New("solana: insufficient lamports")
+)
+
+type config struct {
+	rpcs    []string
+	wss     []string
+	program sol.PublicKey
+	log     *slog.Logger
+	retries int
+	confirm time.Duration
+}
+
+// Option configures a Backend.
+type Option func(*config) error
+
+// WithRPC sets the JSON-RPC endpoints, tried in order.
+func WithRPC(urls ...string) Option {
+	return func(c *config) error { c.rpcs = append(c.rpcs, urls...); return nil }
+}
+
+// WithWebsocket sets the websocket endpoints, tried in order.
+func WithWebsocket(urls ...string) Option {
+	return func(c *config) error { c.wss = append(c.wss, urls...); return nil }
+}
+
+// WithProgramID sets the coordinator program's address (default LocalProgramID).
+func WithProgramID(id coordinator.Pubkey) Option {
+	return func(c *config) error { c.program = sol.PublicKeyFromBytes(id[:]); return nil }
+}
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error { c.log = l; return nil }
+}
+
+// WithConfirmTimeout bounds the wait for a transaction to be confirmed.
+func WithConfirmTimeout(d time.Duration) Option {
+	return func(c *config) error { c.confirm = d; return nil }
+}
+
+// Backend is the Solana chain.Backend.
+type Backend struct {
+	cfg     config
+	clients []*rpc.Client
+}
+
+var _ chain.Backend = (*Backend)(nil)
+
+// New returns a backend; it does not connect until used.
+func New(opts ...Option) (*Backend, error) {
+	cfg := config{program: LocalProgramID, log: slog.New(slog.DiscardHandler), retries: 3, confirm: 30 * time.Second}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if len(cfg.rpcs) == 0 {
+		return nil, errors.New("solana: no RPC endpoint given")
+	}
+	if len(cfg.wss) == 0 {
+		return nil, errors.New("solana: no websocket endpoint given")
+	}
+	b := &Backend{cfg: cfg}
+	for _, u := range cfg.rpcs {
+		b.clients = append(b.clients, rpc.New(u))
+	}
+	return b, nil
+}
+
+// call runs f on each endpoint in turn, retrying transport failures with
+// backoff; an answer from the node (including a JSON-RPC error such as a
+// failed simulation) is final.
+func (b *Backend) call(ctx context.Context, f func(*rpc.Client) error) error {
+	var last error
+	backoff := 100 * time.Millisecond
+	for attempt := 0; attempt <= b.cfg.retries; attempt++ {
+		for _, c := range b.clients {
+			err := f(c)
+			if err == nil || !isTransport(err) {
+				return err
+			}
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff *= 2
+	}
+	return fmt.Errorf("%w: %v", ErrRPCDown, last)
+}
+
+func isTransport(err error) bool {
+	var rpcErr *jsonrpc.RPCError
+	return !errors.As(err, &rpcErr) && !errors.Is(err, rpc.ErrNotFound) && !errors.Is(err, context.Canceled) &&
+		!errors.Is(err, context.DeadlineExceeded)
+}
+
+// Instance is the address of a run's instance PDA.
+func (b *Backend) Instance(runID string) (sol.PublicKey, error) {
+	id, err := coordinator.ParseRunID(runID)
+	if err != nil {
+		return sol.PublicKey{}, err
+	}
+	addr, _, err := sol.FindProgramAddress([][]byte{[]byte("coordinator"), []byte(coordinator.FixedString(id[:]))}, b.cfg.program)
+	return addr, err
+}
+
+func (b *Backend) accountData(ctx context.Context, key sol.PublicKey) ([]byte, sol.PublicKey, error) {
+	var res *rpc.GetAccountInfoResult
+	err := b.call(ctx, func(c *rpc.Client) error {
+		var err error
+		res, err = c.GetAccountInfoWithOpts(ctx, key, &rpc.GetAccountInfoOpts{Encoding: sol.EncodingBase64, Commitment: rpc.CommitmentConfirmed})
+		return err
+	})
+	if errors.Is(err, rpc.ErrNotFound) || (err == nil && (res == nil || res.Value == nil)) {
+		return nil, sol.PublicKey{}, rpc.ErrNotFound
+	}
+	if err != nil {
+		return nil, sol.PublicKey{}, err
+	}
+	return res.Value.Data.GetBinary(), res.Value.Owner, nil
+}
+
+// coordinatorAccount finds a run's coordinator account through its instance.
+func (b *Backend) coordinatorAccount(ctx context.Context, runID string) (instance, account sol.PublicKey, err error) {
+	if instance, err = b.Instance(runID); err != nil {
+		return
+	}
+	data, owner, err := b.accountData(ctx, instance)
+	if errors.Is(err, rpc.ErrNotFound) {
+		return instance, account, fmt.Errorf("%w: %q", chain.ErrRunNotFound, runID)
+	}
+	if err != nil {
+		return
+	}
+	if owner != b.cfg.program {
+		return instance, account, fmt.Errorf("%w: instance of %q is owned by %s", ErrWrongOwner, runID, owner)
+	}
+	if len(data) != instanceSize {
+		return instance, account, fmt.Errorf("solana: instance of %q is %d bytes, want %d", runID, len(data), instanceSize)
+	}
+	return instance, sol.PublicKeyFromBytes(data[48:80]), nil
+}
+
+// Snapshot implements chain.Backend.
+func (b *Backend) Snapshot(ctx context.Context, runID string) (chain.Snapshot, error) {
+	_, account, err := b.coordinatorAccount(ctx, runID)
+	if err != nil {
+		return chain.Snapshot{}, err
+	}
+	return b.snapshotOf(ctx, account)
+}
+
+func (b *Backend) snapshotOf(ctx context.Context, account sol.PublicKey) (chain.Snapshot, error) {
+	data, owner, err := b.accountData(ctx, account)
+	if errors.Is(err, rpc.ErrNotFound) {
+		return chain.Snapshot{}, fmt.Errorf("%w: coordinator account %s", chain.ErrRunNotFound, account)
+	}
+	if err != nil {
+		return chain.Snapshot{}, err
+	}
+	if owner != b.cfg.program {
+		return chain.Snapshot{}, fmt.Errorf("%w: coordinator account %s is owned by %s", ErrWrongOwner, account, owner)
+	}
+	state, err := coordinator.DecodeAccount(data)
+	if err != nil {
+		return chain.Snapshot{}, fmt.Errorf("solana: coordinator account %s: %w", account, err)
+	}
+	return chain.Snapshot{State: state}, nil
+}
+
+// Send implements chain.Backend.
+func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain.Signer, ix coordinator.Instruction) (chain.Receipt, error) {
+	signers := map[sol.PublicKey]chain.Signer{key(signer): signer}
+	var ixs []sol.Instruction
+	var instance, account sol.PublicKey
+	var before coordinator.RunState
+	sender := key(signer)
+	data := coordinator.EncodeInstruction(ix)
+	switch ix.(type) {
+	case *coordinator.InitCoordinator:
+		var err error
+		if instance, err = b.Instance(runID); err != nil {
+			return chain.Receipt{}, err
+		}
+		// The program refuses a second init too; asking first gives the
+		// same error as the server backend instead of a runtime one.
+		if _, _, err := b.accountData(ctx, instance); err == nil {
+			return chain.Receipt{}, fmt.Errorf("init_coordinator: %w", coordinator.ErrAlreadyInitialized)
+		} else if !errors.Is(err, rpc.ErrNotFound) {
+			return chain.Receipt{}, err
+		}
+		acct, err := chain.NewKeypair()
+		if err != nil {
+			return chain.Receipt{}, err
+		}
+		account = key(acct)
+		signers[account] = acct
+		var big, small uint64
+		if err := b.call(ctx, func(c *rpc.Client) error {
+			var err error
+			if big, err = c.GetMinimumBalanceForRentExemption(ctx, uint64(coordinator.AccountSize), rpc.CommitmentConfirmed); err != nil {
+				return err
+			}
+			small, err = c.GetMinimumBalanceForRentExemption(ctx, instanceSize, rpc.CommitmentConfirmed)
+			return err
+		}); err != nil {
+			return chain.Receipt{}, err
+		}
+		ixs = append(ixs,
+			system.NewCreateAccountInstruction(big, uint64(coordinator.AccountSize), b.cfg.program, sender, account).Build(),
+			system.NewTransferInstruction(small, sender, instance).Build(),
+			sol.NewInstruction(b.cfg.program, sol.AccountMetaSlice{
+				sol.NewAccountMeta(instance, true, false), sol.NewAccountMeta(account, true, false),
+				sol.NewAccountMeta(sender, true, true), sol.NewAccountMeta(sol.SystemProgramID, false, false)}, data))
+	default:
+		var err error
+		if instance, account, err = b.coordinatorAccount(ctx, runID); err != nil {
+			return chain.Receipt{}, err
+		}
+		if snap, err := b.snapshotOf(ctx, account); err == nil {
+			before = snap.State.RunState
+		}
+		_, free := ix.(*coordinator.FreeCoordinator)
+		metas := sol.AccountMetaSlice{sol.NewAccountMeta(instance, true, false), sol.NewAccountMeta(account, true, false),
+			sol.NewAccountMeta(sender, free, true)}
+		switch ix.(type) {
+		case *coordinator.Tick, *coordinator.WarmupWitness:
+			metas = append(metas, sol.NewAccountMeta(sol.SysVarSlotHashesPubkey, false, false))
+		}
+		if coSigner != nil {
+			co := key(coSigner)
+			signers[co] = coSigner
+			metas = append(metas, sol.NewAccountMeta(co, false, true))
+		}
+		ixs = append(ixs, sol.NewInstruction(b.cfg.program, metas, data))
+	}
+	if err := b.submit(ctx, ix.Name(), sender, signers, ixs); err != nil {
+		return chain.Receipt{}, err
+	}
+	if _, free := ix.(*coordinator.FreeCoordinator); free {
+		return chain.Receipt{Changed: true, From: before, To: before}, nil
+	}
+	snap, err := b.snapshotOf(ctx, account)
+	if err != nil {
+		return chain.Receipt{}, err
+	}
+	return chain.Receipt{Changed: true, From: before, To: snap.State.RunState, Nonce: snap.Nonce()}, nil
+}
+
+func key(s chain.Signer) sol.PublicKey { p := s.Public(); return sol.PublicKeyFromBytes(p[:]) }
+
+// submit signs, sends (with preflight, so program errors come back at once)
+// and waits for confirmation.
+func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, signers map[sol.PublicKey]chain.Signer, ixs []sol.Instruction) error {
+	var bh *rpc.GetLatestBlockhashResult
+	if err := b.call(ctx, func(c *rpc.Client) error {
+		var err error
+		bh, err = c.GetLatestBlockhash(ctx, rpc.CommitmentConfirmed)
+		return err
+	}); err != nil {
+		return err
+	}
+	tx, err := sol.NewTransaction(ixs, bh.Value.Blockhash, sol.TransactionPayer(payer))
+	if err != nil {
+		return fmt.Errorf("solana: building %s: %w", what, err)
+	}
+	msg, err := tx.Message.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("solana: encoding %s: %w", what, err)
+	}
+	for _, k := range tx.Message.Signers() {
+		s, ok := signers[k]
+		if !ok {
+			return fmt.Errorf("solana: %s needs a signature of %s", what, k)
+		}
+		tx.Signatures = append(tx.Signatures, sol.SignatureFromBytes(s.Sign(msg)))
+	}
+	var sig sol.Signature
+	err = b.call(ctx, func(c *rpc.Client) error {
+		var err error
+		sig, err = c.SendTransactionWithOpts(ctx, tx, rpc.TransactionOpts{PreflightCommitment: rpc.CommitmentConfirmed})
+		return err
+	})
+	if err != nil {
+		return programError(what, err)
+	}
+	deadline := time.Now().Add(b.cfg.confirm)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var st *rpc.GetSignatureStatusesResult
+		err := b.call(ctx, func(c *rpc.Client) error {
+			var err error
+			st, err = c.GetSignatureStatuses(ctx, false, sig)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if len(st.Value) == 1 && st.Value[0] != nil {
+			s := st.Value[0]
+			if s.Err != nil {
+				return programError(what, fmt.Errorf("%v", jsonOf(s.Err)))
+			}
+			if s.ConfirmationStatus == rpc.ConfirmationStatusConfirmed || s.ConfirmationStatus == rpc.ConfirmationStatusFinalized {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s %s", ErrNotConfirmed, what, sig)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+var (
+	customCode   = regexp.MustCompile(`"Custom"\s*:\s*(\d+)`)
+	insufficient = regexp.MustCompile(`(?i)insufficient (funds|lamports)`)
+)
+
+// programError turns a failed transaction into the coordinator error with the
+// program's custom code, so errors.Is works as with the server backend.
+func programError(what string, err error) error {
+	text := err.Error()
+	var rpcErr *jsonrpc.RPCError
+	if errors.As(err, &rpcErr) {
+		text = rpcErr.Message + " " + jsonOf(rpcErr.Data)
+	}
+	if m := customCode.FindStringSubmatch(text); m != nil {
+		if code, _ := strconv.ParseUint(m[1], 10, 32); code > 0 {
+			if e := coordinator.ErrorFromCode(uint32(code)); e != nil {
+				return fmt.Errorf("%s: %w", what, e)
+			}
+		}
+	}
+	switch {
+	case insufficient.MatchString(text):
+		return fmt.Errorf("%w: %s: %s", ErrInsufficient, what, text)
+	case strings.Contains(text, "AccountNotFound"):
+		// The fee payer has never held lamports.
+		return fmt.Errorf("%w: %s: the paying key has no account (no lamports): %s", ErrInsufficient, what, text)
+	}
+	return fmt.Errorf("solana: %s failed: %s", what, text)
+}
+
+func jsonOf(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+// Subscribe implements chain.Backend: an accountSubscribe on the coordinator
+// account, re-established after any failure with an immediate fetch of the
+// account so that nothing is missed in between.
+func (b *Backend) Subscribe(ctx context.Context, runID string) (<-chan chain.Snapshot, error) {
+	_, account, err := b.coordinatorAccount(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	raw := make(chan chain.Snapshot, 4)
+	go func() {
+		defer close(raw)
+		backoff := 100 * time.Millisecond
+		for i := 0; ctx.Err() == nil; i++ {
+			err := b.stream(ctx, b.cfg.wss[i%len(b.cfg.wss)], account, raw)
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, chain.ErrRunNotFound) {
+				return
+			}
+			b.cfg.log.Warn("account subscription broke; resubscribing", "run", runID, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}()
+	return chain.Newer(ctx, raw), nil
+}
+
+func (b *Backend) stream(ctx context.Context, url string, account sol.PublicKey, out chan<- chain.Snapshot) error {
+	client, err := ws.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	sub, err := client.AccountSubscribeWithOpts(account, rpc.CommitmentConfirmed, sol.EncodingBase64)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	// The subscription may not be live yet; the fetch covers what lands meanwhile.
+	snap, err := b.snapshotOf(ctx, account)
+	if err != nil {
+		return err
+	}
+	select {
+	case out <- snap:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for {
+		res, err := sub.Recv(ctx)
+		if err != nil {
+			return err
+		}
+		if res == nil || res.Value == nil {
+			return fmt.Errorf("%w: coordinator account %s closed", chain.ErrRunNotFound, account)
+		}
+		state, err := coordinator.DecodeAccount(res.Value.Data.GetBinary())
+		if err != nil {
+			return err
+		}
+		select {
+		case out <- chain.Snapshot{State: state}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Airdrop asks the node for lamports (local validators and test networks).
+func (b *Backend) Airdrop(ctx context.Context, to coordinator.Pubkey, lamports uint64) error {
+	var sig sol.Signature
+	if err := b.call(ctx, func(c *rpc.Client) error {
+		var err error
+		sig, err = c.RequestAirdrop(ctx, sol.PublicKeyFromBytes(to[:]), lamports, rpc.CommitmentConfirmed)
+		return err
+	}); err != nil {
+		return fmt.Errorf("solana: airdrop: %w", err)
+	}
+	for i := 0; i < 100; i++ {
+		var st *rpc.GetSignatureStatusesResult
+		if err := b.call(ctx, func(c *rpc.Client) error {
+			var err error
+			st, err = c.GetSignatureStatuses(ctx, false, sig)
+			return err
+		}); err != nil {
+			return err
+		}
+		if len(st.Value) == 1 && st.Value[0] != nil && st.Value[0].ConfirmationStatus != "" && st.Value[0].ConfirmationStatus != rpc.ConfirmationStatusProcessed {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%w: airdrop %s", ErrNotConfirmed, sig)
+}

@@ -1,0 +1,118 @@
+package solana_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	sol "github.com/gagliardetto/solana-go"
+	"github.com/gagliardetto/solana-go/rpc"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/chain/backendtest"
+	"github.com/psyche-go/psyche/chain/solana"
+	"github.com/psyche-go/psyche/coordinator"
+	program "github.com/psyche-go/psyche/programs/coordinator"
+	"github.com/psyche-go/psyche/programs/validator"
+)
+
+// startValidator runs the local validator (litesvm) with the coordinator
+// program preloaded at solana.LocalProgramID.
+func startValidator(t *testing.T) *validator.Validator {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a local validator")
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed: the local validator needs it")
+	}
+	so := filepath.Join(t.TempDir(), "coordinator.so")
+	if err := os.WriteFile(so, program.Program, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	v, err := validator.Start(ctx, validator.WithProgram(solana.LocalProgramID.String(), so))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = v.Close() })
+	return v
+}
+
+func newBackend(t *testing.T, v *validator.Validator) *solana.Backend {
+	b, err := solana.New(solana.WithRPC(v.RPC), solana.WithWebsocket(v.WebSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// chainTime reads the Clock sysvar's unix timestamp.
+func chainTime(t *testing.T, v *validator.Validator) int64 {
+	res, err := rpc.New(v.RPC).GetAccountInfo(context.Background(), sol.SysVarClockPubkey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(binary.LittleEndian.Uint64(res.Value.Data.GetBinary()[32:40]))
+}
+
+func TestBackendSuite(t *testing.T) {
+	v := startValidator(t)
+	b := newBackend(t, v)
+	ctx := context.Background()
+	for _, name := range []string{"admin", "alice", "bob", "ticker"} {
+		if err := b.Airdrop(ctx, backendtest.Key(name).Public(), 10_000_000_000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backendtest.Run(t, "solana-suite", backendtest.Harness{
+		Backend: b,
+		Advance: func(t *testing.T, seconds uint64) {
+			// Wait for the chain's clock (it follows wall time), then tick:
+			// on chain, someone has to.
+			target := chainTime(t, v) + int64(seconds)
+			for chainTime(t, v) < target {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if _, err := b.Send(ctx, "solana-suite", backendtest.Key("ticker"), nil, &coordinator.Tick{}); err != nil {
+				t.Fatal(err)
+			}
+		},
+	})
+}
+
+func TestErrors(t *testing.T) {
+	v := startValidator(t)
+	b := newBackend(t, v)
+	ctx := context.Background()
+	poor := backendtest.Key("poor")
+	id, _ := coordinator.ParseRunID("poor")
+	if _, err := b.Send(ctx, "poor", poor, nil, &coordinator.InitCoordinator{MainAuthority: poor.Public(), RunID: id}); !errors.Is(err, solana.ErrInsufficient) {
+		t.Fatalf("init by a key without lamports: %v", err)
+	}
+	// Enough for the fee, not for the coordinator account's rent.
+	little := backendtest.Key("little")
+	if err := b.Airdrop(ctx, little.Public(), 1_000_000); err != nil {
+		t.Fatal(err)
+	}
+	id2, _ := coordinator.ParseRunID("little")
+	if _, err := b.Send(ctx, "little", little, nil, &coordinator.InitCoordinator{MainAuthority: little.Public(), RunID: id2}); !errors.Is(err, solana.ErrInsufficient) {
+		t.Fatalf("init without the rent: %v", err)
+	}
+	if _, err := b.Snapshot(ctx, "nothing-here"); !errors.Is(err, chain.ErrRunNotFound) {
+		t.Fatalf("snapshot of a missing run: %v", err)
+	}
+	down, err := solana.New(solana.WithRPC("http://127.0.0.1:1"), solana.WithWebsocket("ws://127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := down.Snapshot(ctx, "x"); !errors.Is(err, solana.ErrRPCDown) {
+		t.Fatalf("with the RPC down: %v", err)
+	}
+}

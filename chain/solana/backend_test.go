@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,4 +119,107 @@ func TestErrors(t *testing.T) {
 	if _, err := down.Snapshot(ctx, "x"); !errors.Is(err, solana.ErrRPCDown) {
 		t.Fatalf("with the RPC down: %v", err)
 	}
+}
+
+// proxy forwards TCP connections to target and can cut them all, to drop a
+// websocket under a live subscription.
+type proxy struct {
+	l      net.Listener
+	mu     sync.Mutex
+	conns  []net.Conn
+	target string
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{l: l, target: target}
+	t.Cleanup(func() { l.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, up)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// TestWebsocketDropIsRecovered cuts the subscription's connection: the
+// backend reconnects, resubscribes and resyncs, and later changes still
+// arrive in nonce order.
+func TestWebsocketDropIsRecovered(t *testing.T) {
+	v := startValidator(t)
+	u, _ := url.Parse(v.WebSocket)
+	p := newProxy(t, u.Host)
+	b, err := solana.New(solana.WithRPC(v.RPC), solana.WithWebsocket("ws://"+p.l.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := backendtest.Key("ws-admin")
+	if err := b.Airdrop(ctx, admin.Public(), 10_000_000_000); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := coordinator.ParseRunID("ws")
+	if _, err := b.Send(ctx, "ws", admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := b.Subscribe(ctx, "ws")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := <-snaps
+	rename := func(name string) uint64 {
+		var m coordinator.Metadata
+		_ = coordinator.SetFixedString(m.Name[:], name)
+		r, err := b.Send(ctx, "ws", admin, nil, &coordinator.Update{Metadata: &m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Nonce
+	}
+	want := rename("before the drop")
+	for s := range snaps {
+		if s.Nonce() >= want {
+			break
+		}
+	}
+	p.cut()
+	want = rename("after the drop")
+	for s := range snaps {
+		if s.Nonce() <= first.Nonce() {
+			t.Fatalf("snapshot went back to nonce %d", s.Nonce())
+		}
+		if s.Nonce() >= want {
+			if got := coordinator.FixedString(s.State.Metadata.Name[:]); got != "after the drop" {
+				t.Fatalf("name %q", got)
+			}
+			return
+		}
+	}
+	t.Fatal("the subscription ended")
 }

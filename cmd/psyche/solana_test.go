@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ func TestAdminFlowOnSolana(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"admin", "alice"} {
+	for _, name := range []string{"admin", "alice", "bob"} {
 		keys[name] = filepath.Join(dir, name+".json")
 		if _, errs, code := psyche(t, "keygen", "--out", keys[name]); code != 0 {
 			t.Fatal(errs)
@@ -90,9 +91,13 @@ func TestAdminFlowOnSolana(t *testing.T) {
 	if out, errs, code := as("admin", "set-paused", "--resume"); code != 0 || !strings.Contains(out, "WaitingForMembers") {
 		t.Fatalf("resume: %d %s %s", code, out, errs)
 	}
-	k, _ := chain.LoadKeypair(keys["alice"])
-	if _, err := b.Send(ctx, "onchain", k, nil, &coordinator.JoinRun{ID: coordinator.ClientID{Signer: k.Public(), P2P: coordinator.Pubkey{9}}}); err != nil {
-		t.Fatal(err)
+	var joined []string
+	for i, name := range []string{"alice", "bob"} {
+		k, _ := chain.LoadKeypair(keys[name])
+		if _, err := b.Send(ctx, "onchain", k, nil, &coordinator.JoinRun{ID: coordinator.ClientID{Signer: k.Public(), P2P: coordinator.Pubkey{byte(9 + i)}}}); err != nil {
+			t.Fatal(err)
+		}
+		joined = append(joined, chain.Address(k.Public()))
 	}
 	if out, errs, code := as("alice", "tick"); code != 0 || !strings.Contains(out, "tick:") {
 		t.Fatalf("tick: %d %s %s", code, out, errs)
@@ -107,7 +112,7 @@ func TestAdminFlowOnSolana(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &v); err != nil {
 		t.Fatalf("status JSON: %v\n%s", err, outS)
 	}
-	if v.State != "WaitingForMembers" || len(v.Pending) != 1 || v.Pending[0] != chain.Address(k.Public()) {
+	if v.State != "WaitingForMembers" || !slices.Equal(v.Pending, joined) {
 		t.Fatalf("status: %+v", v)
 	}
 }

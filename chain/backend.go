@@ -3,6 +3,8 @@ package chain
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
 )
@@ -77,4 +79,35 @@ func Newer(ctx context.Context, in <-chan Snapshot) <-chan Snapshot {
 		}
 	}()
 	return out
+}
+
+// Resubscribe keeps a snapshot stream alive: it runs stream (attempt counts
+// from 0) until ctx ends or the stream reports ErrRunNotFound, starts it
+// again with backoff after any other failure, and delivers what it sends in
+// nonce order (a new stream starts with the current state, which Newer drops
+// if nothing changed).
+func Resubscribe(ctx context.Context, log *slog.Logger, runID string, stream func(ctx context.Context, attempt int, out chan<- Snapshot) error) <-chan Snapshot {
+	raw := make(chan Snapshot, 4)
+	go func() {
+		defer close(raw)
+		backoff := 50 * time.Millisecond
+		for attempt := 0; ctx.Err() == nil; attempt++ {
+			err := stream(ctx, attempt, raw)
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, ErrRunNotFound) {
+				log.Info("run is gone; subscription ends", "run", runID)
+				return
+			}
+			log.Warn("snapshot stream broke; reconnecting", "run", runID, "err", err, "backoff", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}()
+	return Newer(ctx, raw)
 }

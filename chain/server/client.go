@@ -147,29 +147,9 @@ func (c *Client) Subscribe(ctx context.Context, runID string) (<-chan chain.Snap
 	if _, err := c.Snapshot(ctx, runID); err != nil {
 		return nil, err
 	}
-	raw := make(chan chain.Snapshot, 1)
-	go func() {
-		defer close(raw)
-		backoff := 50 * time.Millisecond
-		for ctx.Err() == nil {
-			err := c.stream(ctx, runID, raw)
-			if ctx.Err() != nil {
-				return
-			}
-			if errors.Is(err, chain.ErrRunNotFound) {
-				c.log.Info("run is gone; subscription ends", "run", runID)
-				return
-			}
-			c.log.Warn("snapshot stream broke; reconnecting", "run", runID, "err", err, "backoff", backoff)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 5*time.Second)
-		}
-	}()
-	return chain.Newer(ctx, raw), nil
+	return chain.Resubscribe(ctx, c.log, runID, func(ctx context.Context, _ int, out chan<- chain.Snapshot) error {
+		return c.stream(ctx, runID, out)
+	}), nil
 }
 
 func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snapshot) error {

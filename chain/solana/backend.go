@@ -412,28 +412,9 @@ func (b *Backend) Subscribe(ctx context.Context, runID string) (<-chan chain.Sna
 	if err != nil {
 		return nil, err
 	}
-	raw := make(chan chain.Snapshot, 4)
-	go func() {
-		defer close(raw)
-		backoff := 100 * time.Millisecond
-		for i := 0; ctx.Err() == nil; i++ {
-			err := b.stream(ctx, b.cfg.wss[i%len(b.cfg.wss)], account, raw)
-			if ctx.Err() != nil {
-				return
-			}
-			if errors.Is(err, chain.ErrRunNotFound) {
-				return
-			}
-			b.cfg.log.Warn("account subscription broke; resubscribing", "run", runID, "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 5*time.Second)
-		}
-	}()
-	return chain.Newer(ctx, raw), nil
+	return chain.Resubscribe(ctx, b.cfg.log, runID, func(ctx context.Context, attempt int, out chan<- chain.Snapshot) error {
+		return b.stream(ctx, b.cfg.wss[attempt%len(b.cfg.wss)], account, out)
+	}), nil
 }
 
 func (b *Backend) stream(ctx context.Context, url string, account sol.PublicKey, out chan<- chain.Snapshot) error {

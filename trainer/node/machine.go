@@ -231,12 +231,16 @@ func (m *machine) announced(a p2p.Announcement) Ready {
 	return rd
 }
 
-// fetched takes a fetched result: its frame, or why it was refused.
-func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error) Ready {
+// fetched takes a fetched result: its frame, or why it failed. An invalid
+// result is never fetched again; after any other failure a later
+// announcement or pull of it starts a new fetch.
+func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invalid bool) Ready {
 	delete(m.fetching, a.Commitment)
 	var rd Ready
 	if err != nil {
-		m.rejected[a.Commitment] = true
+		if invalid {
+			m.rejected[a.Commitment] = true
+		}
 		return rd
 	}
 	m.store(a, f)

@@ -149,22 +149,27 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	if got := m.announced(announcement(r, 0, 1, rd.Train.Batch)); len(got.Fetch) != 0 {
 		t.Fatal("fetched its own result")
 	}
+	// A fetch that failed in transit is tried again when announced again.
+	m.fetched(anns[1], nil, errors.New("timeout"), false)
+	if got := m.announced(anns[1]); len(got.Fetch) != 1 {
+		t.Fatal("a transient failure stopped the result from being fetched again")
+	}
 	// A result that fails its checks is never fetched again.
-	if got := m.fetched(anns[1], nil, errors.New("bad frame")); len(got.Send) != 0 {
+	if got := m.fetched(anns[1], nil, errors.New("bad frame"), true); len(got.Send) != 0 {
 		t.Fatal("witnessed after a bad result")
 	}
 	if got := m.announced(anns[1]); len(got.Fetch) != 0 {
 		t.Fatal("refetched a rejected result")
 	}
 	// Once every result is in, an elected witness reports them all.
-	rd = m.fetched(anns[0], frame, nil)
+	rd = m.fetched(anns[0], frame, nil, false)
 	good := anns[1]
 	good.Commitment[0] ^= 1
 	if len(rd.Send) != 0 {
 		t.Fatal("witnessed before every result was in")
 	}
 	m.announced(good)
-	rd = m.fetched(good, frame, nil)
+	rd = m.fetched(good, frame, nil, false)
 	proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0)
 	if !proof.IsWitness {
 		if len(rd.Send) != 0 {

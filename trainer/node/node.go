@@ -233,17 +233,21 @@ func (n *Node) Run(ctx context.Context) error {
 			rd = n.m.announced(a)
 		case f := <-fetched:
 			if f.err == nil && n.opt != nil {
-				f.err = n.opt.Check(f.frame)
+				if f.err = n.opt.Check(f.frame); f.err != nil {
+					f.invalid = true
+				}
 			}
-			if f.err != nil && ctx.Err() == nil {
+			switch {
+			case f.err != nil && ctx.Err() != nil:
+				continue // interrupted, not refused
+			case f.invalid:
 				n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
-			} else if f.err == nil {
+			case f.err != nil:
+				n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
+			default:
 				n.progress.Received += uint64(f.size)
 			}
-			if f.err != nil && ctx.Err() != nil {
-				continue // interrupted, not refused
-			}
-			rd = n.m.fetched(f.ann, f.frame, f.err)
+			rd = n.m.fetched(f.ann, f.frame, f.err, f.invalid)
 		}
 		done, err := n.do(ctx, rd, fetched, pulled)
 		n.report()
@@ -305,9 +309,12 @@ func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pul
 	for _, a := range rd.Fetch {
 		go func() {
 			payload, err := n.net.Fetch(ctx, a)
-			r := fetchResult{ann: a, err: err, size: len(payload)}
+			// Bytes that do not match the commitment, or that are no frame,
+			// are the announcer's fault; anything else may work next time.
+			r := fetchResult{ann: a, err: err, size: len(payload), invalid: errors.Is(err, p2p.ErrCommitmentMismatch)}
 			if err == nil {
 				r.frame, r.err = distro.DecodeFrame(payload, distro.DefaultLimits)
+				r.invalid = r.err != nil
 			}
 			select {
 			case fetched <- r:
@@ -354,10 +361,11 @@ func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
 }
 
 type fetchResult struct {
-	ann   p2p.Announcement
-	frame *distro.Frame
-	size  int
-	err   error
+	ann     p2p.Announcement
+	frame   *distro.Frame
+	size    int
+	err     error
+	invalid bool // the result itself is bad (not a transient failure)
 }
 
 // connectPeers dials the configured peers that are not connected (the

@@ -74,7 +74,7 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts
 	id, _ := coordinator.ParseRunID("e2e")
 	// Rounds end as soon as every witness has reported; the long training
 	// limit only matters on a loaded machine, where results arrive late.
-	cfg := coordinator.Config{WarmupTime: 3, CooldownTime: 3, MaxRoundTrainTime: 7, RoundWitnessTime: 1, EpochTime: 8,
+	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 6, MaxRoundTrainTime: 7, RoundWitnessTime: 1, EpochTime: 8,
 		WaitingForMembersExtraTime: 1, TotalSteps: 1000, GlobalBatchSizeStart: 12, GlobalBatchSizeEnd: 12,
 		InitMinClients: uint16(trainers), MinClients: 2}
 	if edit != nil {

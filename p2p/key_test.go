@@ -63,3 +63,28 @@ func TestOptions(t *testing.T) {
 		t.Errorf("bootstrap address without /p2p/: %v", err)
 	}
 }
+
+func TestAddrKey(t *testing.T) {
+	n, err := New(WithRunID(testRun), WithKey(testKey("addr")), loopback())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{
+		{n.Addrs()[0], true},
+		{"/ip4/127.0.0.1/tcp/1", false},        // no identity
+		{"not a multiaddr", false},             // unparseable
+		{"/ip4/127.0.0.1/tcp/1/p2p/Qm", false}, // truncated identity
+	} {
+		k, err := AddrKey(tc.addr)
+		switch {
+		case tc.ok && (err != nil || k != n.ID()):
+			t.Errorf("%s: key %x, %v; want %x", tc.addr, k[:4], err, n.ID())
+		case !tc.ok && !errors.Is(err, ErrBadAddress):
+			t.Errorf("%s: %v, want ErrBadAddress", tc.addr, err)
+		}
+	}
+}

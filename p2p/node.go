@@ -266,6 +266,20 @@ func parseAddr(s string) (peer.AddrInfo, error) {
 	return *ai, nil
 }
 
+// AddrKey returns the p2p key named by addr, a multiaddr ending in
+// /p2p/<id> of an ed25519 identity.
+func AddrKey(addr string) (coordinator.Pubkey, error) {
+	ai, err := parseAddr(addr)
+	if err != nil {
+		return coordinator.Pubkey{}, err
+	}
+	k, ok := pubkeyOf(ai.ID)
+	if !ok {
+		return k, fmt.Errorf("%w: %q: not an ed25519 identity", ErrBadAddress, addr)
+	}
+	return k, nil
+}
+
 // Connect dials addr (a multiaddr ending in /p2p/<id>). The peer must be
 // allowed by the allowlist on both sides.
 func (n *Node) Connect(ctx context.Context, addr string) error {

@@ -13,7 +13,8 @@ func TestLocalnetTrains(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	var out, errb bytes.Buffer
-	code := run([]string{"psyche", "localnet", "--trainers", "3", "--epochs", "1", "--epoch-time", "6", "--dir", t.TempDir()}, &out, &errb)
+	// Debug logs go to errb, shown only if the run goes wrong.
+	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--trainers", "3", "--epochs", "1", "--epoch-time", "6", "--dir", t.TempDir()}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
 	}
@@ -23,6 +24,10 @@ func TestLocalnetTrains(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q", want)
 		}
+	}
+	if t.Failed() {
+		lines := strings.Split(errb.String(), "\n")
+		t.Log("the last log lines:\n" + strings.Join(lines[max(0, len(lines)-150):], "\n"))
 	}
 }
 

@@ -77,7 +77,15 @@ func WithCheckpointDir(dir string) Option {
 // keeps dialling until connected: how trainers find each other without a
 // discovery service.
 func WithPeers(addrs ...string) Option {
-	return func(c *config) error { c.peers = append(c.peers, addrs...); return nil }
+	return func(c *config) error {
+		for _, a := range addrs {
+			if _, err := p2p.AddrKey(a); err != nil {
+				return fmt.Errorf("node: peer address: %w", err)
+			}
+		}
+		c.peers = append(c.peers, addrs...)
+		return nil
+	}
 }
 
 // WithEpochs makes the node leave after training n epochs (0: stay until the
@@ -370,12 +378,21 @@ type fetchResult struct {
 
 // connectPeers dials the configured peers that are not connected (the
 // allowlist refuses them until the coordinator lists them, so this is
-// retried every second).
+// retried every second). Each configured peer is checked by identity: being
+// connected to as many others (who dialed this node) does not make the
+// configured ones reachable, and a result's announcer is dialed directly.
 func (n *Node) connectPeers(ctx context.Context) {
-	if len(n.cfg.peers) == 0 || len(n.net.Peers()) >= len(n.cfg.peers) {
+	if len(n.cfg.peers) == 0 {
 		return
 	}
+	connected := map[coordinator.Pubkey]bool{}
+	for _, k := range n.net.Peers() {
+		connected[k] = true
+	}
 	for _, addr := range n.cfg.peers {
+		if k, err := p2p.AddrKey(addr); err == nil && connected[k] {
+			continue
+		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if err := n.net.Connect(cctx, addr); err != nil {
 			n.cfg.log.Debug("peer not reachable yet", "addr", addr, "err", err)

@@ -118,3 +118,25 @@ func (s *Coordinator) HealthyClients() uint16 {
 	}
 	return n
 }
+
+// CheckpointHolders lists the epoch's clients that ended the previous epoch
+// as clients too (the epoch's start moved those to the exited list): the
+// peers that hold the model this epoch starts from, when the checkpoint is
+// P2P. Clients that exit during the epoch leave the list.
+func (s *Coordinator) CheckpointHolders() []ClientID {
+	var out []ClientID
+	e := &s.Epoch
+	for i := uint16(0); i < e.ClientsLen; i++ {
+		c := e.Clients[i]
+		if c.State != Healthy {
+			continue
+		}
+		for _, x := range e.Exited[:e.ExitedLen] {
+			if x.ID == c.ID {
+				out = append(out, c.ID)
+				break
+			}
+		}
+	}
+	return out
+}

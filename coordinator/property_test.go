@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -400,6 +401,30 @@ func TestCheckpointerElection(t *testing.T) {
 		}
 		if want := int((n + 2) / 3); elected != want {
 			t.Errorf("n=%d: %d checkpointers, want %d", n, elected, want)
+		}
+	}
+}
+
+func TestCheckpointHolders(t *testing.T) {
+	id := func(n byte, key byte) ClientID { return ClientID{Signer: Pubkey{n}, P2P: Pubkey{key}} }
+	for _, tc := range []struct {
+		name    string
+		clients []Client
+		exited  []Client
+		want    []ClientID
+	}{
+		{"new run", []Client{{ID: id(1, 1)}}, nil, nil},
+		{"returning and new", []Client{{ID: id(1, 1)}, {ID: id(2, 2)}, {ID: id(3, 3)}},
+			[]Client{{ID: id(3, 3)}, {ID: id(1, 1), State: Withdrawn}}, []ClientID{id(1, 1), id(3, 3)}},
+		{"a restart with a new p2p key holds nothing", []Client{{ID: id(1, 9)}}, []Client{{ID: id(1, 1)}}, nil},
+		{"a dropped holder no longer serves", []Client{{ID: id(1, 1), State: Dropped}, {ID: id(2, 2)}},
+			[]Client{{ID: id(1, 1)}, {ID: id(2, 2)}}, []ClientID{id(2, 2)}},
+	} {
+		s := &Coordinator{}
+		s.Epoch.ClientsLen = uint16(copy(s.Epoch.Clients[:], tc.clients))
+		s.Epoch.ExitedLen = uint16(copy(s.Epoch.Exited[:], tc.exited))
+		if got := s.CheckpointHolders(); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -15,8 +15,9 @@ import (
 
 // ShareCheckpoint stores tensors as blocks, stores their manifest as one more
 // block, and serves both until the next ShareCheckpoint or FetchCheckpoint.
-// It returns the manifest id, which is what a joiner needs.
-func (n *Node) ShareCheckpoint(ctx context.Context, tensors []Tensor) (coordinator.Hash, error) {
+// It returns the manifest id, which is what a joiner needs, and offers it to
+// joiners of epoch (FindCheckpoint).
+func (n *Node) ShareCheckpoint(ctx context.Context, epoch uint32, tensors []Tensor) (coordinator.Hash, error) {
 	if err := n.alive(); err != nil {
 		return coordinator.Hash{}, err
 	}
@@ -41,6 +42,7 @@ func (n *Node) ShareCheckpoint(ctx context.Context, tensors []Tensor) (coordinat
 	if err := n.store(ctx, all); err != nil {
 		return coordinator.Hash{}, err
 	}
+	n.offer(epoch, mh[0])
 	return mh[0], nil
 }
 

@@ -3,6 +3,7 @@ package p2p
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -62,7 +63,7 @@ func TestCheckpointFromPeersWhileOneLeaves(t *testing.T) {
 	defer cancel()
 	var id coordinator.Hash
 	for i, s := range sharers {
-		got, err := s.ShareCheckpoint(ctx, tensors)
+		got, err := s.ShareCheckpoint(ctx, 1, tensors)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,4 +121,61 @@ func TestCheckpointFromPeersWhileOneLeaves(t *testing.T) {
 	if err != nil || len(again) != len(tensors) {
 		t.Fatalf("fetch from the joiner: %v", err)
 	}
+}
+
+// A joiner learns the manifest id from the peers' offers: the id most of
+// them name, none for an epoch nobody serves, an error on a tie.
+func TestCheckpointOffers(t *testing.T) {
+	names := []string{"a", "b", "c", "joiner"}
+	var ids []coordinator.ClientID
+	var nodes []*testNode
+	for _, n := range names {
+		ids = append(ids, clientIDOf(n))
+		nodes = append(nodes, startNode(t, n))
+	}
+	for _, nd := range nodes {
+		nd.SetClients(ids)
+	}
+	connectAll(t, nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	share := func(nd *testNode, epoch uint32, seed uint64) coordinator.Hash {
+		id, err := nd.ShareCheckpoint(ctx, epoch, []Tensor{{Name: "w", DType: "F32", Shape: []uint64{256}, Data: randomBytes(seed, 1024)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	joiner := nodes[3]
+	from := []coordinator.Pubkey{nodes[0].ID(), nodes[1].ID(), nodes[2].ID()}
+	if _, err := joiner.FindCheckpoint(ctx, 1, from); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("nothing shared: %v", err)
+	}
+	good := share(nodes[0], 1, 7)
+	other := share(nodes[1], 1, 8)
+	if _, err := joiner.FindCheckpoint(ctx, 1, from); !errors.Is(err, ErrCheckpointDisputed) {
+		t.Fatalf("one against one: %v", err)
+	}
+	if again := share(nodes[2], 1, 7); again != good {
+		t.Fatal("the same tensors gave another id")
+	}
+	for _, tc := range []struct {
+		epoch uint32
+		want  coordinator.Hash
+		err   error
+	}{
+		{1, good, nil},
+		{2, coordinator.Hash{}, ErrNoCheckpoint}, // offers name their epoch
+	} {
+		got, err := joiner.FindCheckpoint(ctx, tc.epoch, from)
+		if !errors.Is(err, tc.err) || got != tc.want {
+			t.Errorf("epoch %d: %x, %v; want %x, %v", tc.epoch, got[:4], err, tc.want[:4], tc.err)
+		}
+	}
+	// The majority's checkpoint is what the joiner then fetches.
+	got, err := joiner.FetchCheckpoint(ctx, good, from)
+	if err != nil || !bytes.Equal(got[0].Data, randomBytes(7, 1024)) {
+		t.Fatalf("fetch: %v", err)
+	}
+	_ = other
 }

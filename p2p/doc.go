@@ -38,12 +38,15 @@
 // the manifest, then every block with a bounded number of requests in flight
 // over one bitswap session (which spreads the wants over the peers that have
 // the blocks), verifies each block, and retries failed requests, so a peer
-// leaving mid-transfer costs a retry, not the transfer.
+// leaving mid-transfer costs a retry, not the transfer. A joiner learns the
+// manifest id by asking the previous epoch's clients (FindCheckpoint over
+// OfferProtocol) and takes the id most of them offer.
 //
 // # Wire formats
 //
 // Each has one file with its offset table and a version byte:
 // announcement.go (the signed gossip message), pull_protocol.go (the pull
-// stream), checkpoint_manifest.go (the checkpoint manifest). Their decoders
+// stream), checkpoint_manifest.go (the checkpoint manifest),
+// checkpoint_offer.go (the offer stream). Their decoders
 // have fuzz targets in wire_test.go.
 package p2p

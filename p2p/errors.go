@@ -21,6 +21,8 @@ var (
 	ErrCommitmentMismatch = errors.New("p2p: payload does not match the announced commitment")
 	ErrBlockMismatch      = errors.New("p2p: block does not hash to its identifier")
 	ErrFetchFailed        = errors.New("p2p: fetch failed after retries")
+	ErrNoCheckpoint       = errors.New("p2p: no peer offers a checkpoint")
+	ErrCheckpointDisputed = errors.New("p2p: peers offer different checkpoints")
 
 	// Node.
 	ErrConfig     = errors.New("p2p: invalid configuration")

@@ -360,23 +360,7 @@ func (n *Node) Pull(ctx context.Context, step uint32) ([]Announcement, error) {
 func (n *Node) pullFrom(ctx context.Context, p peer.ID, req []byte) ([]Announcement, error) {
 	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
 	defer cancel()
-	s, err := n.host.NewStream(ctx, p, PullProtocol)
-	if err != nil {
-		return nil, err
-	}
-	defer s.Close()
-	if d, ok := ctx.Deadline(); ok {
-		_ = s.SetDeadline(d)
-	}
-	if _, err := s.Write(req); err != nil {
-		s.Reset()
-		return nil, err
-	}
-	if err := s.CloseWrite(); err != nil {
-		s.Reset()
-		return nil, err
-	}
-	b, err := io.ReadAll(io.LimitReader(s, maxPullResponseSize+1))
+	b, err := n.request(ctx, p, PullProtocol, req, maxPullResponseSize)
 	if err != nil {
 		return nil, err
 	}

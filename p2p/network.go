@@ -37,8 +37,12 @@ type Network interface {
 	// Fetch gets an announced payload and checks it against the commitment.
 	Fetch(ctx context.Context, a Announcement) ([]byte, error)
 
-	// ShareCheckpoint serves tensors to joiners and returns the manifest id.
-	ShareCheckpoint(ctx context.Context, tensors []Tensor) (coordinator.Hash, error)
+	// ShareCheckpoint serves tensors to joiners of epoch and returns the
+	// manifest id.
+	ShareCheckpoint(ctx context.Context, epoch uint32, tensors []Tensor) (coordinator.Hash, error)
+	// FindCheckpoint asks peers for the manifest id of the model that
+	// epoch starts from, and returns the one most of them offer.
+	FindCheckpoint(ctx context.Context, epoch uint32, from []coordinator.Pubkey) (coordinator.Hash, error)
 	// FetchCheckpoint assembles a checkpoint by manifest id from peers.
 	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]Tensor, error)
 

@@ -65,6 +65,7 @@ type Node struct {
 	own       map[deliveryKey]Announcement // our announcements, re-sent while in the window
 	stepRefs  map[uint32][]coordinator.Hash
 	ckptRefs  []coordinator.Hash
+	offered   *checkpointOffer // what joiners are told to fetch
 	refs      map[coordinator.Hash]int
 	stats     Stats
 }
@@ -172,6 +173,7 @@ func New(opts ...Option) (*Node, error) {
 	n.bs = bitswap.New(n.life, bsnet.NewFromIpfsHost(h), nil, n.bstore,
 		bitswap.WithTracer(blockTracer{n}))
 	h.SetStreamHandler(PullProtocol, n.servePull)
+	h.SetStreamHandler(OfferProtocol, n.serveOffer)
 
 	for _, ai := range boot {
 		if err := h.Connect(n.life, ai); err != nil {

@@ -247,3 +247,17 @@ func BenchmarkValidateAnnouncement(b *testing.B) {
 		}
 	}
 }
+
+func FuzzDecodeOffer(f *testing.F) {
+	f.Add(encodeOffer(coordinator.Hash{1, 2, 3}, true))
+	f.Add(encodeOffer(coordinator.Hash{}, false))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, ok, err := DecodeOffer(b)
+		if err != nil {
+			return
+		}
+		if again := encodeOffer(id, ok); !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding differs: %x vs %x", again, b)
+		}
+	})
+}

@@ -77,6 +77,9 @@ type Ready struct {
 	Pull *uint32
 	// Save asks to save the model and record it as the epoch's checkpoint.
 	Save bool
+	// Share asks to serve the model to the next epoch's joiners (a P2P
+	// checkpoint): this node ended the epoch with every result applied.
+	Share bool
 	// Done says the node should stop: the run is finished, or the node has
 	// trained the epochs it was asked to.
 	Done bool
@@ -156,11 +159,7 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 			break
 		}
 		if m.ready != tag {
-			// The model in memory may stay only if this node ended the
-			// previous epoch as a client with every result applied and the
-			// run says to use peers.
-			keep := m.held == s.Progress.Epoch && s.Model.Checkpoint.Kind == coordinator.CheckpointP2P
-			rd.Load = &LoadWork{Epoch: s.Progress.Epoch, Keep: keep}
+			rd.Load = m.loadWork()
 			break
 		}
 		m.warmupWitness(&rd)
@@ -181,6 +180,15 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 	return rd
 }
 
+// loadWork asks for the model of the snapshot's epoch. The model in memory
+// may stay only if this node ended the previous epoch as a client with every
+// result applied and the run says to use peers.
+func (m *machine) loadWork() *LoadWork {
+	s := m.snap
+	keep := m.held == s.Progress.Epoch && s.Model.Checkpoint.Kind == coordinator.CheckpointP2P
+	return &LoadWork{Epoch: s.Progress.Epoch, Keep: keep}
+}
+
 // cooldown finishes the epoch's applies, then marks the model as held and,
 // if this node is an elected checkpointer, asks to save it.
 func (m *machine) cooldown(rd *Ready) {
@@ -198,6 +206,7 @@ func (m *machine) cooldown(rd *Ready) {
 	}
 	if m.held != tag && !m.diverged {
 		m.held = tag // this node holds the epoch's final model
+		rd.Share = true
 	}
 	if m.counted != tag {
 		m.counted = tag
@@ -265,11 +274,18 @@ func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, loss float3
 }
 
 // tick runs once a second: it asks peers directly for results gossip has
-// not delivered.
+// not delivered, and retries a model load that failed (peers that were not
+// reachable yet).
 func (m *machine) tick() Ready {
 	var rd Ready
 	s := m.snap
-	if s == nil || m.ready != m.epochTag() {
+	if s == nil {
+		return rd
+	}
+	if m.ready != m.epochTag() {
+		if _, ok := m.member(); ok && s.RunState == coordinator.Warmup {
+			rd.Load = m.loadWork()
+		}
 		return rd
 	}
 	if s.RunState == coordinator.Cooldown {

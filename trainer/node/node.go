@@ -295,7 +295,11 @@ func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pul
 		}
 	}
 	if rd.Load != nil {
-		if err := n.load(ctx, n.m.snap, rd.Load.Keep); err != nil {
+		if err := n.load(ctx, n.m.snap, rd.Load.Keep); errors.Is(err, errLoadLater) {
+			// The machine asks again on the next tick while the warmup lasts.
+			n.cfg.log.Warn("model not loaded yet", "err", err)
+			return false, nil
+		} else if err != nil {
 			return false, err
 		}
 		if done, err := n.do(ctx, n.m.loaded(rd.Load.Epoch), fetched, pulled); done || err != nil {
@@ -344,6 +348,9 @@ func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pul
 			case <-ctx.Done():
 			}
 		}()
+	}
+	if rd.Share {
+		n.shareModel(ctx, n.m.snap.Progress.Epoch+1)
 	}
 	if rd.Save && n.cfg.checkpoints != "" {
 		n.saveCheckpoint(ctx, n.m.snap)

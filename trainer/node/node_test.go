@@ -393,3 +393,29 @@ func TestAllTrainersLeave(t *testing.T) {
 	c.stopAll(3, 4, 5)
 	c.sameWeights(3, 4, 5)
 }
+
+// TestJoinerLoadsFromPeers: a trainer that joins for the second epoch gets
+// the model from the first epoch's trainers (a P2P checkpoint: the manifest
+// id they offer, then the tensors), and ends that epoch with their weights.
+func TestJoinerLoadsFromPeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	c := newCluster(t, 3, nil)
+	c.waitFor("the first epoch's training", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.RoundTrain && s.Progress.Epoch == 0
+	})
+	c.addTrainers(3, 1)
+	warm := c.waitFor("the second epoch's warmup", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.Warmup && s.Progress.Epoch == 1
+	})
+	if warm.Model.Checkpoint.Kind != coordinator.CheckpointP2P || warm.Epoch.ClientsLen != 4 || len(warm.CheckpointHolders()) != 3 {
+		t.Fatalf("epoch 1 starts with checkpoint %s, %d clients, %d holders; want P2P, 4, 3",
+			warm.Model.Checkpoint.Kind, warm.Epoch.ClientsLen, len(warm.CheckpointHolders()))
+	}
+	c.waitFor("the end of the second epoch", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1, 2, 3)
+	c.sameWeights(0, 1, 2, 3)
+}

@@ -17,7 +17,8 @@ import (
 
 // load makes sure the model, optimizer and data are ready for the epoch. A
 // node that finished the previous epoch keeps its model (it is what P2P
-// checkpoints serve); any other loads the checkpoint source.
+// checkpoints serve); any other loads the checkpoint source: the file the
+// run names, or (P2P) the model the previous epoch's clients offer.
 func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel bool) error {
 	m := &s.Model
 	cfg := gpt.Config{Vocab: int(m.VocabSize), Context: int(m.MaxSeqLen), Width: int(m.DModel), Layers: int(m.NLayers), Heads: int(m.NHeads)}
@@ -26,14 +27,25 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 	}
 	keep := keepModel && n.model != nil && n.model.Config == cfg
 	if !keep {
+		var model *gpt.Model
+		var from string
 		url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
-		path, ok := strings.CutPrefix(url, "file://")
-		if !ok {
-			return fmt.Errorf("node: checkpoint %q: only file:// checkpoints can be loaded so far", url)
-		}
-		model, err := gpt.Load(path, n.cfg.kernels)
-		if err != nil {
-			return fmt.Errorf("node: loading the model: %w", err)
+		if m.Checkpoint.Kind == coordinator.CheckpointP2P {
+			var err error
+			if model, err = n.loadFromPeers(ctx, s, cfg); err != nil {
+				return err
+			}
+			from = "the previous epoch's clients"
+		} else {
+			path, ok := strings.CutPrefix(url, "file://")
+			if !ok {
+				return fmt.Errorf("node: checkpoint %q: only file:// checkpoints can be loaded so far", url)
+			}
+			var err error
+			if model, err = gpt.Load(path, n.cfg.kernels); err != nil {
+				return fmt.Errorf("node: loading the model: %w", err)
+			}
+			from = url
 		}
 		if model.Config != cfg {
 			return fmt.Errorf("node: checkpoint holds %+v, the run describes %+v", model.Config, cfg)
@@ -46,7 +58,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			return err
 		}
 		n.opt = opt
-		n.cfg.log.Info("model loaded", "from", url, "params", cfg.NumParams())
+		n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams())
 	}
 	loc := coordinator.FixedString(m.DataLocation[:])
 	if n.data == nil || n.dataLoc != loc {

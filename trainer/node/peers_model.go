@@ -1,0 +1,126 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/gpt"
+)
+
+// errLoadLater marks a load that may work on a later try (the peers holding
+// the model were not reachable yet).
+var errLoadLater = errors.New("node: model not available yet")
+
+// How long one attempt to load the model from peers may take before the
+// machine's next tick tries again.
+const peerLoadTimeout = 60 * time.Second
+
+// P2P checkpoints carry float32 tensors as little-endian bytes, named and
+// shaped as in the safetensors checkpoints.
+const tensorDType = "F32"
+
+// shareModel offers the model to the joiners of epoch (a P2P checkpoint).
+func (n *Node) shareModel(ctx context.Context, epoch uint32) {
+	if n.model == nil {
+		return
+	}
+	id, err := n.net.ShareCheckpoint(ctx, epoch, modelTensors(n.model))
+	if err != nil {
+		n.cfg.log.Warn("sharing the model with joiners failed", "err", err)
+		return
+	}
+	n.cfg.log.Info("model shared with joiners", "epoch", epoch, "manifest", fmt.Sprintf("%x", id[:8]))
+}
+
+// loadFromPeers fetches the model the epoch starts from from the clients
+// that held it at the end of the previous one: the manifest id most of them
+// offer, then every tensor, checked against the run's model shape.
+func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg gpt.Config) (*gpt.Model, error) {
+	var from []coordinator.Pubkey
+	for _, c := range s.CheckpointHolders() {
+		if c.P2P != n.net.ID() {
+			from = append(from, c.P2P)
+		}
+	}
+	if len(from) == 0 {
+		return nil, fmt.Errorf("%w: no other client of this epoch held the previous one's model", errLoadLater)
+	}
+	ctx, cancel := context.WithTimeout(ctx, peerLoadTimeout)
+	defer cancel()
+	id, err := n.net.FindCheckpoint(ctx, s.Progress.Epoch, from)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
+	}
+	tensors, err := n.net.FetchCheckpoint(ctx, id, from)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
+	}
+	model, err := gpt.New(cfg, 0, n.cfg.kernels)
+	if err != nil {
+		return nil, err
+	}
+	if err := loadTensors(model, tensors); err != nil {
+		// The bytes are what the manifest named, so the peers that offered
+		// it serve a model of another shape: a later try may find others.
+		return nil, fmt.Errorf("%w: checkpoint %x from peers: %w", errLoadLater, id[:8], err)
+	}
+	// This node now holds the epoch's starting model: serve it too.
+	if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, tensors); err != nil {
+		n.cfg.log.Warn("sharing the model with joiners failed", "err", err)
+	}
+	return model, nil
+}
+
+// modelTensors copies the parameters into P2P checkpoint tensors.
+func modelTensors(m *gpt.Model) []p2p.Tensor {
+	var out []p2p.Tensor
+	for _, t := range m.CheckpointTensors() {
+		shape := make([]uint64, len(t.Shape))
+		for i, d := range t.Shape {
+			shape[i] = uint64(d)
+		}
+		b := make([]byte, 0, 4*len(t.Data))
+		for _, v := range t.Data {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+		}
+		out = append(out, p2p.Tensor{Name: t.Name, DType: tensorDType, Shape: shape, Data: b})
+	}
+	return out
+}
+
+// loadTensors copies P2P checkpoint tensors into m's parameters: the same
+// tensors in the same order with the same shapes, and finite values.
+func loadTensors(m *gpt.Model, ts []p2p.Tensor) error {
+	want := m.CheckpointTensors()
+	if len(ts) != len(want) {
+		return fmt.Errorf("%d tensors, the model has %d", len(ts), len(want))
+	}
+	for i, w := range want {
+		t := ts[i]
+		if t.Name != w.Name || t.DType != tensorDType || len(t.Shape) != len(w.Shape) {
+			return fmt.Errorf("tensor %d is %s %s%v, want %s %s%v", i, t.Name, t.DType, t.Shape, w.Name, tensorDType, w.Shape)
+		}
+		for j, d := range w.Shape {
+			if t.Shape[j] != uint64(d) {
+				return fmt.Errorf("tensor %s has shape %v, want %v", t.Name, t.Shape, w.Shape)
+			}
+		}
+		if len(t.Data) != 4*len(w.Data) {
+			return fmt.Errorf("tensor %s has %d bytes, want %d", t.Name, len(t.Data), 4*len(w.Data))
+		}
+		for j := range w.Data {
+			v := math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*j:]))
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return fmt.Errorf("tensor %s holds %v at %d", t.Name, v, j)
+			}
+			w.Data[j] = v
+		}
+	}
+	return nil
+}

@@ -427,7 +427,11 @@ func (b *Backend) stream(ctx context.Context, url string, account sol.PublicKey,
 	if err != nil {
 		return err
 	}
-	defer sub.Unsubscribe()
+	// No sub.Unsubscribe: in solana-go v1.14.0 it closes the subscription's
+	// channels from this goroutine while the client's reader may still send
+	// on them (a data race, and a possible send on a closed channel). The
+	// connection is this stream's alone, so closing the client ends the
+	// subscription, and the reader closes it from its own goroutine.
 	// The subscription may not be live yet; the fetch covers what lands meanwhile.
 	snap, err := b.snapshotOf(ctx, account)
 	if err != nil {

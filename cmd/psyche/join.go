@@ -24,6 +24,7 @@ var joinCommand = &cli.Command{
 		&cli.StringFlag{Name: "checkpoint-dir", Value: "checkpoints", Usage: "where to save checkpoints when elected", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
+		&cli.BoolFlag{Name: "tick", Usage: "send tick transactions when the run's timers say a transition is due (default: on with --rpc, where no server ticks the run)", Category: "RUN"},
 	},
 	Action: join,
 }
@@ -68,8 +69,12 @@ func join(c *cli.Context) error {
 		}
 		fmt.Fprintf(c.App.Writer, "metrics: http://%s/metrics\n", at)
 	}
-	nd, err = node.New(c.String("run-id"), b, signer, pn, node.WithPeers(c.StringSlice("peer")...),
-		node.WithCheckpointDir(c.String("checkpoint-dir")), node.WithLogger(log), node.WithEpochs(c.Int("epochs")),
+	opts := []node.Option{node.WithPeers(c.StringSlice("peer")...),
+		node.WithCheckpointDir(c.String("checkpoint-dir")), node.WithLogger(log), node.WithEpochs(c.Int("epochs"))}
+	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
+		opts = append(opts, node.WithTicking())
+	}
+	nd, err = node.New(c.String("run-id"), b, signer, pn, append(opts,
 		node.WithProgress(func(p node.Progress) {
 			m.set(p)
 			if !interactive || time.Since(last) < 200*time.Millisecond {
@@ -78,7 +83,7 @@ func join(c *cli.Context) error {
 			last = time.Now()
 			fmt.Fprintf(c.App.Writer, "\r%-17s epoch %d step %d loss %.3f tokens %d peers %d sent %s received %s   ",
 				p.State, p.Epoch, p.Step, p.Loss, p.Tokens, len(pn.Peers()), bytesString(p.Sent), bytesString(p.Received))
-		}))
+		}))...)
 	if err != nil {
 		return err
 	}

@@ -19,8 +19,11 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
+	program "github.com/psyche-go/psyche/programs/coordinator"
+	"github.com/psyche-go/psyche/programs/validator"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/node"
@@ -29,18 +32,23 @@ import (
 
 var localnetCommand = &cli.Command{
 	Name:  "localnet",
-	Usage: "run a whole training run on this machine: the embedded server and N trainers",
+	Usage: "run a whole training run on this machine: the embedded server (or a local Solana validator) and N trainers",
 	Description: `Starts the server backend and --trainers trainers on 127.0.0.1, each with its own
 libp2p host, and trains a small GPT on the bundled Opticks text with DisTrO for
 --epochs epochs: the trainers join, warm up, train their assigned batches, exchange
 compressed results over libp2p, witness each other, apply the consensus results and
-record checkpoints, exactly as separate machines would. Ends with a summary.`,
+record checkpoints, exactly as separate machines would. Ends with a summary.
+
+With --solana the run lives in the coordinator program on a local Solana validator
+(the one psyche validator starts; it needs Node 20): every instruction is a signed
+transaction, and the trainers tick the run themselves.`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
 		&cli.IntFlag{Name: "epoch-time", Value: 20, Usage: "target epoch length in seconds", Category: "RUN"},
 		&cli.StringFlag{Name: "dir", Usage: "working directory for state, data and checkpoints (default: a new temporary one)", Category: "RUN"},
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
+		&cli.BoolFlag{Name: "solana", Usage: "run the coordinator program on a local Solana validator instead of the embedded server", Category: "RUN"},
 	},
 	Action: localnet,
 }
@@ -92,27 +100,48 @@ func localnet(c *cli.Context) error {
 		return err
 	}
 
-	srv, err := server.New(filepath.Join(dir, "server"), server.WithTickInterval(200*time.Millisecond), server.WithLogger(log))
-	if err != nil {
-		return err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
-	serverDone := make(chan error, 1)
-	go func() { serverDone <- srv.Serve(runCtx, l) }()
-	backend := server.NewClient("http://"+l.Addr().String(), log)
 	runID := fmt.Sprintf("localnet-%d", time.Now().Unix())
-	if err := createLocalRun(ctx, backend, runID, n, epochTime, tokenPath, initPath); err != nil {
+	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("localnet admin " + runID)))
+	signers := make([]*chain.Keypair, n)
+	for i := range signers {
+		signers[i] = chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("localnet trainer %d %s", i, runID))))
+	}
+	var (
+		backend   chain.Backend
+		where     string
+		nodeOpts  []node.Option
+		backendUp = make(chan error, 1)
+	)
+	if c.Bool("solana") {
+		sb, v, err := startLocalSolana(runCtx, dir, log, append([]*chain.Keypair{admin}, signers...))
+		if err != nil {
+			return err
+		}
+		defer v.Close()
+		go func() { backendUp <- v.Run(runCtx) }()
+		backend, where = sb, "Solana validator "+v.RPC
+		nodeOpts = append(nodeOpts, node.WithTicking())
+	} else {
+		srv, err := server.New(filepath.Join(dir, "server"), server.WithTickInterval(200*time.Millisecond), server.WithLogger(log))
+		if err != nil {
+			return err
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		go func() { backendUp <- srv.Serve(runCtx, l) }()
+		backend, where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
+	}
+	if err := createLocalRun(ctx, backend, runID, admin, n, epochTime, tokenPath, initPath); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, server http://%s, files in %s\n",
-		runID, n, localnetModel.NumParams(), l.Addr(), dir)
+	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
+		runID, n, localnetModel.NumParams(), where, dir)
 
-	trainers, err := startTrainers(runCtx, runID, n, backend, dir, log)
+	trainers, err := startTrainers(runCtx, runID, signers, backend, dir, log, nodeOpts...)
 	if err != nil {
 		return err
 	}
@@ -154,8 +183,35 @@ loop:
 	for range trainers {
 		<-errs
 	}
-	<-serverDone
+	<-backendUp
 	return summarize(out, last, initial, trainers, heldOut, time.Since(start))
+}
+
+// startLocalSolana starts the local validator with the coordinator program
+// and funds the given keys (the run's account and every transaction's fee
+// come from them).
+func startLocalSolana(ctx context.Context, dir string, log *slog.Logger, fund []*chain.Keypair) (*solana.Backend, *validator.Validator, error) {
+	so := filepath.Join(dir, "coordinator.so")
+	if err := os.WriteFile(so, program.Program, 0o644); err != nil {
+		return nil, nil, err
+	}
+	v, err := validator.Start(ctx, validator.WithPort(0),
+		validator.WithProgram(solana.LocalProgramID.String(), so), validator.WithLogger(log))
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting the local Solana validator: %w", err)
+	}
+	b, err := solana.New(solana.WithRPC(v.RPC), solana.WithWebsocket(v.WebSocket), solana.WithLogger(log))
+	if err != nil {
+		v.Close()
+		return nil, nil, err
+	}
+	for _, k := range fund {
+		if err := b.Airdrop(ctx, k.Public(), 20_000_000_000); err != nil {
+			v.Close()
+			return nil, nil, fmt.Errorf("funding %s: %w", chain.Address(k.Public()), err)
+		}
+	}
+	return b, v, nil
 }
 
 type localTrainer struct {
@@ -171,8 +227,7 @@ func (t *localTrainer) progress() node.Progress {
 	return t.prog
 }
 
-func createLocalRun(ctx context.Context, b chain.Backend, runID string, n, epochTime int, tokenPath, initPath string) error {
-	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("localnet admin " + runID)))
+func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, epochTime int, tokenPath, initPath string) error {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
 		return err
@@ -204,11 +259,10 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, n, epoch
 	return nil
 }
 
-func startTrainers(ctx context.Context, runID string, n int, b chain.Backend, dir string, log *slog.Logger) ([]*localTrainer, error) {
+func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, b chain.Backend, dir string, log *slog.Logger, opts ...node.Option) ([]*localTrainer, error) {
 	var trainers []*localTrainer
 	var addrs []string
-	for i := 0; i < n; i++ {
-		signer := chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("localnet trainer %d %s", i, runID))))
+	for i, signer := range signers {
 		seed := sha256.Sum256([]byte(fmt.Sprintf("localnet p2p %d %s", i, runID)))
 		t := &localTrainer{}
 		var ready sync.Mutex
@@ -225,9 +279,9 @@ func startTrainers(ctx context.Context, runID string, n int, b chain.Backend, di
 			return nil, err
 		}
 		go func() { _ = pn.Run(ctx) }()
-		nd, err := node.New(runID, b, signer, pn, node.WithPeers(addrs...), node.WithCheckpointDir(dir),
+		nd, err := node.New(runID, b, signer, pn, append([]node.Option{node.WithPeers(addrs...), node.WithCheckpointDir(dir),
 			node.WithLogger(log.With("trainer", i)),
-			node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() }))
+			node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, opts...)...)
 		if err != nil {
 			return nil, err
 		}

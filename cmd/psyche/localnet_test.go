@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -26,9 +28,47 @@ func TestLocalnetTrains(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		lines := strings.Split(errb.String(), "\n")
-		t.Log("the last log lines:\n" + strings.Join(lines[max(0, len(lines)-150):], "\n"))
+		t.Log("the last log lines:\n" + tail(errb.String(), 150))
 	}
+}
+
+// TestLocalnetOnSolana runs two epochs against the coordinator program on
+// the local validator: every instruction a transaction, ticks sent by the
+// trainers, and the model must improve with the trainers in agreement.
+func TestLocalnetOnSolana(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run on the local validator")
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed: the local validator needs it")
+	}
+	var out, errb bytes.Buffer
+	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--solana", "--trainers", "3", "--epochs", "2", "--epoch-time", "6", "--dir", t.TempDir()}, &out, &errb)
+	got := out.String()
+	t.Log("\n" + got)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, tail(errb.String(), 150))
+	}
+	for _, want := range []string{"Solana validator http://127.0.0.1:", "epoch 1  step", "trainers hold identical weights: true", "done in"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	var before, after float64
+	if _, err := fmt.Sscanf(got[strings.Index(got, "held-out loss: "):], "held-out loss: %f -> %f", &before, &after); err != nil {
+		t.Fatal(err)
+	} else if after >= before-0.2 {
+		t.Errorf("held-out loss %.3f -> %.3f: no better", before, after)
+	}
+	if t.Failed() {
+		t.Log("the last log lines:\n" + tail(errb.String(), 150))
+	}
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 func TestLocalnetRejectsBadFlags(t *testing.T) {

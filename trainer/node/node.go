@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
@@ -52,6 +53,7 @@ type config struct {
 	dataOpts    []data.Option
 	corrupt     func([]byte) []byte // fault injection in tests (export_test.go)
 	epochs      int
+	ticking     bool
 }
 
 // Option configures a Node.
@@ -105,6 +107,14 @@ func WithProgress(f func(Progress)) Option {
 	return func(c *config) error { c.progress = f; return nil }
 }
 
+// WithTicking makes the node send tick instructions itself whenever the
+// coordinator's timers say a transition is due. A Solana run has no server
+// that ticks it, so its trainers do (any signer may tick; a tick that finds
+// nothing due changes nothing).
+func WithTicking() Option {
+	return func(c *config) error { c.ticking = true; return nil }
+}
+
 // WithDataOptions passes options to the data provider.
 func WithDataOptions(opts ...data.Option) Option {
 	return func(c *config) error { c.dataOpts = append(c.dataOpts, opts...); return nil }
@@ -122,6 +132,7 @@ type Node struct {
 	mu   sync.Mutex // guards snap, for the p2p assignment check
 	snap *coordinator.Coordinator
 
+	ticking  atomic.Bool // a tick instruction is in flight
 	id       coordinator.ClientID
 	model    *gpt.Model
 	opt      *distro.DeMo
@@ -225,6 +236,7 @@ func (n *Node) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 			n.connectPeers(ctx)
+			n.maybeTick(ctx)
 			rd = n.m.tick()
 		case list := <-pulled:
 			rd = n.m.pulled(list)
@@ -269,6 +281,27 @@ func (n *Node) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// maybeTick sends a tick (WithTicking) if ticking the last snapshot now
+// would change it: the coordinator is pure, so a copy shows the outcome
+// without sending anything. At most one tick is in flight.
+func (n *Node) maybeTick(ctx context.Context) {
+	s := n.m.snap
+	if !n.cfg.ticking || s == nil || n.ticking.Load() {
+		return
+	}
+	probe := *s
+	if changed, err := probe.Tick(uint64(time.Now().Unix()), 0); err != nil || !changed {
+		return
+	}
+	n.ticking.Store(true)
+	go func() {
+		defer n.ticking.Store(false)
+		if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.Tick{}); err != nil && ctx.Err() == nil {
+			n.cfg.log.Debug("tick refused", "err", err)
+		}
+	}()
 }
 
 // observe passes a snapshot to the network (step window, allowlist) and the

@@ -48,6 +48,7 @@ transaction, and the trainers tick the run themselves.`,
 		&cli.IntFlag{Name: "epoch-time", Value: 20, Usage: "target epoch length in seconds", Category: "RUN"},
 		&cli.StringFlag{Name: "dir", Usage: "working directory for state, data and checkpoints (default: a new temporary one)", Category: "RUN"},
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
+		&cli.IntFlag{Name: "batch", Value: 12, Usage: "sequences (of 64 tokens) each trainer trains per round", Category: "RUN"},
 		&cli.BoolFlag{Name: "solana", Usage: "run the coordinator program on a local Solana validator instead of the embedded server", Category: "RUN"},
 	},
 	Action: localnet,
@@ -65,6 +66,8 @@ func localnet(c *cli.Context) error {
 		return fmt.Errorf("--epochs must be at least 1, got %d", epochs)
 	case epochTime < 4:
 		return fmt.Errorf("--epoch-time must be at least 4 seconds, got %d", epochTime)
+	case c.Int("batch") < 1 || c.Int("batch")*n > 65535:
+		return fmt.Errorf("--batch must be between 1 and %d for %d trainers, got %d", 65535/n, n, c.Int("batch"))
 	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -124,7 +127,7 @@ func localnet(c *cli.Context) error {
 		backend, where = sb, "Solana validator "+v.RPC
 		nodeOpts = append(nodeOpts, node.WithTicking())
 	} else {
-		srv, err := server.New(filepath.Join(dir, "server"), server.WithTickInterval(200*time.Millisecond), server.WithLogger(log))
+		srv, err := server.New(filepath.Join(dir, "server"), server.WithTickInterval(100*time.Millisecond), server.WithLogger(log))
 		if err != nil {
 			return err
 		}
@@ -135,7 +138,7 @@ func localnet(c *cli.Context) error {
 		go func() { backendUp <- srv.Serve(runCtx, l) }()
 		backend, where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
 	}
-	if err := createLocalRun(ctx, backend, runID, admin, n, epochTime, tokenPath, initPath); err != nil {
+	if err := createLocalRun(ctx, backend, runID, admin, n, c.Int("batch"), epochTime, tokenPath, initPath); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
@@ -157,6 +160,7 @@ func localnet(c *cli.Context) error {
 	start := time.Now()
 	var last *coordinator.Coordinator
 	lastStep := uint32(0)
+	var rounds roundClock
 loop:
 	for {
 		select {
@@ -172,6 +176,7 @@ loop:
 			last = s.State
 			if s.State.Progress.Step != lastStep && s.State.RunState == coordinator.RoundTrain {
 				lastStep = s.State.Progress.Step
+				rounds.start(s.State.Progress.Epoch, trainers)
 				printLocalProgress(out, s.State, trainers, time.Since(start))
 			}
 			if int(s.State.Progress.Epoch) >= epochs || s.State.RunState == coordinator.Finished {
@@ -184,7 +189,51 @@ loop:
 		<-errs
 	}
 	<-backendUp
-	return summarize(out, last, initial, trainers, heldOut, time.Since(start))
+	if err := summarize(out, last, initial, trainers, heldOut, time.Since(start)); err != nil {
+		return err
+	}
+	rounds.report(out, len(trainers))
+	return nil
+}
+
+// roundClock splits the rounds' wall time into the trainers' compute and the
+// rest (coordination and networking), from the start of each round to the
+// next one's within an epoch.
+type roundClock struct {
+	epoch   uint32
+	at      time.Time
+	compute time.Duration // all trainers' compute so far
+	n       int
+	wall    time.Duration // measured rounds' total
+	busy    time.Duration // their compute, summed over trainers
+}
+
+func (r *roundClock) start(epoch uint32, trainers []*localTrainer) {
+	now := time.Now()
+	var compute time.Duration
+	for _, t := range trainers {
+		compute += t.progress().Compute
+	}
+	if !r.at.IsZero() && epoch == r.epoch {
+		r.n++
+		r.wall += now.Sub(r.at)
+		r.busy += compute - r.compute
+	}
+	r.epoch, r.at, r.compute = epoch, now, compute
+}
+
+// report prints the mean round and its split; a trainer's share is its
+// compute averaged over the trainers.
+func (r *roundClock) report(w io.Writer, trainers int) {
+	if r.n == 0 {
+		return
+	}
+	round := r.wall / time.Duration(r.n)
+	compute := r.busy / time.Duration(r.n*trainers)
+	other := round - compute
+	fmt.Fprintf(w, "rounds: %s mean over %d; training compute %s (%.0f%%), coordination + networking %s (%.0f%%)\n",
+		round.Round(time.Millisecond), r.n, compute.Round(time.Millisecond), 100*float64(compute)/float64(round),
+		other.Round(time.Millisecond), 100*float64(other)/float64(round))
 }
 
 // startLocalSolana starts the local validator with the coordinator program
@@ -227,12 +276,12 @@ func (t *localTrainer) progress() node.Progress {
 	return t.prog
 }
 
-func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, epochTime int, tokenPath, initPath string) error {
+func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, tokenPath, initPath string) error {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
 		return err
 	}
-	batch := uint16(12 * n)
+	batch := uint16(perTrainer * n)
 	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: uint64(min(30, epochTime-1)), RoundWitnessTime: 1,
 		EpochTime: uint64(epochTime), WaitingForMembersExtraTime: 1, TotalSteps: 100_000,
 		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(n), MinClients: uint16(max(1, n-1))}

@@ -22,7 +22,7 @@ func TestLocalnetTrains(t *testing.T) {
 	}
 	got := out.String()
 	t.Log("\n" + got)
-	for _, want := range []string{"localnet: run", "epoch 0  step", "held-out loss:", "trainers hold identical weights: true", "checkpoint: "} {
+	for _, want := range []string{"localnet: run", "epoch 0  step", "held-out loss:", "trainers hold identical weights: true", "checkpoint: ", "rounds: "} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q", want)
 		}

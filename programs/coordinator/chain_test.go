@@ -211,7 +211,8 @@ type chain struct {
 	rpc     *rpcClient
 	program []byte
 	units   map[string]uint64
-	unique  bool // the transactions differ anyway: no need to wait for a new blockhash
+	unique  bool   // the transactions differ anyway: no need to wait for a new blockhash
+	last    string // the signature of the last transaction sent
 }
 
 func pub(k ed25519.PrivateKey) []byte { return k.Public().(ed25519.PublicKey) }
@@ -259,7 +260,10 @@ func (c *chain) submit(what string, payer ed25519.PrivateKey, signers []ed25519.
 	if raw, err := c.rpc.try("simulateTransaction", base64.StdEncoding.EncodeToString(tx), map[string]any{"encoding": "base64"}); err == nil {
 		json.Unmarshal(raw, &sim)
 	}
-	_, rerr := c.rpc.try("sendTransaction", base64.StdEncoding.EncodeToString(tx), map[string]any{"encoding": "base64"})
+	sig, rerr := c.rpc.try("sendTransaction", base64.StdEncoding.EncodeToString(tx), map[string]any{"encoding": "base64"})
+	if rerr == nil {
+		json.Unmarshal(sig, &c.last)
+	}
 	if rerr == nil && len(ixs) > 0 {
 		if c.units == nil {
 			c.units = map[string]uint64{}

@@ -35,4 +35,14 @@
 // rebuilds coordinator.so; TestOnChain and TestOnChainAt256 run the built
 // program on the local validator through real transactions and compare the
 // account with the Go coordinator given the time and seed the program used.
+// TestProgramCosts does the same for every instruction in every state a tick
+// can leave (health_check and checkpoint included) and reads the compute
+// units each consumed; with -costs it prints the table of scripts/bench-program.
+//
+// idl.json is the program's Anchor-style IDL (IDL builds it from the Go
+// definitions; regenerate with `go run ./programs/cmd/gen-idl`).
+// TestIDLIsCurrent requires the committed file; TestIDLDecodesInstructions
+// and TestIDLDecodesAccount decode the Go encoder's bytes with a Borsh
+// decoder that knows nothing but the IDL and require the same values;
+// TestProgramCosts builds every instruction's accounts from it.
 package coordinator

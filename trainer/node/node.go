@@ -41,6 +41,10 @@ type Progress struct {
 	Received  uint64  // result bytes fetched
 	Applied   uint64  // rounds applied
 	Witnessed uint64  // witness reports sent
+	// Compute is the time spent training batches (forward, backward,
+	// compression) and applying rounds: what the node would spend alone.
+	// The rest of a round is coordination and networking.
+	Compute time.Duration
 }
 
 type config struct {

@@ -102,6 +102,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	if err != nil {
 		return p2p.Announcement{}, nil, 0, err
 	}
+	n.progress.Compute += time.Since(start) // publishing is networking
 	if n.cfg.corrupt != nil {
 		payload = n.cfg.corrupt(payload)
 	}
@@ -125,6 +126,8 @@ func (n *Node) apply(w *ApplyWork) error {
 	if len(w.Frames) == 0 {
 		return nil
 	}
+	start := time.Now()
+	defer func() { n.progress.Compute += time.Since(start) }()
 	if err := n.opt.Apply(n.model.Tensors(), w.Frames, w.LR); err != nil {
 		return fmt.Errorf("node: applying step %d: %w", w.Step, err)
 	}

@@ -12,6 +12,7 @@ type Options struct {
 	Chunk        int     // compression_chunk: tiles are at most Chunk×Chunk (e.g. 64)
 	TopK         int     // compression_topk: coefficients kept per tile (e.g. 4)
 	Quantize1Bit bool    // transmit signs instead of float32 values
+	RiceIndices  bool    // send indices as Rice codes of their gaps (smaller than fixed widths)
 	Decay        float32 // compression_decay β of the momentum (e.g. 0.999)
 	WeightDecay  float32 // decoupled weight decay, applied as θ *= 1 − lr·wd
 	ClipGradNorm float32 // clip the global gradient norm to this (0: off)
@@ -107,7 +108,7 @@ func (d *DeMo) Step(grads [][]float32, lr float32) (*Frame, error) {
 	f := &Frame{Tensors: make([]Tensor, len(d.plans))}
 	for i, p := range d.plans {
 		t := &f.Tensors[i]
-		*t = Tensor{Shape: append([]int(nil), p.shape...), TileH: p.th, TileW: p.tw, K: p.k, Quantized: d.opts.Quantize1Bit,
+		*t = Tensor{Shape: append([]int(nil), p.shape...), TileH: p.th, TileW: p.tw, K: p.k, Quantized: d.opts.Quantize1Bit, RiceIndices: d.opts.RiceIndices,
 			Indices: make([]uint32, p.tiles()*p.k), Values: make([]float32, p.tiles()*p.k)}
 		d.compressTensor(p, d.delta[i], grads[i], t, scale)
 	}

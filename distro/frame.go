@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // A frame is one trainer's compressed result for one step: for every
@@ -19,7 +20,8 @@ import (
 //	6       2     tensor count
 //	8       ...   tensors, each:
 //	        1     ndim (1..MaxDims)
-//	        1     flags: bit 0 = values are 1-bit signs; other bits 0
+//	        1     flags: bit 0 = values are 1-bit signs; bit 1 = indices
+//	              Rice-coded; other bits 0
 //	        2     reserved, 0
 //	        4     tile height (divides dim[-2], 1 for 1-D tensors)
 //	        4     tile width (divides dim[-1])
@@ -27,13 +29,25 @@ import (
 //	        4×ndim dims
 //	        indices: k per tile, tile-local, strictly ascending within a
 //	              tile, each 1, 2 or 4 bytes for tiles of ≤ 2^8, ≤ 2^16 or more
-//	              coefficients
+//	              coefficients; with flag bit 1, Golomb–Rice codes of the
+//	              gaps instead (below), one bit stream for the tensor packed
+//	              LSB first, the last byte's spare bits 0
 //	        values: k per tile, float32, or with flag bit 0 one bit per
 //	              entry packed LSB first (1 = +1, 0 = −1), the last byte's
 //	              spare bits 0
 //
 // Tiles are ordered by leading dims, then tile row, then tile column. The
 // format is canonical: a decoded frame re-encodes to the same bytes.
+//
+// Rice-coded indices (an extension of DESIGN.md §6's fixed widths; every
+// decoder reads both, each sender chooses). A tile's k ascending indices
+// i_1 < … < i_k are sent as the gaps d_1 = i_1 and d_j = i_j − i_{j−1} − 1
+// (all ≥ 0), each as a Rice code with parameter r: the quotient d >> r in
+// unary (that many 1 bits, then a 0), then the low r bits of d, least
+// significant first. The k indices of a tile of n coefficients are spread
+// over it, so a gap is about n/k; r is derived from n and k alone
+// (riceParam), never sent, which keeps the encoding canonical. At chunk 64
+// and top-k 16 an index costs about 10 bits instead of 16.
 
 const (
 	FrameVersion = 1
@@ -53,6 +67,7 @@ type Tensor struct {
 	TileH, TileW int
 	K            int // entries per tile
 	Quantized    bool
+	RiceIndices  bool      // indices sent as Rice codes of their gaps
 	Indices      []uint32  // K per tile, tile-local, ascending within a tile
 	Values       []float32 // K per tile; ±1 when Quantized
 }
@@ -81,6 +96,123 @@ func indexWidth(tileSize int) int {
 		return 2
 	}
 	return 4
+}
+
+// indexBytes is the encoded size of a tensor's indices.
+func indexBytes(t *Tensor) int {
+	if !t.RiceIndices {
+		return len(t.Indices) * indexWidth(t.TileH*t.TileW)
+	}
+	r := riceParam(t.TileH*t.TileW, t.K)
+	var n int64
+	forGaps(t, func(d uint32) { n += int64(d>>r) + 1 + int64(r) })
+	return int((n + 7) / 8)
+}
+
+// riceParam is the Rice parameter for k indices in tiles of tileSize
+// coefficients: about log2 of the mean gap, less one (the best parameter
+// for a geometric distribution of mean m is near log2(m·ln 2)).
+func riceParam(tileSize, k int) uint {
+	return uint(max(0, bits.Len(uint(tileSize/k))-2))
+}
+
+// forGaps calls f with every gap of t's indices, tile by tile.
+func forGaps(t *Tensor, f func(d uint32)) {
+	for start := 0; start+t.K <= len(t.Indices); start += t.K {
+		next := uint32(0) // the smallest index the next entry may take
+		for _, ix := range t.Indices[start : start+t.K] {
+			f(ix - next)
+			next = ix + 1
+		}
+	}
+}
+
+// appendRiceIndices appends t's Rice-coded indices (already checked
+// ascending).
+func appendRiceIndices(b []byte, t *Tensor) []byte {
+	r := riceParam(t.TileH*t.TileW, t.K)
+	w := bitWriter{b: b}
+	forGaps(t, func(d uint32) {
+		for q := d >> r; q > 0; q-- {
+			w.bit(1)
+		}
+		w.bit(0)
+		for j := uint(0); j < r; j++ {
+			w.bit(uint8(d >> j & 1))
+		}
+	})
+	return w.b
+}
+
+type bitWriter struct {
+	b []byte
+	n uint // bits used in the last byte (0: start a new one)
+}
+
+func (w *bitWriter) bit(v uint8) {
+	if w.n == 0 {
+		w.b = append(w.b, 0)
+	}
+	w.b[len(w.b)-1] |= v << w.n
+	w.n = (w.n + 1) % 8
+}
+
+// readRiceIndices decodes count Rice-coded indices in tiles of tileSize
+// from the front of b and returns them with the number of bytes used. Every
+// index must fall inside its tile, and the last byte's spare bits must be 0.
+func readRiceIndices(b []byte, count int64, tileSize, k int) ([]uint32, int, error) {
+	// At least one bit per index: bound the count before allocating.
+	if count > 8*int64(len(b)) {
+		return nil, 0, fmt.Errorf("%w: %d indices cannot fit in %d bytes", ErrFrame, count, len(b))
+	}
+	r := riceParam(tileSize, k)
+	out := make([]uint32, count)
+	pos, limit := 0, 8*len(b)
+	bit := func() (uint32, error) {
+		if pos >= limit {
+			return 0, fmt.Errorf("%w: index bits truncated", ErrFrame)
+		}
+		v := uint32(b[pos/8] >> (pos % 8) & 1)
+		pos++
+		return v, nil
+	}
+	for start := int64(0); start < count; start += int64(k) {
+		next := uint64(0)
+		for j := start; j < start+int64(k); j++ {
+			var q uint64
+			for {
+				v, err := bit()
+				if err != nil {
+					return nil, 0, err
+				}
+				if v == 0 {
+					break
+				}
+				if q++; q<<r >= uint64(tileSize) {
+					return nil, 0, fmt.Errorf("%w: index gap beyond the tile of %d", ErrFrame, tileSize)
+				}
+			}
+			d := q << r
+			for i := uint(0); i < r; i++ {
+				v, err := bit()
+				if err != nil {
+					return nil, 0, err
+				}
+				d |= uint64(v) << i
+			}
+			ix := next + d
+			if ix >= uint64(tileSize) {
+				return nil, 0, fmt.Errorf("%w: index %d outside a tile of %d", ErrFrame, ix, tileSize)
+			}
+			out[j] = uint32(ix)
+			next = ix + 1
+		}
+	}
+	used := (pos + 7) / 8
+	if pos%8 != 0 && b[used-1]>>(pos%8) != 0 {
+		return nil, 0, fmt.Errorf("%w: spare index bits set", ErrFrame)
+	}
+	return out, used, nil
 }
 
 // geometry checks a tensor's shape and tiling and returns its tile count and
@@ -133,7 +265,7 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 		if err := checkEntries(t, int(ts)); err != nil {
 			return nil, fmt.Errorf("tensor %d: %w", i, err)
 		}
-		size += 16 + 4*len(t.Shape) + int(n)*indexWidth(int(ts))
+		size += 16 + 4*len(t.Shape) + indexBytes(t)
 		if t.Quantized {
 			size += int((n + 7) / 8)
 		} else {
@@ -148,7 +280,10 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 		t := &f.Tensors[i]
 		var flags byte
 		if t.Quantized {
-			flags = 1
+			flags |= 1
+		}
+		if t.RiceIndices {
+			flags |= 2
 		}
 		b = append(b, byte(len(t.Shape)), flags, 0, 0)
 		b = binary.LittleEndian.AppendUint32(b, uint32(t.TileH))
@@ -157,12 +292,14 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 		for _, d := range t.Shape {
 			b = binary.LittleEndian.AppendUint32(b, uint32(d))
 		}
-		switch indexWidth(t.TileH * t.TileW) {
-		case 1:
+		switch w := indexWidth(t.TileH * t.TileW); {
+		case t.RiceIndices:
+			b = appendRiceIndices(b, t)
+		case w == 1:
 			for _, ix := range t.Indices {
 				b = append(b, byte(ix))
 			}
-		case 2:
+		case w == 2:
 			for _, ix := range t.Indices {
 				b = binary.LittleEndian.AppendUint16(b, uint16(ix))
 			}
@@ -259,14 +396,15 @@ func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
 			return nil, err
 		}
 		ndim, flags := int(th[0]), th[1]
-		if flags&^1 != 0 || th[2] != 0 || th[3] != 0 {
+		if flags&^3 != 0 || th[2] != 0 || th[3] != 0 {
 			return nil, fmt.Errorf("%w: tensor %d: unknown flags or reserved bytes", ErrFrame, i)
 		}
 		if ndim == 0 || ndim > MaxDims {
 			return nil, fmt.Errorf("%w: tensor %d has %d dims", ErrFrame, i, ndim)
 		}
 		t := &f.Tensors[i]
-		t.Quantized = flags&1 == 1
+		t.Quantized = flags&1 != 0
+		t.RiceIndices = flags&2 != 0
 		t.TileH = int(binary.LittleEndian.Uint32(th[4:]))
 		t.TileW = int(binary.LittleEndian.Uint32(th[8:]))
 		t.K = int(binary.LittleEndian.Uint32(th[12:]))
@@ -292,9 +430,13 @@ func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
 			return nil, fmt.Errorf("%w: %d parameters and %d entries so far, limits %d and %d",
 				ErrFrameLimit, params, entries, lim.MaxParams, lim.MaxEntries)
 		}
-		w := indexWidth(int(ts))
-		ib, err := r.take(count * int64(w))
-		if err != nil {
+		if t.RiceIndices {
+			var used int
+			if t.Indices, used, err = readRiceIndices(data[r.off:], count, int(ts), t.K); err != nil {
+				return nil, fmt.Errorf("tensor %d: %w", i, err)
+			}
+			r.off += used
+		} else if err := readFixedIndices(r, t, count, indexWidth(int(ts))); err != nil {
 			return nil, err
 		}
 		valueBytes := 4 * count
@@ -304,17 +446,6 @@ func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
 		vb, err := r.take(valueBytes)
 		if err != nil {
 			return nil, err
-		}
-		t.Indices = make([]uint32, count)
-		for j := range t.Indices {
-			switch w {
-			case 1:
-				t.Indices[j] = uint32(ib[j])
-			case 2:
-				t.Indices[j] = uint32(binary.LittleEndian.Uint16(ib[2*j:]))
-			default:
-				t.Indices[j] = binary.LittleEndian.Uint32(ib[4*j:])
-			}
 		}
 		t.Values = make([]float32, count)
 		if t.Quantized {
@@ -342,13 +473,33 @@ func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
 	return f, nil
 }
 
+// readFixedIndices reads count indices of width bytes each.
+func readFixedIndices(r *frameReader, t *Tensor, count int64, width int) error {
+	ib, err := r.take(count * int64(width))
+	if err != nil {
+		return err
+	}
+	t.Indices = make([]uint32, count)
+	for j := range t.Indices {
+		switch width {
+		case 1:
+			t.Indices[j] = uint32(ib[j])
+		case 2:
+			t.Indices[j] = uint32(binary.LittleEndian.Uint16(ib[2*j:]))
+		default:
+			t.Indices[j] = binary.LittleEndian.Uint32(ib[4*j:])
+		}
+	}
+	return nil
+}
+
 // WireSize is the encoded size of the frame in bytes.
 func (f *Frame) WireSize() int {
 	size := 8
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		n := len(t.Indices)
-		size += 16 + 4*len(t.Shape) + n*indexWidth(t.TileH*t.TileW)
+		size += 16 + 4*len(t.Shape) + indexBytes(t)
 		if t.Quantized {
 			size += (n + 7) / 8
 		} else {

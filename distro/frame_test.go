@@ -18,6 +18,9 @@ func sampleFrames(tb testing.TB) [][]byte {
 		{Chunk: 16, TopK: 3, Decay: 0.9},
 		{Chunk: 4, TopK: 16, Quantize1Bit: true},
 		{Chunk: 512, TopK: 5},
+		{Chunk: 16, TopK: 4, Quantize1Bit: true, RiceIndices: true},
+		{Chunk: 4, TopK: 16, RiceIndices: true},
+		{Chunk: 512, TopK: 5, RiceIndices: true},
 	} {
 		shapes := [][]int{{32, 32}, {20}, {2, 3, 4, 8}}
 		if o.Chunk == 512 {
@@ -91,7 +94,7 @@ func TestDecodeFrameRejects(t *testing.T) {
 		{"trailing", append(bytes.Clone(good), 0), ErrFrame},
 		{"no dims", mutate(func(b []byte) []byte { b[firstTensor] = 0; return b }), ErrFrame},
 		{"too many dims", mutate(func(b []byte) []byte { b[firstTensor] = 9; return b }), ErrFrame},
-		{"flags", mutate(func(b []byte) []byte { b[firstTensor+1] = 2; return b }), ErrFrame},
+		{"flags", mutate(func(b []byte) []byte { b[firstTensor+1] = 4; return b }), ErrFrame},
 		{"tile does not divide", setU32(firstTensor+8, 5), ErrFrame},
 		{"1-D with tile height", setU32(firstTensor+4, 2), ErrFrame},
 		{"k zero", setU32(firstTensor+12, 0), ErrFrame},
@@ -152,19 +155,57 @@ func (f *Frame) mustMarshal(tb testing.TB) []byte {
 }
 
 func TestWireSizeAtChunk64TopK4OneBit(t *testing.T) {
-	d, err := NewDeMo([][]int{{4096, 4096}}, Options{Chunk: 64, TopK: 4, Quantize1Bit: true})
-	if err != nil {
-		t.Fatal(err)
+	g := randomTensors(rand.New(rand.NewPCG(1, 1)), [][]int{{4096, 4096}}, 1)
+	for _, tc := range []struct {
+		rice bool
+		min  float64 // times smaller than bf16
+	}{
+		{false, 900}, // DESIGN.md §6: 8.5 bytes per 4096 parameters
+		{true, 1300}, // gaps of ~1000 in ~11 bits instead of 16
+	} {
+		d, err := NewDeMo([][]int{{4096, 4096}}, Options{Chunk: 64, TopK: 4, Quantize1Bit: true, RiceIndices: tc.rice})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := d.Step(g, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bf16 := 2 * 4096 * 4096
+		ratio := float64(bf16) / float64(f.WireSize())
+		t.Logf("rice %v: wire %d bytes: %.4f bytes/param, %.0fx smaller than bf16", tc.rice, f.WireSize(), float64(f.WireSize())/(4096*4096), ratio)
+		if ratio < tc.min {
+			t.Errorf("rice %v: only %.0fx smaller than bf16, want %.0fx", tc.rice, ratio, tc.min)
+		}
 	}
-	f, err := d.Step([][]float32{randomTensors(rand.New(rand.NewPCG(1, 1)), [][]int{{4096, 4096}}, 1)[0]}, 1)
-	if err != nil {
-		t.Fatal(err)
+}
+
+func TestDecodeRiceIndicesRejects(t *testing.T) {
+	// One 1-D tensor of 16 in tiles of 8, k=2: Rice parameter 1; gaps
+	// 1, 3 | 0, 6 code as 0 1 | 1 0 1 | 0 0 | 1 1 1 0 0, 12 bits in 2 bytes.
+	good := (&Frame{Tensors: []Tensor{{Shape: []int{16}, TileH: 1, TileW: 8, K: 2, RiceIndices: true,
+		Indices: []uint32{1, 5, 0, 7}, Values: []float32{0.5, -1, 2, 3}}}}).mustMarshal(t)
+	idxAt := firstTensor + 16 + 4
+	if len(good) != idxAt+2+16 {
+		t.Fatalf("frame of %d bytes, want %d", len(good), idxAt+2+16)
 	}
-	bf16 := 2 * 4096 * 4096
-	ratio := float64(bf16) / float64(f.WireSize())
-	t.Logf("wire %d bytes: %.4f bytes/param, %.0fx smaller than bf16", f.WireSize(), float64(f.WireSize())/(4096*4096), ratio)
-	if ratio < 900 {
-		t.Fatalf("only %.0fx smaller than bf16", ratio)
+	if f, err := DecodeFrame(good, DefaultLimits); err != nil || !reflect.DeepEqual(f.Tensors[0].Indices, []uint32{1, 5, 0, 7}) {
+		t.Fatalf("decode: %v", err)
+	}
+	mutate := func(f func(b []byte)) []byte { b := bytes.Clone(good); f(b); return b }
+	for _, tc := range []struct {
+		name string
+		data []byte
+	}{
+		{"gap beyond the tile", mutate(func(b []byte) { b[idxAt] = 0xff })},
+		{"index out of tile", mutate(func(b []byte) { b[idxAt] = 0x17 })}, // gaps 7, 0: indices 7, 8
+		{"spare bits", mutate(func(b []byte) { b[idxAt+1] |= 0x80 })},
+		{"truncated", good[:idxAt+1]},
+		{"unknown flag", mutate(func(b []byte) { b[firstTensor+1] |= 4 })},
+	} {
+		if _, err := DecodeFrame(tc.data, DefaultLimits); !errors.Is(err, ErrFrame) {
+			t.Errorf("%s: got %v", tc.name, err)
+		}
 	}
 }
 

@@ -53,7 +53,9 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		n.model = model
 		o := m.Optimizer
 		opt, err := distro.NewDeMo(model.Shapes(), distro.Options{Chunk: int(o.CompressionChunk), TopK: int(o.CompressionTopK),
-			Quantize1Bit: o.Quantize1Bit, Decay: o.CompressionDecay, WeightDecay: o.WeightDecay, ClipGradNorm: o.ClipGradNorm, Workers: n.cfg.workers})
+			// Rice-coded indices: every peer decodes both index codings, and
+			// these are about a third smaller.
+			Quantize1Bit: o.Quantize1Bit, RiceIndices: true, Decay: o.CompressionDecay, WeightDecay: o.WeightDecay, ClipGradNorm: o.ClipGradNorm, Workers: n.cfg.workers})
 		if err != nil {
 			return err
 		}

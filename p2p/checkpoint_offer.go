@@ -81,30 +81,14 @@ type checkpointOffer struct {
 }
 
 // serveOffer answers one offer request.
-func (n *Node) serveOffer(s network.Stream) {
-	defer s.Close()
-	_ = s.SetDeadline(time.Now().Add(offerTimeout))
-	b, err := io.ReadAll(io.LimitReader(s, maxPullRequestSize+1))
-	if err != nil {
-		s.Reset()
-		return
-	}
-	req, err := DecodePullRequest(b)
-	if err != nil || req.RunID != *n.cfg.runID {
-		s.Reset()
-		return
-	}
+func (n *Node) serveOffer(req PullRequest) []byte {
 	n.mu.Lock()
 	o := n.offered
 	n.mu.Unlock()
-	ok := o != nil && o.epoch == req.Step
-	var id coordinator.Hash
-	if ok {
-		id = o.id
+	if o == nil || o.epoch != req.Step {
+		return encodeOffer(coordinator.Hash{}, false)
 	}
-	if _, err := s.Write(encodeOffer(id, ok)); err != nil {
-		s.Reset()
-	}
+	return encodeOffer(o.id, true)
 }
 
 // FindCheckpoint asks the given peers which checkpoint they serve for

@@ -277,19 +277,7 @@ func (n *Node) reannounceLoop(ctx context.Context) {
 // servePull answers one pull request with the announcements held for the
 // step. Everything it sends was validated on the way in, and the requester
 // validates it again.
-func (n *Node) servePull(s network.Stream) {
-	defer s.Close()
-	_ = s.SetDeadline(time.Now().Add(pullTimeout))
-	b, err := io.ReadAll(io.LimitReader(s, maxPullRequestSize+1))
-	if err != nil {
-		s.Reset()
-		return
-	}
-	req, err := DecodePullRequest(b)
-	if err != nil || req.RunID != *n.cfg.runID {
-		s.Reset()
-		return
-	}
+func (n *Node) servePull(req PullRequest) []byte {
 	n.mu.Lock()
 	var items [][]byte
 	size := 3
@@ -305,11 +293,36 @@ func (n *Node) servePull(s network.Stream) {
 	n.mu.Unlock()
 	resp, err := encodePullResponse(items)
 	if err != nil {
-		s.Reset()
-		return
+		return nil
 	}
-	if _, err := s.Write(resp); err != nil {
-		s.Reset()
+	return resp
+}
+
+// serve is the stream handler of a request/response protocol whose requests
+// use the pull request's encoding: it reads one request for this run, and
+// writes what answer returns (nil: reset the stream).
+func (n *Node) serve(timeout time.Duration, answer func(PullRequest) []byte) network.StreamHandler {
+	return func(s network.Stream) {
+		defer s.Close()
+		_ = s.SetDeadline(time.Now().Add(timeout))
+		b, err := io.ReadAll(io.LimitReader(s, maxPullRequestSize+1))
+		if err != nil {
+			s.Reset()
+			return
+		}
+		req, err := DecodePullRequest(b)
+		if err != nil || req.RunID != *n.cfg.runID {
+			s.Reset()
+			return
+		}
+		resp := answer(req)
+		if resp == nil {
+			s.Reset()
+			return
+		}
+		if _, err := s.Write(resp); err != nil {
+			s.Reset()
+		}
 	}
 }
 

@@ -172,8 +172,8 @@ func New(opts ...Option) (*Node, error) {
 	n.bstore = blockstore.NewBlockstore(dssync.MutexWrap(ds.NewMapDatastore()))
 	n.bs = bitswap.New(n.life, bsnet.NewFromIpfsHost(h), nil, n.bstore,
 		bitswap.WithTracer(blockTracer{n}))
-	h.SetStreamHandler(PullProtocol, n.servePull)
-	h.SetStreamHandler(OfferProtocol, n.serveOffer)
+	h.SetStreamHandler(PullProtocol, n.serve(pullTimeout, n.servePull))
+	h.SetStreamHandler(OfferProtocol, n.serve(offerTimeout, n.serveOffer))
 
 	for _, ai := range boot {
 		if err := h.Connect(n.life, ai); err != nil {

@@ -22,11 +22,14 @@ import (
 //	        1     ndim (1..MaxDims)
 //	        1     flags: bit 0 = values are 1-bit signs; bit 1 = indices
 //	              Rice-coded; other bits 0
-//	        2     reserved, 0
-//	        4     tile height (divides dim[-2], 1 for 1-D tensors)
-//	        4     tile width (divides dim[-1])
-//	        4     k, entries per tile (1..tile height × tile width)
-//	        4×ndim dims
+//	        var   tile height (divides dim[-2], 1 for 1-D tensors)
+//	        var   tile width (divides dim[-1])
+//	        var   k, entries per tile (1..tile height × tile width)
+//	        var×ndim dims
+//
+//	        (var: unsigned LEB128 varint, minimal length, value < 2^32 —
+//	        small models have dozens of small tensors, and fixed 32-bit
+//	        fields made the headers half of their frames)
 //	        indices: k per tile, tile-local, strictly ascending within a
 //	              tile, each 1, 2 or 4 bytes for tiles of ≤ 2^8, ≤ 2^16 or more
 //	              coefficients; with flag bit 1, Golomb–Rice codes of the
@@ -50,7 +53,7 @@ import (
 // and top-k 16 an index costs about 10 bits instead of 16.
 
 const (
-	FrameVersion = 1
+	FrameVersion = 2
 	MaxDims      = 8
 	frameMagic   = "PSDF"
 )
@@ -265,7 +268,7 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 		if err := checkEntries(t, int(ts)); err != nil {
 			return nil, fmt.Errorf("tensor %d: %w", i, err)
 		}
-		size += 16 + 4*len(t.Shape) + indexBytes(t)
+		size += tensorHeaderSize(t) + indexBytes(t)
 		if t.Quantized {
 			size += int((n + 7) / 8)
 		} else {
@@ -285,12 +288,12 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 		if t.RiceIndices {
 			flags |= 2
 		}
-		b = append(b, byte(len(t.Shape)), flags, 0, 0)
-		b = binary.LittleEndian.AppendUint32(b, uint32(t.TileH))
-		b = binary.LittleEndian.AppendUint32(b, uint32(t.TileW))
-		b = binary.LittleEndian.AppendUint32(b, uint32(t.K))
+		b = append(b, byte(len(t.Shape)), flags)
+		b = binary.AppendUvarint(b, uint64(t.TileH))
+		b = binary.AppendUvarint(b, uint64(t.TileW))
+		b = binary.AppendUvarint(b, uint64(t.K))
 		for _, d := range t.Shape {
-			b = binary.LittleEndian.AppendUint32(b, uint32(d))
+			b = binary.AppendUvarint(b, uint64(d))
 		}
 		switch w := indexWidth(t.TileH * t.TileW); {
 		case t.RiceIndices:
@@ -367,6 +370,34 @@ func (r *frameReader) take(n int64) ([]byte, error) {
 	return s, nil
 }
 
+// uvarint reads a minimal unsigned varint below 2^32.
+func (r *frameReader) uvarint() (int, error) {
+	v, n := binary.Uvarint(r.b[r.off:])
+	switch {
+	case n == 0:
+		return 0, fmt.Errorf("%w: truncated at offset %d", ErrFrame, r.off)
+	case n < 0 || v > math.MaxUint32:
+		return 0, fmt.Errorf("%w: field at offset %d beyond 32 bits", ErrFrame, r.off)
+	case n != uvarintLen(v):
+		return 0, fmt.Errorf("%w: field at offset %d not minimally encoded", ErrFrame, r.off)
+	}
+	r.off += n
+	return int(v), nil
+}
+
+func uvarintLen(v uint64) int {
+	return max(1, (bits.Len64(v)+6)/7)
+}
+
+// tensorHeaderSize is the encoded size of a tensor's header.
+func tensorHeaderSize(t *Tensor) int {
+	n := 2 + uvarintLen(uint64(t.TileH)) + uvarintLen(uint64(t.TileW)) + uvarintLen(uint64(t.K))
+	for _, d := range t.Shape {
+		n += uvarintLen(uint64(d))
+	}
+	return n
+}
+
 // DecodeFrame parses a frame, rejecting anything malformed or beyond lim
 // before allocating for it.
 func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
@@ -391,13 +422,13 @@ func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
 	f := &Frame{Tensors: make([]Tensor, n)}
 	var params, entries int64
 	for i := range f.Tensors {
-		th, err := r.take(16)
+		th, err := r.take(2)
 		if err != nil {
 			return nil, err
 		}
 		ndim, flags := int(th[0]), th[1]
-		if flags&^3 != 0 || th[2] != 0 || th[3] != 0 {
-			return nil, fmt.Errorf("%w: tensor %d: unknown flags or reserved bytes", ErrFrame, i)
+		if flags&^3 != 0 {
+			return nil, fmt.Errorf("%w: tensor %d: unknown flags", ErrFrame, i)
 		}
 		if ndim == 0 || ndim > MaxDims {
 			return nil, fmt.Errorf("%w: tensor %d has %d dims", ErrFrame, i, ndim)
@@ -405,17 +436,14 @@ func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
 		t := &f.Tensors[i]
 		t.Quantized = flags&1 != 0
 		t.RiceIndices = flags&2 != 0
-		t.TileH = int(binary.LittleEndian.Uint32(th[4:]))
-		t.TileW = int(binary.LittleEndian.Uint32(th[8:]))
-		t.K = int(binary.LittleEndian.Uint32(th[12:]))
-		db, err := r.take(int64(4 * ndim))
-		if err != nil {
-			return nil, err
+		var fields [3 + MaxDims]int
+		for j := range 3 + ndim {
+			if fields[j], err = r.uvarint(); err != nil {
+				return nil, fmt.Errorf("tensor %d: %w", i, err)
+			}
 		}
-		t.Shape = make([]int, ndim)
-		for d := range t.Shape {
-			t.Shape[d] = int(binary.LittleEndian.Uint32(db[4*d:]))
-		}
+		t.TileH, t.TileW, t.K = fields[0], fields[1], fields[2]
+		t.Shape = append([]int(nil), fields[3:3+ndim]...)
 		if ndim == 1 && t.TileH != 1 {
 			return nil, fmt.Errorf("%w: tensor %d is 1-D with tile height %d", ErrFrame, i, t.TileH)
 		}
@@ -499,7 +527,7 @@ func (f *Frame) WireSize() int {
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		n := len(t.Indices)
-		size += 16 + 4*len(t.Shape) + indexBytes(t)
+		size += tensorHeaderSize(t) + indexBytes(t)
 		if t.Quantized {
 			size += (n + 7) / 8
 		} else {

@@ -71,13 +71,24 @@ const firstTensor = 8
 
 func TestDecodeFrameRejects(t *testing.T) {
 	// A single 1-D tensor of 16 with tiles of 8, k=2, float values: 2 tiles.
+	// Header at 8: ndim 1, flags 0, tile height 1, tile width 8, k 2, dim 16
+	// (one byte each), then 4 one-byte indices and 4 float32 values.
 	good := (&Frame{Tensors: []Tensor{{Shape: []int{16}, TileH: 1, TileW: 8, K: 2,
 		Indices: []uint32{1, 5, 0, 7}, Values: []float32{0.5, -1, 2, 3}}}}).mustMarshal(t)
-	idxAt := firstTensor + 16 + 4
+	const tileH, tileW, kAt, dimAt = firstTensor + 2, firstTensor + 3, firstTensor + 4, firstTensor + 5
+	idxAt := firstTensor + 6
 	valAt := idxAt + 4
+	if len(good) != valAt+16 {
+		t.Fatalf("frame of %d bytes, want %d", len(good), valAt+16)
+	}
 	mutate := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
+	setByte := func(at int, v byte) []byte { return mutate(func(b []byte) []byte { b[at] = v; return b }) }
 	setU32 := func(at int, v uint32) []byte {
 		return mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[at:], v); return b })
+	}
+	// replace swaps the one-byte field at `at` for the given bytes.
+	replace := func(at int, field ...byte) []byte {
+		return mutate(func(b []byte) []byte { return append(append(b[:at:at], field...), good[at+1:]...) })
 	}
 	nan := math.Float32bits(float32(math.NaN()))
 	inf := math.Float32bits(float32(math.Inf(1)))
@@ -87,27 +98,31 @@ func TestDecodeFrameRejects(t *testing.T) {
 		want error
 	}{
 		{"empty", nil, ErrFrame},
-		{"magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b }), ErrFrame},
-		{"version", mutate(func(b []byte) []byte { b[4] = 2; return b }), ErrFrame},
-		{"reserved", mutate(func(b []byte) []byte { b[5] = 1; return b }), ErrFrame},
+		{"magic", setByte(0, 'X'), ErrFrame},
+		{"version", setByte(4, FrameVersion+1), ErrFrame},
+		{"reserved", setByte(5, 1), ErrFrame},
 		{"truncated", good[:len(good)-1], ErrFrame},
+		{"truncated header", good[:dimAt], ErrFrame},
 		{"trailing", append(bytes.Clone(good), 0), ErrFrame},
-		{"no dims", mutate(func(b []byte) []byte { b[firstTensor] = 0; return b }), ErrFrame},
-		{"too many dims", mutate(func(b []byte) []byte { b[firstTensor] = 9; return b }), ErrFrame},
-		{"flags", mutate(func(b []byte) []byte { b[firstTensor+1] = 4; return b }), ErrFrame},
-		{"tile does not divide", setU32(firstTensor+8, 5), ErrFrame},
-		{"1-D with tile height", setU32(firstTensor+4, 2), ErrFrame},
-		{"k zero", setU32(firstTensor+12, 0), ErrFrame},
-		{"k above tile", setU32(firstTensor+12, 9), ErrFrame},
-		{"zero dim", setU32(firstTensor+16, 0), ErrFrame},
-		{"shape mismatch", setU32(firstTensor+16, 24), ErrFrame},
-		{"index out of tile", mutate(func(b []byte) []byte { b[idxAt+1] = 8; return b }), ErrFrame},
+		{"no dims", setByte(firstTensor, 0), ErrFrame},
+		{"too many dims", setByte(firstTensor, 9), ErrFrame},
+		{"flags", setByte(firstTensor+1, 4), ErrFrame},
+		{"tile does not divide", setByte(tileW, 5), ErrFrame},
+		{"1-D with tile height", setByte(tileH, 2), ErrFrame},
+		{"k zero", setByte(kAt, 0), ErrFrame},
+		{"k above tile", setByte(kAt, 9), ErrFrame},
+		{"zero dim", setByte(dimAt, 0), ErrFrame},
+		{"shape mismatch", setByte(dimAt, 24), ErrFrame},
+		{"overlong varint", replace(dimAt, 0x90, 0x00), ErrFrame},
+		{"varint beyond 32 bits", replace(dimAt, 0x80, 0x80, 0x80, 0x80, 0x10), ErrFrame},
+		{"unterminated varint", mutate(func(b []byte) []byte { return append(b[:dimAt:dimAt], 0x80) }), ErrFrame},
+		{"index out of tile", setByte(idxAt+1, 8), ErrFrame},
 		{"index not ascending", mutate(func(b []byte) []byte { b[idxAt], b[idxAt+1] = 5, 1; return b }), ErrFrame},
-		{"duplicate index", mutate(func(b []byte) []byte { b[idxAt+1] = 1; return b }), ErrFrame},
+		{"duplicate index", setByte(idxAt+1, 1), ErrFrame},
 		{"NaN", setU32(valAt, nan), ErrFrame},
 		{"Inf", setU32(valAt+4, inf), ErrFrame},
 		{"too many tensors", mutate(func(b []byte) []byte { b[6], b[7] = 0xff, 0xff; return b }), ErrFrameLimit},
-		{"huge tensor", setU32(firstTensor+16, 1<<31-8), ErrFrameLimit},
+		{"huge tensor", replace(dimAt, 0xf8, 0xff, 0xff, 0xff, 0x07), ErrFrameLimit}, // 2^31 − 8
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lim := DefaultLimits
@@ -185,7 +200,7 @@ func TestDecodeRiceIndicesRejects(t *testing.T) {
 	// 1, 3 | 0, 6 code as 0 1 | 1 0 1 | 0 0 | 1 1 1 0 0, 12 bits in 2 bytes.
 	good := (&Frame{Tensors: []Tensor{{Shape: []int{16}, TileH: 1, TileW: 8, K: 2, RiceIndices: true,
 		Indices: []uint32{1, 5, 0, 7}, Values: []float32{0.5, -1, 2, 3}}}}).mustMarshal(t)
-	idxAt := firstTensor + 16 + 4
+	idxAt := firstTensor + 6
 	if len(good) != idxAt+2+16 {
 		t.Fatalf("frame of %d bytes, want %d", len(good), idxAt+2+16)
 	}

@@ -302,7 +302,10 @@ func TestGarbagePublisherIsIgnored(t *testing.T) {
 				return []byte("this is not a frame at all")
 			}
 			bad := slices.Clone(p)
-			bad[8+16]++ // the first tensor's first dimension: no longer the model's shape
+			// The first tensor's first dimension (after ndim, flags, tile
+			// height, tile width and k, one byte each for this model): no
+			// longer the model's shape.
+			bad[8+5]++
 			return bad
 		})}
 	})

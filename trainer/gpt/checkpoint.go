@@ -69,6 +69,11 @@ func Load(path string, be kernels.Backend) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	return FromCheckpoint(ck, be)
+}
+
+// FromCheckpoint builds the model a decoded checkpoint describes.
+func FromCheckpoint(ck *checkpoint.Checkpoint, be kernels.Backend) (*Model, error) {
 	mc, err := ck.ModelConfig()
 	if err != nil {
 		return nil, err

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -37,13 +36,9 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			}
 			from = "the previous epoch's clients"
 		} else {
-			path, ok := strings.CutPrefix(url, "file://")
-			if !ok {
-				return fmt.Errorf("node: checkpoint %q: only file:// checkpoints can be loaded so far", url)
-			}
 			var err error
-			if model, err = gpt.Load(path, n.cfg.kernels); err != nil {
-				return fmt.Errorf("node: loading the model: %w", err)
+			if model, err = n.loadURL(ctx, url, cfg); err != nil {
+				return fmt.Errorf("node: loading the model from %s: %w", url, err)
 			}
 			from = url
 		}

@@ -137,6 +137,7 @@ type Node struct {
 	snap *coordinator.Coordinator
 
 	ticking  atomic.Bool // a tick instruction is in flight
+	dueSince time.Time   // since when a tick has been due (zero: not due)
 	id       coordinator.ClientID
 	model    *gpt.Model
 	opt      *distro.DeMo
@@ -289,14 +290,30 @@ func (n *Node) Run(ctx context.Context) error {
 
 // maybeTick sends a tick (WithTicking) if ticking the last snapshot now
 // would change it: the coordinator is pure, so a copy shows the outcome
-// without sending anything. At most one tick is in flight.
+// without sending anything. Every trainer would pay for a tick that only
+// the first can use, so they take turns: the epoch's client at index i
+// waits until the transition has been due for i seconds (others for one
+// more than the clients), which costs a second per trainer that is gone. At
+// most one tick is in flight.
 func (n *Node) maybeTick(ctx context.Context) {
 	s := n.m.snap
 	if !n.cfg.ticking || s == nil || n.ticking.Load() {
 		return
 	}
+	now := time.Now()
 	probe := *s
-	if changed, err := probe.Tick(uint64(time.Now().Unix()), 0); err != nil || !changed {
+	if changed, err := probe.Tick(uint64(now.Unix()), 0); err != nil || !changed {
+		n.dueSince = time.Time{}
+		return
+	}
+	if n.dueSince.IsZero() {
+		n.dueSince = now
+	}
+	turn := int(s.Epoch.ClientsLen) + 1
+	if i, ok := s.ClientIndex(n.signer.Public()); ok {
+		turn = int(i)
+	}
+	if now.Sub(n.dueSince) < time.Duration(turn)*time.Second {
 		return
 	}
 	n.ticking.Store(true)

@@ -54,6 +54,10 @@ func BenchmarkCompress(b *testing.B) {
 					b.ReportMetric(size/(benchDim*benchDim), "wire-B/param")
 					b.ReportMetric(4*benchDim*benchDim/size, "x-vs-fp32")
 					b.ReportMetric(2*benchDim*benchDim/size, "x-vs-bf16")
+					for i := range f.Tensors {
+						f.Tensors[i].RiceIndices = true
+					}
+					b.ReportMetric(2*benchDim*benchDim/float64(f.WireSize()), "x-vs-bf16-rice")
 				})
 			}
 		}

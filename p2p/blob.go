@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"time"
 
@@ -188,35 +189,19 @@ func (n *Node) Fetch(ctx context.Context, a Announcement) ([]byte, error) {
 		return nil, fmt.Errorf("%w: trainer key: %v", ErrMalformed, err)
 	}
 	start := time.Now()
-	backoff := n.cfg.retryBackoff
-	var lastErr error
-	for attempt := 0; attempt <= n.cfg.fetchRetries; attempt++ {
-		if attempt > 0 {
-			n.count(func(s *Stats) { s.FetchRetries++ })
-			n.m.FetchRetries.Add(1)
-			if err := sleep(ctx, backoff); err != nil {
-				return nil, err
-			}
-			backoff *= 2
-		}
-		actx, cancel := context.WithTimeout(ctx, n.cfg.fetchTimeout)
+	var payload []byte
+	err = n.retrying(ctx, func(actx context.Context) (bool, error) {
 		if announcer != n.host.ID() && n.host.Network().Connectedness(announcer) != network.Connected {
 			if err := n.host.Connect(actx, peer.AddrInfo{ID: announcer}); err != nil {
 				n.peerError(a.Trainer.P2P, "dial announcer", err)
 			}
 		}
-		err := n.getBlocks(actx, a.Blob.Blocks)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			lastErr = err
+		if err := n.getBlocks(actx, a.Blob.Blocks); err != nil {
 			n.peerError(a.Trainer.P2P, "fetch", err)
-			continue
+			return false, err
 		}
-		payload, err := n.assemble(ctx, a.Blob)
-		if err == nil && Commitment(a.Step, a.Batch, payload) != a.Commitment {
+		p, err := n.assemble(ctx, a.Blob)
+		if err == nil && Commitment(a.Step, a.Batch, p) != a.Commitment {
 			err = ErrCommitmentMismatch
 		}
 		if err != nil {
@@ -224,20 +209,60 @@ func (n *Node) Fetch(ctx context.Context, a Announcement) ([]byte, error) {
 			// block list that does not match its own commitment: retrying
 			// cannot help.
 			n.peerError(a.Trainer.P2P, "commitment", err)
-			n.count(func(s *Stats) { s.FetchFailures++ })
-			n.m.FetchFailures.Add(1)
-			return nil, err
+			return true, err
 		}
+		payload = p
+		return false, nil
+	})
+	switch {
+	case err == nil:
 		n.count(func(s *Stats) { s.BlobsFetched++ })
 		n.m.BlobsFetched.Add(1)
 		n.m.BlobBytes.Add(float64(len(payload)))
 		n.m.FetchSeconds.Observe(time.Since(start).Seconds())
 		return payload, nil
+	case errors.Is(err, ErrFetchFailed):
+		return nil, fmt.Errorf("%w: step %d batch [%d,%d) from %x", err, a.Step, a.Batch.Start, a.Batch.End, a.Trainer.P2P[:8])
+	}
+	return nil, err
+}
+
+// retrying runs attempt until it succeeds, at most 1 + WithFetchRetries
+// times, with a doubling backoff between tries and WithFetchTimeout on each.
+// An attempt that reports its failure final ends the retries with that
+// error; ctx ending ends them with ctx's. Running out of tries is
+// ErrFetchFailed wrapping the last error. Failures count in the stats.
+func (n *Node) retrying(ctx context.Context, attempt func(ctx context.Context) (final bool, err error)) error {
+	backoff := n.cfg.retryBackoff
+	var lastErr error
+	for try := 0; try <= n.cfg.fetchRetries; try++ {
+		if try > 0 {
+			n.count(func(s *Stats) { s.FetchRetries++ })
+			n.m.FetchRetries.Add(1)
+			if err := sleep(ctx, backoff); err != nil {
+				return err
+			}
+			backoff *= 2
+		}
+		actx, cancel := context.WithTimeout(ctx, n.cfg.fetchTimeout)
+		final, err := attempt(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if final {
+			n.count(func(s *Stats) { s.FetchFailures++ })
+			n.m.FetchFailures.Add(1)
+			return err
+		}
+		lastErr = err
 	}
 	n.count(func(s *Stats) { s.FetchFailures++ })
 	n.m.FetchFailures.Add(1)
-	return nil, fmt.Errorf("%w: step %d batch [%d,%d) from %x: %w", ErrFetchFailed, a.Step,
-		a.Batch.Start, a.Batch.End, a.Trainer.P2P[:8], lastErr)
+	return fmt.Errorf("%w: %w", ErrFetchFailed, lastErr)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -84,37 +85,25 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 		if b, err := n.bstore.Get(ctx, cidOf(h)); err == nil && sha256.Sum256(b.RawData()) == h {
 			return b.RawData(), nil
 		}
-		backoff := n.cfg.retryBackoff
-		var lastErr error
-		for attempt := 0; attempt <= n.cfg.fetchRetries; attempt++ {
-			if attempt > 0 {
-				n.count(func(s *Stats) { s.FetchRetries++ })
-				n.m.FetchRetries.Add(1)
-				if err := sleep(ctx, backoff); err != nil {
-					return nil, err
-				}
-				backoff *= 2
-			}
-			actx, cancel := context.WithTimeout(ctx, n.cfg.fetchTimeout)
+		var data []byte
+		err := n.retrying(ctx, func(actx context.Context) (bool, error) {
 			b, err := sess.GetBlock(actx, cidOf(h))
-			cancel()
 			if err != nil {
-				if ctx.Err() != nil {
-					return nil, ctx.Err()
-				}
-				lastErr = err
-				continue
+				return false, err
 			}
 			if sha256.Sum256(b.RawData()) != h {
-				lastErr = fmt.Errorf("%w: %x", ErrBlockMismatch, h[:8])
-				continue
+				return false, fmt.Errorf("%w: %x", ErrBlockMismatch, h[:8])
 			}
 			if err := n.bstore.Put(ctx, b); err != nil {
-				return nil, err
+				return true, err
 			}
-			return b.RawData(), nil
+			data = b.RawData()
+			return false, nil
+		})
+		if errors.Is(err, ErrFetchFailed) {
+			return nil, fmt.Errorf("block %x: %w", h[:8], err)
 		}
-		return nil, fmt.Errorf("%w: block %x: %w", ErrFetchFailed, h[:8], lastErr)
+		return data, err
 	}
 
 	raw, err := get(ctx, id)

@@ -2,7 +2,10 @@
 // coordinator, joins every epoch, loads the model, trains its assigned batch
 // each round, publishes the compressed result to its peers, fetches theirs,
 // witnesses rounds when elected, applies each round's consensus results two
-// rounds later, and records checkpoints when elected.
+// rounds later, and records checkpoints when elected. At the end of an epoch
+// it offers its model to the next epoch's joiners, and as a joiner it loads
+// the model from them (P2P checkpoints) or from the run's file or http(s)
+// source. On a backend nobody ticks (Solana), it ticks (WithTicking).
 //
 // The decisions live in machine (machine.go), which does no I/O: each event
 // returns a Ready saying what to send, fetch, train, apply and save. Node.Run

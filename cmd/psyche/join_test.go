@@ -96,7 +96,7 @@ func TestJoinTrains(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"# TYPE psyche_tokens_total counter", "psyche_step ", "psyche_p2p_peers 0"} {
+	for _, want := range []string{"# TYPE psyche_tokens_total counter", "psyche_step ", "psyche_p2p_peers 0", "# TYPE psyche_compute_seconds_total counter"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}

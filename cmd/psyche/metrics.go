@@ -45,6 +45,7 @@ func (m *metrics) write(w io.Writer) {
 	metric("psyche_result_bytes_received_total", "counter", "Bytes of peers' results fetched and accepted.", float64(p.Received))
 	metric("psyche_rounds_applied_total", "counter", "Rounds whose consensus results were applied.", float64(p.Applied))
 	metric("psyche_witness_reports_total", "counter", "Witness reports sent.", float64(p.Witnessed))
+	metric("psyche_compute_seconds_total", "counter", "Time spent training batches and applying rounds (the rest of a round is coordination and networking).", p.Compute.Seconds())
 	if m.net != nil {
 		st := m.net.Stats()
 		metric("psyche_p2p_peers", "gauge", "Connected peers.", float64(len(m.net.Peers())))

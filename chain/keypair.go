@@ -7,9 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/atomicfile"
 )
 
 // Signer signs instructions with an ed25519 key.
@@ -100,38 +100,11 @@ func (k *Keypair) Save(ctx context.Context, path string) error {
 	return WriteFileAtomic(path, b, 0o600)
 }
 
-// WriteFileAtomic writes data to a temporary file in path's directory,
-// syncs it and renames it over path, then syncs the directory, so a crash
-// leaves either the old file or the new one.
+// WriteFileAtomic replaces path with data so that a crash leaves either the
+// old file or the new one (internal/atomicfile).
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("chain: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return fmt.Errorf("chain: %w", err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
+	if err := atomicfile.WriteFile(path, data, perm); err != nil {
 		return fmt.Errorf("chain: writing %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("chain: syncing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("chain: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("chain: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync() // best effort: not every filesystem syncs directories
-		d.Close()
 	}
 	return nil
 }

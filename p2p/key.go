@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
+
+	"github.com/psyche-go/psyche/internal/atomicfile"
 )
 
 // Key files hold the libp2p protobuf encoding of the private key (the format
@@ -46,27 +47,7 @@ func SaveKey(path string, key ed25519.PrivateKey) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".p2pkey-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return atomicfile.WriteFile(path, b, 0o600)
 }
 
 // LoadOrCreateKey loads the key at path, or generates and saves one if no

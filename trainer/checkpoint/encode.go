@@ -9,12 +9,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/psyche-go/psyche/internal/atomicfile"
 )
 
 // Tensor is a named float32 tensor in row-major order. Shape may be empty
@@ -237,67 +237,15 @@ func Save(ctx context.Context, path string, tensors []Tensor, meta map[string]st
 		}
 	}()
 
-	dir := filepath.Dir(path)
 	mode := fs.FileMode(0o644)
 	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
 		mode = fi.Mode().Perm()
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp, closed, renamed := f.Name(), false, false
-	defer func() {
-		if err != nil && !renamed {
-			if !closed {
-				f.Close()
-			}
-			os.Remove(tmp)
+	return atomicfile.Write(ctx, path, mode, func(w io.Writer) error {
+		bw := bufio.NewWriterSize(wrapFileWriter(w), chunkSize)
+		if _, err := p.writeTo(ctx, bw); err != nil {
+			return err
 		}
-	}()
-
-	bw := bufio.NewWriterSize(wrapFileWriter(f), chunkSize)
-	if _, err := p.writeTo(ctx, bw); err != nil {
-		return err
-	}
-	if err := bw.Flush(); err != nil {
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	closed = true
-	if err := f.Close(); err != nil {
-		return err
-	}
-	// Last chance to back out: after the rename the new checkpoint is the
-	// one on disk.
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	renamed = true
-	return syncDir(dir)
-}
-
-// syncDir makes a rename in dir durable. Windows cannot open a directory for
-// syncing and commits renames itself, so there it does nothing.
-func syncDir(dir string) error {
-	if runtime.GOOS == "windows" {
-		return nil
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+		return bw.Flush()
+	})
 }

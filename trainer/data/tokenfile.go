@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
-	"path/filepath"
+
+	"github.com/psyche-go/psyche/internal/atomicfile"
 )
 
 // Token sizes a token file may use: bytes per token.
@@ -128,58 +130,23 @@ func WriteTokenFile(ctx context.Context, path string, tokens []uint32, tokenSize
 	if err := ctx.Err(); err != nil {
 		return wrapf(err, "write %s", path)
 	}
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	err = atomicfile.Write(ctx, path, 0o644, func(w io.Writer) error {
+		buf := make([]byte, 0, min(len(tokens), writeChunkTokens)*tokenSize)
+		for start := 0; start < len(tokens); start += writeChunkTokens {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			chunk := tokens[start:min(start+writeChunkTokens, len(tokens))]
+			if _, err := w.Write(appendEncoded(buf[:0], chunk, tokenSize)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return wrapf(err, "write %s", path)
 	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	buf := make([]byte, 0, min(len(tokens), writeChunkTokens)*tokenSize)
-	for start := 0; start < len(tokens); start += writeChunkTokens {
-		if err := ctx.Err(); err != nil {
-			return wrapf(err, "write %s", path)
-		}
-		chunk := tokens[start:min(start+writeChunkTokens, len(tokens))]
-		if _, err := tmp.Write(appendEncoded(buf[:0], chunk, tokenSize)); err != nil {
-			return wrapf(err, "write %s", path)
-		}
-	}
-	// CreateTemp makes the file private (0600); a token file is ordinary data.
-	if err := tmp.Chmod(0o644); err != nil {
-		return wrapf(err, "write %s", path)
-	}
-	// Sync before the rename: otherwise a crash could leave the new name
-	// pointing at a file whose blocks never reached the disk.
-	if err := tmp.Sync(); err != nil {
-		return wrapf(err, "write %s: sync", path)
-	}
-	if err := tmp.Close(); err != nil {
-		return wrapf(err, "write %s", path)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return wrapf(err, "write %s", path)
-	}
-	syncDir(dir)
 	return nil
-}
-
-// syncDir makes a rename in dir durable. It is best effort: the rename is
-// already atomic, and some systems cannot sync a directory at all.
-func syncDir(dir string) {
-	d, err := os.Open(dir)
-	if err != nil {
-		return
-	}
-	_ = d.Sync()
-	_ = d.Close()
 }
 
 // ReadTokenFile reads a whole local token file of tokenSize-byte tokens.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/psyche-go/psyche/internal/atomicfile"
 	"github.com/psyche-go/psyche/programs/sbpf"
 )
 
@@ -45,9 +46,5 @@ func run(out, entry string, inputs []string) error {
 	}
 	// Write through a temporary file so a failed link never leaves a
 	// truncated program behind for a later step to deploy.
-	tmp := out + ".tmp"
-	if err := os.WriteFile(tmp, so, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, out)
+	return atomicfile.WriteFile(out, so, 0o644)
 }

@@ -225,6 +225,7 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 	var ixs []sol.Instruction
 	var instance, account sol.PublicKey
 	var before coordinator.RunState
+	var beforeNonce uint64 // 0: unknown
 	sender := key(signer)
 	data := coordinator.EncodeInstruction(ix)
 	switch ix.(type) {
@@ -269,7 +270,7 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 			return chain.Receipt{}, err
 		}
 		if snap, err := b.snapshotOf(ctx, account); err == nil {
-			before = snap.State.RunState
+			before, beforeNonce = snap.State.RunState, snap.Nonce()
 		}
 		_, free := ix.(*coordinator.FreeCoordinator)
 		metas := sol.AccountMetaSlice{sol.NewAccountMeta(instance, true, false), sol.NewAccountMeta(account, true, false),
@@ -295,7 +296,11 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 	if err != nil {
 		return chain.Receipt{}, err
 	}
-	return chain.Receipt{Changed: true, From: before, To: snap.State.RunState, Nonce: snap.Nonce()}, nil
+	// Every change bumps the nonce, so an unchanged nonce means the
+	// instruction changed nothing (a tick with nothing due). A changed one
+	// may include someone else's instruction landing in between.
+	changed := beforeNonce == 0 || snap.Nonce() != beforeNonce
+	return chain.Receipt{Changed: changed, From: before, To: snap.State.RunState, Nonce: snap.Nonce()}, nil
 }
 
 func key(s chain.Signer) sol.PublicKey { p := s.Public(); return sol.PublicKeyFromBytes(p[:]) }

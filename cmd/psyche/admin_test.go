@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -68,8 +69,15 @@ func psyche(t *testing.T, args ...string) (string, string, int) {
 	return out.String(), errb.String(), code
 }
 
-func TestAdminFlowOnTheServerBackend(t *testing.T) {
-	url, clock := startServer(t)
+// adminFlow runs the admin commands every backend must serve, with the
+// backend selected by backendArgs (--server URL or --rpc URL): keygen for
+// admin, alice, bob and carol (fund pays for them where that is needed),
+// init-coordinator, update and resume (refused to anyone but the admin), two
+// joins (what `psyche join` sends first; too few to start an epoch), a tick
+// and status --json. It returns the key files and a runner of commands as a
+// given key on run runID.
+func adminFlow(t *testing.T, b chain.Backend, backendArgs []string, runID string, fund func(*chain.Keypair)) (map[string]string, func(who string, args ...string) (string, string, int)) {
+	t.Helper()
 	dir := t.TempDir()
 	keys := map[string]string{}
 	for _, name := range []string{"admin", "alice", "bob", "carol"} {
@@ -77,9 +85,14 @@ func TestAdminFlowOnTheServerBackend(t *testing.T) {
 		if out, errs, code := psyche(t, "keygen", "--out", keys[name]); code != 0 || !strings.Contains(out, "address: ") {
 			t.Fatalf("keygen: %d %s %s", code, out, errs)
 		}
+		k, err := chain.LoadKeypair(keys[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		fund(k)
 	}
 	as := func(who string, args ...string) (string, string, int) {
-		return psyche(t, append(args, "--server", url, "--key", keys[who], "--run-id", "cli")...)
+		return psyche(t, append(append(args, backendArgs...), "--key", keys[who], "--run-id", runID)...)
 	}
 	if out, errs, code := as("admin", "init-coordinator"); code != 0 || !strings.Contains(out, "init_coordinator: ok") {
 		t.Fatalf("init: %d %s %s", code, out, errs)
@@ -97,16 +110,51 @@ func TestAdminFlowOnTheServerBackend(t *testing.T) {
 	if out, errs, code := as("admin", "set-paused", "--resume"); code != 0 || !strings.Contains(out, "WaitingForMembers") {
 		t.Fatalf("resume: %d %s %s", code, out, errs)
 	}
-	// Three trainers join (what `psyche join` does first).
-	client := server.NewClient(url, nil)
-	for i, name := range []string{"alice", "bob", "carol"} {
-		k, err := chain.LoadKeypair(keys[name])
-		if err != nil {
+	var joined []string
+	for i, name := range []string{"alice", "bob"} {
+		if err := joinAs(b, runID, keys[name], byte(i+1)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := client.Send(context.Background(), "cli", k, nil, &coordinator.JoinRun{ID: coordinator.ClientID{Signer: k.Public(), P2P: coordinator.Pubkey{byte(i + 1)}}}); err != nil {
-			t.Fatal(err)
-		}
+		k, _ := chain.LoadKeypair(keys[name])
+		joined = append(joined, chain.Address(k.Public()))
+	}
+	// Two of the three joiners the run needs: nothing is due.
+	if out, errs, code := as("alice", "tick"); code != 0 || !strings.Contains(out, "tick: nothing to do (WaitingForMembers)") {
+		t.Fatalf("tick: %d %s %s", code, out, errs)
+	}
+	out, errs, code := psyche(t, append([]string{"status", "--run-id", runID, "--json"}, backendArgs...)...)
+	if code != 0 {
+		t.Fatalf("status: %d %s", code, errs)
+	}
+	var v statusView
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("status JSON: %v\n%s", err, out)
+	}
+	if v.State != "WaitingForMembers" || !slices.Equal(v.Pending, joined) {
+		t.Fatalf("status: %+v", v)
+	}
+	return keys, as
+}
+
+// joinAs sends the join `psyche join` starts with, for the key in keyFile
+// with a p2p identity made of one byte.
+func joinAs(b chain.Backend, runID, keyFile string, p2pByte byte) error {
+	k, err := chain.LoadKeypair(keyFile)
+	if err != nil {
+		return err
+	}
+	_, err = b.Send(context.Background(), runID, k, nil, &coordinator.JoinRun{ID: coordinator.ClientID{Signer: k.Public(), P2P: coordinator.Pubkey{p2pByte}}})
+	return err
+}
+
+func TestAdminFlowOnTheServerBackend(t *testing.T) {
+	url, clock := startServer(t)
+	backendArgs := []string{"--server", url}
+	keys, as := adminFlow(t, server.NewClient(url, nil), backendArgs, "cli", func(*chain.Keypair) {})
+	// A third trainer makes init_min_clients; once the extra wait is over a
+	// tick starts the epoch.
+	if err := joinAs(server.NewClient(url, nil), "cli", keys["carol"], 3); err != nil {
+		t.Fatal(err)
 	}
 	clock.add(3 * time.Second)
 	if out, errs, code := as("bob", "tick"); code != 0 || !strings.Contains(out, "WaitingForMembers -> Warmup") {

@@ -289,7 +289,7 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 		MaxSeqLen: uint32(localnetModel.Context), VocabSize: uint32(localnetModel.Vocab), DModel: uint32(localnetModel.Width),
 		NLayers: uint32(localnetModel.Layers), NHeads: uint32(localnetModel.Heads),
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
-		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true}}
+		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
 	m.Checkpoint.Kind = coordinator.CheckpointHub
 	if err := coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file://"+initPath); err != nil {
 		return fmt.Errorf("the working directory's path is too long for a checkpoint URL: %w", err)

@@ -38,7 +38,7 @@ func TestParitySmall(t *testing.T) {
 	cfg := Config{
 		Model:  gpt.Config{Vocab: 256, Context: 32, Width: 32, Layers: 1, Heads: 2},
 		SeqLen: 32, Batch: 8, Peers: 4, Steps: 40, WarmupSteps: 4, AdamLR: 3e-3, DistroLR: 3e-3,
-		Distro:    distro.Options{Chunk: 64, TopK: 8, Quantize1Bit: true, RiceIndices: true, Decay: 0.95, Workers: 2},
+		Distro:    distro.Options{Chunk: 64, TopK: 8, Quantize1Bit: true, RiceIndices: true, ClipGradNorm: 1, Decay: 0.95, Workers: 2},
 		EvalEvery: 20, EvalSeqs: 16, Seed: 7,
 	}
 	train, val := providers(t, cfg.SeqLen)

@@ -27,7 +27,7 @@ import (
 
 // startValidator runs the local validator (litesvm) with the coordinator
 // program preloaded at solana.LocalProgramID.
-func startValidator(t *testing.T) *validator.Validator {
+func startValidator(t *testing.T, opts ...validator.Option) *validator.Validator {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a local validator")
@@ -41,7 +41,7 @@ func startValidator(t *testing.T) *validator.Validator {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	v, err := validator.Start(ctx, validator.WithProgram(solana.LocalProgramID.String(), so))
+	v, err := validator.Start(ctx, append(opts, validator.WithProgram(solana.LocalProgramID.String(), so))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,8 @@ func chainTime(t *testing.T, v *validator.Validator) int64 {
 }
 
 func TestBackendSuite(t *testing.T) {
-	v := startValidator(t)
+	// The suite's clock is the chain's, moved by the test: no waiting.
+	v := startValidator(t, validator.WithManualClock())
 	b := newBackend(t, v)
 	ctx := context.Background()
 	for _, name := range []string{"admin", "alice", "bob", "ticker"} {
@@ -78,11 +79,13 @@ func TestBackendSuite(t *testing.T) {
 	backendtest.Run(t, "solana-suite", backendtest.Harness{
 		Backend: b,
 		Advance: func(t *testing.T, seconds uint64) {
-			// Wait for the chain's clock (it follows wall time), then tick:
-			// on chain, someone has to.
+			// Move the chain's clock, then tick: on chain, someone has to.
 			target := chainTime(t, v) + int64(seconds)
-			for chainTime(t, v) < target {
-				time.Sleep(100 * time.Millisecond)
+			if err := v.SetClock(ctx, time.Unix(target, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if got := chainTime(t, v); got != target {
+				t.Fatalf("the chain clock reads %d after SetClock(%d)", got, target)
 			}
 			if _, err := b.Send(ctx, "solana-suite", backendtest.Key("ticker"), nil, &coordinator.Tick{}); err != nil {
 				t.Fatal(err)

@@ -41,8 +41,13 @@ func TestJoinTrains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One trainer, the only witness: its report ends each round, so the
+	// training limit and the epoch are long enough never to pass on a
+	// loaded machine (the run's clock is the wall's: join has no other).
 	cfg := strings.NewReplacer("init_min_clients = 3", "init_min_clients = 1", "min_clients = 2", "min_clients = 1",
-		"warmup_time = 10", "warmup_time = 2", `data = "opticks.tokens"`, `data = "`+tokens+`"`,
+		"warmup_time = 10", "warmup_time = 2", "max_round_train_time = 20", "max_round_train_time = 600",
+		"epoch_time = 120", "epoch_time = 3600", "round_witness_time = 3", "round_witness_time = 1",
+		`data = "opticks.tokens"`, `data = "`+tokens+`"`,
 		`url = "file:///var/lib/psyche/tiny/init.safetensors"`, `url = "file://`+initPath+`"`).Replace(string(tiny))
 	if err := os.WriteFile(runFile, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -67,20 +72,33 @@ func TestJoinTrains(t *testing.T) {
 			"--p2p-key", filepath.Join(dir, "p2p.key"), "--listen", "/ip4/127.0.0.1/tcp/0", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
 			"--metrics-addr", "127.0.0.1:0"}, &out, &errb)
 	}()
+	// Wait for the run to reach step 4 (snapshots are events); the guard
+	// only stops a hung test.
 	client := server.NewClient(url, nil)
-	deadline := time.Now().Add(90 * time.Second)
+	wctx, cancelWait := context.WithTimeout(ctx, 8*time.Minute)
+	defer cancelWait()
+	snaps, err := client.Subscribe(wctx, "joined")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last *coordinator.Coordinator
+wait:
 	for {
-		s, err := client.Snapshot(ctx, "joined")
-		if err == nil && s.State.Progress.Step >= 4 && s.State.RunState == coordinator.RoundTrain {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the run did not progress: %v %+v\n%s\n%s", err, s.State.Describe(), out.String(), errb.String())
-		}
 		select {
+		case s, ok := <-snaps:
+			if !ok {
+				state := "no snapshot"
+				if last != nil {
+					state = last.Describe()
+				}
+				t.Fatalf("the run did not reach step 4: %s\n%s\n%s", state, out.String(), errb.String())
+			}
+			last = s.State
+			if s.State.Progress.Step >= 4 && s.State.RunState == coordinator.RoundTrain {
+				break wait
+			}
 		case code := <-done:
 			t.Fatalf("join exited early (%d): %s %s", code, out.String(), errb.String())
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 	// The metrics endpoint reports the trainer's progress.

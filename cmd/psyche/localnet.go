@@ -21,6 +21,7 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/quietclock"
 	"github.com/psyche-go/psyche/p2p"
 	program "github.com/psyche-go/psyche/programs/coordinator"
 	"github.com/psyche-go/psyche/programs/validator"
@@ -41,7 +42,12 @@ record checkpoints, exactly as separate machines would. Ends with a summary.
 
 With --solana the run lives in the coordinator program on a local Solana validator
 (the one psyche validator starts; it needs Node 20): every instruction is a signed
-transaction, and the trainers tick the run themselves.`,
+transaction, and the trainers tick the run themselves.
+
+With --virtual-time the run's clock (the server's, or the validator's Clock sysvar)
+moves a second only once the backend and every trainer have had nothing to do for
+a moment: timeouts then measure waiting, never computing, so an epoch holds the
+same number of steps on a slow or busy machine as on a fast one. The tests use it.`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
@@ -50,9 +56,15 @@ transaction, and the trainers tick the run themselves.`,
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
 		&cli.IntFlag{Name: "batch", Value: 12, Usage: "sequences (of 64 tokens) each trainer trains per round", Category: "RUN"},
 		&cli.BoolFlag{Name: "solana", Usage: "run the coordinator program on a local Solana validator instead of the embedded server", Category: "RUN"},
+		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
 	},
 	Action: localnet,
 }
+
+// virtualSettle is how long (real time) a --virtual-time run must have been
+// idle before its clock moves: enough for a message in flight between two
+// trainers, or a snapshot on its way to them, on a loaded machine.
+const virtualSettle = 100 * time.Millisecond
 
 // localnetModel is the model localnet trains: about 120k parameters.
 var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}
@@ -116,9 +128,14 @@ func localnet(c *cli.Context) error {
 		where     string
 		nodeOpts  []node.Option
 		backendUp = make(chan error, 1)
+		clock     *quietclock.Clock
 	)
+	// Virtual time starts at the next whole second (both backends count
+	// unix seconds), after the validator's clock started.
+	virtual := c.Bool("virtual-time")
+	newClock := func() *quietclock.Clock { return quietclock.New(time.Now().Truncate(time.Second).Add(time.Second)) }
 	if c.Bool("solana") {
-		sb, v, err := startLocalSolana(runCtx, dir, log, append([]*chain.Keypair{admin}, signers...))
+		sb, v, err := startLocalSolana(runCtx, dir, log, virtual, append([]*chain.Keypair{admin}, signers...))
 		if err != nil {
 			return err
 		}
@@ -126,10 +143,30 @@ func localnet(c *cli.Context) error {
 		go func() { backendUp <- v.Run(runCtx) }()
 		backend, where = sb, "Solana validator "+v.RPC
 		nodeOpts = append(nodeOpts, node.WithTicking())
+		if virtual {
+			clock = newClock()
+			if err := v.SetClock(ctx, clock.Now()); err != nil {
+				return err
+			}
+			clock.OnAdvance(func(now time.Time) {
+				if err := v.SetClock(runCtx, now); err != nil && runCtx.Err() == nil {
+					log.Warn("moving the validator's clock", "err", err)
+				}
+			})
+		}
 	} else {
-		srv, err := server.New(filepath.Join(dir, "server"), server.WithTickInterval(100*time.Millisecond), server.WithLogger(log))
+		opts := []server.Option{server.WithTickInterval(100 * time.Millisecond), server.WithLogger(log)}
+		if virtual {
+			clock = newClock()
+			// The server ticks when the clock moves, not by itself.
+			opts = []server.Option{server.WithTickInterval(time.Hour), server.WithLogger(log), server.WithClock(clock.Now)}
+		}
+		srv, err := server.New(filepath.Join(dir, "server"), opts...)
 		if err != nil {
 			return err
+		}
+		if clock != nil {
+			clock.OnAdvance(func(time.Time) { srv.Tick() })
 		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -138,11 +175,18 @@ func localnet(c *cli.Context) error {
 		go func() { backendUp <- srv.Serve(runCtx, l) }()
 		backend, where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
 	}
+	if clock != nil {
+		nodeOpts = append(nodeOpts, node.WithClock(clock))
+	}
 	if err := createLocalRun(ctx, backend, runID, admin, n, c.Int("batch"), epochTime, tokenPath, initPath); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
 		runID, n, localnetModel.NumParams(), where, dir)
+	if clock != nil {
+		fmt.Fprintln(out, "localnet: virtual time: the run's clock moves only while every trainer waits")
+		go func() { _ = clock.Run(runCtx, time.Second, virtualSettle) }()
+	}
 
 	trainers, err := startTrainers(runCtx, runID, signers, backend, dir, log, nodeOpts...)
 	if err != nil {
@@ -239,13 +283,16 @@ func (r *roundClock) report(w io.Writer, trainers int) {
 // startLocalSolana starts the local validator with the coordinator program
 // and funds the given keys (the run's account and every transaction's fee
 // come from them).
-func startLocalSolana(ctx context.Context, dir string, log *slog.Logger, fund []*chain.Keypair) (*solana.Backend, *validator.Validator, error) {
+func startLocalSolana(ctx context.Context, dir string, log *slog.Logger, manualClock bool, fund []*chain.Keypair) (*solana.Backend, *validator.Validator, error) {
 	so := filepath.Join(dir, "coordinator.so")
 	if err := os.WriteFile(so, program.Program, 0o644); err != nil {
 		return nil, nil, err
 	}
-	v, err := validator.Start(ctx, validator.WithPort(0),
-		validator.WithProgram(solana.LocalProgramID.String(), so), validator.WithLogger(log))
+	vopts := []validator.Option{validator.WithPort(0), validator.WithProgram(solana.LocalProgramID.String(), so), validator.WithLogger(log)}
+	if manualClock {
+		vopts = append(vopts, validator.WithManualClock())
+	}
+	v, err := validator.Start(ctx, vopts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting the local Solana validator: %w", err)
 	}

@@ -16,7 +16,7 @@ func TestLocalnetTrains(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	// Debug logs go to errb, shown only if the run goes wrong.
-	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--trainers", "3", "--epochs", "1", "--epoch-time", "6", "--dir", t.TempDir()}, &out, &errb)
+	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--virtual-time", "--trainers", "3", "--epochs", "1", "--epoch-time", "6", "--dir", t.TempDir()}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
 	}
@@ -43,7 +43,7 @@ func TestLocalnetOnSolana(t *testing.T) {
 		t.Skip("node is not installed: the local validator needs it")
 	}
 	var out, errb bytes.Buffer
-	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--solana", "--trainers", "3", "--epochs", "2", "--epoch-time", "6", "--dir", t.TempDir()}, &out, &errb)
+	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--solana", "--virtual-time", "--trainers", "3", "--epochs", "2", "--epoch-time", "6", "--dir", t.TempDir()}, &out, &errb)
 	got := out.String()
 	t.Log("\n" + got)
 	if code != 0 {

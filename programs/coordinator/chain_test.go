@@ -37,7 +37,7 @@ func TestOnChain(t *testing.T) {
 	programID := sha256.Sum256([]byte("psyche/coordinator-program-test"))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	v, err := validator.Start(ctx, validator.WithSlotDuration(50*time.Millisecond),
+	v, err := validator.Start(ctx, validator.WithSlotDuration(50*time.Millisecond), validator.WithManualClock(),
 		validator.WithProgram(base58Encode(programID[:]), filepath.Join(".", "coordinator.so")))
 	if err != nil {
 		t.Fatal(err)
@@ -122,14 +122,18 @@ func TestOnChain(t *testing.T) {
 	c.send("join", client, nil, instruction{c.program, accounts(client, false), coord.EncodeInstruction(join)})
 	check("join", join, id.Signer)
 
-	// 5. tick until the epoch starts (the clock moves with wall time). A
-	// tick without the SlotHashes sysvar is refused.
+	// 5. tick until the epoch starts, moving the chain's (manual) clock a
+	// second before each tick. A tick without the SlotHashes sysvar is
+	// refused.
 	if code := c.fail("tick without SlotHashes", client, nil, instruction{c.program, accounts(client, false), coord.EncodeInstruction(&coord.Tick{})}); code != 0 {
 		t.Fatalf("tick without SlotHashes: custom error %d, want NotEnoughAccountKeys", code)
 	}
 	tick := instruction{c.program, accounts(client, false, accountMeta{slotHashes, false, false}), coord.EncodeInstruction(&coord.Tick{})}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	for ticks := 0; ; ticks++ {
+		if ticks == 10 {
+			t.Fatal("the run never left WaitingForMembers")
+		}
+		c.setClock(c.clock() + 1)
 		before := c.account(coordKey)
 		c.send("tick", client, nil, tick)
 		after := c.account(coordKey)
@@ -140,10 +144,6 @@ func TestOnChain(t *testing.T) {
 				break
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the run never left WaitingForMembers")
-		}
-		time.Sleep(300 * time.Millisecond)
 	}
 
 	// 6. the warmup witness: swap-or-not proofs and the round seed on chain.

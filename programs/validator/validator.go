@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +50,7 @@ type config struct {
 	dir      string
 	node     string
 	logger   *slog.Logger
+	manual   bool
 	set      map[string]bool
 }
 
@@ -80,6 +82,16 @@ func WithSlotDuration(d time.Duration) Option {
 		}
 		c.slot = d
 		return once(c, "WithSlotDuration")
+	}
+}
+
+// WithManualClock makes the Clock sysvar's unix_timestamp stand still at
+// the wall time of the start until SetClock moves it (slots still follow
+// wall time). Tests use it to play a run in virtual time.
+func WithManualClock() Option {
+	return func(c *config) error {
+		c.manual = true
+		return once(c, "WithManualClock")
 	}
 }
 
@@ -204,6 +216,9 @@ func Start(ctx context.Context, opts ...Option) (*Validator, error) {
 	for _, p := range c.programs {
 		args = append(args, "--program", p)
 	}
+	if c.manual {
+		args = append(args, "--manual-clock")
+	}
 	cmd := exec.Command(c.node, args...)
 	cmd.Dir = c.dir
 	stdin, err := cmd.StdinPipe()
@@ -255,6 +270,35 @@ func Start(ctx context.Context, opts ...Option) (*Validator, error) {
 		v.Close()
 		return nil, fmt.Errorf("validator: start: %w; stderr: %s", ctx.Err(), v.stderr.String())
 	}
+}
+
+// SetClock moves the Clock sysvar to t (whole seconds) on a validator started
+// WithManualClock; transactions from then on see that time. The clock never
+// goes back.
+func (v *Validator) SetClock(ctx context.Context, t time.Time) error {
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "psycheSetClock", "params": []any{t.Unix()}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.RPC, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("validator: set clock: %w", err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Error *struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&out); err != nil {
+		return fmt.Errorf("validator: set clock: %s: %w", resp.Status, err)
+	}
+	if out.Error != nil {
+		return fmt.Errorf("validator: set clock: %s", out.Error.Message)
+	}
+	return nil
 }
 
 // Done is closed when the validator process has exited.

@@ -462,3 +462,58 @@ func base58Decode(s string) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// TestManualClock: with WithManualClock the Clock sysvar's time stands still
+// while slots pass, moves to what SetClock says, and never goes back.
+func TestManualClock(t *testing.T) {
+	if _, err := lookNode(); err != nil {
+		t.Skip("node is not on PATH: the local validator needs Node 20 or newer (apt-get install nodejs npm)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	v, err := Start(ctx, WithSlotDuration(5*time.Millisecond), WithManualClock())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	rpc := &rpcClient{url: v.RPC}
+	clock := func() (slot uint64, unix int64) {
+		var acct struct {
+			Value struct{ Data []string }
+		}
+		rpc.decode(t, rpc.call(t, "getAccountInfo", "SysvarC1ock11111111111111111111111111111111", map[string]string{"encoding": "base64"}), &acct)
+		raw, err := base64.StdEncoding.DecodeString(acct.Value.Data[0])
+		if err != nil || len(raw) != 40 {
+			t.Fatalf("Clock sysvar data %q (%v)", acct.Value.Data, err)
+		}
+		return binary.LittleEndian.Uint64(raw[0:]), int64(binary.LittleEndian.Uint64(raw[32:]))
+	}
+	slot0, start := clock()
+	// Wait for slots to pass (an event the chain reports), not for time.
+	var slot uint64
+	for slot <= slot0+20 {
+		rpc.decode(t, rpc.call(t, "getSlot"), &slot)
+	}
+	if _, unix := clock(); unix != start {
+		t.Fatalf("the manual clock moved from %d to %d by itself", start, unix)
+	}
+	if err := v.SetClock(ctx, time.Unix(start+90, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, unix := clock(); unix != start+90 {
+		t.Fatalf("after SetClock(+90s) the Clock sysvar reads %d, want %d", unix, start+90)
+	}
+	if err := v.SetClock(ctx, time.Unix(start, 0)); err == nil || !strings.Contains(err.Error(), "cannot go back") {
+		t.Fatalf("SetClock backwards: %v, want a refusal", err)
+	}
+
+	// A validator on wall time refuses.
+	wall, err := Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wall.Close()
+	if err := wall.SetClock(ctx, time.Now().Add(time.Hour)); err == nil || !strings.Contains(err.Error(), "--manual-clock") {
+		t.Fatalf("SetClock on a wall-time validator: %v, want a refusal naming --manual-clock", err)
+	}
+}

@@ -86,6 +86,12 @@ export class Chain {
     return bh;
   }
 
+  // refreshClock writes the Clock sysvar from now() without a new slot (a
+  // manual clock that was moved).
+  refreshClock() {
+    this.#setClock();
+  }
+
   #setClock() {
     const unix = BigInt(Math.floor(this.now() / 1000));
     this.svm.setClock(new Clock(this.slot, this.genesisUnix, 0n, 1n, unix));

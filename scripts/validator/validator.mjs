@@ -3,13 +3,19 @@
 // LiteSVM (the real Agave runtime and SBPF loader) behind the JSON-RPC and
 // websocket subset that solana-go uses (DESIGN.md §5).
 //
-//   node validator.mjs [--port 0] [--slot-ms 400] [--program ID=path.so]... [--exit-with-stdin] [--verbose]
+//   node validator.mjs [--port 0] [--slot-ms 400] [--program ID=path.so]... [--manual-clock] [--exit-with-stdin] [--verbose]
 //
 // It listens on 127.0.0.1 only and prints one JSON line on stdout when ready:
 //   {"rpc":"http://127.0.0.1:PORT","websocket":"ws://127.0.0.1:PORT","slot_ms":400,...}
 // JSON-RPC and websocket share the port. SIGINT/SIGTERM stop it; with
 // --exit-with-stdin it also stops when its standard input closes, so it never
 // outlives a parent that died without killing it.
+//
+// Slots always follow wall time. The Clock sysvar's unix_timestamp does too,
+// unless --manual-clock is given: then it starts at the wall time and moves
+// only when a client calls psycheSetClock([unixSeconds]) (a method of this
+// validator, not of Solana's RPC), so a test can play a run in virtual time
+// in which timeouts pass only when the test says.
 
 import http from "node:http";
 import process from "node:process";
@@ -29,6 +35,7 @@ const { values: opts } = parseArgs({
     port: { type: "string", default: "0" },
     "slot-ms": { type: "string", default: "400" },
     program: { type: "string", multiple: true, default: [] },
+    "manual-clock": { type: "boolean", default: false },
     "exit-with-stdin": { type: "boolean", default: false },
     verbose: { type: "boolean", default: false },
     help: { type: "boolean", default: false },
@@ -36,7 +43,7 @@ const { values: opts } = parseArgs({
 });
 if (opts.help) {
   process.stdout.write(
-    "usage: node validator.mjs [--port N] [--slot-ms MS] [--program ID=PATH]... [--exit-with-stdin] [--verbose]\n",
+    "usage: node validator.mjs [--port N] [--slot-ms MS] [--program ID=PATH]... [--manual-clock] [--exit-with-stdin] [--verbose]\n",
   );
   process.exit(0);
 }
@@ -51,7 +58,9 @@ function fatal(msg) {
 }
 const log = opts.verbose ? (...a) => process.stderr.write(`validator: ${a.join(" ")}\n`) : () => {};
 
-const chain = new Chain();
+// The manual clock, in milliseconds (null: the wall clock).
+let manualMs = opts["manual-clock"] ? Date.now() : null;
+const chain = new Chain({ now: () => manualMs ?? Date.now() });
 const programs = [];
 for (const spec of opts.program) {
   const eq = spec.indexOf("=");
@@ -131,6 +140,15 @@ function statusOf(sig) {
 }
 
 const methods = {
+  psycheSetClock: ([unix]) => {
+    if (manualMs === null) throw invalidParams("the clock follows wall time: start the validator with --manual-clock");
+    if (typeof unix !== "number" || !Number.isSafeInteger(unix) || unix < 0) throw invalidParams("unix seconds must be a non-negative integer");
+    const current = Math.floor(manualMs / 1000);
+    if (unix < current) throw invalidParams(`the clock cannot go back (at ${current}, asked for ${unix})`);
+    manualMs = unix * 1000;
+    chain.refreshClock();
+    return { slot: chain.slot, unixTimestamp: unix };
+  },
   getHealth: () => "ok",
   getVersion: () => ({ "solana-core": SOLANA_CORE, "feature-set": 0, litesvm: LITESVM_VERSION }),
   getGenesisHash: () => chain.genesisHash,
@@ -390,6 +408,7 @@ server.listen(port, "127.0.0.1", () => {
       rpc: `http://127.0.0.1:${p}`,
       websocket: `ws://127.0.0.1:${p}`,
       slot_ms: slotMs,
+      manual_clock: manualMs !== null,
       programs,
       litesvm: LITESVM_VERSION,
     }) + "\n",

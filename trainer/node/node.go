@@ -61,7 +61,28 @@ type config struct {
 	corrupt     func([]byte) []byte // fault injection in tests (export_test.go)
 	epochs      int
 	ticking     bool
+	clock       Clock
 }
+
+// Clock is the time a node reads and paces itself by: the coordinator's
+// timers are compared with Now, retries and ticks follow Ticker, and Work
+// marks what the node is doing. The default is the wall clock (Work does
+// nothing); a quietclock.Clock plays a whole run in virtual time that moves
+// only while every part of it waits.
+type Clock interface {
+	Now() time.Time
+	Ticker(period time.Duration) (<-chan time.Time, func())
+	Work() (done func())
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+func (wallClock) Ticker(period time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTicker(period)
+	return t.C, t.Stop
+}
+func (wallClock) Work() func() { return func() {} }
 
 // Option configures a Node.
 type Option func(*config) error
@@ -122,6 +143,17 @@ func WithTicking() Option {
 	return func(c *config) error { c.ticking = true; return nil }
 }
 
+// WithClock sets the node's clock (default: the wall clock).
+func WithClock(c Clock) Option {
+	return func(cfg *config) error {
+		if c == nil {
+			return errors.New("node: nil clock")
+		}
+		cfg.clock = c
+		return nil
+	}
+}
+
 // WithDataOptions passes options to the data provider.
 func WithDataOptions(opts ...data.Option) Option {
 	return func(c *config) error { c.dataOpts = append(c.dataOpts, opts...); return nil }
@@ -152,7 +184,7 @@ type Node struct {
 // New creates a node for a run. The network must have been created with
 // AssignmentCheck bound to this node's Assigned method (see p2p.WithAssignmentCheck).
 func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.Network, opts ...Option) (*Node, error) {
-	cfg := config{log: slog.New(slog.DiscardHandler), workers: 2}
+	cfg := config{log: slog.New(slog.DiscardHandler), workers: 2, clock: wallClock{}}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err
@@ -234,20 +266,25 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	anns := n.net.Announcements()
 	fetched := make(chan fetchResult, 16)
-	pulled := make(chan []p2p.Announcement, 1)
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
+	pulled := make(chan pullResult, 1)
+	tick, stopTick := n.cfg.clock.Ticker(time.Second)
+	defer stopTick()
 	for {
-		var rd Ready
+		var (
+			rd    Ready
+			ended func() = func() {}
+		)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case <-tick:
+			ended = n.cfg.clock.Work()
 			n.connectPeers(ctx)
 			n.maybeTick(ctx)
 			rd = n.m.tick()
-		case list := <-pulled:
-			rd = n.m.pulled(list)
+		case p := <-pulled:
+			ended = p.done
+			rd = n.m.pulled(p.list)
 		case s, ok := <-snaps:
 			if !ok {
 				if ctx.Err() != nil {
@@ -255,11 +292,14 @@ func (n *Node) Run(ctx context.Context) error {
 				}
 				return errors.New("node: the coordinator subscription ended")
 			}
+			ended = n.cfg.clock.Work()
 			n.observe(s.State)
 			rd = n.m.snapshot(s.State)
 		case a := <-anns:
+			ended = n.cfg.clock.Work()
 			rd = n.m.announced(a)
 		case f := <-fetched:
+			ended = f.done
 			if f.err == nil && n.opt != nil {
 				if f.err = n.opt.Check(f.frame); f.err != nil {
 					f.invalid = true
@@ -267,6 +307,7 @@ func (n *Node) Run(ctx context.Context) error {
 			}
 			switch {
 			case f.err != nil && ctx.Err() != nil:
+				ended()
 				continue // interrupted, not refused
 			case f.invalid:
 				n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
@@ -279,6 +320,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		done, err := n.do(ctx, rd, fetched, pulled)
 		n.report()
+		ended()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // shutting down: the work in hand was interrupted, not failed
@@ -303,7 +345,7 @@ func (n *Node) maybeTick(ctx context.Context) {
 	if !n.cfg.ticking || s == nil || n.ticking.Load() {
 		return
 	}
-	now := time.Now()
+	now := n.cfg.clock.Now()
 	probe := *s
 	if changed, err := probe.Tick(uint64(now.Unix()), 0); err != nil || !changed {
 		n.dueSince = time.Time{}
@@ -320,7 +362,9 @@ func (n *Node) maybeTick(ctx context.Context) {
 		return
 	}
 	n.ticking.Store(true)
+	working := n.cfg.clock.Work()
 	go func() {
+		defer working()
 		defer n.ticking.Store(false)
 		if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.Tick{}); err != nil && ctx.Err() == nil {
 			n.cfg.log.Debug("tick refused", "err", err)
@@ -345,7 +389,7 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 }
 
 // do carries out a Ready, feeding the answers back into the machine.
-func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pulled chan<- []p2p.Announcement) (bool, error) {
+func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pulled chan<- pullResult) (bool, error) {
 	if rd.Apply != nil {
 		if err := n.apply(rd.Apply); err != nil {
 			return false, err
@@ -376,11 +420,12 @@ func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pul
 		n.send(ctx, ix)
 	}
 	for _, a := range rd.Fetch {
+		working := n.cfg.clock.Work() // until Run has taken the result
 		go func() {
 			payload, err := n.net.Fetch(ctx, a)
 			// Bytes that do not match the commitment, or that are no frame,
 			// are the announcer's fault; anything else may work next time.
-			r := fetchResult{ann: a, err: err, size: len(payload), invalid: errors.Is(err, p2p.ErrCommitmentMismatch)}
+			r := fetchResult{ann: a, err: err, size: len(payload), invalid: errors.Is(err, p2p.ErrCommitmentMismatch), done: working}
 			if err == nil {
 				r.frame, r.err = distro.DecodeFrame(payload, distro.DefaultLimits)
 				r.invalid = r.err != nil
@@ -388,11 +433,13 @@ func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pul
 			select {
 			case fetched <- r:
 			case <-ctx.Done():
+				working()
 			}
 		}()
 	}
 	if rd.Pull != nil {
 		step := *rd.Pull
+		working := n.cfg.clock.Work() // until Run has taken the answer
 		go func() {
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
@@ -401,8 +448,9 @@ func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pul
 				n.cfg.log.Debug("pull", "step", step, "err", err)
 			}
 			select {
-			case pulled <- list:
+			case pulled <- pullResult{list: list, done: working}:
 			case <-ctx.Done():
+				working()
 			}
 		}()
 	}
@@ -432,7 +480,14 @@ func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
 	n.cfg.log.Info("sent", "ix", ix.Name(), "step", n.m.snap.Progress.Step)
 }
 
+// pullResult is a pull's answer; done ends the work it counts as.
+type pullResult struct {
+	list []p2p.Announcement
+	done func()
+}
+
 type fetchResult struct {
+	done    func() // ends the work the fetch counts as, once Run has taken it
 	ann     p2p.Announcement
 	frame   *distro.Frame
 	size    int

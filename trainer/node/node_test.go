@@ -17,16 +17,22 @@ import (
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/quietclock"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/node"
 )
 
-// cluster is a server backend and trainers over real libp2p on 127.0.0.1.
+// cluster is a server backend and trainers over real libp2p on 127.0.0.1,
+// in virtual time: the run's clock advances a second only once the server
+// and every trainer have nothing left to do (quietclock), so each timeout
+// measures waiting, never training, and a loaded machine plays the same run
+// a fast one does, only slower.
 type cluster struct {
 	t       *testing.T
 	ctx     context.Context
+	clock   *quietclock.Clock
 	dir     string
 	backend *server.Client
 	admin   *chain.Keypair
@@ -41,8 +47,9 @@ type cluster struct {
 
 func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts ...func(i int) []node.Option) *cluster {
 	dir := t.TempDir() // removed last: cleanups run in reverse order
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	c := &cluster{t: t, ctx: ctx, dir: dir}
+	// A guard against a hang, not a time budget: the runs below take seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0))}
 	c.tokens = data.Tokenize(data.Opticks()[:200_000])
 	tokenPath := filepath.Join(dir, "opticks.tokens")
 	if err := data.WriteTokenFile(ctx, tokenPath, c.tokens[:150_000], 2); err != nil {
@@ -56,24 +63,28 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts
 	if err := c.initial.Save(ctx, initPath, nil); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(filepath.Join(dir, "server"), server.WithTickInterval(100*time.Millisecond))
+	// The server ticks when the clock moves (and not by itself).
+	srv, err := server.New(filepath.Join(dir, "server"), server.WithClock(c.clock.Now), server.WithTickInterval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.clock.OnAdvance(func(time.Time) { srv.Tick() })
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	served := make(chan struct{})
+	ticking := make(chan struct{})
 	go func() { _ = srv.Serve(ctx, l); close(served) }()
-	t.Cleanup(func() { cancel(); <-served })
+	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
+	t.Cleanup(func() { cancel(); <-served; <-ticking })
 	c.backend = server.NewClient("http://"+l.Addr().String(), nil)
 
 	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("admin")))
 	c.admin = admin
 	id, _ := coordinator.ParseRunID("e2e")
-	// Rounds end as soon as every witness has reported; the long training
-	// limit only matters on a loaded machine, where results arrive late.
+	// Rounds end as soon as every witness has reported; the training limit
+	// only passes when a trainer is gone or its result is refused.
 	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 6, MaxRoundTrainTime: 7, RoundWitnessTime: 1, EpochTime: 8,
 		WaitingForMembersExtraTime: 1, TotalSteps: 1000, GlobalBatchSizeStart: 12, GlobalBatchSizeEnd: 12,
 		InitMinClients: uint16(trainers), MinClients: 2}
@@ -115,14 +126,18 @@ func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
 			return tn.Assigned(step, b, who)
 		}
 		nctx, stop := context.WithCancel(c.ctx)
+		// A fetch holds the clock still, so one from a trainer that died
+		// gives up sooner than the default.
 		pn, err := p2p.New(p2p.WithRunID("e2e"), p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
-			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned))
+			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned),
+			p2p.WithFetchTimeout(5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = pn.Close() })
 		go func() { _ = pn.Run(nctx) }()
-		nodeOpts := []node.Option{node.WithPeers(c.addrs...), node.WithCheckpointDir(c.dir), node.WithLogger(testLogger(t, i))}
+		nodeOpts := []node.Option{node.WithPeers(c.addrs...), node.WithCheckpointDir(c.dir), node.WithLogger(testLogger(t, i)),
+			node.WithClock(c.clock)}
 		for _, o := range opts {
 			nodeOpts = append(nodeOpts, o(i)...)
 		}
@@ -141,6 +156,10 @@ func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
 		c.errs = append(c.errs, errc)
 	}
 }
+
+// settle is how long (real time) the cluster must be idle before its clock
+// moves: long enough for a message in flight between two trainers.
+const settle = 100 * time.Millisecond
 
 // waitFor returns the first snapshot that satisfies cond.
 func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool) *coordinator.Coordinator {

@@ -1,0 +1,132 @@
+package quietclock
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+var t0 = time.Unix(1_800_000_000, 0)
+
+func TestAdvanceRunsHooksThenTickers(t *testing.T) {
+	c := New(t0)
+	var order []string
+	c.OnAdvance(func(now time.Time) { order = append(order, "hook1 "+now.Sub(t0).String()) })
+	c.OnAdvance(func(now time.Time) { order = append(order, "hook2 "+now.Sub(t0).String()) })
+	every2, stop := c.Ticker(2 * time.Second)
+	defer stop()
+
+	tests := []struct {
+		advance  time.Duration
+		wantTick bool
+	}{
+		{time.Second, false},
+		{time.Second, true},      // 2s: due
+		{time.Second, false},     // 3s: next at 4s
+		{5 * time.Second, true},  // 8s: due, next at 10s (missed ticks are not queued)
+		{time.Second, false},     // 9s
+		{time.Second, true},      // 10s
+		{30 * time.Second, true}, // 40s
+	}
+	for i, tt := range tests {
+		c.Advance(tt.advance)
+		select {
+		case got := <-every2:
+			if !tt.wantTick {
+				t.Fatalf("advance %d: unexpected tick at %v", i, got.Sub(t0))
+			}
+			if !got.Equal(c.Now()) {
+				t.Fatalf("advance %d: tick carries %v, clock reads %v", i, got.Sub(t0), c.Now().Sub(t0))
+			}
+		default:
+			if tt.wantTick {
+				t.Fatalf("advance %d (clock at %v): no tick", i, c.Now().Sub(t0))
+			}
+		}
+	}
+	if got := c.Now().Sub(t0); got != 40*time.Second {
+		t.Fatalf("clock at %v, want 40s", got)
+	}
+	if len(order) != 14 || order[0] != "hook1 1s" || order[1] != "hook2 1s" || order[13] != "hook2 40s" {
+		t.Fatalf("hooks ran as %v", order)
+	}
+}
+
+func TestStoppedTickerGetsNothing(t *testing.T) {
+	c := New(t0)
+	ch, stop := c.Ticker(time.Second)
+	stop()
+	c.Advance(5 * time.Second)
+	select {
+	case <-ch:
+		t.Fatal("a stopped ticker fired")
+	default:
+	}
+}
+
+// TestRunWaitsForWork: while work is in progress the clock stands still;
+// once all of it has ended, Run advances it. The test waits for events
+// (hook calls), never for a length of time.
+func TestRunWaitsForWork(t *testing.T) {
+	c := New(t0)
+	advanced := make(chan time.Time, 100)
+	c.OnAdvance(func(now time.Time) { advanced <- now })
+	first, second := c.Work(), c.Work()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = c.Run(ctx, time.Second, time.Millisecond) })
+
+	// With work in progress, Run looks at the clock many times (every settle
+	// period) and never advances it: give it a thousand chances.
+	time.Sleep(time.Second)
+	if got := c.Now(); !got.Equal(t0) {
+		t.Fatalf("the clock moved to %v while work was in progress", got.Sub(t0))
+	}
+	first()
+	first() // a second call does nothing: the other work still holds the clock
+	time.Sleep(100 * time.Millisecond)
+	if got := c.Now(); !got.Equal(t0) {
+		t.Fatalf("the clock moved to %v while work was in progress", got.Sub(t0))
+	}
+	second()
+	if got := <-advanced; !got.Equal(t0.Add(time.Second)) {
+		t.Fatalf("first advance to %v, want 1s", got.Sub(t0))
+	}
+	if got := <-advanced; !got.Equal(t0.Add(2 * time.Second)) {
+		t.Fatalf("second advance to %v, want 2s", got.Sub(t0))
+	}
+	cancel()
+	wg.Wait()
+}
+
+// TestHookWorkDelaysTheNextAdvance: work a hook starts (a server tick that
+// publishes a state) holds the clock until it ends.
+func TestHookWorkDelaysTheNextAdvance(t *testing.T) {
+	c := New(t0)
+	pending := make(chan func(), 1)
+	advanced := make(chan time.Time, 10)
+	c.OnAdvance(func(now time.Time) {
+		advanced <- now
+		if now.Equal(t0.Add(time.Second)) {
+			pending <- c.Work()
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = c.Run(ctx, time.Second, time.Millisecond) })
+	<-advanced
+	done := <-pending
+	time.Sleep(200 * time.Millisecond)
+	if got := c.Now(); !got.Equal(t0.Add(time.Second)) {
+		t.Fatalf("the clock moved to %v while the hook's work was in progress", got.Sub(t0))
+	}
+	done()
+	if got := <-advanced; !got.Equal(t0.Add(2 * time.Second)) {
+		t.Fatalf("advance to %v, want 2s", got.Sub(t0))
+	}
+	cancel()
+	wg.Wait()
+}

@@ -21,7 +21,7 @@ func TestAllowlistRefusesStrangers(t *testing.T) {
 	// b is a's bootstrap peer: dialled at start, allowed whatever the epoch.
 	na := startNode(t, "a", WithBootstrapPeers(nb.Addrs()[0]))
 	na.SetClients([]coordinator.ClientID{a})
-	eventually(t, 10*time.Second, "a connected to its bootstrap peer", func() bool {
+	eventually(t, 30*time.Second, "a connected to its bootstrap peer", func() bool {
 		return slices.Contains(na.Peers(), nb.ID())
 	})
 
@@ -38,7 +38,7 @@ func TestAllowlistRefusesStrangers(t *testing.T) {
 	// the secured stage, so Connect can return nil; what matters is that a
 	// never admits the connection and the stranger is left with nothing.
 	_ = stranger.Connect(ctx, na.Addrs()[0])
-	eventually(t, 10*time.Second, "the stranger's connection closed", func() bool {
+	eventually(t, 30*time.Second, "the stranger's connection closed", func() bool {
 		return stranger.host.Network().Connectedness(na.host.ID()) != network.Connected
 	})
 	if _, err := stranger.host.NewStream(ctx, na.host.ID(), PullProtocol); err == nil {
@@ -58,7 +58,7 @@ func TestAllowlistRefusesStrangers(t *testing.T) {
 		t.Fatalf("a client of the epoch could not connect: %v", err)
 	}
 	na.SetClients([]coordinator.ClientID{a})
-	eventually(t, 10*time.Second, "the former client disconnected", func() bool {
+	eventually(t, 30*time.Second, "the former client disconnected", func() bool {
 		return !slices.Contains(na.Peers(), stranger.ID())
 	})
 	if !slices.Contains(na.Peers(), nb.ID()) {

@@ -84,7 +84,7 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 20*time.Second, "mesh with the rogue", func() bool {
+	eventually(t, 60*time.Second, "mesh with the rogue", func() bool {
 		return len(c.topic.ListPeers()) == 2 && len(a.topic.ListPeers()) == 2 && len(m.topic.ListPeers()) == 2
 	})
 
@@ -150,7 +150,7 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 		want[tc.reason]++
 	}
 	for _, nd := range []*testNode{a, c} {
-		eventually(t, 20*time.Second, nd.name+" refusing every bad announcement", func() bool {
+		eventually(t, 60*time.Second, nd.name+" refusing every bad announcement", func() bool {
 			got := nd.Stats().Rejected
 			for r, n := range want {
 				if got[r] < n {

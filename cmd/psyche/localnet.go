@@ -28,6 +28,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/urfave/cli/v2"
 )
 
@@ -332,11 +333,10 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: uint64(min(30, epochTime-1)), RoundWitnessTime: 1,
 		EpochTime: uint64(epochTime), WaitingForMembersExtraTime: 1, TotalSteps: 100_000,
 		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(n), MinClients: uint16(max(1, n-1))}
-	m := coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
-		MaxSeqLen: uint32(localnetModel.Context), VocabSize: uint32(localnetModel.Vocab), DModel: uint32(localnetModel.Width),
-		NLayers: uint32(localnetModel.Layers), NHeads: uint32(localnetModel.Heads),
+	m := coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
+	runmodel.SetGPT(&m, localnetModel)
 	m.Checkpoint.Kind = coordinator.CheckpointHub
 	if err := coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file://"+initPath); err != nil {
 		return fmt.Errorf("the working directory's path is too long for a checkpoint URL: %w", err)

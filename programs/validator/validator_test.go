@@ -88,15 +88,7 @@ func TestValidator(t *testing.T) {
 	unsubscribe(t, ws, deadline, "slotUnsubscribe", slotSub)
 
 	// The Clock sysvar follows: its slot is the chain's, its time the wall's.
-	var clock struct {
-		Value struct{ Data []string }
-	}
-	rpc.decode(t, rpc.call(t, "getAccountInfo", "SysvarC1ock11111111111111111111111111111111", map[string]string{"encoding": "base64"}), &clock)
-	raw, err := base64.StdEncoding.DecodeString(clock.Value.Data[0])
-	if err != nil || len(raw) != 40 {
-		t.Fatalf("Clock sysvar data %q (%v)", clock.Value.Data, err)
-	}
-	clockSlot, unix := binary.LittleEndian.Uint64(raw[0:]), int64(binary.LittleEndian.Uint64(raw[32:]))
+	clockSlot, unix := readClock(t, rpc)
 	if clockSlot < slot || time.Since(time.Unix(unix, 0)).Abs() > 3*time.Second {
 		t.Errorf("Clock sysvar: slot %d (chain at %d), unix_timestamp %d (now %d)", clockSlot, slot, unix, time.Now().Unix())
 	}
@@ -477,17 +469,7 @@ func TestManualClock(t *testing.T) {
 	}
 	defer v.Close()
 	rpc := &rpcClient{url: v.RPC}
-	clock := func() (slot uint64, unix int64) {
-		var acct struct {
-			Value struct{ Data []string }
-		}
-		rpc.decode(t, rpc.call(t, "getAccountInfo", "SysvarC1ock11111111111111111111111111111111", map[string]string{"encoding": "base64"}), &acct)
-		raw, err := base64.StdEncoding.DecodeString(acct.Value.Data[0])
-		if err != nil || len(raw) != 40 {
-			t.Fatalf("Clock sysvar data %q (%v)", acct.Value.Data, err)
-		}
-		return binary.LittleEndian.Uint64(raw[0:]), int64(binary.LittleEndian.Uint64(raw[32:]))
-	}
+	clock := func() (uint64, int64) { return readClock(t, rpc) }
 	slot0, start := clock()
 	// Wait for slots to pass (an event the chain reports), not for time.
 	var slot uint64
@@ -516,4 +498,18 @@ func TestManualClock(t *testing.T) {
 	if err := wall.SetClock(ctx, time.Now().Add(time.Hour)); err == nil || !strings.Contains(err.Error(), "--manual-clock") {
 		t.Fatalf("SetClock on a wall-time validator: %v, want a refusal naming --manual-clock", err)
 	}
+}
+
+// readClock reads the Clock sysvar: its slot and unix_timestamp.
+func readClock(t *testing.T, rpc *rpcClient) (slot uint64, unix int64) {
+	t.Helper()
+	var acct struct {
+		Value struct{ Data []string }
+	}
+	rpc.decode(t, rpc.call(t, "getAccountInfo", "SysvarC1ock11111111111111111111111111111111", map[string]string{"encoding": "base64"}), &acct)
+	raw, err := base64.StdEncoding.DecodeString(acct.Value.Data[0])
+	if err != nil || len(raw) != 40 {
+		t.Fatalf("Clock sysvar data %q (%v)", acct.Value.Data, err)
+	}
+	return binary.LittleEndian.Uint64(raw[0:]), int64(binary.LittleEndian.Uint64(raw[32:]))
 }

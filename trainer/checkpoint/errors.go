@@ -41,9 +41,6 @@ var (
 	// ErrInvalidModelConfig means a model config is unreadable or describes
 	// no valid model.
 	ErrInvalidModelConfig = errors.New("checkpoint: invalid model config")
-	// ErrModelMismatch means a checkpoint's model config differs from the
-	// model the run trains.
-	ErrModelMismatch = errors.New("checkpoint: model config mismatch")
 )
 
 // formatError rejects input bytes. Its message is the kind's message plus a

@@ -6,15 +6,13 @@ import (
 	"fmt"
 	"maps"
 	"math"
-
-	"github.com/psyche-go/psyche/coordinator"
 )
 
 // ModelKey is the metadata key under which a checkpoint stores its
 // ModelConfig as JSON.
 const ModelKey = "psyche.model"
 
-// ArchGPT is ModelConfig.Architecture for coordinator.ArchGPT. Architectures
+// ArchGPT is ModelConfig.Architecture for the GPT architecture. Architectures
 // are stored by name, not by the coordinator's number, so a checkpoint stays
 // readable by tools that know nothing of the coordinator's encoding.
 const ArchGPT = "gpt"
@@ -32,24 +30,8 @@ type ModelConfig struct {
 	NHeads       uint32 `json:"n_heads"`      // attention heads per block; divides DModel
 }
 
-// ModelConfigOf extracts the config of a coordinator model. It fails with
-// ErrInvalidModelConfig when the model's architecture is unknown or the
-// result is not valid.
-func ModelConfigOf(m *coordinator.Model) (ModelConfig, error) {
-	var arch string
-	switch m.Architecture {
-	case coordinator.ArchGPT:
-		arch = ArchGPT
-	default:
-		return ModelConfig{}, wrap(ErrInvalidModelConfig, "architecture %d is unknown", m.Architecture)
-	}
-	c := ModelConfig{Architecture: arch, VocabSize: m.VocabSize, MaxSeqLen: m.MaxSeqLen,
-		DModel: m.DModel, NLayers: m.NLayers, NHeads: m.NHeads}
-	return c, c.Validate()
-}
-
 // Validate reports whether c describes a model we can build, with the same
-// rules as coordinator.Model.Validate. Errors wrap ErrInvalidModelConfig.
+// rules as the coordinator's model validation. Errors wrap ErrInvalidModelConfig.
 func (c ModelConfig) Validate() error {
 	var errs []error
 	rule := func(ok bool, format string, args ...any) {
@@ -63,28 +45,6 @@ func (c ModelConfig) Validate() error {
 	rule(c.DModel > 0, "d_model must be greater than 0")
 	rule(c.NLayers > 0, "n_layers must be greater than 0")
 	rule(c.NHeads > 0 && c.DModel%max(c.NHeads, 1) == 0, "n_heads (%d) must be positive and divide d_model (%d)", c.NHeads, c.DModel)
-	return errors.Join(errs...)
-}
-
-// Check reports whether c is the config of the run's model m, wrapping
-// ErrModelMismatch with every field that differs.
-func (c ModelConfig) Check(m *coordinator.Model) error {
-	want, err := ModelConfigOf(m)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	diff := func(field string, got, want any) {
-		if got != want {
-			errs = append(errs, wrap(ErrModelMismatch, "%s is %v in the checkpoint, %v in the run", field, got, want))
-		}
-	}
-	diff("architecture", c.Architecture, want.Architecture)
-	diff("vocab_size", c.VocabSize, want.VocabSize)
-	diff("max_seq_len", c.MaxSeqLen, want.MaxSeqLen)
-	diff("d_model", c.DModel, want.DModel)
-	diff("n_layers", c.NLayers, want.NLayers)
-	diff("n_heads", c.NHeads, want.NHeads)
 	return errors.Join(errs...)
 }
 

@@ -5,25 +5,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/psyche-go/psyche/coordinator"
 )
 
-func runModel() coordinator.Model {
-	return coordinator.Model{Architecture: coordinator.ArchGPT, MaxSeqLen: 128, VocabSize: 256,
-		DModel: 64, NLayers: 2, NHeads: 4}
-}
-
 func TestModelConfigRoundTrip(t *testing.T) {
-	m := runModel()
-	cfg, err := ModelConfigOf(&m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := ModelConfig{Architecture: ArchGPT, VocabSize: 256, MaxSeqLen: 128, DModel: 64, NLayers: 2, NHeads: 4}
-	if cfg != want {
-		t.Fatalf("ModelConfigOf = %+v, want %+v", cfg, want)
-	}
+	cfg := ModelConfig{Architecture: ArchGPT, VocabSize: 256, MaxSeqLen: 128, DModel: 64, NLayers: 2, NHeads: 4}
 	in := map[string]string{"step": "9"}
 	meta, err := WithModelConfig(in, cfg)
 	if err != nil {
@@ -48,9 +33,6 @@ func TestModelConfigRoundTrip(t *testing.T) {
 	if err != nil || got != cfg {
 		t.Fatalf("ModelConfig = %+v, %v", got, err)
 	}
-	if err := got.Check(&m); err != nil {
-		t.Fatalf("Check against its own model: %v", err)
-	}
 	if meta, err := WithModelConfig(nil, cfg); err != nil || len(meta) != 1 {
 		t.Fatalf("WithModelConfig(nil) = %v, %v", meta, err)
 	}
@@ -67,43 +49,27 @@ func TestModelConfigMissing(t *testing.T) {
 	}
 }
 
-func TestModelConfigCheck(t *testing.T) {
-	m := runModel()
-	cfg, _ := ModelConfigOf(&m)
-	other := m
-	other.DModel, other.NLayers = 128, 3
-	err := cfg.Check(&other)
-	if !errors.Is(err, ErrModelMismatch) || !strings.Contains(err.Error(), "d_model is 64 in the checkpoint, 128 in the run") ||
-		!strings.Contains(err.Error(), "n_layers") || strings.Contains(err.Error(), "vocab_size") {
-		t.Fatalf("Check = %v", err)
-	}
-	other = m
-	other.Architecture = 7
-	if err := cfg.Check(&other); !errors.Is(err, ErrInvalidModelConfig) {
-		t.Fatalf("Check against an unknown architecture = %v", err)
-	}
-}
-
 func TestModelConfigRejects(t *testing.T) {
+	good := ModelConfig{Architecture: ArchGPT, VocabSize: 256, MaxSeqLen: 128, DModel: 64, NLayers: 2, NHeads: 4}
 	bad := []struct {
 		name string
-		m    func(*coordinator.Model)
+		m    func(*ModelConfig)
 		want string
 	}{
-		{"arch", func(m *coordinator.Model) { m.Architecture = coordinator.ArchNone }, "architecture 0"},
-		{"vocab", func(m *coordinator.Model) { m.VocabSize = 0 }, "vocab_size"},
-		{"seq", func(m *coordinator.Model) { m.MaxSeqLen = 0 }, "max_seq_len"},
-		{"width", func(m *coordinator.Model) { m.DModel = 0 }, "d_model must"},
-		{"layers", func(m *coordinator.Model) { m.NLayers = 0 }, "n_layers"},
-		{"heads", func(m *coordinator.Model) { m.NHeads = 5 }, "n_heads (5)"},
-		{"no heads", func(m *coordinator.Model) { m.NHeads = 0 }, "n_heads (0)"},
+		{"arch", func(c *ModelConfig) { c.Architecture = "" }, `architecture ""`},
+		{"vocab", func(c *ModelConfig) { c.VocabSize = 0 }, "vocab_size"},
+		{"seq", func(c *ModelConfig) { c.MaxSeqLen = 0 }, "max_seq_len"},
+		{"width", func(c *ModelConfig) { c.DModel = 0 }, "d_model must"},
+		{"layers", func(c *ModelConfig) { c.NLayers = 0 }, "n_layers"},
+		{"heads", func(c *ModelConfig) { c.NHeads = 5 }, "n_heads (5)"},
+		{"no heads", func(c *ModelConfig) { c.NHeads = 0 }, "n_heads (0)"},
 	}
 	for _, tc := range bad {
-		m := runModel()
-		tc.m(&m)
-		_, err := ModelConfigOf(&m)
+		c := good
+		tc.m(&c)
+		err := c.Validate()
 		if !errors.Is(err, ErrInvalidModelConfig) || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "checkpoint: ") {
-			t.Errorf("%s: ModelConfigOf = %v, want %q", tc.name, err, tc.want)
+			t.Errorf("%s: Validate = %v, want %q", tc.name, err, tc.want)
 		}
 	}
 	if _, err := WithModelConfig(nil, ModelConfig{Architecture: "rnn"}); !errors.Is(err, ErrInvalidModelConfig) {

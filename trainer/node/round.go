@@ -12,6 +12,7 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // load makes sure the model, optimizer and data are ready for the epoch. A
@@ -20,9 +21,13 @@ import (
 // run names, or (P2P) the model the previous epoch's clients offer.
 func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel bool) error {
 	m := &s.Model
-	cfg := gpt.Config{Vocab: int(m.VocabSize), Context: int(m.MaxSeqLen), Width: int(m.DModel), Layers: int(m.NLayers), Heads: int(m.NHeads)}
-	if m.Optimizer.Kind != coordinator.OptimizerDistro {
-		return fmt.Errorf("node: the run's optimizer is %d; a distributed run needs DisTrO", m.Optimizer.Kind)
+	cfg, err := runmodel.GPT(m)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	opts, err := runmodel.Distro(m, n.cfg.workers)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
 	}
 	keep := keepModel && n.model != nil && n.model.Config == cfg
 	if !keep {
@@ -42,15 +47,11 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			}
 			from = url
 		}
-		if model.Config != cfg {
-			return fmt.Errorf("node: checkpoint holds %+v, the run describes %+v", model.Config, cfg)
+		if err := runmodel.Check(model.Config, m); err != nil {
+			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
 		}
 		n.model = model
-		o := m.Optimizer
-		opt, err := distro.NewDeMo(model.Shapes(), distro.Options{Chunk: int(o.CompressionChunk), TopK: int(o.CompressionTopK),
-			// Rice-coded indices: every peer decodes both index codings, and
-			// these are about a third smaller.
-			Quantize1Bit: o.Quantize1Bit, RiceIndices: true, Decay: o.CompressionDecay, WeightDecay: o.WeightDecay, ClipGradNorm: o.ClipGradNorm, Workers: n.cfg.workers})
+		opt, err := distro.NewDeMo(model.Shapes(), opts)
 		if err != nil {
 			return err
 		}

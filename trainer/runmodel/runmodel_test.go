@@ -1,0 +1,104 @@
+package runmodel
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/gpt"
+)
+
+var small = gpt.Config{Vocab: 256, Context: 128, Width: 64, Layers: 2, Heads: 4}
+
+func runModel() coordinator.Model {
+	m := coordinator.Model{Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, ClipGradNorm: 1,
+		WeightDecay: 0.1, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true}}
+	SetGPT(&m, small)
+	return m
+}
+
+func TestGPTRoundTrip(t *testing.T) {
+	m := runModel()
+	if m.Architecture != coordinator.ArchGPT || m.VocabSize != 256 || m.MaxSeqLen != 128 || m.DModel != 64 || m.NLayers != 2 || m.NHeads != 4 {
+		t.Fatalf("SetGPT wrote %+v", m)
+	}
+	got, err := GPT(&m)
+	if err != nil || got != small {
+		t.Fatalf("GPT = %+v, %v; want %+v", got, err, small)
+	}
+	if err := Check(small, &m); err != nil {
+		t.Fatalf("Check against its own run: %v", err)
+	}
+	// The run model's shape rules and the network's agree: a model the
+	// coordinator accepts is one this package can build.
+	m.DataKind, m.TokenSize = coordinator.DataLocal, 2
+	m.Checkpoint.Kind = coordinator.CheckpointHub
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file:///x")
+	_ = coordinator.SetFixedString(m.DataLocation[:], "/x")
+	m.LR = coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 1e-3}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("the coordinator refuses the model SetGPT described: %v", err)
+	}
+}
+
+func TestGPTRejects(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		edit func(*coordinator.Model)
+		want error
+		text string
+	}{
+		{"no architecture", func(m *coordinator.Model) { m.Architecture = coordinator.ArchNone }, ErrArchitecture, "architecture: 0"},
+		{"unknown architecture", func(m *coordinator.Model) { m.Architecture = 9 }, ErrArchitecture, "architecture: 9"},
+		{"no vocab", func(m *coordinator.Model) { m.VocabSize = 0 }, nil, "must be positive"},
+		{"heads", func(m *coordinator.Model) { m.NHeads = 5 }, nil, "heads (5) must divide width (64)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := runModel()
+			tt.edit(&m)
+			_, err := GPT(&m)
+			if err == nil || (tt.want != nil && !errors.Is(err, tt.want)) || !strings.Contains(err.Error(), tt.text) {
+				t.Fatalf("GPT = %v, want %v with %q", err, tt.want, tt.text)
+			}
+		})
+	}
+}
+
+func TestDistro(t *testing.T) {
+	m := runModel()
+	got, err := Distro(&m, 3)
+	want := distro.Options{Chunk: 64, TopK: 12, Quantize1Bit: true, RiceIndices: true, Decay: 0.97, WeightDecay: 0.1, ClipGradNorm: 1, Workers: 3}
+	if err != nil || got != want {
+		t.Fatalf("Distro = %+v, %v; want %+v", got, err, want)
+	}
+	// The options build an optimizer for the network the run describes.
+	cfg, _ := GPT(&m)
+	model, err := gpt.New(cfg, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := distro.NewDeMo(model.Shapes(), got); err != nil {
+		t.Fatalf("the run's DisTrO options build no optimizer: %v", err)
+	}
+	m.Optimizer.Kind = coordinator.OptimizerAdamW
+	if _, err := Distro(&m, 1); !errors.Is(err, ErrOptimizer) {
+		t.Fatalf("Distro with AdamW = %v, want ErrOptimizer", err)
+	}
+}
+
+func TestCheckNamesEveryDifference(t *testing.T) {
+	m := runModel()
+	other := small
+	other.Width, other.Layers = 128, 3
+	err := Check(other, &m)
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "d_model is 128 in the model, 64 in the run") ||
+		!strings.Contains(err.Error(), "n_layers is 3 in the model, 2 in the run") || strings.Contains(err.Error(), "vocab_size") {
+		t.Fatalf("Check = %v", err)
+	}
+	m.Architecture = 7
+	if err := Check(small, &m); !errors.Is(err, ErrArchitecture) {
+		t.Fatalf("Check against an unknown architecture = %v", err)
+	}
+}

@@ -97,13 +97,7 @@ func (k *Keypair) Save(ctx context.Context, path string) error {
 		raw[i] = int(b)
 	}
 	b, _ := json.Marshal(raw)
-	return WriteFileAtomic(path, b, 0o600)
-}
-
-// WriteFileAtomic replaces path with data so that a crash leaves either the
-// old file or the new one (internal/atomicfile).
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	if err := atomicfile.WriteFile(path, data, perm); err != nil {
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
 		return fmt.Errorf("chain: writing %s: %w", path, err)
 	}
 	return nil

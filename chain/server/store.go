@@ -8,8 +8,8 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/atomicfile"
 )
 
 // A run is persisted as one file, <dir>/<run id>.run, replaced atomically
@@ -73,7 +73,10 @@ func decodeRun(b []byte) (*coordinator.Coordinator, map[coordinator.Pubkey]uint6
 func runPath(dir, id string) string { return filepath.Join(dir, id+runFileExt) }
 
 func saveRun(dir, id string, state *coordinator.Coordinator, seqs map[coordinator.Pubkey]uint64) error {
-	return chain.WriteFileAtomic(runPath(dir, id), encodeRun(state, seqs), 0o644)
+	if err := atomicfile.WriteFile(runPath(dir, id), encodeRun(state, seqs), 0o644); err != nil {
+		return fmt.Errorf("server: writing %s: %w", runPath(dir, id), err)
+	}
+	return nil
 }
 
 // loadRuns reads every run file in dir.

@@ -15,7 +15,6 @@ package solana
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,13 +32,12 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/programs/abi"
 )
 
-// LocalProgramID is where `psyche validator` and the tests preload the
-// coordinator program (a deployment names its own id).
-var LocalProgramID = sol.PublicKeyFromBytes(func() []byte { h := sha256.Sum256([]byte("psyche/coordinator-program")); return h[:] }())
-
-const instanceSize = 80
+// LocalProgramID is abi.LocalProgramID, where `psyche validator` and the
+// tests preload the coordinator program (a deployment names its own id).
+var LocalProgramID = sol.PublicKeyFromBytes(abi.LocalProgramID[:])
 
 // Errors a caller can branch on.
 var (
@@ -151,7 +149,7 @@ func (b *Backend) Instance(runID string) (sol.PublicKey, error) {
 	if err != nil {
 		return sol.PublicKey{}, err
 	}
-	addr, _, err := sol.FindProgramAddress([][]byte{[]byte("coordinator"), []byte(coordinator.FixedString(id[:]))}, b.cfg.program)
+	addr, _, err := sol.FindProgramAddress(abi.InstanceSeeds(id), b.cfg.program)
 	return addr, err
 }
 
@@ -186,10 +184,11 @@ func (b *Backend) coordinatorAccount(ctx context.Context, runID string) (instanc
 	if owner != b.cfg.program {
 		return instance, account, fmt.Errorf("%w: instance of %q is owned by %s", ErrWrongOwner, runID, owner)
 	}
-	if len(data) != instanceSize {
-		return instance, account, fmt.Errorf("solana: instance of %q is %d bytes, want %d", runID, len(data), instanceSize)
+	rec, err := abi.DecodeInstance(data)
+	if err != nil {
+		return instance, account, fmt.Errorf("solana: instance of %q: %w", runID, err)
 	}
-	return instance, sol.PublicKeyFromBytes(data[48:80]), nil
+	return instance, sol.PublicKeyFromBytes(rec.Coordinator[:]), nil
 }
 
 // Snapshot implements chain.Backend.
@@ -253,17 +252,14 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 			if big, err = c.GetMinimumBalanceForRentExemption(ctx, uint64(coordinator.AccountSize), rpc.CommitmentConfirmed); err != nil {
 				return err
 			}
-			small, err = c.GetMinimumBalanceForRentExemption(ctx, instanceSize, rpc.CommitmentConfirmed)
+			small, err = c.GetMinimumBalanceForRentExemption(ctx, abi.InstanceSize, rpc.CommitmentConfirmed)
 			return err
 		}); err != nil {
 			return chain.Receipt{}, err
 		}
 		ixs = append(ixs,
 			system.NewCreateAccountInstruction(big, uint64(coordinator.AccountSize), b.cfg.program, sender, account).Build(),
-			system.NewTransferInstruction(small, sender, instance).Build(),
-			sol.NewInstruction(b.cfg.program, sol.AccountMetaSlice{
-				sol.NewAccountMeta(instance, true, false), sol.NewAccountMeta(account, true, false),
-				sol.NewAccountMeta(sender, true, true), sol.NewAccountMeta(sol.SystemProgramID, false, false)}, data))
+			system.NewTransferInstruction(small, sender, instance).Build())
 	default:
 		var err error
 		if instance, account, err = b.coordinatorAccount(ctx, runID); err != nil {
@@ -272,20 +268,22 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 		if snap, err := b.snapshotOf(ctx, account); err == nil {
 			before, beforeNonce = snap.State.RunState, snap.Nonce()
 		}
-		_, free := ix.(*coordinator.FreeCoordinator)
-		metas := sol.AccountMetaSlice{sol.NewAccountMeta(instance, true, false), sol.NewAccountMeta(account, true, false),
-			sol.NewAccountMeta(sender, free, true)}
-		switch ix.(type) {
-		case *coordinator.Tick, *coordinator.WarmupWitness:
-			metas = append(metas, sol.NewAccountMeta(sol.SysVarSlotHashesPubkey, false, false))
-		}
-		if coSigner != nil {
-			co := key(coSigner)
-			signers[co] = coSigner
-			metas = append(metas, sol.NewAccountMeta(co, false, true))
-		}
-		ixs = append(ixs, sol.NewInstruction(b.cfg.program, metas, data))
 	}
+	keys := abi.Keys{Instance: coordinator.Pubkey(instance), Coordinator: coordinator.Pubkey(account), Sender: coordinator.Pubkey(sender)}
+	if coSigner != nil {
+		co := coSigner.Public()
+		signers[sol.PublicKeyFromBytes(co[:])] = coSigner
+		keys.CoSigner = &co
+	}
+	accounts, err := abi.Accounts(ix.Name(), keys)
+	if err != nil {
+		return chain.Receipt{}, fmt.Errorf("solana: %w", err)
+	}
+	metas := make(sol.AccountMetaSlice, 0, len(accounts))
+	for _, a := range accounts {
+		metas = append(metas, sol.NewAccountMeta(sol.PublicKeyFromBytes(a.Key[:]), a.Writable, a.Signer))
+	}
+	ixs = append(ixs, sol.NewInstruction(b.cfg.program, metas, data))
 	if err := b.submit(ctx, ix.Name(), sender, signers, ixs); err != nil {
 		return chain.Receipt{}, err
 	}

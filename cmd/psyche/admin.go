@@ -109,7 +109,7 @@ func keygen(c *cli.Context) error {
 	if err := k.Save(c.Context, path); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.App.Writer, "wrote %s\naddress: %s\n", path, chain.Address(k.Public()))
+	fmt.Fprintf(c.App.Writer, "wrote %s\naddress: %s\n", path, k.Public().String())
 	return nil
 }
 
@@ -148,7 +148,7 @@ func backend(c *cli.Context, needKey bool) (chain.Backend, *chain.Keypair, error
 				wss = append(wss, strings.Replace(strings.Replace(u, "https://", "wss://", 1), "http://", "ws://", 1))
 			}
 		}
-		program, err := chain.ParseAddress(c.String("program-id"))
+		program, err := coordinator.ParsePubkey(c.String("program-id"))
 		if err != nil {
 			return nil, nil, fmt.Errorf("--program-id: %w", err)
 		}
@@ -190,7 +190,7 @@ func initCoordinator(c *cli.Context) error {
 	}
 	ix := &coordinator.InitCoordinator{MainAuthority: k.Public(), RunID: id}
 	if ja := c.String("join-authority"); ja != "" {
-		if ix.JoinAuthority, err = chain.ParseAddress(ja); err != nil {
+		if ix.JoinAuthority, err = coordinator.ParsePubkey(ja); err != nil {
 			return err
 		}
 	}
@@ -290,7 +290,7 @@ func viewOf(s *coordinator.Coordinator) statusView {
 		Epoch: s.Progress.Epoch, Step: s.Progress.Step, Nonce: s.Nonce, PendingPause: s.PendingPause,
 		Clients: []clientView{}, Pending: []string{}, Exited: []clientView{}}
 	client := func(cl coordinator.Client) clientView {
-		return clientView{Address: chain.Address(cl.ID.Signer), P2P: chain.Address(cl.ID.P2P), State: cl.State.String(), Height: cl.ExitedHeight}
+		return clientView{Address: cl.ID.Signer.String(), P2P: cl.ID.P2P.String(), State: cl.State.String(), Height: cl.ExitedHeight}
 	}
 	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
 		v.Clients = append(v.Clients, client(cl))
@@ -299,7 +299,7 @@ func viewOf(s *coordinator.Coordinator) statusView {
 		v.Exited = append(v.Exited, client(cl))
 	}
 	for _, id := range s.Pending[:s.PendingLen] {
-		v.Pending = append(v.Pending, chain.Address(id.Signer))
+		v.Pending = append(v.Pending, id.Signer.String())
 	}
 	switch s.RunState {
 	case coordinator.RoundTrain, coordinator.RoundWitness, coordinator.Cooldown, coordinator.Warmup:

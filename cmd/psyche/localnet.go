@@ -305,7 +305,7 @@ func startLocalSolana(ctx context.Context, dir string, log *slog.Logger, manualC
 	for _, k := range fund {
 		if err := b.Airdrop(ctx, k.Public(), 20_000_000_000); err != nil {
 			v.Close()
-			return nil, nil, fmt.Errorf("funding %s: %w", chain.Address(k.Public()), err)
+			return nil, nil, fmt.Errorf("funding %s: %w", k.Public().String(), err)
 		}
 	}
 	return b, v, nil

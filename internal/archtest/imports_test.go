@@ -3,6 +3,7 @@ package archtest
 import (
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -17,6 +18,7 @@ var pureRules = map[string][]string{
 	"coordinator":      {"github.com/bits-and-blooms/bloom/v3"},
 	"distro":           nil,
 	"trainer/schedule": {"github.com/psyche-go/psyche/coordinator"},
+	"programs/abi":     {"github.com/psyche-go/psyche/coordinator"},
 }
 
 // forbidden are standard packages that bring time, randomness, I/O or logging.
@@ -74,6 +76,7 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 		"coordinator":      {"github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 		"distro":           nil,
 		"trainer/schedule": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
+		"programs/abi":     {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 	}
 	for dir, allowed := range allowedModules {
 		cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+dir)
@@ -94,6 +97,39 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 				t.Errorf("%s depends on %s", dir, pkg)
 			}
 		}
+	}
+}
+
+// TestTestOnlyPackages: internal/soltest (it fails tests through
+// testing.TB) is imported by _test.go files only.
+func TestTestOnlyPackages(t *testing.T) {
+	root := repoRoot(t)
+	testOnly := []string{"github.com/psyche-go/psyche/internal/soltest"}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) && path != root {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if contains(testOnly, p) {
+				rel, _ := filepath.Rel(root, path)
+				t.Errorf("%s imports %s, which only tests may use", rel, p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

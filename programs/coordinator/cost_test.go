@@ -12,6 +12,7 @@ import (
 	"time"
 
 	coord "github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/soltest"
 	"github.com/psyche-go/psyche/programs/validator"
 )
 
@@ -31,24 +32,24 @@ func TestOnChainAt256(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	v, err := validator.Start(ctx, validator.WithSlotDuration(50*time.Millisecond), validator.WithManualClock(),
-		validator.WithProgram(base58Encode(programID[:]), filepath.Join(".", "coordinator.so")))
+		validator.WithProgram(coord.Base58(programID[:]), filepath.Join(".", "coordinator.so")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer v.Close()
-	c := &chain{t: t, rpc: &rpcClient{url: v.RPC}, program: programID[:]}
+	c := &chain{t: t, rpc: &soltest.RPC{URL: v.RPC}, program: programID[:]}
 	_, admin, _ := ed25519.GenerateKey(nil)
 	_, acctKey, _ := ed25519.GenerateKey(nil)
-	c.rpc.call(t, "requestAirdrop", base58Encode(pub(admin)), 100_000_000_000)
+	c.rpc.Call(t, "requestAirdrop", coord.Base58(soltest.Pub(admin)), 100_000_000_000)
 
 	var runID [coord.MaxRunIDLen]byte
 	copy(runID[:], "cost-run")
-	instance := findProgramAddress([][]byte{[]byte("coordinator"), []byte("cost-run")}, programID[:])
-	coordKey := pub(acctKey)
+	instance, _ := instanceOf("cost-run", programID[:])
+	coordKey := soltest.Pub(acctKey)
 	system := make([]byte, 32)
-	slotHashes := mustB58(t, "SysvarS1otHashes111111111111111111111111111")
-	accounts := func(sender ed25519.PrivateKey, extra ...accountMeta) []accountMeta {
-		return append([]accountMeta{{instance, false, true}, {coordKey, false, true}, {pub(sender), true, true}}, extra...)
+	slotHashes := soltest.Key(t, "SysvarS1otHashes111111111111111111111111111")
+	accounts := func(sender ed25519.PrivateKey, extra ...soltest.Meta) []soltest.Meta {
+		return append([]soltest.Meta{{Key: instance, Signer: false, Writable: true}, {Key: coordKey, Signer: false, Writable: true}, {Key: soltest.Pub(sender), Signer: true, Writable: true}}, extra...)
 	}
 	goAcct := make([]byte, coord.AccountSize)
 	check := func(label string, ix coord.Instruction, sender coord.Pubkey) {
@@ -71,32 +72,32 @@ func TestOnChainAt256(t *testing.T) {
 	createData = append(createData, programID[:]...)
 	transfer := binary.LittleEndian.AppendUint32(nil, 2)
 	transfer = binary.LittleEndian.AppendUint64(transfer, c.rent(80))
-	init := &coord.InitCoordinator{MainAuthority: coord.Pubkey(pub(admin)), RunID: runID}
+	init := &coord.InitCoordinator{MainAuthority: coord.Pubkey(soltest.Pub(admin)), RunID: runID}
 	c.send("init", admin, []ed25519.PrivateKey{acctKey},
-		instruction{system, []accountMeta{{pub(admin), true, true}, {coordKey, true, true}}, createData},
-		instruction{system, []accountMeta{{pub(admin), true, true}, {instance, false, true}}, transfer},
-		instruction{c.program, accounts(admin, accountMeta{system, false, false}), coord.EncodeInstruction(init)})
-	check("init", init, coord.Pubkey(pub(admin)))
+		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: coordKey, Signer: true, Writable: true}}, Data: createData},
+		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: instance, Signer: false, Writable: true}}, Data: transfer},
+		soltest.Instruction{Program: c.program, Accounts: accounts(admin, soltest.Meta{Key: system, Signer: false, Writable: false}), Data: coord.EncodeInstruction(init)})
+	check("init", init, coord.Pubkey(soltest.Pub(admin)))
 	k, m := testConfig(), testModel()
 	k.InitMinClients, k.MinClients, k.WitnessNodes, k.GlobalBatchSizeStart, k.GlobalBatchSizeEnd = 256, 32, 32, 256, 512
 	k.WaitingForMembersExtraTime, k.WarmupTime, k.MaxRoundTrainTime, k.EpochTime = 1, 60, 60, 600
 	for _, ix := range []coord.Instruction{&coord.Update{Config: &k, Model: &m}, &coord.SetPaused{Paused: false}} {
-		c.send(ix.Name(), admin, nil, instruction{c.program, accounts(admin), coord.EncodeInstruction(ix)})
-		check(ix.Name(), ix, coord.Pubkey(pub(admin)))
+		c.send(ix.Name(), admin, nil, soltest.Instruction{Program: c.program, Accounts: accounts(admin), Data: coord.EncodeInstruction(ix)})
+		check(ix.Name(), ix, coord.Pubkey(soltest.Pub(admin)))
 	}
 
 	clients := map[coord.Pubkey]ed25519.PrivateKey{}
 	c.unique = true
 	for i := 0; i < 256; i++ {
 		_, key, _ := ed25519.GenerateKey(nil)
-		id := coord.ClientID{Signer: coord.Pubkey(pub(key)), P2P: coord.Pubkey(sha256.Sum256([]byte(fmt.Sprint("p2p", i))))}
+		id := coord.ClientID{Signer: coord.Pubkey(soltest.Pub(key)), P2P: coord.Pubkey(sha256.Sum256([]byte(fmt.Sprint("p2p", i))))}
 		clients[id.Signer] = key
 		join := &coord.JoinRun{ID: id}
 		label := "join"
 		if i == 255 {
 			label = "join (256th)"
 		}
-		c.send(label, admin, []ed25519.PrivateKey{key}, instruction{c.program, accounts(key), coord.EncodeInstruction(join)})
+		c.send(label, admin, []ed25519.PrivateKey{key}, soltest.Instruction{Program: c.program, Accounts: accounts(key), Data: coord.EncodeInstruction(join)})
 		if i == 0 || i == 255 {
 			check(label, join, id.Signer)
 		} else {
@@ -104,7 +105,7 @@ func TestOnChainAt256(t *testing.T) {
 		}
 	}
 	c.unique = false
-	tick := instruction{c.program, accounts(admin, accountMeta{slotHashes, false, false}), coord.EncodeInstruction(&coord.Tick{})}
+	tick := soltest.Instruction{Program: c.program, Accounts: accounts(admin, soltest.Meta{Key: slotHashes, Signer: false, Writable: false}), Data: coord.EncodeInstruction(&coord.Tick{})}
 	for ticks := 0; ; ticks++ {
 		if ticks == 10 {
 			t.Fatal("the epoch never started")
@@ -113,7 +114,7 @@ func TestOnChainAt256(t *testing.T) {
 		before := c.account(coordKey)
 		c.send("tick (start epoch, 256)", admin, nil, tick)
 		if after := c.account(coordKey); string(before) != string(after) {
-			check("tick", &coord.Tick{}, coord.Pubkey(pub(admin)))
+			check("tick", &coord.Tick{}, coord.Pubkey(soltest.Pub(admin)))
 			break
 		}
 	}
@@ -138,7 +139,7 @@ func TestOnChainAt256(t *testing.T) {
 			if warmup {
 				ix = &coord.WarmupWitness{Report: rep}
 			}
-			c.send(label, admin, []ed25519.PrivateKey{key}, instruction{c.program, accounts(key, accountMeta{slotHashes, false, false}), coord.EncodeInstruction(ix)})
+			c.send(label, admin, []ed25519.PrivateKey{key}, soltest.Instruction{Program: c.program, Accounts: accounts(key, soltest.Meta{Key: slotHashes, Signer: false, Writable: false}), Data: coord.EncodeInstruction(ix)})
 			check(label, ix, s.Epoch.Clients[i].ID.Signer)
 			return
 		}

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -10,8 +9,8 @@ import (
 	"strings"
 	"unicode"
 
-	"github.com/psyche-go/psyche/chain"
 	coord "github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/programs/abi"
 )
 
 //go:generate go run ../cmd/gen-idl -o idl.json
@@ -33,7 +32,7 @@ func IDL() ([]byte, error) {
 	b := &idlBuilder{defs: map[string]idlTypeDef{}}
 	// The version follows the account's: the layout is the ABI.
 	doc := idlDoc{
-		Address: chain.Base58(localProgramID[:]),
+		Address: abi.LocalProgramID.String(),
 		Metadata: idlMetadata{Name: "psyche_coordinator", Version: fmt.Sprintf("%d.0.0", coord.AccountVersion), Spec: "0.1.0",
 			Description: "Psyche training-run coordinator (C, SBPF v0); the byte formats are those of github.com/psyche-go/psyche/coordinator"},
 		Docs: []string{
@@ -49,7 +48,7 @@ func IDL() ([]byte, error) {
 			Name:          ix.Name(),
 			Docs:          []string{instructionDocs[ix.Name()]},
 			Discriminator: d[:],
-			Accounts:      instructionAccounts(ix.Name()),
+			Accounts:      instructionAccounts(ix),
 			Args:          args,
 		})
 	}
@@ -63,8 +62,8 @@ func IDL() ([]byte, error) {
 		coord.AccountSize, coord.AccountVersion)},
 		Type: idlTypeBody{Kind: "struct", Fields: acct}})
 	inst := b.fields(reflect.TypeFor[instanceRecord]())
-	b.add(idlTypeDef{Name: instanceTypeName, Docs: []string{fmt.Sprintf(
-		"The instance PDA [\"coordinator\", run_id without its trailing zeros] (%d bytes with its discriminator): the bump and the address of the run's coordinator account.", instanceSize)},
+	b.add(idlTypeDef{Name: abi.InstanceTypeName, Docs: []string{fmt.Sprintf(
+		"The instance PDA [\"coordinator\", run_id without its trailing zeros] (%d bytes with its discriminator): the bump and the address of the run's coordinator account.", abi.InstanceSize)},
 		Type: idlTypeBody{Kind: "struct", Fields: inst}})
 	if b.err != nil {
 		return nil, b.err
@@ -76,7 +75,7 @@ func IDL() ([]byte, error) {
 		want int
 	}{
 		{accountTypeName, coord.AccountDiscriminator, coord.AccountSize},
-		{instanceTypeName, sha256Prefix("account:" + instanceTypeName), instanceSize},
+		{abi.InstanceTypeName, abi.InstanceDiscriminator, abi.InstanceSize},
 	} {
 		size := 8 + b.size(defined(a.name))
 		if size != a.want {
@@ -116,18 +115,7 @@ var instructionDocs = map[string]string{
 	"free_coordinator": "Closes a halted run: both accounts are zeroed and their lamports paid to the main authority.",
 }
 
-// The well-known accounts the program names (entrypoint.c).
-const (
-	systemProgram    = "11111111111111111111111111111111"
-	slotHashes       = "SysvarS1otHashes111111111111111111111111111"
-	instanceSize     = 80
-	accountTypeName  = "CoordinatorAccount"
-	instanceTypeName = "CoordinatorInstance"
-)
-
-// localProgramID is chain/solana.LocalProgramID (not imported: that package's
-// tests import this one).
-var localProgramID = sha256.Sum256([]byte("psyche/coordinator-program"))
+const accountTypeName = "CoordinatorAccount"
 
 // instanceRecord is the instance PDA's data after its discriminator, as
 // create_instance in entrypoint.c writes it.
@@ -138,33 +126,28 @@ type instanceRecord struct {
 	Coordinator coord.Pubkey
 }
 
-// instructionAccounts lists an instruction's accounts in the order the
-// program reads them, with the flags it requires: the program only checks
-// that the coordinator account is writable and the sender signs, and writes
-// the instance and the sender only in init_coordinator and free_coordinator.
-func instructionAccounts(name string) []idlAccountItem {
-	lifecycle := name == "init_coordinator" || name == "free_coordinator"
-	sender := map[string]string{"init_coordinator": "authority", "update": "authority", "set_paused": "authority",
-		"join_run": "client", "tick": "sender", "warmup_witness": "witness", "witness": "witness",
-		"health_check": "client", "checkpoint": "checkpointer", "free_coordinator": "authority"}[name]
-	items := []idlAccountItem{
-		{Name: "instance", Writable: lifecycle, Docs: []string{"PDA [\"coordinator\", run_id without its trailing zeros]"}},
-		{Name: "coordinator", Writable: true},
-		{Name: sender, Signer: true},
+// instructionAccounts is abi.Accounts in the IDL's terms: fixed accounts
+// (the system program, the SlotHashes sysvar) by address, the others by
+// name, and join_run's optional co-signer.
+func instructionAccounts(ix coord.Instruction) []idlAccountItem {
+	var keys abi.Keys
+	if _, join := ix.(*coord.JoinRun); join {
+		keys.CoSigner = new(coord.Pubkey) // listed as optional
 	}
-	if name == "free_coordinator" {
-		items[2].Writable = true
-		items[2].Docs = []string{"receives the lamports of both accounts"}
+	accounts, err := abi.Accounts(ix.Name(), keys)
+	if err != nil {
+		panic(err) // TestIDLInstructionList keeps instructions and the ABI in step
 	}
-	switch name {
-	case "init_coordinator":
-		items = append(items, idlAccountItem{Name: "system_program", Address: systemProgram})
-	case "join_run":
-		items = append(items, idlAccountItem{Name: "join_authority", Signer: true, Optional: true,
-			Docs: []string{"The run's join authority, co-signing, when the run has one."}})
-	case "tick", "warmup_witness":
-		items = append(items, idlAccountItem{Name: "slot_hashes", Address: slotHashes,
-			Docs: []string{"The round seed is derived from it (and the Clock, the coordinator key and the nonce)."}})
+	var items []idlAccountItem
+	for _, a := range accounts {
+		item := idlAccountItem{Name: a.Name, Signer: a.Signer, Writable: a.Writable, Optional: a.Optional}
+		if a.Doc != "" {
+			item.Docs = []string{a.Doc}
+		}
+		if a.Fixed {
+			item.Address = a.Key.String()
+		}
+		items = append(items, item)
 	}
 	return items
 }
@@ -253,11 +236,6 @@ func (b bytesJSON) MarshalJSON() ([]byte, error) {
 
 func byteArray(n int) any     { return map[string]any{"array": []any{"u8", n}} }
 func defined(name string) any { return map[string]any{"defined": map[string]any{"name": name}} }
-
-func sha256Prefix(s string) [8]byte {
-	h := sha256.Sum256([]byte(s))
-	return [8]byte(h[:8])
-}
 
 // idlBuilder turns Go types into IDL types, collecting the named ones.
 type idlBuilder struct {

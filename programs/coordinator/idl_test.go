@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	solana "github.com/psyche-go/psyche/chain/solana"
 	coord "github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/programs/abi"
 	program "github.com/psyche-go/psyche/programs/coordinator"
 )
 
@@ -119,8 +119,8 @@ func TestIDLInstructionList(t *testing.T) {
 			t.Errorf("instruction %d: IDL %s %v, Go %s %v", i, ix.Name, ix.Discriminator, names[i], d)
 		}
 	}
-	if got, want := idl.Address, solana.LocalProgramID.String(); got != want {
-		t.Errorf("IDL address %s, chain/solana.LocalProgramID %s", got, want)
+	if got, want := idl.Address, abi.LocalProgramID.String(); got != want {
+		t.Errorf("IDL address %s, abi.LocalProgramID %s", got, want)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	coord "github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/soltest"
 	"github.com/psyche-go/psyche/programs/validator"
 )
 
@@ -98,12 +99,12 @@ func TestProgramCosts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	v, err := validator.Start(ctx, validator.WithSlotDuration(costSlot), validator.WithManualClock(),
-		validator.WithProgram(base58Encode(programID[:]), filepath.Join(".", "coordinator.so")))
+		validator.WithProgram(coord.Base58(programID[:]), filepath.Join(".", "coordinator.so")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer v.Close()
-	rpc := &rpcClient{url: v.RPC}
+	rpc := &soltest.RPC{URL: v.RPC}
 	idl := loadIDL(t)
 
 	table := map[int]map[string]uint64{}
@@ -129,7 +130,7 @@ func TestProgramCosts(t *testing.T) {
 
 	c := &chain{t: t, rpc: rpc}
 	var version map[string]any
-	rpc.decode(t, rpc.call(t, "getVersion"), &version)
+	rpc.Decode(t, rpc.Call(t, "getVersion"), &version)
 	var out strings.Builder
 	printCosts(&out, sizes, table, fmt.Sprintf("litesvm %v, solana-core %v", version["litesvm"], version["solana-core"]),
 		c.rent(coord.AccountSize), c.rent(80))
@@ -318,16 +319,18 @@ func newCostRun(c *chain, idl *idlFile, units map[string]uint64, runID string, p
 	t.Helper()
 	_, admin, _ := ed25519.GenerateKey(nil)
 	_, acct, _ := ed25519.GenerateKey(nil)
-	r := &costRun{t: t, c: c, idl: idl, units: units, runID: runID, admin: admin, acct: pub(acct),
+	r := &costRun{t: t, c: c, idl: idl, units: units, runID: runID, admin: admin, acct: soltest.Pub(acct),
 		keys: map[coord.Pubkey]ed25519.PrivateKey{}, goAcct: make([]byte, coord.AccountSize),
-		instance: findProgramAddress([][]byte{[]byte("coordinator"), []byte(runID)}, c.program)}
-	init := &coord.InitCoordinator{MainAuthority: coord.Pubkey(pub(admin))}
+	}
+	var instanceBump byte
+	r.instance, instanceBump = instanceOf(runID, c.program)
+	init := &coord.InitCoordinator{MainAuthority: coord.Pubkey(soltest.Pub(admin))}
 	copy(init.RunID[:], runID)
 	if permissioned {
 		_, r.joinAuth, _ = ed25519.GenerateKey(nil)
-		init.JoinAuthority = coord.Pubkey(pub(r.joinAuth))
+		init.JoinAuthority = coord.Pubkey(soltest.Pub(r.joinAuth))
 	}
-	c.rpc.call(t, "requestAirdrop", base58Encode(pub(admin)), 100_000_000_000)
+	c.rpc.Call(t, "requestAirdrop", coord.Base58(soltest.Pub(admin)), 100_000_000_000)
 
 	create := binary.LittleEndian.AppendUint32(nil, 0)
 	create = binary.LittleEndian.AppendUint64(create, c.rent(coord.AccountSize))
@@ -338,9 +341,9 @@ func newCostRun(c *chain, idl *idlFile, units map[string]uint64, runID string, p
 	system := make([]byte, 32)
 	c.unique = true
 	c.send("init_coordinator", admin, []ed25519.PrivateKey{acct},
-		instruction{system, []accountMeta{{pub(admin), true, true}, {r.acct, true, true}}, create},
-		instruction{system, []accountMeta{{pub(admin), true, true}, {r.instance, false, true}}, transfer},
-		instruction{c.program, r.metas(init.Name(), admin), coord.EncodeInstruction(init)})
+		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: r.acct, Signer: true, Writable: true}}, Data: create},
+		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: r.instance, Signer: false, Writable: true}}, Data: transfer},
+		soltest.Instruction{Program: c.program, Accounts: r.metas(init.Name(), admin), Data: coord.EncodeInstruction(init)})
 	r.record("init_coordinator", c.programUnits())
 	r.check("init_coordinator", init, admin)
 
@@ -355,7 +358,7 @@ func newCostRun(c *chain, idl *idlFile, units map[string]uint64, runID string, p
 		fields[n] = rec.vals[i]
 	}
 	if string(fields["run_id"].([]byte)) != string(init.RunID[:]) || string(fields["coordinator"].([]byte)) != string(r.acct) ||
-		fields["bump"] != uint64(bump(r.instance, runID, c.program)) {
+		fields["bump"] != uint64(instanceBump) {
 		t.Fatalf("instance record %v", fields)
 	}
 	return r
@@ -364,32 +367,32 @@ func newCostRun(c *chain, idl *idlFile, units map[string]uint64, runID string, p
 // metas builds an instruction's accounts from the IDL: the instance, the
 // coordinator account, the sender (always the third), the fixed addresses,
 // and the join authority when the run has one.
-func (r *costRun) metas(name string, sender ed25519.PrivateKey) []accountMeta {
+func (r *costRun) metas(name string, sender ed25519.PrivateKey) []soltest.Meta {
 	r.t.Helper()
 	for _, ix := range r.idl.Instructions {
 		if ix.Name != name {
 			continue
 		}
-		var out []accountMeta
+		var out []soltest.Meta
 		for i, a := range ix.Accounts {
 			var key []byte
 			switch {
 			case a.Address != "":
-				key = mustB58(r.t, a.Address)
+				key = soltest.Key(r.t, a.Address)
 			case i == 2:
-				key = pub(sender)
+				key = soltest.Pub(sender)
 			case a.Name == "instance":
 				key = r.instance
 			case a.Name == "coordinator":
 				key = r.acct
 			case a.Name == "join_authority" && r.joinAuth != nil:
-				key = pub(r.joinAuth)
+				key = soltest.Pub(r.joinAuth)
 			case a.Optional:
 				continue
 			default:
 				r.t.Fatalf("%s: no key for the IDL's account %s", name, a.Name)
 			}
-			out = append(out, accountMeta{key, a.Signer, a.Writable})
+			out = append(out, soltest.Meta{Key: key, Signer: a.Signer, Writable: a.Writable})
 		}
 		return out
 	}
@@ -416,19 +419,19 @@ func (r *costRun) state() *coord.Coordinator {
 func (r *costRun) do(label string, ix coord.Instruction, sender ed25519.PrivateKey) {
 	r.t.Helper()
 	var signers []ed25519.PrivateKey
-	if !bytes.Equal(pub(sender), pub(r.admin)) {
+	if !bytes.Equal(soltest.Pub(sender), soltest.Pub(r.admin)) {
 		signers = append(signers, sender)
 	}
 	var co coord.Pubkey
 	if _, join := ix.(*coord.JoinRun); join && r.joinAuth != nil {
 		signers = append(signers, r.joinAuth)
-		co = coord.Pubkey(pub(r.joinAuth))
+		co = coord.Pubkey(soltest.Pub(r.joinAuth))
 	}
 	// Only ticks repeat the same bytes: they wait for a new blockhash so
 	// that each one gets its own signature.
 	_, tick := ix.(*coord.Tick)
 	r.c.unique = !tick
-	r.c.send(label, r.admin, signers, instruction{r.c.program, r.metas(ix.Name(), sender), coord.EncodeInstruction(ix)})
+	r.c.send(label, r.admin, signers, soltest.Instruction{Program: r.c.program, Accounts: r.metas(ix.Name(), sender), Data: coord.EncodeInstruction(ix)})
 	r.record(label, r.c.programUnits())
 	r.checkWith(label, ix, sender, co)
 }
@@ -447,7 +450,7 @@ func (r *costRun) checkWith(label string, ix coord.Instruction, sender ed25519.P
 	if err != nil {
 		r.t.Fatalf("%s: the program wrote an account Go cannot decode: %v", label, err)
 	}
-	ctx := coord.Context{Sender: coord.Pubkey(pub(sender)), CoSigner: co, Now: s.RunStateStart, Seed: s.CurrentRound().RandomSeed}
+	ctx := coord.Context{Sender: coord.Pubkey(soltest.Pub(sender)), CoSigner: co, Now: s.RunStateStart, Seed: s.CurrentRound().RandomSeed}
 	want := goRun(r.goAcct, coord.EncodeInstruction(ix), ctx)
 	if want.code != 0 {
 		r.t.Fatalf("%s: Go rejects what the program accepted: %s", label, codeName(want.code))
@@ -468,14 +471,14 @@ func (r *costRun) configure(k coord.Config, m coord.Model) {
 func (r *costRun) joinAll(n int, label string) {
 	for i := range n {
 		_, key, _ := ed25519.GenerateKey(nil)
-		id := coord.ClientID{Signer: coord.Pubkey(pub(key)), P2P: coord.Pubkey(sha256.Sum256([]byte(fmt.Sprint(r.runID, "p2p", i))))}
+		id := coord.ClientID{Signer: coord.Pubkey(soltest.Pub(key)), P2P: coord.Pubkey(sha256.Sum256([]byte(fmt.Sprint(r.runID, "p2p", i))))}
 		r.keys[id.Signer] = key
 		join := &coord.JoinRun{ID: id}
 		if i == 0 && r.joinAuth != nil {
 			metas := r.metas(join.Name(), key)[:3]
 			r.c.unique = true
 			if code := r.c.fail("join without the join authority", r.admin, []ed25519.PrivateKey{key},
-				instruction{r.c.program, metas, coord.EncodeInstruction(join)}); code != coord.ErrJoinNotAuthorized.Code {
+				soltest.Instruction{Program: r.c.program, Accounts: metas, Data: coord.EncodeInstruction(join)}); code != coord.ErrJoinNotAuthorized.Code {
 				r.t.Fatalf("join without the join authority: error %d, want %d", code, coord.ErrJoinNotAuthorized.Code)
 			}
 		}
@@ -549,7 +552,7 @@ func (r *costRun) free() {
 	r.t.Helper()
 	ix := &coord.FreeCoordinator{}
 	r.c.unique = true
-	r.c.send("free_coordinator", r.admin, nil, instruction{r.c.program, r.metas(ix.Name(), r.admin), coord.EncodeInstruction(ix)})
+	r.c.send("free_coordinator", r.admin, nil, soltest.Instruction{Program: r.c.program, Accounts: r.metas(ix.Name(), r.admin), Data: coord.EncodeInstruction(ix)})
 	r.record("free_coordinator", r.c.programUnits())
 	if a, b := r.c.account(r.acct), r.c.account(r.instance); a != nil || b != nil {
 		r.t.Fatalf("after free: coordinator account %d bytes, instance %d bytes, want both closed", len(a), len(b))
@@ -564,8 +567,8 @@ func (c *chain) programUnits() uint64 {
 	var tx struct {
 		Meta struct{ LogMessages []string }
 	}
-	c.rpc.decode(c.t, c.rpc.call(c.t, "getTransaction", c.last, map[string]any{"encoding": "json"}), &tx)
-	prefix := "Program " + base58Encode(c.program) + " consumed "
+	c.rpc.Decode(c.t, c.rpc.Call(c.t, "getTransaction", c.last, map[string]any{"encoding": "json"}), &tx)
+	prefix := "Program " + coord.Base58(c.program) + " consumed "
 	for _, l := range tx.Meta.LogMessages {
 		if rest, ok := strings.CutPrefix(l, prefix); ok {
 			n, err := strconv.ParseUint(strings.Fields(rest)[0], 10, 64)
@@ -583,7 +586,7 @@ func (c *chain) programUnits() uint64 {
 // setClock moves the Clock sysvar of a validator started WithManualClock.
 func (c *chain) setClock(unix uint64) {
 	c.t.Helper()
-	c.rpc.call(c.t, "psycheSetClock", unix)
+	c.rpc.Call(c.t, "psycheSetClock", unix)
 	if got := c.clock(); got != unix {
 		c.t.Fatalf("the Clock sysvar reads %d after psycheSetClock(%d)", got, unix)
 	}
@@ -591,7 +594,7 @@ func (c *chain) setClock(unix uint64) {
 
 func (c *chain) clock() uint64 {
 	c.t.Helper()
-	b := c.account(mustB58(c.t, "SysvarC1ock11111111111111111111111111111111"))
+	b := c.account(soltest.Key(c.t, "SysvarC1ock11111111111111111111111111111111"))
 	if len(b) < 40 {
 		c.t.Fatalf("Clock sysvar: %d bytes", len(b))
 	}

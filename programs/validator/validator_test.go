@@ -8,15 +8,15 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"math/big"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/soltest"
 )
 
 // The test programs of programs/sbpf, linked by its linker, and what each
@@ -42,20 +42,20 @@ func TestValidator(t *testing.T) {
 	defer cancel()
 	opts := []Option{WithSlotDuration(20 * time.Millisecond)}
 	for name := range testPrograms {
-		opts = append(opts, WithProgram(base58Encode(programID(name)), filepath.Join("..", "sbpf", "testdata", name+".so")))
+		opts = append(opts, WithProgram(coordinator.Base58(programID(name)), filepath.Join("..", "sbpf", "testdata", name+".so")))
 	}
 	v, err := Start(ctx, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer v.Close()
-	rpc := &rpcClient{url: v.RPC}
+	rpc := &soltest.RPC{URL: v.RPC}
 
-	if got := rpc.call(t, "getHealth"); string(got) != `"ok"` {
+	if got := rpc.Call(t, "getHealth"); string(got) != `"ok"` {
 		t.Errorf("getHealth = %s", got)
 	}
 	var version map[string]any
-	rpc.decode(t, rpc.call(t, "getVersion"), &version)
+	rpc.Decode(t, rpc.Call(t, "getVersion"), &version)
 	if _, ok := version["solana-core"].(string); !ok {
 		t.Errorf("getVersion = %v, want a solana-core string", version)
 	}
@@ -74,14 +74,14 @@ func TestValidator(t *testing.T) {
 		var n struct {
 			Slot uint64 `json:"slot"`
 		}
-		rpc.decode(t, notification(t, ws, deadline, "slotNotification", slotSub), &n)
+		rpc.Decode(t, notification(t, ws, deadline, "slotNotification", slotSub), &n)
 		slots = append(slots, n.Slot)
 	}
 	if slots[1] <= slots[0] {
 		t.Errorf("slot notifications %v do not advance", slots)
 	}
 	var slot uint64
-	rpc.decode(t, rpc.call(t, "getSlot"), &slot)
+	rpc.Decode(t, rpc.Call(t, "getSlot"), &slot)
 	if slot < slots[1] {
 		t.Errorf("getSlot = %d after slot %d was notified", slot, slots[1])
 	}
@@ -97,12 +97,12 @@ func TestValidator(t *testing.T) {
 	// request id is above 2^53, as solana-go's are: it must come back
 	// digit for digit.
 	pub, priv, _ := ed25519.GenerateKey(nil)
-	payer := base58Encode(pub)
+	payer := coordinator.Base58(pub)
 	const bigID = "18446744073709551557"
 	sub := subscribe(t, ws, deadline, bigID, "accountSubscribe", payer, map[string]string{"encoding": "base64", "commitment": "confirmed"})
 	const amount = 5_000_000_000
 	var airdropSig string
-	rpc.decode(t, rpc.call(t, "requestAirdrop", payer, amount), &airdropSig)
+	rpc.Decode(t, rpc.Call(t, "requestAirdrop", payer, amount), &airdropSig)
 	note := notification(t, ws, deadline, "accountNotification", sub)
 	var acct struct {
 		Value struct {
@@ -111,13 +111,13 @@ func TestValidator(t *testing.T) {
 			RentEpoch json.Number `json:"rentEpoch"`
 		} `json:"value"`
 	}
-	rpc.decode(t, note, &acct)
+	rpc.Decode(t, note, &acct)
 	if acct.Value.Lamports != amount || acct.Value.RentEpoch != "18446744073709551615" {
 		t.Errorf("account notification %s: want %d lamports and rentEpoch u64::MAX exactly", note, amount)
 	}
 
 	var bal struct{ Value uint64 }
-	rpc.decode(t, rpc.call(t, "getBalance", payer), &bal)
+	rpc.Decode(t, rpc.Call(t, "getBalance", payer), &bal)
 	if bal.Value != amount {
 		t.Errorf("getBalance = %d, want %d", bal.Value, amount)
 	}
@@ -131,18 +131,18 @@ func TestValidator(t *testing.T) {
 			Space     uint64
 		}
 	}
-	rpc.decode(t, rpc.call(t, "getAccountInfo", payer, map[string]string{"encoding": "base64"}), &info)
+	rpc.Decode(t, rpc.Call(t, "getAccountInfo", payer, map[string]string{"encoding": "base64"}), &info)
 	if info.Value.Lamports != amount || info.Value.Owner != "11111111111111111111111111111111" ||
 		info.Value.RentEpoch != "18446744073709551615" || len(info.Value.Data) != 2 || info.Value.Data[1] != "base64" {
 		t.Errorf("getAccountInfo = %+v", info.Value)
 	}
 	var missing struct{ Value *json.RawMessage }
-	rpc.decode(t, rpc.call(t, "getAccountInfo", base58Encode(programID("nobody")), map[string]string{"encoding": "base64"}), &missing)
+	rpc.Decode(t, rpc.Call(t, "getAccountInfo", coordinator.Base58(programID("nobody")), map[string]string{"encoding": "base64"}), &missing)
 	if missing.Value != nil {
 		t.Errorf("getAccountInfo of a missing account = %s, want null", *missing.Value)
 	}
 	var rent uint64
-	rpc.decode(t, rpc.call(t, "getMinimumBalanceForRentExemption", 100), &rent)
+	rpc.Decode(t, rpc.Call(t, "getMinimumBalanceForRentExemption", 100), &rent)
 	if rent == 0 {
 		t.Error("getMinimumBalanceForRentExemption(100) = 0")
 	}
@@ -153,15 +153,15 @@ func TestValidator(t *testing.T) {
 			LastValidBlockHeight uint64
 		}
 	}
-	rpc.decode(t, rpc.call(t, "getLatestBlockhash", map[string]string{"commitment": "finalized"}), &latest)
-	blockhash, err := base58Decode(latest.Value.Blockhash)
+	rpc.Decode(t, rpc.Call(t, "getLatestBlockhash", map[string]string{"commitment": "finalized"}), &latest)
+	blockhash, err := coordinator.DecodeBase58(latest.Value.Blockhash)
 	if err != nil || len(blockhash) != 32 || latest.Value.LastValidBlockHeight <= slot {
 		t.Fatalf("getLatestBlockhash = %+v (%v)", latest.Value, err)
 	}
 
 	// Each preloaded program runs: simulate shows its logs, send lands it.
 	for name, want := range testPrograms {
-		tx := legacyTx(priv, programID(name), blockhash)
+		tx := soltest.CompileTx(priv, nil, blockhash, soltest.Instruction{Program: programID(name), Data: []byte{7}})
 		enc := map[string]any{"encoding": "base64"}
 		var sim struct {
 			Value struct {
@@ -170,7 +170,7 @@ func TestValidator(t *testing.T) {
 				UnitsConsumed uint64
 			}
 		}
-		rpc.decode(t, rpc.call(t, "simulateTransaction", base64.StdEncoding.EncodeToString(tx), enc), &sim)
+		rpc.Decode(t, rpc.Call(t, "simulateTransaction", base64.StdEncoding.EncodeToString(tx), enc), &sim)
 		logs := strings.Join(sim.Value.Logs, "\n")
 		if sim.Value.Err != nil || sim.Value.UnitsConsumed == 0 {
 			t.Errorf("%s: simulate err %v, %d CU, logs:\n%s", name, sim.Value.Err, sim.Value.UnitsConsumed, logs)
@@ -181,35 +181,35 @@ func TestValidator(t *testing.T) {
 			}
 		}
 		var sig string
-		rpc.decode(t, rpc.call(t, "sendTransaction", base64.StdEncoding.EncodeToString(tx), enc), &sig)
+		rpc.Decode(t, rpc.Call(t, "sendTransaction", base64.StdEncoding.EncodeToString(tx), enc), &sig)
 		var st struct {
 			Value []*struct {
 				Err                any
 				ConfirmationStatus string
 			}
 		}
-		rpc.decode(t, rpc.call(t, "getSignatureStatuses", []string{sig, airdropSig}), &st)
+		rpc.Decode(t, rpc.Call(t, "getSignatureStatuses", []string{sig, airdropSig}), &st)
 		if len(st.Value) != 2 || st.Value[0] == nil || st.Value[0].Err != nil || st.Value[1] == nil {
-			t.Errorf("%s: getSignatureStatuses = %s", name, rpc.call(t, "getSignatureStatuses", []string{sig, airdropSig}))
+			t.Errorf("%s: getSignatureStatuses = %s", name, rpc.Call(t, "getSignatureStatuses", []string{sig, airdropSig}))
 		}
 	}
 
 	// A failing instruction comes back as the RPC's TransactionError JSON:
 	// one byte of data is no system instruction.
-	bogus := legacyTx(priv, make([]byte, 32), blockhash)
+	bogus := soltest.CompileTx(priv, nil, blockhash, soltest.Instruction{Program: make([]byte, 32), Data: []byte{7}})
 	var failed struct{ Value struct{ Err json.RawMessage } }
-	rpc.decode(t, rpc.call(t, "simulateTransaction", base64.StdEncoding.EncodeToString(bogus), map[string]any{"encoding": "base64"}), &failed)
+	rpc.Decode(t, rpc.Call(t, "simulateTransaction", base64.StdEncoding.EncodeToString(bogus), map[string]any{"encoding": "base64"}), &failed)
 	if got := string(failed.Value.Err); got != `{"InstructionError":[0,"InvalidInstructionData"]}` {
 		t.Errorf("simulate of a bad system instruction: err %s", got)
 	}
-	_, rerr := rpc.try("sendTransaction", base64.StdEncoding.EncodeToString(bogus), map[string]any{"encoding": "base64"})
+	_, rerr := rpc.Try("sendTransaction", base64.StdEncoding.EncodeToString(bogus), map[string]any{"encoding": "base64"})
 	if rerr == nil || rerr.Code != -32002 || !strings.Contains(string(rerr.Data), `"InstructionError":[0,"InvalidInstructionData"]`) {
 		t.Errorf("send of a bad system instruction: error %+v, want preflight failure -32002", rerr)
 	}
 
 	// Without preflight it lands, failed: its status carries the error.
 	var failedSig string
-	rpc.decode(t, rpc.call(t, "sendTransaction", base64.StdEncoding.EncodeToString(bogus),
+	rpc.Decode(t, rpc.Call(t, "sendTransaction", base64.StdEncoding.EncodeToString(bogus),
 		map[string]any{"encoding": "base64", "skipPreflight": true}), &failedSig)
 	var fst struct {
 		Value []*struct {
@@ -217,14 +217,14 @@ func TestValidator(t *testing.T) {
 			Status map[string]json.RawMessage
 		}
 	}
-	rpc.decode(t, rpc.call(t, "getSignatureStatuses", []string{failedSig}), &fst)
+	rpc.Decode(t, rpc.Call(t, "getSignatureStatuses", []string{failedSig}), &fst)
 	if len(fst.Value) != 1 || fst.Value[0] == nil || string(fst.Value[0].Err) != `{"InstructionError":[0,"InvalidInstructionData"]}` || fst.Value[0].Status["Err"] == nil {
-		t.Errorf("status of a failed transaction: %s", rpc.call(t, "getSignatureStatuses", []string{failedSig}))
+		t.Errorf("status of a failed transaction: %s", rpc.Call(t, "getSignatureStatuses", []string{failedSig}))
 	}
 
 	// A transaction with an unknown blockhash fails preflight.
-	stale := legacyTx(priv, programID("syscall"), programID("not a blockhash"))
-	_, rerr = rpc.try("sendTransaction", base64.StdEncoding.EncodeToString(stale), map[string]any{"encoding": "base64"})
+	stale := soltest.CompileTx(priv, nil, programID("not a blockhash"), soltest.Instruction{Program: programID("syscall"), Data: []byte{7}})
+	_, rerr = rpc.Try("sendTransaction", base64.StdEncoding.EncodeToString(stale), map[string]any{"encoding": "base64"})
 	if rerr == nil || rerr.Code != -32002 || !strings.Contains(string(rerr.Data), "BlockhashNotFound") {
 		t.Errorf("stale blockhash: error %+v, want -32002 BlockhashNotFound", rerr)
 	}
@@ -269,60 +269,6 @@ func TestOptions(t *testing.T) {
 
 // JSON-RPC over HTTP.
 
-type rpcClient struct {
-	url string
-	id  int
-}
-
-type rpcError struct {
-	Code    int             `json:"code"`
-	Message string          `json:"message"`
-	Data    json.RawMessage `json:"data"`
-}
-
-func (c *rpcClient) try(method string, params ...any) (json.RawMessage, *rpcError) {
-	c.id++
-	if params == nil {
-		params = []any{}
-	}
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.id, "method": method, "params": params})
-	resp, err := http.Post(c.url, "application/json", bytes.NewReader(body))
-	if err != nil {
-		return nil, &rpcError{Code: -1, Message: err.Error()}
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Result json.RawMessage `json:"result"`
-		Error  *rpcError       `json:"error"`
-		ID     int             `json:"id"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, &rpcError{Code: -1, Message: err.Error()}
-	}
-	if out.ID != c.id {
-		return nil, &rpcError{Code: -1, Message: fmt.Sprintf("response id %d, want %d", out.ID, c.id)}
-	}
-	return out.Result, out.Error
-}
-
-func (c *rpcClient) call(t *testing.T, method string, params ...any) json.RawMessage {
-	t.Helper()
-	res, err := c.try(method, params...)
-	if err != nil {
-		t.Fatalf("%s: %+v", method, err)
-	}
-	return res
-}
-
-func (c *rpcClient) decode(t *testing.T, raw json.RawMessage, v any) {
-	t.Helper()
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	if err := d.Decode(v); err != nil {
-		t.Fatalf("decoding %s: %v", raw, err)
-	}
-}
-
 // Websocket subscriptions. subscribe waits for the confirmation, so the
 // subscription is live when it returns (see the package doc).
 
@@ -344,9 +290,9 @@ func subscribe(t *testing.T, ws *wsConn, deadline time.Time, id any, method stri
 			t.Fatalf("%s: waiting for the confirmation: %v", method, err)
 		}
 		var resp struct {
-			ID     json.RawMessage `json:"id"`
-			Result uint64          `json:"result"`
-			Error  *rpcError       `json:"error"`
+			ID     json.RawMessage   `json:"id"`
+			Result uint64            `json:"result"`
+			Error  *soltest.RPCError `json:"error"`
 		}
 		if json.Unmarshal(msg, &resp) != nil || resp.ID == nil {
 			continue // a notification of an earlier subscription
@@ -398,62 +344,7 @@ func notification(t *testing.T, ws *wsConn, deadline time.Time, method string, s
 	}
 }
 
-// legacyTx builds and signs a legacy transaction with one instruction to
-// program, no accounts, paid by key.
-func legacyTx(key ed25519.PrivateKey, program, blockhash []byte) []byte {
-	msg := []byte{1, 0, 1} // 1 signature; 0 read-only signed; 1 read-only unsigned (the program)
-	msg = append(msg, 2)   // account keys (compact-u16)
-	msg = append(msg, key.Public().(ed25519.PublicKey)...)
-	msg = append(msg, program...)
-	msg = append(msg, blockhash...)
-	msg = append(msg, 1)          // instructions
-	msg = append(msg, 1, 0, 1, 7) // program index 1, no accounts, 1 byte of data
-	sig := ed25519.Sign(key, msg)
-	return append(append([]byte{1}, sig...), msg...)
-}
-
 // Base58 (Bitcoin alphabet), as Solana writes keys and signatures.
-
-const b58Alphabet = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-
-func base58Encode(b []byte) string {
-	n := new(big.Int).SetBytes(b)
-	var out []byte
-	mod, radix := new(big.Int), big.NewInt(58)
-	for n.Sign() > 0 {
-		n.DivMod(n, radix, mod)
-		out = append(out, b58Alphabet[mod.Int64()])
-	}
-	for _, c := range b {
-		if c != 0 {
-			break
-		}
-		out = append(out, '1')
-	}
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
-	}
-	return string(out)
-}
-
-func base58Decode(s string) ([]byte, error) {
-	n := new(big.Int)
-	for _, c := range []byte(s) {
-		i := strings.IndexByte(b58Alphabet, c)
-		if i < 0 {
-			return nil, errors.New("invalid base58")
-		}
-		n.Mul(n, big.NewInt(58)).Add(n, big.NewInt(int64(i)))
-	}
-	out := n.Bytes()
-	for _, c := range []byte(s) {
-		if c != '1' {
-			break
-		}
-		out = append([]byte{0}, out...)
-	}
-	return out, nil
-}
 
 // TestManualClock: with WithManualClock the Clock sysvar's time stands still
 // while slots pass, moves to what SetClock says, and never goes back.
@@ -468,13 +359,13 @@ func TestManualClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v.Close()
-	rpc := &rpcClient{url: v.RPC}
+	rpc := &soltest.RPC{URL: v.RPC}
 	clock := func() (uint64, int64) { return readClock(t, rpc) }
 	slot0, start := clock()
 	// Wait for slots to pass (an event the chain reports), not for time.
 	var slot uint64
 	for slot <= slot0+20 {
-		rpc.decode(t, rpc.call(t, "getSlot"), &slot)
+		rpc.Decode(t, rpc.Call(t, "getSlot"), &slot)
 	}
 	if _, unix := clock(); unix != start {
 		t.Fatalf("the manual clock moved from %d to %d by itself", start, unix)
@@ -501,12 +392,12 @@ func TestManualClock(t *testing.T) {
 }
 
 // readClock reads the Clock sysvar: its slot and unix_timestamp.
-func readClock(t *testing.T, rpc *rpcClient) (slot uint64, unix int64) {
+func readClock(t *testing.T, rpc *soltest.RPC) (slot uint64, unix int64) {
 	t.Helper()
 	var acct struct {
 		Value struct{ Data []string }
 	}
-	rpc.decode(t, rpc.call(t, "getAccountInfo", "SysvarC1ock11111111111111111111111111111111", map[string]string{"encoding": "base64"}), &acct)
+	rpc.Decode(t, rpc.Call(t, "getAccountInfo", "SysvarC1ock11111111111111111111111111111111", map[string]string{"encoding": "base64"}), &acct)
 	raw, err := base64.StdEncoding.DecodeString(acct.Value.Data[0])
 	if err != nil || len(raw) != 40 {
 		t.Fatalf("Clock sysvar data %q (%v)", acct.Value.Data, err)

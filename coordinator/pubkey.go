@@ -1,15 +1,13 @@
-package chain
+package coordinator
 
-import (
-	"fmt"
+import "fmt"
 
-	"github.com/psyche-go/psyche/coordinator"
-)
-
-// Solana writes addresses in base58 with the Bitcoin alphabet (no 0, O, I, l).
+// Solana writes a public key in base58 with the Bitcoin alphabet (no 0, O,
+// I or l): the key read as one big-endian number, in base 58, with one '1'
+// for each leading zero byte.
 const base58Alphabet = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
-var base58Index = func() [256]int8 {
+var base58Digit = func() [256]int8 {
 	var t [256]int8
 	for i := range t {
 		t[i] = -1
@@ -20,13 +18,32 @@ var base58Index = func() [256]int8 {
 	return t
 }()
 
+// String is k in Solana's base58 form.
+func (k Pubkey) String() string { return Base58(k[:]) }
+
+// ParsePubkey reads a base58 public key (Solana's address form). It refuses
+// characters outside the alphabet and anything that is not 32 bytes.
+func ParsePubkey(s string) (Pubkey, error) {
+	var k Pubkey
+	b, err := DecodeBase58(s)
+	if err != nil {
+		return k, err
+	}
+	if len(b) != len(k) {
+		return k, fmt.Errorf("coordinator: address %q is %d bytes, want 32", s, len(b))
+	}
+	copy(k[:], b)
+	return k, nil
+}
+
 // Base58 encodes bytes; each leading zero byte becomes a leading '1'.
 func Base58(b []byte) string {
 	zeros := 0
 	for zeros < len(b) && b[zeros] == 0 {
 		zeros++
 	}
-	// Repeated division of the big-endian number by 58.
+	// Repeated division of the big-endian number by 58, least significant
+	// digit first.
 	digits := make([]byte, 0, len(b)*138/100+1)
 	for _, v := range b[zeros:] {
 		carry := int(v)
@@ -58,9 +75,9 @@ func DecodeBase58(s string) ([]byte, error) {
 	}
 	bytes := make([]byte, 0, len(s))
 	for i := zeros; i < len(s); i++ {
-		d := base58Index[s[i]]
+		d := base58Digit[s[i]]
 		if d < 0 {
-			return nil, fmt.Errorf("chain: %q is not base58 (character %q)", s, s[i])
+			return nil, fmt.Errorf("coordinator: %q is not base58 (character %q)", s, s[i])
 		}
 		carry := int(d)
 		for j := range bytes {
@@ -78,21 +95,4 @@ func DecodeBase58(s string) ([]byte, error) {
 		out[len(out)-1-i] = b
 	}
 	return out, nil
-}
-
-// Address is a public key in Solana's base58 form.
-func Address(k coordinator.Pubkey) string { return Base58(k[:]) }
-
-// ParseAddress reads a base58 public key.
-func ParseAddress(s string) (coordinator.Pubkey, error) {
-	var k coordinator.Pubkey
-	b, err := DecodeBase58(s)
-	if err != nil {
-		return k, err
-	}
-	if len(b) != len(k) {
-		return k, fmt.Errorf("chain: address %q is %d bytes, want 32", s, len(b))
-	}
-	copy(k[:], b)
-	return k, nil
 }

@@ -71,17 +71,50 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 	if err := n.alive(); err != nil {
 		return nil, err
 	}
-	for _, k := range from {
+	n.dialAll(ctx, from, "dial checkpoint peer")
+	get := n.verifiedBlocks(ctx)
+	raw, err := get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: checkpoint manifest: %w", err)
+	}
+	m, err := DecodeCheckpointManifest(raw)
+	if err != nil {
+		return nil, err
+	}
+	blocks := distinctBlocks(&m)
+	// Hold the blocks from the start, so that a GC running meanwhile cannot
+	// take what this fetch has already received.
+	n.setCheckpoint(append([]coordinator.Hash{id}, blocks...))
+	if err := n.fetchAll(ctx, blocks, get); err != nil {
+		return nil, err
+	}
+	return n.assembleTensors(ctx, &m)
+}
+
+// dialAll connects to the peers not connected yet; a failure is counted
+// against the peer and otherwise ignored (another peer may serve).
+func (n *Node) dialAll(ctx context.Context, peers []coordinator.Pubkey, what string) {
+	for _, k := range peers {
 		p, err := peerIDOf(k)
 		if err != nil || p == n.host.ID() || n.host.Network().Connectedness(p) == network.Connected {
 			continue
 		}
 		if err := n.host.Connect(ctx, peer.AddrInfo{ID: p}); err != nil {
-			n.peerError(k, "dial checkpoint peer", err)
+			n.peerError(k, what, err)
 		}
 	}
+}
+
+// blockGetter returns a block whose sha256 is h.
+type blockGetter func(ctx context.Context, h coordinator.Hash) ([]byte, error)
+
+// verifiedBlocks gets blocks from the local store or, over one bitswap
+// session (which spreads the wants over the peers that have the blocks),
+// from peers, with retries; every block is checked against its digest
+// before it is stored or returned.
+func (n *Node) verifiedBlocks(ctx context.Context) blockGetter {
 	sess := n.bs.NewSession(ctx)
-	get := func(ctx context.Context, h coordinator.Hash) ([]byte, error) {
+	return func(ctx context.Context, h coordinator.Hash) ([]byte, error) {
 		if b, err := n.bstore.Get(ctx, cidOf(h)); err == nil && sha256.Sum256(b.RawData()) == h {
 			return b.RawData(), nil
 		}
@@ -105,29 +138,26 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 		}
 		return data, err
 	}
+}
 
-	raw, err := get(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("p2p: checkpoint manifest: %w", err)
-	}
-	m, err := DecodeCheckpointManifest(raw)
-	if err != nil {
-		return nil, err
-	}
-	var todo []coordinator.Hash
-	uniq := map[coordinator.Hash]bool{}
+// distinctBlocks lists the manifest's blocks, each once, in order.
+func distinctBlocks(m *CheckpointManifest) []coordinator.Hash {
+	var out []coordinator.Hash
+	seen := map[coordinator.Hash]bool{}
 	for _, t := range m.Tensors {
 		for _, h := range t.Blob.Blocks {
-			if !uniq[h] {
-				uniq[h] = true
-				todo = append(todo, h)
+			if !seen[h] {
+				seen[h] = true
+				out = append(out, h)
 			}
 		}
 	}
-	// Hold the blocks from the start, so that a GC running meanwhile cannot
-	// take what this fetch has already received.
-	n.setCheckpoint(append([]coordinator.Hash{id}, todo...))
+	return out
+}
 
+// fetchAll gets every block with at most WithCheckpointConcurrency requests
+// in flight, reporting progress after each; the first failure stops the rest.
+func (n *Node) fetchAll(ctx context.Context, blocks []coordinator.Hash, get blockGetter) error {
 	work := make(chan coordinator.Hash)
 	var (
 		wg       sync.WaitGroup
@@ -137,10 +167,8 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 	)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for range min(n.cfg.ckptConcurrency, max(len(todo), 1)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range min(n.cfg.ckptConcurrency, max(len(blocks), 1)) {
+		wg.Go(func() {
 			for h := range work {
 				if _, err := get(wctx, h); err != nil {
 					mu.Lock()
@@ -158,13 +186,13 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 				d := done
 				mu.Unlock()
 				if n.cfg.ckptProgress != nil {
-					n.cfg.ckptProgress(d, len(todo))
+					n.cfg.ckptProgress(d, len(blocks))
 				}
 			}
-		}()
+		})
 	}
 feed:
-	for _, h := range todo {
+	for _, h := range blocks {
 		select {
 		case work <- h:
 		case <-wctx.Done():
@@ -174,11 +202,14 @@ feed:
 	close(work)
 	wg.Wait()
 	if firstErr != nil {
-		return nil, firstErr
+		return firstErr
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+	return ctx.Err()
+}
+
+// assembleTensors puts the manifest's tensors together from the stored
+// blocks.
+func (n *Node) assembleTensors(ctx context.Context, m *CheckpointManifest) ([]Tensor, error) {
 	out := make([]Tensor, 0, len(m.Tensors))
 	for _, t := range m.Tensors {
 		data, err := n.assemble(ctx, t.Blob)

@@ -70,17 +70,14 @@ const virtualSettle = 100 * time.Millisecond
 // localnetModel is the model localnet trains: about 120k parameters.
 var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}
 
+// localnet runs a whole run on this machine, in named steps: check the
+// flags, prepare the data and the initial model, start the backend, create
+// the run, start the trainers, follow the run until enough epochs have
+// passed, then stop everything and summarize.
 func localnet(c *cli.Context) error {
-	n, epochs, epochTime := c.Int("trainers"), c.Int("epochs"), c.Int("epoch-time")
-	switch {
-	case n < 1 || n > 16:
-		return fmt.Errorf("--trainers must be between 1 and 16, got %d", n)
-	case epochs < 1:
-		return fmt.Errorf("--epochs must be at least 1, got %d", epochs)
-	case epochTime < 4:
-		return fmt.Errorf("--epoch-time must be at least 4 seconds, got %d", epochTime)
-	case c.Int("batch") < 1 || c.Int("batch")*n > 65535:
-		return fmt.Errorf("--batch must be between 1 and %d for %d trainers, got %d", 65535/n, n, c.Int("batch"))
+	n, epochs := c.Int("trainers"), c.Int("epochs")
+	if err := checkLocalnetFlags(c); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -89,30 +86,12 @@ func localnet(c *cli.Context) error {
 	if c.String("log-level") == "info" {
 		log = slog.New(slog.DiscardHandler) // the progress lines say what matters; --log-level debug shows everything
 	}
-	dir := c.String("dir")
-	if dir == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "psyche-localnet-"); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-
-	// Data: the bundled text, byte tokens; the last tenth is held out.
-	tokens := data.Tokenize(data.Opticks())
-	heldOut := tokens[len(tokens)*9/10:]
-	tokenPath := filepath.Join(dir, "opticks.tokens")
-	if err := data.WriteTokenFile(ctx, tokenPath, tokens[:len(tokens)*9/10], data.TokenSize16); err != nil {
-		return err
-	}
-	initial, err := gpt.New(localnetModel, c.Uint64("seed"), nil)
+	dir, err := localnetDir(c.String("dir"))
 	if err != nil {
 		return err
 	}
-	initPath := filepath.Join(dir, "init.safetensors")
-	if err := initial.Save(ctx, initPath, nil); err != nil {
+	files, err := prepareLocalFiles(ctx, dir, c.Uint64("seed"))
+	if err != nil {
 		return err
 	}
 
@@ -124,32 +103,128 @@ func localnet(c *cli.Context) error {
 	for i := range signers {
 		signers[i] = chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("localnet trainer %d %s", i, runID))))
 	}
-	var (
-		backend   chain.Backend
-		where     string
-		nodeOpts  []node.Option
-		backendUp = make(chan error, 1)
-		clock     *quietclock.Clock
-	)
+	lb, err := startLocalBackend(ctx, runCtx, dir, log, c.Bool("solana"), c.Bool("virtual-time"), append([]*chain.Keypair{admin}, signers...))
+	if err != nil {
+		return err
+	}
+	if lb.close != nil {
+		defer lb.close()
+	}
+	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), files.tokens, files.init); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
+		runID, n, localnetModel.NumParams(), lb.where, dir)
+	if lb.clock != nil {
+		fmt.Fprintln(out, "localnet: virtual time: the run's clock moves only while every trainer waits")
+		go func() { _ = lb.clock.Run(runCtx, time.Second, virtualSettle) }()
+	}
+
+	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, lb.nodeOpts...)
+	if err != nil {
+		return err
+	}
+	errs := make(chan error, n)
+	for _, t := range trainers {
+		go func() { errs <- t.node.Run(runCtx) }()
+	}
+	start := time.Now()
+	last, rounds, err := followLocalRun(ctx, runCtx, out, lb.backend, runID, epochs, trainers, errs)
+	if err != nil {
+		return err
+	}
+	cancelRun()
+	for range trainers {
+		<-errs
+	}
+	<-lb.up
+	if err := summarize(out, last, files.initial, trainers, files.heldOut, time.Since(start)); err != nil {
+		return err
+	}
+	rounds.report(out, len(trainers))
+	return nil
+}
+
+func checkLocalnetFlags(c *cli.Context) error {
+	n, epochs, epochTime := c.Int("trainers"), c.Int("epochs"), c.Int("epoch-time")
+	switch {
+	case n < 1 || n > 16:
+		return fmt.Errorf("--trainers must be between 1 and 16, got %d", n)
+	case epochs < 1:
+		return fmt.Errorf("--epochs must be at least 1, got %d", epochs)
+	case epochTime < 4:
+		return fmt.Errorf("--epoch-time must be at least 4 seconds, got %d", epochTime)
+	case c.Int("batch") < 1 || c.Int("batch")*n > 65535:
+		return fmt.Errorf("--batch must be between 1 and %d for %d trainers, got %d", 65535/n, n, c.Int("batch"))
+	}
+	return nil
+}
+
+// localnetDir is the working directory: dir, or a new temporary one.
+func localnetDir(dir string) (string, error) {
+	if dir == "" {
+		return os.MkdirTemp("", "psyche-localnet-")
+	}
+	return dir, os.MkdirAll(dir, 0o755)
+}
+
+// localFiles are the run's data and initial model.
+type localFiles struct {
+	tokens, init string   // paths of the token file and the initial checkpoint
+	heldOut      []uint32 // the last tenth of the text, never trained on
+	initial      *gpt.Model
+}
+
+// prepareLocalFiles writes the bundled text as byte tokens (the last tenth
+// held out) and the initial model drawn from seed.
+func prepareLocalFiles(ctx context.Context, dir string, seed uint64) (localFiles, error) {
+	tokens := data.Tokenize(data.Opticks())
+	f := localFiles{tokens: filepath.Join(dir, "opticks.tokens"), init: filepath.Join(dir, "init.safetensors"),
+		heldOut: tokens[len(tokens)*9/10:]}
+	if err := data.WriteTokenFile(ctx, f.tokens, tokens[:len(tokens)*9/10], data.TokenSize16); err != nil {
+		return f, err
+	}
+	var err error
+	if f.initial, err = gpt.New(localnetModel, seed, nil); err != nil {
+		return f, err
+	}
+	return f, f.initial.Save(ctx, f.init, nil)
+}
+
+// localBackend is a started backend and what the trainers need to use it.
+type localBackend struct {
+	backend  chain.Backend
+	where    string
+	nodeOpts []node.Option
+	clock    *quietclock.Clock // nil: the wall clock
+	up       chan error        // the backend's result once runCtx ends
+	close    func()            // stops the validator, if any
+}
+
+// startLocalBackend starts the embedded server or, with solana, the local
+// validator with the coordinator program (funding the keys), on the wall
+// clock or in virtual time. ctx bounds the start; runCtx the backend's life.
+func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger, solana, virtual bool, fund []*chain.Keypair) (*localBackend, error) {
+	lb := &localBackend{up: make(chan error, 1)}
 	// Virtual time starts at the next whole second (both backends count
 	// unix seconds), after the validator's clock started.
-	virtual := c.Bool("virtual-time")
 	newClock := func() *quietclock.Clock { return quietclock.New(time.Now().Truncate(time.Second).Add(time.Second)) }
-	if c.Bool("solana") {
-		sb, v, err := startLocalSolana(runCtx, dir, log, virtual, append([]*chain.Keypair{admin}, signers...))
+	if solana {
+		sb, v, err := startLocalSolana(runCtx, dir, log, virtual, fund)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		defer v.Close()
-		go func() { backendUp <- v.Run(runCtx) }()
-		backend, where = sb, "Solana validator "+v.RPC
-		nodeOpts = append(nodeOpts, node.WithTicking())
+		lb.close = func() { _ = v.Close() }
+		go func() { lb.up <- v.Run(runCtx) }()
+		lb.backend, lb.where = sb, "Solana validator "+v.RPC
+		lb.nodeOpts = append(lb.nodeOpts, node.WithTicking())
 		if virtual {
-			clock = newClock()
-			if err := v.SetClock(ctx, clock.Now()); err != nil {
-				return err
+			lb.clock = newClock()
+			if err := v.SetClock(ctx, lb.clock.Now()); err != nil {
+				lb.close()
+				return nil, err
 			}
-			clock.OnAdvance(func(now time.Time) {
+			lb.clock.OnAdvance(func(now time.Time) {
 				if err := v.SetClock(runCtx, now); err != nil && runCtx.Err() == nil {
 					log.Warn("moving the validator's clock", "err", err)
 				}
@@ -158,65 +233,53 @@ func localnet(c *cli.Context) error {
 	} else {
 		opts := []server.Option{server.WithTickInterval(100 * time.Millisecond), server.WithLogger(log)}
 		if virtual {
-			clock = newClock()
+			lb.clock = newClock()
 			// The server ticks when the clock moves, not by itself.
-			opts = []server.Option{server.WithTickInterval(time.Hour), server.WithLogger(log), server.WithClock(clock.Now)}
+			opts = []server.Option{server.WithTickInterval(time.Hour), server.WithLogger(log), server.WithClock(lb.clock.Now)}
 		}
 		srv, err := server.New(filepath.Join(dir, "server"), opts...)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if clock != nil {
-			clock.OnAdvance(func(time.Time) { srv.Tick() })
+		if lb.clock != nil {
+			lb.clock.OnAdvance(func(time.Time) { srv.Tick() })
 		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return err
+			return nil, err
 		}
-		go func() { backendUp <- srv.Serve(runCtx, l) }()
-		backend, where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
+		go func() { lb.up <- srv.Serve(runCtx, l) }()
+		lb.backend, lb.where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
 	}
-	if clock != nil {
-		nodeOpts = append(nodeOpts, node.WithClock(clock))
+	if lb.clock != nil {
+		lb.nodeOpts = append(lb.nodeOpts, node.WithClock(lb.clock))
 	}
-	if err := createLocalRun(ctx, backend, runID, admin, n, c.Int("batch"), epochTime, tokenPath, initPath); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
-		runID, n, localnetModel.NumParams(), where, dir)
-	if clock != nil {
-		fmt.Fprintln(out, "localnet: virtual time: the run's clock moves only while every trainer waits")
-		go func() { _ = clock.Run(runCtx, time.Second, virtualSettle) }()
-	}
+	return lb, nil
+}
 
-	trainers, err := startTrainers(runCtx, runID, signers, backend, dir, log, nodeOpts...)
+// followLocalRun prints a progress line at each new step until the run has
+// passed epochs epochs or finished, ctx ends (an interrupt), or a trainer
+// fails. It returns the last state and the rounds' timing.
+func followLocalRun(ctx, runCtx context.Context, out io.Writer, b chain.Backend, runID string, epochs int,
+	trainers []*localTrainer, errs <-chan error) (*coordinator.Coordinator, *roundClock, error) {
+	snaps, err := b.Subscribe(runCtx, runID)
 	if err != nil {
-		return err
-	}
-	errs := make(chan error, n)
-	for _, t := range trainers {
-		go func() { errs <- t.node.Run(runCtx) }()
-	}
-
-	snaps, err := backend.Subscribe(runCtx, runID)
-	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	start := time.Now()
 	var last *coordinator.Coordinator
 	lastStep := uint32(0)
-	var rounds roundClock
-loop:
+	rounds := &roundClock{}
 	for {
 		select {
 		case <-ctx.Done():
 			fmt.Fprintln(out, "interrupted")
-			break loop
+			return last, rounds, nil
 		case err := <-errs:
-			return fmt.Errorf("a trainer stopped: %w", err)
+			return nil, nil, fmt.Errorf("a trainer stopped: %w", err)
 		case s, ok := <-snaps:
 			if !ok {
-				break loop
+				return last, rounds, nil
 			}
 			last = s.State
 			if s.State.Progress.Step != lastStep && s.State.RunState == coordinator.RoundTrain {
@@ -225,20 +288,10 @@ loop:
 				printLocalProgress(out, s.State, trainers, time.Since(start))
 			}
 			if int(s.State.Progress.Epoch) >= epochs || s.State.RunState == coordinator.Finished {
-				break loop
+				return last, rounds, nil
 			}
 		}
 	}
-	cancelRun()
-	for range trainers {
-		<-errs
-	}
-	<-backendUp
-	if err := summarize(out, last, initial, trainers, heldOut, time.Since(start)); err != nil {
-		return err
-	}
-	rounds.report(out, len(trainers))
-	return nil
 }
 
 // roundClock splits the rounds' wall time into the trainers' compute and the

@@ -216,8 +216,7 @@ func (n *Node) Fetch(ctx context.Context, a Announcement) ([]byte, error) {
 	})
 	switch {
 	case err == nil:
-		n.count(func(s *Stats) { s.BlobsFetched++ })
-		n.m.BlobsFetched.Add(1)
+		n.m.BlobsFetched.Inc()
 		n.m.BlobBytes.Add(float64(len(payload)))
 		n.m.FetchSeconds.Observe(time.Since(start).Seconds())
 		return payload, nil
@@ -237,8 +236,7 @@ func (n *Node) retrying(ctx context.Context, attempt func(ctx context.Context) (
 	var lastErr error
 	for try := 0; try <= n.cfg.fetchRetries; try++ {
 		if try > 0 {
-			n.count(func(s *Stats) { s.FetchRetries++ })
-			n.m.FetchRetries.Add(1)
+			n.m.FetchRetries.Inc()
 			if err := sleep(ctx, backoff); err != nil {
 				return err
 			}
@@ -254,14 +252,12 @@ func (n *Node) retrying(ctx context.Context, attempt func(ctx context.Context) (
 			return ctx.Err()
 		}
 		if final {
-			n.count(func(s *Stats) { s.FetchFailures++ })
-			n.m.FetchFailures.Add(1)
+			n.m.FetchFailures.Inc()
 			return err
 		}
 		lastErr = err
 	}
-	n.count(func(s *Stats) { s.FetchFailures++ })
-	n.m.FetchFailures.Add(1)
+	n.m.FetchFailures.Inc()
 	return fmt.Errorf("%w: %w", ErrFetchFailed, lastErr)
 }
 

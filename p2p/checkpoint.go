@@ -179,8 +179,7 @@ func (n *Node) fetchAll(ctx context.Context, blocks []coordinator.Hash, get bloc
 					cancel()
 					continue
 				}
-				n.count(func(s *Stats) { s.CheckpointBlocks++ })
-				n.m.CheckpointBlocks.Add(1)
+				n.m.CheckpointBlocks.Inc()
 				mu.Lock()
 				done++
 				d := done

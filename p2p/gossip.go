@@ -113,8 +113,7 @@ func (n *Node) markSeen(a *Announcement) bool {
 
 func (n *Node) reject(err error, from peer.ID) {
 	r := reason(err)
-	n.count(func(s *Stats) { s.Rejected[r]++ })
-	n.m.Rejected.With("reason", r).Add(1)
+	n.m.Rejected.WithLabelValues(r).Inc()
 	n.log.Debug("announcement refused", "reason", r, "remote", from.String(), "err", err)
 }
 
@@ -140,8 +139,7 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 		n.reject(ErrReplayed, from)
 		return pubsub.ValidationIgnore
 	}
-	n.count(func(s *Stats) { s.Accepted++ })
-	n.m.Accepted.Add(1)
+	n.m.Accepted.Inc()
 	m.ValidatorData = a
 	return pubsub.ValidationAccept
 }
@@ -160,8 +158,7 @@ func (n *Node) hold(a *Announcement, raw []byte) (fresh bool) {
 		return false
 	}
 	n.delivered[k] = struct{}{}
-	n.stats.Delivered++
-	n.m.Delivered.Add(1)
+	n.m.Delivered.Inc()
 	return true
 }
 
@@ -185,10 +182,8 @@ func (n *Node) receiveLoop(ctx context.Context) error {
 			// through Pull, so losing it here beats stalling gossip.
 			n.mu.Lock()
 			delete(n.delivered, keyOf(&a)) // so that Pull can still return it
-			n.stats.Dropped++
-			n.stats.Delivered--
 			n.mu.Unlock()
-			n.m.Dropped.Add(1)
+			n.m.Dropped.Inc()
 			n.log.Warn("announcement dropped: channel full", "step", a.Step)
 		}
 	}
@@ -222,9 +217,8 @@ func (n *Node) Publish(ctx context.Context, step uint32, batch BatchRange, paylo
 	n.mu.Lock()
 	n.own[k] = a
 	n.delivered[k] = struct{}{}
-	n.stats.Published++
 	n.mu.Unlock()
-	n.m.Published.Add(1)
+	n.m.Published.Inc()
 	n.hold(&a, raw)
 	return a, nil
 }
@@ -268,8 +262,7 @@ func (n *Node) reannounceLoop(ctx context.Context) {
 				n.log.Debug("re-announce failed", "step", a.Step, "err", err)
 				continue
 			}
-			n.count(func(s *Stats) { s.Reannounced++ })
-			n.m.Reannounced.Add(1)
+			n.m.Reannounced.Inc()
 		}
 	}
 }
@@ -393,8 +386,7 @@ func (n *Node) pullFrom(ctx context.Context, p peer.ID, req []byte) ([]Announcem
 			continue
 		}
 		if n.markSeen(&a) {
-			n.count(func(s *Stats) { s.Accepted++ })
-			n.m.Accepted.Add(1)
+			n.m.Accepted.Inc()
 		}
 		if n.hold(&a, raw) {
 			out = append(out, a)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
@@ -186,27 +187,26 @@ func fetchAll(ctx context.Context, nd *testNode, as []Announcement) ([][]byte, [
 	return out, errs
 }
 
-// recorder is a Counter that sums by label set, for checking WithMetrics.
-type recorder struct {
-	mu     *sync.Mutex
-	sums   map[string]float64
-	labels string
-}
-
-func newRecorder() *recorder { return &recorder{mu: new(sync.Mutex), sums: map[string]float64{}} }
-
-func (r *recorder) With(lv ...string) Counter {
-	return &recorder{mu: r.mu, sums: r.sums, labels: r.labels + fmt.Sprint(lv)}
-}
-
-func (r *recorder) Add(d float64) {
-	r.mu.Lock()
-	r.sums[r.labels] += d
-	r.mu.Unlock()
-}
-
-func (r *recorder) get(labels string) float64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.sums[labels]
+// gathered is the value a registry exports for metric name with label
+// key=value (summed over any other labels).
+func gathered(t testing.TB, reg *prometheus.Registry, name, key, value string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == key && l.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }

@@ -1,83 +1,93 @@
 package p2p
 
-// Counter and Histogram are the instruments the package reports to, shaped
-// like go-kit's so that a Prometheus (or any other) adapter is a few lines
-// in cmd/. With returns the instrument for a label set (key, value pairs).
-type Counter interface {
-	With(labelValues ...string) Counter
-	Add(delta float64)
-}
+import (
+	"github.com/prometheus/client_golang/prometheus"
 
-// Histogram records observations such as durations in seconds.
-type Histogram interface {
-	With(labelValues ...string) Histogram
-	Observe(value float64)
-}
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/promread"
+)
 
-// Metrics is injected with WithMetrics; the default discards everything.
-// Stats() keeps its own counters regardless, for tests and status output.
+// Metrics is what the node counts, each thing once: Stats reads these
+// collectors back. NewMetrics registers them; the default (WithMetrics not
+// given) is a set nobody registers, which costs a few atomic adds.
 type Metrics struct {
-	Published   Counter // own announcements gossiped
-	Reannounced Counter // re-sends of own announcements
-	Accepted    Counter // announcements that passed validation
-	Rejected    Counter // label "reason": bad_signature, wrong_run, step_window, not_assigned, oversize, malformed, replayed
-	Delivered   Counter // announcements handed to the trainer (including those then dropped)
-	Dropped     Counter // announcements lost to a full Announcements channel
+	Published   prometheus.Counter     // own announcements gossiped
+	Reannounced prometheus.Counter     // re-sends of own announcements
+	Accepted    prometheus.Counter     // announcements that passed validation (gossip and pull)
+	Rejected    *prometheus.CounterVec // label "reason": bad_signature, wrong_run, step_window, not_assigned, oversize, malformed, replayed
+	Delivered   prometheus.Counter     // announcements handed to the trainer (including those then dropped)
+	Dropped     prometheus.Counter     // announcements lost to a full Announcements channel
 
-	BlobsFetched     Counter
-	BlobBytes        Counter   // payload bytes fetched
-	FetchSeconds     Histogram // successful blob fetches, end to end
-	FetchRetries     Counter
-	FetchFailures    Counter
-	PeerErrors       Counter // failures attributed to a peer
-	CheckpointBlocks Counter // checkpoint blocks fetched and verified
+	BlobsFetched     prometheus.Counter
+	BlobBytes        prometheus.Counter   // payload bytes fetched
+	FetchSeconds     prometheus.Histogram // successful blob fetches, end to end
+	FetchRetries     prometheus.Counter
+	FetchFailures    prometheus.Counter
+	CheckpointBlocks prometheus.Counter     // checkpoint blocks fetched and verified
+	PeerErrors       *prometheus.CounterVec // label "peer": failures attributed to a peer (base58 key)
+	BlocksFrom       *prometheus.CounterVec // label "peer": bitswap blocks received from it
+	Peers            prometheus.Gauge       // connected peers
 }
 
-type nopCounter struct{}
-
-func (nopCounter) With(...string) Counter { return nopCounter{} }
-func (nopCounter) Add(float64)            {}
-
-type nopHistogram struct{}
-
-func (nopHistogram) With(...string) Histogram { return nopHistogram{} }
-func (nopHistogram) Observe(float64)          {}
-
-// NopMetrics returns metrics that record nothing.
-func NopMetrics() *Metrics {
-	c, h := nopCounter{}, nopHistogram{}
-	return &Metrics{Published: c, Reannounced: c, Accepted: c, Rejected: c, Delivered: c, Dropped: c,
-		BlobsFetched: c, BlobBytes: c, FetchSeconds: h, FetchRetries: c, FetchFailures: c, PeerErrors: c,
-		CheckpointBlocks: c}
+// NewMetrics returns the node's metrics under psyche_p2p_*, registered with
+// reg (nil: not registered). One Metrics serves one node.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "p2p", Name: name, Help: help})
+	}
+	vec := func(name, help, label string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "p2p", Name: name, Help: help}, []string{label})
+	}
+	m := &Metrics{
+		Published:        counter("announcements_published_total", "Own announcements gossiped."),
+		Reannounced:      counter("announcements_reannounced_total", "Re-sends of own announcements."),
+		Accepted:         counter("announcements_accepted_total", "Announcements that passed validation (gossip and pull)."),
+		Rejected:         vec("announcements_rejected_total", "Announcements refused, by reason.", "reason"),
+		Delivered:        counter("announcements_delivered_total", "Peers' announcements handed to the trainer."),
+		Dropped:          counter("announcements_dropped_total", "Announcements lost because the trainer did not take them in time."),
+		BlobsFetched:     counter("blobs_fetched_total", "Result blobs fetched and verified."),
+		BlobBytes:        counter("blob_bytes_total", "Bytes of result blobs fetched."),
+		FetchSeconds:     prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "psyche", Subsystem: "p2p", Name: "fetch_seconds", Help: "Time to fetch a result blob, end to end.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
+		FetchRetries:     counter("fetch_retries_total", "Blob and block fetch attempts that were retried."),
+		FetchFailures:    counter("fetch_failures_total", "Fetches that gave up."),
+		CheckpointBlocks: counter("checkpoint_blocks_total", "Checkpoint blocks fetched and verified."),
+		PeerErrors:       vec("peer_errors_total", "Failures attributed to a peer.", "peer"),
+		BlocksFrom:       vec("blocks_received_total", "Bitswap blocks received, by peer.", "peer"),
+		Peers:            prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "p2p", Name: "peers", Help: "Connected peers."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Published, m.Reannounced, m.Accepted, m.Rejected, m.Delivered, m.Dropped, m.BlobsFetched,
+			m.BlobBytes, m.FetchSeconds, m.FetchRetries, m.FetchFailures, m.CheckpointBlocks, m.PeerErrors, m.BlocksFrom, m.Peers)
+	}
+	return m
 }
 
-// WithMetrics sets where the node reports. Nil fields are filled with no-ops.
+// WithMetrics sets the node's metrics (see NewMetrics).
 func WithMetrics(m *Metrics) Option {
 	return func(c *config) error {
-		full := *m
-		nop := NopMetrics()
-		fillCounter(&full.Published, nop.Published)
-		fillCounter(&full.Reannounced, nop.Reannounced)
-		fillCounter(&full.Accepted, nop.Accepted)
-		fillCounter(&full.Rejected, nop.Rejected)
-		fillCounter(&full.Delivered, nop.Delivered)
-		fillCounter(&full.Dropped, nop.Dropped)
-		fillCounter(&full.BlobsFetched, nop.BlobsFetched)
-		fillCounter(&full.BlobBytes, nop.BlobBytes)
-		fillCounter(&full.FetchRetries, nop.FetchRetries)
-		fillCounter(&full.FetchFailures, nop.FetchFailures)
-		fillCounter(&full.PeerErrors, nop.PeerErrors)
-		fillCounter(&full.CheckpointBlocks, nop.CheckpointBlocks)
-		if full.FetchSeconds == nil {
-			full.FetchSeconds = nop.FetchSeconds
-		}
-		c.metrics = &full
+		c.metrics = m
 		return c.once("metrics")
 	}
 }
 
-func fillCounter(dst *Counter, nop Counter) {
-	if *dst == nil {
-		*dst = nop
+// stats reads the counters back.
+func (m *Metrics) stats() Stats {
+	u := func(c prometheus.Metric) uint64 { return uint64(promread.Value(c)) }
+	s := Stats{Published: u(m.Published), Reannounced: u(m.Reannounced), Accepted: u(m.Accepted), Delivered: u(m.Delivered),
+		Dropped: u(m.Dropped), BlobsFetched: u(m.BlobsFetched), FetchRetries: u(m.FetchRetries), FetchFailures: u(m.FetchFailures),
+		CheckpointBlocks: u(m.CheckpointBlocks), Rejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{},
+		BlocksFrom: map[coordinator.Pubkey]uint64{}}
+	for r, v := range promread.ByLabel(m.Rejected, "reason") {
+		s.Rejected[r] = uint64(v)
 	}
+	byPeer := func(vec *prometheus.CounterVec, into map[coordinator.Pubkey]uint64) {
+		for p, v := range promread.ByLabel(vec, "peer") {
+			if k, err := coordinator.ParsePubkey(p); err == nil {
+				into[k] = uint64(v)
+			}
+		}
+	}
+	byPeer(m.PeerErrors, s.PeerErrors)
+	byPeer(m.BlocksFrom, s.BlocksFrom)
+	return s
 }

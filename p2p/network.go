@@ -52,12 +52,13 @@ type Network interface {
 
 var _ Network = (*Node)(nil)
 
-// Stats counts what the node has done since it started.
+// Stats counts what the node has done since it started: its Metrics, read
+// back.
 type Stats struct {
 	Published   uint64
 	Reannounced uint64
 	Accepted    uint64 // announcements accepted by the validator (gossip and pull)
-	Delivered   uint64 // announcements handed to the trainer
+	Delivered   uint64 // announcements handed to the trainer (including those then dropped)
 	Dropped     uint64 // announcements lost because Announcements() was not drained
 	// Rejected counts refused announcements by reason: bad_signature,
 	// wrong_run, step_window, not_assigned, oversize, malformed, replayed.

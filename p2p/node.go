@@ -67,7 +67,6 @@ type Node struct {
 	ckptRefs  []coordinator.Hash
 	offered   *checkpointOffer // what joiners are told to fetch
 	refs      map[coordinator.Hash]int
-	stats     Stats
 }
 
 type nonceKey struct {
@@ -157,9 +156,9 @@ func New(opts ...Option) (*Node, error) {
 		refs: map[coordinator.Hash]int{},
 	}
 	n.self, _ = pubkeyOf(id)
-	n.stats.Rejected = map[string]uint64{}
-	n.stats.PeerErrors = map[coordinator.Pubkey]uint64{}
-	n.stats.BlocksFrom = map[coordinator.Pubkey]uint64{}
+	// The peers gauge follows connections as they come and go.
+	peers := func(nw network.Network, _ network.Conn) { n.m.Peers.Set(float64(len(nw.Peers()))) }
+	h.Network().Notify(&network.NotifyBundle{ConnectedF: peers, DisconnectedF: peers})
 	// Nonces start at the clock so that a restarted node never reuses one
 	// (its earlier messages may still sit in peers' replay sets).
 	n.nonce.Store(uint64(time.Now().UnixNano()))
@@ -373,34 +372,11 @@ func (n *Node) SetStep(step uint32) {
 	n.deleteBlocks(drop)
 }
 
-// Stats returns a copy of the counters.
-func (n *Node) Stats() Stats {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	s := n.stats
-	s.Rejected = cloneMap(n.stats.Rejected)
-	s.PeerErrors = cloneMap(n.stats.PeerErrors)
-	s.BlocksFrom = cloneMap(n.stats.BlocksFrom)
-	return s
-}
-
-func cloneMap[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
-}
-
-func (n *Node) count(f func(*Stats)) {
-	n.mu.Lock()
-	f(&n.stats)
-	n.mu.Unlock()
-}
+// Stats reads the node's metrics back (they are counted once, there).
+func (n *Node) Stats() Stats { return n.m.stats() }
 
 func (n *Node) peerError(k coordinator.Pubkey, why string, err error) {
-	n.count(func(s *Stats) { s.PeerErrors[k]++ })
-	n.m.PeerErrors.Add(1)
+	n.m.PeerErrors.WithLabelValues(k.String()).Inc()
 	n.log.Debug("peer error", "remote", fmt.Sprintf("%x", k[:8]), "why", why, "err", err)
 }
 
@@ -410,7 +386,7 @@ type blockTracer struct{ n *Node }
 func (t blockTracer) MessageReceived(p peer.ID, m bsmsg.BitSwapMessage) {
 	if b := len(m.Blocks()); b > 0 {
 		if k, ok := pubkeyOf(p); ok {
-			t.n.count(func(s *Stats) { s.BlocksFrom[k] += uint64(b) })
+			t.n.m.BlocksFrom.WithLabelValues(k.String()).Add(float64(b))
 		}
 	}
 }

@@ -206,7 +206,7 @@ func newConfig(opts []Option) (*config, error) {
 		c.fetchRetries, c.retryBackoff = 3, 250*time.Millisecond
 	}
 	if c.metrics == nil {
-		c.metrics = NopMetrics()
+		c.metrics = NewMetrics(nil)
 	}
 	if c.ckptConcurrency == 0 {
 		c.ckptConcurrency = 8

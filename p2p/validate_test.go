@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/psyche-go/psyche/coordinator"
 )
@@ -69,8 +69,8 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 	assigned := assignments{0: alice, 1: mallory}
 	ids := []coordinator.ClientID{alice, clientIDOf("carol"), mallory}
 	a := startNode(t, "alice", WithAssignmentCheck(assigned.check), WithReannounceInterval(0))
-	rejected := newRecorder()
-	c := startNode(t, "carol", WithAssignmentCheck(assigned.check), WithMetrics(&Metrics{Rejected: rejected}))
+	reg := prometheus.NewRegistry()
+	c := startNode(t, "carol", WithAssignmentCheck(assigned.check), WithMetrics(NewMetrics(reg)))
 	m := startRogue(t, "mallory")
 	for _, nd := range []*testNode{a, c} {
 		nd.SetClients(ids)
@@ -161,7 +161,7 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 		})
 	}
 	for r, n := range want {
-		if got := rejected.get(fmt.Sprint([]string{"reason", r})); got < float64(n) {
+		if got := gathered(t, reg, "psyche_p2p_announcements_rejected_total", "reason", r); got < float64(n) {
 			t.Errorf("metrics: %v rejections for %s, want %d", got, r, n)
 		}
 	}

@@ -58,6 +58,7 @@ type config struct {
 	interval time.Duration
 	now      func() time.Time
 	seed     func() uint64
+	metrics  *Metrics
 }
 
 // Option configures a Server.
@@ -120,6 +121,9 @@ func New(dir string, opts ...Option) (*Server, error) {
 			return nil, err
 		}
 	}
+	if cfg.metrics == nil {
+		cfg.metrics = NewMetrics(nil)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
@@ -130,6 +134,7 @@ func New(dir string, opts ...Option) (*Server, error) {
 	for id, r := range runs {
 		cfg.log.Info("loaded run", "run", id, "state", r.state.RunState.String(), "epoch", r.state.Progress.Epoch, "step", r.state.Progress.Step)
 	}
+	cfg.metrics.Runs.Set(float64(len(runs)))
 	return &Server{dir: dir, cfg: cfg, runs: runs}, nil
 }
 
@@ -190,6 +195,7 @@ func (s *Server) Tick() {
 				from := r.state.RunState
 				*r.state = next
 				r.notify()
+				s.cfg.metrics.Transitions.Inc()
 				if from != next.RunState {
 					s.cfg.log.Info("run state", "run", id, "from", from.String(), "to", next.RunState.String(),
 						"epoch", next.Progress.Epoch, "step", next.Progress.Step)
@@ -218,31 +224,46 @@ type Failure struct {
 // Execute verifies and applies one encoded request. It returns the HTTP
 // status that goes with the outcome.
 func (s *Server) Execute(body []byte) (*Result, *Failure, int) {
+	ix, res, fail, status := s.execute(body)
+	outcome := "ok"
+	if fail != nil {
+		outcome = fail.Name
+	}
+	s.cfg.metrics.Requests.WithLabelValues(ix, outcome).Inc()
+	return res, fail, status
+}
+
+// execute is Execute; it also names the instruction ("?" when the request
+// could not be read).
+func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int) {
+	name = "?"
 	req, err := DecodeRequest(body)
 	if err != nil {
 		status := http.StatusBadRequest
 		if errors.Is(err, ErrSignature) {
 			status = http.StatusUnauthorized
 		}
-		return nil, &Failure{Name: "BadRequest", Error: err.Error()}, status
+		return name, nil, &Failure{Name: "BadRequest", Error: err.Error()}, status
 	}
 	ix, err := coordinator.DecodeInstruction(req.Data)
 	if err != nil {
-		return nil, failure(err), http.StatusBadRequest
+		return name, nil, failure(err), http.StatusBadRequest
 	}
+	name = ix.Name()
 	id := coordinator.FixedString(req.RunID[:])
 	ctx := coordinator.Context{Sender: req.Sender, CoSigner: req.CoSigner, Now: s.unixNow(), Seed: s.cfg.seed()}
 	if init, ok := ix.(*coordinator.InitCoordinator); ok {
-		return s.initRun(id, req, init, ctx)
+		out, fail, status := s.initRun(id, req, init, ctx)
+		return name, out, fail, status
 	}
 	r := s.run(id)
 	if r == nil {
-		return nil, &Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
+		return name, nil, &Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if req.Sequence <= r.seqs[req.Sender] {
-		return nil, &Failure{Name: "Replay", Error: ErrReplay.Error()}, http.StatusConflict
+		return name, nil, &Failure{Name: "Replay", Error: ErrReplay.Error()}, http.StatusConflict
 	}
 	seqs := make(map[coordinator.Pubkey]uint64, len(r.seqs)+1)
 	for k, v := range r.seqs {
@@ -255,22 +276,23 @@ func (s *Server) Execute(body []byte) (*Result, *Failure, int) {
 		next = *r.state // a rejected instruction changes nothing but the replay table
 	}
 	if _, free := ix.(*coordinator.FreeCoordinator); free && applyErr == nil {
-		return s.freeRun(id, r, &res)
+		out, fail, status := s.freeRun(id, r, &res)
+		return name, out, fail, status
 	}
 	if err := saveRun(s.dir, id, &next, seqs); err != nil {
 		s.cfg.log.Error("persisting failed; the instruction is rejected", "run", id, "err", err)
-		return nil, &Failure{Name: "Storage", Error: err.Error()}, http.StatusInternalServerError
+		return name, nil, &Failure{Name: "Storage", Error: err.Error()}, http.StatusInternalServerError
 	}
 	r.seqs = seqs
 	if applyErr != nil {
-		return nil, failure(applyErr), http.StatusConflict
+		return name, nil, failure(applyErr), http.StatusConflict
 	}
 	*r.state = next
 	if res.Changed {
 		r.notify()
 	}
 	s.cfg.log.Debug("instruction", "run", id, "ix", ix.Name(), "from", res.From.String(), "to", res.To.String())
-	return &Result{Changed: res.Changed, From: res.From.String(), To: res.To.String(), Nonce: next.Nonce}, nil, http.StatusOK
+	return name, &Result{Changed: res.Changed, From: res.From.String(), To: res.To.String(), Nonce: next.Nonce}, nil, http.StatusOK
 }
 
 func (s *Server) initRun(id string, req *Request, ix *coordinator.InitCoordinator, ctx coordinator.Context) (*Result, *Failure, int) {
@@ -292,6 +314,7 @@ func (s *Server) initRun(id string, req *Request, ix *coordinator.InitCoordinato
 		return nil, &Failure{Name: "Storage", Error: err.Error()}, http.StatusInternalServerError
 	}
 	s.runs[id] = newRun(state, seqs)
+	s.cfg.metrics.Runs.Set(float64(len(s.runs)))
 	s.cfg.log.Info("run created", "run", id)
 	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: state.Nonce}, nil, http.StatusOK
 }
@@ -303,6 +326,7 @@ func (s *Server) freeRun(id string, r *run, res *coordinator.Result) (*Result, *
 	}
 	s.mu.Lock()
 	delete(s.runs, id)
+	s.cfg.metrics.Runs.Set(float64(len(s.runs)))
 	s.mu.Unlock()
 	for ch := range r.subs {
 		close(ch)
@@ -332,7 +356,10 @@ func (s *Server) subscribe(id string) (chan []byte, func(), bool) {
 	r.subs[ch] = struct{}{}
 	ch <- r.state.MarshalAccount()
 	r.mu.Unlock()
+	s.cfg.metrics.Subscribers.Inc()
+	var once sync.Once
 	return ch, func() {
+		once.Do(s.cfg.metrics.Subscribers.Dec)
 		r.mu.Lock()
 		if _, ok := r.subs[ch]; ok {
 			delete(r.subs, ch)

@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/backendtest"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/promread"
 )
 
 // fakeClock is a settable unix clock for deterministic tests.
@@ -266,4 +268,62 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("accepted %d bytes carrying %d instruction bytes and %d signatures", len(data), len(r.Data), sigs)
 		}
 	})
+}
+
+// TestMetrics: requests are counted by instruction and outcome, runs and
+// open streams as gauges, and the registry exports them.
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	s, err := New(t.TempDir(), WithMetrics(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // before hs.Close, which waits for the stream to end
+	admin := backendtest.Key("admin")
+	id, _ := coordinator.ParseRunID("counted")
+	init := coordinator.EncodeInstruction(&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id})
+	req, err := EncodeRequest(id, 1, init, admin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second finds the run there
+		post(t, hs.URL, req)
+	}
+	post(t, hs.URL, []byte("not a request"))
+	stream, err := NewClient(hs.URL, nil).Subscribe(ctx, "counted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-stream // the stream is open once its first snapshot arrived
+	for _, tt := range []struct {
+		name  string
+		value float64
+	}{
+		{"init_coordinator ok", promread.Value(m.Requests.WithLabelValues("init_coordinator", "ok"))},
+		{"init_coordinator AlreadyInitialized", promread.Value(m.Requests.WithLabelValues("init_coordinator", "AlreadyInitialized"))},
+		{"? BadRequest", promread.Value(m.Requests.WithLabelValues("?", "BadRequest"))},
+		{"runs", promread.Value(m.Runs)},
+		{"subscribers", promread.Value(m.Subscribers)},
+	} {
+		if tt.value != 1 {
+			t.Errorf("%s = %v, want 1", tt.name, tt.value)
+		}
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, f := range families {
+		names[f.GetName()] = true
+	}
+	for _, want := range []string{"psyche_server_requests_total", "psyche_server_runs", "psyche_server_subscribers"} {
+		if !names[want] {
+			t.Errorf("the registry does not export %s", want)
+		}
+	}
 }

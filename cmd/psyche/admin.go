@@ -50,6 +50,7 @@ var adminCommands = []*cli.Command{
 			&cli.StringFlag{Name: "dir", Value: "psyche-server", Usage: "directory holding the runs' state", Category: "SERVER"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7600", Usage: "address to serve on", Category: "SERVER"},
 			&cli.DurationFlag{Name: "tick-interval", Value: time.Second, Usage: "how often every run is ticked", Category: "SERVER"},
+			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9101)", Category: "METRICS"},
 		},
 		Action: runServer,
 	},
@@ -116,9 +117,18 @@ func keygen(c *cli.Context) error {
 func runServer(c *cli.Context) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	s, err := server.New(c.String("dir"), server.WithLogger(logger(c)), server.WithTickInterval(c.Duration("tick-interval")))
+	reg := newRegistry()
+	s, err := server.New(c.String("dir"), server.WithLogger(logger(c)), server.WithTickInterval(c.Duration("tick-interval")),
+		server.WithMetrics(server.NewMetrics(reg)))
 	if err != nil {
 		return err
+	}
+	if addr := c.String("metrics-addr"); addr != "" {
+		at, err := serveMetrics(ctx, addr, reg)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.App.Writer, "metrics: http://%s/metrics\n", at)
 	}
 	l, err := listen(c.String("listen"))
 	if err != nil {

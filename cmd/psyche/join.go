@@ -49,8 +49,9 @@ func join(c *cli.Context) error {
 		defer ready.Unlock()
 		return nd.Assigned(step, batch, who)
 	}
+	reg := newRegistry()
 	pn, err := p2p.New(p2p.WithRunID(c.String("run-id")), p2p.WithListenAddrs(c.StringSlice("listen")...), p2p.WithKey(key),
-		p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned), p2p.WithLogger(log))
+		p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned), p2p.WithLogger(log), p2p.WithMetrics(p2p.NewMetrics(reg)))
 	if err != nil {
 		return err
 	}
@@ -61,22 +62,21 @@ func join(c *cli.Context) error {
 	}
 	interactive := isTerminal(c.App.Writer)
 	var last time.Time
-	m := &metrics{net: pn}
 	if addr := c.String("metrics-addr"); addr != "" {
-		at, err := serveMetrics(ctx, addr, m)
+		at, err := serveMetrics(ctx, addr, reg)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(c.App.Writer, "metrics: http://%s/metrics\n", at)
 	}
 	opts := []node.Option{node.WithPeers(c.StringSlice("peer")...),
-		node.WithCheckpointDir(c.String("checkpoint-dir")), node.WithLogger(log), node.WithEpochs(c.Int("epochs"))}
+		node.WithCheckpointDir(c.String("checkpoint-dir")), node.WithLogger(log), node.WithEpochs(c.Int("epochs")),
+		node.WithMetrics(node.NewMetrics(reg))}
 	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
 		opts = append(opts, node.WithTicking())
 	}
 	nd, err = node.New(c.String("run-id"), b, signer, pn, append(opts,
 		node.WithProgress(func(p node.Progress) {
-			m.set(p)
 			if !interactive || time.Since(last) < 200*time.Millisecond {
 				return
 			}

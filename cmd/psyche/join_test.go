@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -114,10 +115,21 @@ wait:
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"# TYPE psyche_tokens_total counter", "psyche_step ", "psyche_p2p_peers 0", "# TYPE psyche_compute_seconds_total counter"} {
+	for _, want := range []string{"# TYPE psyche_tokens_total counter", "psyche_step ", "psyche_p2p_peers 0", "# TYPE psyche_compute_seconds_total counter",
+		"# TYPE psyche_steps_trained_total counter", "# TYPE psyche_p2p_fetch_seconds histogram", "# TYPE go_goroutines gauge"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
+	}
+	// Counted, not only declared: the trainer trained the steps it took part in.
+	var trained float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "psyche_steps_trained_total "); ok {
+			trained, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if trained < 1 {
+		t.Errorf("psyche_steps_trained_total is %v after step 4", trained)
 	}
 	stop()
 	if code := <-done; code != 0 {

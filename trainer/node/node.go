@@ -62,6 +62,7 @@ type config struct {
 	epochs      int
 	ticking     bool
 	clock       Clock
+	metrics     *Metrics
 }
 
 // Clock is the time a node reads and paces itself by: the coordinator's
@@ -178,7 +179,6 @@ type Node struct {
 	opt      *distro.DeMo
 	data     *data.Provider
 	dataLoc  string
-	progress Progress
 }
 
 // New creates a node for a run. The network must have been created with
@@ -192,6 +192,9 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 	}
 	if cfg.kernels == nil {
 		cfg.kernels = kernels.Default()
+	}
+	if cfg.metrics == nil {
+		cfg.metrics = NewMetrics(nil)
 	}
 	if _, err := coordinator.ParseRunID(runID); err != nil {
 		return nil, err
@@ -253,7 +256,7 @@ func randomKey() uint64 {
 
 func (n *Node) report() {
 	if n.cfg.progress != nil {
-		n.cfg.progress(n.progress)
+		n.cfg.progress(n.cfg.metrics.progress())
 	}
 }
 
@@ -314,7 +317,7 @@ func (n *Node) Run(ctx context.Context) error {
 			case f.err != nil:
 				n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
 			default:
-				n.progress.Received += uint64(f.size)
+				n.cfg.metrics.ReceivedBytes.Add(float64(f.size))
 			}
 			rd = n.m.fetched(f.ann, f.frame, f.err, f.invalid)
 		}
@@ -366,9 +369,13 @@ func (n *Node) maybeTick(ctx context.Context) {
 	go func() {
 		defer working()
 		defer n.ticking.Store(false)
-		if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.Tick{}); err != nil && ctx.Err() == nil {
-			n.cfg.log.Debug("tick refused", "err", err)
+		if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.Tick{}); err != nil {
+			if ctx.Err() == nil {
+				n.cfg.log.Debug("tick refused", "err", err)
+			}
+			return
 		}
+		n.cfg.metrics.Ticks.Inc()
 	}()
 }
 
@@ -385,7 +392,9 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 	}
 	allowed = append(allowed, s.Pending[:s.PendingLen]...)
 	n.net.SetClients(allowed)
-	n.progress.State, n.progress.Epoch, n.progress.Step = s.RunState, s.Progress.Epoch, s.Progress.Step
+	n.cfg.metrics.State.Set(float64(s.RunState))
+	n.cfg.metrics.Epoch.Set(float64(s.Progress.Epoch))
+	n.cfg.metrics.Step.Set(float64(s.Progress.Step))
 }
 
 // do carries out a Ready, feeding the answers back into the machine.
@@ -475,7 +484,7 @@ func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
 	}
 	switch ix.(type) {
 	case *coordinator.WitnessRound, *coordinator.WarmupWitness:
-		n.progress.Witnessed++
+		n.cfg.metrics.WitnessReports.Inc()
 	}
 	n.cfg.log.Info("sent", "ix", ix.Name(), "step", n.m.snap.Progress.Step)
 }

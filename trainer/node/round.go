@@ -100,7 +100,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	if err != nil {
 		return p2p.Announcement{}, nil, 0, err
 	}
-	n.progress.Compute += time.Since(start) // publishing is networking
+	n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) // publishing is networking
 	if n.cfg.corrupt != nil {
 		payload = n.cfg.corrupt(payload)
 	}
@@ -108,9 +108,10 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	if err != nil {
 		return p2p.Announcement{}, nil, 0, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
 	}
-	n.progress.Loss = loss
-	n.progress.Tokens += uint64(count * seqLen)
-	n.progress.Sent += uint64(len(payload))
+	n.cfg.metrics.Loss.Set(float64(loss))
+	n.cfg.metrics.Steps.Inc()
+	n.cfg.metrics.Tokens.Add(float64(count * seqLen))
+	n.cfg.metrics.SentBytes.Add(float64(len(payload)))
 	n.cfg.log.Info("trained", "step", w.Step, "batch", fmt.Sprintf("[%d,%d)", w.Batch.Start, w.Batch.End), "loss", loss,
 		"bytes", len(payload), "took", time.Since(start).Round(time.Millisecond))
 	return ann, frame, loss, nil
@@ -118,6 +119,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 
 // apply applies a round's consensus results.
 func (n *Node) apply(w *ApplyWork) error {
+	n.cfg.metrics.ResultsMissing.Add(float64(len(w.Missing)))
 	if len(w.Missing) > 0 {
 		n.cfg.log.Error("results with witness consensus are missing; this model now differs from the others", "step", w.Step, "batches", w.Missing)
 	}
@@ -125,11 +127,12 @@ func (n *Node) apply(w *ApplyWork) error {
 		return nil
 	}
 	start := time.Now()
-	defer func() { n.progress.Compute += time.Since(start) }()
+	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
 	if err := n.opt.Apply(n.model.Tensors(), w.Frames, w.LR); err != nil {
 		return fmt.Errorf("node: applying step %d: %w", w.Step, err)
 	}
-	n.progress.Applied++
+	n.cfg.metrics.RoundsApplied.Inc()
+	n.cfg.metrics.ResultsApplied.Add(float64(len(w.Frames)))
 	n.cfg.log.Info("applied", "step", w.Step, "results", len(w.Frames))
 	return nil
 }

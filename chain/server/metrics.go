@@ -1,0 +1,36 @@
+package server
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics is what the server counts. NewMetrics registers them; the default
+// (WithMetrics not given) is a set nobody registers.
+type Metrics struct {
+	// Requests counts requests by instruction and outcome ("ok", or the
+	// failure's name: Replay, RunNotFound, BadRequest, a coordinator error).
+	Requests    *prometheus.CounterVec
+	Transitions prometheus.Counter // state changes made by the server's ticks
+	Runs        prometheus.Gauge   // runs the server holds
+	Subscribers prometheus.Gauge   // open snapshot streams
+}
+
+// NewMetrics returns the server's metrics under psyche_server_*,
+// registered with reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "server", Name: "requests_total",
+			Help: "Signed requests, by instruction and outcome."}, []string{"instruction", "outcome"}),
+		Transitions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "server", Name: "tick_transitions_total",
+			Help: "State changes made by the server's ticks."}),
+		Runs:        prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "server", Name: "runs", Help: "Runs the server holds."}),
+		Subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "server", Name: "subscribers", Help: "Open snapshot streams."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Requests, m.Transitions, m.Runs, m.Subscribers)
+	}
+	return m
+}
+
+// WithMetrics sets the server's metrics (see NewMetrics).
+func WithMetrics(m *Metrics) Option {
+	return func(c *config) error { c.metrics = m; return nil }
+}

@@ -13,7 +13,7 @@
 // commitment, block digests, nonce) goes out on the run's gossipsub topic.
 // Every receiving node validates it inline (size, encoding, ed25519
 // signature, run id, step within [current-2, current+1], the coordinator's
-// assignment via AssignmentCheck, nonce replay) before it is relayed or
+// assignment as SetAssignments last gave it, nonce replay) before it is relayed or
 // delivered on Announcements. The trainer then Fetches the payload by its
 // block list (the announcer is dialled first; bitswap takes each block from
 // whichever connected peer has it) and gets it back only if it hashes to the
@@ -25,8 +25,10 @@
 // Pull a step's announcements from its peers over a direct stream
 // (PullProtocol); pulled announcements pass the same validation.
 //
-// SetStep moves the validation window and collects blobs more than two
-// steps old. SetClients installs the epoch's clients as the allowlist: a
+// The node learns the run only as data pushed to it: SetStep moves the
+// validation window and collects blobs more than two steps old,
+// SetAssignments installs who trains which batch of each round the
+// coordinator holds, and SetClients installs the epoch's clients as the allowlist: a
 // connection gater refuses every other peer (bootstrap peers excepted) in
 // both directions, and connections to peers that left are closed. Until the
 // first SetClients only bootstrap peers may connect.

@@ -81,9 +81,15 @@ func (n *Node) check(data []byte) (Announcement, error) {
 	if a.Step < lo || a.Step > cur+1 {
 		return a, fmt.Errorf("%w: step %d at %d", ErrStepOutOfWindow, a.Step, cur)
 	}
-	if n.cfg.assigned != nil {
-		if err := n.cfg.assigned(a.Step, a.Batch, a.Trainer); err != nil {
-			return a, fmt.Errorf("%w: %v", ErrNotAssigned, err)
+	n.mu.Lock()
+	assignments := n.assignments
+	n.mu.Unlock()
+	if assignments != nil {
+		switch who, ok := assignments[assignmentKey{a.Step, a.Batch}]; {
+		case !ok:
+			return a, fmt.Errorf("%w: no batch [%d,%d) at step %d", ErrNotAssigned, a.Batch.Start, a.Batch.End, a.Step)
+		case who != a.Trainer:
+			return a, fmt.Errorf("%w: batch [%d,%d) at step %d belongs to another trainer", ErrNotAssigned, a.Batch.Start, a.Batch.End, a.Step)
 		}
 		return a, nil
 	}

@@ -26,6 +26,12 @@ type Network interface {
 	// SetClients replaces the allowlist with the current epoch's clients and
 	// drops connections to everyone else (bootstrap peers excepted).
 	SetClients(ids []coordinator.ClientID)
+	// SetAssignments replaces the batches the validator checks
+	// announcements against: each round the coordinator holds, who trains
+	// which batch. From the first call on, an announcement is valid only if
+	// its trainer is the one assigned its step and batch; before it, any
+	// client of the epoch (SetClients) is accepted.
+	SetAssignments(as []Assignment)
 
 	// Publish stores payload as blocks and gossips a signed announcement.
 	Publish(ctx context.Context, step uint32, batch BatchRange, payload []byte) (Announcement, error)
@@ -51,6 +57,14 @@ type Network interface {
 }
 
 var _ Network = (*Node)(nil)
+
+// Assignment is one batch of a round and the trainer the coordinator
+// assigned it to.
+type Assignment struct {
+	Step    uint32
+	Batch   BatchRange
+	Trainer coordinator.ClientID
+}
 
 // Stats counts what the node has done since it started: its Metrics, read
 // back.

@@ -56,17 +56,19 @@ type Node struct {
 	step  atomic.Uint32
 	nonce atomic.Uint64
 
-	mu        sync.Mutex
-	clients   map[coordinator.Pubkey]coordinator.ClientID // by p2p key
-	seen      map[nonceKey]uint32                         // nonces validated, by step, for replay detection
-	delivered map[deliveryKey]struct{}                    // announcements already handed to the trainer
-	held      map[uint32][][]byte                         // accepted encodings by step, served to pullers
-	heldKeys  map[deliveryKey]struct{}
-	own       map[deliveryKey]Announcement // our announcements, re-sent while in the window
-	stepRefs  map[uint32][]coordinator.Hash
-	ckptRefs  []coordinator.Hash
-	offered   *checkpointOffer // what joiners are told to fetch
-	refs      map[coordinator.Hash]int
+	mu      sync.Mutex
+	clients map[coordinator.Pubkey]coordinator.ClientID // by p2p key
+	// assignments is what SetAssignments installed (nil: not called yet).
+	assignments map[assignmentKey]coordinator.ClientID
+	seen        map[nonceKey]uint32      // nonces validated, by step, for replay detection
+	delivered   map[deliveryKey]struct{} // announcements already handed to the trainer
+	held        map[uint32][][]byte      // accepted encodings by step, served to pullers
+	heldKeys    map[deliveryKey]struct{}
+	own         map[deliveryKey]Announcement // our announcements, re-sent while in the window
+	stepRefs    map[uint32][]coordinator.Hash
+	ckptRefs    []coordinator.Hash
+	offered     *checkpointOffer // what joiners are told to fetch
+	refs        map[coordinator.Hash]int
 }
 
 type nonceKey struct {
@@ -324,6 +326,22 @@ func (n *Node) SetClients(ids []coordinator.ClientID) {
 		n.log.Debug("peer left the allowlist", "remote", p.String())
 		_ = n.host.Network().ClosePeer(p)
 	}
+}
+
+type assignmentKey struct {
+	step  uint32
+	batch BatchRange
+}
+
+// SetAssignments replaces the batches announcements are checked against.
+func (n *Node) SetAssignments(as []Assignment) {
+	m := make(map[assignmentKey]coordinator.ClientID, len(as))
+	for _, a := range as {
+		m[assignmentKey{a.Step, a.Batch}] = a.Trainer
+	}
+	n.mu.Lock()
+	n.assignments = m
+	n.mu.Unlock()
 }
 
 // SetStep sets the coordinator's current step: the validator accepts

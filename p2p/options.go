@@ -10,12 +10,6 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 )
 
-// AssignmentCheck reports whether trainer is the trainer the coordinator
-// assigned to batch at step. It is fed from coordinator snapshots (the data
-// assignment of the round) and is called from the gossip validator, so it must
-// be fast and safe for concurrent use. A non-nil error rejects.
-type AssignmentCheck func(step uint32, batch BatchRange, trainer coordinator.ClientID) error
-
 // Option configures a Node.
 type Option func(*config) error
 
@@ -27,7 +21,6 @@ type config struct {
 	bootstrap       []string
 	allowAll        bool
 	logger          *slog.Logger
-	assigned        AssignmentCheck
 	reannounce      time.Duration
 	fetchTimeout    time.Duration
 	fetchRetries    int
@@ -110,16 +103,6 @@ func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		c.logger = l
 		return c.once("logger")
-	}
-}
-
-// WithAssignmentCheck sets the validator's question to the coordinator. The
-// default accepts any trainer that is a client of the current epoch (see
-// Node.SetClients), which is weaker: set this in a run.
-func WithAssignmentCheck(f AssignmentCheck) Option {
-	return func(c *config) error {
-		c.assigned = f
-		return c.once("assignment check")
 	}
 }
 

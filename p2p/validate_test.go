@@ -3,7 +3,6 @@ package p2p
 import (
 	"context"
 	"crypto/ed25519"
-	"errors"
 	"testing"
 	"time"
 
@@ -53,27 +52,28 @@ func startRogue(t *testing.T, name string) *rogue {
 	return &rogue{key: testKey(name), topic: topic, sub: sub, id: h.ID(), addrs: peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()}}
 }
 
-// assignments is the coordinator's data assignment as the validator sees
-// it: batch start → assigned trainer.
-type assignments map[uint64]coordinator.ClientID
-
-func (as assignments) check(_ uint32, b BatchRange, trainer coordinator.ClientID) error {
-	if as[b.Start] != trainer {
-		return errors.New("batch assigned to someone else")
+// assignments is the coordinator's data assignment as the node pushes it
+// to the validator: in steps from..to, each batch [i, i+1) to trainers[i].
+func assignments(from, to uint32, trainers ...coordinator.ClientID) []Assignment {
+	var out []Assignment
+	for step := from; step <= to; step++ {
+		for i, tr := range trainers {
+			out = append(out, Assignment{Step: step, Batch: BatchRange{Start: uint64(i), End: uint64(i) + 1}, Trainer: tr})
+		}
 	}
-	return nil
+	return out
 }
 
 func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 	alice, mallory := clientIDOf("alice"), clientIDOf("mallory")
-	assigned := assignments{0: alice, 1: mallory}
 	ids := []coordinator.ClientID{alice, clientIDOf("carol"), mallory}
-	a := startNode(t, "alice", WithAssignmentCheck(assigned.check), WithReannounceInterval(0))
+	a := startNode(t, "alice", WithReannounceInterval(0))
 	reg := prometheus.NewRegistry()
-	c := startNode(t, "carol", WithAssignmentCheck(assigned.check), WithMetrics(NewMetrics(reg)))
+	c := startNode(t, "carol", WithMetrics(NewMetrics(reg)))
 	m := startRogue(t, "mallory")
 	for _, nd := range []*testNode{a, c} {
 		nd.SetClients(ids)
+		nd.SetAssignments(assignments(8, 11, alice, mallory))
 		nd.SetStep(10)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

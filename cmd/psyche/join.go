@@ -4,11 +4,9 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/urfave/cli/v2"
@@ -41,22 +39,7 @@ func join(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	var nd *node.Node
-	var ready sync.Mutex
-	ready.Lock()
-	assigned := func(step uint32, batch p2p.BatchRange, who coordinator.ClientID) error {
-		ready.Lock()
-		defer ready.Unlock()
-		return nd.Assigned(step, batch, who)
-	}
 	reg := newRegistry()
-	pn, err := p2p.New(p2p.WithRunID(c.String("run-id")), p2p.WithListenAddrs(c.StringSlice("listen")...), p2p.WithKey(key),
-		p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned), p2p.WithLogger(log), p2p.WithMetrics(p2p.NewMetrics(reg)))
-	if err != nil {
-		return err
-	}
-	defer pn.Close()
-	go func() { _ = pn.Run(ctx) }()
 	if err := os.MkdirAll(c.String("checkpoint-dir"), 0o755); err != nil {
 		return err
 	}
@@ -75,7 +58,9 @@ func join(c *cli.Context) error {
 	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
 		opts = append(opts, node.WithTicking())
 	}
-	nd, err = node.New(c.String("run-id"), b, signer, pn, append(opts,
+	var pn *p2p.Node
+	nd, pn, err := node.Start(ctx, c.String("run-id"), b, signer, []p2p.Option{p2p.WithListenAddrs(c.StringSlice("listen")...),
+		p2p.WithKey(key), p2p.WithLogger(log), p2p.WithMetrics(p2p.NewMetrics(reg))}, append(opts,
 		node.WithProgress(func(p node.Progress) {
 			if !interactive || time.Since(last) < 200*time.Millisecond {
 				return
@@ -87,7 +72,7 @@ func join(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	ready.Unlock()
+	defer pn.Close()
 	for _, a := range pn.Addrs() {
 		fmt.Fprintf(c.App.Writer, "p2p address: %s\n", a)
 	}

@@ -414,28 +414,14 @@ func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, 
 	for i, signer := range signers {
 		seed := sha256.Sum256([]byte(fmt.Sprintf("localnet p2p %d %s", i, runID)))
 		t := &localTrainer{}
-		var ready sync.Mutex
-		ready.Lock()
-		assigned := func(step uint32, batch p2p.BatchRange, who coordinator.ClientID) error {
-			ready.Lock()
-			defer ready.Unlock()
-			return t.node.Assigned(step, batch, who)
-		}
-		pn, err := p2p.New(p2p.WithRunID(runID), p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
-			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithSigner(signer.Public()),
-			p2p.WithAssignmentCheck(assigned), p2p.WithLogger(log.With("trainer", i)))
-		if err != nil {
-			return nil, err
-		}
-		go func() { _ = pn.Run(ctx) }()
-		nd, err := node.New(runID, b, signer, pn, append([]node.Option{node.WithPeers(addrs...), node.WithCheckpointDir(dir),
-			node.WithLogger(log.With("trainer", i)),
-			node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, opts...)...)
+		nd, pn, err := node.Start(ctx, runID, b, signer, []p2p.Option{p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
+			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithLogger(log.With("trainer", i))},
+			append([]node.Option{node.WithPeers(addrs...), node.WithCheckpointDir(dir), node.WithLogger(log.With("trainer", i)),
+				node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, opts...)...)
 		if err != nil {
 			return nil, err
 		}
 		t.node, t.net = nd, pn
-		ready.Unlock()
 		addrs = append(addrs, pn.Addrs()...)
 		trainers = append(trainers, t)
 	}

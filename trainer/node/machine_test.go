@@ -224,3 +224,63 @@ func TestMachinePullsWhatGossipLost(t *testing.T) {
 		t.Fatalf("want the pulled result fetched, got %+v", got)
 	}
 }
+
+// TestAssignmentsFollowTheRing: what the node pushes to the p2p validator is
+// each held round's data assignment, at the round's step; nothing outside
+// training; a round that has left the ring is no longer listed.
+func TestAssignmentsFollowTheRing(t *testing.T) {
+	r := newRun(t)
+	if got := assignments(r.snap()); got == nil || len(got) != 0 {
+		t.Fatalf("before training: %v, want an empty (not nil) list", got)
+	}
+	toTraining(t, r)
+	check := func(wantSteps ...uint32) {
+		t.Helper()
+		s := r.snap()
+		got := assignments(s)
+		bySteps := map[uint32]int{}
+		for _, a := range got {
+			bySteps[a.Step]++
+			rd := s.RoundAtHeight(a.Step - s.Epoch.StartStep)
+			ranges := s.RoundAssignment(rd)
+			found := false
+			for i, d := range ranges {
+				if d.Start == a.Batch.Start && d.Start+d.Count == a.Batch.End {
+					found = s.Epoch.Clients[i].ID == a.Trainer
+				}
+			}
+			if !found {
+				t.Errorf("step %d batch %+v: not the coordinator's assignment to %x", a.Step, a.Batch, a.Trainer.Signer[:4])
+			}
+		}
+		if len(bySteps) != len(wantSteps) {
+			t.Fatalf("steps %v listed, want %v", bySteps, wantSteps)
+		}
+		for _, st := range wantSteps {
+			if bySteps[st] != 3 { // three clients, 6 sequences: two each
+				t.Errorf("step %d: %d batches, want 3", st, bySteps[st])
+			}
+		}
+	}
+	check(1)
+	// Later rounds, as the coordinator lays them out in its ring of four:
+	// height h in slot h mod 4, data following on, a seed of its own.
+	first := r.s.Epoch.Rounds[0]
+	for h := uint32(1); h <= 5; h++ {
+		rd := first
+		rd.Height, rd.DataIndex, rd.RandomSeed = h, first.DataIndex+uint64(h)*6, first.RandomSeed+uint64(h)
+		slot := uint8(h % coordinator.NumRounds)
+		r.s.Epoch.Rounds[slot] = rd
+		r.s.Epoch.CurrentRound = slot
+		r.s.Progress.Step = r.s.Epoch.StartStep + h
+		var want []uint32
+		for back := uint32(0); back <= min(h, 3); back++ {
+			want = append(want, r.s.Epoch.StartStep+h-back)
+		}
+		check(want...)
+	}
+	r.s.RunState = coordinator.WaitingForMembers
+	if got := assignments(r.snap()); len(got) != 0 {
+		t.Fatalf("after the epoch: %v", got)
+	}
+}

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -169,9 +168,6 @@ type Node struct {
 	net     p2p.Network
 	m       *machine
 
-	mu   sync.Mutex // guards snap, for the p2p assignment check
-	snap *coordinator.Coordinator
-
 	ticking  atomic.Bool // a tick instruction is in flight
 	dueSince time.Time   // since when a tick has been due (zero: not due)
 	id       coordinator.ClientID
@@ -181,8 +177,7 @@ type Node struct {
 	dataLoc  string
 }
 
-// New creates a node for a run. The network must have been created with
-// AssignmentCheck bound to this node's Assigned method (see p2p.WithAssignmentCheck).
+// New creates a node for a run over network (Start creates both).
 func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.Network, opts ...Option) (*Node, error) {
 	cfg := config{log: slog.New(slog.DiscardHandler), workers: 2, clock: wallClock{}}
 	for _, o := range opts {
@@ -210,42 +205,31 @@ func (n *Node) ID() coordinator.ClientID { return n.id }
 // Model is the node's model (nil until loaded).
 func (n *Node) Model() *gpt.Model { return n.model }
 
-// Assigned is the p2p assignment check: trainer must be the client the
-// current round (or one of the two before it) assigned this batch to.
-func (n *Node) Assigned(step uint32, batch p2p.BatchRange, trainer coordinator.ClientID) error {
-	n.mu.Lock()
-	s := n.snap
-	n.mu.Unlock()
-	if s == nil {
-		return errors.New("node: no coordinator state yet")
+// assignments lists, for every round the coordinator holds in s, which
+// client trains which batch: what the p2p validator checks announcements
+// against. Rounds are trained at step = start step + height; outside
+// training (and cooldown, when the last rounds' results still arrive) there
+// are none.
+func assignments(s *coordinator.Coordinator) []p2p.Assignment {
+	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness && s.RunState != coordinator.Cooldown {
+		return []p2p.Assignment{}
 	}
-	r, ok := roundForStep(s, step)
-	if !ok {
-		return fmt.Errorf("node: step %d is not a round the coordinator holds", step)
-	}
-	ranges := s.RoundAssignment(r)
-	for i, d := range ranges {
-		if d.Start == batch.Start && d.Start+d.Count == batch.End && d.Count > 0 {
-			if i < int(s.Epoch.ClientsLen) && s.Epoch.Clients[i].ID == trainer {
-				return nil
+	cur := s.CurrentRound()
+	out := []p2p.Assignment{}
+	for back := uint32(0); back <= min(cur.Height, coordinator.NumRounds-1); back++ {
+		r := s.RoundAtHeight(cur.Height - back)
+		if r == nil {
+			continue
+		}
+		step := s.Epoch.StartStep + r.Height
+		for i, d := range s.RoundAssignment(r) {
+			if d.Count == 0 || i >= int(s.Epoch.ClientsLen) {
+				continue
 			}
-			return errors.New("node: batch belongs to another trainer")
+			out = append(out, p2p.Assignment{Step: step, Batch: p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}, Trainer: s.Epoch.Clients[i].ID})
 		}
 	}
-	return errors.New("node: no such batch in that round")
-}
-
-// roundForStep finds the ring round of a step of the current epoch. Rounds
-// are trained at step = start step + height.
-func roundForStep(s *coordinator.Coordinator, step uint32) (*coordinator.Round, bool) {
-	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness && s.RunState != coordinator.Cooldown {
-		return nil, false
-	}
-	if step < s.Epoch.StartStep {
-		return nil, false
-	}
-	r := s.RoundAtHeight(step - s.Epoch.StartStep)
-	return r, r != nil
+	return out
 }
 
 func randomKey() uint64 {
@@ -379,13 +363,11 @@ func (n *Node) maybeTick(ctx context.Context) {
 	}()
 }
 
-// observe passes a snapshot to the network (step window, allowlist) and the
-// assignment check.
+// observe passes a snapshot to the network as data: the step window, the
+// rounds' assignments and the allowlist.
 func (n *Node) observe(s *coordinator.Coordinator) {
-	n.mu.Lock()
-	n.snap = s
-	n.mu.Unlock()
 	n.net.SetStep(s.Progress.Step)
+	n.net.SetAssignments(assignments(s))
 	allowed := make([]coordinator.ClientID, 0, int(s.Epoch.ClientsLen)+int(s.PendingLen))
 	for _, c := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
 		allowed = append(allowed, c.ID)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -115,39 +114,20 @@ func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
 	for i := first; i < first+n; i++ {
 		signer := chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("trainer %d", i))))
 		seed := sha256.Sum256([]byte(fmt.Sprintf("p2p %d", i)))
-		var tn *node.Node
-		var mu sync.Mutex
-		assigned := func(step uint32, b p2p.BatchRange, who coordinator.ClientID) error {
-			mu.Lock()
-			defer mu.Unlock()
-			if tn == nil {
-				return fmt.Errorf("not ready")
-			}
-			return tn.Assigned(step, b, who)
-		}
 		nctx, stop := context.WithCancel(c.ctx)
-		// A fetch holds the clock still, so one from a trainer that died
-		// gives up sooner than the default.
-		pn, err := p2p.New(p2p.WithRunID("e2e"), p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
-			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithSigner(signer.Public()), p2p.WithAssignmentCheck(assigned),
-			p2p.WithFetchTimeout(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = pn.Close() })
-		go func() { _ = pn.Run(nctx) }()
 		nodeOpts := []node.Option{node.WithPeers(c.addrs...), node.WithCheckpointDir(c.dir), node.WithLogger(testLogger(t, i)),
 			node.WithClock(c.clock)}
 		for _, o := range opts {
 			nodeOpts = append(nodeOpts, o(i)...)
 		}
-		nd, err := node.New("e2e", c.backend, signer, pn, nodeOpts...)
+		// A fetch holds the clock still, so one from a trainer that died
+		// gives up sooner than the default.
+		nd, pn, err := node.Start(nctx, "e2e", c.backend, signer, []p2p.Option{p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
+			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithFetchTimeout(5 * time.Second)}, nodeOpts...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		mu.Lock()
-		tn = nd
-		mu.Unlock()
+		t.Cleanup(func() { _ = pn.Close() })
 		c.addrs = append(c.addrs, pn.Addrs()...)
 		errc := make(chan error, 1)
 		go func() { errc <- nd.Run(nctx) }()

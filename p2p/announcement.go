@@ -146,7 +146,7 @@ func (a *Announcement) Sign(key ed25519.PrivateKey) error {
 
 // Verify checks the signature against the announcement's own p2p key. Whether
 // that key belongs to the assigned trainer is a separate question (see
-// WithAssignmentCheck).
+// Network.SetAssignments).
 func (a *Announcement) Verify() error {
 	if err := a.check(); err != nil {
 		return err

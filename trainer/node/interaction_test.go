@@ -1,0 +1,449 @@
+package node
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/p2p"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ with the actual output")
+
+// TestTranscripts replays every testdata/*.txt transcript: the machine of
+// one trainer ("me") against a real (pure) coordinator whose other clients
+// the harness plays. A transcript is a list of blocks:
+//
+//	command key=value ...
+//	----
+//	expected output
+//	(blank line)
+//
+// Lines starting with # between blocks are comments. Run with -rewrite to
+// regenerate the expected output, then review the diff.
+func TestTranscripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no transcripts: %v", err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) { runTranscript(t, file) })
+	}
+}
+
+type block struct {
+	comments []string
+	cmd      string
+	want     string
+}
+
+func parseTranscript(t *testing.T, path string) []block {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var blocks []block
+	var cur block
+	state := 0 // 0: between blocks, 1: after the command, 2: reading output
+	sc := bufio.NewScanner(f)
+	for line := 1; sc.Scan(); line++ {
+		l := sc.Text()
+		switch state {
+		case 0:
+			if strings.HasPrefix(l, "#") || strings.TrimSpace(l) == "" {
+				cur.comments = append(cur.comments, l)
+				continue
+			}
+			cur.cmd, state = l, 1
+		case 1:
+			if l != "----" {
+				t.Fatalf("%s:%d: want ---- after the command, got %q", path, line, l)
+			}
+			state = 2
+		case 2:
+			if l == "" {
+				blocks, cur, state = append(blocks, cur), block{}, 0
+				continue
+			}
+			cur.want += l + "\n"
+		}
+	}
+	if state == 1 {
+		t.Fatalf("%s: command %q has no output section", path, cur.cmd)
+	}
+	if state == 2 {
+		blocks = append(blocks, cur)
+	}
+	return blocks
+}
+
+func runTranscript(t *testing.T, path string) {
+	h := &harness{t: t, names: map[coordinator.Pubkey]string{}, frames: map[*distro.Frame]string{}}
+	var out strings.Builder
+	for _, b := range parseTranscript(t, path) {
+		got := h.run(b.cmd) + "\n"
+		for _, c := range b.comments {
+			out.WriteString(c + "\n")
+		}
+		out.WriteString(b.cmd + "\n----\n" + got + "\n")
+		if !*rewrite && got != b.want {
+			t.Errorf("%s: %s\n got:\n%s\nwant:\n%s", path, b.cmd, got, b.want)
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// harness holds the coordinator, the machine under test ("me") and what
+// the last Ready asked for. Client name n has signer sha256("signer:"+n) and
+// p2p key sha256("p2p:"+n); its result for a step has the commitment
+// sha256("result:"+n+":"+step), so every party agrees on it.
+type harness struct {
+	t      *testing.T
+	s      *coordinator.Coordinator
+	now    uint64
+	me     string
+	m      *machine
+	last   Ready
+	names  map[coordinator.Pubkey]string
+	frames map[*distro.Frame]string // whose result a frame is
+}
+
+func idOf(name string) coordinator.ClientID {
+	return coordinator.ClientID{Signer: sha256.Sum256([]byte("signer:" + name)), P2P: sha256.Sum256([]byte("p2p:" + name))}
+}
+
+func commitmentOf(name string, step uint32) coordinator.Hash {
+	return sha256.Sum256([]byte(fmt.Sprintf("result:%s:%d", name, step)))
+}
+
+// args splits "cmd k=v k2=v2" into the command and its arguments.
+func args(line string) (string, map[string]string) {
+	f := strings.Fields(line)
+	kv := map[string]string{}
+	for _, a := range f[1:] {
+		k, v, _ := strings.Cut(a, "=")
+		kv[k] = v
+	}
+	return f[0], kv
+}
+
+func (h *harness) num(kv map[string]string, key string, def uint64) uint64 {
+	v, ok := kv[key]
+	if !ok {
+		return def
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		h.t.Fatalf("%s=%q: %v", key, v, err)
+	}
+	return n
+}
+
+func names(kv map[string]string, key string) []string {
+	if kv[key] == "" {
+		return nil
+	}
+	return strings.Split(kv[key], ",")
+}
+
+// run executes one command and describes what happened.
+//
+// Commands (the machine's events are snapshot, loaded, trained, announce,
+// fetched, pulled and machine-tick; each prints the Ready it returned):
+//
+//	run clients=a,b,c me=a [epochs=0] [batch=6] [epoch-time=100] [train-time=10] [witness-nodes=0] [min=2]
+//	    creates, configures and resumes a run; me is the machine's client
+//	join who=b,c                     others join
+//	tick [n=1]                       the coordinator's clock moves n seconds, ticking each
+//	snapshot                         the machine sees the coordinator's state
+//	deliver                          the last Ready's instructions, sent as me
+//	loaded                           the load the last Ready asked for is done
+//	trained [loss=2.5]               the batch the last Ready asked for is trained and published
+//	announce who=b [step=S]          b's result for step S (default: the current one) is announced
+//	fetched who=b [step=S] [err=timeout|invalid]   b's result arrived, or its fetch failed
+//	pulled who=b,c [step=S]          a pull answered with their announcements
+//	machine-tick                     the machine's one-second tick
+//	witness who=b,c [saw=a,b,c]      others report the current round, having seen saw's results
+//	checkpoint who=b                 b records the epoch's checkpoint
+//	pause, resume                    the run's authority pauses or resumes it
+//	state                            the coordinator, described
+func (h *harness) run(line string) string {
+	cmd, kv := args(line)
+	switch cmd {
+	case "run":
+		return h.newRun(kv)
+	case "join":
+		var out []string
+		for _, n := range names(kv, "who") {
+			out = append(out, n+": "+h.apply(n, &coordinator.JoinRun{ID: idOf(n)}))
+		}
+		return strings.Join(out, "\n") + "\n" + h.s.Describe()
+	case "tick":
+		for i := uint64(0); i < h.num(kv, "n", 1); i++ {
+			h.now++
+			if _, err := h.s.Tick(h.now, h.now*31); err != nil {
+				return "tick: " + err.Error()
+			}
+		}
+		return h.s.Describe()
+	case "state":
+		return h.s.Describe()
+	case "pause", "resume":
+		admin := sha256.Sum256([]byte("admin"))
+		if _, err := h.s.Apply(coordinator.Context{Sender: admin, Now: h.now}, &coordinator.SetPaused{Paused: cmd == "pause"}); err != nil {
+			return cmd + ": " + err.Error()
+		}
+		return h.s.Describe()
+	case "snapshot":
+		c := *h.s
+		return h.ready(h.m.snapshot(&c))
+	case "deliver":
+		var out []string
+		for _, ix := range h.last.Send {
+			out = append(out, h.describeIx(ix)+": "+h.apply(h.me, ix))
+		}
+		h.last.Send = nil
+		if len(out) == 0 {
+			return "nothing to send"
+		}
+		return strings.Join(out, "\n") + "\n" + h.s.Describe()
+	case "loaded":
+		if h.last.Load == nil {
+			h.t.Fatalf("loaded: the last Ready asked for no load")
+		}
+		return h.ready(h.m.loaded(h.last.Load.Epoch))
+	case "trained":
+		w := h.last.Train
+		if w == nil {
+			h.t.Fatalf("trained: the last Ready asked for no training")
+		}
+		loss, err := strconv.ParseFloat(kv["loss"], 32)
+		if err != nil {
+			loss = 2.5
+		}
+		return h.ready(h.m.trainedResult(h.announcement(h.me, w.Step, w.Batch), h.frame(h.me, w.Step), float32(loss)))
+	case "announce":
+		who := kv["who"]
+		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
+		return h.ready(h.m.announced(h.announcement(who, step, h.batchOf(who, step))))
+	case "fetched":
+		who := kv["who"]
+		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
+		a := h.announcement(who, step, h.batchOf(who, step))
+		switch kv["err"] {
+		case "":
+			return h.ready(h.m.fetched(a, h.frame(who, step), nil, false))
+		case "timeout":
+			return h.ready(h.m.fetched(a, nil, errors.New("timeout"), false))
+		case "invalid":
+			return h.ready(h.m.fetched(a, nil, errors.New("not a frame"), true))
+		}
+		h.t.Fatalf("fetched: err=%q", kv["err"])
+	case "pulled":
+		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
+		var list []p2p.Announcement
+		for _, n := range names(kv, "who") {
+			list = append(list, h.announcement(n, step, h.batchOf(n, step)))
+		}
+		return h.ready(h.m.pulled(list))
+	case "machine-tick":
+		return h.ready(h.m.tick())
+	case "witness":
+		return h.witness(names(kv, "who"), names(kv, "saw"))
+	case "checkpoint":
+		var src coordinator.CheckpointSource
+		_ = coordinator.SetFixedString(src.URL[:], "file:///ckpt")
+		return kv["who"] + ": " + h.apply(kv["who"], &coordinator.RecordCheckpoint{Source: src}) + "\n" + h.s.Describe()
+	}
+	h.t.Fatalf("unknown command %q", cmd)
+	return ""
+}
+
+func (h *harness) newRun(kv map[string]string) string {
+	h.me = kv["me"]
+	admin := sha256.Sum256([]byte("admin"))
+	id, _ := coordinator.ParseRunID("transcript")
+	s, err := coordinator.New(coordinator.InitCoordinator{MainAuthority: admin, RunID: id})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.s = s
+	for _, n := range names(kv, "clients") {
+		h.names[idOf(n).Signer] = n
+	}
+	batch := uint16(h.num(kv, "batch", 6))
+	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: h.num(kv, "train-time", 10), RoundWitnessTime: 2,
+		EpochTime: h.num(kv, "epoch-time", 100), WaitingForMembersExtraTime: 1, TotalSteps: 100,
+		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(len(names(kv, "clients"))),
+		MinClients: uint16(h.num(kv, "min", 2)), WitnessNodes: uint16(h.num(kv, "witness-nodes", 0))}
+	m := coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2, MaxSeqLen: 8,
+		VocabSize: 256, DModel: 8, NLayers: 1, NHeads: 1, LR: coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 0.5},
+		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.9, CompressionTopK: 2, CompressionChunk: 8}}
+	m.Checkpoint.Kind = coordinator.CheckpointHub
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file:///init")
+	_ = coordinator.SetFixedString(m.DataLocation[:], "data")
+	for _, ix := range []coordinator.Instruction{&coordinator.Update{Config: &cfg, Model: &m}, &coordinator.SetPaused{}} {
+		if _, err := h.s.Apply(coordinator.Context{Sender: admin, Now: h.now}, ix); err != nil {
+			h.t.Fatalf("run: %s: %v", ix.Name(), err)
+		}
+	}
+	k := uint64(0)
+	h.m = newMachine(idOf(h.me), int(h.num(kv, "epochs", 0)), func() uint64 { k++; return k })
+	return h.s.Describe()
+}
+
+// apply sends ix as name's client; the seed follows the clock.
+func (h *harness) apply(name string, ix coordinator.Instruction) string {
+	if _, err := h.s.Apply(coordinator.Context{Sender: idOf(name).Signer, Now: h.now, Seed: h.now*31 + 7}, ix); err != nil {
+		var e *coordinator.Error
+		if errors.As(err, &e) {
+			return "error " + e.Name
+		}
+		return "error " + err.Error()
+	}
+	return "ok"
+}
+
+// batchOf is the batch the coordinator gave name at step (of this epoch).
+func (h *harness) batchOf(name string, step uint32) p2p.BatchRange {
+	r := h.s.RoundAtHeight(step - h.s.Epoch.StartStep)
+	if r == nil || step < h.s.Epoch.StartStep {
+		h.t.Fatalf("step %d is not a round the coordinator holds", step)
+	}
+	i, ok := h.s.ClientIndex(idOf(name).Signer)
+	ranges := h.s.RoundAssignment(r)
+	if !ok || int(i) >= len(ranges) {
+		h.t.Fatalf("%s has no batch at step %d", name, step)
+	}
+	return p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count}
+}
+
+func (h *harness) announcement(name string, step uint32, b p2p.BatchRange) p2p.Announcement {
+	return p2p.Announcement{RunID: "transcript", Step: step, Batch: b, Trainer: idOf(name), Commitment: commitmentOf(name, step)}
+}
+
+// frame is a stand-in for name's result at step, remembered by identity.
+func (h *harness) frame(name string, step uint32) *distro.Frame {
+	f := &distro.Frame{}
+	h.frames[f] = fmt.Sprintf("%s@%d", name, step)
+	return f
+}
+
+// witness sends the current round's report of each named client that is an
+// elected witness: saw's results (default: every trainer of the round).
+func (h *harness) witness(who, saw []string) string {
+	r := h.s.CurrentRound()
+	if saw == nil {
+		for i := uint16(0); i < r.ClientsLen; i++ {
+			saw = append(saw, h.names[h.s.Epoch.Clients[i].ID.Signer])
+		}
+	}
+	var out []string
+	for _, n := range who {
+		i, ok := h.s.ClientIndex(idOf(n).Signer)
+		if !ok {
+			out = append(out, n+": not a client")
+			continue
+		}
+		proof := h.s.Config.WitnessProofFor(r, i)
+		if !proof.IsWitness {
+			out = append(out, n+": not a witness")
+			continue
+		}
+		w := coordinator.Witness{Proof: proof, Key: uint64(i) + 1000}
+		w.Metadata.Step = h.s.Progress.Step
+		for _, s := range saw {
+			w.Participants.Add(w.Key, coordinator.ParticipantMember(idOf(s).Signer))
+			w.Broadcasts.Add(w.Key, commitmentOf(s, h.s.Progress.Step))
+		}
+		var ix coordinator.Instruction = &coordinator.WitnessRound{Report: w}
+		if h.s.RunState == coordinator.Warmup {
+			ix = &coordinator.WarmupWitness{Report: w}
+		}
+		out = append(out, n+": "+h.apply(n, ix))
+	}
+	return strings.Join(out, "\n") + "\n" + h.s.Describe()
+}
+
+// ready describes a Ready, one line per field that asks for something, in
+// field order, and keeps it for deliver, loaded and trained.
+func (h *harness) ready(rd Ready) string {
+	h.last = rd
+	var out []string
+	if a := rd.Apply; a != nil {
+		var fs []string
+		for _, f := range a.Frames {
+			fs = append(fs, h.frames[f])
+		}
+		sort.Strings(fs)
+		out = append(out, fmt.Sprintf("apply step=%d lr=%g frames=[%s] missing=%v", a.Step, a.LR, strings.Join(fs, " "), a.Missing))
+	}
+	if l := rd.Load; l != nil {
+		out = append(out, fmt.Sprintf("load epoch=%d keep=%v", l.Epoch, l.Keep))
+	}
+	if w := rd.Train; w != nil {
+		out = append(out, fmt.Sprintf("train step=%d batch=[%d,%d) lr=%g", w.Step, w.Batch.Start, w.Batch.End, w.LR))
+	}
+	for _, ix := range rd.Send {
+		out = append(out, "send "+h.describeIx(ix))
+	}
+	for _, a := range rd.Fetch {
+		out = append(out, fmt.Sprintf("fetch %s@%d[%d,%d)", h.names[a.Trainer.Signer], a.Step, a.Batch.Start, a.Batch.End))
+	}
+	if rd.Pull != nil {
+		out = append(out, fmt.Sprintf("pull step=%d", *rd.Pull))
+	}
+	if rd.Save {
+		out = append(out, "save")
+	}
+	if rd.Share {
+		out = append(out, "share")
+	}
+	if rd.Done {
+		out = append(out, "done")
+	}
+	if len(out) == 0 {
+		return "(nothing)"
+	}
+	return strings.Join(out, "\n")
+}
+
+// describeIx names an instruction with what identifies it.
+func (h *harness) describeIx(ix coordinator.Instruction) string {
+	switch ix := ix.(type) {
+	case *coordinator.WitnessRound:
+		return fmt.Sprintf("witness step=%d saw=%s", ix.Report.Metadata.Step, h.seen(&ix.Report))
+	case *coordinator.WarmupWitness:
+		return "warmup_witness"
+	case *coordinator.HealthCheck:
+		return "health_check " + h.names[ix.ID.Signer]
+	}
+	return ix.Name()
+}
+
+// seen lists the clients in a report's participant bloom.
+func (h *harness) seen(w *coordinator.Witness) string {
+	var out []string
+	for k, n := range h.names {
+		if w.Participants.Has(w.Key, coordinator.ParticipantMember(k)) {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}

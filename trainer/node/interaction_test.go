@@ -166,7 +166,7 @@ func names(kv map[string]string, key string) []string {
 // Commands (the machine's events are snapshot, loaded, trained, announce,
 // fetched, pulled and machine-tick; each prints the Ready it returned):
 //
-//	run clients=a,b,c me=a [epochs=0] [batch=6] [epoch-time=100] [train-time=10] [witness-nodes=0] [min=2]
+//	run clients=a,b,c me=a [epochs=0] [ticking=false] [batch=6] [epoch-time=100] [train-time=10] [witness-nodes=0] [min=2]
 //	    creates, configures and resumes a run; me is the machine's client
 //	join who=b,c                     others join
 //	tick [n=1]                       the coordinator's clock moves n seconds, ticking each
@@ -177,7 +177,9 @@ func names(kv map[string]string, key string) []string {
 //	announce who=b [step=S]          b's result for step S (default: the current one) is announced
 //	fetched who=b [step=S] [err=timeout|invalid]   b's result arrived, or its fetch failed
 //	pulled who=b,c [step=S]          a pull answered with their announcements
-//	machine-tick                     the machine's one-second tick
+//	machine-tick                     the machine's one-second tick, at the coordinator's time
+//	time [n=1]                       the clock moves n seconds and nobody ticks (a Solana run)
+//	tick-sent                        the tick the last Ready asked for is sent as me, and lands
 //	witness who=b,c [saw=a,b,c]      others report the current round, having seen saw's results
 //	checkpoint who=b                 b records the epoch's checkpoint
 //	pause, resume                    the run's authority pauses or resumes it
@@ -262,7 +264,14 @@ func (h *harness) run(line string) string {
 		}
 		return h.ready(h.m.pulled(list))
 	case "machine-tick":
-		return h.ready(h.m.tick())
+		return h.ready(h.m.tick(h.now))
+	case "time":
+		h.now += h.num(kv, "n", 1)
+		return fmt.Sprintf("now=%d", h.now)
+	case "tick-sent":
+		out := "tick: " + h.apply(h.me, &coordinator.Tick{})
+		h.m.tickSent()
+		return out + "\n" + h.s.Describe()
 	case "witness":
 		return h.witness(names(kv, "who"), names(kv, "saw"))
 	case "checkpoint":
@@ -303,7 +312,7 @@ func (h *harness) newRun(kv map[string]string) string {
 		}
 	}
 	k := uint64(0)
-	h.m = newMachine(idOf(h.me), int(h.num(kv, "epochs", 0)), func() uint64 { k++; return k })
+	h.m = newMachine(idOf(h.me), int(h.num(kv, "epochs", 0)), kv["ticking"] == "true", func() uint64 { k++; return k })
 	return h.s.Describe()
 }
 
@@ -408,14 +417,17 @@ func (h *harness) ready(rd Ready) string {
 	if rd.Pull != nil {
 		out = append(out, fmt.Sprintf("pull step=%d", *rd.Pull))
 	}
-	if rd.Save {
-		out = append(out, "save")
+	if rd.Share != nil {
+		out = append(out, fmt.Sprintf("share epoch=%d", *rd.Share))
 	}
-	if rd.Share {
-		out = append(out, "share")
+	if rd.Save != nil {
+		out = append(out, fmt.Sprintf("save epoch=%d step=%d", rd.Save.Epoch, rd.Save.Step))
 	}
-	if rd.Done {
-		out = append(out, "done")
+	if rd.Tick {
+		out = append(out, "tick")
+	}
+	if rd.Done != "" {
+		out = append(out, "done: "+rd.Done)
 	}
 	if len(out) == 0 {
 		return "(nothing)"

@@ -2,6 +2,7 @@ package node
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"sort"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -17,25 +18,46 @@ import (
 // and reports back with more events. It is single-threaded and deterministic
 // given its inputs (witness bloom keys come from newKey).
 type machine struct {
-	id     coordinator.ClientID
-	epochs int // leave after this many epochs (0: never)
-	newKey func() uint64
+	id      coordinator.ClientID
+	epochs  int  // leave after this many epochs (0: never)
+	ticking bool // send ticks when a transition is due (WithTicking)
+	newKey  func() uint64
 
 	snap     *coordinator.Coordinator
 	results  map[uint32]map[uint64]*result // step → batch start → first verified result
 	fetching map[coordinator.Hash]bool
 	rejected map[coordinator.Hash]bool // results that failed their checks: never fetched again
 	rounds   map[uint32]*roundState    // by step
-	joined   uint32                    // epoch+1 of the last join sent (0: none)
-	held     uint32                    // epoch+1 of the last epoch this node ended as a client
-	ready    uint32                    // epoch+1 of the epoch the model is ready for
+	book     epochBook                 // what this node has done in the current epoch
+	prev     epochBook                 // and in the one before
 	trained  int                       // epochs this node has ended as a client
-	warmedUp uint32                    // epoch+1 of the last warmup witness sent
-	ckpt     uint32                    // epoch+1 of the last checkpoint attempt
 	loss     float32                   // loss of the last trained batch
 	pulling  bool                      // a pull is in flight
 	diverged bool                      // a round was applied without every consensus result
-	counted  uint32                    // epoch+1 of the last epoch counted in trained
+
+	dueSince     uint64 // when a tick became due (unix seconds; 0: none is due)
+	tickInFlight bool   // a tick instruction is on its way
+}
+
+// epochBook records what the node has done once in one epoch. The node keeps
+// the current epoch's and the previous one's (a joiner's load asks whether
+// this node ended the previous epoch holding its final model).
+type epochBook struct {
+	epoch    uint32
+	joined   bool // join_run sent for it
+	ready    bool // the model is loaded for it
+	warmedUp bool // the warmup witness was sent
+	held     bool // it ended as a client with every result applied: it holds the final model
+	saved    bool // the checkpoint was asked for
+	counted  bool // counted in trained
+}
+
+// epochBook returns the book of epoch e, turning the page when e is new.
+func (m *machine) bookFor(e uint32) *epochBook {
+	if m.book.epoch != e {
+		m.prev, m.book = m.book, epochBook{epoch: e}
+	}
+	return &m.book
 }
 
 // result is a verified peer (or own) result for one batch.
@@ -57,13 +79,16 @@ type dueRound struct {
 	signers    []coordinator.Pubkey
 }
 
-// Ready is what the driver does next, in field order.
+// Ready is what the driver does next, in field order. Work that answers
+// with an event (a load, a training) is followed, after the rest of this
+// Ready, by the Ready that event returns; Fetch, Pull and Tick answer later,
+// as events of their own.
 type Ready struct {
 	// Apply asks to apply a round's consensus results, in this order.
 	Apply *ApplyWork
-	// Load asks for the model, optimizer and data of the snapshot's epoch;
-	// Keep says the model in memory may stay (it is the previous epoch's
-	// end, which P2P checkpoints serve). Answer with loaded.
+	// Load asks for the model, optimizer and data of an epoch; Keep says the
+	// model in memory may stay (it is the previous epoch's end, which P2P
+	// checkpoints serve). Answer with loaded.
 	Load *LoadWork
 	// Train asks to train this node's batch and publish it. Answer with
 	// trainedResult.
@@ -75,20 +100,31 @@ type Ready struct {
 	Fetch []p2p.Announcement
 	// Pull asks peers directly for a step's announcements. Answer with pulled.
 	Pull *uint32
+	// Share asks to serve the model to the joiners of epoch Share (a P2P
+	// checkpoint): this node ended the epoch before with every result
+	// applied.
+	Share *uint32
 	// Save asks to save the model and record it as the epoch's checkpoint.
-	Save bool
-	// Share asks to serve the model to the next epoch's joiners (a P2P
-	// checkpoint): this node ended the epoch with every result applied.
-	Share bool
-	// Done says the node should stop: the run is finished, or the node has
-	// trained the epochs it was asked to.
-	Done bool
+	Save *SaveWork
+	// Tick asks to send a tick instruction (WithTicking). Answer with
+	// tickSent once it has landed or failed.
+	Tick bool
+	// Done says the node should stop, and why: the run is finished, or the
+	// node has trained the epochs it was asked to.
+	Done string
 }
 
-// LoadWork describes a model load.
+// SaveWork names the checkpoint to save.
+type SaveWork struct {
+	Epoch, Step uint32
+}
+
+// LoadWork describes a model load: the coordinator state of the epoch to
+// load for (its model, checkpoint source and holders).
 type LoadWork struct {
 	Epoch uint32
 	Keep  bool
+	State *coordinator.Coordinator
 }
 
 // TrainWork describes this node's batch of a round.
@@ -107,8 +143,8 @@ type ApplyWork struct {
 	Missing []uint64
 }
 
-func newMachine(id coordinator.ClientID, epochs int, newKey func() uint64) *machine {
-	return &machine{id: id, epochs: epochs, newKey: newKey,
+func newMachine(id coordinator.ClientID, epochs int, ticking bool, newKey func() uint64) *machine {
+	return &machine{id: id, epochs: epochs, ticking: ticking, newKey: newKey,
 		results: map[uint32]map[uint64]*result{}, fetching: map[coordinator.Hash]bool{},
 		rejected: map[coordinator.Hash]bool{}, rounds: map[uint32]*roundState{}}
 }
@@ -129,13 +165,15 @@ func (m *machine) member() (uint16, bool) {
 	return i, ok && s.Epoch.Clients[i].State == coordinator.Healthy
 }
 
-func (m *machine) epochTag() uint32 { return m.snap.Progress.Epoch + 1 }
+// cur is the book of the snapshot's epoch.
+func (m *machine) cur() *epochBook { return m.bookFor(m.snap.Progress.Epoch) }
 
 // snapshot takes a new coordinator state.
 func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 	m.snap = s
+	m.dueSince = 0 // whatever was due may have happened: count the turn anew
 	var rd Ready
-	tag := m.epochTag()
+	book := m.cur()
 	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness && s.RunState != coordinator.Cooldown && m.hasDue() {
 		// The epoch ended with results still missing: apply what there is
 		// (this marks the model as diverged; the driver applies before it
@@ -144,27 +182,27 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 	}
 	switch s.RunState {
 	case coordinator.Finished:
-		rd.Done = true
+		rd.Done = "the run is finished"
 	case coordinator.WaitingForMembers:
 		if m.epochs > 0 && m.trained >= m.epochs {
-			rd.Done = true
+			rd.Done = fmt.Sprintf("trained the %d epochs asked for", m.epochs)
 			break
 		}
-		if _, pending := s.PendingIndex(m.id.Signer); !pending && m.joined != tag {
-			m.joined = tag
+		if _, pending := s.PendingIndex(m.id.Signer); !pending && !book.joined {
+			book.joined = true
 			rd.Send = append(rd.Send, &coordinator.JoinRun{ID: m.id})
 		}
 	case coordinator.Warmup:
 		if _, ok := m.member(); !ok {
 			break
 		}
-		if m.ready != tag {
+		if !book.ready {
 			rd.Load = m.loadWork()
 			break
 		}
 		m.warmupWitness(&rd)
 	case coordinator.RoundTrain, coordinator.RoundWitness:
-		if _, ok := m.member(); !ok || m.ready != tag {
+		if _, ok := m.member(); !ok || !book.ready {
 			break
 		}
 		m.applyDue(&rd)
@@ -185,15 +223,17 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 // result applied and the run says to use peers.
 func (m *machine) loadWork() *LoadWork {
 	s := m.snap
-	keep := m.held == s.Progress.Epoch && s.Model.Checkpoint.Kind == coordinator.CheckpointP2P
-	return &LoadWork{Epoch: s.Progress.Epoch, Keep: keep}
+	m.cur() // turn the page: prev is the epoch before
+	keep := s.Progress.Epoch > 0 && m.prev.epoch == s.Progress.Epoch-1 && m.prev.held &&
+		s.Model.Checkpoint.Kind == coordinator.CheckpointP2P
+	return &LoadWork{Epoch: s.Progress.Epoch, Keep: keep, State: s}
 }
 
 // cooldown finishes the epoch's applies, then marks the model as held and,
 // if this node is an elected checkpointer, asks to save it.
 func (m *machine) cooldown(rd *Ready) {
-	tag := m.epochTag()
-	if m.ready != tag {
+	book := m.cur()
+	if !book.ready {
 		return
 	}
 	m.applyDue(rd)
@@ -204,23 +244,25 @@ func (m *machine) cooldown(rd *Ready) {
 	if !ok {
 		return
 	}
-	if m.held != tag && !m.diverged {
-		m.held = tag // this node holds the epoch's final model
-		rd.Share = true
+	s := m.snap
+	if !book.held && !m.diverged {
+		book.held = true // this node holds the epoch's final model
+		next := s.Progress.Epoch + 1
+		rd.Share = &next
 	}
-	if m.counted != tag {
-		m.counted = tag
+	if !book.counted {
+		book.counted = true
 		m.trained++
 	}
-	if m.ckpt != tag && !m.diverged && m.snap.IsCheckpointer(i) {
-		m.ckpt = tag
-		rd.Save = true
+	if !book.saved && !m.diverged && s.IsCheckpointer(i) {
+		book.saved = true
+		rd.Save = &SaveWork{Epoch: s.Progress.Epoch, Step: s.Progress.Step}
 	}
 }
 
 // loaded says the model for epoch is ready.
 func (m *machine) loaded(epoch uint32) Ready {
-	m.ready = epoch + 1
+	m.bookFor(epoch).ready = true
 	m.diverged = false
 	var rd Ready
 	if m.snap != nil && m.snap.RunState == coordinator.Warmup && m.snap.Progress.Epoch == epoch {
@@ -253,7 +295,7 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 		return rd
 	}
 	m.store(a, f)
-	if m.snap != nil && m.ready == m.epochTag() {
+	if m.snap != nil && m.cur().ready {
 		if m.snap.RunState == coordinator.Cooldown {
 			m.cooldown(&rd)
 			return rd
@@ -273,16 +315,18 @@ func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, loss float3
 	return rd
 }
 
-// tick runs once a second: it asks peers directly for results gossip has
-// not delivered, and retries a model load that failed (peers that were not
-// reachable yet).
-func (m *machine) tick() Ready {
+// tick runs once a second with the time (unix seconds, the coordinator's
+// unit): it asks peers directly for results gossip has not delivered,
+// retries a model load that failed (peers that were not reachable yet) and,
+// WithTicking, sends a tick when its turn comes (see turnToTick).
+func (m *machine) tick(now uint64) Ready {
 	var rd Ready
 	s := m.snap
 	if s == nil {
 		return rd
 	}
-	if m.ready != m.epochTag() {
+	rd.Tick = m.turnToTick(now)
+	if !m.cur().ready {
 		if _, ok := m.member(); ok && s.RunState == coordinator.Warmup {
 			rd.Load = m.loadWork()
 		}
@@ -307,6 +351,40 @@ func (m *machine) tick() Ready {
 	}
 	return rd
 }
+
+// turnToTick reports whether to send a tick now: ticking the last snapshot
+// at now would change it (the coordinator is pure, so a copy shows the
+// outcome), and it is this node's turn. Every trainer would pay for a tick
+// that only the first can use, so they take turns: the epoch's client at
+// index i waits until the transition has been due for i seconds (others for
+// one more than the clients), which costs a second per trainer that is
+// gone. At most one tick is in flight.
+func (m *machine) turnToTick(now uint64) bool {
+	s := m.snap
+	if !m.ticking || m.tickInFlight {
+		return false
+	}
+	probe := *s
+	if changed, err := probe.Tick(now, 0); err != nil || !changed {
+		m.dueSince = 0
+		return false
+	}
+	if m.dueSince == 0 {
+		m.dueSince = now
+	}
+	turn := uint64(s.Epoch.ClientsLen) + 1
+	if i, ok := s.ClientIndex(m.id.Signer); ok {
+		turn = uint64(i)
+	}
+	if now-m.dueSince < turn {
+		return false
+	}
+	m.tickInFlight = true
+	return true
+}
+
+// tickSent says the tick asked for has landed or failed.
+func (m *machine) tickSent() { m.tickInFlight = false }
 
 // pulled takes the answer to a pull.
 func (m *machine) pulled(list []p2p.Announcement) Ready {
@@ -404,8 +482,8 @@ func (m *machine) maybeWitness(rd *Ready) {
 }
 
 func (m *machine) warmupWitness(rd *Ready) {
-	if tag := m.epochTag(); m.warmedUp != tag {
-		m.warmedUp = tag
+	if book := m.cur(); !book.warmedUp {
+		book.warmedUp = true
 		m.witness(rd, true)
 	}
 }

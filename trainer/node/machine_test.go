@@ -71,7 +71,7 @@ func keys() func() uint64 {
 
 func TestMachineJoinsOncePerEpoch(t *testing.T) {
 	r := newRun(t)
-	m := newMachine(r.ids[0], 0, keys())
+	m := newMachine(r.ids[0], 0, false, keys())
 	rd := m.snapshot(r.snap())
 	if len(rd.Send) != 1 || rd.Send[0].Name() != "join_run" {
 		t.Fatalf("want a join, got %+v", rd)
@@ -87,7 +87,7 @@ func TestMachineJoinsOncePerEpoch(t *testing.T) {
 // toTraining brings the run to its first RoundTrain with the machine as
 // client 0, loaded, and returns the machine.
 func toTraining(t *testing.T, r *run) *machine {
-	m := newMachine(r.ids[0], 0, keys())
+	m := newMachine(r.ids[0], 0, false, keys())
 	for i, id := range r.ids {
 		if err := r.apply(id.Signer, &coordinator.JoinRun{ID: id}); err != nil {
 			t.Fatal(i, err)
@@ -196,13 +196,13 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 
 func TestMachineLeavesWhenDone(t *testing.T) {
 	r := newRun(t)
-	m := newMachine(r.ids[0], 1, keys())
+	m := newMachine(r.ids[0], 1, false, keys())
 	m.trained = 1
-	if rd := m.snapshot(r.snap()); !rd.Done || len(rd.Send) != 0 {
+	if rd := m.snapshot(r.snap()); rd.Done == "" || len(rd.Send) != 0 {
 		t.Fatalf("want to leave without joining, got %+v", rd)
 	}
 	r.s.RunState = coordinator.Finished
-	if rd := newMachine(r.ids[0], 0, keys()).snapshot(r.snap()); !rd.Done {
+	if rd := newMachine(r.ids[0], 0, false, keys()).snapshot(r.snap()); rd.Done == "" {
 		t.Fatal("a finished run did not end the node")
 	}
 }
@@ -211,11 +211,11 @@ func TestMachinePullsWhatGossipLost(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
 	m.snapshot(r.snap())
-	rd := m.tick()
+	rd := m.tick(r.now)
 	if rd.Pull == nil || *rd.Pull != 1 {
 		t.Fatalf("want a pull of step 1, got %+v", rd)
 	}
-	if again := m.tick(); again.Pull != nil {
+	if again := m.tick(r.now); again.Pull != nil {
 		t.Fatal("a second pull while one is in flight")
 	}
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())

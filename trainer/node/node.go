@@ -7,9 +7,15 @@
 // the model from them (P2P checkpoints) or from the run's file or http(s)
 // source. On a backend nobody ticks (Solana), it ticks (WithTicking).
 //
-// The decisions live in machine (machine.go), which does no I/O: each event
-// returns a Ready saying what to send, fetch, train, apply and save. Node.Run
-// is the driver: one goroutine that feeds it events and does the work.
+// The decisions live in machine (machine.go), which does no I/O and reads no
+// clock: each event (a snapshot, an announcement, a fetched or trained
+// result, a loaded model, a pull's answer, a tick at a given time) returns a
+// Ready saying what to apply, load, train, send, fetch, pull, share, save
+// and tick; what it has done once per epoch is kept in one epochBook. Its
+// transcripts are testdata/*.txt (interaction_test.go, -rewrite). Node.Run is
+// the driver: one goroutine that feeds it events and does each Ready in
+// field order, queueing the Readies that work answers with, and reads
+// nothing of the machine but what Ready says.
 package node
 
 import (
@@ -19,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
@@ -168,13 +173,11 @@ type Node struct {
 	net     p2p.Network
 	m       *machine
 
-	ticking  atomic.Bool // a tick instruction is in flight
-	dueSince time.Time   // since when a tick has been due (zero: not due)
-	id       coordinator.ClientID
-	model    *gpt.Model
-	opt      *distro.DeMo
-	data     *data.Provider
-	dataLoc  string
+	id      coordinator.ClientID
+	model   *gpt.Model
+	opt     *distro.DeMo
+	data    *data.Provider
+	dataLoc string
 }
 
 // New creates a node for a run over network (Start creates both).
@@ -196,7 +199,7 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 	}
 	id := coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()}
 	return &Node{cfg: cfg, runID: runID, backend: backend, signer: signer, net: network, id: id,
-		m: newMachine(id, cfg.epochs, randomKey)}, nil
+		m: newMachine(id, cfg.epochs, cfg.ticking, randomKey)}, nil
 }
 
 // ID is the node's client identity.
@@ -251,9 +254,8 @@ func (n *Node) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	ev := events{fetched: make(chan fetchResult, 16), pulled: make(chan pullResult, 1), ticked: make(chan func(), 1)}
 	anns := n.net.Announcements()
-	fetched := make(chan fetchResult, 16)
-	pulled := make(chan pullResult, 1)
 	tick, stopTick := n.cfg.clock.Ticker(time.Second)
 	defer stopTick()
 	for {
@@ -264,12 +266,14 @@ func (n *Node) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick:
+		case now := <-tick:
 			ended = n.cfg.clock.Work()
 			n.connectPeers(ctx)
-			n.maybeTick(ctx)
-			rd = n.m.tick()
-		case p := <-pulled:
+			rd = n.m.tick(uint64(now.Unix()))
+		case done := <-ev.ticked:
+			ended = done
+			n.m.tickSent()
+		case p := <-ev.pulled:
 			ended = p.done
 			rd = n.m.pulled(p.list)
 		case s, ok := <-snaps:
@@ -285,7 +289,7 @@ func (n *Node) Run(ctx context.Context) error {
 		case a := <-anns:
 			ended = n.cfg.clock.Work()
 			rd = n.m.announced(a)
-		case f := <-fetched:
+		case f := <-ev.fetched:
 			ended = f.done
 			if f.err == nil && n.opt != nil {
 				if f.err = n.opt.Check(f.frame); f.err != nil {
@@ -305,7 +309,7 @@ func (n *Node) Run(ctx context.Context) error {
 			}
 			rd = n.m.fetched(f.ann, f.frame, f.err, f.invalid)
 		}
-		done, err := n.do(ctx, rd, fetched, pulled)
+		done, err := n.doAll(ctx, rd, ev)
 		n.report()
 		ended()
 		if err != nil {
@@ -320,47 +324,27 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 }
 
-// maybeTick sends a tick (WithTicking) if ticking the last snapshot now
-// would change it: the coordinator is pure, so a copy shows the outcome
-// without sending anything. Every trainer would pay for a tick that only
-// the first can use, so they take turns: the epoch's client at index i
-// waits until the transition has been due for i seconds (others for one
-// more than the clients), which costs a second per trainer that is gone. At
-// most one tick is in flight.
-func (n *Node) maybeTick(ctx context.Context) {
-	s := n.m.snap
-	if !n.cfg.ticking || s == nil || n.ticking.Load() {
-		return
-	}
-	now := n.cfg.clock.Now()
-	probe := *s
-	if changed, err := probe.Tick(uint64(now.Unix()), 0); err != nil || !changed {
-		n.dueSince = time.Time{}
-		return
-	}
-	if n.dueSince.IsZero() {
-		n.dueSince = now
-	}
-	turn := int(s.Epoch.ClientsLen) + 1
-	if i, ok := s.ClientIndex(n.signer.Public()); ok {
-		turn = int(i)
-	}
-	if now.Sub(n.dueSince) < time.Duration(turn)*time.Second {
-		return
-	}
-	n.ticking.Store(true)
-	working := n.cfg.clock.Work()
-	go func() {
-		defer working()
-		defer n.ticking.Store(false)
-		if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.Tick{}); err != nil {
-			if ctx.Err() == nil {
-				n.cfg.log.Debug("tick refused", "err", err)
-			}
-			return
+// events are the channels on which work done in the background answers
+// the loop in Run.
+type events struct {
+	fetched chan fetchResult
+	pulled  chan pullResult
+	ticked  chan func() // a tick landed or failed; call to end its work
+}
+
+// doAll carries out rd and then, in order, every Ready that the events its
+// work answered at once (a load, a training) returned: a queue, not a
+// recursion, so each Ready is done whole, in field order, before the next.
+func (n *Node) doAll(ctx context.Context, rd Ready, ev events) (bool, error) {
+	queue := []Ready{rd}
+	for len(queue) > 0 {
+		next, done, err := n.do(ctx, queue[0], ev)
+		if done || err != nil {
+			return done, err
 		}
-		n.cfg.metrics.Ticks.Inc()
-	}()
+		queue = append(queue[1:], next...)
+	}
+	return false, nil
 }
 
 // observe passes a snapshot to the network as data: the step window, the
@@ -379,33 +363,31 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 	n.cfg.metrics.Step.Set(float64(s.Progress.Step))
 }
 
-// do carries out a Ready, feeding the answers back into the machine.
-func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pulled chan<- pullResult) (bool, error) {
+// do carries out one Ready in field order. It returns the Readies the
+// machine answered the work done here with (a load, a training), for
+// doAll's queue; fetches, pulls and ticks answer later, through ev.
+func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done bool, err error) {
 	if rd.Apply != nil {
 		if err := n.apply(rd.Apply); err != nil {
-			return false, err
+			return nil, false, err
 		}
 	}
 	if rd.Load != nil {
-		if err := n.load(ctx, n.m.snap, rd.Load.Keep); errors.Is(err, errLoadLater) {
+		if err := n.load(ctx, rd.Load.State, rd.Load.Keep); errors.Is(err, errLoadLater) {
 			// The machine asks again on the next tick while the warmup lasts.
 			n.cfg.log.Warn("model not loaded yet", "err", err)
-			return false, nil
 		} else if err != nil {
-			return false, err
-		}
-		if done, err := n.do(ctx, n.m.loaded(rd.Load.Epoch), fetched, pulled); done || err != nil {
-			return done, err
+			return nil, false, err
+		} else {
+			next = append(next, n.m.loaded(rd.Load.Epoch))
 		}
 	}
 	if rd.Train != nil {
 		ann, frame, loss, err := n.train(ctx, rd.Train)
 		if err != nil {
-			return false, err
+			return nil, false, err
 		}
-		if done, err := n.do(ctx, n.m.trainedResult(ann, frame, loss), fetched, pulled); done || err != nil {
-			return done, err
-		}
+		next = append(next, n.m.trainedResult(ann, frame, loss))
 	}
 	for _, ix := range rd.Send {
 		n.send(ctx, ix)
@@ -422,7 +404,7 @@ func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pul
 				r.invalid = r.err != nil
 			}
 			select {
-			case fetched <- r:
+			case ev.fetched <- r:
 			case <-ctx.Done():
 				working()
 			}
@@ -439,22 +421,46 @@ func (n *Node) do(ctx context.Context, rd Ready, fetched chan<- fetchResult, pul
 				n.cfg.log.Debug("pull", "step", step, "err", err)
 			}
 			select {
-			case pulled <- pullResult{list: list, done: working}:
+			case ev.pulled <- pullResult{list: list, done: working}:
 			case <-ctx.Done():
 				working()
 			}
 		}()
 	}
-	if rd.Share {
-		n.shareModel(ctx, n.m.snap.Progress.Epoch+1)
+	if rd.Share != nil {
+		n.shareModel(ctx, *rd.Share)
 	}
-	if rd.Save && n.cfg.checkpoints != "" {
-		n.saveCheckpoint(ctx, n.m.snap)
+	if rd.Save != nil && n.cfg.checkpoints != "" {
+		n.saveCheckpoint(ctx, *rd.Save)
 	}
-	if rd.Done {
-		n.cfg.log.Info("leaving", "state", n.m.snap.RunState.String(), "epoch", n.m.snap.Progress.Epoch)
+	if rd.Tick {
+		n.sendTick(ctx, ev)
 	}
-	return rd.Done, nil
+	if rd.Done != "" {
+		n.cfg.log.Info("leaving", "why", rd.Done)
+		return nil, true, nil
+	}
+	return next, false, nil
+}
+
+// sendTick sends a tick instruction in the background and tells the loop
+// when it has landed or failed.
+func (n *Node) sendTick(ctx context.Context, ev events) {
+	working := n.cfg.clock.Work() // until Run has taken the answer
+	go func() {
+		if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.Tick{}); err != nil {
+			if ctx.Err() == nil {
+				n.cfg.log.Debug("tick refused", "err", err)
+			}
+		} else {
+			n.cfg.metrics.Ticks.Inc()
+		}
+		select {
+		case ev.ticked <- working:
+		case <-ctx.Done():
+			working()
+		}
+	}()
 }
 
 func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
@@ -468,7 +474,7 @@ func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
 	case *coordinator.WitnessRound, *coordinator.WarmupWitness:
 		n.cfg.metrics.WitnessReports.Inc()
 	}
-	n.cfg.log.Info("sent", "ix", ix.Name(), "step", n.m.snap.Progress.Step)
+	n.cfg.log.Info("sent", "ix", ix.Name())
 }
 
 // pullResult is a pull's answer; done ends the work it counts as.

@@ -138,13 +138,13 @@ func (n *Node) apply(w *ApplyWork) error {
 }
 
 // saveCheckpoint writes the model and records it (elected checkpointers).
-func (n *Node) saveCheckpoint(ctx context.Context, s *coordinator.Coordinator) {
-	path, err := filepath.Abs(filepath.Join(n.cfg.checkpoints, fmt.Sprintf("%s-epoch%d-step%d.safetensors", n.runID, s.Progress.Epoch, s.Progress.Step)))
+func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
+	path, err := filepath.Abs(filepath.Join(n.cfg.checkpoints, fmt.Sprintf("%s-epoch%d-step%d.safetensors", n.runID, w.Epoch, w.Step)))
 	if err != nil {
 		n.cfg.log.Warn("checkpoint path", "err", err)
 		return
 	}
-	if err := n.model.Save(ctx, path, map[string]string{"run": n.runID, "epoch": fmt.Sprint(s.Progress.Epoch), "step": fmt.Sprint(s.Progress.Step)}); err != nil {
+	if err := n.model.Save(ctx, path, map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)}); err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed", "err", err)
 		return
 	}

@@ -1,18 +1,17 @@
 package coordinator
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/psyche-go/psyche/internal/transcript"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ with the actual output")
@@ -28,88 +27,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 // Lines starting with # between blocks are comments. Run with -rewrite to
 // regenerate the expected output, then review the diff.
 func TestTranscripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no transcripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
-			runTranscript(t, file)
-		})
-	}
-}
-
-type block struct {
-	comments []string
-	cmd      string
-	want     string
-}
-
-func parseTranscript(t *testing.T, path string) []block {
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var blocks []block
-	var cur block
-	state := 0 // 0: between blocks, 1: reading command, 2: reading output
-	sc := bufio.NewScanner(f)
-	line := 0
-	for sc.Scan() {
-		line++
-		l := sc.Text()
-		switch state {
-		case 0:
-			if strings.HasPrefix(l, "#") || strings.TrimSpace(l) == "" {
-				cur.comments = append(cur.comments, l)
-				continue
-			}
-			cur.cmd = l
-			state = 1
-		case 1:
-			if l != "----" {
-				t.Fatalf("%s:%d: want ---- after the command, got %q", path, line, l)
-			}
-			state = 2
-		case 2:
-			if l == "" {
-				blocks = append(blocks, cur)
-				cur = block{}
-				state = 0
-				continue
-			}
-			cur.want += l + "\n"
-		}
-	}
-	if state == 1 {
-		t.Fatalf("%s: command %q has no output section", path, cur.cmd)
-	}
-	if state == 2 {
-		blocks = append(blocks, cur)
-	}
-	return blocks
-}
-
-func runTranscript(t *testing.T, path string) {
-	blocks := parseTranscript(t, path)
-	h := newHarness()
-	var out strings.Builder
-	for _, b := range blocks {
-		got := h.run(t, b.cmd)
-		for _, c := range b.comments {
-			out.WriteString(c + "\n")
-		}
-		out.WriteString(b.cmd + "\n----\n" + got + "\n")
-		if !*rewrite && got != b.want {
-			t.Errorf("%s: %s\n got:\n%s\nwant:\n%s", path, b.cmd, got, b.want)
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	transcript.RunDir(t, *rewrite, func(t *testing.T) func(cmd string) string {
+		h := newHarness()
+		return func(cmd string) string { return h.run(t, cmd) }
+	})
 }
 
 // harness drives one coordinator with named participants. A name's signer

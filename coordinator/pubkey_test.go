@@ -50,7 +50,6 @@ func FuzzBase58(f *testing.F) {
 	})
 }
 
-
 func TestParsePubkeyRejects(t *testing.T) {
 	for _, s := range []string{"", "1111", "0OIl", strings.Repeat("z", 45)} {
 		if k, err := ParsePubkey(s); err == nil {

@@ -92,10 +92,22 @@ func Commitment(step uint32, batch BatchRange, payload []byte) coordinator.Hash 
 	return out
 }
 
+// BlockDigests cuts data into blocks of BlockSize bytes (the last may be
+// shorter) and returns each block's sha256: a BlobRef's Blocks.
+func BlockDigests(data []byte) []coordinator.Hash {
+	var hs []coordinator.Hash
+	for off := 0; off < len(data); off += BlockSize {
+		hs = append(hs, sha256.Sum256(data[off:min(off+BlockSize, len(data))]))
+	}
+	return hs
+}
+
 // blocksFor returns how many blocks a payload of size bytes occupies.
 func blocksFor(size uint64) uint64 { return (size + BlockSize - 1) / BlockSize }
 
-func (a *Announcement) check() error {
+// Check validates an announcement's structure (sizes, block counts, batch
+// range), before any signature or run check.
+func (a *Announcement) Check() error {
 	if len(a.RunID) > coordinator.MaxRunIDLen {
 		return fmt.Errorf("%w: run id of %d bytes", ErrMalformed, len(a.RunID))
 	}
@@ -137,7 +149,7 @@ func signingMessage(signed []byte) []byte {
 // Sign sets a.Trainer.P2P to key's public key and signs a with it.
 func (a *Announcement) Sign(key ed25519.PrivateKey) error {
 	copy(a.Trainer.P2P[:], key.Public().(ed25519.PublicKey))
-	if err := a.check(); err != nil {
+	if err := a.Check(); err != nil {
 		return err
 	}
 	copy(a.Signature[:], ed25519.Sign(key, signingMessage(a.signedBytes())))
@@ -148,7 +160,7 @@ func (a *Announcement) Sign(key ed25519.PrivateKey) error {
 // that key belongs to the assigned trainer is a separate question (see
 // Network.SetAssignments).
 func (a *Announcement) Verify() error {
-	if err := a.check(); err != nil {
+	if err := a.Check(); err != nil {
 		return err
 	}
 	if !ed25519.Verify(a.Trainer.P2P[:], signingMessage(a.signedBytes()), a.Signature[:]) {
@@ -159,7 +171,7 @@ func (a *Announcement) Verify() error {
 
 // MarshalBinary encodes a in version 1. It does not sign.
 func (a *Announcement) MarshalBinary() ([]byte, error) {
-	if err := a.check(); err != nil {
+	if err := a.Check(); err != nil {
 		return nil, err
 	}
 	return append(a.signedBytes(), a.Signature[:]...), nil
@@ -203,7 +215,7 @@ func DecodeAnnouncement(b []byte) (Announcement, error) {
 	if err := r.done(); err != nil {
 		return Announcement{}, err
 	}
-	if err := a.check(); err != nil {
+	if err := a.Check(); err != nil {
 		return Announcement{}, err
 	}
 	return a, nil

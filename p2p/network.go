@@ -9,7 +9,7 @@ import (
 // Network is everything the trainer's client node needs from the network,
 // in the project's own value types: no libp2p type crosses it, so the trainer
 // can be tested against any implementation and libp2p can be upgraded without
-// touching it. *Node implements it.
+// touching it. p2p/libp2p implements it over libp2p; p2p/memnet in memory.
 type Network interface {
 	// ID is this node's p2p key (the ClientID.P2P it joins the run with).
 	ID() coordinator.Pubkey
@@ -17,6 +17,9 @@ type Network interface {
 	Addrs() []string
 	// Connect dials a peer given as a multiaddr ending in /p2p/<id>.
 	Connect(ctx context.Context, addr string) error
+	// AddrKey returns the p2p key an address names (it does not dial), or
+	// ErrBadAddress.
+	AddrKey(addr string) (coordinator.Pubkey, error)
 	// Peers lists the p2p keys of connected peers.
 	Peers() []coordinator.Pubkey
 
@@ -55,8 +58,6 @@ type Network interface {
 	// Stats is a snapshot of the node's counters.
 	Stats() Stats
 }
-
-var _ Network = (*Node)(nil)
 
 // Assignment is one batch of a round and the trainer the coordinator
 // assigned it to.

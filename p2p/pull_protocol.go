@@ -28,11 +28,12 @@ const (
 	// MaxPullAnnouncements bounds one response: one announcement per batch
 	// and trainer, and an epoch has at most 256 trainers.
 	MaxPullAnnouncements = 4 * coordinator.MaxClients
-	maxPullRequestSize   = 2 + coordinator.MaxRunIDLen + 4
-	// maxPullResponseSize bounds what a requester reads from one peer (4 MiB:
+	// MaxPullRequestSize is the size of the longest pull request.
+	MaxPullRequestSize = 2 + coordinator.MaxRunIDLen + 4
+	// MaxPullResponseSize bounds what a requester reads from one peer (4 MiB:
 	// a thousand typical announcements of a few blocks each). A responder
 	// holding more sends what fits.
-	maxPullResponseSize = 4 << 20
+	MaxPullResponseSize = 4 << 20
 )
 
 // PullRequest asks for a step's announcements.
@@ -54,7 +55,7 @@ func (r PullRequest) MarshalBinary() ([]byte, error) {
 // DecodePullRequest parses a request read from a stream.
 func DecodePullRequest(b []byte) (PullRequest, error) {
 	var p PullRequest
-	if len(b) > maxPullRequestSize {
+	if len(b) > MaxPullRequestSize {
 		return p, fmt.Errorf("%w: pull request of %d bytes", ErrOversize, len(b))
 	}
 	r := reader{b: b}
@@ -73,8 +74,8 @@ func DecodePullRequest(b []byte) (PullRequest, error) {
 	return p, nil
 }
 
-// encodePullResponse frames already-encoded announcements.
-func encodePullResponse(items [][]byte) ([]byte, error) {
+// EncodePullResponse frames already-encoded announcements.
+func EncodePullResponse(items [][]byte) ([]byte, error) {
 	if len(items) > MaxPullAnnouncements {
 		return nil, fmt.Errorf("%w: %d announcements", ErrOversize, len(items))
 	}

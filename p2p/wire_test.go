@@ -3,8 +3,10 @@ package p2p
 import (
 	"bytes"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"reflect"
 	"testing"
 
@@ -13,7 +15,7 @@ import (
 
 func sampleAnnouncement(t testing.TB) Announcement {
 	payload := randomBytes(1, 2*BlockSize+3)
-	_, hs := split(payload)
+	hs := BlockDigests(payload)
 	a := Announcement{
 		RunID: "run-7", Step: 42, Batch: BatchRange{Start: 1000, End: 1016},
 		Trainer:    coordinator.ClientID{Signer: coordinator.Pubkey{9, 9, 9}},
@@ -122,7 +124,7 @@ func TestPullRoundTrip(t *testing.T) {
 	}
 	a := sampleAnnouncement(t)
 	ab, _ := a.MarshalBinary()
-	resp, err := encodePullResponse([][]byte{ab, ab[:10]})
+	resp, err := EncodePullResponse([][]byte{ab, ab[:10]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +135,7 @@ func TestPullRoundTrip(t *testing.T) {
 }
 
 func TestCheckpointManifestRoundTrip(t *testing.T) {
-	_, hs := split(randomBytes(3, BlockSize+1))
+	hs := BlockDigests(randomBytes(3, BlockSize+1))
 	m := CheckpointManifest{Tensors: []TensorEntry{
 		{Name: "wte", DType: "F32", Shape: []uint64{256, 64}, Blob: BlobRef{Size: BlockSize + 1, Blocks: hs}},
 		{Name: "empty", DType: "BF16", Blob: BlobRef{}},
@@ -198,7 +200,7 @@ func FuzzDecodePullRequest(f *testing.F) {
 func FuzzDecodePullResponse(f *testing.F) {
 	a := sampleAnnouncement(f)
 	ab, _ := a.MarshalBinary()
-	resp, _ := encodePullResponse([][]byte{ab})
+	resp, _ := EncodePullResponse([][]byte{ab})
 	f.Add(resp)
 	f.Add([]byte{1, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -206,7 +208,7 @@ func FuzzDecodePullResponse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		again, err := encodePullResponse(items)
+		again, err := EncodePullResponse(items)
 		if err != nil || !bytes.Equal(again, b) {
 			t.Fatalf("re-encoding differs: %v", err)
 		}
@@ -214,7 +216,7 @@ func FuzzDecodePullResponse(f *testing.F) {
 }
 
 func FuzzDecodeCheckpointManifest(f *testing.F) {
-	_, hs := split(randomBytes(3, BlockSize+1))
+	hs := BlockDigests(randomBytes(3, BlockSize+1))
 	m := CheckpointManifest{Tensors: []TensorEntry{{Name: "wte", DType: "F32", Shape: []uint64{2, 3},
 		Blob: BlobRef{Size: BlockSize + 1, Blocks: hs}}}}
 	b, _ := m.MarshalBinary()
@@ -249,15 +251,31 @@ func BenchmarkValidateAnnouncement(b *testing.B) {
 }
 
 func FuzzDecodeOffer(f *testing.F) {
-	f.Add(encodeOffer(coordinator.Hash{1, 2, 3}, true))
-	f.Add(encodeOffer(coordinator.Hash{}, false))
+	f.Add(EncodeOffer(coordinator.Hash{1, 2, 3}, true))
+	f.Add(EncodeOffer(coordinator.Hash{}, false))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		id, ok, err := DecodeOffer(b)
 		if err != nil {
 			return
 		}
-		if again := encodeOffer(id, ok); !bytes.Equal(again, b) {
+		if again := EncodeOffer(id, ok); !bytes.Equal(again, b) {
 			t.Fatalf("re-encoding differs: %x vs %x", again, b)
 		}
 	})
+}
+
+// randomBytes is n reproducible bytes from seed.
+func randomBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint64())
+	}
+	return b
+}
+
+// testKey is a reproducible ed25519 key.
+func testKey(name string) ed25519.PrivateKey {
+	seed := sha256.Sum256([]byte("psyche p2p test key " + name))
+	return ed25519.NewKeyFromSeed(seed[:])
 }

@@ -7,8 +7,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/p2p/libp2p"
 	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/psyche-go/psyche/trainer/start"
 	"github.com/urfave/cli/v2"
 )
 
@@ -35,7 +36,7 @@ func join(c *cli.Context) error {
 		return err
 	}
 	log := logger(c)
-	key, err := p2p.LoadOrCreateKey(c.String("p2p-key"))
+	key, err := libp2p.LoadOrCreateKey(c.String("p2p-key"))
 	if err != nil {
 		return err
 	}
@@ -58,9 +59,9 @@ func join(c *cli.Context) error {
 	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
 		opts = append(opts, node.WithTicking())
 	}
-	var pn *p2p.Node
-	nd, pn, err := node.Start(ctx, c.String("run-id"), b, signer, []p2p.Option{p2p.WithListenAddrs(c.StringSlice("listen")...),
-		p2p.WithKey(key), p2p.WithLogger(log), p2p.WithMetrics(p2p.NewMetrics(reg))}, append(opts,
+	var pn *libp2p.Node
+	nd, pn, err := start.Trainer(ctx, c.String("run-id"), b, signer, []libp2p.Option{libp2p.WithListenAddrs(c.StringSlice("listen")...),
+		libp2p.WithKey(key), libp2p.WithLogger(log), libp2p.WithMetrics(libp2p.NewMetrics(reg))}, append(opts,
 		node.WithProgress(func(p node.Progress) {
 			if !interactive || time.Since(last) < 200*time.Millisecond {
 				return

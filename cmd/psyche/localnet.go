@@ -22,13 +22,14 @@ import (
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/quietclock"
-	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/p2p/libp2p"
 	program "github.com/psyche-go/psyche/programs/coordinator"
 	"github.com/psyche-go/psyche/programs/validator"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/start"
 	"github.com/urfave/cli/v2"
 )
 
@@ -366,7 +367,7 @@ func startLocalSolana(ctx context.Context, dir string, log *slog.Logger, manualC
 
 type localTrainer struct {
 	node *node.Node
-	net  *p2p.Node
+	net  *libp2p.Node
 	mu   sync.Mutex
 	prog node.Progress
 }
@@ -414,8 +415,8 @@ func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, 
 	for i, signer := range signers {
 		seed := sha256.Sum256([]byte(fmt.Sprintf("localnet p2p %d %s", i, runID)))
 		t := &localTrainer{}
-		nd, pn, err := node.Start(ctx, runID, b, signer, []p2p.Option{p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
-			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithLogger(log.With("trainer", i))},
+		nd, pn, err := start.Trainer(ctx, runID, b, signer, []libp2p.Option{libp2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
+			libp2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), libp2p.WithLogger(log.With("trainer", i))},
 			append([]node.Option{node.WithPeers(addrs...), node.WithCheckpointDir(dir), node.WithLogger(log.With("trainer", i)),
 				node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, opts...)...)
 		if err != nil {

@@ -100,11 +100,13 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 	}
 }
 
-// TestTestOnlyPackages: internal/soltest (it fails tests through
-// testing.TB) is imported by _test.go files only.
+// TestTestOnlyPackages: internal/soltest, internal/transcript and
+// p2p/p2ptest (they fail tests through testing.TB) are imported by _test.go
+// files only.
 func TestTestOnlyPackages(t *testing.T) {
 	root := repoRoot(t)
-	testOnly := []string{"github.com/psyche-go/psyche/internal/soltest"}
+	testOnly := []string{"github.com/psyche-go/psyche/internal/soltest", "github.com/psyche-go/psyche/internal/transcript",
+		"github.com/psyche-go/psyche/p2p/p2ptest"}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -147,4 +149,37 @@ func also(allowed []string) string {
 		return ""
 	}
 	return " and " + strings.Join(allowed, ", ")
+}
+
+// TestOnlyTheWiringKnowsLibp2p: the p2p contract and everything under
+// trainer/ but the wiring (trainer/start) build without libp2p, so the
+// trainer is tested against any p2p.Network and libp2p can change under it.
+func TestOnlyTheWiringKnowsLibp2p(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go command not found")
+	}
+	root := repoRoot(t)
+	cmd := exec.Command("go", "list", "./p2p", "./trainer/...")
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if pkg == "github.com/psyche-go/psyche/trainer/start" {
+			continue
+		}
+		deps := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+		deps.Dir = root
+		list, err := deps.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, list)
+		}
+		for _, d := range strings.Fields(string(list)) {
+			if strings.HasPrefix(d, "github.com/libp2p/") || d == "github.com/psyche-go/psyche/p2p/libp2p" {
+				t.Errorf("%s depends on %s: only trainer/start may wire libp2p in", pkg, d)
+				break
+			}
+		}
+	}
 }

@@ -1,17 +1,16 @@
 package node
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/psyche-go/psyche/internal/transcript"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
@@ -32,80 +31,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 // Lines starting with # between blocks are comments. Run with -rewrite to
 // regenerate the expected output, then review the diff.
 func TestTranscripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no transcripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) { runTranscript(t, file) })
-	}
-}
-
-type block struct {
-	comments []string
-	cmd      string
-	want     string
-}
-
-func parseTranscript(t *testing.T, path string) []block {
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var blocks []block
-	var cur block
-	state := 0 // 0: between blocks, 1: after the command, 2: reading output
-	sc := bufio.NewScanner(f)
-	for line := 1; sc.Scan(); line++ {
-		l := sc.Text()
-		switch state {
-		case 0:
-			if strings.HasPrefix(l, "#") || strings.TrimSpace(l) == "" {
-				cur.comments = append(cur.comments, l)
-				continue
-			}
-			cur.cmd, state = l, 1
-		case 1:
-			if l != "----" {
-				t.Fatalf("%s:%d: want ---- after the command, got %q", path, line, l)
-			}
-			state = 2
-		case 2:
-			if l == "" {
-				blocks, cur, state = append(blocks, cur), block{}, 0
-				continue
-			}
-			cur.want += l + "\n"
-		}
-	}
-	if state == 1 {
-		t.Fatalf("%s: command %q has no output section", path, cur.cmd)
-	}
-	if state == 2 {
-		blocks = append(blocks, cur)
-	}
-	return blocks
-}
-
-func runTranscript(t *testing.T, path string) {
-	h := &harness{t: t, names: map[coordinator.Pubkey]string{}, frames: map[*distro.Frame]string{}}
-	var out strings.Builder
-	for _, b := range parseTranscript(t, path) {
-		got := h.run(b.cmd) + "\n"
-		for _, c := range b.comments {
-			out.WriteString(c + "\n")
-		}
-		out.WriteString(b.cmd + "\n----\n" + got + "\n")
-		if !*rewrite && got != b.want {
-			t.Errorf("%s: %s\n got:\n%s\nwant:\n%s", path, b.cmd, got, b.want)
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	transcript.RunDir(t, *rewrite, func(t *testing.T) func(cmd string) string {
+		h := &harness{t: t, names: map[coordinator.Pubkey]string{}, frames: map[*distro.Frame]string{}}
+		return h.run
+	})
 }
 
 // harness holds the coordinator, the machine under test ("me") and what

@@ -110,14 +110,9 @@ func WithCheckpointDir(dir string) Option {
 
 // WithPeers lists peer addresses (multiaddrs ending in /p2p/<id>) the node
 // keeps dialling until connected: how trainers find each other without a
-// discovery service.
+// discovery service. New checks that the network can read them.
 func WithPeers(addrs ...string) Option {
 	return func(c *config) error {
-		for _, a := range addrs {
-			if _, err := p2p.AddrKey(a); err != nil {
-				return fmt.Errorf("node: peer address: %w", err)
-			}
-		}
 		c.peers = append(c.peers, addrs...)
 		return nil
 	}
@@ -196,6 +191,11 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 	}
 	if _, err := coordinator.ParseRunID(runID); err != nil {
 		return nil, err
+	}
+	for _, a := range cfg.peers {
+		if _, err := network.AddrKey(a); err != nil {
+			return nil, fmt.Errorf("node: peer address: %w", err)
+		}
 	}
 	id := coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()}
 	return &Node{cfg: cfg, runID: runID, backend: backend, signer: signer, net: network, id: id,
@@ -506,7 +506,7 @@ func (n *Node) connectPeers(ctx context.Context) {
 		connected[k] = true
 	}
 	for _, addr := range n.cfg.peers {
-		if k, err := p2p.AddrKey(addr); err == nil && connected[k] {
+		if k, err := n.net.AddrKey(addr); err == nil && connected[k] {
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)

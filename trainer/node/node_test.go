@@ -17,10 +17,12 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/quietclock"
-	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/p2p/libp2p"
+	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/psyche-go/psyche/trainer/start"
 )
 
 // cluster is a server backend and trainers over real libp2p on 127.0.0.1,
@@ -32,6 +34,7 @@ type cluster struct {
 	t       *testing.T
 	ctx     context.Context
 	clock   *quietclock.Clock
+	hub     *memnet.Hub // nil: libp2p
 	dir     string
 	backend *server.Client
 	admin   *chain.Keypair
@@ -45,10 +48,16 @@ type cluster struct {
 }
 
 func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts ...func(i int) []node.Option) *cluster {
+	return newClusterOn(t, nil, trainers, edit, opts...)
+}
+
+// newClusterOn is newCluster over an in-memory network (hub), or over
+// libp2p when hub is nil.
+func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordinator.Config), opts ...func(i int) []node.Option) *cluster {
 	dir := t.TempDir() // removed last: cleanups run in reverse order
 	// A guard against a hang, not a time budget: the runs below take seconds.
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0))}
+	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0)), hub: hub}
 	c.tokens = data.Tokenize(data.Opticks()[:200_000])
 	tokenPath := filepath.Join(dir, "opticks.tokens")
 	if err := data.WriteTokenFile(ctx, tokenPath, c.tokens[:150_000], 2); err != nil {
@@ -120,19 +129,36 @@ func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
 		for _, o := range opts {
 			nodeOpts = append(nodeOpts, o(i)...)
 		}
-		// A fetch holds the clock still, so one from a trainer that died
-		// gives up sooner than the default.
-		nd, pn, err := node.Start(nctx, "e2e", c.backend, signer, []p2p.Option{p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
-			p2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), p2p.WithFetchTimeout(5 * time.Second)}, nodeOpts...)
-		if err != nil {
-			t.Fatal(err)
+		var (
+			nd    *node.Node
+			addrs []string
+			leave func()
+		)
+		if c.hub != nil {
+			mn := c.hub.Join("e2e", ed25519.NewKeyFromSeed(seed[:]), signer.Public())
+			var err error
+			if nd, err = node.New("e2e", c.backend, signer, mn, nodeOpts...); err != nil {
+				t.Fatal(err)
+			}
+			addrs, leave = mn.Addrs(), mn.Close
+		} else {
+			// A fetch holds the clock still, so one from a trainer that died
+			// gives up sooner than the default.
+			var pn *libp2p.Node
+			var err error
+			nd, pn, err = start.Trainer(nctx, "e2e", c.backend, signer, []libp2p.Option{libp2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
+				libp2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), libp2p.WithFetchTimeout(5 * time.Second)}, nodeOpts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			addrs, leave = pn.Addrs(), func() { _ = pn.Close() }
 		}
-		t.Cleanup(func() { _ = pn.Close() })
-		c.addrs = append(c.addrs, pn.Addrs()...)
+		t.Cleanup(leave)
+		c.addrs = append(c.addrs, addrs...)
 		errc := make(chan error, 1)
 		go func() { errc <- nd.Run(nctx) }()
 		c.nodes = append(c.nodes, nd)
-		c.stops = append(c.stops, func() { stop(); _ = pn.Close() })
+		c.stops = append(c.stops, func() { stop(); leave() })
 		c.errs = append(c.errs, errc)
 	}
 }
@@ -420,4 +446,20 @@ func TestJoinerLoadsFromPeers(t *testing.T) {
 	})
 	c.stopAll(0, 1, 2, 3)
 	c.sameWeights(0, 1, 2, 3)
+}
+
+// TestTrainersOverMemnet: the driver and machine against the in-memory
+// network: three trainers train two epochs (the second from the model they
+// hold) and end with identical weights and a lower loss.
+func TestTrainersOverMemnet(t *testing.T) {
+	c := newClusterOn(t, memnet.NewHub(), 3, nil)
+	c.waitFor("two epochs", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1, 2)
+	c.sameWeights(0, 1, 2)
+	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
+	if after >= before-0.2 {
+		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
+	}
 }

@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 func TestAllowlistRefusesStrangers(t *testing.T) {
@@ -41,7 +42,7 @@ func TestAllowlistRefusesStrangers(t *testing.T) {
 	eventually(t, 30*time.Second, "the stranger's connection closed", func() bool {
 		return stranger.host.Network().Connectedness(na.host.ID()) != network.Connected
 	})
-	if _, err := stranger.host.NewStream(ctx, na.host.ID(), PullProtocol); err == nil {
+	if _, err := stranger.host.NewStream(ctx, na.host.ID(), p2p.PullProtocol); err == nil {
 		t.Error("the stranger opened a stream to a")
 	}
 	if err := na.Connect(ctx, stranger.Addrs()[0]); err == nil {

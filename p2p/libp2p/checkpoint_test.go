@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"bytes"
@@ -10,14 +10,15 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // A joiner assembles a 20 MB checkpoint from three peers, one of which
 // leaves after the joiner has received a quarter of the blocks.
 func TestCheckpointFromPeersWhileOneLeaves(t *testing.T) {
-	var tensors []Tensor
+	var tensors []p2p.Tensor
 	for i := range 5 {
-		tensors = append(tensors, Tensor{Name: fmt.Sprintf("layer.%d.weight", i), DType: "F32",
+		tensors = append(tensors, p2p.Tensor{Name: fmt.Sprintf("layer.%d.weight", i), DType: "F32",
 			Shape: []uint64{1000, 1000}, Data: randomBytes(uint64(100+i), 4_000_000)})
 	}
 	var (
@@ -140,7 +141,7 @@ func TestCheckpointOffers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	share := func(nd *testNode, epoch uint32, seed uint64) coordinator.Hash {
-		id, err := nd.ShareCheckpoint(ctx, epoch, []Tensor{{Name: "w", DType: "F32", Shape: []uint64{256}, Data: randomBytes(seed, 1024)}})
+		id, err := nd.ShareCheckpoint(ctx, epoch, []p2p.Tensor{{Name: "w", DType: "F32", Shape: []uint64{256}, Data: randomBytes(seed, 1024)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,12 +149,12 @@ func TestCheckpointOffers(t *testing.T) {
 	}
 	joiner := nodes[3]
 	from := []coordinator.Pubkey{nodes[0].ID(), nodes[1].ID(), nodes[2].ID()}
-	if _, err := joiner.FindCheckpoint(ctx, 1, from); !errors.Is(err, ErrNoCheckpoint) {
+	if _, err := joiner.FindCheckpoint(ctx, 1, from); !errors.Is(err, p2p.ErrNoCheckpoint) {
 		t.Fatalf("nothing shared: %v", err)
 	}
 	good := share(nodes[0], 1, 7)
 	other := share(nodes[1], 1, 8)
-	if _, err := joiner.FindCheckpoint(ctx, 1, from); !errors.Is(err, ErrCheckpointDisputed) {
+	if _, err := joiner.FindCheckpoint(ctx, 1, from); !errors.Is(err, p2p.ErrCheckpointDisputed) {
 		t.Fatalf("one against one: %v", err)
 	}
 	if again := share(nodes[2], 1, 7); again != good {
@@ -165,7 +166,7 @@ func TestCheckpointOffers(t *testing.T) {
 		err   error
 	}{
 		{1, good, nil},
-		{2, coordinator.Hash{}, ErrNoCheckpoint}, // offers name their epoch
+		{2, coordinator.Hash{}, p2p.ErrNoCheckpoint}, // offers name their epoch
 	} {
 		got, err := joiner.FindCheckpoint(ctx, tc.epoch, from)
 		if !errors.Is(err, tc.err) || got != tc.want {

@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"crypto/ed25519"
@@ -11,6 +11,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 
 	"github.com/psyche-go/psyche/internal/atomicfile"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // Key files hold the libp2p protobuf encoding of the private key (the format
@@ -25,14 +26,14 @@ func LoadKey(path string) (ed25519.PrivateKey, error) {
 	}
 	k, err := crypto.UnmarshalPrivateKey(b)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrKeyFile, path, err)
+		return nil, fmt.Errorf("%w: %s: %v", p2p.ErrKeyFile, path, err)
 	}
 	if k.Type() != crypto.Ed25519 {
-		return nil, fmt.Errorf("%w: %s: key type %v, want ed25519", ErrKeyFile, path, k.Type())
+		return nil, fmt.Errorf("%w: %s: key type %v, want ed25519", p2p.ErrKeyFile, path, k.Type())
 	}
 	raw, err := k.Raw()
 	if err != nil || len(raw) != ed25519.PrivateKeySize {
-		return nil, fmt.Errorf("%w: %s: %d-byte key", ErrKeyFile, path, len(raw))
+		return nil, fmt.Errorf("%w: %s: %d-byte key", p2p.ErrKeyFile, path, len(raw))
 	}
 	return ed25519.PrivateKey(raw), nil
 }
@@ -41,7 +42,7 @@ func LoadKey(path string) (ed25519.PrivateKey, error) {
 func SaveKey(path string, key ed25519.PrivateKey) error {
 	k, err := crypto.UnmarshalEd25519PrivateKey(key)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrKeyFile, err)
+		return fmt.Errorf("%w: %v", p2p.ErrKeyFile, err)
 	}
 	b, err := crypto.MarshalPrivateKey(k)
 	if err != nil {

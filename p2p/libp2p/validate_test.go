@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"context"
@@ -6,13 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
+	golibp2p "github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // rogue is a client of the epoch running plain gossipsub with no validator:
@@ -31,7 +32,7 @@ func startRogue(t *testing.T, name string) *rogue {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := libp2p.New(libp2p.Identity(lk), libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableMetrics())
+	h, err := golibp2p.New(golibp2p.Identity(lk), golibp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), golibp2p.DisableMetrics())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +55,11 @@ func startRogue(t *testing.T, name string) *rogue {
 
 // assignments is the coordinator's data assignment as the node pushes it
 // to the validator: in steps from..to, each batch [i, i+1) to trainers[i].
-func assignments(from, to uint32, trainers ...coordinator.ClientID) []Assignment {
-	var out []Assignment
+func assignments(from, to uint32, trainers ...coordinator.ClientID) []p2p.Assignment {
+	var out []p2p.Assignment
 	for step := from; step <= to; step++ {
 		for i, tr := range trainers {
-			out = append(out, Assignment{Step: step, Batch: BatchRange{Start: uint64(i), End: uint64(i) + 1}, Trainer: tr})
+			out = append(out, p2p.Assignment{Step: step, Batch: p2p.BatchRange{Start: uint64(i), End: uint64(i) + 1}, Trainer: tr})
 		}
 	}
 	return out
@@ -90,7 +91,7 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 
 	// Alice's honest announcement reaches carol and, as a plain subscriber,
 	// mallory, who keeps the bytes to replay.
-	honest, err := a.Publish(ctx, 10, BatchRange{Start: 0, End: 1}, []byte("alice's result"))
+	honest, err := a.Publish(ctx, 10, p2p.BatchRange{Start: 0, End: 1}, []byte("alice's result"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 		}
 	}
 
-	sign := func(a Announcement) []byte {
+	sign := func(a p2p.Announcement) []byte {
 		if err := a.Sign(m.key); err != nil {
 			t.Fatal(err)
 		}
@@ -119,9 +120,9 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 		return b
 	}
 	payload := []byte("mallory's result")
-	own := func(step uint32, start uint64, run string) Announcement {
-		return Announcement{RunID: run, Step: step, Batch: BatchRange{Start: start, End: start + 1}, Trainer: mallory,
-			Commitment: Commitment(step, BatchRange{Start: start, End: start + 1}, payload), Nonce: uint64(time.Now().UnixNano())}
+	own := func(step uint32, start uint64, run string) p2p.Announcement {
+		return p2p.Announcement{RunID: run, Step: step, Batch: p2p.BatchRange{Start: start, End: start + 1}, Trainer: mallory,
+			Commitment: p2p.Commitment(step, p2p.BatchRange{Start: start, End: start + 1}, payload), Nonce: uint64(time.Now().UnixNano())}
 	}
 	// Forged: claims to be alice but is signed by mallory's key.
 	forged := own(10, 0, testRun)
@@ -139,7 +140,7 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 		{"another run", sign(own(10, 1, "other-run")), "wrong_run"},
 		{"stale step", sign(own(7, 1, testRun)), "step_window"},
 		{"future step", sign(own(12, 1, testRun)), "step_window"},
-		{"oversize", make([]byte, MaxAnnouncementSize+1), "oversize"},
+		{"oversize", make([]byte, p2p.MaxAnnouncementSize+1), "oversize"},
 		{"garbage", []byte{1, 2, 3}, "malformed"},
 	}
 	want := map[string]uint64{}

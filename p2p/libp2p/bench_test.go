@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/psyche-go/psyche/p2p"
 )
 
 var (
@@ -38,7 +40,7 @@ func TestBenchReport(t *testing.T) {
 	nodes[0].SetStep(1)
 	nodes[1].SetStep(1)
 	payload := randomBytes(1, big)
-	a, err := nodes[0].Publish(ctx, 1, BatchRange{Start: 0, End: 1}, payload)
+	a, err := nodes[0].Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, payload)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"crypto/ed25519"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // Option configures a Node.
@@ -34,7 +35,7 @@ type config struct {
 
 func (c *config) once(name string) error {
 	if c.set[name] {
-		return fmt.Errorf("%w: %s", ErrOptionSet, name)
+		return fmt.Errorf("%w: %s", p2p.ErrOptionSet, name)
 	}
 	c.set[name] = true
 	return nil
@@ -44,7 +45,7 @@ func (c *config) once(name string) error {
 func WithRunID(id string) Option {
 	return func(c *config) error {
 		if len(id) == 0 || len(id) > coordinator.MaxRunIDLen {
-			return fmt.Errorf("%w: run id of %d bytes", ErrConfig, len(id))
+			return fmt.Errorf("%w: run id of %d bytes", p2p.ErrConfig, len(id))
 		}
 		c.runID = &id
 		return c.once("run id")
@@ -64,7 +65,7 @@ func WithListenAddrs(addrs ...string) Option {
 func WithKey(key ed25519.PrivateKey) Option {
 	return func(c *config) error {
 		if len(key) != ed25519.PrivateKeySize {
-			return fmt.Errorf("%w: ed25519 key of %d bytes", ErrConfig, len(key))
+			return fmt.Errorf("%w: ed25519 key of %d bytes", p2p.ErrConfig, len(key))
 		}
 		c.key = key
 		return c.once("key")
@@ -121,7 +122,7 @@ func WithReannounceInterval(d time.Duration) Option {
 func WithFetchTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: fetch timeout %v", ErrConfig, d)
+			return fmt.Errorf("%w: fetch timeout %v", p2p.ErrConfig, d)
 		}
 		c.fetchTimeout = d
 		return c.once("fetch timeout")
@@ -133,7 +134,7 @@ func WithFetchTimeout(d time.Duration) Option {
 func WithFetchRetries(retries int, backoff time.Duration) Option {
 	return func(c *config) error {
 		if retries < 0 || backoff < 0 {
-			return fmt.Errorf("%w: retries %d, backoff %v", ErrConfig, retries, backoff)
+			return fmt.Errorf("%w: retries %d, backoff %v", p2p.ErrConfig, retries, backoff)
 		}
 		c.fetchRetries, c.retryBackoff = retries, backoff
 		return c.once("fetch retries")
@@ -145,7 +146,7 @@ func WithFetchRetries(retries int, backoff time.Duration) Option {
 func WithCheckpointConcurrency(n int) Option {
 	return func(c *config) error {
 		if n <= 0 {
-			return fmt.Errorf("%w: checkpoint concurrency %d", ErrConfig, n)
+			return fmt.Errorf("%w: checkpoint concurrency %d", p2p.ErrConfig, n)
 		}
 		c.ckptConcurrency = n
 		return c.once("checkpoint concurrency")
@@ -171,7 +172,7 @@ func newConfig(opts []Option) (*config, error) {
 	}
 	// Defaults last, so that an option can tell whether it was set.
 	if c.runID == nil {
-		return nil, fmt.Errorf("%w: WithRunID is required", ErrConfig)
+		return nil, fmt.Errorf("%w: WithRunID is required", p2p.ErrConfig)
 	}
 	if c.listen == nil {
 		c.listen = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}

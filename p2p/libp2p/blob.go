@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/multiformats/go-multihash"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // Blobs are payloads cut into raw CIDv1 sha2-256 blocks of at most
@@ -36,17 +37,14 @@ func cidOf(h coordinator.Hash) cid.Cid {
 
 // split cuts data into blocks and returns them with their digests.
 func split(data []byte) ([]blocks.Block, []coordinator.Hash) {
-	var bs []blocks.Block
-	var hs []coordinator.Hash
-	for off := 0; off < len(data); off += BlockSize {
-		chunk := data[off:min(off+BlockSize, len(data))]
-		h := coordinator.Hash(sha256.Sum256(chunk))
-		b, err := blocks.NewBlockWithCid(chunk, cidOf(h))
+	hs := p2p.BlockDigests(data)
+	bs := make([]blocks.Block, len(hs))
+	for i, h := range hs {
+		b, err := blocks.NewBlockWithCid(data[i*p2p.BlockSize:min((i+1)*p2p.BlockSize, len(data))], cidOf(h))
 		if err != nil {
 			panic(err) // only fails when the digest does not match, and it does
 		}
-		bs = append(bs, b)
-		hs = append(hs, h)
+		bs[i] = b
 	}
 	return bs, hs
 }
@@ -95,16 +93,16 @@ func (n *Node) deleteBlocks(hs []coordinator.Hash) {
 	}
 }
 
-func (n *Node) putBlob(ctx context.Context, step uint32, payload []byte) (BlobRef, error) {
+func (n *Node) putBlob(ctx context.Context, step uint32, payload []byte) (p2p.BlobRef, error) {
 	bs, hs := split(payload)
-	if len(hs) > MaxBlobBlocks {
-		return BlobRef{}, fmt.Errorf("%w: payload of %d bytes", ErrOversize, len(payload))
+	if len(hs) > p2p.MaxBlobBlocks {
+		return p2p.BlobRef{}, fmt.Errorf("%w: payload of %d bytes", p2p.ErrOversize, len(payload))
 	}
 	n.refStep(step, hs)
 	if err := n.store(ctx, bs); err != nil {
-		return BlobRef{}, err
+		return p2p.BlobRef{}, err
 	}
-	return BlobRef{Size: uint64(len(payload)), Blocks: hs}, nil
+	return p2p.BlobRef{Size: uint64(len(payload)), Blocks: hs}, nil
 }
 
 // getBlocks makes sure every block in hs is in the local store, fetching the
@@ -146,13 +144,13 @@ func (n *Node) getBlocks(ctx context.Context, hs []coordinator.Hash) error {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("%d of %d blocks: %w", got, len(missing), err)
 		}
-		return fmt.Errorf("%w: %d of %d blocks", ErrFetchFailed, got, len(missing))
+		return fmt.Errorf("%w: %d of %d blocks", p2p.ErrFetchFailed, got, len(missing))
 	}
 	return nil
 }
 
 // assemble reads a blob's blocks from the local store and checks each one.
-func (n *Node) assemble(ctx context.Context, ref BlobRef) ([]byte, error) {
+func (n *Node) assemble(ctx context.Context, ref p2p.BlobRef) ([]byte, error) {
 	out := make([]byte, 0, ref.Size)
 	for _, h := range ref.Blocks {
 		b, err := n.bstore.Get(ctx, cidOf(h))
@@ -160,12 +158,12 @@ func (n *Node) assemble(ctx context.Context, ref BlobRef) ([]byte, error) {
 			return nil, err
 		}
 		if sha256.Sum256(b.RawData()) != h {
-			return nil, fmt.Errorf("%w: %x", ErrBlockMismatch, h[:8])
+			return nil, fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
 		}
 		out = append(out, b.RawData()...)
 	}
 	if uint64(len(out)) != ref.Size {
-		return nil, fmt.Errorf("%w: %d bytes, announced %d", ErrCommitmentMismatch, len(out), ref.Size)
+		return nil, fmt.Errorf("%w: %d bytes, announced %d", p2p.ErrCommitmentMismatch, len(out), ref.Size)
 	}
 	return out, nil
 }
@@ -176,17 +174,17 @@ func (n *Node) assemble(ctx context.Context, ref BlobRef) ([]byte, error) {
 // too). Each attempt is bounded by the fetch timeout; failures are retried
 // with doubling backoff and counted against the announcer. The payload is
 // returned only if it matches the announced commitment.
-func (n *Node) Fetch(ctx context.Context, a Announcement) ([]byte, error) {
+func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 	if err := n.alive(); err != nil {
 		return nil, err
 	}
-	if err := a.check(); err != nil {
+	if err := a.Check(); err != nil {
 		return nil, err
 	}
 	n.refStep(a.Step, a.Blob.Blocks) // partial fetches are collected with the step
 	announcer, err := peerIDOf(a.Trainer.P2P)
 	if err != nil {
-		return nil, fmt.Errorf("%w: trainer key: %v", ErrMalformed, err)
+		return nil, fmt.Errorf("%w: trainer key: %v", p2p.ErrMalformed, err)
 	}
 	start := time.Now()
 	var payload []byte
@@ -201,8 +199,8 @@ func (n *Node) Fetch(ctx context.Context, a Announcement) ([]byte, error) {
 			return false, err
 		}
 		p, err := n.assemble(ctx, a.Blob)
-		if err == nil && Commitment(a.Step, a.Batch, p) != a.Commitment {
-			err = ErrCommitmentMismatch
+		if err == nil && p2p.Commitment(a.Step, a.Batch, p) != a.Commitment {
+			err = p2p.ErrCommitmentMismatch
 		}
 		if err != nil {
 			// The blocks are what their CIDs say, so the announcer signed a
@@ -220,7 +218,7 @@ func (n *Node) Fetch(ctx context.Context, a Announcement) ([]byte, error) {
 		n.m.BlobBytes.Add(float64(len(payload)))
 		n.m.FetchSeconds.Observe(time.Since(start).Seconds())
 		return payload, nil
-	case errors.Is(err, ErrFetchFailed):
+	case errors.Is(err, p2p.ErrFetchFailed):
 		return nil, fmt.Errorf("%w: step %d batch [%d,%d) from %x", err, a.Step, a.Batch.Start, a.Batch.End, a.Trainer.P2P[:8])
 	}
 	return nil, err
@@ -258,7 +256,7 @@ func (n *Node) retrying(ctx context.Context, attempt func(ctx context.Context) (
 		lastErr = err
 	}
 	n.m.FetchFailures.Inc()
-	return fmt.Errorf("%w: %w", ErrFetchFailed, lastErr)
+	return fmt.Errorf("%w: %w", p2p.ErrFetchFailed, lastErr)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

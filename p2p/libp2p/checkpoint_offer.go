@@ -1,10 +1,10 @@
-package p2p
+package libp2p
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"sync"
 	"time"
 
@@ -13,60 +13,13 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
-// The checkpoint offer protocol: how a joiner learns which checkpoint to
-// fetch. The coordinator only says that the previous epoch's clients hold
-// the model; the manifest id that names it is asked of them directly.
-//
-// Protocol id OfferProtocol. The requester writes one request and closes its
-// write side; the responder writes one response and closes. Encoding version
-// 1, little-endian:
-//
-//	request:  the pull request's encoding (pull_protocol.go), with the epoch
-//	          whose starting model is wanted in place of the step
-//	response: 0 u8 version (1) | 1 u8 count N (0 or 1) | 2 N × 32 manifest id
-//
-// N is 0 when the peer serves no checkpoint for that epoch.
-
-// OfferProtocol is the libp2p protocol id of checkpoint offers.
-const OfferProtocol = "/psyche/checkpoint-offer/1"
-
 const (
-	offerVersion     = 1
-	maxOfferResponse = 2 + 32
 	offerTimeout     = 5 * time.Second
 	offerConcurrency = 8
 )
-
-// encodeOffer encodes the answer for a checkpoint (ok) or for none.
-func encodeOffer(id coordinator.Hash, ok bool) []byte {
-	if !ok {
-		return []byte{offerVersion, 0}
-	}
-	return append([]byte{offerVersion, 1}, id[:]...)
-}
-
-// DecodeOffer parses a checkpoint offer: the manifest id, or ok false if the
-// peer offers none.
-func DecodeOffer(b []byte) (id coordinator.Hash, ok bool, err error) {
-	r := reader{b: b}
-	if v := r.u8(); r.err == nil && v != offerVersion {
-		return id, false, fmt.Errorf("%w: offer version %d", ErrVersion, v)
-	}
-	switch n := r.u8(); {
-	case r.err != nil:
-	case n > 1:
-		return id, false, fmt.Errorf("%w: %d offers", ErrMalformed, n)
-	case n == 1:
-		copy(id[:], r.bytes(len(id)))
-		ok = true
-	}
-	if err := r.done(); err != nil {
-		return coordinator.Hash{}, false, err
-	}
-	return id, ok, nil
-}
 
 // offer records the checkpoint this node serves for joiners of epoch.
 func (n *Node) offer(epoch uint32, id coordinator.Hash) {
@@ -81,14 +34,14 @@ type checkpointOffer struct {
 }
 
 // serveOffer answers one offer request.
-func (n *Node) serveOffer(req PullRequest) []byte {
+func (n *Node) serveOffer(req p2p.PullRequest) []byte {
 	n.mu.Lock()
 	o := n.offered
 	n.mu.Unlock()
 	if o == nil || o.epoch != req.Step {
-		return encodeOffer(coordinator.Hash{}, false)
+		return p2p.EncodeOffer(coordinator.Hash{}, false)
 	}
-	return encodeOffer(o.id, true)
+	return p2p.EncodeOffer(o.id, true)
 }
 
 // FindCheckpoint asks the given peers which checkpoint they serve for
@@ -100,7 +53,7 @@ func (n *Node) FindCheckpoint(ctx context.Context, epoch uint32, from []coordina
 	if err := n.alive(); err != nil {
 		return coordinator.Hash{}, err
 	}
-	req, err := PullRequest{RunID: *n.cfg.runID, Step: epoch}.MarshalBinary()
+	req, err := p2p.PullRequest{RunID: *n.cfg.runID, Step: epoch}.MarshalBinary()
 	if err != nil {
 		return coordinator.Hash{}, err
 	}
@@ -134,22 +87,14 @@ func (n *Node) FindCheckpoint(ctx context.Context, epoch uint32, from []coordina
 		}()
 	}
 	wg.Wait()
-	if len(votes) == 0 {
-		if lastErr != nil {
-			return coordinator.Hash{}, fmt.Errorf("%w for epoch %d: %w", ErrNoCheckpoint, epoch, lastErr)
-		}
-		return coordinator.Hash{}, fmt.Errorf("%w for epoch %d among %d peers", ErrNoCheckpoint, epoch, len(from))
+	id, err := p2p.MajorityOffer(votes)
+	switch {
+	case errors.Is(err, p2p.ErrNoCheckpoint) && lastErr != nil:
+		return id, fmt.Errorf("%w for epoch %d: %w", p2p.ErrNoCheckpoint, epoch, lastErr)
+	case errors.Is(err, p2p.ErrNoCheckpoint):
+		return id, fmt.Errorf("%w for epoch %d among %d peers", p2p.ErrNoCheckpoint, epoch, len(from))
 	}
-	ids := make([]coordinator.Hash, 0, len(votes))
-	for id := range votes {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(a, b int) bool { return votes[ids[a]] > votes[ids[b]] })
-	if len(ids) > 1 && votes[ids[0]] == votes[ids[1]] {
-		return coordinator.Hash{}, fmt.Errorf("%w: %d peers offer %x, %d offer %x", ErrCheckpointDisputed,
-			votes[ids[0]], ids[0][:8], votes[ids[1]], ids[1][:8])
-	}
-	return ids[0], nil
+	return id, err
 }
 
 func (n *Node) askOffer(ctx context.Context, p peer.ID, req []byte) (coordinator.Hash, bool, error) {
@@ -160,11 +105,11 @@ func (n *Node) askOffer(ctx context.Context, p peer.ID, req []byte) (coordinator
 			return coordinator.Hash{}, false, err
 		}
 	}
-	b, err := n.request(ctx, p, OfferProtocol, req, maxOfferResponse)
+	b, err := n.request(ctx, p, p2p.OfferProtocol, req, p2p.MaxOfferResponse)
 	if err != nil {
 		return coordinator.Hash{}, false, err
 	}
-	return DecodeOffer(b)
+	return p2p.DecodeOffer(b)
 }
 
 // request opens a stream to p, writes req, closes the write side and reads
@@ -191,7 +136,7 @@ func (n *Node) request(ctx context.Context, p peer.ID, proto string, req []byte,
 		return nil, err
 	}
 	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%w: answer over %d bytes", ErrOversize, limit)
+		return nil, fmt.Errorf("%w: answer over %d bytes", p2p.ErrOversize, limit)
 	}
 	return b, nil
 }

@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 const pullTimeout = 10 * time.Second
@@ -49,8 +50,8 @@ func reason(err error) string {
 		err  error
 		name string
 	}{
-		{ErrBadSignature, "bad_signature"}, {ErrWrongRun, "wrong_run"}, {ErrStepOutOfWindow, "step_window"},
-		{ErrNotAssigned, "not_assigned"}, {ErrOversize, "oversize"}, {ErrReplayed, "replayed"},
+		{p2p.ErrBadSignature, "bad_signature"}, {p2p.ErrWrongRun, "wrong_run"}, {p2p.ErrStepOutOfWindow, "step_window"},
+		{p2p.ErrNotAssigned, "not_assigned"}, {p2p.ErrOversize, "oversize"}, {p2p.ErrReplayed, "replayed"},
 	} {
 		if errors.Is(err, r.err) {
 			return r.name
@@ -62,11 +63,11 @@ func reason(err error) string {
 // check decodes and validates an announcement from outside: structure,
 // signature, run, step window and assignment. Replay is checked separately
 // because a pulled copy of a message already seen is not an offence.
-func (n *Node) check(data []byte) (Announcement, error) {
-	if len(data) > MaxAnnouncementSize {
-		return Announcement{}, fmt.Errorf("%w: %d bytes", ErrOversize, len(data))
+func (n *Node) check(data []byte) (p2p.Announcement, error) {
+	if len(data) > p2p.MaxAnnouncementSize {
+		return p2p.Announcement{}, fmt.Errorf("%w: %d bytes", p2p.ErrOversize, len(data))
 	}
-	a, err := DecodeAnnouncement(data)
+	a, err := p2p.DecodeAnnouncement(data)
 	if err != nil {
 		return a, err
 	}
@@ -74,24 +75,18 @@ func (n *Node) check(data []byte) (Announcement, error) {
 		return a, err
 	}
 	if a.RunID != *n.cfg.runID {
-		return a, fmt.Errorf("%w: %q", ErrWrongRun, a.RunID)
+		return a, fmt.Errorf("%w: %q", p2p.ErrWrongRun, a.RunID)
 	}
 	cur := n.step.Load()
 	lo := cur - min(cur, 2)
 	if a.Step < lo || a.Step > cur+1 {
-		return a, fmt.Errorf("%w: step %d at %d", ErrStepOutOfWindow, a.Step, cur)
+		return a, fmt.Errorf("%w: step %d at %d", p2p.ErrStepOutOfWindow, a.Step, cur)
 	}
 	n.mu.Lock()
 	assignments := n.assignments
 	n.mu.Unlock()
 	if assignments != nil {
-		switch who, ok := assignments[assignmentKey{a.Step, a.Batch}]; {
-		case !ok:
-			return a, fmt.Errorf("%w: no batch [%d,%d) at step %d", ErrNotAssigned, a.Batch.Start, a.Batch.End, a.Step)
-		case who != a.Trainer:
-			return a, fmt.Errorf("%w: batch [%d,%d) at step %d belongs to another trainer", ErrNotAssigned, a.Batch.Start, a.Batch.End, a.Step)
-		}
-		return a, nil
+		return a, assignments.Check(a.Step, a.Batch, a.Trainer)
 	}
 	if n.cfg.allowAll {
 		return a, nil
@@ -100,13 +95,13 @@ func (n *Node) check(data []byte) (Announcement, error) {
 	id, ok := n.clients[a.Trainer.P2P]
 	n.mu.Unlock()
 	if !ok || id != a.Trainer {
-		return a, fmt.Errorf("%w: not a client of the epoch", ErrNotAssigned)
+		return a, fmt.Errorf("%w: not a client of the epoch", p2p.ErrNotAssigned)
 	}
 	return a, nil
 }
 
 // markSeen records a nonce and reports whether it was new.
-func (n *Node) markSeen(a *Announcement) bool {
+func (n *Node) markSeen(a *p2p.Announcement) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	k := nonceKey{a.Trainer.P2P, a.Nonce}
@@ -130,7 +125,7 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 	if from == n.host.ID() {
 		// Our own publish (Publish signed it; the assignment is the
 		// trainer's business). Record the nonce so a replay is caught.
-		if a, err := DecodeAnnouncement(m.Data); err == nil {
+		if a, err := p2p.DecodeAnnouncement(m.Data); err == nil {
 			n.markSeen(&a)
 			m.ValidatorData = a
 		}
@@ -142,7 +137,7 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 		return pubsub.ValidationReject
 	}
 	if !n.markSeen(&a) {
-		n.reject(ErrReplayed, from)
+		n.reject(p2p.ErrReplayed, from)
 		return pubsub.ValidationIgnore
 	}
 	n.m.Accepted.Inc()
@@ -152,11 +147,11 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 
 // hold keeps an accepted announcement for pullers and reports whether the
 // trainer has not had it yet (and marks it delivered).
-func (n *Node) hold(a *Announcement, raw []byte) (fresh bool) {
+func (n *Node) hold(a *p2p.Announcement, raw []byte) (fresh bool) {
 	k := keyOf(a)
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if _, ok := n.heldKeys[k]; !ok && len(n.held[a.Step]) < MaxPullAnnouncements {
+	if _, ok := n.heldKeys[k]; !ok && len(n.held[a.Step]) < p2p.MaxPullAnnouncements {
 		n.heldKeys[k] = struct{}{}
 		n.held[a.Step] = append(n.held[a.Step], raw)
 	}
@@ -177,7 +172,7 @@ func (n *Node) receiveLoop(ctx context.Context) error {
 		if m.ReceivedFrom == n.host.ID() {
 			continue // our own, already held by Publish
 		}
-		a, ok := m.ValidatorData.(Announcement)
+		a, ok := m.ValidatorData.(p2p.Announcement)
 		if !ok || !n.hold(&a, m.Data) {
 			continue
 		}
@@ -197,23 +192,23 @@ func (n *Node) receiveLoop(ctx context.Context) error {
 
 // Announcements delivers each valid announcement of other trainers once
 // (re-announcements and pulled copies are filtered out).
-func (n *Node) Announcements() <-chan Announcement { return n.out }
+func (n *Node) Announcements() <-chan p2p.Announcement { return n.out }
 
 // Publish stores payload as raw blocks, then signs and gossips an
 // announcement of it for step and batch. The announcement is re-sent every
 // reannounce interval while its step is in the window.
-func (n *Node) Publish(ctx context.Context, step uint32, batch BatchRange, payload []byte) (Announcement, error) {
+func (n *Node) Publish(ctx context.Context, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
 	if err := n.alive(); err != nil {
-		return Announcement{}, err
+		return p2p.Announcement{}, err
 	}
 	ref, err := n.putBlob(ctx, step, payload)
 	if err != nil {
-		return Announcement{}, err
+		return p2p.Announcement{}, err
 	}
-	a := Announcement{
+	a := p2p.Announcement{
 		RunID: *n.cfg.runID, Step: step, Batch: batch,
 		Trainer:    coordinator.ClientID{Signer: n.signer},
-		Commitment: Commitment(step, batch, payload), Blob: ref,
+		Commitment: p2p.Commitment(step, batch, payload), Blob: ref,
 	}
 	raw, err := n.signAndPublish(ctx, &a)
 	if err != nil {
@@ -229,7 +224,7 @@ func (n *Node) Publish(ctx context.Context, step uint32, batch BatchRange, paylo
 	return a, nil
 }
 
-func (n *Node) signAndPublish(ctx context.Context, a *Announcement) ([]byte, error) {
+func (n *Node) signAndPublish(ctx context.Context, a *p2p.Announcement) ([]byte, error) {
 	a.Nonce = n.nonce.Add(1)
 	if err := a.Sign(n.key); err != nil {
 		return nil, err
@@ -254,7 +249,7 @@ func (n *Node) reannounceLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		n.mu.Lock()
-		var again []Announcement
+		var again []p2p.Announcement
 		for _, a := range n.own {
 			again = append(again, a)
 		}
@@ -276,21 +271,21 @@ func (n *Node) reannounceLoop(ctx context.Context) {
 // servePull answers one pull request with the announcements held for the
 // step. Everything it sends was validated on the way in, and the requester
 // validates it again.
-func (n *Node) servePull(req PullRequest) []byte {
+func (n *Node) servePull(req p2p.PullRequest) []byte {
 	n.mu.Lock()
 	var items [][]byte
 	size := 3
 	for _, it := range n.held[req.Step] {
 		// Stay within what a requester reads; the rest can be pulled from
 		// another peer or arrives by gossip.
-		if len(items) == MaxPullAnnouncements || size+4+len(it) > maxPullResponseSize {
+		if len(items) == p2p.MaxPullAnnouncements || size+4+len(it) > p2p.MaxPullResponseSize {
 			break
 		}
 		items = append(items, it)
 		size += 4 + len(it)
 	}
 	n.mu.Unlock()
-	resp, err := encodePullResponse(items)
+	resp, err := p2p.EncodePullResponse(items)
 	if err != nil {
 		return nil
 	}
@@ -300,16 +295,16 @@ func (n *Node) servePull(req PullRequest) []byte {
 // serve is the stream handler of a request/response protocol whose requests
 // use the pull request's encoding: it reads one request for this run, and
 // writes what answer returns (nil: reset the stream).
-func (n *Node) serve(timeout time.Duration, answer func(PullRequest) []byte) network.StreamHandler {
+func (n *Node) serve(timeout time.Duration, answer func(p2p.PullRequest) []byte) network.StreamHandler {
 	return func(s network.Stream) {
 		defer s.Close()
 		_ = s.SetDeadline(time.Now().Add(timeout))
-		b, err := io.ReadAll(io.LimitReader(s, maxPullRequestSize+1))
+		b, err := io.ReadAll(io.LimitReader(s, p2p.MaxPullRequestSize+1))
 		if err != nil {
 			s.Reset()
 			return
 		}
-		req, err := DecodePullRequest(b)
+		req, err := p2p.DecodePullRequest(b)
 		if err != nil || req.RunID != *n.cfg.runID {
 			s.Reset()
 			return
@@ -328,18 +323,18 @@ func (n *Node) serve(timeout time.Duration, answer func(PullRequest) []byte) net
 // Pull asks every connected peer for its announcements of step and returns
 // the valid ones the trainer has not received yet (in no particular order).
 // It fails only if no peer answered.
-func (n *Node) Pull(ctx context.Context, step uint32) ([]Announcement, error) {
+func (n *Node) Pull(ctx context.Context, step uint32) ([]p2p.Announcement, error) {
 	if err := n.alive(); err != nil {
 		return nil, err
 	}
-	req, err := PullRequest{RunID: *n.cfg.runID, Step: step}.MarshalBinary()
+	req, err := p2p.PullRequest{RunID: *n.cfg.runID, Step: step}.MarshalBinary()
 	if err != nil {
 		return nil, err
 	}
 	peers := n.host.Network().Peers()
 	var (
 		mu       sync.Mutex
-		out      []Announcement
+		out      []p2p.Announcement
 		answered int
 		lastErr  error
 		wg       sync.WaitGroup
@@ -369,20 +364,20 @@ func (n *Node) Pull(ctx context.Context, step uint32) ([]Announcement, error) {
 	return out, nil
 }
 
-func (n *Node) pullFrom(ctx context.Context, p peer.ID, req []byte) ([]Announcement, error) {
+func (n *Node) pullFrom(ctx context.Context, p peer.ID, req []byte) ([]p2p.Announcement, error) {
 	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
 	defer cancel()
-	b, err := n.request(ctx, p, PullProtocol, req, maxPullResponseSize)
+	b, err := n.request(ctx, p, p2p.PullProtocol, req, p2p.MaxPullResponseSize)
 	if err != nil {
 		return nil, err
 	}
 	remote, _ := pubkeyOf(p)
-	items, err := DecodePullResponse(b)
+	items, err := p2p.DecodePullResponse(b)
 	if err != nil {
 		n.peerError(remote, "pull response", err)
 		return nil, err
 	}
-	var out []Announcement
+	var out []p2p.Announcement
 	for _, raw := range items {
 		a, err := n.check(raw)
 		if err != nil {

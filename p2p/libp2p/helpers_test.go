@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 const testRun = "test-run"
@@ -144,10 +145,10 @@ func randomBytes(seed uint64, n int) []byte {
 
 // collect reads announcements of step from nd until want distinct trainers
 // have announced, falling back to Pull when gossip is slow.
-func collect(ctx context.Context, nd *testNode, step uint32, want int) ([]Announcement, error) {
-	var got []Announcement
+func collect(ctx context.Context, nd *testNode, step uint32, want int) ([]p2p.Announcement, error) {
+	var got []p2p.Announcement
 	seen := map[coordinator.Pubkey]bool{}
-	add := func(a Announcement) {
+	add := func(a p2p.Announcement) {
 		if a.Step == step && !seen[a.Trainer.P2P] {
 			seen[a.Trainer.P2P] = true
 			got = append(got, a)
@@ -172,7 +173,7 @@ func collect(ctx context.Context, nd *testNode, step uint32, want int) ([]Announ
 }
 
 // fetchAll fetches every announcement concurrently.
-func fetchAll(ctx context.Context, nd *testNode, as []Announcement) ([][]byte, []error) {
+func fetchAll(ctx context.Context, nd *testNode, as []p2p.Announcement) ([][]byte, []error) {
 	out := make([][]byte, len(as))
 	errs := make([]error, len(as))
 	var wg sync.WaitGroup

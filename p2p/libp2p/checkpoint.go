@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"context"
@@ -12,25 +12,26 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // ShareCheckpoint stores tensors as blocks, stores their manifest as one more
 // block, and serves both until the next ShareCheckpoint or FetchCheckpoint.
 // It returns the manifest id, which is what a joiner needs, and offers it to
 // joiners of epoch (FindCheckpoint).
-func (n *Node) ShareCheckpoint(ctx context.Context, epoch uint32, tensors []Tensor) (coordinator.Hash, error) {
+func (n *Node) ShareCheckpoint(ctx context.Context, epoch uint32, tensors []p2p.Tensor) (coordinator.Hash, error) {
 	if err := n.alive(); err != nil {
 		return coordinator.Hash{}, err
 	}
-	var m CheckpointManifest
+	var m p2p.CheckpointManifest
 	var all []blocks.Block
 	var hs []coordinator.Hash
 	for _, t := range tensors {
 		bs, th := split(t.Data)
 		all = append(all, bs...)
 		hs = append(hs, th...)
-		m.Tensors = append(m.Tensors, TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape,
-			Blob: BlobRef{Size: uint64(len(t.Data)), Blocks: th}})
+		m.Tensors = append(m.Tensors, p2p.TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape,
+			Blob: p2p.BlobRef{Size: uint64(len(t.Data)), Blocks: th}})
 	}
 	raw, err := m.MarshalBinary()
 	if err != nil {
@@ -67,7 +68,7 @@ func (n *Node) setCheckpoint(hs []coordinator.Hash) {
 // A request that fails (a peer left mid-transfer, a timeout) is retried with
 // backoff; blocks already received are kept, so nothing is fetched twice.
 // Afterwards the node shares the checkpoint itself.
-func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]Tensor, error) {
+func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]p2p.Tensor, error) {
 	if err := n.alive(); err != nil {
 		return nil, err
 	}
@@ -77,7 +78,7 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 	if err != nil {
 		return nil, fmt.Errorf("p2p: checkpoint manifest: %w", err)
 	}
-	m, err := DecodeCheckpointManifest(raw)
+	m, err := p2p.DecodeCheckpointManifest(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +126,7 @@ func (n *Node) verifiedBlocks(ctx context.Context) blockGetter {
 				return false, err
 			}
 			if sha256.Sum256(b.RawData()) != h {
-				return false, fmt.Errorf("%w: %x", ErrBlockMismatch, h[:8])
+				return false, fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
 			}
 			if err := n.bstore.Put(ctx, b); err != nil {
 				return true, err
@@ -133,7 +134,7 @@ func (n *Node) verifiedBlocks(ctx context.Context) blockGetter {
 			data = b.RawData()
 			return false, nil
 		})
-		if errors.Is(err, ErrFetchFailed) {
+		if errors.Is(err, p2p.ErrFetchFailed) {
 			return nil, fmt.Errorf("block %x: %w", h[:8], err)
 		}
 		return data, err
@@ -141,7 +142,7 @@ func (n *Node) verifiedBlocks(ctx context.Context) blockGetter {
 }
 
 // distinctBlocks lists the manifest's blocks, each once, in order.
-func distinctBlocks(m *CheckpointManifest) []coordinator.Hash {
+func distinctBlocks(m *p2p.CheckpointManifest) []coordinator.Hash {
 	var out []coordinator.Hash
 	seen := map[coordinator.Hash]bool{}
 	for _, t := range m.Tensors {
@@ -208,14 +209,14 @@ feed:
 
 // assembleTensors puts the manifest's tensors together from the stored
 // blocks.
-func (n *Node) assembleTensors(ctx context.Context, m *CheckpointManifest) ([]Tensor, error) {
-	out := make([]Tensor, 0, len(m.Tensors))
+func (n *Node) assembleTensors(ctx context.Context, m *p2p.CheckpointManifest) ([]p2p.Tensor, error) {
+	out := make([]p2p.Tensor, 0, len(m.Tensors))
 	for _, t := range m.Tensors {
 		data, err := n.assemble(ctx, t.Blob)
 		if err != nil {
 			return nil, fmt.Errorf("p2p: tensor %q: %w", t.Name, err)
 		}
-		out = append(out, Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: data})
+		out = append(out, p2p.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: data})
 	}
 	return out, nil
 }

@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/psyche-go/psyche/p2p"
 )
 
 func TestKeyFile(t *testing.T) {
@@ -34,7 +36,7 @@ func TestKeyFile(t *testing.T) {
 	}
 	defer func() {
 		n.Close()
-		if _, err := n.Publish(context.Background(), 1, BatchRange{}, nil); !errors.Is(err, ErrClosed) {
+		if _, err := n.Publish(context.Background(), 1, p2p.BatchRange{}, nil); !errors.Is(err, p2p.ErrClosed) {
 			t.Errorf("publish after close: %v", err)
 		}
 	}()
@@ -44,22 +46,22 @@ func TestKeyFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("not a key"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadOrCreateKey(path); !errors.Is(err, ErrKeyFile) {
+	if _, err := LoadOrCreateKey(path); !errors.Is(err, p2p.ErrKeyFile) {
 		t.Errorf("corrupt key file: %v", err)
 	}
 }
 
 func TestOptions(t *testing.T) {
-	if _, err := New(WithKey(testKey("x"))); !errors.Is(err, ErrConfig) {
+	if _, err := New(WithKey(testKey("x"))); !errors.Is(err, p2p.ErrConfig) {
 		t.Errorf("missing run id: %v", err)
 	}
-	if _, err := New(WithRunID("r"), WithKey(testKey("x")), WithKey(testKey("y"))); !errors.Is(err, ErrOptionSet) {
+	if _, err := New(WithRunID("r"), WithKey(testKey("x")), WithKey(testKey("y"))); !errors.Is(err, p2p.ErrOptionSet) {
 		t.Errorf("key set twice: %v", err)
 	}
-	if _, err := New(WithRunID("r")); !errors.Is(err, ErrConfig) {
+	if _, err := New(WithRunID("r")); !errors.Is(err, p2p.ErrConfig) {
 		t.Errorf("missing key: %v", err)
 	}
-	if _, err := New(WithRunID("r"), WithKey(testKey("x")), WithBootstrapPeers("/ip4/127.0.0.1/tcp/1")); !errors.Is(err, ErrBadAddress) {
+	if _, err := New(WithRunID("r"), WithKey(testKey("x")), WithBootstrapPeers("/ip4/127.0.0.1/tcp/1")); !errors.Is(err, p2p.ErrBadAddress) {
 		t.Errorf("bootstrap address without /p2p/: %v", err)
 	}
 }
@@ -83,8 +85,8 @@ func TestAddrKey(t *testing.T) {
 		switch {
 		case tc.ok && (err != nil || k != n.ID()):
 			t.Errorf("%s: key %x, %v; want %x", tc.addr, k[:4], err, n.ID())
-		case !tc.ok && !errors.Is(err, ErrBadAddress):
-			t.Errorf("%s: %v, want ErrBadAddress", tc.addr, err)
+		case !tc.ok && !errors.Is(err, p2p.ErrBadAddress):
+			t.Errorf("%s: %v, want p2p.ErrBadAddress", tc.addr, err)
 		}
 	}
 }

@@ -1,10 +1,11 @@
-package p2p
+package libp2p
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/promread"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // Metrics is what the node counts, each thing once: Stats reads these
@@ -71,9 +72,9 @@ func WithMetrics(m *Metrics) Option {
 }
 
 // stats reads the counters back.
-func (m *Metrics) stats() Stats {
+func (m *Metrics) stats() p2p.Stats {
 	u := func(c prometheus.Metric) uint64 { return uint64(promread.Value(c)) }
-	s := Stats{Published: u(m.Published), Reannounced: u(m.Reannounced), Accepted: u(m.Accepted), Delivered: u(m.Delivered),
+	s := p2p.Stats{Published: u(m.Published), Reannounced: u(m.Reannounced), Accepted: u(m.Accepted), Delivered: u(m.Delivered),
 		Dropped: u(m.Dropped), BlobsFetched: u(m.BlobsFetched), FetchRetries: u(m.FetchRetries), FetchFailures: u(m.FetchFailures),
 		CheckpointBlocks: u(m.CheckpointBlocks), Rejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{},
 		BlocksFrom: map[coordinator.Pubkey]uint64{}}

@@ -1,4 +1,4 @@
-package p2p
+package libp2p
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // runRound has every node publish one payload for step and every node fetch
@@ -30,7 +31,7 @@ func runRound(t testing.TB, nodes []*testNode, step uint32, size int) time.Durat
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			batch := BatchRange{Start: uint64(i) * 4, End: uint64(i)*4 + 4}
+			batch := p2p.BatchRange{Start: uint64(i) * 4, End: uint64(i)*4 + 4}
 			if _, err := nd.Publish(ctx, step, batch, payloads[nd.ID()]); err != nil {
 				errs <- fmt.Errorf("%s publish: %w", nd.name, err)
 				return
@@ -90,11 +91,11 @@ func TestKilledNodeDoesNotStall(t *testing.T) {
 			size = 16 << 20 // long enough to be cut mid-transfer
 		}
 		payloads[nd.ID()] = randomBytes(uint64(i), size)
-		if _, err := nd.Publish(ctx, 1, BatchRange{Start: uint64(i), End: uint64(i) + 1}, payloads[nd.ID()]); err != nil {
+		if _, err := nd.Publish(ctx, 1, p2p.BatchRange{Start: uint64(i), End: uint64(i) + 1}, payloads[nd.ID()]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	anns := make([][]Announcement, len(live))
+	anns := make([][]p2p.Announcement, len(live))
 	for i, nd := range live {
 		as, err := collect(ctx, nd, 1, len(nodes)-1)
 		if err != nil {
@@ -163,7 +164,7 @@ func TestPullFallbackAndReannounce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	payload := randomBytes(7, 3<<20+5)
-	ann, err := a.Publish(ctx, 3, BatchRange{Start: 10, End: 12}, payload)
+	ann, err := a.Publish(ctx, 3, p2p.BatchRange{Start: 10, End: 12}, payload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,10 +219,10 @@ func TestPullFallbackAndReannounce(t *testing.T) {
 func TestBlobGarbageCollection(t *testing.T) {
 	nd := startNode(t, "gc")
 	ctx := context.Background()
-	refs := map[uint32]BlobRef{}
+	refs := map[uint32]p2p.BlobRef{}
 	for step := uint32(1); step <= 5; step++ {
 		nd.SetStep(step)
-		a, err := nd.Publish(ctx, step, BatchRange{Start: 0, End: 1}, randomBytes(uint64(step), BlockSize+10))
+		a, err := nd.Publish(ctx, step, p2p.BatchRange{Start: 0, End: 1}, randomBytes(uint64(step), p2p.BlockSize+10))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,10 +237,10 @@ func TestBlobGarbageCollection(t *testing.T) {
 	}
 	// A block shared with a live owner survives the collection of another.
 	shared := randomBytes(99, 100)
-	if _, err := nd.ShareCheckpoint(ctx, 1, []Tensor{{Name: "w", Data: shared}}); err != nil {
+	if _, err := nd.ShareCheckpoint(ctx, 1, []p2p.Tensor{{Name: "w", Data: shared}}); err != nil {
 		t.Fatal(err)
 	}
-	a, err := nd.Publish(ctx, 5, BatchRange{Start: 1, End: 2}, shared)
+	a, err := nd.Publish(ctx, 5, p2p.BatchRange{Start: 1, End: 2}, shared)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +278,7 @@ func TestTCPAndQUIC(t *testing.T) {
 			}
 			waitTopicPeers(t, []*testNode{a, b}, 1)
 			payload := randomBytes(5, 2<<20)
-			if _, err := b.Publish(ctx, 1, BatchRange{Start: 0, End: 1}, payload); err != nil {
+			if _, err := b.Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, payload); err != nil {
 				t.Fatal(err)
 			}
 			as, err := collect(ctx, a, 1, 1)

@@ -1,4 +1,4 @@
-package p2p_test
+package libp2p_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/p2p/libp2p"
 )
 
 // Two trainers of one epoch exchange a result: one publishes, the other
@@ -28,10 +29,10 @@ func Example() {
 	}
 	ka, kb := key("alice"), key("bob")
 	epoch := []coordinator.ClientID{id(ka), id(kb)} // from the coordinator's snapshot
-	var nodes []*p2p.Node
+	var nodes []*libp2p.Node
 	for _, k := range []ed25519.PrivateKey{ka, kb} {
-		n, err := p2p.New(p2p.WithRunID("example"), p2p.WithKey(k),
-			p2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"))
+		n, err := libp2p.New(libp2p.WithRunID("example"), libp2p.WithKey(k),
+			libp2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"))
 		if err != nil {
 			panic(err)
 		}

@@ -1,14 +1,15 @@
-package p2p
+package libp2p
 
 import (
 	"context"
 	"crypto/ed25519"
 	"fmt"
-	"github.com/libp2p/go-libp2p/core/network"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
 
 	"github.com/ipfs/boxo/bitswap"
 	bsmsg "github.com/ipfs/boxo/bitswap/message"
@@ -16,7 +17,7 @@ import (
 	"github.com/ipfs/boxo/blockstore"
 	ds "github.com/ipfs/go-datastore"
 	dssync "github.com/ipfs/go-datastore/sync"
-	"github.com/libp2p/go-libp2p"
+	golibp2p "github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
@@ -26,7 +27,10 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
+
+var _ p2p.Network = (*Node)(nil)
 
 // Node is one trainer's presence on the network: a libp2p host (TCP and
 // QUIC, no relay) behind the epoch allowlist, the run's gossip topic, the
@@ -51,7 +55,7 @@ type Node struct {
 	life   context.Context // lives until Close; pubsub and bitswap hang off it
 	cancel context.CancelFunc
 	closed sync.Once
-	out    chan Announcement
+	out    chan p2p.Announcement
 
 	step  atomic.Uint32
 	nonce atomic.Uint64
@@ -59,12 +63,12 @@ type Node struct {
 	mu      sync.Mutex
 	clients map[coordinator.Pubkey]coordinator.ClientID // by p2p key
 	// assignments is what SetAssignments installed (nil: not called yet).
-	assignments map[assignmentKey]coordinator.ClientID
+	assignments p2p.Assignments
 	seen        map[nonceKey]uint32      // nonces validated, by step, for replay detection
 	delivered   map[deliveryKey]struct{} // announcements already handed to the trainer
 	held        map[uint32][][]byte      // accepted encodings by step, served to pullers
 	heldKeys    map[deliveryKey]struct{}
-	own         map[deliveryKey]Announcement // our announcements, re-sent while in the window
+	own         map[deliveryKey]p2p.Announcement // our announcements, re-sent while in the window
 	stepRefs    map[uint32][]coordinator.Hash
 	ckptRefs    []coordinator.Hash
 	offered     *checkpointOffer // what joiners are told to fetch
@@ -81,11 +85,11 @@ type nonceKey struct {
 type deliveryKey struct {
 	p2p        coordinator.Pubkey
 	step       uint32
-	batch      BatchRange
+	batch      p2p.BatchRange
 	commitment coordinator.Hash
 }
 
-func keyOf(a *Announcement) deliveryKey {
+func keyOf(a *p2p.Announcement) deliveryKey {
 	return deliveryKey{a.Trainer.P2P, a.Step, a.Batch, a.Commitment}
 }
 
@@ -115,11 +119,11 @@ func New(opts ...Option) (*Node, error) {
 		}
 	}
 	if key == nil {
-		return nil, fmt.Errorf("%w: WithKey or WithKeyFile is required", ErrConfig)
+		return nil, fmt.Errorf("%w: WithKey or WithKeyFile is required", p2p.ErrConfig)
 	}
 	lk, err := crypto.UnmarshalEd25519PrivateKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %v", p2p.ErrConfig, err)
 	}
 	id, err := peer.IDFromPrivateKey(lk)
 	if err != nil {
@@ -135,26 +139,26 @@ func New(opts ...Option) (*Node, error) {
 		gate.addBootstrap(ai.ID)
 		boot = append(boot, ai)
 	}
-	h, err := libp2p.New(
-		libp2p.Identity(lk),
-		libp2p.ListenAddrStrings(cfg.listen...),
-		libp2p.Transport(tcp.NewTCPTransport),
-		libp2p.Transport(quic.NewTransport),
-		libp2p.ConnectionGater(gate),
-		libp2p.DisableRelay(),
+	h, err := golibp2p.New(
+		golibp2p.Identity(lk),
+		golibp2p.ListenAddrStrings(cfg.listen...),
+		golibp2p.Transport(tcp.NewTCPTransport),
+		golibp2p.Transport(quic.NewTransport),
+		golibp2p.ConnectionGater(gate),
+		golibp2p.DisableRelay(),
 		// Many nodes share a process in tests and benchmarks; the global
 		// Prometheus registry is not ours to fill.
-		libp2p.DisableMetrics(),
+		golibp2p.DisableMetrics(),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: host: %w", err)
 	}
 	n := &Node{
 		cfg: cfg, log: cfg.logger.With("peer", id.String()), m: cfg.metrics, key: key, signer: cfg.signer,
-		host: h, gate: gate, out: make(chan Announcement, 4096),
+		host: h, gate: gate, out: make(chan p2p.Announcement, 4096),
 		clients: map[coordinator.Pubkey]coordinator.ClientID{}, seen: map[nonceKey]uint32{},
 		delivered: map[deliveryKey]struct{}{}, held: map[uint32][][]byte{}, heldKeys: map[deliveryKey]struct{}{},
-		own: map[deliveryKey]Announcement{}, stepRefs: map[uint32][]coordinator.Hash{},
+		own: map[deliveryKey]p2p.Announcement{}, stepRefs: map[uint32][]coordinator.Hash{},
 		refs: map[coordinator.Hash]int{},
 	}
 	n.self, _ = pubkeyOf(id)
@@ -173,8 +177,8 @@ func New(opts ...Option) (*Node, error) {
 	n.bstore = blockstore.NewBlockstore(dssync.MutexWrap(ds.NewMapDatastore()))
 	n.bs = bitswap.New(n.life, bsnet.NewFromIpfsHost(h), nil, n.bstore,
 		bitswap.WithTracer(blockTracer{n}))
-	h.SetStreamHandler(PullProtocol, n.serve(pullTimeout, n.servePull))
-	h.SetStreamHandler(OfferProtocol, n.serve(offerTimeout, n.serveOffer))
+	h.SetStreamHandler(p2p.PullProtocol, n.serve(pullTimeout, n.servePull))
+	h.SetStreamHandler(p2p.OfferProtocol, n.serve(offerTimeout, n.serveOffer))
 
 	for _, ai := range boot {
 		if err := h.Connect(n.life, ai); err != nil {
@@ -236,7 +240,7 @@ func (n *Node) Close() error {
 // fail with one recognisable error instead of whatever libp2p says.
 func (n *Node) alive() error {
 	if n.life.Err() != nil {
-		return ErrClosed
+		return p2p.ErrClosed
 	}
 	return nil
 }
@@ -260,14 +264,18 @@ func (n *Node) Addrs() []string {
 func parseAddr(s string) (peer.AddrInfo, error) {
 	m, err := ma.NewMultiaddr(s)
 	if err != nil {
-		return peer.AddrInfo{}, fmt.Errorf("%w: %q: %v", ErrBadAddress, s, err)
+		return peer.AddrInfo{}, fmt.Errorf("%w: %q: %v", p2p.ErrBadAddress, s, err)
 	}
 	ai, err := peer.AddrInfoFromP2pAddr(m)
 	if err != nil {
-		return peer.AddrInfo{}, fmt.Errorf("%w: %q: %v", ErrBadAddress, s, err)
+		return peer.AddrInfo{}, fmt.Errorf("%w: %q: %v", p2p.ErrBadAddress, s, err)
 	}
 	return *ai, nil
 }
+
+// AddrKey returns the p2p key named by addr, a multiaddr ending in
+// /p2p/<id> of an ed25519 identity.
+func (*Node) AddrKey(addr string) (coordinator.Pubkey, error) { return AddrKey(addr) }
 
 // AddrKey returns the p2p key named by addr, a multiaddr ending in
 // /p2p/<id> of an ed25519 identity.
@@ -278,7 +286,7 @@ func AddrKey(addr string) (coordinator.Pubkey, error) {
 	}
 	k, ok := pubkeyOf(ai.ID)
 	if !ok {
-		return k, fmt.Errorf("%w: %q: not an ed25519 identity", ErrBadAddress, addr)
+		return k, fmt.Errorf("%w: %q: not an ed25519 identity", p2p.ErrBadAddress, addr)
 	}
 	return k, nil
 }
@@ -328,17 +336,9 @@ func (n *Node) SetClients(ids []coordinator.ClientID) {
 	}
 }
 
-type assignmentKey struct {
-	step  uint32
-	batch BatchRange
-}
-
 // SetAssignments replaces the batches announcements are checked against.
-func (n *Node) SetAssignments(as []Assignment) {
-	m := make(map[assignmentKey]coordinator.ClientID, len(as))
-	for _, a := range as {
-		m[assignmentKey{a.Step, a.Batch}] = a.Trainer
-	}
+func (n *Node) SetAssignments(as []p2p.Assignment) {
+	m := p2p.IndexAssignments(as)
 	n.mu.Lock()
 	n.assignments = m
 	n.mu.Unlock()
@@ -391,7 +391,7 @@ func (n *Node) SetStep(step uint32) {
 }
 
 // Stats reads the node's metrics back (they are counted once, there).
-func (n *Node) Stats() Stats { return n.m.stats() }
+func (n *Node) Stats() p2p.Stats { return n.m.stats() }
 
 func (n *Node) peerError(k coordinator.Pubkey, why string, err error) {
 	n.m.PeerErrors.WithLabelValues(k.String()).Inc()

@@ -1,0 +1,48 @@
+// Package libp2p is the p2p.Network of real machines: the libp2p host (TCP and
+// QUIC), the run's gossipsub topic, bitswap blob exchange, P2P checkpoints and
+// the epoch allowlist.
+//
+// # Shape of a round
+//
+// A trainer Publishes its result: the payload is cut into raw CIDv1 sha2-256
+// blocks of at most 1 MiB (BlockSize) held in an in-memory blockstore served
+// by bitswap, and a small signed Announcement (run, step, batch, trainer,
+// commitment, block digests, nonce) goes out on the run's gossipsub topic.
+// Every receiving node validates it inline (size, encoding, ed25519
+// signature, run id, step within [current-2, current+1], the coordinator's
+// assignment as SetAssignments last gave it, nonce replay) before it is relayed or
+// delivered on Announcements. The trainer then Fetches the payload by its
+// block list (the announcer is dialled first; bitswap takes each block from
+// whichever connected peer has it) and gets it back only if it hashes to the
+// announced commitment.
+//
+// Gossip is best-effort (DESIGN.md §7: publishes before the mesh forms, and
+// multi-hop delivery while it forms, can be lost), so a node re-announces its
+// own recent results with fresh nonces, and a trainer missing a batch can
+// Pull a step's announcements from its peers over a direct stream
+// (PullProtocol); pulled announcements pass the same validation.
+//
+// The node learns the run only as data pushed to it: SetStep moves the
+// validation window and collects blobs more than two steps old,
+// SetAssignments installs who trains which batch of each round the
+// coordinator holds, and SetClients installs the epoch's clients as the allowlist: a
+// connection gater refuses every other peer (bootstrap peers excepted) in
+// both directions, and connections to peers that left are closed. Until the
+// first SetClients only bootstrap peers may connect.
+//
+// # Checkpoints
+//
+// ShareCheckpoint stores a model as blocks per tensor plus a manifest block;
+// the manifest's id (its sha256) names the checkpoint. FetchCheckpoint gets
+// the manifest, then every block with a bounded number of requests in flight
+// over one bitswap session (which spreads the wants over the peers that have
+// the blocks), verifies each block, and retries failed requests, so a peer
+// leaving mid-transfer costs a retry, not the transfer. A joiner learns the
+// manifest id by asking the previous epoch's clients (FindCheckpoint over
+// OfferProtocol) and takes the id most of them offer.
+//
+// # Wire formats
+//
+// The byte formats are the contract's, in package p2p; this package moves
+// them over libp2p streams and topics.
+package libp2p

@@ -1,0 +1,470 @@
+// Package memnet is an in-memory p2p.Network: the nodes of one Hub reach
+// each other through function calls instead of sockets, with the same
+// contract as p2p/libp2p (signed announcements validated against the run,
+// the step window, the assignment or the epoch's clients; delivery once;
+// pulls; payloads checked against their commitment; checkpoints offered,
+// voted on and fetched). The trainer's driver tests run on it, and
+// p2p/p2ptest holds both implementations to the same suite.
+package memnet
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
+)
+
+// addrPrefix starts every memnet address: "mem/<base58 p2p key>".
+const addrPrefix = "mem/"
+
+// Hub is one in-memory network.
+type Hub struct {
+	mu    sync.Mutex
+	nodes map[coordinator.Pubkey]*Node
+}
+
+// NewHub returns an empty network.
+func NewHub() *Hub { return &Hub{nodes: map[coordinator.Pubkey]*Node{}} }
+
+// Node is one member of a Hub.
+type Node struct {
+	hub    *Hub
+	runID  string
+	key    ed25519.PrivateKey
+	id     coordinator.Pubkey
+	signer coordinator.Pubkey
+	out    chan p2p.Announcement
+
+	mu          sync.Mutex
+	closed      bool
+	peers       map[coordinator.Pubkey]bool
+	step        uint32
+	clients     map[coordinator.Pubkey]coordinator.ClientID // by p2p key; nil: not set yet
+	assignments p2p.Assignments                             // nil: not set yet
+	delivered   map[coordinator.Hash]bool                   // commitments handed to the trainer
+	held        map[uint32][]p2p.Announcement               // valid announcements by step, for pulls
+	blobs       map[coordinator.Hash][]byte                 // own payloads by commitment
+	offers      map[uint32]coordinator.Hash                 // epoch → manifest id served
+	checkpoints map[coordinator.Hash][]p2p.Tensor
+	stats       p2p.Stats
+	nonce       uint64
+}
+
+var _ p2p.Network = (*Node)(nil)
+
+// Join adds a node with p2p key key, publishing as signer, to the hub.
+func (h *Hub) Join(runID string, key ed25519.PrivateKey, signer coordinator.Pubkey) *Node {
+	n := &Node{hub: h, runID: runID, key: key, signer: signer, out: make(chan p2p.Announcement, 4096),
+		peers: map[coordinator.Pubkey]bool{}, delivered: map[coordinator.Hash]bool{}, held: map[uint32][]p2p.Announcement{},
+		blobs: map[coordinator.Hash][]byte{}, offers: map[uint32]coordinator.Hash{}, checkpoints: map[coordinator.Hash][]p2p.Tensor{},
+		stats: p2p.Stats{Rejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{}, BlocksFrom: map[coordinator.Pubkey]uint64{}}}
+	copy(n.id[:], key.Public().(ed25519.PublicKey))
+	h.mu.Lock()
+	h.nodes[n.id] = n
+	h.mu.Unlock()
+	return n
+}
+
+// Close leaves the hub: peers lose the connection.
+func (n *Node) Close() {
+	n.hub.mu.Lock()
+	delete(n.hub.nodes, n.id)
+	n.hub.mu.Unlock()
+	n.mu.Lock()
+	n.closed = true
+	peers := n.peers
+	n.peers = map[coordinator.Pubkey]bool{}
+	n.mu.Unlock()
+	for k := range peers {
+		if p := n.hub.node(k); p != nil {
+			p.mu.Lock()
+			delete(p.peers, n.id)
+			p.mu.Unlock()
+		}
+	}
+}
+
+func (h *Hub) node(k coordinator.Pubkey) *Node {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.nodes[k]
+}
+
+// ID implements p2p.Network.
+func (n *Node) ID() coordinator.Pubkey { return n.id }
+
+// Addrs implements p2p.Network.
+func (n *Node) Addrs() []string { return []string{addrPrefix + n.id.String()} }
+
+// AddrKey implements p2p.Network.
+func (n *Node) AddrKey(addr string) (coordinator.Pubkey, error) {
+	rest, ok := strings.CutPrefix(addr, addrPrefix)
+	if !ok {
+		return coordinator.Pubkey{}, fmt.Errorf("%w: %q is not a memnet address", p2p.ErrBadAddress, addr)
+	}
+	k, err := coordinator.ParsePubkey(rest)
+	if err != nil {
+		return k, fmt.Errorf("%w: %v", p2p.ErrBadAddress, err)
+	}
+	return k, nil
+}
+
+// allows reports whether n accepts a connection from k: anyone until the
+// epoch's clients are set, then only them.
+func (n *Node) allows(k coordinator.Pubkey) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.clients == nil {
+		return true
+	}
+	_, ok := n.clients[k]
+	return ok
+}
+
+// Connect implements p2p.Network: both sides must allow the other.
+func (n *Node) Connect(_ context.Context, addr string) error {
+	k, err := n.AddrKey(addr)
+	if err != nil {
+		return err
+	}
+	p := n.hub.node(k)
+	if p == nil {
+		return fmt.Errorf("memnet: %s is not on the network", k)
+	}
+	if !n.allows(k) || !p.allows(n.id) {
+		return fmt.Errorf("memnet: %s and %s do not allow each other", n.id, k)
+	}
+	n.mu.Lock()
+	n.peers[k] = true
+	n.mu.Unlock()
+	p.mu.Lock()
+	p.peers[n.id] = true
+	p.mu.Unlock()
+	return nil
+}
+
+// Peers implements p2p.Network.
+func (n *Node) Peers() []coordinator.Pubkey {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]coordinator.Pubkey, 0, len(n.peers))
+	for k := range n.peers {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(a, b int) bool { return string(out[a][:]) < string(out[b][:]) })
+	return out
+}
+
+// connected lists the peers, as nodes.
+func (n *Node) connected() []*Node {
+	var out []*Node
+	for _, k := range n.Peers() {
+		if p := n.hub.node(k); p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// SetStep implements p2p.Network.
+func (n *Node) SetStep(step uint32) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.step = step
+	for s := range n.held {
+		if s+2 < step {
+			delete(n.held, s)
+		}
+	}
+}
+
+// SetClients implements p2p.Network: peers that are no longer clients are
+// disconnected.
+func (n *Node) SetClients(ids []coordinator.ClientID) {
+	clients := make(map[coordinator.Pubkey]coordinator.ClientID, len(ids))
+	for _, id := range ids {
+		clients[id.P2P] = id
+	}
+	n.mu.Lock()
+	n.clients = clients
+	var gone []coordinator.Pubkey
+	for k := range n.peers {
+		if _, ok := clients[k]; !ok {
+			gone = append(gone, k)
+			delete(n.peers, k)
+		}
+	}
+	n.mu.Unlock()
+	for _, k := range gone {
+		if p := n.hub.node(k); p != nil {
+			p.mu.Lock()
+			delete(p.peers, n.id)
+			p.mu.Unlock()
+		}
+	}
+}
+
+// SetAssignments implements p2p.Network.
+func (n *Node) SetAssignments(as []p2p.Assignment) {
+	m := p2p.IndexAssignments(as)
+	n.mu.Lock()
+	n.assignments = m
+	n.mu.Unlock()
+}
+
+// Publish implements p2p.Network.
+func (n *Node) Publish(ctx context.Context, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+	if err := ctx.Err(); err != nil {
+		return p2p.Announcement{}, err
+	}
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return p2p.Announcement{}, p2p.ErrClosed
+	}
+	n.nonce++
+	a := p2p.Announcement{RunID: n.runID, Step: step, Batch: batch, Trainer: coordinator.ClientID{Signer: n.signer},
+		Commitment: p2p.Commitment(step, batch, payload), Nonce: n.nonce,
+		Blob: p2p.BlobRef{Size: uint64(len(payload)), Blocks: p2p.BlockDigests(payload)}}
+	n.mu.Unlock()
+	if err := a.Sign(n.key); err != nil {
+		return a, err
+	}
+	n.mu.Lock()
+	n.blobs[a.Commitment] = append([]byte(nil), payload...)
+	n.held[step] = append(n.held[step], a)
+	n.delivered[a.Commitment] = true
+	n.stats.Published++
+	n.mu.Unlock()
+	for _, p := range n.connected() {
+		p.receive(a)
+	}
+	return a, nil
+}
+
+// check validates an announcement as p2p/libp2p's validator does.
+func (n *Node) check(a *p2p.Announcement) error {
+	if err := a.Verify(); err != nil {
+		return err
+	}
+	if a.RunID != n.runID {
+		return fmt.Errorf("%w: %q", p2p.ErrWrongRun, a.RunID)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if lo := n.step - min(n.step, 2); a.Step < lo || a.Step > n.step+1 {
+		return fmt.Errorf("%w: step %d at %d", p2p.ErrStepOutOfWindow, a.Step, n.step)
+	}
+	if n.assignments != nil {
+		return n.assignments.Check(a.Step, a.Batch, a.Trainer)
+	}
+	if id, ok := n.clients[a.Trainer.P2P]; n.clients != nil && (!ok || id != a.Trainer) {
+		return fmt.Errorf("%w: not a client of the epoch", p2p.ErrNotAssigned)
+	}
+	return nil
+}
+
+// receive takes a gossiped announcement: valid and new, it is held for
+// pulls and delivered once.
+func (n *Node) receive(a p2p.Announcement) {
+	if err := n.check(&a); err != nil {
+		n.reject(err)
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.stats.Accepted++
+	if n.delivered[a.Commitment] {
+		return
+	}
+	n.delivered[a.Commitment] = true
+	n.held[a.Step] = append(n.held[a.Step], a)
+	n.stats.Delivered++
+	select {
+	case n.out <- a:
+	default:
+		delete(n.delivered, a.Commitment) // a pull can still return it
+		n.stats.Dropped++
+	}
+}
+
+func (n *Node) reject(err error) {
+	reason := "malformed"
+	for _, r := range []struct {
+		err  error
+		name string
+	}{{p2p.ErrBadSignature, "bad_signature"}, {p2p.ErrWrongRun, "wrong_run"}, {p2p.ErrStepOutOfWindow, "step_window"},
+		{p2p.ErrNotAssigned, "not_assigned"}, {p2p.ErrOversize, "oversize"}, {p2p.ErrReplayed, "replayed"}} {
+		if errors.Is(err, r.err) {
+			reason = r.name
+			break
+		}
+	}
+	n.mu.Lock()
+	n.stats.Rejected[reason]++
+	n.mu.Unlock()
+}
+
+// Announcements implements p2p.Network.
+func (n *Node) Announcements() <-chan p2p.Announcement { return n.out }
+
+// Pull implements p2p.Network.
+func (n *Node) Pull(ctx context.Context, step uint32) ([]p2p.Announcement, error) {
+	var out []p2p.Announcement
+	for _, p := range n.connected() {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		p.mu.Lock()
+		list := append([]p2p.Announcement(nil), p.held[step]...)
+		p.mu.Unlock()
+		for _, a := range list {
+			if err := n.check(&a); err != nil {
+				n.reject(err)
+				continue
+			}
+			n.mu.Lock()
+			n.stats.Accepted++
+			if !n.delivered[a.Commitment] {
+				n.delivered[a.Commitment] = true
+				n.held[a.Step] = append(n.held[a.Step], a)
+				out = append(out, a)
+			}
+			n.mu.Unlock()
+		}
+	}
+	return out, nil
+}
+
+// Fetch implements p2p.Network: the payload comes from the announcer, if
+// connected, and must match the commitment.
+func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := a.Check(); err != nil {
+		return nil, err
+	}
+	from := n
+	if a.Trainer.P2P != n.id {
+		n.mu.Lock()
+		ok := n.peers[a.Trainer.P2P]
+		n.mu.Unlock()
+		if from = n.hub.node(a.Trainer.P2P); !ok || from == nil {
+			n.mu.Lock()
+			n.stats.FetchFailures++
+			n.stats.PeerErrors[a.Trainer.P2P]++
+			n.mu.Unlock()
+			return nil, fmt.Errorf("%w: the announcer is not connected", p2p.ErrFetchFailed)
+		}
+	}
+	from.mu.Lock()
+	payload, ok := from.blobs[a.Commitment]
+	from.mu.Unlock()
+	if !ok || p2p.Commitment(a.Step, a.Batch, payload) != a.Commitment {
+		return nil, p2p.ErrCommitmentMismatch
+	}
+	n.mu.Lock()
+	n.stats.BlobsFetched++
+	n.stats.BlocksFrom[from.id] += uint64(len(a.Blob.Blocks))
+	n.mu.Unlock()
+	return append([]byte(nil), payload...), nil
+}
+
+// ShareCheckpoint implements p2p.Network.
+func (n *Node) ShareCheckpoint(_ context.Context, epoch uint32, tensors []p2p.Tensor) (coordinator.Hash, error) {
+	m := p2p.CheckpointManifest{}
+	for _, t := range tensors {
+		m.Tensors = append(m.Tensors, p2p.TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape,
+			Blob: p2p.BlobRef{Size: uint64(len(t.Data)), Blocks: p2p.BlockDigests(t.Data)}})
+	}
+	id, err := m.ID()
+	if err != nil {
+		return id, err
+	}
+	n.mu.Lock()
+	n.offers[epoch] = id
+	n.checkpoints = map[coordinator.Hash][]p2p.Tensor{id: copyTensors(tensors)}
+	n.mu.Unlock()
+	return id, nil
+}
+
+// FindCheckpoint implements p2p.Network: the manifest id most of the
+// connected peers in from offer for epoch.
+func (n *Node) FindCheckpoint(_ context.Context, epoch uint32, from []coordinator.Pubkey) (coordinator.Hash, error) {
+	votes := map[coordinator.Hash]int{}
+	for _, p := range n.reachable(from) {
+		p.mu.Lock()
+		id, offered := p.offers[epoch]
+		p.mu.Unlock()
+		if offered {
+			votes[id]++
+		}
+	}
+	id, err := p2p.MajorityOffer(votes)
+	if errors.Is(err, p2p.ErrNoCheckpoint) {
+		return id, fmt.Errorf("%w for epoch %d among %d peers", p2p.ErrNoCheckpoint, epoch, len(from))
+	}
+	return id, err
+}
+
+// reachable lists the nodes of from that n is connected to.
+func (n *Node) reachable(from []coordinator.Pubkey) []*Node {
+	var out []*Node
+	for _, k := range from {
+		n.mu.Lock()
+		ok := n.peers[k]
+		n.mu.Unlock()
+		if p := n.hub.node(k); ok && p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// FetchCheckpoint implements p2p.Network.
+func (n *Node) FetchCheckpoint(_ context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]p2p.Tensor, error) {
+	for _, p := range n.reachable(from) {
+		p.mu.Lock()
+		ts, has := p.checkpoints[id]
+		p.mu.Unlock()
+		if has {
+			n.mu.Lock()
+			n.stats.CheckpointBlocks += uint64(len(ts))
+			n.mu.Unlock()
+			return copyTensors(ts), nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no connected peer serves %x", p2p.ErrFetchFailed, id[:8])
+}
+
+// Stats implements p2p.Network.
+func (n *Node) Stats() p2p.Stats {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.stats
+	s.Rejected, s.PeerErrors, s.BlocksFrom = clone(s.Rejected), clone(s.PeerErrors), clone(s.BlocksFrom)
+	return s
+}
+
+func clone[K comparable](m map[K]uint64) map[K]uint64 {
+	out := make(map[K]uint64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func copyTensors(ts []p2p.Tensor) []p2p.Tensor {
+	out := make([]p2p.Tensor, len(ts))
+	for i, t := range ts {
+		out[i] = p2p.Tensor{Name: t.Name, DType: t.DType, Shape: append([]uint64(nil), t.Shape...), Data: append([]byte(nil), t.Data...)}
+	}
+	return out
+}

@@ -32,71 +32,19 @@ func TestOnChain(t *testing.T) {
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node is not on PATH: the local validator needs Node 20 or newer (apt-get install nodejs npm)")
 	}
-	programID := sha256.Sum256([]byte("psyche/coordinator-program-test"))
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	v, err := validator.Start(ctx, validator.WithSlotDuration(50*time.Millisecond), validator.WithManualClock(),
-		validator.WithProgram(coord.Base58(programID[:]), filepath.Join(".", "coordinator.so")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	c := &chain{t: t, rpc: &soltest.RPC{URL: v.RPC}, program: programID[:]}
-
-	_, admin, _ := ed25519.GenerateKey(nil)
-	_, acctKey, _ := ed25519.GenerateKey(nil)
+	// 1. create_account + fund the instance PDA + init_coordinator.
+	r := startOnChain(t, "psyche/coordinator-program-test", "chain-run", 10_000_000_000)
+	c, admin, check := r.c, r.admin, r.check
+	programID, instance, coordKey := r.program, r.instance, r.coordKey
 	_, client, _ := ed25519.GenerateKey(nil)
-	c.rpc.Call(t, "requestAirdrop", coord.Base58(soltest.Pub(admin)), 10_000_000_000)
 	c.rpc.Call(t, "requestAirdrop", coord.Base58(soltest.Pub(client)), 1_000_000_000)
-
-	var runID [coord.MaxRunIDLen]byte
-	copy(runID[:], "chain-run")
-	instance, instanceBump := instanceOf("chain-run", programID[:])
-	coordKey := soltest.Pub(acctKey)
-	system := make([]byte, 32)
-	slotHashes := soltest.Key(t, "SysvarS1otHashes111111111111111111111111111")
+	system, slotHashes := abi.SystemProgram[:], abi.SlotHashes[:]
 	accounts := func(sender ed25519.PrivateKey, writableSender bool, extra ...soltest.Meta) []soltest.Meta {
 		return append([]soltest.Meta{{Key: instance, Signer: false, Writable: true}, {Key: coordKey, Signer: false, Writable: true}, {Key: soltest.Pub(sender), Signer: true, Writable: writableSender}}, extra...)
 	}
-
-	// Go's view of the same account.
-	goAcct := make([]byte, coord.AccountSize)
-	check := func(label string, ix coord.Instruction, sender coord.Pubkey) {
-		t.Helper()
-		onChain := c.account(coordKey)
-		s, err := coord.DecodeAccount(onChain)
-		if err != nil {
-			t.Fatalf("%s: the program wrote an account Go cannot decode: %v", label, err)
-		}
-		// The time and seed the program used, as it recorded them.
-		gctx := coord.Context{Sender: sender, Now: s.RunStateStart, Seed: s.CurrentRound().RandomSeed}
-		want := goRun(goAcct, coord.EncodeInstruction(ix), gctx)
-		if want.code != 0 {
-			t.Fatalf("%s: Go rejects what the program accepted: %s", label, codeName(want.code))
-		}
-		if d := diff(want, result{acct: onChain}); d != "" {
-			t.Fatalf("%s: %s", label, d)
-		}
-		goAcct = onChain
-	}
-
-	// 1. create_account + fund the instance PDA + init_coordinator.
-	createData := binary.LittleEndian.AppendUint32(nil, 0)
-	createData = binary.LittleEndian.AppendUint64(createData, c.rent(coord.AccountSize))
-	createData = binary.LittleEndian.AppendUint64(createData, uint64(coord.AccountSize))
-	createData = append(createData, programID[:]...)
-	transfer := binary.LittleEndian.AppendUint32(nil, 2)
-	transfer = binary.LittleEndian.AppendUint64(transfer, c.rent(80))
-	init := &coord.InitCoordinator{MainAuthority: coord.Pubkey(soltest.Pub(admin)), RunID: runID}
-	c.send("init", admin, []ed25519.PrivateKey{acctKey},
-		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: coordKey, Signer: true, Writable: true}}, Data: createData},
-		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: instance, Signer: false, Writable: true}}, Data: transfer},
-		soltest.Instruction{Program: c.program, Accounts: accounts(admin, true, soltest.Meta{Key: system, Signer: false, Writable: false}), Data: coord.EncodeInstruction(init)})
-	check("init", init, coord.Pubkey(soltest.Pub(admin)))
-	instDisc := sha256.Sum256([]byte("account:CoordinatorInstance"))
-	if inst := c.account(instance); len(inst) != 80 || !bytes.Equal(inst[:8], instDisc[:8]) || inst[8] != instanceBump ||
-		!bytes.Equal(inst[9:16], make([]byte, 7)) || !bytes.Equal(inst[16:48], runID[:]) || !bytes.Equal(inst[48:], coordKey) {
-		t.Fatalf("instance record %x", inst)
+	rec, err := abi.DecodeInstance(c.account(instance))
+	if err != nil || rec.Bump != r.instanceBump || rec.RunID != r.runID || !bytes.Equal(rec.Coordinator[:], coordKey) {
+		t.Fatalf("instance record %+v, %v", rec, err)
 	}
 
 	// 2. update (config + model), and an update by someone else (refused
@@ -145,12 +93,12 @@ func TestOnChain(t *testing.T) {
 	}
 
 	// 6. the warmup witness: swap-or-not proofs and the round seed on chain.
-	s, _ := coord.DecodeAccount(goAcct)
+	s, _ := coord.DecodeAccount(r.goAcct)
 	rep := witnessReport(s, 0, 42, nil)
 	ww := &coord.WarmupWitness{Report: rep}
 	c.send("warmup_witness", client, nil, soltest.Instruction{Program: c.program, Accounts: accounts(client, false, soltest.Meta{Key: slotHashes, Signer: false, Writable: false}), Data: coord.EncodeInstruction(ww)})
 	check("warmup_witness", ww, id.Signer)
-	if s, _ := coord.DecodeAccount(goAcct); s.RunState != coord.RoundTrain {
+	if s, _ := coord.DecodeAccount(r.goAcct); s.RunState != coord.RoundTrain {
 		t.Fatalf("after the warmup witness: %s, want RoundTrain", s.RunState)
 	}
 
@@ -168,14 +116,11 @@ func TestOnChain(t *testing.T) {
 	_, acct2, _ := ed25519.GenerateKey(nil)
 	var runID2 [coord.MaxRunIDLen]byte
 	copy(runID2[:], "chain-run-2")
-	instance2, _ := instanceOf("chain-run-2", programID[:])
+	instance2, _ := instanceOf("chain-run-2", programID)
 	accounts2 := func(sender ed25519.PrivateKey, writableSender bool, extra ...soltest.Meta) []soltest.Meta {
 		return append([]soltest.Meta{{Key: instance2, Signer: false, Writable: true}, {Key: soltest.Pub(acct2), Signer: false, Writable: true}, {Key: soltest.Pub(sender), Signer: true, Writable: writableSender}}, extra...)
 	}
-	createData = binary.LittleEndian.AppendUint32(nil, 0)
-	createData = binary.LittleEndian.AppendUint64(createData, c.rent(coord.AccountSize))
-	createData = binary.LittleEndian.AppendUint64(createData, uint64(coord.AccountSize))
-	createData = append(createData, programID[:]...)
+	createData, transfer := r.createData(), r.transferData()
 	init2 := &coord.InitCoordinator{MainAuthority: coord.Pubkey(soltest.Pub(admin)), RunID: runID2}
 	// The instance of the first run does not fit the second run id.
 	if code := c.fail("init with another run's PDA", admin, []ed25519.PrivateKey{acct2},
@@ -201,6 +146,98 @@ func TestOnChain(t *testing.T) {
 		t.Fatalf("after free: coordinator account %d bytes, instance %d bytes, want both closed", len(a), len(b))
 	}
 	t.Logf("compute units (simulated): %v", c.units)
+}
+
+// onChain is a run created on the local validator by startOnChain, and Go's
+// view of its account.
+type onChain struct {
+	t            *testing.T
+	c            *chain
+	program      []byte
+	admin        ed25519.PrivateKey
+	runID        [coord.MaxRunIDLen]byte
+	instance     []byte
+	instanceBump byte
+	coordKey     []byte
+	goAcct       []byte
+}
+
+// startOnChain starts the local validator (manual clock) with the committed
+// coordinator.so at sha256(programSeed), funds an admin key with lamports
+// and creates the run: system create_account + fund the instance PDA +
+// init_coordinator in one transaction, checked against Go.
+func startOnChain(t *testing.T, programSeed, run string, lamports uint64) *onChain {
+	t.Helper()
+	programID := sha256.Sum256([]byte(programSeed))
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	v, err := validator.Start(ctx, validator.WithSlotDuration(50*time.Millisecond), validator.WithManualClock(),
+		validator.WithProgram(coord.Base58(programID[:]), filepath.Join(".", "coordinator.so")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = v.Close() })
+	r := &onChain{t: t, c: &chain{t: t, rpc: &soltest.RPC{URL: v.RPC}, program: programID[:]}, program: programID[:],
+		goAcct: make([]byte, coord.AccountSize)}
+	var acctKey ed25519.PrivateKey
+	_, r.admin, _ = ed25519.GenerateKey(nil)
+	_, acctKey, _ = ed25519.GenerateKey(nil)
+	r.coordKey = soltest.Pub(acctKey)
+	copy(r.runID[:], run)
+	r.instance, r.instanceBump = instanceOf(run, r.program)
+	r.c.rpc.Call(t, "requestAirdrop", coord.Base58(soltest.Pub(r.admin)), lamports)
+	init := &coord.InitCoordinator{MainAuthority: coord.Pubkey(soltest.Pub(r.admin)), RunID: r.runID}
+	accounts, err := abi.Accounts(init.Name(), abi.Keys{Instance: coord.Pubkey(r.instance), Coordinator: coord.Pubkey(r.coordKey),
+		Sender: coord.Pubkey(soltest.Pub(r.admin))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var metas []soltest.Meta
+	for _, a := range accounts {
+		metas = append(metas, soltest.Meta{Key: append([]byte(nil), a.Key[:]...), Signer: a.Signer, Writable: a.Writable})
+	}
+	system := abi.SystemProgram[:]
+	r.c.send("init", r.admin, []ed25519.PrivateKey{acctKey},
+		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(r.admin), Signer: true, Writable: true}, {Key: r.coordKey, Signer: true, Writable: true}}, Data: r.createData()},
+		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(r.admin), Signer: true, Writable: true}, {Key: r.instance, Signer: false, Writable: true}}, Data: r.transferData()},
+		soltest.Instruction{Program: r.program, Accounts: metas, Data: coord.EncodeInstruction(init)})
+	r.check("init", init, coord.Pubkey(soltest.Pub(r.admin)))
+	return r
+}
+
+// createData is the system program's create_account of a coordinator
+// account owned by the program, rent-exempt.
+func (r *onChain) createData() []byte {
+	d := binary.LittleEndian.AppendUint32(nil, 0)
+	d = binary.LittleEndian.AppendUint64(d, r.c.rent(coord.AccountSize))
+	d = binary.LittleEndian.AppendUint64(d, uint64(coord.AccountSize))
+	return append(d, r.program...)
+}
+
+// transferData is the system program's transfer of the instance record's
+// rent.
+func (r *onChain) transferData() []byte {
+	d := binary.LittleEndian.AppendUint32(nil, 2)
+	return binary.LittleEndian.AppendUint64(d, r.c.rent(abi.InstanceSize))
+}
+
+// check compares the account the program wrote with the Go coordinator's
+// result for ix, given the time and seed the program recorded.
+func (r *onChain) check(label string, ix coord.Instruction, sender coord.Pubkey) {
+	r.t.Helper()
+	onChain := r.c.account(r.coordKey)
+	s, err := coord.DecodeAccount(onChain)
+	if err != nil {
+		r.t.Fatalf("%s: the program wrote an account Go cannot decode: %v", label, err)
+	}
+	want := goRun(r.goAcct, coord.EncodeInstruction(ix), coord.Context{Sender: sender, Now: s.RunStateStart, Seed: s.CurrentRound().RandomSeed})
+	if want.code != 0 {
+		r.t.Fatalf("%s: Go rejects what the program accepted: %s", label, codeName(want.code))
+	}
+	if d := diff(want, result{acct: onChain}); d != "" {
+		r.t.Fatalf("%s: %s", label, d)
+	}
+	r.goAcct = onChain
 }
 
 // chain is a minimal Solana RPC client for the test.

@@ -1,19 +1,15 @@
 package coordinator_test
 
 import (
-	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"testing"
-	"time"
 
 	coord "github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/soltest"
-	"github.com/psyche-go/psyche/programs/validator"
+	"github.com/psyche-go/psyche/programs/abi"
 )
 
 // TestOnChainAt256 fills a run to 256 clients through real transactions and
@@ -28,56 +24,13 @@ func TestOnChainAt256(t *testing.T) {
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node is not on PATH: the local validator needs Node 20 or newer (apt-get install nodejs npm)")
 	}
-	programID := sha256.Sum256([]byte("psyche/coordinator-program-cost"))
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	v, err := validator.Start(ctx, validator.WithSlotDuration(50*time.Millisecond), validator.WithManualClock(),
-		validator.WithProgram(coord.Base58(programID[:]), filepath.Join(".", "coordinator.so")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	c := &chain{t: t, rpc: &soltest.RPC{URL: v.RPC}, program: programID[:]}
-	_, admin, _ := ed25519.GenerateKey(nil)
-	_, acctKey, _ := ed25519.GenerateKey(nil)
-	c.rpc.Call(t, "requestAirdrop", coord.Base58(soltest.Pub(admin)), 100_000_000_000)
-
-	var runID [coord.MaxRunIDLen]byte
-	copy(runID[:], "cost-run")
-	instance, _ := instanceOf("cost-run", programID[:])
-	coordKey := soltest.Pub(acctKey)
-	system := make([]byte, 32)
-	slotHashes := soltest.Key(t, "SysvarS1otHashes111111111111111111111111111")
+	r := startOnChain(t, "psyche/coordinator-program-cost", "cost-run", 100_000_000_000)
+	c, admin, instance, coordKey := r.c, r.admin, r.instance, r.coordKey
+	slotHashes := abi.SlotHashes[:]
 	accounts := func(sender ed25519.PrivateKey, extra ...soltest.Meta) []soltest.Meta {
 		return append([]soltest.Meta{{Key: instance, Signer: false, Writable: true}, {Key: coordKey, Signer: false, Writable: true}, {Key: soltest.Pub(sender), Signer: true, Writable: true}}, extra...)
 	}
-	goAcct := make([]byte, coord.AccountSize)
-	check := func(label string, ix coord.Instruction, sender coord.Pubkey) {
-		t.Helper()
-		onChain := c.account(coordKey)
-		s, err := coord.DecodeAccount(onChain)
-		if err != nil {
-			t.Fatalf("%s: %v", label, err)
-		}
-		want := goRun(goAcct, coord.EncodeInstruction(ix), coord.Context{Sender: sender, Now: s.RunStateStart, Seed: s.CurrentRound().RandomSeed})
-		if d := diff(want, result{acct: onChain}); d != "" || want.code != 0 {
-			t.Fatalf("%s: %s %s", label, codeName(want.code), d)
-		}
-		goAcct = onChain
-	}
-
-	createData := binary.LittleEndian.AppendUint32(nil, 0)
-	createData = binary.LittleEndian.AppendUint64(createData, c.rent(coord.AccountSize))
-	createData = binary.LittleEndian.AppendUint64(createData, uint64(coord.AccountSize))
-	createData = append(createData, programID[:]...)
-	transfer := binary.LittleEndian.AppendUint32(nil, 2)
-	transfer = binary.LittleEndian.AppendUint64(transfer, c.rent(80))
-	init := &coord.InitCoordinator{MainAuthority: coord.Pubkey(soltest.Pub(admin)), RunID: runID}
-	c.send("init", admin, []ed25519.PrivateKey{acctKey},
-		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: coordKey, Signer: true, Writable: true}}, Data: createData},
-		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: instance, Signer: false, Writable: true}}, Data: transfer},
-		soltest.Instruction{Program: c.program, Accounts: accounts(admin, soltest.Meta{Key: system, Signer: false, Writable: false}), Data: coord.EncodeInstruction(init)})
-	check("init", init, coord.Pubkey(soltest.Pub(admin)))
+	check := r.check
 	k, m := testConfig(), testModel()
 	k.InitMinClients, k.MinClients, k.WitnessNodes, k.GlobalBatchSizeStart, k.GlobalBatchSizeEnd = 256, 32, 32, 256, 512
 	k.WaitingForMembersExtraTime, k.WarmupTime, k.MaxRoundTrainTime, k.EpochTime = 1, 60, 60, 600
@@ -101,7 +54,7 @@ func TestOnChainAt256(t *testing.T) {
 		if i == 0 || i == 255 {
 			check(label, join, id.Signer)
 		} else {
-			goAcct = c.account(coordKey)
+			r.goAcct = c.account(coordKey)
 		}
 	}
 	c.unique = false
@@ -122,7 +75,7 @@ func TestOnChainAt256(t *testing.T) {
 	// Witnesses: every warmup witness (the last one starts the first round),
 	// then one round witness.
 	witness := func(label string, warmup bool) {
-		s, _ := coord.DecodeAccount(goAcct)
+		s, _ := coord.DecodeAccount(r.goAcct)
 		r := s.CurrentRound()
 		for i := uint16(0); i < s.Epoch.ClientsLen; i++ {
 			p := s.Config.WitnessProofFor(r, i)
@@ -146,7 +99,7 @@ func TestOnChainAt256(t *testing.T) {
 		t.Fatalf("%s: no witness left", label)
 	}
 	for n := 0; ; n++ {
-		s, _ := coord.DecodeAccount(goAcct)
+		s, _ := coord.DecodeAccount(r.goAcct)
 		if s.RunState != coord.Warmup {
 			break
 		}

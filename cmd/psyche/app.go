@@ -119,16 +119,19 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 
 // logger builds the process's logger from the global logging flags; logs go
 // to stderr so that stdout stays for results.
-func logger(c *cli.Context) *slog.Logger {
+func logger(c *cli.Context) *slog.Logger { return loggerTo(c, c.App.ErrWriter) }
+
+// loggerTo is logger writing to w.
+func loggerTo(c *cli.Context, w io.Writer) *slog.Logger {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 		level = slog.LevelInfo
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	if c.String("log-format") == "json" {
-		return slog.New(slog.NewJSONHandler(c.App.ErrWriter, opts))
+		return slog.New(slog.NewJSONHandler(w, opts))
 	}
-	return slog.New(slog.NewTextHandler(c.App.ErrWriter, opts))
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // listen opens a TCP listener.

@@ -35,7 +35,14 @@ func join(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	// On a terminal the progress is one live line, and log lines are
+	// written above it.
+	interactive := isTerminal(c.App.Writer)
+	status := &statusLine{term: c.App.Writer}
 	log := logger(c)
+	if interactive {
+		log = loggerTo(c, status.LogWriter(c.App.ErrWriter))
+	}
 	key, err := libp2p.LoadOrCreateKey(c.String("p2p-key"))
 	if err != nil {
 		return err
@@ -44,7 +51,6 @@ func join(c *cli.Context) error {
 	if err := os.MkdirAll(c.String("checkpoint-dir"), 0o755); err != nil {
 		return err
 	}
-	interactive := isTerminal(c.App.Writer)
 	var last time.Time
 	if addr := c.String("metrics-addr"); addr != "" {
 		at, err := serveMetrics(ctx, addr, reg)
@@ -67,8 +73,7 @@ func join(c *cli.Context) error {
 				return
 			}
 			last = time.Now()
-			fmt.Fprintf(c.App.Writer, "\r%-17s epoch %d step %d loss %.3f tokens %d peers %d sent %s received %s   ",
-				p.State, p.Epoch, p.Step, p.Loss, p.Tokens, len(pn.Peers()), bytesString(p.Sent), bytesString(p.Received))
+			status.Set(joinStatus(p, len(pn.Peers())))
 		}))...)
 	if err != nil {
 		return err
@@ -78,10 +83,19 @@ func join(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "p2p address: %s\n", a)
 	}
 	err = nd.Run(ctx)
-	if interactive {
-		fmt.Fprintln(c.App.Writer)
-	}
+	status.Done()
 	return err
+}
+
+// joinStatus is the live progress line; the loss appears once a batch has
+// been trained (before that there is none to show).
+func joinStatus(p node.Progress, peers int) string {
+	loss := "-"
+	if p.Tokens > 0 {
+		loss = fmt.Sprintf("%.3f", p.Loss)
+	}
+	return fmt.Sprintf("%-17s epoch %d step %d loss %s tokens %d peers %d sent %s received %s",
+		p.State, p.Epoch, p.Step, loss, p.Tokens, peers, bytesString(p.Sent), bytesString(p.Received))
 }
 
 // isTerminal reports whether w is a character device (a terminal), where a

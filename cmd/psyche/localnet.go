@@ -442,11 +442,12 @@ func printLocalProgress(w io.Writer, s *coordinator.Coordinator, trainers []*loc
 		tokens += p.Tokens
 		sent += p.Sent
 	}
+	shown := "    -" // no batch trained yet: no loss to show
 	if count > 0 {
-		loss /= float32(count)
+		shown = fmt.Sprintf("%.3f", loss/float32(count))
 	}
-	fmt.Fprintf(w, "%6.1fs  epoch %d  step %3d  clients %d  loss %.3f  tokens %7d (%.0f/s)  sent %s\n",
-		elapsed.Seconds(), s.Progress.Epoch, s.Progress.Step, s.Epoch.ClientsLen, loss, tokens,
+	fmt.Fprintf(w, "%6.1fs  epoch %d  step %3d  clients %d  loss %s  tokens %7d (%.0f/s)  sent %s\n",
+		elapsed.Seconds(), s.Progress.Epoch, s.Progress.Step, s.Epoch.ClientsLen, shown, tokens,
 		float64(tokens)/elapsed.Seconds(), bytesString(sent))
 }
 

@@ -1,7 +1,8 @@
 // Package data owns the trainer's training data: the byte-level tokenizer,
-// the token-file format, the sources a token file is read from (a local file
-// or an HTTP(S) URL read with range requests) and the Provider that turns the
-// data indices the coordinator assigns into training sequences.
+// the token-file format, the sources a token file is read from (a local file,
+// an HTTP(S) URL read with range requests, or a built-in corpus) and the
+// Provider that turns the data indices the coordinator assigns into training
+// sequences.
 //
 // # Token files
 //
@@ -35,5 +36,7 @@
 // Newton's Opticks (first published 1704; this text is the fourth edition of
 // 1730), as prepared by the Online Distributed Proofreading Team for Project
 // Gutenberg and shipped by Go as src/testdata/Isaac.Newton-Opticks.txt. It is
-// in the public domain.
+// in the public domain. A run can train on it with no token file: the data
+// location "builtin:opticks" is the corpus tokenized by the byte tokenizer at
+// the run's token size, built in memory by Open.
 package data

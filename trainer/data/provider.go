@@ -45,8 +45,10 @@ func NewProvider(ctx context.Context, src Source, tokenSize, seqLen int, opts ..
 }
 
 // Open returns a Provider over the token file at location: an http:// or
-// https:// URL (read with range requests), a file:// URL or a local path.
-// Options configure both the Provider and its source.
+// https:// URL (read with range requests), a file:// URL, a local path, or a
+// corpus built into the trainer ("builtin:opticks", tokenized with the byte
+// tokenizer at tokenSize bytes per token). Options configure both the
+// Provider and its source.
 func Open(ctx context.Context, location string, tokenSize, seqLen int, opts ...Option) (*Provider, error) {
 	if err := checkShape(tokenSize, seqLen); err != nil {
 		return nil, err
@@ -55,7 +57,7 @@ func Open(ctx context.Context, location string, tokenSize, seqLen int, opts ...O
 	if err != nil {
 		return nil, err
 	}
-	src, err := openSource(ctx, location, cfg)
+	src, err := openSource(ctx, location, tokenSize, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -67,16 +69,24 @@ func Open(ctx context.Context, location string, tokenSize, seqLen int, opts ...O
 	return p, nil
 }
 
-// OpenSource returns the Source for location, as Open would pick it.
-func OpenSource(ctx context.Context, location string, opts ...Option) (Source, error) {
+// OpenSource returns the Source for location, as Open would pick it. The
+// token size matters only to a built-in corpus, whose bytes are encoded at
+// that size; a file's bytes are what they are.
+func OpenSource(ctx context.Context, location string, tokenSize int, opts ...Option) (Source, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	return openSource(ctx, location, cfg)
+	return openSource(ctx, location, tokenSize, cfg)
 }
 
-func openSource(ctx context.Context, location string, cfg *config) (Source, error) {
+func openSource(ctx context.Context, location string, tokenSize int, cfg *config) (Source, error) {
+	if name, ok := strings.CutPrefix(location, BuiltinPrefix); ok {
+		if err := checkTokenSize(tokenSize); err != nil {
+			return nil, err
+		}
+		return openBuiltin(name, tokenSize)
+	}
 	scheme, _, isURL := strings.Cut(location, "://")
 	if !isURL {
 		return openFileSource(ctx, location)
@@ -91,7 +101,7 @@ func openSource(ctx context.Context, location string, cfg *config) (Source, erro
 		}
 		return openFileSource(ctx, path)
 	}
-	return nil, fmt.Errorf("data: unsupported location scheme %q: use an http(s):// or file:// URL or a local path", scheme)
+	return nil, fmt.Errorf("data: unsupported location scheme %q: use an http(s):// or file:// URL, a local path or %s%s", scheme, BuiltinPrefix, Builtins()[0])
 }
 
 func openFileSource(ctx context.Context, path string) (Source, error) {

@@ -3,37 +3,43 @@ package node
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
-	"strings"
 
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
-// loadURL loads the run's checkpoint source: a file:// path on this machine,
-// or an http(s):// URL read with range requests (the data provider's HTTP
-// source, with its retries), streamed into the decoder, which accepts no
-// more tensor bytes than the run's model has.
+// loadURL loads the run's checkpoint source (as runmodel.ParseSource reads
+// it): fresh weights drawn from a seed (seed:N, the run's model built here,
+// the same on every trainer), a file:// path on this machine, or an
+// http(s):// URL read with range requests (the data provider's HTTP source,
+// with its retries), streamed into the decoder, which accepts no more
+// tensor bytes than the run's model has.
 func (n *Node) loadURL(ctx context.Context, url string, cfg gpt.Config) (*gpt.Model, error) {
-	if path, ok := strings.CutPrefix(url, "file://"); ok {
-		return gpt.Load(path, n.cfg.kernels)
-	}
-	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
-		return nil, fmt.Errorf("unsupported checkpoint source (file://, http:// and https:// are)")
-	}
-	src, err := data.NewHTTPSource(url, n.cfg.dataOpts...)
+	src, err := runmodel.ParseSource(url)
 	if err != nil {
 		return nil, err
 	}
-	defer src.Close()
-	size, err := src.Size(ctx)
+	switch src.Kind {
+	case runmodel.FromSeed:
+		return gpt.New(cfg, src.Seed, n.cfg.kernels)
+	case runmodel.FromFile:
+		return gpt.Load(src.Path, n.cfg.kernels)
+	}
+	// runmodel.FromHTTP
+	hs, err := data.NewHTTPSource(url, n.cfg.dataOpts...)
+	if err != nil {
+		return nil, err
+	}
+	defer hs.Close()
+	size, err := hs.Size(ctx)
 	if err != nil {
 		return nil, err
 	}
 	lim := checkpoint.Limits{MaxDataSize: 4 * int64(cfg.NumParams())}
-	ck, err := lim.Read(bufio.NewReaderSize(&sourceReader{ctx: ctx, src: src, size: size}, 4<<20), size)
+	ck, err := lim.Read(bufio.NewReaderSize(&sourceReader{ctx: ctx, src: hs, size: size}, 4<<20), size)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // The run's checkpoint source may be a file on this machine or an HTTP(S)
@@ -48,6 +52,7 @@ func TestLoadCheckpointURL(t *testing.T) {
 		name, url string
 		err       error // nil: loads want
 	}{
+		{"seed", "seed:3", nil}, // drawn here: want was drawn from seed 3 too
 		{"file", "file://" + path, nil},
 		{"http", srv.URL + "/files/model.safetensors", nil},
 		{"missing", srv.URL + "/files/none.safetensors", data.ErrNotFound},
@@ -64,7 +69,67 @@ func TestLoadCheckpointURL(t *testing.T) {
 			t.Errorf("%s: got %v, want %v", tc.name, err, tc.err)
 		}
 	}
-	if _, err := n.loadURL(context.Background(), "s3://bucket/model", cfg); err == nil {
-		t.Error("an unsupported scheme was accepted")
+	for _, url := range []string{"s3://bucket/model", "seed:x", "seed:-1"} {
+		if _, err := n.loadURL(context.Background(), url, cfg); !errors.Is(err, runmodel.ErrSource) {
+			t.Errorf("%s: %v, want runmodel.ErrSource", url, err)
+		}
+	}
+}
+
+// A run's revision that is a model hash is checked against the model the
+// trainer loads from the run's URL, whatever the source: a different model
+// stops the node before it trains (no retry loads another). A revision that
+// is no hash is a label, never checked.
+func TestLoadChecksRevision(t *testing.T) {
+	cfg := gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2}
+	seeded, err := gpt.New(cfg, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "init.safetensors")
+	if err := seeded.Save(context.Background(), path, nil); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := gpt.New(cfg, 2, nil)
+	hash, otherHash := runmodel.Revision(seeded), runmodel.Revision(other)
+	if hash == otherHash {
+		t.Fatal("seeds 1 and 2 hash alike")
+	}
+	for _, url := range []string{"seed:1", "file://" + path} {
+		for _, tc := range []struct {
+			name, revision string
+			refused        bool
+		}{
+			{"match", hash, false},
+			{"mismatch", otherHash, true},
+			{"no revision", "", false},
+			{"a label", "v1", false},
+			{"upper-case hex is a label", strings.ToUpper(otherHash), false},
+		} {
+			s := &coordinator.Coordinator{}
+			s.Model = coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
+				Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64}}
+			runmodel.SetGPT(&s.Model, cfg)
+			s.Model.Checkpoint.Kind = coordinator.CheckpointHub
+			_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], url)
+			_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], tc.revision)
+			_ = coordinator.SetFixedString(s.Model.DataLocation[:], "builtin:opticks")
+			n := &Node{cfg: config{log: slog.New(slog.DiscardHandler), workers: 1}}
+			err := n.load(context.Background(), s, false)
+			switch {
+			case !tc.refused && err != nil:
+				t.Errorf("%s, %s: %v", url, tc.name, err)
+			case !tc.refused && !slices.Equal(n.model.Params, seeded.Params):
+				t.Errorf("%s, %s: other weights", url, tc.name)
+			case tc.refused:
+				want := fmt.Sprintf("node: the model from %s has hash %s, the run records %s: refusing to train", url, hash, otherHash)
+				if !errors.Is(err, runmodel.ErrRevision) || errors.Is(err, errLoadLater) || err.Error() != want {
+					t.Errorf("%s, %s: %v, want %q (not to be retried)", url, tc.name, err, want)
+				}
+				if n.model != nil || n.opt != nil {
+					t.Errorf("%s, %s: the refused model was kept", url, tc.name)
+				}
+			}
+		}
 	}
 }

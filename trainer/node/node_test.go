@@ -22,6 +22,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/start"
 )
 
@@ -63,12 +64,10 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 	if err := data.WriteTokenFile(ctx, tokenPath, c.tokens[:150_000], 2); err != nil {
 		t.Fatal(err)
 	}
+	// The run starts from seed:1, which every trainer draws itself; its
+	// revision is the model's hash, which each of them checks.
 	var err error
 	if c.initial, err = gpt.New(gpt.Config{Vocab: 256, Context: 32, Width: 32, Layers: 1, Heads: 2}, 1, nil); err != nil {
-		t.Fatal(err)
-	}
-	initPath := filepath.Join(dir, "init.safetensors")
-	if err := c.initial.Save(ctx, initPath, nil); err != nil {
 		t.Fatal(err)
 	}
 	// The server ticks when the clock moves (and not by itself).
@@ -104,7 +103,8 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true}}
 	model.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(model.Checkpoint.Source.URL[:], "file://"+initPath)
+	_ = coordinator.SetFixedString(model.Checkpoint.Source.URL[:], runmodel.SeedURL(1))
+	_ = coordinator.SetFixedString(model.Checkpoint.Source.Revision[:], runmodel.Revision(c.initial))
 	_ = coordinator.SetFixedString(model.DataLocation[:], tokenPath)
 	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
 		&coordinator.Update{Config: &cfg, Model: &model}, &coordinator.SetPaused{}} {
@@ -414,6 +414,11 @@ func TestAllTrainersLeave(t *testing.T) {
 	}
 	if !slices.Equal(saved.Params, final) {
 		t.Fatal("the recorded checkpoint is not the weights the epoch ended with")
+	}
+	// Its revision is its hash, so the new trainers (which got this far)
+	// checked the file they loaded.
+	if rev := coordinator.FixedString(warm.Model.Checkpoint.Source.Revision[:]); rev != runmodel.Revision(saved) {
+		t.Fatalf("the checkpoint was recorded with revision %q, its hash is %s", rev, runmodel.Revision(saved))
 	}
 	c.waitFor("the end of the new trainers' epoch", func(s *coordinator.Coordinator) bool {
 		return s.RunState == coordinator.WaitingForMembers && s.Progress.Epoch == 2

@@ -50,6 +50,19 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		if err := runmodel.Check(model.Config, m); err != nil {
 			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
 		}
+		if m.Checkpoint.Kind != coordinator.CheckpointP2P {
+			// A revision that is a model hash names the model the run
+			// starts from: training another (a file replaced on one
+			// machine, a seed drawn differently by another build) would
+			// only produce results no other trainer can use, and no later
+			// try loads a different model, so the node stops. Peers' models
+			// are not checked: they are the previous epoch's, trained past
+			// the recorded one.
+			rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
+			if err := runmodel.CheckRevision(model, url, rev); err != nil {
+				return fmt.Errorf("node: %w: refusing to train", err)
+			}
+		}
 		n.model = model
 		opt, err := distro.NewDeMo(model.Shapes(), opts)
 		if err != nil {
@@ -153,9 +166,13 @@ func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 		n.cfg.log.Warn("checkpoint path too long to record", "path", path)
 		return
 	}
+	// The saved model's hash as the revision: whoever loads the run from
+	// this URL later checks that the file is still this model.
+	rev := runmodel.Revision(n.model)
+	_ = coordinator.SetFixedString(src.Revision[:], rev) // always RevisionLen bytes: fits
 	if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.RecordCheckpoint{Source: src}); err != nil && !errors.Is(err, coordinator.ErrAlreadyCheckpointed) {
 		n.cfg.log.Warn("recording the checkpoint failed", "err", err)
 		return
 	}
-	n.cfg.log.Info("checkpoint recorded", "path", path)
+	n.cfg.log.Info("checkpoint recorded", "path", path, "revision", rev)
 }

@@ -201,6 +201,9 @@ func TestRunFileErrors(t *testing.T) {
 			[]string{"warmup_time (20) must be less than epoch_time (10)", "min_clients (3) must not exceed init_min_clients (2)"}},
 		{"range.toml", "[config]\nglobal_batch_size_end = 70000\n", []string{"global_batch_size_end = 70000 does not fit"}},
 		{"enum.toml", "[model]\narchitecture = \"rnn\"\n[model.lr]\nschedule = \"step\"\n", []string{"model.architecture = \"rnn\"", "model.lr.schedule = \"step\""}},
+		{"sources.toml", "[model]\ndata = \"builtin:shakespeare\"\n[model.checkpoint]\nurl = \"seed:one\"\n",
+			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file:// and http(s):// are): "seed:one"`,
+				`model.data = "builtin:shakespeare": no such built-in corpus (the built-in ones are builtin:opticks)`}},
 	} {
 		_, err := loadRunFile(write(tc.name, tc.content))
 		if err == nil {

@@ -15,8 +15,6 @@ import (
 
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
-	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/gpt"
 )
 
 // TestJoinTrains runs `psyche join` against a server backend run that needs a
@@ -28,15 +26,8 @@ func TestJoinTrains(t *testing.T) {
 	dir := t.TempDir()
 	url := startRealServer(t)
 	ctx := context.Background()
-	tokens := filepath.Join(dir, "tokens.bin")
-	if err := data.WriteTokenFile(ctx, tokens, data.Tokenize(data.Opticks()[:100_000]), 2); err != nil {
-		t.Fatal(err)
-	}
-	m, _ := gpt.New(gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}, 3, nil)
-	initPath := filepath.Join(dir, "init.safetensors")
-	if err := m.Save(ctx, initPath, nil); err != nil {
-		t.Fatal(err)
-	}
+	// The example's model and data as they are: seed:1, checked against the
+	// example's revision, and builtin:opticks; nothing to prepare.
 	runFile := filepath.Join(dir, "run.toml")
 	tiny, err := os.ReadFile(filepath.Join("..", "..", "examples", "tiny-run.toml"))
 	if err != nil {
@@ -47,9 +38,7 @@ func TestJoinTrains(t *testing.T) {
 	// loaded machine (the run's clock is the wall's: join has no other).
 	cfg := strings.NewReplacer("init_min_clients = 3", "init_min_clients = 1", "min_clients = 2", "min_clients = 1",
 		"warmup_time = 10", "warmup_time = 2", "max_round_train_time = 20", "max_round_train_time = 600",
-		"epoch_time = 120", "epoch_time = 3600", "round_witness_time = 3", "round_witness_time = 1",
-		`data = "opticks.tokens"`, `data = "`+tokens+`"`,
-		`url = "file:///var/lib/psyche/tiny/init.safetensors"`, `url = "file://`+initPath+`"`).Replace(string(tiny))
+		"epoch_time = 120", "epoch_time = 3600", "round_witness_time = 3", "round_witness_time = 1").Replace(string(tiny))
 	if err := os.WriteFile(runFile, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -111,7 +111,7 @@ func localnet(c *cli.Context) error {
 	if lb.close != nil {
 		defer lb.close()
 	}
-	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), files.tokens, files.init); err != nil {
+	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), files.tokens, files.seed, files.initial); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
@@ -171,25 +171,25 @@ func localnetDir(dir string) (string, error) {
 
 // localFiles are the run's data and initial model.
 type localFiles struct {
-	tokens, init string   // paths of the token file and the initial checkpoint
-	heldOut      []uint32 // the last tenth of the text, never trained on
-	initial      *gpt.Model
+	tokens  string   // path of the token file
+	heldOut []uint32 // the last tenth of the text, never trained on
+	seed    uint64   // the run starts from seed:seed, which every trainer draws
+	initial *gpt.Model
 }
 
-// prepareLocalFiles writes the bundled text as byte tokens (the last tenth
-// held out) and the initial model drawn from seed.
+// prepareLocalFiles writes the bundled text as byte tokens, the last tenth
+// held out (so not builtin:opticks, which is all of it), and draws the
+// initial model from seed as the trainers will, for the summary's
+// before-and-after loss and the run's revision.
 func prepareLocalFiles(ctx context.Context, dir string, seed uint64) (localFiles, error) {
 	tokens := data.Tokenize(data.Opticks())
-	f := localFiles{tokens: filepath.Join(dir, "opticks.tokens"), init: filepath.Join(dir, "init.safetensors"),
-		heldOut: tokens[len(tokens)*9/10:]}
+	f := localFiles{tokens: filepath.Join(dir, "opticks.tokens"), heldOut: tokens[len(tokens)*9/10:], seed: seed}
 	if err := data.WriteTokenFile(ctx, f.tokens, tokens[:len(tokens)*9/10], data.TokenSize16); err != nil {
 		return f, err
 	}
 	var err error
-	if f.initial, err = gpt.New(localnetModel, seed, nil); err != nil {
-		return f, err
-	}
-	return f, f.initial.Save(ctx, f.init, nil)
+	f.initial, err = gpt.New(localnetModel, seed, nil)
+	return f, err
 }
 
 // localBackend is a started backend and what the trainers need to use it.
@@ -378,7 +378,7 @@ func (t *localTrainer) progress() node.Progress {
 	return t.prog
 }
 
-func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, tokenPath, initPath string) error {
+func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, tokenPath string, seed uint64, initial *gpt.Model) error {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
 		return err
@@ -391,10 +391,11 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
 	runmodel.SetGPT(&m, localnetModel)
+	// The trainers draw the model from the seed and check it against its
+	// hash, as in a run file with url = "seed:N".
 	m.Checkpoint.Kind = coordinator.CheckpointHub
-	if err := coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file://"+initPath); err != nil {
-		return fmt.Errorf("the working directory's path is too long for a checkpoint URL: %w", err)
-	}
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], runmodel.SeedURL(seed))          // at most 25 bytes: fits
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(initial)) // 32 bytes: fits
 	if err := coordinator.SetFixedString(m.DataLocation[:], tokenPath); err != nil {
 		return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
 	}

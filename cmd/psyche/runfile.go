@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/BurntSushi/toml"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // runFile is the TOML form of a run's metadata, config and model (see
@@ -156,6 +159,17 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 		text("model.checkpoint.url", cm.Checkpoint.Source.URL[:], m.Checkpoint.URL)
 		text("model.checkpoint.revision", cm.Checkpoint.Source.Revision[:], m.Checkpoint.Revision)
 		text("model.data", cm.DataLocation[:], m.Data)
+		// The coordinator stores these as text; what trainers can load is
+		// checked here, so a typo fails the update instead of every trainer.
+		if m.Checkpoint.URL != "" {
+			if _, err := runmodel.ParseSource(m.Checkpoint.URL); err != nil {
+				errs = append(errs, fmt.Errorf("model.checkpoint.url: %w", err))
+			}
+		}
+		if name, ok := strings.CutPrefix(m.Data, data.BuiltinPrefix); ok && !slices.Contains(data.Builtins(), name) {
+			errs = append(errs, fmt.Errorf("model.data = %q: no such built-in corpus (the built-in ones are %s%s)", m.Data,
+				data.BuiltinPrefix, strings.Join(data.Builtins(), ", "+data.BuiltinPrefix)))
+		}
 		cm.DataKind = coordinator.DataLocal
 		if strings.HasPrefix(m.Data, "http://") || strings.HasPrefix(m.Data, "https://") {
 			cm.DataKind = coordinator.DataHTTP

@@ -5,7 +5,9 @@
 // side from the other (the node loading an epoch's model, localnet and run
 // creators describing a model, checks of a checkpoint against a run) goes
 // through here, so a new architecture or optimizer field is added in one
-// place.
+// place. The same holds for where the model starts: the checkpoint URL
+// (ParseSource: seed:N, file://, http(s)://) and the revision, which is the
+// model's hash when it is 32 lowercase hex digits (Revision, CheckRevision).
 package runmodel
 
 import (

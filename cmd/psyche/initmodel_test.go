@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+var tinyRun = filepath.Join("..", "..", "examples", "tiny-run.toml")
+
+// printedLine is the value of the `key = "value"` line init-model printed.
+func printedLine(t *testing.T, out, key string) string {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, key+` = "`); ok && strings.HasSuffix(v, `"`) {
+			return strings.TrimSuffix(v, `"`)
+		}
+	}
+	t.Fatalf("no %s line in:\n%s", key, out)
+	return ""
+}
+
+func TestInitModelWritesTheSeededModel(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "models", "init.safetensors") // the directory is made
+	out, errs, code := psyche(t, "init-model", "--config", tinyRun, "--seed", "5", "--out", path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	m, err := gpt.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := gpt.New(gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}, 5, nil)
+	if m.Config != want.Config || !slices.Equal(m.Params, want.Params) {
+		t.Fatal("the file is not the run's model drawn from seed 5")
+	}
+	if rev := printedLine(t, out, "revision"); rev != runmodel.Revision(m) {
+		t.Errorf("printed revision %s, the file's model hashes to %s", rev, runmodel.Revision(m))
+	}
+	if url := printedLine(t, out, "url"); url != "file://"+path {
+		t.Errorf("printed url %q", url)
+	}
+	for _, want := range []string{"model: 120576 parameters, weights drawn from seed:5", "wrote " + path,
+		// The example records seed 1's hash: seed 5's model would be refused.
+		"note: " + tinyRun + ` records revision "`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// Without --out the seed defaults to the run's seed:N, and the hash is the
+// one the example records.
+func TestInitModelPrintsTheRunsHash(t *testing.T) {
+	out, errs, code := psyche(t, "init-model", "--config", tinyRun)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	u, err := loadRunFile(tinyRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:])
+	if rev := printedLine(t, out, "revision"); rev != recorded {
+		t.Errorf("printed revision %s, the example records %s", rev, recorded)
+	}
+	if url := printedLine(t, out, "url"); url != "seed:1" || strings.Contains(out, "wrote") || strings.Contains(out, "note:") {
+		t.Errorf("output:\n%s", out)
+	}
+}
+
+func TestInitModelRejects(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tiny, err := os.ReadFile(tinyRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromFile := write("file.toml", strings.Replace(string(tiny), `url = "seed:1"`, `url = "file:///var/lib/init.safetensors"`, 1))
+	noModel := write("nomodel.toml", "[metadata]\nname = \"x\"\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no --config", nil, `Required flag "config" not set`},
+		{"a missing run file", []string{"--config", filepath.Join(dir, "none.toml")}, "none.toml: open"},
+		{"no [model]", []string{"--config", noModel}, "nomodel.toml has no [model] section: init-model builds the model it describes"},
+		{"no seed", []string{"--config", fromFile}, `--seed is needed: ` + fromFile + `'s checkpoint url is "file:///var/lib/init.safetensors", not seed:N`},
+		{"a bad seed", []string{"--config", tinyRun, "--seed", "-1"}, `invalid value "-1" for flag -seed`},
+	} {
+		out, errs, code := psyche(t, append([]string{"init-model"}, tc.args...)...)
+		if code == 0 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%s: exit %d, %q, want %q\n%s", tc.name, code, errs, tc.want, out)
+		}
+	}
+	// With a seed given, a run that loads from a file is fine.
+	if out, errs, code := psyche(t, "init-model", "--config", fromFile, "--seed", "1"); code != 0 || !strings.Contains(out, "revision = ") {
+		t.Errorf("--seed with a file:// run: exit %d %s %s", code, out, errs)
+	}
+}
+
+// The tiny example says it needs no files: its revision is the hash of the
+// model seed:N draws for its [model], so trainers accept it, and its data
+// opens at its token size and sequence length.
+func TestTinyRunExampleIsTrue(t *testing.T) {
+	u, err := loadRunFile(tinyRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := coordinator.FixedString(u.Model.Checkpoint.Source.URL[:])
+	src, err := runmodel.ParseSource(url)
+	if err != nil || src.Kind != runmodel.FromSeed {
+		t.Fatalf("the example's url %q is not seed:N (%v)", url, err)
+	}
+	m, err := runmodel.Init(u.Model, src.Seed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:])
+	if !runmodel.IsHash(rev) || rev != runmodel.Revision(m) {
+		t.Fatalf("examples/tiny-run.toml records revision %q; the model of %s hashes to %s", rev, url, runmodel.Revision(m))
+	}
+	if got, want := m.NumParams(), int(u.Metadata.NumParameters); got != want {
+		t.Errorf("metadata.num_parameters is %d, the model has %d", want, got)
+	}
+	p, err := data.Open(context.Background(), coordinator.FixedString(u.Model.DataLocation[:]), int(u.Model.TokenSize), int(u.Model.MaxSeqLen))
+	if err != nil {
+		t.Fatalf("the example's data: %v", err)
+	}
+	p.Close()
+}

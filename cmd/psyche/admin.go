@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -38,9 +40,10 @@ var (
 
 var adminCommands = []*cli.Command{
 	{
-		Name:   "keygen",
-		Usage:  "create a key file",
-		Flags:  []cli.Flag{&cli.StringFlag{Name: "out", Value: defaultKeyPath(), Usage: "where to write the key", Category: "IDENTITY"}},
+		Name:  "keygen",
+		Usage: "create a key file (each trainer and the admin needs its own)",
+		Flags: []cli.Flag{&cli.StringFlag{Name: "out", Value: defaultKeyPath(), Usage: "where to write the key", Category: "IDENTITY"},
+			&cli.BoolFlag{Name: "force", Usage: "replace an existing key file (the address it held is lost)", Category: "IDENTITY"}},
 		Action: keygen,
 	},
 	{
@@ -107,11 +110,46 @@ func keygen(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := k.Save(c.Context, path); err != nil {
+	save := k.Save
+	if c.Bool("force") {
+		save = k.Replace
+	}
+	if err := save(c.Context, path); err != nil {
+		if errors.Is(err, chain.ErrKeyExists) {
+			return fmt.Errorf("%s already holds a key (address %s); write the new one elsewhere with --out FILE, or replace it with --force (its address is then lost)",
+				path, addressIn(path))
+		}
 		return err
 	}
-	fmt.Fprintf(c.App.Writer, "wrote %s\naddress: %s\n", path, k.Public().String())
+	// One key per process: trainers that share a key are one client to
+	// the coordinator, and replace each other's p2p identity in it.
+	fmt.Fprintf(c.App.Writer, "wrote %s\naddress: %s\n\n"+
+		"Each trainer, and the run's admin, needs its own key. Make another with\n"+
+		"  psyche keygen --out %s\n"+
+		"and pick it with --key, e.g. psyche join --key %[3]s ...\n",
+		path, k.Public().String(), nextKeyPath(path))
 	return nil
+}
+
+// addressIn is the address of the key file at path, for messages ("?" if
+// it cannot be read).
+func addressIn(path string) string {
+	k, err := chain.LoadKeypair(path)
+	if err != nil {
+		return "?"
+	}
+	return k.Public().String()
+}
+
+// nextKeyPath suggests where another key could go: trainerN.json beside
+// path, for the first N with no file.
+func nextKeyPath(path string) string {
+	for n := 2; ; n++ {
+		p := filepath.Join(filepath.Dir(path), fmt.Sprintf("trainer%d.json", n))
+		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+			return p
+		}
+	}
 }
 
 func runServer(c *cli.Context) error {

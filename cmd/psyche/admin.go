@@ -321,8 +321,50 @@ type statusView struct {
 type clientView struct {
 	Address string `json:"address"`
 	P2P     string `json:"p2p"`
-	State   string `json:"state"`
+	State   string `json:"state"` // clientLabel
 	Height  uint32 `json:"exited_height,omitempty"`
+}
+
+// What `psyche status` calls a client besides the coordinator's removals
+// (Dropped, Withdrawn, Ejected).
+const (
+	labelHealthy = "Healthy" // a member of the epoch in progress, in good standing
+	labelPending = "Pending" // joined the next epoch, which has not started
+	labelLeft    = "Left"    // stayed to the end of its epoch and is not in the run now
+)
+
+// clientLabel is what status shows for an entry of the epoch's Clients or
+// Exited list. The coordinator keeps Healthy on the entries of an epoch that
+// ended (they are its members until the next one starts, and are then copied
+// to Exited), so Healthy there does not mean the client is still training:
+// the label says where the client is now instead. An entry the coordinator
+// removed keeps its removal, with the round in the record.
+func clientLabel(s *coordinator.Coordinator, cl coordinator.Client) string {
+	if cl.State != coordinator.Healthy {
+		return cl.State.String()
+	}
+	if epochInProgress(s.RunState) {
+		if i, ok := s.ClientIndex(cl.ID.Signer); ok {
+			if m := s.Epoch.Clients[i]; m.State != coordinator.Healthy {
+				return m.State.String()
+			}
+			return labelHealthy
+		}
+	}
+	if _, ok := s.PendingIndex(cl.ID.Signer); ok {
+		return labelPending
+	}
+	return labelLeft
+}
+
+// epochInProgress reports whether the run is in an epoch, whose Clients
+// list is then its members (between epochs it is the last epoch's).
+func epochInProgress(st coordinator.RunState) bool {
+	switch st {
+	case coordinator.Warmup, coordinator.RoundTrain, coordinator.RoundWitness, coordinator.Cooldown:
+		return true
+	}
+	return false
 }
 
 type roundView struct {
@@ -338,7 +380,7 @@ func viewOf(s *coordinator.Coordinator) statusView {
 		Epoch: s.Progress.Epoch, Step: s.Progress.Step, Nonce: s.Nonce, PendingPause: s.PendingPause,
 		Clients: []clientView{}, Pending: []string{}, Exited: []clientView{}}
 	client := func(cl coordinator.Client) clientView {
-		return clientView{Address: cl.ID.Signer.String(), P2P: cl.ID.P2P.String(), State: cl.State.String(), Height: cl.ExitedHeight}
+		return clientView{Address: cl.ID.Signer.String(), P2P: cl.ID.P2P.String(), State: clientLabel(s, cl), Height: cl.ExitedHeight}
 	}
 	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
 		v.Clients = append(v.Clients, client(cl))
@@ -349,8 +391,7 @@ func viewOf(s *coordinator.Coordinator) statusView {
 	for _, id := range s.Pending[:s.PendingLen] {
 		v.Pending = append(v.Pending, id.Signer.String())
 	}
-	switch s.RunState {
-	case coordinator.RoundTrain, coordinator.RoundWitness, coordinator.Cooldown, coordinator.Warmup:
+	if epochInProgress(s.RunState) {
 		r := s.CurrentRound()
 		v.Round = &roundView{Height: r.Height, DataIndex: r.DataIndex, BatchSize: s.RoundBatchSize(r),
 			Witnesses: int(r.WitnessesLen), Of: s.Config.WitnessCount(r.ClientsLen)}
@@ -391,9 +432,13 @@ func printStatus(w io.Writer, v statusView) {
 			v.Round.DataIndex+uint64(v.Round.BatchSize), v.Round.Witnesses, v.Round.Of)
 	}
 	fmt.Fprintf(w, "checkpoint: %s %s %s\n", v.Checkpoint.Kind, v.Checkpoint.URL, v.Checkpoint.Revision)
-	fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
+	if v.Round != nil { // there is a round only while an epoch is in progress
+		fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
+	} else {
+		fmt.Fprintf(w, "clients of the last epoch (%d):\n", len(v.Clients))
+	}
 	for _, cl := range v.Clients {
-		fmt.Fprintf(w, "  %-44s %s\n", cl.Address, cl.State)
+		fmt.Fprintf(w, "  %-44s %s\n", cl.Address, clientStatus(cl))
 	}
 	if len(v.Pending) > 0 {
 		fmt.Fprintf(w, "pending for the next epoch (%d):\n", len(v.Pending))
@@ -404,7 +449,16 @@ func printStatus(w io.Writer, v statusView) {
 	if len(v.Exited) > 0 {
 		fmt.Fprintf(w, "exited (%d):\n", len(v.Exited))
 		for _, cl := range v.Exited {
-			fmt.Fprintf(w, "  %-44s %s at round %d\n", cl.Address, cl.State, cl.Height)
+			fmt.Fprintf(w, "  %-44s %s\n", cl.Address, clientStatus(cl))
 		}
 	}
+}
+
+// clientStatus is a client's label, with the round of a removal.
+func clientStatus(cl clientView) string {
+	switch cl.State {
+	case labelHealthy, labelPending, labelLeft:
+		return cl.State
+	}
+	return fmt.Sprintf("%s at round %d", cl.State, cl.Height)
 }

@@ -432,10 +432,12 @@ func printStatus(w io.Writer, v statusView) {
 			v.Round.DataIndex+uint64(v.Round.BatchSize), v.Round.Witnesses, v.Round.Of)
 	}
 	fmt.Fprintf(w, "checkpoint: %s %s %s\n", v.Checkpoint.Kind, v.Checkpoint.URL, v.Checkpoint.Revision)
-	if v.Round != nil { // there is a round only while an epoch is in progress
-		fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
-	} else {
+	// There is a round only while an epoch is in progress; otherwise the
+	// clients are those of the epoch that ended.
+	if v.Round == nil && len(v.Clients) > 0 {
 		fmt.Fprintf(w, "clients of the last epoch (%d):\n", len(v.Clients))
+	} else {
+		fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
 	}
 	for _, cl := range v.Clients {
 		fmt.Fprintf(w, "  %-44s %s\n", cl.Address, clientStatus(cl))

@@ -2,6 +2,7 @@ package chain
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,8 +19,18 @@ func TestKeypairFile(t *testing.T) {
 	if err := k.Save(context.Background(), path); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.Save(context.Background(), path); err == nil {
-		t.Fatal("overwrote a key file")
+	if err := k.Save(context.Background(), path); !errors.Is(err, ErrKeyExists) {
+		t.Fatalf("saving over a key file: %v, want ErrKeyExists", err)
+	}
+	other, _ := NewKeypair()
+	if err := other.Replace(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := LoadKeypair(path); err != nil || got.Public() != other.Public() {
+		t.Fatalf("after Replace: %v", err)
+	}
+	if err := k.Replace(context.Background(), path); err != nil {
+		t.Fatal(err)
 	}
 	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
 		t.Fatalf("key file mode %v", st.Mode().Perm())

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 
@@ -83,14 +84,23 @@ func LoadKeypair(path string) (*Keypair, error) {
 	return k, nil
 }
 
+// ErrKeyExists is returned (wrapped) by Save when the file is already there.
+var ErrKeyExists = errors.New("key file exists")
+
 // Save writes the key file atomically with mode 0600, refusing to overwrite
-// an existing file.
+// an existing file: the key it holds may be the only copy of an identity.
 func (k *Keypair) Save(ctx context.Context, path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return fmt.Errorf("chain: %s: %w; refusing to overwrite a key", path, ErrKeyExists)
+	}
+	return k.Replace(ctx, path)
+}
+
+// Replace writes the key file atomically with mode 0600, replacing any file
+// there.
+func (k *Keypair) Replace(ctx context.Context, path string) error {
 	if err := ctx.Err(); err != nil {
 		return err
-	}
-	if _, err := os.Stat(path); err == nil {
-		return fmt.Errorf("chain: %s exists; refusing to overwrite a key", path)
 	}
 	raw := make([]int, len(k.priv))
 	for i, b := range k.priv {

@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -38,9 +40,10 @@ var (
 
 var adminCommands = []*cli.Command{
 	{
-		Name:   "keygen",
-		Usage:  "create a key file",
-		Flags:  []cli.Flag{&cli.StringFlag{Name: "out", Value: defaultKeyPath(), Usage: "where to write the key", Category: "IDENTITY"}},
+		Name:  "keygen",
+		Usage: "create a key file (each trainer and the admin needs its own)",
+		Flags: []cli.Flag{&cli.StringFlag{Name: "out", Value: defaultKeyPath(), Usage: "where to write the key", Category: "IDENTITY"},
+			&cli.BoolFlag{Name: "force", Usage: "replace an existing key file (the address it held is lost)", Category: "IDENTITY"}},
 		Action: keygen,
 	},
 	{
@@ -107,11 +110,46 @@ func keygen(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := k.Save(c.Context, path); err != nil {
+	save := k.Save
+	if c.Bool("force") {
+		save = k.Replace
+	}
+	if err := save(c.Context, path); err != nil {
+		if errors.Is(err, chain.ErrKeyExists) {
+			return fmt.Errorf("%s already holds a key (address %s); write the new one elsewhere with --out FILE, or replace it with --force (its address is then lost)",
+				path, addressIn(path))
+		}
 		return err
 	}
-	fmt.Fprintf(c.App.Writer, "wrote %s\naddress: %s\n", path, k.Public().String())
+	// One key per process: trainers that share a key are one client to
+	// the coordinator, and replace each other's p2p identity in it.
+	fmt.Fprintf(c.App.Writer, "wrote %s\naddress: %s\n\n"+
+		"Each trainer, and the run's admin, needs its own key. Make another with\n"+
+		"  psyche keygen --out %s\n"+
+		"and pick it with --key, e.g. psyche join --key %[3]s ...\n",
+		path, k.Public().String(), nextKeyPath(path))
 	return nil
+}
+
+// addressIn is the address of the key file at path, for messages ("?" if
+// it cannot be read).
+func addressIn(path string) string {
+	k, err := chain.LoadKeypair(path)
+	if err != nil {
+		return "?"
+	}
+	return k.Public().String()
+}
+
+// nextKeyPath suggests where another key could go: trainerN.json beside
+// path, for the first N with no file.
+func nextKeyPath(path string) string {
+	for n := 2; ; n++ {
+		p := filepath.Join(filepath.Dir(path), fmt.Sprintf("trainer%d.json", n))
+		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+			return p
+		}
+	}
 }
 
 func runServer(c *cli.Context) error {
@@ -283,8 +321,50 @@ type statusView struct {
 type clientView struct {
 	Address string `json:"address"`
 	P2P     string `json:"p2p"`
-	State   string `json:"state"`
+	State   string `json:"state"` // clientLabel
 	Height  uint32 `json:"exited_height,omitempty"`
+}
+
+// What `psyche status` calls a client besides the coordinator's removals
+// (Dropped, Withdrawn, Ejected).
+const (
+	labelHealthy = "Healthy" // a member of the epoch in progress, in good standing
+	labelPending = "Pending" // joined the next epoch, which has not started
+	labelLeft    = "Left"    // stayed to the end of its epoch and is not in the run now
+)
+
+// clientLabel is what status shows for an entry of the epoch's Clients or
+// Exited list. The coordinator keeps Healthy on the entries of an epoch that
+// ended (they are its members until the next one starts, and are then copied
+// to Exited), so Healthy there does not mean the client is still training:
+// the label says where the client is now instead. An entry the coordinator
+// removed keeps its removal, with the round in the record.
+func clientLabel(s *coordinator.Coordinator, cl coordinator.Client) string {
+	if cl.State != coordinator.Healthy {
+		return cl.State.String()
+	}
+	if epochInProgress(s.RunState) {
+		if i, ok := s.ClientIndex(cl.ID.Signer); ok {
+			if m := s.Epoch.Clients[i]; m.State != coordinator.Healthy {
+				return m.State.String()
+			}
+			return labelHealthy
+		}
+	}
+	if _, ok := s.PendingIndex(cl.ID.Signer); ok {
+		return labelPending
+	}
+	return labelLeft
+}
+
+// epochInProgress reports whether the run is in an epoch, whose Clients
+// list is then its members (between epochs it is the last epoch's).
+func epochInProgress(st coordinator.RunState) bool {
+	switch st {
+	case coordinator.Warmup, coordinator.RoundTrain, coordinator.RoundWitness, coordinator.Cooldown:
+		return true
+	}
+	return false
 }
 
 type roundView struct {
@@ -300,7 +380,7 @@ func viewOf(s *coordinator.Coordinator) statusView {
 		Epoch: s.Progress.Epoch, Step: s.Progress.Step, Nonce: s.Nonce, PendingPause: s.PendingPause,
 		Clients: []clientView{}, Pending: []string{}, Exited: []clientView{}}
 	client := func(cl coordinator.Client) clientView {
-		return clientView{Address: cl.ID.Signer.String(), P2P: cl.ID.P2P.String(), State: cl.State.String(), Height: cl.ExitedHeight}
+		return clientView{Address: cl.ID.Signer.String(), P2P: cl.ID.P2P.String(), State: clientLabel(s, cl), Height: cl.ExitedHeight}
 	}
 	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
 		v.Clients = append(v.Clients, client(cl))
@@ -311,8 +391,7 @@ func viewOf(s *coordinator.Coordinator) statusView {
 	for _, id := range s.Pending[:s.PendingLen] {
 		v.Pending = append(v.Pending, id.Signer.String())
 	}
-	switch s.RunState {
-	case coordinator.RoundTrain, coordinator.RoundWitness, coordinator.Cooldown, coordinator.Warmup:
+	if epochInProgress(s.RunState) {
 		r := s.CurrentRound()
 		v.Round = &roundView{Height: r.Height, DataIndex: r.DataIndex, BatchSize: s.RoundBatchSize(r),
 			Witnesses: int(r.WitnessesLen), Of: s.Config.WitnessCount(r.ClientsLen)}
@@ -353,9 +432,15 @@ func printStatus(w io.Writer, v statusView) {
 			v.Round.DataIndex+uint64(v.Round.BatchSize), v.Round.Witnesses, v.Round.Of)
 	}
 	fmt.Fprintf(w, "checkpoint: %s %s %s\n", v.Checkpoint.Kind, v.Checkpoint.URL, v.Checkpoint.Revision)
-	fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
+	// There is a round only while an epoch is in progress; otherwise the
+	// clients are those of the epoch that ended.
+	if v.Round == nil && len(v.Clients) > 0 {
+		fmt.Fprintf(w, "clients of the last epoch (%d):\n", len(v.Clients))
+	} else {
+		fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
+	}
 	for _, cl := range v.Clients {
-		fmt.Fprintf(w, "  %-44s %s\n", cl.Address, cl.State)
+		fmt.Fprintf(w, "  %-44s %s\n", cl.Address, clientStatus(cl))
 	}
 	if len(v.Pending) > 0 {
 		fmt.Fprintf(w, "pending for the next epoch (%d):\n", len(v.Pending))
@@ -366,7 +451,16 @@ func printStatus(w io.Writer, v statusView) {
 	if len(v.Exited) > 0 {
 		fmt.Fprintf(w, "exited (%d):\n", len(v.Exited))
 		for _, cl := range v.Exited {
-			fmt.Fprintf(w, "  %-44s %s at round %d\n", cl.Address, cl.State, cl.Height)
+			fmt.Fprintf(w, "  %-44s %s\n", cl.Address, clientStatus(cl))
 		}
 	}
+}
+
+// clientStatus is a client's label, with the round of a removal.
+func clientStatus(cl clientView) string {
+	switch cl.State {
+	case labelHealthy, labelPending, labelLeft:
+		return cl.State
+	}
+	return fmt.Sprintf("%s at round %d", cl.State, cl.Height)
 }

@@ -230,3 +230,33 @@ func TestBadLoggingFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestKeygenRefusesToOverwrite: keygen never silently replaces a key (that
+// would lose the address it held), says how to make one per trainer, and
+// --force replaces.
+func TestKeygenRefusesToOverwrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "id.json")
+	out, errs, code := psyche(t, "keygen", "--out", path)
+	if code != 0 {
+		t.Fatalf("keygen: %d %s", code, errs)
+	}
+	first, _ := chain.LoadKeypair(path)
+	for _, want := range []string{"needs its own key", "psyche keygen --out " + filepath.Join(filepath.Dir(path), "trainer2.json"), "--key"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("keygen output lacks %q:\n%s", want, out)
+		}
+	}
+	_, errs, code = psyche(t, "keygen", "--out", path)
+	if code == 0 || !strings.Contains(errs, path) || !strings.Contains(errs, "--force") || !strings.Contains(errs, first.Public().String()) {
+		t.Fatalf("keygen over a key: %d %s", code, errs)
+	}
+	if k, _ := chain.LoadKeypair(path); k.Public() != first.Public() {
+		t.Fatal("the refused keygen changed the key")
+	}
+	if _, errs, code = psyche(t, "keygen", "--out", path, "--force"); code != 0 {
+		t.Fatalf("keygen --force: %d %s", code, errs)
+	}
+	if k, _ := chain.LoadKeypair(path); k.Public() == first.Public() {
+		t.Fatal("keygen --force kept the old key")
+	}
+}

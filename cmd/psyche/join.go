@@ -1,12 +1,16 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/psyche-go/psyche/internal/filelock"
 	"github.com/psyche-go/psyche/p2p/libp2p"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/psyche-go/psyche/trainer/start"
@@ -17,10 +21,11 @@ var joinCommand = &cli.Command{
 	Name:  "join",
 	Usage: "train in a run: join every epoch, train, exchange results, witness, checkpoint",
 	Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag,
-		&cli.StringFlag{Name: "p2p-key", Value: "psyche-p2p.key", Usage: "p2p identity key file (created if missing)", Category: "P2P"},
+		&cli.StringFlag{Name: "p2p-key", Usage: "p2p identity key file, created if missing (default: beside --key, e.g. id.json -> id.p2p.key)", Category: "P2P"},
 		&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "p2p listen addresses (multiaddrs)", Category: "P2P"},
 		&cli.StringSliceFlag{Name: "peer", Usage: "address of another trainer (multiaddr ending in /p2p/<id>); repeatable", Category: "P2P"},
-		&cli.StringFlag{Name: "checkpoint-dir", Value: "checkpoints", Usage: "where to save checkpoints when elected", Category: "RUN"},
+		&cli.StringFlag{Name: "data-dir", Value: defaultDataDir(), Usage: "where the trainer keeps its files: checkpoints go in <data-dir>/<run-id>/<address>/checkpoints", Category: "RUN"},
+		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
 		&cli.BoolFlag{Name: "tick", Usage: "send tick transactions when the run's timers say a transition is due (default: on with --rpc, where no server ticks the run)", Category: "RUN"},
@@ -35,6 +40,20 @@ func join(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	p2pKey := c.String("p2p-key")
+	if p2pKey == "" {
+		p2pKey = p2pKeyPath(c.String("key"))
+	}
+	// Two trainers on one key would be one client to the coordinator (each
+	// join replaces the other's p2p identity) or one peer to the others:
+	// each holds its keys for as long as it runs.
+	for _, k := range []struct{ what, path string }{{"key", c.String("key")}, {"p2p key", p2pKey}} {
+		l, err := lockKey(k.what, k.path)
+		if err != nil {
+			return err
+		}
+		defer l.Unlock()
+	}
 	// On a terminal the progress is one live line, and log lines are
 	// written above it.
 	interactive := isTerminal(c.App.Writer)
@@ -43,12 +62,13 @@ func join(c *cli.Context) error {
 	if interactive {
 		log = loggerTo(c, status.LogWriter(c.App.ErrWriter))
 	}
-	key, err := libp2p.LoadOrCreateKey(c.String("p2p-key"))
+	key, err := libp2p.LoadOrCreateKey(p2pKey)
 	if err != nil {
 		return err
 	}
 	reg := newRegistry()
-	if err := os.MkdirAll(c.String("checkpoint-dir"), 0o755); err != nil {
+	ckptDir, err := checkpointDir(c.String("checkpoint-dir"), c.String("data-dir"), c.String("run-id"), signer.Public().String())
+	if err != nil {
 		return err
 	}
 	var last time.Time
@@ -60,7 +80,7 @@ func join(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "metrics: http://%s/metrics\n", at)
 	}
 	opts := []node.Option{node.WithPeers(c.StringSlice("peer")...),
-		node.WithCheckpointDir(c.String("checkpoint-dir")), node.WithLogger(log), node.WithEpochs(c.Int("epochs")),
+		node.WithCheckpointDir(ckptDir), node.WithLogger(log), node.WithEpochs(c.Int("epochs")),
 		node.WithMetrics(node.NewMetrics(reg))}
 	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
 		opts = append(opts, node.WithTicking())
@@ -85,6 +105,63 @@ func join(c *cli.Context) error {
 	err = nd.Run(ctx)
 	status.Done()
 	return err
+}
+
+// defaultDataDir is where trainers keep their files unless --data-dir says
+// otherwise: $XDG_DATA_HOME/psyche, or ~/.local/share/psyche (empty if there
+// is no home directory: join then asks for --data-dir rather than writing
+// into the current directory).
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "psyche")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(home, ".local", "share", "psyche")
+}
+
+// p2pKeyPath is where the p2p identity of the trainer with the key file
+// keyPath lives by default: beside it, with .p2p.key for .json, so that each
+// key file has its own p2p identity.
+func p2pKeyPath(keyPath string) string {
+	return strings.TrimSuffix(keyPath, ".json") + ".p2p.key"
+}
+
+// checkpointDir returns (and creates) where the trainer saves checkpoints:
+// override if set, else one directory per run and signer under dataDir, so
+// that two trainers on one machine never write the same file.
+func checkpointDir(override, dataDir, runID, signer string) (string, error) {
+	dir := override
+	if dir == "" {
+		if dataDir == "" {
+			return "", errors.New("no data directory: set --data-dir (or HOME or XDG_DATA_HOME)")
+		}
+		// Run ids may be "." or "..", which name no directory of their own.
+		if !filepath.IsLocal(runID) {
+			return "", fmt.Errorf("run id %q cannot be a directory name under --data-dir; set --checkpoint-dir", runID)
+		}
+		dir = filepath.Join(dataDir, runID, signer, "checkpoints")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("checkpoint directory: %w", err)
+	}
+	return dir, nil
+}
+
+// lockKey holds the lock on the key file at path (what names it in
+// errors) for as long as the process runs, refusing if another process
+// holds it.
+func lockKey(what, path string) (*filelock.Lock, error) {
+	l, err := filelock.TryLock(path + ".lock")
+	if errors.Is(err, filelock.ErrLocked) {
+		return nil, fmt.Errorf("another trainer is using the %s %s: %w; each trainer needs its own --key (make one with psyche keygen --out FILE)", what, path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	return l, nil
 }
 
 // joinStatus is the live progress line; the loss appears once a batch has

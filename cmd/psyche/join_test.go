@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -13,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/filelock"
 )
 
 // TestJoinTrains runs `psyche join` against a server backend run that needs a
@@ -59,7 +62,7 @@ func TestJoinTrains(t *testing.T) {
 	var out, errb syncBuffer
 	go func() {
 		done <- runContext(jctx, []string{"psyche", "--log-level", "warn", "join", "--server", url, "--key", trainer, "--run-id", "joined",
-			"--p2p-key", filepath.Join(dir, "p2p.key"), "--listen", "/ip4/127.0.0.1/tcp/0", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+			"--data-dir", filepath.Join(dir, "data"), "--listen", "/ip4/127.0.0.1/tcp/0",
 			"--metrics-addr", "127.0.0.1:0"}, &out, &errb)
 	}()
 	// Wait for the run to reach step 4 (snapshots are events); the guard
@@ -126,6 +129,82 @@ wait:
 	}
 	if !strings.Contains(out.String(), "p2p address: /ip4/127.0.0.1/tcp/") {
 		t.Errorf("join did not print its address: %s", out.String())
+	}
+	// The trainer's files are beside its key and under its data directory.
+	k, _ := chain.LoadKeypair(trainer)
+	for _, p := range []string{filepath.Join(dir, "trainer.p2p.key"), filepath.Join(dir, "data", "joined", k.Public().String(), "checkpoints")} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("join's files: %v", err)
+		}
+	}
+}
+
+// TestJoinRefusesAKeyInUse: a trainer whose key or p2p key another process
+// holds (as a running trainer does) refuses to start, naming the file, the
+// holder and the remedy. (internal/filelock shows the lock across processes.)
+func TestJoinRefusesAKeyInUse(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id.json")
+	if _, errs, code := psyche(t, "keygen", "--out", key); code != 0 {
+		t.Fatal(errs)
+	}
+	// Nothing listens there: join must stop at the lock, before any request.
+	args := []string{"join", "--server", "http://127.0.0.1:1", "--key", key, "--run-id", "r", "--data-dir", filepath.Join(dir, "data")}
+	for _, tc := range []struct{ held, what string }{
+		{key, "the key " + key},
+		{filepath.Join(dir, "id.p2p.key"), "the p2p key " + filepath.Join(dir, "id.p2p.key")},
+	} {
+		l, err := filelock.TryLock(tc.held + ".lock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, errs, code := psyche(t, args...)
+		l.Unlock()
+		for _, want := range []string{"another trainer is using " + tc.what, tc.held + ".lock", fmt.Sprintf("process %d", os.Getpid()), "each trainer needs its own --key"} {
+			if code == 0 || !strings.Contains(errs, want) {
+				t.Errorf("join with %s held: %d, error lacks %q: %s", tc.held, code, want, errs)
+			}
+		}
+	}
+}
+
+func TestTrainerPaths(t *testing.T) {
+	for key, want := range map[string]string{
+		"/home/a/.config/psyche/id.json": "/home/a/.config/psyche/id.p2p.key",
+		"trainer2.json":                  "trainer2.p2p.key",
+		"/keys/bob":                      "/keys/bob.p2p.key",
+	} {
+		if got := p2pKeyPath(key); got != want {
+			t.Errorf("p2pKeyPath(%q) = %q, want %q", key, got, want)
+		}
+	}
+	t.Setenv("XDG_DATA_HOME", "/xdg")
+	if got := defaultDataDir(); got != "/xdg/psyche" {
+		t.Errorf("with XDG_DATA_HOME: %q", got)
+	}
+	t.Setenv("XDG_DATA_HOME", "relative") // the spec says to ignore it
+	t.Setenv("HOME", "/home/a")
+	if got := defaultDataDir(); got != "/home/a/.local/share/psyche" {
+		t.Errorf("without XDG_DATA_HOME: %q", got)
+	}
+
+	data := t.TempDir()
+	got, err := checkpointDir("", data, "run1", "Addr")
+	if want := filepath.Join(data, "run1", "Addr", "checkpoints"); err != nil || got != want {
+		t.Errorf("checkpointDir = %q, %v; want %q", got, err, want)
+	}
+	if st, err := os.Stat(got); err != nil || !st.IsDir() {
+		t.Errorf("checkpoint directory not made: %v", err)
+	}
+	override := filepath.Join(data, "elsewhere")
+	if got, err := checkpointDir(override, data, "run1", "Addr"); err != nil || got != override {
+		t.Errorf("--checkpoint-dir: %q, %v", got, err)
+	}
+	if _, err := checkpointDir("", data, "..", "Addr"); err == nil || !strings.Contains(err.Error(), "--checkpoint-dir") {
+		t.Errorf("run id ..: %v", err)
+	}
+	if _, err := checkpointDir("", "", "run1", "Addr"); err == nil || !strings.Contains(err.Error(), "--data-dir") {
+		t.Errorf("no data directory: %v", err)
 	}
 }
 

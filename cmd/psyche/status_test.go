@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -71,5 +72,78 @@ func TestJoinStatusShowsNoLossBeforeTraining(t *testing.T) {
 	after := joinStatus(node.Progress{State: coordinator.RoundTrain, Step: 3, Loss: 4.25, Tokens: 512}, 2)
 	if !strings.Contains(after, "loss 4.250") || !strings.Contains(after, "tokens 512") {
 		t.Errorf("after training: %q", after)
+	}
+}
+
+func TestClientLabel(t *testing.T) {
+	alice, bob := coordinator.Pubkey{1}, coordinator.Pubkey{2}
+	member := func(signer coordinator.Pubkey, st coordinator.ClientState) coordinator.Client {
+		return coordinator.Client{ID: coordinator.ClientID{Signer: signer, P2P: coordinator.Pubkey{0xa0, signer[0]}}, State: st}
+	}
+	// run builds a run in state st with the given epoch members and
+	// pending joiners.
+	run := func(st coordinator.RunState, members []coordinator.Client, pending ...coordinator.Pubkey) *coordinator.Coordinator {
+		s := &coordinator.Coordinator{RunState: st}
+		s.Epoch.ClientsLen = uint16(copy(s.Epoch.Clients[:], members))
+		for _, p := range pending {
+			s.Pending[s.PendingLen] = coordinator.ClientID{Signer: p, P2P: coordinator.Pubkey{0xa0, p[0]}}
+			s.PendingLen++
+		}
+		return s
+	}
+	healthyAlice := []coordinator.Client{member(alice, coordinator.Healthy)}
+	for _, tc := range []struct {
+		name  string
+		s     *coordinator.Coordinator
+		entry coordinator.Client
+		want  string
+	}{
+		{"member in training", run(coordinator.RoundTrain, healthyAlice), member(alice, coordinator.Healthy), "Healthy"},
+		{"member in warmup", run(coordinator.Warmup, healthyAlice), member(alice, coordinator.Healthy), "Healthy"},
+		{"member in cooldown", run(coordinator.Cooldown, healthyAlice), member(alice, coordinator.Healthy), "Healthy"},
+		{"dropped member", run(coordinator.RoundWitness, []coordinator.Client{member(alice, coordinator.Dropped)}), member(alice, coordinator.Dropped), "Dropped"},
+		{"withdrawn member after an abandoned epoch", run(coordinator.WaitingForMembers, []coordinator.Client{member(alice, coordinator.Withdrawn)}), member(alice, coordinator.Withdrawn), "Withdrawn"},
+		{"ejected", run(coordinator.RoundTrain, nil), member(alice, coordinator.Ejected), "Ejected"},
+		{"member of the ended epoch that rejoined", run(coordinator.WaitingForMembers, healthyAlice, alice), member(alice, coordinator.Healthy), "Pending"},
+		{"member of the ended epoch that did not rejoin", run(coordinator.WaitingForMembers, healthyAlice, bob), member(alice, coordinator.Healthy), "Left"},
+		{"member when the run paused", run(coordinator.Paused, healthyAlice), member(alice, coordinator.Healthy), "Left"},
+		{"member when the run finished", run(coordinator.Finished, healthyAlice), member(alice, coordinator.Healthy), "Left"},
+		{"last epoch's member, in this one too", run(coordinator.RoundTrain, healthyAlice), member(alice, coordinator.Healthy), "Healthy"},
+		{"last epoch's member, dropped from this one", run(coordinator.RoundTrain, []coordinator.Client{member(alice, coordinator.Dropped)}), member(alice, coordinator.Healthy), "Dropped"},
+		{"last epoch's member, not in this one", run(coordinator.RoundTrain, healthyAlice), member(bob, coordinator.Healthy), "Left"},
+		{"last epoch's member, pending for the next", run(coordinator.RoundTrain, healthyAlice, bob), member(bob, coordinator.Healthy), "Pending"},
+		{"dropped from the last epoch, back in this one", run(coordinator.RoundTrain, healthyAlice), member(alice, coordinator.Dropped), "Dropped"},
+	} {
+		if got := clientLabel(tc.s, tc.entry); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestStatusBetweenEpochs: after an epoch, the members that did not join the
+// next show as Left and those that did as Pending, in the text and the JSON.
+func TestStatusBetweenEpochs(t *testing.T) {
+	alice, bob := coordinator.Pubkey{1}, coordinator.Pubkey{2}
+	s := &coordinator.Coordinator{RunState: coordinator.WaitingForMembers}
+	s.Epoch.Clients[0] = coordinator.Client{ID: coordinator.ClientID{Signer: alice, P2P: coordinator.Pubkey{3}}}
+	s.Epoch.Clients[1] = coordinator.Client{ID: coordinator.ClientID{Signer: bob, P2P: coordinator.Pubkey{4}}}
+	s.Epoch.ClientsLen = 2
+	s.Epoch.Exited[0] = coordinator.Client{ID: coordinator.ClientID{Signer: coordinator.Pubkey{5}, P2P: coordinator.Pubkey{6}}, State: coordinator.Dropped, ExitedHeight: 7}
+	s.Epoch.ExitedLen = 1
+	s.Pending[0] = s.Epoch.Clients[1].ID
+	s.PendingLen = 1
+	v := viewOf(s)
+	if v.Clients[0].State != "Left" || v.Clients[1].State != "Pending" || v.Exited[0].State != "Dropped" {
+		t.Fatalf("view: %+v", v)
+	}
+	var out bytes.Buffer
+	printStatus(&out, v)
+	for _, want := range []string{"clients of the last epoch (2):\n", alice.String() + " Left\n", bob.String() + " Pending\n", "Dropped at round 7\n"} {
+		if !strings.Contains(regexp.MustCompile(` +`).ReplaceAllString(out.String(), " "), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "Healthy") {
+		t.Errorf("a client shows as Healthy between epochs:\n%s", out.String())
 	}
 }

@@ -159,6 +159,9 @@ func TestPullFallbackAndReannounce(t *testing.T) {
 		nd.SetClients(ids)
 		nd.SetStep(3)
 	}
+	// a refuses c, so c (which would otherwise find a through the DHT) can
+	// only get a's result from b.
+	a.SetClients([]coordinator.ClientID{ids[0], ids[1], ids[3]})
 	connectAll(t, []*testNode{a, b})
 	waitTopicPeers(t, []*testNode{a, b}, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -61,7 +61,13 @@ func loopback() Option {
 // startNode starts a node named name and stops it when the test ends.
 func startNode(t testing.TB, name string, opts ...Option) *testNode {
 	t.Helper()
-	all := append([]Option{WithRunID(testRun), WithKey(testKey(name)), WithSigner(clientIDOf(name).Signer), loopback()}, opts...)
+	return startNodeWith(t, name, append([]Option{loopback()}, opts...)...)
+}
+
+// startNodeWith is startNode without the default loopback listen addresses.
+func startNodeWith(t testing.TB, name string, opts ...Option) *testNode {
+	t.Helper()
+	all := append([]Option{WithRunID(testRun), WithKey(testKey(name)), WithSigner(clientIDOf(name).Signer)}, opts...)
 	n, err := New(all...)
 	if err != nil {
 		t.Fatalf("node %s: %v", name, err)

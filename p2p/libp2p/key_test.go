@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/psyche-go/psyche/p2p"
@@ -61,8 +63,17 @@ func TestOptions(t *testing.T) {
 	if _, err := New(WithRunID("r")); !errors.Is(err, p2p.ErrConfig) {
 		t.Errorf("missing key: %v", err)
 	}
-	if _, err := New(WithRunID("r"), WithKey(testKey("x")), WithBootstrapPeers("/ip4/127.0.0.1/tcp/1")); !errors.Is(err, p2p.ErrBadAddress) {
-		t.Errorf("bootstrap address without /p2p/: %v", err)
+	// A bootstrap address that does not parse is named in an error log and
+	// skipped; the node starts with the others.
+	var logs bytes.Buffer
+	n, err := New(WithRunID("r"), WithKey(testKey("x")), loopback(), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		WithBootstrapPeers("/ip4/127.0.0.1/tcp/1", "/ip4/127.0.0.1/tcp/2/p2p/"+startNode(t, "boot").host.ID().String()))
+	if err != nil {
+		t.Fatalf("bootstrap address without /p2p/: %v", err)
+	}
+	n.Close()
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "/ip4/127.0.0.1/tcp/1") {
+		t.Errorf("the bad bootstrap address is not named in an error: %s", logs.String())
 	}
 }
 

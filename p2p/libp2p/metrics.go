@@ -28,6 +28,7 @@ type Metrics struct {
 	PeerErrors       *prometheus.CounterVec // label "peer": failures attributed to a peer (base58 key)
 	BlocksFrom       *prometheus.CounterVec // label "peer": bitswap blocks received from it
 	Peers            prometheus.Gauge       // connected peers
+	Paths            *prometheus.GaugeVec   // label "path": connected peers by their best path (direct, hole-punched, relayed)
 }
 
 // NewMetrics returns the node's metrics under psyche_p2p_*, registered with
@@ -55,10 +56,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		PeerErrors:       vec("peer_errors_total", "Failures attributed to a peer.", "peer"),
 		BlocksFrom:       vec("blocks_received_total", "Bitswap blocks received, by peer.", "peer"),
 		Peers:            prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "p2p", Name: "peers", Help: "Connected peers."}),
+		Paths: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "p2p", Name: "peer_paths",
+			Help: "Connected peers by the best path they are reached on: direct, hole-punched or relayed."}, []string{"path"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.Reannounced, m.Accepted, m.Rejected, m.Delivered, m.Dropped, m.BlobsFetched,
-			m.BlobBytes, m.FetchSeconds, m.FetchRetries, m.FetchFailures, m.CheckpointBlocks, m.PeerErrors, m.BlocksFrom, m.Peers)
+			m.BlobBytes, m.FetchSeconds, m.FetchRetries, m.FetchFailures, m.CheckpointBlocks, m.PeerErrors, m.BlocksFrom, m.Peers, m.Paths)
 	}
 	return m
 }

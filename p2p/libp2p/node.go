@@ -22,6 +22,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
@@ -73,6 +74,9 @@ type Node struct {
 	ckptRefs    []coordinator.Hash
 	offered     *checkpointOffer // what joiners are told to fetch
 	refs        map[coordinator.Hash]int
+
+	disc   *discovery
+	relays *relays
 }
 
 type nonceKey struct {
@@ -129,27 +133,41 @@ func New(opts ...Option) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	var boot []peer.AddrInfo
 	gate := newAllowlist(id, cfg.allowAll)
-	for _, s := range cfg.bootstrap {
-		ai, err := parseAddr(s)
-		if err != nil {
-			return nil, err
-		}
+	// A bootstrap address that does not parse is reported by name and
+	// skipped: the others, the server and mDNS may still find the peers.
+	boot := parseBootstrap(cfg.logger, cfg.bootstrap)
+	relays := parseBootstrap(cfg.logger, cfg.relays)
+	for _, ai := range append(boot, relays...) {
 		gate.addBootstrap(ai.ID)
-		boot = append(boot, ai)
 	}
-	h, err := golibp2p.New(
+	tracer := &punchTracer{}
+	hostOpts := []golibp2p.Option{
 		golibp2p.Identity(lk),
 		golibp2p.ListenAddrStrings(cfg.listen...),
 		golibp2p.Transport(tcp.NewTCPTransport),
 		golibp2p.Transport(quic.NewTransport),
 		golibp2p.ConnectionGater(gate),
-		golibp2p.DisableRelay(),
+		// NAT traversal: learn whether we are reachable (AutoNAT v2, asking
+		// peers to dial back), keep a reservation on a relay while we are
+		// not, and upgrade relayed connections to direct ones by hole
+		// punching (DCUtR). Relayed connections are a fallback.
+		golibp2p.EnableRelay(),
+		golibp2p.EnableAutoNATv2(),
+		golibp2p.EnableHolePunching(holepunch.WithTracer(tracer)),
 		// Many nodes share a process in tests and benchmarks; the global
 		// Prometheus registry is not ours to fill.
 		golibp2p.DisableMetrics(),
-	)
+	}
+	if len(cfg.listen) == 0 {
+		// Dial out only: reachable through a relay, if any.
+		hostOpts = append(hostOpts, golibp2p.NoListenAddrs)
+	}
+	rl := newRelays(relays)
+	if len(relays) > 0 {
+		hostOpts = append(hostOpts, golibp2p.AddrsFactory(rl.addrsFactory))
+	}
+	h, err := golibp2p.New(hostOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: host: %w", err)
 	}
@@ -162,13 +180,21 @@ func New(opts ...Option) (*Node, error) {
 		refs: map[coordinator.Hash]int{},
 	}
 	n.self, _ = pubkeyOf(id)
-	// The peers gauge follows connections as they come and go.
-	peers := func(nw network.Network, _ network.Conn) { n.m.Peers.Set(float64(len(nw.Peers()))) }
-	h.Network().Notify(&network.NotifyBundle{ConnectedF: peers, DisconnectedF: peers})
+	n.relays = rl
+	tracer.set(n)
+	n.life, n.cancel = context.WithCancel(context.Background())
+	if err := n.startDiscovery(append(boot, relays...)); err != nil {
+		n.Close()
+		return nil, err
+	}
+	// The peers and paths gauges follow connections as they come and go.
+	h.Network().Notify(&network.NotifyBundle{
+		ConnectedF:    func(_ network.Network, c network.Conn) { n.onConnected(c) },
+		DisconnectedF: func(_ network.Network, c network.Conn) { n.onDisconnected(c) },
+	})
 	// Nonces start at the clock so that a restarted node never reuses one
 	// (its earlier messages may still sit in peers' replay sets).
 	n.nonce.Store(uint64(time.Now().UnixNano()))
-	n.life, n.cancel = context.WithCancel(context.Background())
 
 	if err := n.startGossip(); err != nil {
 		n.Close()
@@ -180,11 +206,6 @@ func New(opts ...Option) (*Node, error) {
 	h.SetStreamHandler(p2p.PullProtocol, n.serve(pullTimeout, n.servePull))
 	h.SetStreamHandler(p2p.OfferProtocol, n.serve(offerTimeout, n.serveOffer))
 
-	for _, ai := range boot {
-		if err := h.Connect(n.life, ai); err != nil {
-			n.log.Warn("bootstrap peer unreachable", "addr", ai.String(), "err", err)
-		}
-	}
 	return n, nil
 }
 
@@ -203,10 +224,18 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 	}()
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		n.reannounceLoop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		n.relayLoop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		n.discoveryLoop(ctx)
 	}()
 	err := n.receiveLoop(ctx)
 	cancel()
@@ -230,6 +259,7 @@ func (n *Node) Close() error {
 		if n.bs != nil {
 			n.bs.Close()
 		}
+		n.disc.close()
 		n.cancel()
 		err = n.host.Close()
 	})

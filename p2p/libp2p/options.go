@@ -20,6 +20,8 @@ type config struct {
 	key             ed25519.PrivateKey
 	keyFile         string
 	bootstrap       []string
+	relays          []string
+	mdns            bool
 	allowAll        bool
 	logger          *slog.Logger
 	reannounce      time.Duration
@@ -28,6 +30,7 @@ type config struct {
 	retryBackoff    time.Duration
 	ckptConcurrency int
 	ckptProgress    func(done, total int)
+	relayService    bool
 	signer          coordinator.Pubkey
 	metrics         *Metrics
 	set             map[string]bool
@@ -53,10 +56,11 @@ func WithRunID(id string) Option {
 }
 
 // WithListenAddrs sets the multiaddrs to listen on. Default: TCP and QUIC on
-// every interface, ports chosen by the system.
+// every interface, ports chosen by the system. None at all makes a node that
+// only dials out (reachable through a relay, if it has one).
 func WithListenAddrs(addrs ...string) Option {
 	return func(c *config) error {
-		c.listen = addrs
+		c.listen = append([]string{}, addrs...) // never nil: none at all is a choice
 		return c.once("listen addresses")
 	}
 }
@@ -82,11 +86,42 @@ func WithKeyFile(path string) Option {
 }
 
 // WithBootstrapPeers adds peers (multiaddrs ending in /p2p/<id>) that are
-// dialled at start and always allowed through the gater, whatever the epoch.
+// dialled until reached, bootstrap the run's DHT and are always allowed
+// through the gater, whatever the epoch. An address that does not parse is
+// logged by name and skipped.
 func WithBootstrapPeers(addrs ...string) Option {
 	return func(c *config) error {
 		c.bootstrap = append(c.bootstrap, addrs...)
 		return nil
+	}
+}
+
+// WithRelays sets circuit relay v2 servers (multiaddrs ending in
+// /p2p/<id>): while the node is not known to be publicly reachable it keeps
+// a reservation on them, so that peers can reach it through the relay until
+// hole punching gives them a direct connection. Relays are always allowed
+// through the gater, and also bootstrap the DHT.
+func WithRelays(addrs ...string) Option {
+	return func(c *config) error {
+		c.relays = append(c.relays, addrs...)
+		return nil
+	}
+}
+
+// WithMDNS turns on mDNS discovery of the run's peers on the local network.
+func WithMDNS() Option {
+	return func(c *config) error {
+		c.mdns = true
+		return c.once("mdns")
+	}
+}
+
+// WithRelayService makes a Bootstrap host a circuit relay v2 server for the
+// trainers of its runs (see NewBootstrap).
+func WithRelayService() Option {
+	return func(c *config) error {
+		c.relayService = true
+		return c.once("relay service")
 	}
 }
 
@@ -164,6 +199,18 @@ func WithCheckpointProgress(f func(done, total int)) Option {
 }
 
 func newConfig(opts []Option) (*config, error) {
+	c, err := applyOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if c.runID == nil {
+		return nil, fmt.Errorf("%w: WithRunID is required", p2p.ErrConfig)
+	}
+	return c, nil
+}
+
+// applyOptions applies opts and fills in the defaults.
+func applyOptions(opts []Option) (*config, error) {
 	c := &config{set: map[string]bool{}}
 	for _, o := range opts {
 		if err := o(c); err != nil {
@@ -171,9 +218,6 @@ func newConfig(opts []Option) (*config, error) {
 		}
 	}
 	// Defaults last, so that an option can tell whether it was set.
-	if c.runID == nil {
-		return nil, fmt.Errorf("%w: WithRunID is required", p2p.ErrConfig)
-	}
 	if c.listen == nil {
 		c.listen = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}
 	}

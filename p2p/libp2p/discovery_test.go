@@ -1,0 +1,134 @@
+package libp2p
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/promread"
+	"github.com/psyche-go/psyche/p2p"
+)
+
+// startBootstrap starts a bootstrap host on loopback serving testRun's DHT
+// for the given members (and relaying for them with relay).
+func startBootstrap(t testing.TB, relay bool, members ...coordinator.ClientID) *Bootstrap {
+	t.Helper()
+	opts := []Option{WithKey(testKey("bootstrap")), loopback()}
+	if relay {
+		opts = append(opts, WithRelayService())
+	}
+	b, err := NewBootstrap(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]coordinator.Pubkey, len(members))
+	for i, m := range members {
+		keys[i] = m.P2P
+	}
+	b.SetRuns(map[string][]coordinator.Pubkey{testRun: keys})
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// Trainers that know only the bootstrap host find each other through the
+// run's DHT and exchange a result.
+func TestDiscoveryThroughBootstrap(t *testing.T) {
+	ids := []coordinator.ClientID{clientIDOf("d1"), clientIDOf("d2"), clientIDOf("d3")}
+	b := startBootstrap(t, false, ids...)
+	var nodes []*testNode
+	for _, name := range []string{"d1", "d2", "d3"} {
+		nd := startNode(t, name, WithBootstrapPeers(b.Addrs()...))
+		nd.SetClients(ids)
+		nd.SetStep(1)
+		nodes = append(nodes, nd)
+	}
+	eventually(t, 60*time.Second, "every trainer connected to the other two", func() bool {
+		for _, nd := range nodes {
+			paths := nd.Paths()
+			for _, other := range nodes {
+				if other != nd && paths[other.ID()] != PathDirect {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	waitTopicPeers(t, nodes, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	payload := randomBytes(3, 200_000)
+	if _, err := nodes[0].Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, payload); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range nodes[1:] {
+		as, err := collect(ctx, nd, 1, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := nd.Fetch(ctx, as[0]); err != nil || !bytes.Equal(got, payload) {
+			t.Fatalf("%s: fetch: %v", nd.name, err)
+		}
+	}
+}
+
+// Trainers that cannot dial each other (they listen nowhere) reach each
+// other through the relay, and results still move.
+func TestRelayedWhenTheOnlyPath(t *testing.T) {
+	ids := []coordinator.ClientID{clientIDOf("r1"), clientIDOf("r2")}
+	b := startBootstrap(t, true, ids...)
+	open := startNodeWith(t, "r1", WithRelays(b.Addrs()...), WithListenAddrs())
+	hidden := startNodeWith(t, "r2", WithRelays(b.Addrs()...), WithListenAddrs())
+	for _, nd := range []*testNode{open, hidden} {
+		nd.SetClients(ids)
+		nd.SetStep(1)
+	}
+	eventually(t, 60*time.Second, "a relayed connection between the two", func() bool {
+		return open.Paths()[hidden.ID()] != "" && hidden.Paths()[open.ID()] != ""
+	})
+	waitTopicPeers(t, []*testNode{open, hidden}, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	payload := randomBytes(4, 600_000)
+	if _, err := hidden.Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, payload); err != nil {
+		t.Fatal(err)
+	}
+	as, err := collect(ctx, open, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := open.Fetch(ctx, as[0]); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("fetch through the relay: %v", err)
+	}
+	// Neither listens, so whatever connects the two runs through the relay
+	// (hole punching needs an address to punch to).
+	if p := open.Paths()[hidden.ID()]; p != PathRelayed {
+		t.Errorf("path to the hidden node: %q, want %q", p, PathRelayed)
+	}
+	if v := promread.Value(open.m.Paths.WithLabelValues(PathRelayed)); v < 1 {
+		t.Errorf("relayed peers gauge: %v", v)
+	}
+}
+
+// The relay of a server refuses peers that are not members of its runs.
+func TestRelayRefusesStrangers(t *testing.T) {
+	b := startBootstrap(t, true, clientIDOf("m1"))
+	if !b.member(peerIDMust(t, clientIDOf("m1").P2P)) || b.member(peerIDMust(t, clientIDOf("stranger").P2P)) {
+		t.Error("membership does not follow SetRuns")
+	}
+	if !strings.HasPrefix(string(DHTPrefix(testRun)), "/psyche/run/") {
+		t.Errorf("DHT prefix %q", DHTPrefix(testRun))
+	}
+}
+
+func peerIDMust(t testing.TB, k coordinator.Pubkey) peer.ID {
+	t.Helper()
+	p, err := peerIDOf(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

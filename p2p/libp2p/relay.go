@@ -1,0 +1,141 @@
+package libp2p
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// A node given relays (WithRelays) keeps a reservation on each of them and
+// advertises the relayed address <relay addr>/p2p/<relay>/p2p-circuit while
+// it holds one, so that peers that cannot dial it directly reach it through
+// the relay; hole punching (DCUtR) then tries to replace that connection by
+// a direct one. libp2p's own autorelay is not used: it reserves only once
+// AutoNAT has concluded the node is unreachable, which AutoNAT never does
+// on private address ranges (a LAN, a NAT'd office, a test), and it builds
+// relayed addresses only from a relay's public addresses.
+
+// How reservations are kept: renewed this long before they expire (libp2p
+// relays grant an hour), checked every few seconds, retried with a backoff
+// when the relay is unreachable or refuses.
+const (
+	reservationRenewBefore = 2 * time.Minute
+	reservationCheck       = 3 * time.Second
+)
+
+// relays is the node's relay state. It exists before the host (whose
+// address factory reads it), so it holds no pointer to the node.
+type relays struct {
+	list []peer.AddrInfo
+
+	mu       sync.Mutex
+	reserved map[peer.ID]time.Time // relay → when our reservation expires
+}
+
+func newRelays(list []peer.AddrInfo) *relays {
+	return &relays{list: list, reserved: map[peer.ID]time.Time{}}
+}
+
+// circuitAddrs are the relayed addresses of the reservations held now.
+func (r *relays) circuitAddrs() []ma.Multiaddr {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []ma.Multiaddr
+	now := time.Now()
+	for _, ai := range r.list {
+		if exp, ok := r.reserved[ai.ID]; !ok || now.After(exp) {
+			continue
+		}
+		circuit, err := ma.NewMultiaddr(fmt.Sprintf("/p2p/%s/p2p-circuit", ai.ID))
+		if err != nil {
+			continue
+		}
+		for _, a := range ai.Addrs {
+			out = append(out, a.Encapsulate(circuit))
+		}
+	}
+	return out
+}
+
+// addrsFactory advertises the relayed addresses beside the direct ones.
+func (r *relays) addrsFactory(addrs []ma.Multiaddr) []ma.Multiaddr {
+	return append(addrs, r.circuitAddrs()...)
+}
+
+func (r *relays) set(p peer.ID, exp time.Time, ok bool) (changed bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, had := r.reserved[p]
+	if ok {
+		r.reserved[p] = exp
+	} else {
+		delete(r.reserved, p)
+	}
+	return had != ok
+}
+
+// relayLoop keeps a reservation on every relay until ctx ends.
+func (n *Node) relayLoop(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, ai := range n.relays.list {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.keepReservation(ctx, ai)
+		}()
+	}
+	wg.Wait()
+}
+
+func (n *Node) keepReservation(ctx context.Context, ai peer.AddrInfo) {
+	var renewAt time.Time
+	backoff := time.Second
+	warned := false
+	t := time.NewTicker(reservationCheck)
+	defer t.Stop()
+	for {
+		held := !renewAt.IsZero() && time.Now().Before(renewAt) && n.host.Network().Connectedness(ai.ID) == network.Connected
+		if !held {
+			rctx, cancel := context.WithTimeout(ctx, reachTimeout)
+			err := n.host.Connect(rctx, ai)
+			var rsvp *client.Reservation
+			if err == nil {
+				rsvp, err = client.Reserve(rctx, n.host, ai)
+			}
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				renewAt = time.Time{}
+				if n.relays.set(ai.ID, time.Time{}, false) || !warned {
+					n.log.Warn("no reservation on a relay; trying again (direct connections and other relays still work)", "relay", ai.ID.String(), "err", err)
+					warned = true
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, reachMaxBackoff)
+				continue
+			}
+			backoff, warned = time.Second, false
+			renewAt = rsvp.Expiration.Add(-reservationRenewBefore)
+			if n.relays.set(ai.ID, rsvp.Expiration, true) {
+				n.log.Info("reachable through a relay", "relay", ai.ID.String(), "expires", rsvp.Expiration.Format(time.RFC3339))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -26,6 +26,22 @@ type Backend interface {
 	Subscribe(ctx context.Context, runID string) (<-chan Snapshot, error)
 }
 
+// Bootstrapper is a Backend that also tells trainers where to start on the
+// p2p network (the server backend runs a libp2p host for that).
+type Bootstrapper interface {
+	P2PBootstrap(ctx context.Context) (P2PBootstrap, error)
+}
+
+// P2PBootstrap is where a trainer starts on the p2p network: hosts that
+// bootstrap the run's DHT, and those of them that relay.
+type P2PBootstrap struct {
+	Addrs  []string // multiaddrs ending in /p2p/<id>
+	Relays []string
+}
+
+// ErrNoP2P reports a backend that runs no p2p host.
+var ErrNoP2P = errors.New("chain: the backend runs no p2p host")
+
 // Receipt says what an executed instruction did.
 type Receipt struct {
 	Changed bool

@@ -22,6 +22,10 @@ var (
 	ErrBlockMismatch      = errors.New("p2p: block does not hash to its identifier")
 	ErrFetchFailed        = errors.New("p2p: fetch failed after retries")
 	ErrNoCheckpoint       = errors.New("p2p: no peer offers a checkpoint")
+	// ErrNoHolder comes with ErrNoCheckpoint when every peer asked answered
+	// and none holds the checkpoint (they restarted, say): waiting for them
+	// will not help, unlike when some could not be reached.
+	ErrNoHolder = errors.New("p2p: every peer asked holds no checkpoint")
 	ErrCheckpointDisputed = errors.New("p2p: peers offer different checkpoints")
 
 	// Node.

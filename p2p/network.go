@@ -50,7 +50,9 @@ type Network interface {
 	// manifest id.
 	ShareCheckpoint(ctx context.Context, epoch uint32, tensors []Tensor) (coordinator.Hash, error)
 	// FindCheckpoint asks peers for the manifest id of the model that
-	// epoch starts from, and returns the one most of them offer.
+	// epoch starts from, and returns the one most of them offer. When none
+	// offers one, the error is ErrNoCheckpoint, with ErrNoHolder too if
+	// every peer of from answered (none was unreachable).
 	FindCheckpoint(ctx context.Context, epoch uint32, from []coordinator.Pubkey) (coordinator.Hash, error)
 	// FetchCheckpoint assembles a checkpoint by manifest id from peers.
 	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]Tensor, error)

@@ -195,3 +195,31 @@ func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snap
 	}
 	return io.ErrUnexpectedEOF
 }
+
+// P2PBootstrap implements chain.Bootstrapper: the server's libp2p host.
+func (c *Client) P2PBootstrap(ctx context.Context) (chain.P2PBootstrap, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/p2p", nil)
+	if err != nil {
+		return chain.P2PBootstrap{}, fmt.Errorf("server: %w", err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return chain.P2PBootstrap{}, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return chain.P2PBootstrap{}, chain.ErrNoP2P
+	}
+	if resp.StatusCode != http.StatusOK {
+		return chain.P2PBootstrap{}, fmt.Errorf("server: p2p info: HTTP %d", resp.StatusCode)
+	}
+	var info P2PInfo
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&info); err != nil {
+		return chain.P2PBootstrap{}, fmt.Errorf("server: p2p info: %w", err)
+	}
+	out := chain.P2PBootstrap{Addrs: info.Addrs}
+	if info.Relay {
+		out.Relays = info.Addrs
+	}
+	return out, nil
+}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -54,6 +55,7 @@ func (r *run) notify() {
 }
 
 type config struct {
+	p2p      P2P
 	log      *slog.Logger
 	interval time.Duration
 	now      func() time.Time
@@ -104,12 +106,66 @@ func randomSeed() uint64 {
 	return binary.LittleEndian.Uint64(b[:])
 }
 
+// P2P is the libp2p host a server runs beside its runs (p2p/libp2p's
+// Bootstrap): trainers bootstrap their run's DHT from it and, if it relays,
+// reach each other through it. The server publishes its addresses and tells
+// it which runs exist and who their members are.
+type P2P interface {
+	Addrs() []string
+	Relay() bool
+	// SetRuns is called with every run and the p2p keys of its clients and
+	// joiners whenever they change.
+	SetRuns(runs map[string][]coordinator.Pubkey)
+}
+
+// WithP2P runs p beside the runs (see P2P).
+func WithP2P(p P2P) Option {
+	return func(c *config) error { c.p2p = p; return nil }
+}
+
 // Server is the embedded coordinator backend.
 type Server struct {
 	dir  string
 	cfg  config
 	mu   sync.Mutex
 	runs map[string]*run
+
+	pmu     sync.Mutex
+	members map[string][]coordinator.Pubkey // by run: what cfg.p2p was last told
+}
+
+// setMembers records a run's members (nil state: the run is gone) and
+// tells the p2p host if they changed. Callers may hold the run's mutex.
+func (s *Server) setMembers(id string, st *coordinator.Coordinator) {
+	if s.cfg.p2p == nil {
+		return
+	}
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	old, had := s.members[id]
+	if st == nil {
+		if !had {
+			return
+		}
+		delete(s.members, id)
+	} else {
+		keys := make([]coordinator.Pubkey, 0, int(st.Epoch.ClientsLen)+int(st.PendingLen))
+		for _, c := range st.Epoch.Clients[:st.Epoch.ClientsLen] {
+			keys = append(keys, c.ID.P2P)
+		}
+		for _, p := range st.Pending[:st.PendingLen] {
+			keys = append(keys, p.P2P)
+		}
+		if had && slices.Equal(old, keys) {
+			return
+		}
+		s.members[id] = keys
+	}
+	all := make(map[string][]coordinator.Pubkey, len(s.members))
+	for k, v := range s.members {
+		all[k] = v
+	}
+	s.cfg.p2p.SetRuns(all)
 }
 
 // New opens (or creates) a server whose state lives in dir, loading every run
@@ -135,7 +191,11 @@ func New(dir string, opts ...Option) (*Server, error) {
 		cfg.log.Info("loaded run", "run", id, "state", r.state.RunState.String(), "epoch", r.state.Progress.Epoch, "step", r.state.Progress.Step)
 	}
 	cfg.metrics.Runs.Set(float64(len(runs)))
-	return &Server{dir: dir, cfg: cfg, runs: runs}, nil
+	s := &Server{dir: dir, cfg: cfg, runs: runs, members: map[string][]coordinator.Pubkey{}}
+	for id, r := range runs {
+		s.setMembers(id, r.state)
+	}
+	return s, nil
 }
 
 func (s *Server) unixNow() uint64 { return uint64(s.cfg.now().Unix()) }
@@ -195,6 +255,7 @@ func (s *Server) Tick() {
 				from := r.state.RunState
 				*r.state = next
 				r.notify()
+				s.setMembers(id, r.state)
 				s.cfg.metrics.Transitions.Inc()
 				if from != next.RunState {
 					s.cfg.log.Info("run state", "run", id, "from", from.String(), "to", next.RunState.String(),
@@ -290,6 +351,7 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 	*r.state = next
 	if res.Changed {
 		r.notify()
+		s.setMembers(id, r.state)
 	}
 	s.cfg.log.Debug("instruction", "run", id, "ix", ix.Name(), "from", res.From.String(), "to", res.To.String())
 	return name, &Result{Changed: res.Changed, From: res.From.String(), To: res.To.String(), Nonce: next.Nonce}, nil, http.StatusOK
@@ -314,6 +376,7 @@ func (s *Server) initRun(id string, req *Request, ix *coordinator.InitCoordinato
 		return nil, &Failure{Name: "Storage", Error: err.Error()}, http.StatusInternalServerError
 	}
 	s.runs[id] = newRun(state, seqs)
+	s.setMembers(id, state)
 	s.cfg.metrics.Runs.Set(float64(len(s.runs)))
 	s.cfg.log.Info("run created", "run", id)
 	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: state.Nonce}, nil, http.StatusOK
@@ -328,6 +391,7 @@ func (s *Server) freeRun(id string, r *run, res *coordinator.Result) (*Result, *
 	delete(s.runs, id)
 	s.cfg.metrics.Runs.Set(float64(len(s.runs)))
 	s.mu.Unlock()
+	s.setMembers(id, nil)
 	for ch := range r.subs {
 		close(ch)
 		delete(r.subs, ch)
@@ -376,6 +440,7 @@ const maxBody = 1 << 16
 //	GET  /v1/runs                  run ids (JSON)
 //	GET  /v1/runs/{id}             the account bytes
 //	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change
+//	GET  /v1/p2p                   the p2p host's addresses and whether it relays (JSON P2PInfo; 404 without one)
 //	GET  /healthz                  "ok"
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -429,6 +494,13 @@ func (s *Server) Handler() http.Handler {
 				}
 			}
 		}
+	})
+	mux.HandleFunc("GET /v1/p2p", func(w http.ResponseWriter, _ *http.Request) {
+		if s.cfg.p2p == nil {
+			writeJSON(w, http.StatusNotFound, &Failure{Name: "NoP2P", Error: "server: this server runs no p2p host"})
+			return
+		}
+		writeJSON(w, http.StatusOK, P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	return mux

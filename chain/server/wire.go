@@ -115,3 +115,10 @@ func DecodeRequest(b []byte) (*Request, error) {
 	}
 	return r, nil
 }
+
+// P2PInfo is the answer to GET /v1/p2p: the server's libp2p host, which
+// trainers bootstrap their run's DHT from (and use as a relay if Relay).
+type P2PInfo struct {
+	Addrs []string `json:"addrs"` // multiaddrs ending in /p2p/<id>
+	Relay bool     `json:"relay"`
+}

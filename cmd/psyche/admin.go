@@ -18,6 +18,7 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p/libp2p"
 	"github.com/urfave/cli/v2"
 )
 
@@ -54,6 +55,9 @@ var adminCommands = []*cli.Command{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7600", Usage: "address to serve on", Category: "SERVER"},
 			&cli.DurationFlag{Name: "tick-interval", Value: time.Second, Usage: "how often every run is ticked", Category: "SERVER"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9101)", Category: "METRICS"},
+			&cli.BoolFlag{Name: "p2p", Value: true, Usage: "run a libp2p host that trainers bootstrap their run's DHT from (its addresses are served at /v1/p2p)", Category: "P2P"},
+			&cli.StringSliceFlag{Name: "p2p-listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "the p2p host's listen addresses (multiaddrs)", Category: "P2P"},
+			&cli.BoolFlag{Name: "relay", Usage: "relay connections between the runs' trainers that cannot reach each other directly (circuit relay v2)", Category: "P2P"},
 		},
 		Action: runServer,
 	},
@@ -156,8 +160,33 @@ func runServer(c *cli.Context) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := newRegistry()
-	s, err := server.New(c.String("dir"), server.WithLogger(logger(c)), server.WithTickInterval(c.Duration("tick-interval")),
-		server.WithMetrics(server.NewMetrics(reg)))
+	opts := []server.Option{server.WithLogger(logger(c)), server.WithTickInterval(c.Duration("tick-interval")),
+		server.WithMetrics(server.NewMetrics(reg))}
+	if c.Bool("p2p") {
+		if err := os.MkdirAll(c.String("dir"), 0o755); err != nil {
+			return err
+		}
+		// The host's identity is what trainers are told to dial: it lives
+		// with the runs' state so that it survives restarts.
+		bopts := []libp2p.Option{libp2p.WithKeyFile(filepath.Join(c.String("dir"), "p2p.key")),
+			libp2p.WithListenAddrs(c.StringSlice("p2p-listen")...), libp2p.WithLogger(logger(c))}
+		if c.Bool("relay") {
+			bopts = append(bopts, libp2p.WithRelayService())
+		}
+		host, err := libp2p.NewBootstrap(bopts...)
+		if err != nil {
+			return err
+		}
+		go func() { _ = host.Run(ctx) }()
+		defer host.Close()
+		for _, a := range host.Addrs() {
+			fmt.Fprintf(c.App.Writer, "p2p address: %s\n", a)
+		}
+		opts = append(opts, server.WithP2P(host))
+	} else if c.Bool("relay") {
+		return errors.New("--relay needs the p2p host (--p2p)")
+	}
+	s, err := server.New(c.String("dir"), opts...)
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/internal/filelock"
 	"github.com/psyche-go/psyche/p2p/libp2p"
 	"github.com/psyche-go/psyche/trainer/node"
@@ -23,7 +26,10 @@ var joinCommand = &cli.Command{
 	Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag,
 		&cli.StringFlag{Name: "p2p-key", Usage: "p2p identity key file, created if missing (default: beside --key, e.g. id.json -> id.p2p.key)", Category: "P2P"},
 		&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "p2p listen addresses (multiaddrs)", Category: "P2P"},
-		&cli.StringSliceFlag{Name: "peer", Usage: "address of another trainer (multiaddr ending in /p2p/<id>); repeatable", Category: "P2P"},
+		&cli.StringSliceFlag{Name: "peer", Usage: "address of another trainer (multiaddr ending in /p2p/<id>), an optional hint: trainers find each other through the run's DHT; repeatable", Category: "P2P"},
+		&cli.StringSliceFlag{Name: "bootstrap", Usage: "a host to bootstrap the run's DHT from (multiaddr ending in /p2p/<id>: a psyche relay, or another trainer); repeatable. The server backend's own host is added by itself", Category: "P2P"},
+		&cli.StringSliceFlag{Name: "relay", Usage: "a circuit relay to stay reachable through (multiaddr ending in /p2p/<id>, e.g. a psyche relay); repeatable. A server started with --relay is added by itself", Category: "P2P"},
+		&cli.BoolFlag{Name: "mdns", Value: true, Usage: "find the run's other trainers on the local network with mDNS", Category: "P2P"},
 		&cli.StringFlag{Name: "data-dir", Value: defaultDataDir(), Usage: "where the trainer keeps its files: checkpoints go in <data-dir>/<run-id>/<address>/checkpoints", Category: "RUN"},
 		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
@@ -85,9 +91,11 @@ func join(c *cli.Context) error {
 	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
 		opts = append(opts, node.WithTicking())
 	}
+	p2pOpts := []libp2p.Option{libp2p.WithListenAddrs(c.StringSlice("listen")...),
+		libp2p.WithKey(key), libp2p.WithLogger(log), libp2p.WithMetrics(libp2p.NewMetrics(reg))}
+	p2pOpts = append(p2pOpts, bootstrapOptions(ctx, c, b, log)...)
 	var pn *libp2p.Node
-	nd, pn, err := start.Trainer(ctx, c.String("run-id"), b, signer, []libp2p.Option{libp2p.WithListenAddrs(c.StringSlice("listen")...),
-		libp2p.WithKey(key), libp2p.WithLogger(log), libp2p.WithMetrics(libp2p.NewMetrics(reg))}, append(opts,
+	nd, pn, err := start.Trainer(ctx, c.String("run-id"), b, signer, p2pOpts, append(opts,
 		node.WithProgress(func(p node.Progress) {
 			if !interactive || time.Since(last) < 200*time.Millisecond {
 				return
@@ -105,6 +113,32 @@ func join(c *cli.Context) error {
 	err = nd.Run(ctx)
 	status.Done()
 	return err
+}
+
+// bootstrapOptions says where the trainer starts on the p2p network: the
+// --bootstrap and --relay flags, the backend's own host (the server's), and
+// mDNS. A backend without one is no error: the flags and mDNS may suffice.
+func bootstrapOptions(ctx context.Context, c *cli.Context, b chain.Backend, log *slog.Logger) []libp2p.Option {
+	boot, relays := c.StringSlice("bootstrap"), c.StringSlice("relay")
+	if bs, ok := b.(chain.Bootstrapper); ok {
+		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		info, err := bs.P2PBootstrap(bctx)
+		cancel()
+		switch {
+		case err == nil:
+			boot, relays = append(boot, info.Addrs...), append(relays, info.Relays...)
+			log.Info("bootstrapping from the backend's p2p host", "addrs", len(info.Addrs), "relay", len(info.Relays) > 0)
+		case errors.Is(err, chain.ErrNoP2P):
+			log.Info("the backend runs no p2p host; finding peers through --bootstrap, --relay, --peer and mDNS")
+		default:
+			log.Warn("could not ask the backend for its p2p host; finding peers through --bootstrap, --relay, --peer and mDNS", "err", err)
+		}
+	}
+	opts := []libp2p.Option{libp2p.WithBootstrapPeers(boot...), libp2p.WithRelays(relays...)}
+	if c.Bool("mdns") {
+		opts = append(opts, libp2p.WithMDNS())
+	}
+	return opts
 }
 
 // defaultDataDir is where trainers keep their files unless --data-dir says

@@ -92,7 +92,7 @@ func (n *Node) FindCheckpoint(ctx context.Context, epoch uint32, from []coordina
 	case errors.Is(err, p2p.ErrNoCheckpoint) && lastErr != nil:
 		return id, fmt.Errorf("%w for epoch %d: %w", p2p.ErrNoCheckpoint, epoch, lastErr)
 	case errors.Is(err, p2p.ErrNoCheckpoint):
-		return id, fmt.Errorf("%w for epoch %d among %d peers", p2p.ErrNoCheckpoint, epoch, len(from))
+		return id, fmt.Errorf("%w for epoch %d among %d peers: %w", p2p.ErrNoCheckpoint, epoch, len(from), p2p.ErrNoHolder)
 	}
 	return id, err
 }

@@ -399,7 +399,8 @@ func (n *Node) ShareCheckpoint(_ context.Context, epoch uint32, tensors []p2p.Te
 // connected peers in from offer for epoch.
 func (n *Node) FindCheckpoint(_ context.Context, epoch uint32, from []coordinator.Pubkey) (coordinator.Hash, error) {
 	votes := map[coordinator.Hash]int{}
-	for _, p := range n.reachable(from) {
+	reachable := n.reachable(from)
+	for _, p := range reachable {
 		p.mu.Lock()
 		id, offered := p.offers[epoch]
 		p.mu.Unlock()
@@ -408,8 +409,11 @@ func (n *Node) FindCheckpoint(_ context.Context, epoch uint32, from []coordinato
 		}
 	}
 	id, err := p2p.MajorityOffer(votes)
-	if errors.Is(err, p2p.ErrNoCheckpoint) {
-		return id, fmt.Errorf("%w for epoch %d among %d peers", p2p.ErrNoCheckpoint, epoch, len(from))
+	switch {
+	case errors.Is(err, p2p.ErrNoCheckpoint) && len(reachable) == len(from):
+		return id, fmt.Errorf("%w for epoch %d among %d peers: %w", p2p.ErrNoCheckpoint, epoch, len(from), p2p.ErrNoHolder)
+	case errors.Is(err, p2p.ErrNoCheckpoint):
+		return id, fmt.Errorf("%w for epoch %d among %d peers (%d reachable)", p2p.ErrNoCheckpoint, epoch, len(from), len(reachable))
 	}
 	return id, err
 }

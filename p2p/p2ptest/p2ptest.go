@@ -215,8 +215,8 @@ func Run(t *testing.T, h Harness) {
 		if err != nil || len(got) != 2 || got[0].Name != "w" || !bytes.Equal(got[1].Data, tensors[1].Data) {
 			t.Fatalf("FetchCheckpoint = %+v, %v", got, err)
 		}
-		if _, err := j.FindCheckpoint(ctx, 4, holders); !errors.Is(err, p2p.ErrNoCheckpoint) {
-			t.Fatalf("a checkpoint nobody offers: %v, want ErrNoCheckpoint", err)
+		if _, err := j.FindCheckpoint(ctx, 4, holders); !errors.Is(err, p2p.ErrNoCheckpoint) || !errors.Is(err, p2p.ErrNoHolder) {
+			t.Fatalf("a checkpoint nobody offers: %v, want ErrNoCheckpoint and ErrNoHolder", err)
 		}
 	})
 }

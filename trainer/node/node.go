@@ -55,18 +55,19 @@ type Progress struct {
 }
 
 type config struct {
-	log         *slog.Logger
-	kernels     kernels.Backend
-	checkpoints string
-	peers       []string
-	progress    func(Progress)
-	workers     int
-	dataOpts    []data.Option
-	corrupt     func([]byte) []byte // fault injection in tests (export_test.go)
-	epochs      int
-	ticking     bool
-	clock       Clock
-	metrics     *Metrics
+	log            *slog.Logger
+	kernels        kernels.Backend
+	checkpoints    string
+	peers          []string
+	checkpointWait time.Duration
+	progress       func(Progress)
+	workers        int
+	dataOpts       []data.Option
+	corrupt        func([]byte) []byte // fault injection in tests (export_test.go)
+	epochs         int
+	ticking        bool
+	clock          Clock
+	metrics        *Metrics
 }
 
 // Clock is the time a node reads and paces itself by: the coordinator's
@@ -106,6 +107,16 @@ func WithKernels(k kernels.Backend) Option {
 // checkpointer (default: no checkpoints are saved).
 func WithCheckpointDir(dir string) Option {
 	return func(c *config) error { c.checkpoints = dir; return nil }
+}
+
+// WithCheckpointWait sets how long a joiner keeps trying to reach the
+// previous epoch's clients for the model before it loads the run's
+// checkpoint URL instead (default: half the run's warmup, at least 5 s).
+func WithCheckpointWait(d time.Duration) Option {
+	return func(c *config) error {
+		c.checkpointWait = d
+		return nil
+	}
 }
 
 // WithPeers lists peer addresses (multiaddrs ending in /p2p/<id>) the node
@@ -168,8 +179,14 @@ type Node struct {
 	net     p2p.Network
 	m       *machine
 
-	id      coordinator.ClientID
-	model   *gpt.Model
+	id    coordinator.ClientID
+	model *gpt.Model
+	// peerWait is when this node first failed to load the epoch's model
+	// from its peers (see peersGaveUp).
+	peerWait struct {
+		epoch uint32
+		since time.Time
+	}
 	opt     *distro.DeMo
 	data    *data.Provider
 	dataLoc string

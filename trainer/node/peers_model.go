@@ -17,6 +17,10 @@ import (
 // the model were not reachable yet).
 var errLoadLater = errors.New("node: model not available yet")
 
+// errNoOtherHolder marks a P2P checkpoint no other client can serve: the
+// only holder is this node, which has no model (it restarted).
+var errNoOtherHolder = errors.New("node: no other client of this epoch held the previous one's model")
+
 // How long one attempt to load the model from peers may take before the
 // machine's next tick tries again.
 const peerLoadTimeout = 60 * time.Second
@@ -49,7 +53,7 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 		}
 	}
 	if len(from) == 0 {
-		return nil, fmt.Errorf("%w: no other client of this epoch held the previous one's model", errLoadLater)
+		return nil, fmt.Errorf("%w: %w", errLoadLater, errNoOtherHolder)
 	}
 	ctx, cancel := context.WithTimeout(ctx, peerLoadTimeout)
 	defer cancel()

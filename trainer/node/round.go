@@ -34,13 +34,25 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		var model *gpt.Model
 		var from string
 		url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
-		if m.Checkpoint.Kind == coordinator.CheckpointP2P {
+		fromURL := m.Checkpoint.Kind != coordinator.CheckpointP2P
+		if !fromURL {
 			var err error
-			if model, err = n.loadFromPeers(ctx, s, cfg); err != nil {
-				return err
+			model, err = n.loadFromPeers(ctx, s, cfg)
+			if err != nil {
+				if !n.peersGaveUp(s, err) {
+					return err
+				}
+				// The full-restart rule: nobody who held the previous
+				// epoch's model serves it (they all restarted), so every
+				// joiner loads the run's last recorded checkpoint.
+				n.cfg.log.Warn("no client of the previous epoch offers its model; loading the run's last recorded checkpoint",
+					"url", url, "why", err)
+				fromURL = true
+			} else {
+				from = "the previous epoch's clients"
 			}
-			from = "the previous epoch's clients"
-		} else {
+		}
+		if fromURL {
 			var err error
 			if model, err = n.loadURL(ctx, url, cfg); err != nil {
 				return fmt.Errorf("node: loading the model from %s: %w", url, err)
@@ -50,7 +62,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		if err := runmodel.Check(model.Config, m); err != nil {
 			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
 		}
-		if m.Checkpoint.Kind != coordinator.CheckpointP2P {
+		if fromURL {
 			// A revision that is a model hash names the model the run
 			// starts from: training another (a file replaced on one
 			// machine, a seed drawn differently by another build) would
@@ -80,6 +92,31 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		n.data, n.dataLoc = p, loc
 	}
 	return nil
+}
+
+// peersGaveUp says whether a failed load from peers should give way to the
+// run's checkpoint URL: at once when every holder answered that it has no
+// model (or there is no other holder), and otherwise once the node has
+// tried for its checkpoint wait (some holders may only be slow to reach).
+func (n *Node) peersGaveUp(s *coordinator.Coordinator, err error) bool {
+	if errors.Is(err, p2p.ErrNoHolder) || errors.Is(err, errNoOtherHolder) {
+		return true
+	}
+	now := n.cfg.clock.Now()
+	if n.peerWait.epoch != s.Progress.Epoch || n.peerWait.since.IsZero() {
+		n.peerWait.epoch, n.peerWait.since = s.Progress.Epoch, now
+	}
+	return now.Sub(n.peerWait.since) >= n.checkpointWait(s)
+}
+
+// checkpointWait is how long a joiner keeps asking unreachable holders for
+// the model before it loads the URL: WithCheckpointWait, or half the run's
+// warmup (the time the coordinator gives everyone to load), at least 5 s.
+func (n *Node) checkpointWait(s *coordinator.Coordinator) time.Duration {
+	if n.cfg.checkpointWait > 0 {
+		return n.cfg.checkpointWait
+	}
+	return max(5*time.Second, time.Duration(s.Config.WarmupTime)*time.Second/2)
 }
 
 // train runs this node's batch, steps the optimizer and publishes the result.

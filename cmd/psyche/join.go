@@ -30,7 +30,7 @@ var joinCommand = &cli.Command{
 		&cli.StringSliceFlag{Name: "bootstrap", Usage: "a host to bootstrap the run's DHT from (multiaddr ending in /p2p/<id>: a psyche relay, or another trainer); repeatable. The server backend's own host is added by itself", Category: "P2P"},
 		&cli.StringSliceFlag{Name: "relay", Usage: "a circuit relay to stay reachable through (multiaddr ending in /p2p/<id>, e.g. a psyche relay); repeatable. A server started with --relay is added by itself", Category: "P2P"},
 		&cli.BoolFlag{Name: "mdns", Value: true, Usage: "find the run's other trainers on the local network with mDNS", Category: "P2P"},
-		&cli.StringFlag{Name: "data-dir", Value: defaultDataDir(), Usage: "where the trainer keeps its files: checkpoints go in <data-dir>/<run-id>/<address>/checkpoints", Category: "RUN"},
+		&cli.StringFlag{Name: "data-dir", Value: defaultDataDir(), Usage: "where the trainer keeps its files: checkpoints go in <data-dir>/<run-id>/<address, first 8 characters>/checkpoints", Category: "RUN"},
 		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
@@ -176,7 +176,10 @@ func checkpointDir(override, dataDir, runID, signer string) (string, error) {
 		if !filepath.IsLocal(runID) {
 			return "", fmt.Errorf("run id %q cannot be a directory name under --data-dir; set --checkpoint-dir", runID)
 		}
-		dir = filepath.Join(dataDir, runID, signer, "checkpoints")
+		// The address is cut to 8 characters (still unique among one
+		// machine's trainers): the recorded checkpoint URL, which holds the
+		// path, has 128 bytes.
+		dir = filepath.Join(dataDir, runID, signer[:min(8, len(signer))], "checkpoints")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("checkpoint directory: %w", err)

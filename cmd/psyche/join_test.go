@@ -189,8 +189,8 @@ func TestTrainerPaths(t *testing.T) {
 	}
 
 	data := t.TempDir()
-	got, err := checkpointDir("", data, "run1", "Addr")
-	if want := filepath.Join(data, "run1", "Addr", "checkpoints"); err != nil || got != want {
+	got, err := checkpointDir("", data, "run1", "3JyXUysWZpM4jwEGdCNHwkKaJLdfEpcsUQbnNKkjyPbU")
+	if want := filepath.Join(data, "run1", "3JyXUysW", "checkpoints"); err != nil || got != want {
 		t.Errorf("checkpointDir = %q, %v; want %q", got, err, want)
 	}
 	if st, err := os.Stat(got); err != nil || !st.IsDir() {

@@ -200,7 +200,7 @@ func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 	}
 	var src coordinator.CheckpointSource
 	if err := coordinator.SetFixedString(src.URL[:], "file://"+path); err != nil {
-		n.cfg.log.Warn("checkpoint path too long to record", "path", path)
+		n.cfg.log.Warn("checkpoint path too long to record (a checkpoint URL has at most 128 bytes): use a shorter checkpoint directory", "path", path)
 		return
 	}
 	// The saved model's hash as the revision: whoever loads the run from

@@ -25,7 +25,7 @@ var (
 	// ErrNoHolder comes with ErrNoCheckpoint when every peer asked answered
 	// and none holds the checkpoint (they restarted, say): waiting for them
 	// will not help, unlike when some could not be reached.
-	ErrNoHolder = errors.New("p2p: every peer asked holds no checkpoint")
+	ErrNoHolder           = errors.New("p2p: every peer asked holds no checkpoint")
 	ErrCheckpointDisputed = errors.New("p2p: peers offer different checkpoints")
 
 	// Node.

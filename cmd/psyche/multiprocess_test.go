@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
@@ -151,7 +153,52 @@ func TestServerFlowAcrossProcesses(t *testing.T) {
 	srv := startProc(t, "server", "server", "--dir", filepath.Join(dir, "server"), "--listen", "127.0.0.1:0",
 		"--tick-interval", "200ms", "--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--relay")
 	url := "http://" + srv.waitLine(t, regexp.MustCompile(`server listening on http://(\S+)`))[1]
+	flowAcrossProcesses(t, flowBackend{args: []string{"--server", url}, backend: server.NewClient(url, nil)})
+}
 
+// TestSolanaFlowAcrossProcesses is the same run on the Solana backend: a
+// local validator with the coordinator program, trainers that tick the run
+// themselves, and no server to bootstrap from: they find each other through
+// a psyche relay (its DHT and relay) given as --bootstrap and --relay.
+func TestSolanaFlowAcrossProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed: the local validator needs it")
+	}
+	val := startProc(t, "validator", "--log-level", "warn", "validator", "--port", "0")
+	rpc := strings.TrimSuffix(val.waitLine(t, regexp.MustCompile(`validator: rpc (\S+)`))[1], ",")
+	relay := startProc(t, "relay", "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--run-id", "tiny",
+		"--p2p-key", filepath.Join(t.TempDir(), "relay.p2p.key"))
+	relayAddr := relay.waitLine(t, regexp.MustCompile(`relay address: (\S+)`))[1]
+	b, err := solana.New(solana.WithRPC(rpc), solana.WithWebsocket(strings.Replace(rpc, "http://", "ws://", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flowAcrossProcesses(t, flowBackend{args: []string{"--rpc", rpc}, backend: b,
+		joinArgs: []string{"--bootstrap", relayAddr, "--relay", relayAddr},
+		fund: func(k *chain.Keypair) {
+			if err := b.Airdrop(context.Background(), k.Public(), 10_000_000_000); err != nil {
+				t.Fatal(err)
+			}
+		}})
+}
+
+// flowBackend is where flowAcrossProcesses runs its run.
+type flowBackend struct {
+	args     []string      // the commands' backend flags
+	backend  chain.Backend // the test's own view of the run
+	joinArgs []string      // extra flags for join
+	fund     func(*chain.Keypair)
+}
+
+// flowAcrossProcesses is the run both backends play: admin commands, three
+// trainers as OS processes each with its own key and no --peer, two epochs,
+// every trainer killed with SIGKILL and restarted, one more epoch from the
+// recorded checkpoint, and every trainer ending with the same model.
+func flowAcrossProcesses(t *testing.T, fb flowBackend) {
+	dir := t.TempDir()
 	// The example run as it stands, with timeouts that only bound waiting:
 	// every round ends when its witnesses have reported, warmup when every
 	// trainer has loaded, cooldown when a checkpoint is recorded, and the
@@ -174,10 +221,17 @@ func TestServerFlowAcrossProcesses(t *testing.T) {
 		if _, errs, code := psyche(t, "keygen", "--out", keys[who]); code != 0 {
 			t.Fatal(errs)
 		}
+		if fb.fund != nil {
+			k, err := chain.LoadKeypair(keys[who])
+			if err != nil {
+				t.Fatal(err)
+			}
+			fb.fund(k)
+		}
 	}
 	admin := func(args ...string) {
 		t.Helper()
-		if out, errs, code := psyche(t, append(args, "--server", url, "--key", keys["admin"], "--run-id", "tiny")...); code != 0 {
+		if out, errs, code := psyche(t, append(append(args, fb.args...), "--key", keys["admin"], "--run-id", "tiny")...); code != 0 {
 			t.Fatalf("%v: %s %s", args, out, errs)
 		}
 	}
@@ -192,8 +246,9 @@ func TestServerFlowAcrossProcesses(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(data) })
 	join := func(who string) *proc {
-		return startProc(t, who, "--log-format", "json", "join", "--server", url, "--key", keys[who], "--run-id", "tiny",
-			"--data-dir", data, "--listen", "/ip4/127.0.0.1/tcp/0", "--mdns=false")
+		args := append([]string{"--log-format", "json", "join", "--key", keys[who], "--run-id", "tiny",
+			"--data-dir", data, "--listen", "/ip4/127.0.0.1/tcp/0", "--mdns=false"}, fb.args...)
+		return startProc(t, who, append(args, fb.joinArgs...)...)
 	}
 	trainers := []string{"trainer1", "trainer2", "trainer3"}
 	var procs []*proc
@@ -201,10 +256,9 @@ func TestServerFlowAcrossProcesses(t *testing.T) {
 		procs = append(procs, join(who))
 	}
 
-	client := server.NewClient(url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute) // a hang guard
 	defer cancel()
-	snaps, err := client.Subscribe(ctx, "tiny")
+	snaps, err := fb.backend.Subscribe(ctx, "tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ var adminCommands = []*cli.Command{
 		Name:  "server",
 		Usage: "run the server backend",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "dir", Value: "psyche-server", Usage: "directory holding the runs' state", Category: "SERVER"},
+			&cli.StringFlag{Name: "dir", Value: filepath.Join(defaultDataDir(), "server"), Usage: "directory holding the runs' state and the p2p host's key", Category: "SERVER"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7600", Usage: "address to serve on", Category: "SERVER"},
 			&cli.DurationFlag{Name: "tick-interval", Value: time.Second, Usage: "how often every run is ticked", Category: "SERVER"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9101)", Category: "METRICS"},

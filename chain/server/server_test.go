@@ -327,3 +327,78 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// p2pRecorder is the server's view of a p2p host: what it was told.
+type p2pRecorder struct {
+	mu   sync.Mutex
+	runs []map[string][]coordinator.Pubkey
+}
+
+func (r *p2pRecorder) Addrs() []string {
+	return []string{"/ip4/127.0.0.1/tcp/7601/p2p/12D3KooWExample"}
+}
+func (r *p2pRecorder) Relay() bool { return true }
+func (r *p2pRecorder) SetRuns(runs map[string][]coordinator.Pubkey) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs = append(r.runs, runs)
+}
+func (r *p2pRecorder) last() map[string][]coordinator.Pubkey {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.runs) == 0 {
+		return nil
+	}
+	return r.runs[len(r.runs)-1]
+}
+
+// The server publishes its p2p host at /v1/p2p and tells it every run and
+// its members (joiners included) as they change; a server without one says
+// so.
+func TestP2PHost(t *testing.T) {
+	rec := &p2pRecorder{}
+	s, err := New(t.TempDir(), WithP2P(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+	c := NewClient(hs.URL, nil)
+	ctx := context.Background()
+	info, err := c.P2PBootstrap(ctx)
+	if err != nil || len(info.Addrs) != 1 || len(info.Relays) != 1 {
+		t.Fatalf("P2PBootstrap = %+v, %v", info, err)
+	}
+	admin, alice := backendtest.Key("admin"), backendtest.Key("alice")
+	id, _ := coordinator.ParseRunID("p2p")
+	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
+	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
+		&coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{}} {
+		if _, err := c.Send(ctx, "p2p", admin, nil, ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := rec.last(); got == nil || len(got["p2p"]) != 0 {
+		t.Fatalf("after init: %v, want the run with no members", got)
+	}
+	p2pKey := coordinator.Pubkey{7}
+	if _, err := c.Send(ctx, "p2p", alice, nil, &coordinator.JoinRun{ID: coordinator.ClientID{Signer: alice.Public(), P2P: p2pKey}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.last()["p2p"]; len(got) != 1 || got[0] != p2pKey {
+		t.Fatalf("after a join: %v, want the joiner's p2p key", got)
+	}
+	for _, ix := range []coordinator.Instruction{&coordinator.SetPaused{Paused: true}, &coordinator.FreeCoordinator{}} {
+		if _, err := c.Send(ctx, "p2p", admin, nil, ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := rec.last()["p2p"]; ok {
+		t.Error("a freed run is still served")
+	}
+
+	_, _, plain := newTestServer(t, t.TempDir())
+	if _, err := NewClient(plain.URL, nil).P2PBootstrap(ctx); !errors.Is(err, chain.ErrNoP2P) {
+		t.Errorf("a server without a p2p host: %v, want ErrNoP2P", err)
+	}
+}

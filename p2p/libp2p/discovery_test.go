@@ -132,3 +132,70 @@ func peerIDMust(t testing.TB, k coordinator.Pubkey) peer.ID {
 	}
 	return p
 }
+
+// Two trainers on one network find each other by mDNS alone (no bootstrap).
+func TestMDNSDiscovery(t *testing.T) {
+	ids := []coordinator.ClientID{clientIDOf("m1"), clientIDOf("m2")}
+	a := startNode(t, "m1", WithMDNS())
+	b := startNode(t, "m2", WithMDNS())
+	for _, nd := range []*testNode{a, b} {
+		nd.SetClients(ids)
+	}
+	eventually(t, 60*time.Second, "the two connected", func() bool { return a.Paths()[b.ID()] != "" })
+}
+
+// When the relay in use disappears, trainers that can only meet through a
+// relay move to the other one, and results move again.
+func TestRelayDisappears(t *testing.T) {
+	ids := []coordinator.ClientID{clientIDOf("x1"), clientIDOf("x2")}
+	keys := []coordinator.Pubkey{ids[0].P2P, ids[1].P2P}
+	relay := func(name string) *Bootstrap {
+		b, err := NewBootstrap(WithKey(testKey(name)), loopback(), WithRelayService())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.SetRuns(map[string][]coordinator.Pubkey{testRun: keys})
+		t.Cleanup(func() { _ = b.Close() })
+		return b
+	}
+	r1, r2 := relay("relay1"), relay("relay2")
+	relays := append(r1.Addrs(), r2.Addrs()...)
+	x1 := startNodeWith(t, "x1", WithRelays(relays...), WithListenAddrs())
+	x2 := startNodeWith(t, "x2", WithRelays(relays...), WithListenAddrs())
+	for _, nd := range []*testNode{x1, x2} {
+		nd.SetClients(ids)
+		nd.SetStep(1)
+	}
+	eventually(t, 60*time.Second, "a relayed connection", func() bool { return x1.Paths()[x2.ID()] == PathRelayed })
+	// Take down whichever relay carries the connection (both, in turn, if
+	// it moves before we look).
+	down := r1
+	for _, c := range x1.host.Network().ConnsToPeer(x2.host.ID()) {
+		if strings.Contains(c.RemoteMultiaddr().String(), r2.ID()) {
+			down = r2
+		}
+	}
+	_ = down.Close()
+	eventually(t, 90*time.Second, "a connection through the other relay", func() bool {
+		for _, c := range x1.host.Network().ConnsToPeer(x2.host.ID()) {
+			if !strings.Contains(c.RemoteMultiaddr().String(), down.ID()) {
+				return true
+			}
+		}
+		return false
+	})
+	waitTopicPeers(t, []*testNode{x1, x2}, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	payload := randomBytes(5, 300_000)
+	if _, err := x2.Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, payload); err != nil {
+		t.Fatal(err)
+	}
+	as, err := collect(ctx, x1, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := x1.Fetch(ctx, as[0]); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("fetch through the remaining relay: %v", err)
+	}
+}

@@ -180,7 +180,7 @@ func (d *DeMo) Check(f *Frame) error {
 			return fmt.Errorf("tensor %d: %w", i, err)
 		}
 	}
-	return nil
+	return d.checkQuantization(f)
 }
 
 // Aggregate writes to out the update direction of a set of results: for every

@@ -120,7 +120,34 @@ func (a *Announcement) Check() error {
 	if uint64(len(a.Blob.Blocks)) != blocksFor(a.Blob.Size) {
 		return fmt.Errorf("%w: %d blocks for %d bytes", ErrMalformed, len(a.Blob.Blocks), a.Blob.Size)
 	}
+	// A block listed twice would be fetched once and counted twice: an
+	// announcement could declare a large blob backed by one block.
+	seen := make(map[coordinator.Hash]struct{}, len(a.Blob.Blocks))
+	for _, h := range a.Blob.Blocks {
+		if _, dup := seen[h]; dup {
+			return fmt.Errorf("%w: block %x listed twice", ErrMalformed, h[:8])
+		}
+		seen[h] = struct{}{}
+	}
 	return nil
+}
+
+// CheckSize refuses a blob larger than max bytes (the largest result the
+// run's model can produce), before anything is fetched or allocated.
+func (a *Announcement) CheckSize(max int64) error {
+	if max > 0 && a.Blob.Size > uint64(max) {
+		return fmt.Errorf("%w: a %d-byte result, this run's results have at most %d", ErrOversize, a.Blob.Size, max)
+	}
+	return nil
+}
+
+// BlockLen is the length block i of a blob of size bytes must have: BlockSize,
+// except the last, which holds the rest.
+func BlockLen(size uint64, i int) int {
+	if rest := size - uint64(i)*BlockSize; rest < BlockSize {
+		return int(rest)
+	}
+	return BlockSize
 }
 
 // signedBytes encodes everything but the signature.

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/psyche-go/psyche/coordinator"
 )
@@ -52,6 +53,43 @@ type TensorEntry struct {
 	DType string
 	Shape []uint64
 	Blob  BlobRef
+}
+
+// TensorSpec is what a joiner expects of one tensor of the run's model.
+type TensorSpec struct {
+	Name  string
+	DType string // "F32": 4 bytes per element
+	Shape []uint64
+}
+
+// dtypeSize is the bytes per element of the dtypes checkpoints carry.
+var dtypeSize = map[string]uint64{"F32": 4}
+
+// Match checks a manifest against the run's model before any of its blocks
+// is fetched: the same tensors in the same order, with the same dtypes and
+// shapes, and blobs of exactly the bytes those shapes take. A manifest that
+// fits in one block could otherwise name a tensor of any size.
+func (m *CheckpointManifest) Match(want []TensorSpec) error {
+	if len(m.Tensors) != len(want) {
+		return fmt.Errorf("%w: %d tensors, the run's model has %d", ErrMalformed, len(m.Tensors), len(want))
+	}
+	for i, w := range want {
+		t := &m.Tensors[i]
+		if t.Name != w.Name || t.DType != w.DType || !slices.Equal(t.Shape, w.Shape) {
+			return fmt.Errorf("%w: tensor %d is %s %s%v, the run's model has %s %s%v", ErrMalformed, i, t.Name, t.DType, t.Shape, w.Name, w.DType, w.Shape)
+		}
+		size, ok := dtypeSize[w.DType]
+		if !ok {
+			return fmt.Errorf("%w: dtype %q", ErrMalformed, w.DType)
+		}
+		for _, d := range w.Shape {
+			size *= d
+		}
+		if t.Blob.Size != size {
+			return fmt.Errorf("%w: tensor %s has a %d-byte blob, its shape takes %d", ErrMalformed, t.Name, t.Blob.Size, size)
+		}
+	}
+	return nil
 }
 
 // CheckpointManifest lists a checkpoint's tensors in order.
@@ -162,4 +200,13 @@ func DecodeCheckpointManifest(b []byte) (CheckpointManifest, error) {
 		return CheckpointManifest{}, err
 	}
 	return m, nil
+}
+
+// SpecsOf is what a checkpoint holding exactly ts must match.
+func SpecsOf(ts []Tensor) []TensorSpec {
+	out := make([]TensorSpec, len(ts))
+	for i, t := range ts {
+		out[i] = TensorSpec{Name: t.Name, DType: t.DType, Shape: t.Shape}
+	}
+	return out
 }

@@ -36,6 +36,11 @@ type Network interface {
 	// client of the epoch (SetClients) is accepted.
 	SetAssignments(as []Assignment)
 
+	// SetMaxPayload sets the largest result blob the run's model allows
+	// (0: only the protocol's limit): larger announcements are refused by
+	// the validator and never fetched.
+	SetMaxPayload(bytes int64)
+
 	// Publish stores payload as blocks and gossips a signed announcement.
 	Publish(ctx context.Context, step uint32, batch BatchRange, payload []byte) (Announcement, error)
 	// Announcements delivers each valid announcement of other trainers once.
@@ -54,8 +59,9 @@ type Network interface {
 	// offers one, the error is ErrNoCheckpoint, with ErrNoHolder too if
 	// every peer of from answered (none was unreachable).
 	FindCheckpoint(ctx context.Context, epoch uint32, from []coordinator.Pubkey) (coordinator.Hash, error)
-	// FetchCheckpoint assembles a checkpoint by manifest id from peers.
-	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]Tensor, error)
+	// FetchCheckpoint assembles a checkpoint by manifest id from peers. The
+	// manifest must Match want before any tensor block is fetched.
+	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []TensorSpec) ([]Tensor, error)
 
 	// Stats is a snapshot of the node's counters.
 	Stats() Stats

@@ -279,3 +279,31 @@ func testKey(name string) ed25519.PrivateKey {
 	seed := sha256.Sum256([]byte("psyche p2p test key " + name))
 	return ed25519.NewKeyFromSeed(seed[:])
 }
+
+// An announcement is refused before anything is fetched when it lists a
+// block twice (a large declared size backed by one block) or declares more
+// bytes than the run's results can have.
+func TestAnnouncementBounds(t *testing.T) {
+	a := sampleAnnouncement(t)
+	if err := a.Check(); err != nil {
+		t.Fatalf("honest: %v", err)
+	}
+	rep := a
+	rep.Blob.Blocks = []coordinator.Hash{a.Blob.Blocks[0], a.Blob.Blocks[0], a.Blob.Blocks[2]}
+	if err := rep.Check(); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a repeated block: %v, want ErrMalformed", err)
+	}
+	for _, tc := range []struct {
+		max  int64
+		want error
+	}{{0, nil}, {int64(a.Blob.Size), nil}, {int64(a.Blob.Size) - 1, ErrOversize}, {1000, ErrOversize}} {
+		if err := a.CheckSize(tc.max); !errors.Is(err, tc.want) {
+			t.Errorf("CheckSize(%d) = %v, want %v", tc.max, err, tc.want)
+		}
+	}
+	for i, want := range []int{BlockSize, BlockSize, 3} {
+		if got := BlockLen(a.Blob.Size, i); got != want {
+			t.Errorf("BlockLen(%d, %d) = %d, want %d", a.Blob.Size, i, got, want)
+		}
+	}
+}

@@ -149,16 +149,21 @@ func (n *Node) getBlocks(ctx context.Context, hs []coordinator.Hash) error {
 	return nil
 }
 
-// assemble reads a blob's blocks from the local store and checks each one.
+// assemble reads a blob's blocks from the local store and checks each one:
+// its hash, and its length against the announced size, so that nothing
+// beyond the declared (and already bounded) size is ever appended.
 func (n *Node) assemble(ctx context.Context, ref p2p.BlobRef) ([]byte, error) {
 	out := make([]byte, 0, ref.Size)
-	for _, h := range ref.Blocks {
+	for i, h := range ref.Blocks {
 		b, err := n.bstore.Get(ctx, cidOf(h))
 		if err != nil {
 			return nil, err
 		}
 		if sha256.Sum256(b.RawData()) != h {
 			return nil, fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
+		}
+		if want := p2p.BlockLen(ref.Size, i); len(b.RawData()) != want {
+			return nil, fmt.Errorf("%w: block %d has %d bytes, the announced size needs %d", p2p.ErrCommitmentMismatch, i, len(b.RawData()), want)
 		}
 		out = append(out, b.RawData()...)
 	}
@@ -179,6 +184,9 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 		return nil, err
 	}
 	if err := a.Check(); err != nil {
+		return nil, err
+	}
+	if err := a.CheckSize(n.maxPayload.Load()); err != nil {
 		return nil, err
 	}
 	n.refStep(a.Step, a.Blob.Blocks) // partial fetches are collected with the step

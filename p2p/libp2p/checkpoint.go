@@ -68,7 +68,7 @@ func (n *Node) setCheckpoint(hs []coordinator.Hash) {
 // A request that fails (a peer left mid-transfer, a timeout) is retried with
 // backoff; blocks already received are kept, so nothing is fetched twice.
 // Afterwards the node shares the checkpoint itself.
-func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]p2p.Tensor, error) {
+func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []p2p.TensorSpec) ([]p2p.Tensor, error) {
 	if err := n.alive(); err != nil {
 		return nil, err
 	}
@@ -80,6 +80,9 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 	}
 	m, err := p2p.DecodeCheckpointManifest(raw)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.Match(want); err != nil {
 		return nil, err
 	}
 	blocks := distinctBlocks(&m)

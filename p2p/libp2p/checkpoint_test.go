@@ -79,7 +79,7 @@ func TestCheckpointFromPeersWhileOneLeaves(t *testing.T) {
 		from = append(from, s.ID())
 	}
 	start := time.Now()
-	got, err := joiner.FetchCheckpoint(ctx, id, from)
+	got, err := joiner.FetchCheckpoint(ctx, id, from, p2p.SpecsOf(tensors))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestCheckpointFromPeersWhileOneLeaves(t *testing.T) {
 	if err := late.Connect(ctx, joiner.Addrs()[0]); err != nil {
 		t.Fatal(err)
 	}
-	again, err := late.FetchCheckpoint(ctx, id, []coordinator.Pubkey{joiner.ID()})
+	again, err := late.FetchCheckpoint(ctx, id, []coordinator.Pubkey{joiner.ID()}, p2p.SpecsOf(tensors))
 	if err != nil || len(again) != len(tensors) {
 		t.Fatalf("fetch from the joiner: %v", err)
 	}
@@ -174,7 +174,7 @@ func TestCheckpointOffers(t *testing.T) {
 		}
 	}
 	// The majority's checkpoint is what the joiner then fetches.
-	got, err := joiner.FetchCheckpoint(ctx, good, from)
+	got, err := joiner.FetchCheckpoint(ctx, good, from, []p2p.TensorSpec{{Name: "w", DType: "F32", Shape: []uint64{256}}})
 	if err != nil || !bytes.Equal(got[0].Data, randomBytes(7, 1024)) {
 		t.Fatalf("fetch: %v", err)
 	}

@@ -58,8 +58,9 @@ type Node struct {
 	closed sync.Once
 	out    chan p2p.Announcement
 
-	step  atomic.Uint32
-	nonce atomic.Uint64
+	step       atomic.Uint32
+	nonce      atomic.Uint64
+	maxPayload atomic.Int64 // SetMaxPayload
 
 	mu      sync.Mutex
 	clients map[coordinator.Pubkey]coordinator.ClientID // by p2p key
@@ -365,6 +366,9 @@ func (n *Node) SetClients(ids []coordinator.ClientID) {
 		_ = n.host.Network().ClosePeer(p)
 	}
 }
+
+// SetMaxPayload sets the largest result blob the run allows.
+func (n *Node) SetMaxPayload(bytes int64) { n.maxPayload.Store(bytes) }
 
 // SetAssignments replaces the batches announcements are checked against.
 func (n *Node) SetAssignments(as []p2p.Assignment) {

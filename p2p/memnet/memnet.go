@@ -54,6 +54,7 @@ type Node struct {
 	checkpoints map[coordinator.Hash][]p2p.Tensor
 	stats       p2p.Stats
 	nonce       uint64
+	maxPayload  int64
 }
 
 var _ p2p.Network = (*Node)(nil)
@@ -248,8 +249,21 @@ func (n *Node) Publish(ctx context.Context, step uint32, batch p2p.BatchRange, p
 	return a, nil
 }
 
+// SetMaxPayload implements p2p.Network.
+func (n *Node) SetMaxPayload(bytes int64) {
+	n.mu.Lock()
+	n.maxPayload = bytes
+	n.mu.Unlock()
+}
+
 // check validates an announcement as p2p/libp2p's validator does.
 func (n *Node) check(a *p2p.Announcement) error {
+	n.mu.Lock()
+	limit := n.maxPayload
+	n.mu.Unlock()
+	if err := a.CheckSize(limit); err != nil {
+		return err
+	}
 	if err := a.Verify(); err != nil {
 		return err
 	}
@@ -351,6 +365,12 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 	if err := a.Check(); err != nil {
 		return nil, err
 	}
+	n.mu.Lock()
+	limit := n.maxPayload
+	n.mu.Unlock()
+	if err := a.CheckSize(limit); err != nil {
+		return nil, err
+	}
 	from := n
 	if a.Trainer.P2P != n.id {
 		n.mu.Lock()
@@ -433,12 +453,20 @@ func (n *Node) reachable(from []coordinator.Pubkey) []*Node {
 }
 
 // FetchCheckpoint implements p2p.Network.
-func (n *Node) FetchCheckpoint(_ context.Context, id coordinator.Hash, from []coordinator.Pubkey) ([]p2p.Tensor, error) {
+func (n *Node) FetchCheckpoint(_ context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []p2p.TensorSpec) ([]p2p.Tensor, error) {
 	for _, p := range n.reachable(from) {
 		p.mu.Lock()
 		ts, has := p.checkpoints[id]
 		p.mu.Unlock()
 		if has {
+			// The manifest the libp2p node would fetch first.
+			m := p2p.CheckpointManifest{}
+			for _, t := range ts {
+				m.Tensors = append(m.Tensors, p2p.TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape, Blob: p2p.BlobRef{Size: uint64(len(t.Data))}})
+			}
+			if err := m.Match(want); err != nil {
+				return nil, err
+			}
 			n.mu.Lock()
 			n.stats.CheckpointBlocks += uint64(len(ts))
 			n.mu.Unlock()

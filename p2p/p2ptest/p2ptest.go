@@ -155,6 +155,12 @@ func Run(t *testing.T, h Harness) {
 		if _, err := b.Fetch(ctx, bad); err == nil {
 			t.Fatal("fetched a payload for a commitment it does not match")
 		}
+		// A result larger than the run's model allows is not fetched.
+		c.SetMaxPayload(int64(len(payload)) - 1)
+		if _, err := c.Fetch(ctx, ann); !errors.Is(err, p2p.ErrOversize) {
+			t.Fatalf("an oversized result: %v, want ErrOversize", err)
+		}
+		c.SetMaxPayload(0)
 	})
 
 	t.Run("unassigned_is_refused", func(t *testing.T) {
@@ -211,7 +217,17 @@ func Run(t *testing.T, h Harness) {
 		if err != nil || id != ids[0] {
 			t.Fatalf("FindCheckpoint = %x, %v", id, err)
 		}
-		got, err := j.FetchCheckpoint(ctx, id, holders)
+		// A manifest that does not match the run's model is refused before
+		// any tensor is fetched.
+		bigger := p2p.SpecsOf(tensors)
+		bigger[0].Shape = []uint64{2000, 3000}
+		if _, err := j.FetchCheckpoint(ctx, id, holders, bigger); !errors.Is(err, p2p.ErrMalformed) {
+			t.Fatalf("a checkpoint of another shape: %v, want ErrMalformed", err)
+		}
+		if _, err := j.FetchCheckpoint(ctx, id, holders, p2p.SpecsOf(tensors[:1])); !errors.Is(err, p2p.ErrMalformed) {
+			t.Fatalf("a checkpoint with a tensor too many: %v, want ErrMalformed", err)
+		}
+		got, err := j.FetchCheckpoint(ctx, id, holders, p2p.SpecsOf(tensors))
 		if err != nil || len(got) != 2 || got[0].Name != "w" || !bytes.Equal(got[1].Data, tensors[1].Data) {
 			t.Fatalf("FetchCheckpoint = %+v, %v", got, err)
 		}

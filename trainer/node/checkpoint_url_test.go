@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
@@ -114,7 +117,9 @@ func TestLoadChecksRevision(t *testing.T) {
 			_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], url)
 			_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], tc.revision)
 			_ = coordinator.SetFixedString(s.Model.DataLocation[:], "builtin:opticks")
-			n := &Node{cfg: config{log: slog.New(slog.DiscardHandler), workers: 1}}
+			seed := sha256.Sum256([]byte(tc.name))
+			net := memnet.NewHub().Join("run", ed25519.NewKeyFromSeed(seed[:]), coordinator.Pubkey{1})
+			n := &Node{cfg: config{log: slog.New(slog.DiscardHandler), workers: 1}, net: net}
 			err := n.load(context.Background(), s, false)
 			switch {
 			case !tc.refused && err != nil:

@@ -179,8 +179,9 @@ type Node struct {
 	net     p2p.Network
 	m       *machine
 
-	id    coordinator.ClientID
-	model *gpt.Model
+	id      coordinator.ClientID
+	model   *gpt.Model
+	fetches fetchQueue
 	// peerWait is when this node first failed to load the epoch's model
 	// from its peers (see peersGaveUp).
 	peerWait struct {
@@ -308,6 +309,8 @@ func (n *Node) Run(ctx context.Context) error {
 			rd = n.m.announced(a)
 		case f := <-ev.fetched:
 			ended = f.done
+			n.fetches.finished(f.ann)
+			n.startFetches(ctx, ev)
 			if f.err == nil && n.opt != nil {
 				if f.err = n.opt.Check(f.frame); f.err != nil {
 					f.invalid = true
@@ -409,24 +412,8 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 	for _, ix := range rd.Send {
 		n.send(ctx, ix)
 	}
-	for _, a := range rd.Fetch {
-		working := n.cfg.clock.Work() // until Run has taken the result
-		go func() {
-			payload, err := n.net.Fetch(ctx, a)
-			// Bytes that do not match the commitment, or that are no frame,
-			// are the announcer's fault; anything else may work next time.
-			r := fetchResult{ann: a, err: err, size: len(payload), invalid: errors.Is(err, p2p.ErrCommitmentMismatch), done: working}
-			if err == nil {
-				r.frame, r.err = distro.DecodeFrame(payload, distro.DefaultLimits)
-				r.invalid = r.err != nil
-			}
-			select {
-			case ev.fetched <- r:
-			case <-ctx.Done():
-				working()
-			}
-		}()
-	}
+	n.fetches.waiting = append(n.fetches.waiting, rd.Fetch...)
+	n.startFetches(ctx, ev)
 	if rd.Pull != nil {
 		step := *rd.Pull
 		working := n.cfg.clock.Work() // until Run has taken the answer
@@ -507,6 +494,69 @@ type fetchResult struct {
 	size    int
 	err     error
 	invalid bool // the result itself is bad (not a transient failure)
+}
+
+// Fetches in flight are bounded, in total and per announcing trainer, so
+// that announcements (a trainer may send many, equivocating) cost a queue
+// entry each, not a goroutine and a buffer each; the rest wait their turn.
+const (
+	maxFetches        = 16
+	maxFetchesPerPeer = 2
+)
+
+// fetchQueue is the driver's fetch bookkeeping (the Run loop's alone).
+type fetchQueue struct {
+	waiting  []p2p.Announcement
+	inFlight int
+	perPeer  map[coordinator.Pubkey]int
+}
+
+func (q *fetchQueue) finished(a p2p.Announcement) {
+	q.inFlight--
+	if q.perPeer[a.Trainer.P2P]--; q.perPeer[a.Trainer.P2P] <= 0 {
+		delete(q.perPeer, a.Trainer.P2P)
+	}
+}
+
+// startFetches starts the waiting fetches that the bounds allow, oldest
+// first. Each fetched payload is decoded within the limits of the run's
+// model (its exact tensors and entries), never the protocol's.
+func (n *Node) startFetches(ctx context.Context, ev events) {
+	q := &n.fetches
+	if q.perPeer == nil {
+		q.perPeer = map[coordinator.Pubkey]int{}
+	}
+	lim := distro.DefaultLimits
+	if n.opt != nil {
+		lim = n.opt.Limits()
+	}
+	rest := q.waiting[:0]
+	for _, a := range q.waiting {
+		if q.inFlight >= maxFetches || q.perPeer[a.Trainer.P2P] >= maxFetchesPerPeer {
+			rest = append(rest, a)
+			continue
+		}
+		q.inFlight++
+		q.perPeer[a.Trainer.P2P]++
+		working := n.cfg.clock.Work() // until Run has taken the result
+		go func() {
+			payload, err := n.net.Fetch(ctx, a)
+			// Bytes that do not match the commitment, or that are no frame,
+			// are the announcer's fault; anything else may work next time.
+			r := fetchResult{ann: a, err: err, size: len(payload), invalid: errors.Is(err, p2p.ErrCommitmentMismatch) || errors.Is(err, p2p.ErrOversize), done: working}
+			if err == nil {
+				r.frame, r.err = distro.DecodeFrame(payload, lim)
+				r.invalid = r.err != nil
+			}
+			select {
+			case ev.fetched <- r:
+			case <-ctx.Done():
+				working()
+			}
+		}()
+	}
+	clear(q.waiting[len(rest):])
+	q.waiting = rest
 }
 
 // connectPeers dials the configured peers that are not connected (the

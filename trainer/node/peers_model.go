@@ -61,13 +61,13 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
 	}
-	tensors, err := n.net.FetchCheckpoint(ctx, id, from)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
-	}
 	model, err := gpt.New(cfg, 0, n.cfg.kernels)
 	if err != nil {
 		return nil, err
+	}
+	tensors, err := n.net.FetchCheckpoint(ctx, id, from, tensorSpecs(model))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
 	}
 	if err := loadTensors(model, tensors); err != nil {
 		// The bytes are what the manifest named, so the peers that offered
@@ -79,6 +79,19 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 		n.cfg.log.Warn("sharing the model with joiners failed", "err", err)
 	}
 	return model, nil
+}
+
+// tensorSpecs is what a P2P checkpoint of m's shape must hold.
+func tensorSpecs(m *gpt.Model) []p2p.TensorSpec {
+	var out []p2p.TensorSpec
+	for _, t := range m.CheckpointTensors() {
+		shape := make([]uint64, len(t.Shape))
+		for i, d := range t.Shape {
+			shape[i] = uint64(d)
+		}
+		out = append(out, p2p.TensorSpec{Name: t.Name, DType: tensorDType, Shape: shape})
+	}
+	return out
 }
 
 // modelTensors copies the parameters into P2P checkpoint tensors.

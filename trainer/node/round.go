@@ -81,6 +81,9 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			return err
 		}
 		n.opt = opt
+		// No honest result of this model is larger: bigger announcements
+		// are refused before anything is fetched.
+		n.net.SetMaxPayload(opt.MaxFrameBytes())
 		n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams())
 	}
 	loc := coordinator.FixedString(m.DataLocation[:])

@@ -224,12 +224,28 @@ func TestDecodeRiceIndicesRejects(t *testing.T) {
 	}
 }
 
+// gpt2SmallShapes are the parameter tensors of a 124M-parameter GPT (12
+// layers, width 768, 50257 tokens, 1024 positions): the fuzz target decodes
+// with the limits a trainer of such a run uses (DeMo.Limits), as trainers
+// decode peers' frames.
+func gpt2SmallShapes() [][]int {
+	shapes := [][]int{{50257, 768}, {1024, 768}}
+	for range 12 {
+		shapes = append(shapes, []int{768}, []int{768}, []int{768, 2304}, []int{2304}, []int{768, 768}, []int{768},
+			[]int{768}, []int{768}, []int{768, 3072}, []int{3072}, []int{3072, 768}, []int{768})
+	}
+	return append(shapes, []int{768}, []int{768})
+}
+
 func FuzzDecodeFrame(f *testing.F) {
 	for _, b := range sampleFrames(f) {
 		f.Add(b)
 	}
+	lim, _, err := FrameBounds(gpt2SmallShapes(), Options{Chunk: 64, TopK: 32, Quantize1Bit: true})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		lim := Limits{MaxTensors: 64, MaxParams: 1 << 22, MaxEntries: 1 << 20}
 		fr, err := DecodeFrame(data, lim)
 		if err != nil {
 			return

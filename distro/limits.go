@@ -57,3 +57,17 @@ func (d *DeMo) checkQuantization(f *Frame) error {
 	}
 	return nil
 }
+
+// FrameBounds are Limits and MaxFrameBytes for a model of these shapes,
+// without allocating its optimizer state.
+func FrameBounds(shapes [][]int, o Options) (Limits, int64, error) {
+	d := &DeMo{opts: o}
+	for _, s := range shapes {
+		p, err := newTensorPlan(s, o.Chunk, o.TopK)
+		if err != nil {
+			return Limits{}, 0, err
+		}
+		d.plans = append(d.plans, p)
+	}
+	return d.Limits(), d.MaxFrameBytes(), nil
+}

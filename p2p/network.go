@@ -63,6 +63,11 @@ type Network interface {
 	// manifest must Match want before any tensor block is fetched.
 	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []TensorSpec) ([]Tensor, error)
 
+	// ReportPeer records misconduct the trainer found in what a peer sent (a
+	// result that does not decode or fit the run's model, equivocation):
+	// the network then trusts the peer less (gossip scoring).
+	ReportPeer(key coordinator.Pubkey, why string)
+
 	// Stats is a snapshot of the node's counters.
 	Stats() Stats
 }

@@ -59,21 +59,35 @@ func DecodeOffer(b []byte) (id coordinator.Hash, ok bool, err error) {
 	return id, ok, nil
 }
 
-// MajorityOffer is the rule a joiner decides by: the manifest id most of the
-// peers offer (votes counts the peers behind each id). A tie for the most
-// wraps ErrCheckpointDisputed; no vote at all wraps ErrNoCheckpoint.
-func MajorityOffer(votes map[coordinator.Hash]int) (coordinator.Hash, error) {
+// MajorityOffer is the rule a joiner decides by: the manifest id offered by
+// more than half of the peers that answered (answered counts every peer
+// that answered, with an offer or without; votes counts the peers behind
+// each id). A plurality is not enough: with three holders answering, one
+// that offers a bogus checkpoint while the others offer none must not win.
+// No offer at all wraps ErrNoCheckpoint; offers short of a majority wrap
+// ErrCheckpointDisputed.
+func MajorityOffer(votes map[coordinator.Hash]int, answered int) (coordinator.Hash, error) {
 	if len(votes) == 0 {
 		return coordinator.Hash{}, ErrNoCheckpoint
 	}
 	ids := make([]coordinator.Hash, 0, len(votes))
-	for id := range votes {
+	total := 0
+	for id, n := range votes {
 		ids = append(ids, id)
+		total += n
 	}
-	sort.Slice(ids, func(a, b int) bool { return votes[ids[a]] > votes[ids[b]] })
-	if len(ids) > 1 && votes[ids[0]] == votes[ids[1]] {
-		return coordinator.Hash{}, fmt.Errorf("%w: %d peers offer %x, %d offer %x", ErrCheckpointDisputed,
-			votes[ids[0]], ids[0][:8], votes[ids[1]], ids[1][:8])
+	answered = max(answered, total)
+	// Most votes first; ties by id, so that the message names the same ids
+	// on every node.
+	sort.Slice(ids, func(a, b int) bool {
+		if votes[ids[a]] != votes[ids[b]] {
+			return votes[ids[a]] > votes[ids[b]]
+		}
+		return string(ids[a][:]) < string(ids[b][:])
+	})
+	if 2*votes[ids[0]] <= answered {
+		return coordinator.Hash{}, fmt.Errorf("%w: %d of %d peers that answered offer %x, short of a majority", ErrCheckpointDisputed,
+			votes[ids[0]], answered, ids[0][:8])
 	}
 	return ids[0], nil
 }

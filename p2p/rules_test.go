@@ -10,17 +10,21 @@ import (
 func TestMajorityOffer(t *testing.T) {
 	x, y := coordinator.Hash{1}, coordinator.Hash{2}
 	for _, tt := range []struct {
-		name  string
-		votes map[coordinator.Hash]int
-		want  coordinator.Hash
-		err   error
+		name     string
+		votes    map[coordinator.Hash]int
+		answered int
+		want     coordinator.Hash
+		err      error
 	}{
-		{"none", nil, coordinator.Hash{}, ErrNoCheckpoint},
-		{"one", map[coordinator.Hash]int{x: 1}, x, nil},
-		{"most", map[coordinator.Hash]int{x: 1, y: 2}, y, nil},
-		{"tie", map[coordinator.Hash]int{x: 2, y: 2}, coordinator.Hash{}, ErrCheckpointDisputed},
+		{"none", nil, 3, coordinator.Hash{}, ErrNoCheckpoint},
+		{"the only peer", map[coordinator.Hash]int{x: 1}, 1, x, nil},
+		{"a plurality of one among three", map[coordinator.Hash]int{x: 1}, 3, coordinator.Hash{}, ErrCheckpointDisputed},
+		{"a majority", map[coordinator.Hash]int{x: 1, y: 2}, 3, y, nil},
+		{"most, but not a majority", map[coordinator.Hash]int{x: 1, y: 2}, 4, coordinator.Hash{}, ErrCheckpointDisputed},
+		{"tie", map[coordinator.Hash]int{x: 2, y: 2}, 4, coordinator.Hash{}, ErrCheckpointDisputed},
+		{"answered below the votes counts the votes", map[coordinator.Hash]int{x: 2, y: 1}, 0, x, nil},
 	} {
-		got, err := MajorityOffer(tt.votes)
+		got, err := MajorityOffer(tt.votes, tt.answered)
 		if got != tt.want || !errors.Is(err, tt.err) || (tt.err == nil) != (err == nil) {
 			t.Errorf("%s: %x, %v; want %x, %v", tt.name, got[:1], err, tt.want[:1], tt.err)
 		}

@@ -58,11 +58,12 @@ func (n *Node) FindCheckpoint(ctx context.Context, epoch uint32, from []coordina
 		return coordinator.Hash{}, err
 	}
 	var (
-		mu      sync.Mutex
-		votes   = map[coordinator.Hash]int{}
-		lastErr error
-		wg      sync.WaitGroup
-		limit   = make(chan struct{}, offerConcurrency)
+		mu       sync.Mutex
+		votes    = map[coordinator.Hash]int{}
+		lastErr  error
+		answered int
+		wg       sync.WaitGroup
+		limit    = make(chan struct{}, offerConcurrency)
 	)
 	for _, k := range from {
 		p, err := peerIDOf(k)
@@ -82,12 +83,15 @@ func (n *Node) FindCheckpoint(ctx context.Context, epoch uint32, from []coordina
 				lastErr = err
 				n.peerError(k, "checkpoint offer", err)
 			case ok:
+				answered++
 				votes[id]++
+			default:
+				answered++
 			}
 		}()
 	}
 	wg.Wait()
-	id, err := p2p.MajorityOffer(votes)
+	id, err := p2p.MajorityOffer(votes, answered)
 	switch {
 	case errors.Is(err, p2p.ErrNoCheckpoint) && lastErr != nil:
 		return id, fmt.Errorf("%w for epoch %d: %w", p2p.ErrNoCheckpoint, epoch, lastErr)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 const pullTimeout = 10 * time.Second
 
 func (n *Node) startGossip() error {
+	name := TopicName(*n.cfg.runID)
+	params, thresholds := scoreParams(name, n.appScore)
 	ps, err := pubsub.NewGossipSub(n.life, n.host,
 		// Without flood publishing gossipsub drops what is published before
 		// the mesh forms (measured here: DESIGN.md §7).
@@ -26,12 +29,12 @@ func (n *Node) startGossip() error {
 		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
 		// Peers come from the coordinator, not from gossip.
 		pubsub.WithPeerExchange(false),
+		pubsub.WithPeerScore(params, thresholds),
 	)
 	if err != nil {
 		return fmt.Errorf("p2p: pubsub: %w", err)
 	}
 	n.ps = ps
-	name := TopicName(*n.cfg.runID)
 	if err := ps.RegisterTopicValidator(name, n.validate, pubsub.WithValidatorInline(true)); err != nil {
 		return fmt.Errorf("p2p: validator: %w", err)
 	}
@@ -42,6 +45,83 @@ func (n *Node) startGossip() error {
 		return fmt.Errorf("p2p: subscribe: %w", err)
 	}
 	return nil
+}
+
+// Peer scoring (gossipsub v1.1): a peer that forwards invalid announcements
+// (bad signature, malformed, another run's, oversized) loses 20 points for
+// the first, 80 for two (the penalty is squared), and the trainer's reports
+// (ReportPeer: equivocation, results that do not decode) cost 100 each. At
+// −80 a peer is graylisted: everything it sends is ignored. Announcements
+// that are only outside this node's view (the step window, the
+// assignments, which can lag the sender's by a snapshot) are ignored, not
+// rejected, so an honest forwarder is never penalised for them. Penalties
+// decay by 10% a second: a misbehaving peer is ignored for about half a
+// minute per offence. Colocation is not penalised: trainers may share an
+// address (one machine, one NAT).
+func scoreParams(topic string, app func(peer.ID) float64) (*pubsub.PeerScoreParams, *pubsub.PeerScoreThresholds) {
+	return &pubsub.PeerScoreParams{
+			Topics: map[string]*pubsub.TopicScoreParams{topic: {
+				TopicWeight:                    1,
+				TimeInMeshQuantum:              time.Second,
+				InvalidMessageDeliveriesWeight: -20,
+				InvalidMessageDeliveriesDecay:  0.9,
+			}},
+			AppSpecificScore:  app,
+			AppSpecificWeight: 1,
+			DecayInterval:     time.Second,
+			DecayToZero:       0.01,
+			RetainScore:       10 * time.Minute,
+		}, &pubsub.PeerScoreThresholds{
+			GossipThreshold:   -10,
+			PublishThreshold:  -50,
+			GraylistThreshold: -80,
+		}
+}
+
+// misconduct is what the trainer reported against peers (ReportPeer), by
+// peer: a penalty that decays like gossipsub's own.
+type misconduct struct {
+	points float64
+	at     time.Time
+}
+
+// appScore is the application-specific part of a peer's score.
+func (n *Node) appScore(p peer.ID) float64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m, ok := n.reports[p]
+	if !ok {
+		return 0
+	}
+	// 10% a second, as the topic penalties.
+	return -m.points * math.Pow(0.9, time.Since(m.at).Seconds())
+}
+
+// ReportPeer records misconduct the trainer found in what a peer sent (a
+// result that does not decode or fit the model, two results for one batch):
+// it costs the peer 100 points of gossip score, enough to graylist it.
+func (n *Node) ReportPeer(k coordinator.Pubkey, why string) {
+	p, err := peerIDOf(k)
+	if err != nil {
+		return
+	}
+	n.mu.Lock()
+	m := n.reports[p]
+	if m == nil {
+		m = &misconduct{}
+		n.reports[p] = m
+	}
+	m.points = m.points*math.Pow(0.9, time.Since(m.at).Seconds()) + 100
+	m.at = time.Now()
+	n.mu.Unlock()
+	n.m.Reported.WithLabelValues(why).Inc()
+	n.log.Warn("peer reported", "remote", p.String(), "why", why)
+}
+
+// viewDependent says whether a refusal depends on this node's view of the
+// run (which can lag the sender's), rather than on the message itself.
+func viewDependent(err error) bool {
+	return errors.Is(err, p2p.ErrStepOutOfWindow) || errors.Is(err, p2p.ErrNotAssigned)
 }
 
 // reason names a rejection for Stats.Rejected.
@@ -137,6 +217,9 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 	a, err := n.check(m.Data)
 	if err != nil {
 		n.reject(err, from)
+		if viewDependent(err) {
+			return pubsub.ValidationIgnore
+		}
 		return pubsub.ValidationReject
 	}
 	if !n.markSeen(&a) {

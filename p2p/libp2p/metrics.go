@@ -29,6 +29,7 @@ type Metrics struct {
 	BlocksFrom       *prometheus.CounterVec // label "peer": bitswap blocks received from it
 	Peers            prometheus.Gauge       // connected peers
 	Paths            *prometheus.GaugeVec   // label "path": connected peers by their best path (direct, hole-punched, relayed)
+	Reported         *prometheus.CounterVec // label "why": the trainer's reports of peer misconduct
 }
 
 // NewMetrics returns the node's metrics under psyche_p2p_*, registered with
@@ -58,10 +59,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Peers:            prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "p2p", Name: "peers", Help: "Connected peers."}),
 		Paths: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "p2p", Name: "peer_paths",
 			Help: "Connected peers by the best path they are reached on: direct, hole-punched or relayed."}, []string{"path"}),
+		Reported: vec("peers_reported_total", "Peer misconduct the trainer found (a bad result, equivocation), by kind.", "why"),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.Reannounced, m.Accepted, m.Rejected, m.Delivered, m.Dropped, m.BlobsFetched,
-			m.BlobBytes, m.FetchSeconds, m.FetchRetries, m.FetchFailures, m.CheckpointBlocks, m.PeerErrors, m.BlocksFrom, m.Peers, m.Paths)
+			m.BlobBytes, m.FetchSeconds, m.FetchRetries, m.FetchFailures, m.CheckpointBlocks, m.PeerErrors, m.BlocksFrom, m.Peers, m.Paths, m.Reported)
 	}
 	return m
 }

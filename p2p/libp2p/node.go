@@ -75,6 +75,7 @@ type Node struct {
 	ckptRefs    []coordinator.Hash
 	offered     *checkpointOffer // what joiners are told to fetch
 	refs        map[coordinator.Hash]int
+	reports     map[peer.ID]*misconduct // ReportPeer
 
 	disc   *discovery
 	relays *relays
@@ -178,7 +179,7 @@ func New(opts ...Option) (*Node, error) {
 		clients: map[coordinator.Pubkey]coordinator.ClientID{}, seen: map[nonceKey]uint32{},
 		delivered: map[deliveryKey]struct{}{}, held: map[uint32][][]byte{}, heldKeys: map[deliveryKey]struct{}{},
 		own: map[deliveryKey]p2p.Announcement{}, stepRefs: map[uint32][]coordinator.Hash{},
-		refs: map[coordinator.Hash]int{},
+		refs: map[coordinator.Hash]int{}, reports: map[peer.ID]*misconduct{},
 	}
 	n.self, _ = pubkeyOf(id)
 	n.relays = rl

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/promread"
 	"github.com/psyche-go/psyche/p2p"
 )
 
@@ -166,30 +167,58 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 			t.Errorf("metrics: %v rejections for %s, want %d", got, r, n)
 		}
 	}
-	// A valid announcement from mallory, published after all the bad ones,
-	// is the next (and only) thing carol delivers.
-	good := own(10, 1, testRun)
-	if err := m.topic.Publish(ctx, sign(good)); err != nil {
+	// Mallory sent invalid announcements: gossip scoring has graylisted her,
+	// so even a valid one of hers is ignored now, while alice's still
+	// arrive.
+	if err := m.topic.Publish(ctx, sign(own(10, 1, testRun))); err != nil {
+		t.Fatal(err)
+	}
+	later, err := a.Publish(ctx, 9, p2p.BatchRange{Start: 0, End: 1}, []byte("alice's next result"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case got := <-c.Announcements():
-		if got.Trainer != mallory || got.Batch.Start != 1 || got.Step != 10 {
-			t.Errorf("carol delivered %+v, want mallory's valid announcement", got)
+		if got.Commitment != later.Commitment {
+			t.Errorf("carol delivered %+v, want alice's announcement only", got)
 		}
 	case <-ctx.Done():
-		t.Fatal("mallory's valid announcement was not delivered")
+		t.Fatal("alice's announcement was not delivered")
 	}
 	select {
 	case got := <-c.Announcements():
 		t.Errorf("carol delivered an extra announcement: %+v", got)
 	default:
 	}
-	// The replay was dropped, not relayed: the pull store holds one copy.
+	// The replay was dropped, not relayed, and mallory's last one ignored:
+	// the pull store holds alice's result only for step 10.
 	c.mu.Lock()
 	held := len(c.held[10])
 	c.mu.Unlock()
-	if held != 2 {
-		t.Errorf("carol holds %d announcements for step 10, want 2", held)
+	if held != 1 {
+		t.Errorf("carol holds %d announcements for step 10, want 1", held)
+	}
+}
+
+// A peer the trainer reported (a bad result, equivocation) gets a score
+// below the graylist threshold, so gossipsub ignores what it sends (as it
+// did mallory's above); other peers keep theirs.
+func TestReportedPeerIsGraylisted(t *testing.T) {
+	nodes := startCluster(t, 2)
+	bad, judge := nodes[0], nodes[1]
+	_, thresholds := scoreParams("t", nil)
+	judge.ReportPeer(bad.ID(), "test")
+	if s := judge.appScore(bad.host.ID()); s > thresholds.GraylistThreshold || s < -100 {
+		t.Errorf("score after one report: %v, want in [-100, %v]", s, thresholds.GraylistThreshold)
+	}
+	judge.ReportPeer(bad.ID(), "test")
+	if s := judge.appScore(bad.host.ID()); s > -190 {
+		t.Errorf("score after two reports: %v, want about -200", s)
+	}
+	if s := judge.appScore(judge.host.ID()); s != 0 {
+		t.Errorf("an unreported peer's score: %v", s)
+	}
+	if promread.Value(judge.m.Reported.WithLabelValues("test")) != 2 {
+		t.Error("the reports were not counted")
 	}
 }

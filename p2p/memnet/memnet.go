@@ -428,7 +428,7 @@ func (n *Node) FindCheckpoint(_ context.Context, epoch uint32, from []coordinato
 			votes[id]++
 		}
 	}
-	id, err := p2p.MajorityOffer(votes)
+	id, err := p2p.MajorityOffer(votes, len(reachable))
 	switch {
 	case errors.Is(err, p2p.ErrNoCheckpoint) && len(reachable) == len(from):
 		return id, fmt.Errorf("%w for epoch %d among %d peers: %w", p2p.ErrNoCheckpoint, epoch, len(from), p2p.ErrNoHolder)
@@ -477,6 +477,14 @@ func (n *Node) FetchCheckpoint(_ context.Context, id coordinator.Hash, from []co
 }
 
 // Stats implements p2p.Network.
+// ReportPeer implements p2p.Network: the report is counted as a peer error
+// (memnet has no gossip scores).
+func (n *Node) ReportPeer(k coordinator.Pubkey, _ string) {
+	n.mu.Lock()
+	n.stats.PeerErrors[k]++
+	n.mu.Unlock()
+}
+
 func (n *Node) Stats() p2p.Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()

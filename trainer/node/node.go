@@ -322,6 +322,7 @@ func (n *Node) Run(ctx context.Context) error {
 				continue // interrupted, not refused
 			case f.invalid:
 				n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
+				n.net.ReportPeer(f.ann.Trainer.P2P, "bad result")
 			case f.err != nil:
 				n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
 			default:

@@ -132,7 +132,7 @@ wait:
 	}
 	// The trainer's files are beside its key and under its data directory.
 	k, _ := chain.LoadKeypair(trainer)
-	for _, p := range []string{filepath.Join(dir, "trainer.p2p.key"), filepath.Join(dir, "data", "joined", k.Public().String(), "checkpoints")} {
+	for _, p := range []string{filepath.Join(dir, "trainer.p2p.key"), filepath.Join(dir, "data", "joined", k.Public().String()[:8], "checkpoints")} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("join's files: %v", err)
 		}

@@ -161,15 +161,22 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	if got := m.announced(anns[1]); len(got.Fetch) != 0 {
 		t.Fatal("refetched a rejected result")
 	}
-	// Once every result is in, an elected witness reports them all.
+	// Trainer 1's result completes everything but trainer 2's batch: no
+	// report yet.
 	rd = m.fetched(anns[0], frame, nil, false)
-	good := anns[1]
-	good.Commitment[0] ^= 1
 	if len(rd.Send) != 0 {
 		t.Fatal("witnessed before every result was in")
 	}
-	m.announced(good)
-	rd = m.fetched(good, frame, nil, false)
+	// Trainer 2 now announces a second, different result for the same
+	// batch: proof that it equivocated. Its batch is settled (no version
+	// will be vouched for), so an elected witness reports at once, leaving
+	// trainer 2 out; neither version is fetched.
+	second := anns[1]
+	second.Commitment[0] ^= 1
+	rd = m.announced(second)
+	if len(rd.Fetch) != 0 {
+		t.Fatal("fetched a result of an equivocating trainer")
+	}
 	proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0)
 	if !proof.IsWitness {
 		if len(rd.Send) != 0 {
@@ -182,9 +189,12 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	}
 	w := rd.Send[0].(*coordinator.WitnessRound).Report
 	for i := 0; i < 3; i++ {
-		if !w.Participants.Has(w.Key, coordinator.ParticipantMember(r.ids[i].Signer)) {
-			t.Errorf("trainer %d missing from the participant bloom", i)
+		if got := w.Participants.Has(w.Key, coordinator.ParticipantMember(r.ids[i].Signer)); got != (i != 2) {
+			t.Errorf("trainer %d in the participant bloom: %v", i, got)
 		}
+	}
+	if w.Broadcasts.Has(w.Key, anns[1].Commitment) || w.Broadcasts.Has(w.Key, second.Commitment) {
+		t.Error("a version of the equivocating trainer's result is in the broadcast bloom")
 	}
 	if w.Metadata.Step != 1 || w.Metadata.Loss != 2.5 {
 		t.Errorf("metadata %+v", w.Metadata)

@@ -44,9 +44,16 @@ type Network interface {
 	// Publish stores payload as blocks and gossips a signed announcement.
 	Publish(ctx context.Context, step uint32, batch BatchRange, payload []byte) (Announcement, error)
 	// Announcements delivers each valid announcement of other trainers once.
+	// Once means once per commitment: announcements of the same trainer,
+	// step and batch with different commitments (a trainer that sent
+	// different results to different peers: equivocation) are all
+	// delivered, once each, so the trainer holds the evidence; only the
+	// same commitment again (a re-announcement, a relayed or pulled copy) is
+	// filtered out.
 	Announcements() <-chan Announcement
 	// Pull asks connected peers for the announcements they hold for step and
-	// returns the valid ones not delivered before (the gossip fallback).
+	// returns the valid ones not delivered before (the gossip fallback),
+	// conflicting ones included.
 	Pull(ctx context.Context, step uint32) ([]Announcement, error)
 	// Fetch gets an announced payload and checks it against the commitment.
 	Fetch(ctx context.Context, a Announcement) ([]byte, error)

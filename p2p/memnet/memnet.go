@@ -2,9 +2,11 @@
 // each other through function calls instead of sockets, with the same
 // contract as p2p/libp2p (signed announcements validated against the run,
 // the step window, the assignment or the epoch's clients; delivery once;
-// pulls; payloads checked against their commitment; checkpoints offered,
-// voted on and fetched). The trainer's driver tests run on it, and
-// p2p/p2ptest holds both implementations to the same suite.
+// relaying to peers as gossip does; pulls; payloads checked against their
+// commitment; checkpoints offered, voted on and fetched). The trainer's
+// driver tests run on it, and p2p/p2ptest holds both implementations to the
+// same suite. Equivocate plays a trainer that sends different results to
+// different peers.
 package memnet
 
 import (
@@ -237,16 +239,89 @@ func (n *Node) Publish(ctx context.Context, step uint32, batch p2p.BatchRange, p
 	if err := a.Sign(n.key); err != nil {
 		return a, err
 	}
+	n.keep(a, payload)
+	var q []delivery
+	for _, p := range n.connected() {
+		q = append(q, delivery{p, a})
+	}
+	spread(q)
+	return a, nil
+}
+
+// keep stores an own announcement and its payload, for fetches and pulls.
+func (n *Node) keep(a p2p.Announcement, payload []byte) {
 	n.mu.Lock()
 	n.blobs[a.Commitment] = append([]byte(nil), payload...)
-	n.held[step] = append(n.held[step], a)
+	n.held[a.Step] = append(n.held[a.Step], a)
 	n.delivered[a.Commitment] = true
 	n.stats.Published++
 	n.mu.Unlock()
-	for _, p := range n.connected() {
-		p.receive(a)
+}
+
+// Equivocate is Publish gone bad, for fault-injection tests: it signs one
+// announcement per payload, all for the same step and batch, and hands the
+// i-th to the connected peers in to[i] only, all at once; gossip then
+// relays every version to everyone, so each peer sees its own version
+// first and the others after, as with a real equivocator whose versions
+// race through the mesh. It returns the announcements in payload order.
+func (n *Node) Equivocate(ctx context.Context, step uint32, batch p2p.BatchRange, payloads [][]byte, to [][]coordinator.Pubkey) ([]p2p.Announcement, error) {
+	if len(payloads) != len(to) {
+		return nil, fmt.Errorf("memnet: %d payloads for %d groups of peers", len(payloads), len(to))
 	}
-	return a, nil
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var (
+		out []p2p.Announcement
+		q   []delivery
+	)
+	for i, payload := range payloads {
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			return nil, p2p.ErrClosed
+		}
+		n.nonce++
+		a := p2p.Announcement{RunID: n.runID, Step: step, Batch: batch, Trainer: coordinator.ClientID{Signer: n.signer},
+			Commitment: p2p.Commitment(step, batch, payload), Nonce: n.nonce,
+			Blob: p2p.BlobRef{Size: uint64(len(payload)), Blocks: p2p.BlockDigests(payload)}}
+		n.mu.Unlock()
+		if err := a.Sign(n.key); err != nil {
+			return nil, err
+		}
+		n.keep(a, payload)
+		out = append(out, a)
+		for _, k := range to[i] {
+			n.mu.Lock()
+			ok := n.peers[k]
+			n.mu.Unlock()
+			if p := n.hub.node(k); ok && p != nil {
+				q = append(q, delivery{p, a})
+			}
+		}
+	}
+	spread(q)
+	return out, nil
+}
+
+// delivery is an announcement on its way to a node.
+type delivery struct {
+	to *Node
+	a  p2p.Announcement
+}
+
+// spread carries announcements through the network breadth first, as
+// gossip does: a node that takes one as new relays it to its peers.
+func spread(q []delivery) {
+	for len(q) > 0 {
+		d := q[0]
+		q = q[1:]
+		if d.to.receive(d.a) {
+			for _, p := range d.to.connected() {
+				q = append(q, delivery{p, d.a})
+			}
+		}
+	}
 }
 
 // SetMaxPayload implements p2p.Network.
@@ -285,17 +360,20 @@ func (n *Node) check(a *p2p.Announcement) error {
 }
 
 // receive takes a gossiped announcement: valid and new, it is held for
-// pulls and delivered once.
-func (n *Node) receive(a p2p.Announcement) {
+// pulls and delivered once, and receive reports that it is new (to be
+// relayed). Delivery is by commitment: a second announcement of the same
+// batch with another commitment (an equivocating trainer) is new, and is
+// delivered too, so that the trainer sees the evidence.
+func (n *Node) receive(a p2p.Announcement) bool {
 	if err := n.check(&a); err != nil {
 		n.reject(err)
-		return
+		return false
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.stats.Accepted++
 	if n.delivered[a.Commitment] {
-		return
+		return false
 	}
 	n.delivered[a.Commitment] = true
 	n.held[a.Step] = append(n.held[a.Step], a)
@@ -306,6 +384,7 @@ func (n *Node) receive(a p2p.Announcement) {
 		delete(n.delivered, a.Commitment) // a pull can still return it
 		n.stats.Dropped++
 	}
+	return true
 }
 
 func (n *Node) reject(err error) {

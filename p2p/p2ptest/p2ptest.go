@@ -105,6 +105,40 @@ func await(t *testing.T, n node, step uint32, c coordinator.Hash) p2p.Announceme
 	return p2p.Announcement{}
 }
 
+// awaitAll is await for several commitments, in whatever order they come.
+func awaitAll(t *testing.T, n node, step uint32, cs ...coordinator.Hash) []p2p.Announcement {
+	t.Helper()
+	want := map[coordinator.Hash]bool{}
+	for _, c := range cs {
+		want[c] = true
+	}
+	var out []p2p.Announcement
+	take := func(a p2p.Announcement) {
+		if want[a.Commitment] {
+			delete(want, a.Commitment)
+			out = append(out, a)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(want) > 0 && time.Now().Before(deadline) {
+		select {
+		case a := <-n.Announcements():
+			take(a)
+		case <-time.After(100 * time.Millisecond):
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			list, _ := n.Pull(ctx, step)
+			cancel()
+			for _, a := range list {
+				take(a)
+			}
+		}
+	}
+	if len(want) > 0 {
+		t.Fatalf("%s never received %d of %d announcements", n.name, len(want), len(cs))
+	}
+	return out
+}
+
 // Run runs the suite.
 func Run(t *testing.T, h Harness) {
 	t.Run("addresses", func(t *testing.T) {
@@ -161,6 +195,45 @@ func Run(t *testing.T, h Harness) {
 			t.Fatalf("an oversized result: %v, want ErrOversize", err)
 		}
 		c.SetMaxPayload(0)
+	})
+
+	t.Run("conflicting_announcements_are_all_delivered", func(t *testing.T) {
+		// A trainer that signs two different results for one batch is
+		// equivocating; its peers can only tell if the network hands them
+		// both announcements, not just the first as a duplicate.
+		ns := cluster(t, h, "k", "l", "o")
+		k := ns[0]
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		batch := p2p.BatchRange{Start: 0, End: 1}
+		first, err := k.Publish(ctx, 5, batch, []byte("k's result"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, err := k.Publish(ctx, 5, batch, []byte("k's other result"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first.Commitment == second.Commitment {
+			t.Fatal("two payloads, one commitment")
+		}
+		for _, n := range ns[1:] {
+			for _, got := range awaitAll(t, n, 5, first.Commitment, second.Commitment) {
+				if got.Trainer != ID("k") || got.Batch != batch {
+					t.Fatalf("%s got %+v", n.name, got)
+				}
+				if _, err := n.Fetch(ctx, got); err != nil {
+					t.Fatalf("%s fetching %x: %v", n.name, got.Commitment[:4], err)
+				}
+			}
+			// Each once: a pull returns neither again.
+			list, _ := n.Pull(ctx, 5)
+			for _, l := range list {
+				if l.Commitment == first.Commitment || l.Commitment == second.Commitment {
+					t.Fatalf("%s got an announcement twice", n.name)
+				}
+			}
+		}
 	})
 
 	t.Run("unassigned_is_refused", func(t *testing.T) {

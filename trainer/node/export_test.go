@@ -1,7 +1,21 @@
 package node
 
+import (
+	"context"
+
+	"github.com/psyche-go/psyche/p2p"
+)
+
 // WithCorruptResults makes the node publish corrupt(payload) instead of its
 // result: a trainer gone bad, for fault-injection tests.
 func WithCorruptResults(corrupt func([]byte) []byte) Option {
 	return func(c *config) error { c.corrupt = corrupt; return nil }
+}
+
+// WithEquivocation makes the node publish each result through publish
+// instead of the network's Publish: a trainer that sends different results
+// to different peers, for fault-injection tests. The announcement publish
+// returns is the one the node keeps as its own.
+func WithEquivocation(publish func(ctx context.Context, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)) Option {
+	return func(c *config) error { c.publish = publish; return nil }
 }

@@ -60,6 +60,22 @@ func commitmentOf(name string, step uint32) coordinator.Hash {
 	return sha256.Sum256([]byte(fmt.Sprintf("result:%s:%d", name, step)))
 }
 
+// versionOf is the commitment of name's result at step in version v: "" or
+// "1" is the one every party agrees on, any other is a second result an
+// equivocating trainer signs for the same batch.
+func versionOf(name string, step uint32, v string) coordinator.Hash {
+	if v == "" || v == "1" {
+		return commitmentOf(name, step)
+	}
+	return sha256.Sum256([]byte(fmt.Sprintf("result:%s:%d:v%s", name, step, v)))
+}
+
+// nameVersion splits "c/2" (c's result in version 2) into name and version.
+func nameVersion(s string) (string, string) {
+	n, v, _ := strings.Cut(s, "/")
+	return n, v
+}
+
 // args splits "cmd k=v k2=v2" into the command and its arguments.
 func args(line string) (string, map[string]string) {
 	f := strings.Fields(line)
@@ -103,13 +119,15 @@ func names(kv map[string]string, key string) []string {
 //	deliver                          the last Ready's instructions, sent as me
 //	loaded                           the load the last Ready asked for is done
 //	trained [loss=2.5]               the batch the last Ready asked for is trained and published
-//	announce who=b [step=S]          b's result for step S (default: the current one) is announced
-//	fetched who=b [step=S] [err=timeout|invalid]   b's result arrived, or its fetch failed
-//	pulled who=b,c [step=S]          a pull answered with their announcements
+//	announce who=b [step=S] [v=2]    b's result for step S (default: the current one) is announced;
+//	                                 v names another version of it (b equivocates)
+//	fetched who=b [step=S] [v=2] [err=timeout|invalid]   b's result arrived, or its fetch failed
+//	pulled who=b,c/2 [step=S]        a pull answered with their announcements (c/2: c's version 2)
 //	machine-tick                     the machine's one-second tick, at the coordinator's time
 //	time [n=1]                       the clock moves n seconds and nobody ticks (a Solana run)
 //	tick-sent                        the tick the last Ready asked for is sent as me, and lands
-//	witness who=b,c [saw=a,b,c]      others report the current round, having seen saw's results
+//	witness who=b,c [saw=a,b,c/2]    others report the current round, having seen saw's results
+//	                                 (c/2: c's version 2)
 //	checkpoint who=b                 b records the epoch's checkpoint
 //	pause, resume                    the run's authority pauses or resumes it
 //	state                            the coordinator, described
@@ -171,14 +189,21 @@ func (h *harness) run(line string) string {
 	case "announce":
 		who := kv["who"]
 		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
-		return h.ready(h.m.announced(h.announcement(who, step, h.batchOf(who, step))))
+		a := h.announcement(who, step, h.batchOf(who, step))
+		a.Commitment = versionOf(who, step, kv["v"])
+		return h.ready(h.m.announced(a))
 	case "fetched":
 		who := kv["who"]
 		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
 		a := h.announcement(who, step, h.batchOf(who, step))
+		a.Commitment = versionOf(who, step, kv["v"])
 		switch kv["err"] {
 		case "":
-			return h.ready(h.m.fetched(a, h.frame(who, step), nil, false))
+			label := who
+			if v := kv["v"]; v != "" && v != "1" {
+				label += "/" + v
+			}
+			return h.ready(h.m.fetched(a, h.frame(label, step), nil, false))
 		case "timeout":
 			return h.ready(h.m.fetched(a, nil, errors.New("timeout"), false))
 		case "invalid":
@@ -188,8 +213,11 @@ func (h *harness) run(line string) string {
 	case "pulled":
 		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
 		var list []p2p.Announcement
-		for _, n := range names(kv, "who") {
-			list = append(list, h.announcement(n, step, h.batchOf(n, step)))
+		for _, nv := range names(kv, "who") {
+			n, v := nameVersion(nv)
+			a := h.announcement(n, step, h.batchOf(n, step))
+			a.Commitment = versionOf(n, step, v)
+			list = append(list, a)
 		}
 		return h.ready(h.m.pulled(list))
 	case "machine-tick":
@@ -305,9 +333,10 @@ func (h *harness) witness(who, saw []string) string {
 		}
 		w := coordinator.Witness{Proof: proof, Key: uint64(i) + 1000}
 		w.Metadata.Step = h.s.Progress.Step
-		for _, s := range saw {
+		for _, sv := range saw {
+			s, v := nameVersion(sv)
 			w.Participants.Add(w.Key, coordinator.ParticipantMember(idOf(s).Signer))
-			w.Broadcasts.Add(w.Key, commitmentOf(s, h.s.Progress.Step))
+			w.Broadcasts.Add(w.Key, versionOf(s, h.s.Progress.Step, v))
 		}
 		var ix coordinator.Instruction = &coordinator.WitnessRound{Report: w}
 		if h.s.RunState == coordinator.Warmup {

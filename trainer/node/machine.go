@@ -25,6 +25,7 @@ type machine struct {
 
 	snap     *coordinator.Coordinator
 	results  map[uint32]map[uint64]*result // step → batch start → first verified result
+	claims   map[uint32]map[uint64]*claim  // step → batch start → what its trainer announced
 	fetching map[coordinator.Hash]bool
 	rejected map[coordinator.Hash]bool // results that failed their checks: never fetched again
 	rounds   map[uint32]*roundState    // by step
@@ -58,6 +59,21 @@ func (m *machine) bookFor(e uint32) *epochBook {
 		m.prev, m.book = m.book, epochBook{epoch: e}
 	}
 	return &m.book
+}
+
+// claim is what a batch's trainer has announced for one step: the first
+// commitment and, if it announced a different one too, that one. Two
+// commitments signed by one trainer for one batch are proof that it sent
+// different results to different peers (equivocation): the node then
+// vouches for neither and applies neither, so whichever peer saw which
+// version first makes no difference to what it does. One claim per batch
+// and step, forgotten with the step's results.
+type claim struct {
+	trainer     coordinator.Pubkey
+	batch       p2p.BatchRange
+	first       coordinator.Hash
+	second      coordinator.Hash // set once equivocated
+	equivocated bool
 }
 
 // result is a verified peer (or own) result for one batch.
@@ -134,8 +150,11 @@ type TrainWork struct {
 	LR    float32
 }
 
-// ApplyWork is a round's consensus results. Missing lists batches whose
-// winning result never arrived (the model then differs from the others').
+// ApplyWork is a round's consensus results. Missing lists batches that a
+// quorum of the round's witnesses counted but whose result this node does
+// not apply: it never arrived, or this node holds another version than the
+// others may apply (its trainer equivocated). The model then differs from
+// the others'.
 type ApplyWork struct {
 	Step    uint32
 	Frames  []*distro.Frame
@@ -145,7 +164,7 @@ type ApplyWork struct {
 
 func newMachine(id coordinator.ClientID, epochs int, ticking bool, newKey func() uint64) *machine {
 	return &machine{id: id, epochs: epochs, ticking: ticking, newKey: newKey,
-		results: map[uint32]map[uint64]*result{}, fetching: map[coordinator.Hash]bool{},
+		results: map[uint32]map[uint64]*result{}, claims: map[uint32]map[uint64]*claim{}, fetching: map[coordinator.Hash]bool{},
 		rejected: map[coordinator.Hash]bool{}, rounds: map[uint32]*roundState{}}
 }
 
@@ -274,12 +293,90 @@ func (m *machine) loaded(epoch uint32) Ready {
 // announced takes a peer's announcement (gossip or pull).
 func (m *machine) announced(a p2p.Announcement) Ready {
 	var rd Ready
-	if m.fetching[a.Commitment] || m.rejected[a.Commitment] || a.Trainer == m.id || m.results[a.Step][a.Batch.Start] != nil {
-		return rd
+	if m.take(a, &rd) {
+		m.progress(&rd)
+	}
+	return rd
+}
+
+// take records an announcement and adds its fetch to rd if the result is
+// wanted. It reports whether the announcement proved its trainer
+// equivocated (and so changed what this node may witness and apply).
+func (m *machine) take(a p2p.Announcement, rd *Ready) (evidence bool) {
+	if a.Trainer == m.id {
+		return false
+	}
+	switch m.claim(a) {
+	case claimNew:
+		evidence = true
+		fallthrough
+	case claimEquivocated:
+		return evidence
+	}
+	if m.fetching[a.Commitment] || m.rejected[a.Commitment] || m.results[a.Step][a.Batch.Start] != nil {
+		return false
 	}
 	m.fetching[a.Commitment] = true
 	rd.Fetch = append(rd.Fetch, a)
-	return rd
+	return false
+}
+
+const (
+	claimFine        = iota // the first commitment for its batch, or the same again
+	claimNew                // a second commitment from the same trainer: new evidence
+	claimEquivocated        // the trainer has already been caught
+)
+
+// claim records what a's trainer claims for its batch. A second, different
+// commitment signed by the same trainer for the same step and batch is
+// evidence of equivocation: both versions are discarded (a stored one is
+// dropped; a fetch in flight is not stored), so this node leaves the trainer
+// out of its witness report, which makes it unhealthy to the next round's
+// health checks, and applies no version of the batch. An announcement for
+// the batch from another trainer is no evidence against the first (the p2p
+// layer admits only the assigned one).
+func (m *machine) claim(a p2p.Announcement) int {
+	byBatch := m.claims[a.Step]
+	if byBatch == nil {
+		byBatch = map[uint64]*claim{}
+		m.claims[a.Step] = byBatch
+	}
+	c := byBatch[a.Batch.Start]
+	switch {
+	case c == nil:
+		byBatch[a.Batch.Start] = &claim{trainer: a.Trainer.Signer, batch: a.Batch, first: a.Commitment}
+		return claimFine
+	case c.trainer != a.Trainer.Signer || c.batch != a.Batch:
+		return claimFine
+	case c.equivocated:
+		return claimEquivocated
+	case c.first == a.Commitment:
+		return claimFine
+	}
+	c.second, c.equivocated = a.Commitment, true
+	delete(m.results[a.Step], a.Batch.Start)
+	return claimNew
+}
+
+// equivocated reports whether the trainer of batch start at step has been
+// caught announcing two results for it.
+func (m *machine) equivocated(step uint32, start uint64) bool {
+	c := m.claims[step][start]
+	return c != nil && c.equivocated
+}
+
+// progress does what a newly settled result allows: the applies it
+// unblocks, the cooldown's end, the witness report it completes.
+func (m *machine) progress(rd *Ready) {
+	if m.snap == nil || !m.cur().ready {
+		return
+	}
+	if m.snap.RunState == coordinator.Cooldown {
+		m.cooldown(rd)
+		return
+	}
+	m.applyDue(rd)
+	m.maybeWitness(rd)
 }
 
 // fetched takes a fetched result: its frame, or why it failed. An invalid
@@ -294,15 +391,11 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 		}
 		return rd
 	}
-	m.store(a, f)
-	if m.snap != nil && m.cur().ready {
-		if m.snap.RunState == coordinator.Cooldown {
-			m.cooldown(&rd)
-			return rd
-		}
-		m.applyDue(&rd)
-		m.maybeWitness(&rd)
+	if m.equivocated(a.Step, a.Batch.Start) {
+		return rd // fetched before the conflicting announcement came: discarded
 	}
+	m.store(a, f)
+	m.progress(&rd)
 	return rd
 }
 
@@ -339,7 +432,7 @@ func (m *machine) tick(now uint64) Ready {
 	if !m.pulling && (s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness) {
 		step := s.Progress.Step
 		for _, b := range expectedBatches(s, s.CurrentRound()) {
-			if m.results[step][b] == nil {
+			if m.results[step][b] == nil && !m.equivocated(step, b) {
 				m.pulling = true
 				rd.Pull = &step
 				break
@@ -390,9 +483,12 @@ func (m *machine) tickSent() { m.tickInFlight = false }
 func (m *machine) pulled(list []p2p.Announcement) Ready {
 	m.pulling = false
 	var rd Ready
+	evidence := false
 	for _, a := range list {
-		sub := m.announced(a)
-		rd.Fetch = append(rd.Fetch, sub.Fetch...)
+		evidence = m.take(a, &rd) || evidence
+	}
+	if evidence {
+		m.progress(&rd)
 	}
 	return rd
 }
@@ -414,6 +510,11 @@ func (m *machine) forget() {
 	for st := range m.results {
 		if rs := m.rounds[st]; st+4 < step && (rs == nil || rs.due == nil) {
 			delete(m.results, st)
+		}
+	}
+	for st := range m.claims {
+		if rs := m.rounds[st]; st+4 < step && (rs == nil || rs.due == nil) {
+			delete(m.claims, st)
 		}
 	}
 	for st, rs := range m.rounds {
@@ -471,8 +572,10 @@ func (m *machine) maybeWitness(rd *Ready) {
 		return
 	}
 	if s.RunState == coordinator.RoundTrain {
+		// A batch whose trainer equivocated is settled: no result of it
+		// will be vouched for.
 		for _, b := range expectedBatches(s, s.CurrentRound()) {
-			if m.results[step][b] == nil {
+			if m.results[step][b] == nil && !m.equivocated(step, b) {
 				return
 			}
 		}
@@ -575,9 +678,12 @@ func (m *machine) healthChecks(rd *Ready) {
 // (train h, witness h during h+1, apply at the start of h+2), in round order,
 // once. Every node applies the same results in the same order, so their
 // models stay equal. When a round becomes due, its witness reports are copied
-// (the ring will drop them); a result that a quorum of witnesses saw but this
-// node lacks is pulled from peers, and the apply waits for it (keeping later
-// rounds waiting too) until the epoch ends, when what is there is applied.
+// (the ring will drop them); a result that a quorum of witnesses counted but
+// this node does not apply is missing: it is pulled from peers, and the
+// apply waits for it (keeping later rounds waiting too) until the epoch
+// ends, when what is there is applied. A round applied with anything
+// missing leaves this node's model different from the others' (diverged):
+// it is neither served nor saved, and the next epoch loads a checkpoint.
 func (m *machine) applyDue(rd *Ready) {
 	s := m.snap
 	training := s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness
@@ -609,25 +715,54 @@ func (m *machine) applyDue(rd *Ready) {
 	rs := m.rounds[step]
 	d := rs.due
 	work := ApplyWork{Step: step, LR: schedule.LR(s.Model.LR, step)}
-	quorum := coordinator.Quorum(s.Config.WitnessCount(d.round.ClientsLen))
+	lost := false // a missing result that no pull can bring
 	for ti, a := range d.assignment {
 		if a.Count == 0 {
 			continue
 		}
-		res := m.results[step][a.Start]
-		if res == nil {
-			// Only a result a quorum of witnesses received can have won;
-			// a trainer they did not see produced nothing to apply.
-			if ti < len(d.signers) && coordinator.HealthScore(&d.round, d.signers[ti]) >= quorum {
+		var signer *coordinator.Pubkey
+		if ti < len(d.signers) {
+			signer = &d.signers[ti]
+		}
+		res, c := m.results[step][a.Start], m.claims[step][a.Start]
+		switch {
+		case res != nil:
+			signer = &res.ann.Trainer.Signer
+		case c != nil:
+			signer = &c.trainer
+		}
+		// Only a trainer a quorum of witnesses counted can have a winning
+		// result: each witness that counts a trainer votes for the one
+		// commitment of it it verified. A trainer they did not count
+		// produced nothing anyone applies.
+		counted := signer != nil && coordinator.HealthScore(&d.round, *signer) >= coordinator.Quorum(s.Config.WitnessCount(d.round.ClientsLen))
+		switch {
+		case c != nil && c.equivocated:
+			// This node applies neither version. When its witnesses caught
+			// the trainer too, nobody applies one; when a quorum counted it
+			// (they saw one version only, in time), the others may apply a
+			// version this node refuses: its model differs, and waiting
+			// cannot mend it.
+			if _, won := s.Config.ConsensusCommitment(&d.round, []coordinator.Hash{c.first, c.second}); won || counted {
+				work.Missing = append(work.Missing, a.Start)
+				lost = true
+			}
+		case res == nil:
+			if counted {
 				work.Missing = append(work.Missing, a.Start)
 			}
-			continue
-		}
-		if _, ok := s.Config.ConsensusCommitment(&d.round, []coordinator.Hash{res.ann.Commitment}); ok {
-			work.Frames = append(work.Frames, res.frame)
+		default:
+			if _, ok := s.Config.ConsensusCommitment(&d.round, []coordinator.Hash{res.ann.Commitment}); ok && !m.outvoted(&d.round, res, *signer) {
+				work.Frames = append(work.Frames, res.frame)
+			} else if counted {
+				// The witnesses counted the trainer but not (only) this
+				// version: they saw another one, which the others may
+				// apply. A pull finds it, which proves the equivocation.
+				work.Missing = append(work.Missing, a.Start)
+			}
 		}
 	}
-	if len(work.Missing) > 0 && (training || s.RunState == coordinator.Cooldown) {
+	if len(work.Missing) > 0 && !lost && (training || s.RunState == coordinator.Cooldown) {
 		if !m.pulling {
 			m.pulling = true
 			rd.Pull = &step
@@ -635,14 +770,31 @@ func (m *machine) applyDue(rd *Ready) {
 		return // wait for the missing results while the epoch lasts
 	}
 	if len(work.Missing) > 0 {
-		// The epoch is over without them: this model now differs from the
-		// others, so it must not be served or saved, and the next epoch
-		// loads the checkpoint instead.
+		// The epoch is over without them, or they can never come: this
+		// model now differs from the others, so it must not be served or
+		// saved, and the next epoch loads the checkpoint instead.
 		m.diverged = true
 	}
 	rs.applied = true
 	rs.due = nil
 	rd.Apply = &work
+}
+
+// outvoted reports whether witnesses of round r counted res's trainer
+// without voting for res: they verified a different result of it for the
+// same batch (a witness puts a trainer in its participant bloom and that
+// trainer's one verified commitment in its broadcast bloom together). Its
+// version winning a quorum does not then make it the only winner: with two
+// versions, each can reach a quorum of a split committee.
+func (m *machine) outvoted(r *coordinator.Round, res *result, signer coordinator.Pubkey) bool {
+	member := coordinator.ParticipantMember(signer)
+	for i := 0; i < int(r.WitnessesLen); i++ {
+		w := &r.Witnesses[i]
+		if w.Participants.Has(w.Key, member) && !w.Broadcasts.Has(w.Key, res.ann.Commitment) {
+			return true
+		}
+	}
+	return false
 }
 
 // hasDue reports whether a round's results are due and not yet applied.

@@ -161,15 +161,22 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	if got := m.announced(anns[1]); len(got.Fetch) != 0 {
 		t.Fatal("refetched a rejected result")
 	}
-	// Once every result is in, an elected witness reports them all.
+	// Trainer 1's result completes everything but trainer 2's batch: no
+	// report yet.
 	rd = m.fetched(anns[0], frame, nil, false)
-	good := anns[1]
-	good.Commitment[0] ^= 1
 	if len(rd.Send) != 0 {
 		t.Fatal("witnessed before every result was in")
 	}
-	m.announced(good)
-	rd = m.fetched(good, frame, nil, false)
+	// Trainer 2 now announces a second, different result for the same
+	// batch: proof that it equivocated. Its batch is settled (no version
+	// will be vouched for), so an elected witness reports at once, leaving
+	// trainer 2 out; neither version is fetched.
+	second := anns[1]
+	second.Commitment[0] ^= 1
+	rd = m.announced(second)
+	if len(rd.Fetch) != 0 {
+		t.Fatal("fetched a result of an equivocating trainer")
+	}
 	proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0)
 	if !proof.IsWitness {
 		if len(rd.Send) != 0 {
@@ -182,9 +189,12 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	}
 	w := rd.Send[0].(*coordinator.WitnessRound).Report
 	for i := 0; i < 3; i++ {
-		if !w.Participants.Has(w.Key, coordinator.ParticipantMember(r.ids[i].Signer)) {
-			t.Errorf("trainer %d missing from the participant bloom", i)
+		if got := w.Participants.Has(w.Key, coordinator.ParticipantMember(r.ids[i].Signer)); got != (i != 2) {
+			t.Errorf("trainer %d in the participant bloom: %v", i, got)
 		}
+	}
+	if w.Broadcasts.Has(w.Key, anns[1].Commitment) || w.Broadcasts.Has(w.Key, second.Commitment) {
+		t.Error("a version of the equivocating trainer's result is in the broadcast bloom")
 	}
 	if w.Metadata.Step != 1 || w.Metadata.Loss != 2.5 {
 		t.Errorf("metadata %+v", w.Metadata)
@@ -282,5 +292,73 @@ func TestAssignmentsFollowTheRing(t *testing.T) {
 	r.s.RunState = coordinator.WaitingForMembers
 	if got := assignments(r.snap()); len(got) != 0 {
 		t.Fatalf("after the epoch: %v", got)
+	}
+}
+
+// TestMachineEquivocationEvidenceIsBounded: evidence is one record per batch
+// and step however many versions a trainer signs, a result fetched after the
+// evidence is not kept, and the records go when their step ages out.
+func TestMachineEquivocationEvidenceIsBounded(t *testing.T) {
+	r := newRun(t)
+	m := toTraining(t, r)
+	m.snapshot(r.snap())
+	ranges := r.s.RoundAssignment(r.s.CurrentRound())
+	first := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
+	if rd := m.announced(first); len(rd.Fetch) != 1 {
+		t.Fatalf("want the first version fetched, got %+v", rd)
+	}
+	for v := byte(1); v <= 5; v++ {
+		other := first
+		other.Commitment[0] ^= v
+		if rd := m.announced(other); len(rd.Fetch) != 0 {
+			t.Fatalf("version %d fetched", v)
+		}
+	}
+	if n := len(m.claims[1]); n != 1 || !m.equivocated(1, first.Batch.Start) {
+		t.Fatalf("%d records for step 1 (equivocated: %v), want 1", n, m.equivocated(1, first.Batch.Start))
+	}
+	m.fetched(first, &distro.Frame{}, nil, false)
+	if m.results[1][first.Batch.Start] != nil {
+		t.Fatal("kept a result fetched after its trainer was caught equivocating")
+	}
+	// A different trainer's batch is not affected.
+	other := announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})
+	if rd := m.announced(other); len(rd.Fetch) != 1 || m.equivocated(1, other.Batch.Start) {
+		t.Fatal("an honest trainer's result was refused")
+	}
+	later := r.snap()
+	later.RunState = coordinator.WaitingForMembers
+	later.Progress.Step += 5
+	m.snapshot(later)
+	if len(m.claims) != 0 {
+		t.Fatalf("evidence of old steps kept: %v", m.claims)
+	}
+}
+
+// TestMachineOutvotedVersion: with two versions of a result, a split
+// committee can give each a quorum. A node holding one sees that witnesses
+// counted the trainer without voting for its version.
+func TestMachineOutvotedVersion(t *testing.T) {
+	trainer := clientID(1).Signer
+	v1, v2 := sha256.Sum256([]byte("v1")), sha256.Sum256([]byte("v2"))
+	var round coordinator.Round
+	round.WitnessesLen = 4
+	for i := range 4 {
+		w := &round.Witnesses[i]
+		w.Key = uint64(i) + 1
+		w.Participants.Add(w.Key, coordinator.ParticipantMember(trainer))
+		w.Broadcasts.Add(w.Key, map[bool]coordinator.Hash{true: v1, false: v2}[i < 2])
+	}
+	m := newMachine(clientID(0), 0, false, keys())
+	res := &result{ann: p2p.Announcement{Trainer: clientID(1), Commitment: v1}}
+	if !m.outvoted(&round, res, trainer) {
+		t.Fatal("half the witnesses voted for another version, and v1 is not outvoted")
+	}
+	for i := 2; i < 4; i++ { // every witness saw v1
+		w := &round.Witnesses[i]
+		w.Broadcasts.Add(w.Key, v1)
+	}
+	if m.outvoted(&round, res, trainer) {
+		t.Fatal("v1 is outvoted though every witness that counted the trainer voted for it")
 	}
 }

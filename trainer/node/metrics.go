@@ -21,7 +21,7 @@ type Metrics struct {
 	ReceivedBytes      prometheus.Counter // peers' result bytes fetched and accepted
 	RoundsApplied      prometheus.Counter // rounds whose consensus results were applied
 	ResultsApplied     prometheus.Counter // results applied, over all rounds
-	ResultsMissing     prometheus.Counter // consensus results that never arrived (the model then differs)
+	ResultsMissing     prometheus.Counter // consensus results not applied: never arrived, or refused (their trainer equivocated); the model then differs
 	WitnessReports     prometheus.Counter // witness and warmup witness reports sent
 	Ticks              prometheus.Counter // tick instructions sent (WithTicking)
 	ComputeSeconds     prometheus.Counter // training and applying; the rest of a round is coordination and networking

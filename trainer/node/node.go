@@ -64,10 +64,13 @@ type config struct {
 	workers        int
 	dataOpts       []data.Option
 	corrupt        func([]byte) []byte // fault injection in tests (export_test.go)
-	epochs         int
-	ticking        bool
-	clock          Clock
-	metrics        *Metrics
+	// publish replaces the network's Publish: fault injection in tests
+	// (export_test.go).
+	publish func(ctx context.Context, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)
+	epochs  int
+	ticking bool
+	clock   Clock
+	metrics *Metrics
 }
 
 // Clock is the time a node reads and paces itself by: the coordinator's
@@ -281,54 +284,71 @@ func (n *Node) Run(ctx context.Context) error {
 			rd    Ready
 			ended func() = func() {}
 		)
+		// Announcements already queued go before anything else: one may be
+		// a trainer's second, conflicting result (equivocation), which must
+		// be known before a fetched result completes a witness report that
+		// would vouch for the first.
+		queued, prior := p2p.Announcement{}, false
 		select {
 		case <-ctx.Done():
 			return nil
-		case now := <-tick:
+		case queued = <-anns:
+			prior = true
+		default:
+		}
+		if prior {
 			ended = n.cfg.clock.Work()
-			n.connectPeers(ctx)
-			rd = n.m.tick(uint64(now.Unix()))
-		case done := <-ev.ticked:
-			ended = done
-			n.m.tickSent()
-		case p := <-ev.pulled:
-			ended = p.done
-			rd = n.m.pulled(p.list)
-		case s, ok := <-snaps:
-			if !ok {
-				if ctx.Err() != nil {
-					return nil
+			rd = n.m.announced(queued)
+		} else {
+			select {
+			case <-ctx.Done():
+				return nil
+			case now := <-tick:
+				ended = n.cfg.clock.Work()
+				n.connectPeers(ctx)
+				rd = n.m.tick(uint64(now.Unix()))
+			case done := <-ev.ticked:
+				ended = done
+				n.m.tickSent()
+			case p := <-ev.pulled:
+				ended = p.done
+				rd = n.m.pulled(p.list)
+			case s, ok := <-snaps:
+				if !ok {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return errors.New("node: the coordinator subscription ended")
 				}
-				return errors.New("node: the coordinator subscription ended")
-			}
-			ended = n.cfg.clock.Work()
-			n.observe(s.State)
-			rd = n.m.snapshot(s.State)
-		case a := <-anns:
-			ended = n.cfg.clock.Work()
-			rd = n.m.announced(a)
-		case f := <-ev.fetched:
-			ended = f.done
-			n.fetches.finished(f.ann)
-			n.startFetches(ctx, ev)
-			if f.err == nil && n.opt != nil {
-				if f.err = n.opt.Check(f.frame); f.err != nil {
-					f.invalid = true
+				ended = n.cfg.clock.Work()
+				n.observe(s.State)
+				rd = n.m.snapshot(s.State)
+			case a := <-anns:
+				ended = n.cfg.clock.Work()
+				rd = n.m.announced(a)
+			case f := <-ev.fetched:
+				ended = f.done
+				n.fetches.finished(f.ann)
+				n.startFetches(ctx, ev)
+				if f.err == nil && n.opt != nil {
+					if f.err = n.opt.Check(f.frame); f.err != nil {
+						f.invalid = true
+					}
 				}
+				switch {
+				case f.err != nil && ctx.Err() != nil:
+					ended()
+					continue // interrupted, not refused
+				case f.invalid:
+					n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
+					n.net.ReportPeer(f.ann.Trainer.P2P, "bad result")
+				case f.err != nil:
+					n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
+				default:
+					n.cfg.metrics.ReceivedBytes.Add(float64(f.size))
+				}
+				rd = n.m.fetched(f.ann, f.frame, f.err, f.invalid)
 			}
-			switch {
-			case f.err != nil && ctx.Err() != nil:
-				ended()
-				continue // interrupted, not refused
-			case f.invalid:
-				n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
-				n.net.ReportPeer(f.ann.Trainer.P2P, "bad result")
-			case f.err != nil:
-				n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
-			default:
-				n.cfg.metrics.ReceivedBytes.Add(float64(f.size))
-			}
-			rd = n.m.fetched(f.ann, f.frame, f.err, f.invalid)
 		}
 		done, err := n.doAll(ctx, rd, ev)
 		n.report()

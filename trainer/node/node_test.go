@@ -10,13 +10,16 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/internal/quietclock"
+	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/p2p/libp2p"
 	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/data"
@@ -42,6 +45,7 @@ type cluster struct {
 	tokens  []uint32
 	initial *gpt.Model
 	nodes   []*node.Node
+	nets    []p2p.Network
 	stops   []context.CancelFunc
 	errs    []chan error
 	addrs   []string
@@ -130,9 +134,10 @@ func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
 			nodeOpts = append(nodeOpts, o(i)...)
 		}
 		var (
-			nd    *node.Node
-			addrs []string
-			leave func()
+			nd      *node.Node
+			addrs   []string
+			leave   func()
+			network p2p.Network
 		)
 		if c.hub != nil {
 			mn := c.hub.Join("e2e", ed25519.NewKeyFromSeed(seed[:]), signer.Public())
@@ -140,7 +145,7 @@ func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
 			if nd, err = node.New("e2e", c.backend, signer, mn, nodeOpts...); err != nil {
 				t.Fatal(err)
 			}
-			addrs, leave = mn.Addrs(), mn.Close
+			addrs, leave, network = mn.Addrs(), mn.Close, mn
 		} else {
 			// A fetch holds the clock still, so one from a trainer that died
 			// gives up sooner than the default.
@@ -151,10 +156,11 @@ func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			addrs, leave = pn.Addrs(), func() { _ = pn.Close() }
+			addrs, leave, network = pn.Addrs(), func() { _ = pn.Close() }, pn
 		}
 		t.Cleanup(leave)
 		c.addrs = append(c.addrs, addrs...)
+		c.nets = append(c.nets, network)
 		errc := make(chan error, 1)
 		go func() { errc <- nd.Run(nctx) }()
 		c.nodes = append(c.nodes, nd)
@@ -466,5 +472,67 @@ func TestTrainersOverMemnet(t *testing.T) {
 	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
 	if after >= before-0.2 {
 		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
+	}
+}
+
+// TestEquivocatorIsDropped: one of four trainers sends different results for
+// its batch to different peers (its real result to trainer 0, one with the
+// signs of its first tensor flipped to trainers 1 and 2), every round, over
+// the in-memory network, whose gossip relays each version to everyone. The
+// honest trainers catch it (two signed commitments for one batch), apply
+// neither version, leave it out of their witness reports and drop it by
+// health checks; they end the epoch with identical weights.
+func TestEquivocatorIsDropped(t *testing.T) {
+	const rogue = 3
+	type target struct {
+		net    *memnet.Node
+		groups [][]coordinator.Pubkey
+	}
+	var to atomic.Pointer[target] // set once the cluster exists, read when the rogue publishes
+	equivocate := func(ctx context.Context, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+		tg := to.Load()
+		if tg == nil {
+			return p2p.Announcement{}, fmt.Errorf("the cluster is not set up yet")
+		}
+		f, err := distro.DecodeFrame(payload, distro.DefaultLimits)
+		if err != nil {
+			return p2p.Announcement{}, err
+		}
+		for i := range f.Tensors[0].Values {
+			f.Tensors[0].Values[i] = -f.Tensors[0].Values[i]
+		}
+		other, err := f.MarshalBinary()
+		if err != nil {
+			return p2p.Announcement{}, err
+		}
+		anns, err := tg.net.Equivocate(ctx, step, batch, [][]byte{payload, other}, tg.groups)
+		if err != nil {
+			return p2p.Announcement{}, err
+		}
+		return anns[0], nil
+	}
+	c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 12 }, func(i int) []node.Option {
+		if i != rogue {
+			return nil
+		}
+		return []node.Option{node.WithEquivocation(equivocate)}
+	})
+	key := func(i int) coordinator.Pubkey { return c.nodes[i].ID().P2P }
+	to.Store(&target{net: c.nets[rogue].(*memnet.Node), groups: [][]coordinator.Pubkey{{key(0)}, {key(1), key(2)}}})
+	bad := c.nodes[rogue].ID()
+	dropped := false
+	c.waitFor("the end of the first epoch", func(s *coordinator.Coordinator) bool {
+		for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
+			dropped = dropped || (e.ID == bad && e.State == coordinator.Dropped)
+		}
+		return s.RunState == coordinator.WaitingForMembers && s.Progress.Epoch == 1
+	})
+	if !dropped {
+		t.Error("the equivocating trainer was not dropped in the epoch")
+	}
+	c.stopAll(0, 1, 2, 3)
+	c.sameWeights(0, 1, 2)
+	if slices.Equal(c.nodes[0].Model().Params, c.initial.Params) {
+		t.Fatal("the weights never changed")
 	}
 }

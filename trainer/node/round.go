@@ -157,7 +157,11 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	if n.cfg.corrupt != nil {
 		payload = n.cfg.corrupt(payload)
 	}
-	ann, err := n.net.Publish(ctx, w.Step, w.Batch, payload)
+	publish := n.net.Publish
+	if n.cfg.publish != nil {
+		publish = n.cfg.publish
+	}
+	ann, err := publish(ctx, w.Step, w.Batch, payload)
 	if err != nil {
 		return p2p.Announcement{}, nil, 0, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
 	}

@@ -67,6 +67,17 @@ func NewDeMo(shapes [][]int, o Options) (*DeMo, error) {
 	return d, nil
 }
 
+// SetAggregation changes the rule Apply and Aggregate combine results with.
+// The rule holds no state, so a trainer that keeps its optimizer from one
+// epoch to the next follows a run whose rule changed while it was paused.
+func (d *DeMo) SetAggregation(a Aggregation) error {
+	if a >= numAggregations {
+		return fmt.Errorf("distro: unknown aggregation %d (want one of %v)", a, AggregationNames())
+	}
+	d.opts.Aggregation = a
+	return nil
+}
+
 // Momentum returns the momentum of tensor i in the DCT domain (tile-major).
 func (d *DeMo) Momentum(i int) []float32 { return d.delta[i] }
 

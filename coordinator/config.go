@@ -175,6 +175,7 @@ func (m *Model) Validate() error {
 		rule(o.CompressionChunk > 0, "distro compression_chunk must be greater than 0")
 		rule(o.CompressionTopK > 0 && uint32(o.CompressionTopK) <= uint32(o.CompressionChunk)*uint32(o.CompressionChunk),
 			"distro compression_topk (%d) must be in [1, chunk^2]", o.CompressionTopK)
+		rule(o.Aggregation < numAggregations, "distro aggregation %d is unknown (0 = robust, 1 = mean, 2 = clipped-mean)", o.Aggregation)
 	default:
 		rule(false, "optimizer kind %d is unknown (1 = AdamW, 2 = DisTrO)", o.Kind)
 	}

@@ -366,6 +366,7 @@ func TestModelRules(t *testing.T) {
 		}, "decay_steps"},
 		{"decay", func(m *Model) { m.Optimizer.CompressionDecay = 1 }, "compression_decay"},
 		{"topk", func(m *Model) { m.Optimizer.CompressionTopK = 65 }, "compression_topk"},
+		{"aggregation", func(m *Model) { m.Optimizer.Aggregation = numAggregations }, "aggregation 3 is unknown"},
 		{"adamw", func(m *Model) { m.Optimizer.Kind = OptimizerAdamW; m.Optimizer.Beta1 = 0.9; m.Optimizer.Beta2 = 0.95 }, "epsilon"},
 	} {
 		m := base

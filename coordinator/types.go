@@ -284,15 +284,50 @@ const (
 	numOptimizers
 )
 
+// Aggregation is how trainers combine the DisTrO results of a round before
+// applying them. It is consensus (every trainer must apply the same rule, or
+// their models drift apart), so it lives in the run's model;
+// trainer/runmodel maps it to distro.Aggregation, which documents the rules.
+// The zero value is the robust rule, so a model that does not name one (and
+// an account written before the field existed, where its byte was padding)
+// gets the default.
+type Aggregation uint8
+
+const (
+	// AggregationRobust: every peer's tile clipped to the round's median
+	// tile norm, then a coordinate-wise trimmed mean (float values) or a
+	// majority vote (1-bit signs); an index sent by fewer than
+	// min(peers, 3) peers is weighed down so that no peer counts for more
+	// than 1/3 of a coefficient it alone chose.
+	AggregationRobust Aggregation = iota
+	// AggregationMean: the per-index mean of the senders' values (Psyche's
+	// rule, DESIGN.md §6).
+	AggregationMean
+	// AggregationClippedMean: median tile-norm clipping, then the mean.
+	AggregationClippedMean
+	numAggregations
+)
+
+var aggregationNames = [...]string{"Robust", "Mean", "ClippedMean"}
+
+func (a Aggregation) String() string {
+	if a < numAggregations {
+		return aggregationNames[a]
+	}
+	return "Aggregation(?)"
+}
+
 // Optimizer holds the hyper-parameters of either optimizer; Kind says which
 // fields apply (AdamW: Beta1, Beta2, Epsilon, WeightDecay, ClipGradNorm;
-// DisTrO: ClipGradNorm, WeightDecay, CompressionDecay, TopK, Chunk, Quantize1Bit).
+// DisTrO: ClipGradNorm, WeightDecay, CompressionDecay, TopK, Chunk,
+// Quantize1Bit, Aggregation).
 type Optimizer struct {
 	Kind             OptimizerKind
 	Quantize1Bit     bool
 	CompressionTopK  uint16
 	CompressionChunk uint16
-	_                [2]byte
+	Aggregation      Aggregation // one of the two bytes that were padding here: no offset moved
+	_                [1]byte
 	ClipGradNorm     float32
 	WeightDecay      float32
 	CompressionDecay float32

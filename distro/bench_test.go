@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // The benchmarks run on one 4096×4096 tensor with chunk 64, the size the
@@ -234,4 +235,46 @@ func BenchmarkDCT(b *testing.B) {
 		}
 		reportThroughput(b, tiles*64*64)
 	})
+}
+
+// BenchmarkAggregation measures the cost of each aggregation rule against
+// the mean in the same run: eight peers' frames of a 1024×1024 tensor at
+// chunk 64 (float values and 1-bit signs), aggregated into the direction
+// (grouping, clipping, trimming or voting, then the inverse DCT and the
+// sign) on one core. Each iteration aggregates once with the mean and once
+// with the rule; "x-mean" is the rule's time over the mean's.
+func BenchmarkAggregation(b *testing.B) {
+	const dim, peers = 1024, 8
+	shapes := [][]int{{dim, dim}}
+	for _, k := range []int{4, 32} {
+		for _, q := range []bool{false, true} {
+			o := Options{Chunk: 64, TopK: k, Quantize1Bit: q, Decay: 0.999, Workers: 1}
+			frames := roundFrames(b, 4, shapes, o, peers)
+			for _, rule := range []Aggregation{AggregateRobust, AggregateClippedMean} {
+				b.Run(fmt.Sprintf("topk=%d/1bit=%v/%s", k, q, rule), func(b *testing.B) {
+					mo, ro := o, o
+					mo.Aggregation, ro.Aggregation = AggregateMean, rule
+					mean, _ := NewDeMo(shapes, mo)
+					robust, _ := NewDeMo(shapes, ro)
+					out := [][]float32{make([]float32, dim*dim)}
+					var tMean, tRule time.Duration
+					for b.Loop() {
+						start := time.Now()
+						if err := mean.Aggregate(out, frames); err != nil {
+							b.Fatal(err)
+						}
+						mid := time.Now()
+						if err := robust.Aggregate(out, frames); err != nil {
+							b.Fatal(err)
+						}
+						tMean, tRule = tMean+mid.Sub(start), tRule+time.Since(mid)
+					}
+					n := float64(b.N)
+					b.ReportMetric(float64(tMean.Nanoseconds())/n/1e6, "mean-ms")
+					b.ReportMetric(float64(tRule.Nanoseconds())/n/1e6, "rule-ms")
+					b.ReportMetric(float64(tRule)/float64(tMean), "x-mean")
+				})
+			}
+		}
+	}
 }

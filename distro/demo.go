@@ -9,14 +9,15 @@ import (
 // Options are the DisTrO hyper-parameters of a run (the coordinator's
 // optimizer config) plus how many goroutines to use.
 type Options struct {
-	Chunk        int     // compression_chunk: tiles are at most Chunk×Chunk (e.g. 64)
-	TopK         int     // compression_topk: coefficients kept per tile (e.g. 4)
-	Quantize1Bit bool    // transmit signs instead of float32 values
-	RiceIndices  bool    // send indices as Rice codes of their gaps (smaller than fixed widths)
-	Decay        float32 // compression_decay β of the momentum (e.g. 0.999)
-	WeightDecay  float32 // decoupled weight decay, applied as θ *= 1 − lr·wd
-	ClipGradNorm float32 // clip the global gradient norm to this (0: off)
-	Workers      int     // goroutines for compression and aggregation (0: 1)
+	Chunk        int         // compression_chunk: tiles are at most Chunk×Chunk (e.g. 64)
+	TopK         int         // compression_topk: coefficients kept per tile (e.g. 4)
+	Quantize1Bit bool        // transmit signs instead of float32 values
+	RiceIndices  bool        // send indices as Rice codes of their gaps (smaller than fixed widths)
+	Decay        float32     // compression_decay β of the momentum (e.g. 0.999)
+	WeightDecay  float32     // decoupled weight decay, applied as θ *= 1 − lr·wd
+	ClipGradNorm float32     // clip the global gradient norm to this (0: off)
+	Aggregation  Aggregation // how Apply combines the peers' results (zero value: AggregateRobust)
+	Workers      int         // goroutines for compression and aggregation (0: 1)
 }
 
 // ErrNonFinite reports a gradient with NaN or Inf in it.
@@ -26,9 +27,10 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 //
 // A step is: δ ← β·δ + lr·g; q = TopK(DCT(δ)) per tile; δ −= IDCT(q) (the
 // residual keeps what was not sent, using the unquantized values); q is
-// transmitted. Applying a set of results scatters every peer's q into dense
-// tiles, averaging duplicate indices, inverts the DCT, takes the sign, and
-// updates θ ← θ·(1 − lr·wd) − lr·sign.
+// transmitted. Applying a set of results combines every peer's q into dense
+// tiles (Options.Aggregation: by default a robust rule, or Psyche's average
+// of duplicate indices), inverts the DCT, takes the sign, and updates
+// θ ← θ·(1 − lr·wd) − lr·sign.
 //
 // The momentum is kept in the DCT domain, tile by tile. The DCT is orthonormal
 // and linear, so DCT(β·δ + lr·g) = β·DCT(δ) + lr·DCT(g) and subtracting
@@ -50,6 +52,9 @@ func NewDeMo(shapes [][]int, o Options) (*DeMo, error) {
 	if !(o.Decay >= 0 && o.Decay < 1) || !(o.WeightDecay >= 0) || !(o.ClipGradNorm >= 0) {
 		return nil, fmt.Errorf("distro: need 0 ≤ decay < 1, weight decay ≥ 0 and clip ≥ 0")
 	}
+	if o.Aggregation >= numAggregations {
+		return nil, fmt.Errorf("distro: unknown aggregation %d (want one of %v)", o.Aggregation, AggregationNames())
+	}
 	d := &DeMo{opts: o}
 	for _, s := range shapes {
 		p, err := newTensorPlan(s, o.Chunk, o.TopK)
@@ -60,6 +65,17 @@ func NewDeMo(shapes [][]int, o Options) (*DeMo, error) {
 		d.delta = append(d.delta, make([]float32, p.params))
 	}
 	return d, nil
+}
+
+// SetAggregation changes the rule Apply and Aggregate combine results with.
+// The rule holds no state, so a trainer that keeps its optimizer from one
+// epoch to the next follows a run whose rule changed while it was paused.
+func (d *DeMo) SetAggregation(a Aggregation) error {
+	if a >= numAggregations {
+		return fmt.Errorf("distro: unknown aggregation %d (want one of %v)", a, AggregationNames())
+	}
+	d.opts.Aggregation = a
+	return nil
 }
 
 // Momentum returns the momentum of tensor i in the DCT domain (tile-major).
@@ -184,8 +200,9 @@ func (d *DeMo) Check(f *Frame) error {
 }
 
 // Aggregate writes to out the update direction of a set of results: for every
-// tile, the average of all frames' coefficients at each index, inverse DCT,
-// sign (−1, 0 or +1).
+// tile, the frames' coefficients combined by the run's aggregation rule,
+// inverse DCT, sign (−1, 0 or +1). The result is the same, bit for bit,
+// whatever the order of frames.
 func (d *DeMo) Aggregate(out [][]float32, frames []*Frame) error {
 	return d.aggregate(out, frames, func(dst []float32, at int, dir []float32) { copy(dst[at:], dir) })
 }
@@ -200,55 +217,6 @@ func (d *DeMo) Apply(params [][]float32, frames []*Frame, lr float32) error {
 			row[j] = row[j]*keep - lr*s
 		}
 	})
-}
-
-// aggregate computes each tile's direction and hands it to emit, one tile row
-// at a time (dst is the tensor, at the offset of the row's first element).
-func (d *DeMo) aggregate(dst [][]float32, frames []*Frame, emit func(dst []float32, at int, dir []float32)) error {
-	if err := d.checkTensors("output", dst); err != nil {
-		return err
-	}
-	for fi, f := range frames {
-		if err := d.Check(f); err != nil {
-			return fmt.Errorf("frame %d: %w", fi, err)
-		}
-	}
-	for i, p := range d.plans {
-		ts, k := p.tileSize(), p.k
-		out := dst[i]
-		parallel(d.opts.Workers, p.tiles(), func(lo, hi int) {
-			tile, tmp, count := make([]float32, ts), make([]float32, ts), make([]float32, ts)
-			touched := make([]uint32, 0, k*len(frames))
-			for t := lo; t < hi; t++ {
-				clear(tile)
-				touched = touched[:0]
-				for _, f := range frames {
-					ft := &f.Tensors[i]
-					vals := ft.Values[t*k : (t+1)*k]
-					for j, ix := range ft.Indices[t*k : (t+1)*k] {
-						if count[ix] == 0 {
-							touched = append(touched, ix)
-						}
-						tile[ix] += vals[j]
-						count[ix]++
-					}
-				}
-				for _, ix := range touched {
-					if c := count[ix]; c > 1 {
-						tile[ix] /= c
-					}
-					count[ix] = 0
-				}
-				p.dct.inverse(tile, tmp)
-				signs(tile)
-				at := p.origin(t)
-				for r := 0; r < p.th; r++ {
-					emit(out, at+r*p.cols, tile[r*p.tw:(r+1)*p.tw])
-				}
-			}
-		})
-	}
-	return nil
 }
 
 // Speculate applies this trainer's own result to params right away, saving

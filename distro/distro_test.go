@@ -225,7 +225,7 @@ func TestStepRejectsBadGradients(t *testing.T) {
 }
 
 func TestAggregateAveragesDuplicates(t *testing.T) {
-	d, _ := NewDeMo([][]int{{8}}, Options{Chunk: 8, TopK: 1})
+	d, _ := NewDeMo([][]int{{8}}, Options{Chunk: 8, TopK: 1, Aggregation: AggregateMean})
 	frame := func(ix uint32, v float32) *Frame {
 		return &Frame{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 1, Indices: []uint32{ix}, Values: []float32{v}}}}
 	}
@@ -287,8 +287,14 @@ func TestSpeculateUndoIsExact(t *testing.T) {
 
 // TestDistroConvergesOnAQuadratic minimizes Σ a_i(θ_i − target_i)²/2 with four
 // simulated peers, each seeing its own noisy gradient; every peer applies all
-// four results, as after a round's consensus.
+// four results, as after a round's consensus; under every aggregation rule.
 func TestDistroConvergesOnAQuadratic(t *testing.T) {
+	for rule := range numAggregations {
+		t.Run(rule.String(), func(t *testing.T) { testConvergesOnAQuadratic(t, rule) })
+	}
+}
+
+func testConvergesOnAQuadratic(t *testing.T, rule Aggregation) {
 	r := rand.New(rand.NewPCG(11, 12))
 	shapes := [][]int{{32, 32}, {48}}
 	target := randomTensors(r, shapes, 1)
@@ -302,7 +308,7 @@ func TestDistroConvergesOnAQuadratic(t *testing.T) {
 	dist := func() float64 { return relErrTensors(params, target) }
 	start := dist()
 	const peers, steps = 4, 400
-	opts := Options{Chunk: 8, TopK: 8, Quantize1Bit: true, Decay: 0.9}
+	opts := Options{Chunk: 8, TopK: 8, Quantize1Bit: true, Decay: 0.9, Aggregation: rule}
 	var opt [peers]*DeMo
 	for p := range opt {
 		opt[p], _ = NewDeMo(shapes, opts)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -201,6 +202,8 @@ func TestRunFileErrors(t *testing.T) {
 			[]string{"warmup_time (20) must be less than epoch_time (10)", "min_clients (3) must not exceed init_min_clients (2)"}},
 		{"range.toml", "[config]\nglobal_batch_size_end = 70000\n", []string{"global_batch_size_end = 70000 does not fit"}},
 		{"enum.toml", "[model]\narchitecture = \"rnn\"\n[model.lr]\nschedule = \"step\"\n", []string{"model.architecture = \"rnn\"", "model.lr.schedule = \"step\""}},
+		{"aggregation.toml", "[model.optimizer]\naggregation = \"median\"\n",
+			[]string{`model.optimizer.aggregation = "median": want one of clipped-mean, mean, robust`}},
 		{"sources.toml", "[model]\ndata = \"builtin:shakespeare\"\n[model.checkpoint]\nurl = \"seed:one\"\n",
 			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file:// and http(s):// are): "seed:one"`,
 				`model.data = "builtin:shakespeare": no such built-in corpus (the built-in ones are builtin:opticks)`}},
@@ -258,5 +261,36 @@ func TestKeygenRefusesToOverwrite(t *testing.T) {
 	}
 	if k, _ := chain.LoadKeypair(path); k.Public() == first.Public() {
 		t.Fatal("keygen --force kept the old key")
+	}
+}
+
+// TestRunFileAggregation: model.optimizer.aggregation names the rule, and a
+// run file that leaves it out gets the robust one (the zero value).
+func TestRunFileAggregation(t *testing.T) {
+	example, err := os.ReadFile(tinyRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile(`(?m)^aggregation = "robust".*$`)
+	if !line.Match(example) {
+		t.Fatal("examples/tiny-run.toml has no aggregation line")
+	}
+	for value, want := range map[string]coordinator.Aggregation{"": coordinator.AggregationRobust,
+		"robust": coordinator.AggregationRobust, "mean": coordinator.AggregationMean, "clipped-mean": coordinator.AggregationClippedMean} {
+		repl := ""
+		if value != "" {
+			repl = "aggregation = \"" + value + "\""
+		}
+		p := filepath.Join(t.TempDir(), "run.toml")
+		if err := os.WriteFile(p, line.ReplaceAll(example, []byte(repl)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		u, err := loadRunFile(p)
+		if err != nil {
+			t.Fatalf("aggregation %q: %v", value, err)
+		}
+		if got := u.Model.Optimizer.Aggregation; got != want {
+			t.Errorf("aggregation %q: %s, want %s", value, got, want)
+		}
 	}
 }

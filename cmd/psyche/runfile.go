@@ -69,6 +69,7 @@ type runFile struct {
 			CompressionTopK  uint64  `toml:"compression_topk"`
 			CompressionChunk uint64  `toml:"compression_chunk"`
 			Quantize1Bit     bool    `toml:"quantize_1bit"`
+			Aggregation      string  `toml:"aggregation"`
 			Beta1            float64 `toml:"beta1"`
 			Beta2            float64 `toml:"beta2"`
 			Epsilon          float64 `toml:"epsilon"`
@@ -156,6 +157,11 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 			"linear": uint8(coordinator.LRLinear), "cosine": uint8(coordinator.LRCosine), "wsd": uint8(coordinator.LRWarmupStableDecay)}, (*uint8)(&cm.LR.Kind))
 		choose("model.optimizer.kind", m.Optimizer.Kind, map[string]uint8{"adamw": uint8(coordinator.OptimizerAdamW),
 			"distro": uint8(coordinator.OptimizerDistro)}, (*uint8)(&cm.Optimizer.Kind))
+		// Left out, the aggregation is the zero value: the robust rule.
+		if m.Optimizer.Aggregation != "" {
+			choose("model.optimizer.aggregation", m.Optimizer.Aggregation, map[string]uint8{"robust": uint8(coordinator.AggregationRobust),
+				"mean": uint8(coordinator.AggregationMean), "clipped-mean": uint8(coordinator.AggregationClippedMean)}, (*uint8)(&cm.Optimizer.Aggregation))
+		}
 		text("model.checkpoint.url", cm.Checkpoint.Source.URL[:], m.Checkpoint.URL)
 		text("model.checkpoint.revision", cm.Checkpoint.Source.Revision[:], m.Checkpoint.Revision)
 		text("model.data", cm.DataLocation[:], m.Data)

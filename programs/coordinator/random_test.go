@@ -63,6 +63,7 @@ func randomModel(rng *rand.Rand) coord.Model {
 	if rng.IntN(3) == 0 {
 		m.Optimizer = coord.Optimizer{Kind: coord.OptimizerAdamW, Beta1: 0.9, Beta2: 0.95, Epsilon: 1e-8, WeightDecay: 0.1}
 	}
+	m.Optimizer.Aggregation = coord.Aggregation(rng.IntN(3)) // AdamW ignores it, whatever it holds
 	m.LR.Kind = coord.LRScheduleKind(1 + rng.IntN(4))
 	m.LR.WarmupSteps, m.LR.DecaySteps, m.LR.TotalSteps = uint32(rng.IntN(10)), uint32(rng.IntN(10)), uint32(rng.IntN(20))
 	switch rng.IntN(4) { // tokens = data_index × max_seq_len, up to overflowing 64 bits
@@ -72,7 +73,7 @@ func randomModel(rng *rand.Rand) coord.Model {
 		m.MaxSeqLen = 0xffffffff
 	}
 	if rng.IntN(6) == 0 { // break one rule
-		switch rng.IntN(7) {
+		switch rng.IntN(8) {
 		case 0:
 			m.Checkpoint.Kind = coord.CheckpointKind(rng.IntN(8))
 		case 1:
@@ -87,6 +88,8 @@ func randomModel(rng *rand.Rand) coord.Model {
 			m.LR.BaseLR = float32(rng.NormFloat64())
 		case 5:
 			m.Checkpoint.Source.Revision[5] = 'x' // text after the zero padding
+		case 6:
+			m.Optimizer.Aggregation = coord.Aggregation(3 + rng.IntN(253)) // unknown to both
 		default:
 			m.Optimizer.CompressionTopK = 65
 		}

@@ -85,6 +85,12 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		// are refused before anything is fetched.
 		n.net.SetMaxPayload(opt.MaxFrameBytes())
 		n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams())
+	} else if n.opt != nil {
+		// A kept optimizer follows the run's rule: it may have changed
+		// while the run was paused, and every trainer must apply the same.
+		if err := n.opt.SetAggregation(opts.Aggregation); err != nil {
+			return fmt.Errorf("node: %w", err)
+		}
 	}
 	loc := coordinator.FixedString(m.DataLocation[:])
 	if n.data == nil || n.dataLoc != loc {

@@ -55,15 +55,29 @@ func SetGPT(m *coordinator.Model, c gpt.Config) {
 // goroutines. A distributed run needs DisTrO (the coordinator also knows
 // AdamW, which only the local baseline uses): anything else wraps
 // ErrOptimizer. Results use Rice-coded indices: every peer decodes both
-// index codings, and these are about a third smaller.
+// index codings, and these are about a third smaller. The aggregation rule
+// comes from the run, never from the trainer: every trainer must combine a
+// round's results the same way.
 func Distro(m *coordinator.Model, workers int) (distro.Options, error) {
 	o := m.Optimizer
 	if o.Kind != coordinator.OptimizerDistro {
 		return distro.Options{}, fmt.Errorf("%w: %d; a distributed run needs DisTrO (%d)", ErrOptimizer, o.Kind, coordinator.OptimizerDistro)
 	}
+	agg, ok := aggregations[o.Aggregation]
+	if !ok {
+		return distro.Options{}, fmt.Errorf("%w: aggregation %d is unknown to this build", ErrOptimizer, o.Aggregation)
+	}
 	return distro.Options{Chunk: int(o.CompressionChunk), TopK: int(o.CompressionTopK), Quantize1Bit: o.Quantize1Bit,
 		RiceIndices: true, Decay: o.CompressionDecay, WeightDecay: o.WeightDecay, ClipGradNorm: o.ClipGradNorm,
-		Workers: workers}, nil
+		Aggregation: agg, Workers: workers}, nil
+}
+
+// aggregations maps the coordinator's aggregation rules to DisTrO's (named
+// one by one: the two enums are separate ABIs).
+var aggregations = map[coordinator.Aggregation]distro.Aggregation{
+	coordinator.AggregationRobust:      distro.AggregateRobust,
+	coordinator.AggregationMean:        distro.AggregateMean,
+	coordinator.AggregationClippedMean: distro.AggregateClippedMean,
 }
 
 // Check reports whether c is the config of the run's model m, wrapping

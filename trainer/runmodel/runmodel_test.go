@@ -88,6 +88,30 @@ func TestDistro(t *testing.T) {
 	}
 }
 
+// TestDistroAggregation: the run's aggregation rule reaches the optimizer,
+// the zero value being the robust rule, and an unknown one is an error.
+func TestDistroAggregation(t *testing.T) {
+	for from, want := range map[coordinator.Aggregation]distro.Aggregation{
+		coordinator.AggregationRobust:      distro.AggregateRobust,
+		coordinator.AggregationMean:        distro.AggregateMean,
+		coordinator.AggregationClippedMean: distro.AggregateClippedMean,
+	} {
+		m := runModel()
+		m.Optimizer.Aggregation = from
+		if got, err := Distro(&m, 1); err != nil || got.Aggregation != want {
+			t.Errorf("%s: Distro = %s, %v; want %s", from, got.Aggregation, err, want)
+		}
+	}
+	if distro.AggregateRobust != 0 || coordinator.AggregationRobust != 0 {
+		t.Error("the robust rule must be the zero value: models that name none get it")
+	}
+	m := runModel()
+	m.Optimizer.Aggregation = 3
+	if _, err := Distro(&m, 1); !errors.Is(err, ErrOptimizer) {
+		t.Errorf("an unknown aggregation: %v, want ErrOptimizer", err)
+	}
+}
+
 func TestCheckNamesEveryDifference(t *testing.T) {
 	m := runModel()
 	other := small

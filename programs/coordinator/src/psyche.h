@@ -228,7 +228,8 @@ struct psy_model {
 	uint8_t quantize_1bit;
 	uint16_t compression_topk;
 	uint16_t compression_chunk;
-	uint8_t pad3[2];
+	uint8_t aggregation; /* coordinator.Aggregation: 0 robust, 1 mean, 2 clipped-mean (was padding) */
+	uint8_t pad3;
 	uint32_t clip_grad_norm; /* f32 bits */
 	uint32_t weight_decay;
 	uint32_t compression_decay;
@@ -272,6 +273,7 @@ _Static_assert(PSY_OFF(nonce) == 16 && PSY_OFF(run_state) == 120 && PSY_OFF(run_
 _Static_assert(PSY_OFF(metadata) == 136 && PSY_OFF(config) == 344 && PSY_OFF(config.verification_percent) == 414, "config");
 _Static_assert(PSY_OFF(model) == 416 && PSY_OFF(model.checkpoint_kind) == 440 && PSY_OFF(model.checkpoint.url) == 448, "model");
 _Static_assert(PSY_OFF(model.data_location) == 608 && PSY_OFF(model.lr_kind) == 736 && PSY_OFF(model.optimizer_kind) == 760, "model");
+_Static_assert(PSY_OFF(model.aggregation) == 766 && PSY_OFF(model.clip_grad_norm) == 768, "optimizer");
 _Static_assert(PSY_OFF(model.epsilon) == 788 && PSY_OFF(progress) == 792, "progress");
 _Static_assert(PSY_OFF(epoch.rounds) == 808 && sizeof(struct psy_witness) == 704 && sizeof(struct psy_round) == 22552, "rounds");
 _Static_assert(PSY_OFF(epoch.rounds[0].data_index) == 23336 && PSY_OFF(epoch.rounds[0].witnesses_len) == 23358, "round");

@@ -156,11 +156,16 @@ func poisoners() []struct {
 		poison func(f *Frame, r *rand.Rand)
 	}{
 		{"values ±1e30 against its own", func(f *Frame, _ *rand.Rand) {
+			// A 1-bit run refuses float frames (Check), so there the most a
+			// poisoner can send is every sign against its own.
 			for i := range f.Tensors {
-				for j, v := range f.Tensors[i].Values {
-					f.Tensors[i].Values[j] = float32(math.Copysign(1e30, -float64(v)))
+				mag := 1e30
+				if f.Tensors[i].Quantized {
+					mag = 1
 				}
-				f.Tensors[i].Quantized = false
+				for j, v := range f.Tensors[i].Values {
+					f.Tensors[i].Values[j] = float32(math.Copysign(mag, -float64(v)))
+				}
 			}
 		}},
 		{"flipped signs", func(f *Frame, _ *rand.Rand) {
@@ -258,7 +263,7 @@ func TestRobustAggregationUnderAttack(t *testing.T) {
 				if robust < 0.88 {
 					t.Errorf("%s: the robust direction agrees with the honest one on %.3f of the signs, want ≥ 0.88", p.name, robust)
 				}
-				if p.name == "values ±1e30 against its own" && !(mean < 0.75 && robust > mean+0.15) {
+				if p.name == "values ±1e30 against its own" && !quantized && !(mean < 0.75 && robust > mean+0.15) {
 					t.Errorf("%s: the mean should follow the poisoner (agreement %.3f) where the robust rule does not (%.3f)", p.name, mean, robust)
 				}
 			}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -58,6 +59,8 @@ same number of steps on a slow or busy machine as on a fast one. The tests use i
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
 		&cli.IntFlag{Name: "batch", Value: 12, Usage: "sequences (of 64 tokens) each trainer trains per round", Category: "RUN"},
 		&cli.BoolFlag{Name: "solana", Usage: "run the coordinator program on a local Solana validator instead of the embedded server", Category: "RUN"},
+		&cli.StringFlag{Name: "aggregation", Value: "robust", Usage: "how trainers combine a round's results: robust, mean or clipped-mean", Category: "RUN"},
+		&cli.BoolFlag{Name: "quantize", Value: true, Usage: "send 1-bit signs (false: float32 values)", Category: "RUN"},
 		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
 	},
 	Action: localnet,
@@ -111,7 +114,11 @@ func localnet(c *cli.Context) error {
 	if lb.close != nil {
 		defer lb.close()
 	}
-	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), files.tokens, files.seed, files.initial); err != nil {
+	tune := func(m *coordinator.Model) {
+		m.Optimizer.Aggregation = coordinator.Aggregation(aggregationNames[c.String("aggregation")])
+		m.Optimizer.Quantize1Bit = c.Bool("quantize")
+	}
+	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), files.tokens, files.seed, files.initial, tune); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
@@ -121,10 +128,24 @@ func localnet(c *cli.Context) error {
 		go func() { _ = lb.clock.Run(runCtx, time.Second, virtualSettle) }()
 	}
 
-	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, lb.nodeOpts...)
+	// With -tags adversary, --adversary makes the last trainer misbehave
+	// (scripts/bench-adversary); the others are the honest ones measured.
+	var bad []node.Option
+	if localnetAdversary != nil {
+		if bad, err = localnetAdversary(c); err != nil {
+			return err
+		}
+	}
+	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, bad, lb.nodeOpts...)
 	if err != nil {
 		return err
 	}
+	honest := trainers
+	if len(bad) > 0 {
+		honest = trainers[:n-1]
+		fmt.Fprintf(out, "localnet: trainer %d is adversarial (%s)\n", n-1, c.String("adversary"))
+	}
+	heap := watchHeap(runCtx)
 	errs := make(chan error, n)
 	for _, t := range trainers {
 		go func() { errs <- t.node.Run(runCtx) }()
@@ -139,9 +160,10 @@ func localnet(c *cli.Context) error {
 		<-errs
 	}
 	<-lb.up
-	if err := summarize(out, last, files.initial, trainers, files.heldOut, time.Since(start)); err != nil {
+	if err := summarize(out, last, files.initial, honest, files.heldOut, time.Since(start)); err != nil {
 		return err
 	}
+	fmt.Fprintf(out, "peak heap: %s\n", bytesString(heap()))
 	rounds.report(out, len(trainers))
 	return nil
 }
@@ -157,6 +179,9 @@ func checkLocalnetFlags(c *cli.Context) error {
 		return fmt.Errorf("--epoch-time must be at least 4 seconds, got %d", epochTime)
 	case c.Int("batch") < 1 || c.Int("batch")*n > 65535:
 		return fmt.Errorf("--batch must be between 1 and %d for %d trainers, got %d", 65535/n, n, c.Int("batch"))
+	}
+	if _, ok := aggregationNames[c.String("aggregation")]; !ok {
+		return fmt.Errorf("--aggregation must be robust, mean or clipped-mean, not %q", c.String("aggregation"))
 	}
 	return nil
 }
@@ -378,7 +403,7 @@ func (t *localTrainer) progress() node.Progress {
 	return t.prog
 }
 
-func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, tokenPath string, seed uint64, initial *gpt.Model) error {
+func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, tokenPath string, seed uint64, initial *gpt.Model, tune func(*coordinator.Model)) error {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
 		return err
@@ -391,6 +416,7 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
 	runmodel.SetGPT(&m, localnetModel)
+	tune(&m)
 	// The trainers draw the model from the seed and check it against its
 	// hash, as in a run file with url = "seed:N".
 	m.Checkpoint.Kind = coordinator.CheckpointHub
@@ -410,7 +436,39 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 	return nil
 }
 
-func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, b chain.Backend, dir string, log *slog.Logger, opts ...node.Option) ([]*localTrainer, error) {
+// localnetAdversary, set by the adversary build (localnet_adversary.go),
+// returns the options that make the last trainer adversarial (none: all
+// honest).
+var localnetAdversary func(c *cli.Context) ([]node.Option, error)
+
+// watchHeap samples the heap in use every 50 ms until ctx ends; the returned
+// function is the largest sample (the process's peak, all trainers together).
+func watchHeap(ctx context.Context) func() uint64 {
+	var mu sync.Mutex
+	var peak uint64
+	sample := func() {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		mu.Lock()
+		peak = max(peak, ms.HeapAlloc)
+		mu.Unlock()
+	}
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				sample()
+			}
+		}
+	}()
+	return func() uint64 { sample(); mu.Lock(); defer mu.Unlock(); return peak }
+}
+
+func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, b chain.Backend, dir string, log *slog.Logger, lastOpts []node.Option, opts ...node.Option) ([]*localTrainer, error) {
 	var trainers []*localTrainer
 	var addrs []string
 	for i, signer := range signers {
@@ -419,7 +477,7 @@ func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, 
 		nd, pn, err := start.Trainer(ctx, runID, b, signer, []libp2p.Option{libp2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
 			libp2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), libp2p.WithLogger(log.With("trainer", i))},
 			append([]node.Option{node.WithPeers(addrs...), node.WithCheckpointDir(dir), node.WithLogger(log.With("trainer", i)),
-				node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, opts...)...)
+				node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, trainerOpts(i, len(signers), lastOpts, opts)...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -428,6 +486,14 @@ func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, 
 		trainers = append(trainers, t)
 	}
 	return trainers, nil
+}
+
+// trainerOpts are trainer i's options: opts, and lastOpts for the last.
+func trainerOpts(i, n int, lastOpts, opts []node.Option) []node.Option {
+	if i == n-1 {
+		return append(slices.Clone(opts), lastOpts...)
+	}
+	return opts
 }
 
 func printLocalProgress(w io.Writer, s *coordinator.Coordinator, trainers []*localTrainer, elapsed time.Duration) {

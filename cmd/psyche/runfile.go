@@ -77,6 +77,10 @@ type runFile struct {
 	} `toml:"model"`
 }
 
+// aggregationNames are the run file's names of the aggregation rules.
+var aggregationNames = map[string]uint8{"robust": uint8(coordinator.AggregationRobust),
+	"mean": uint8(coordinator.AggregationMean), "clipped-mean": uint8(coordinator.AggregationClippedMean)}
+
 // loadRunFile reads a run file into an update instruction (sections that are
 // absent are left out of the update). Unknown keys and values that do not fit
 // their fields are errors; the coordinator's own rules are checked too, and
@@ -159,8 +163,7 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 			"distro": uint8(coordinator.OptimizerDistro)}, (*uint8)(&cm.Optimizer.Kind))
 		// Left out, the aggregation is the zero value: the robust rule.
 		if m.Optimizer.Aggregation != "" {
-			choose("model.optimizer.aggregation", m.Optimizer.Aggregation, map[string]uint8{"robust": uint8(coordinator.AggregationRobust),
-				"mean": uint8(coordinator.AggregationMean), "clipped-mean": uint8(coordinator.AggregationClippedMean)}, (*uint8)(&cm.Optimizer.Aggregation))
+			choose("model.optimizer.aggregation", m.Optimizer.Aggregation, aggregationNames, (*uint8)(&cm.Optimizer.Aggregation))
 		}
 		text("model.checkpoint.url", cm.Checkpoint.Source.URL[:], m.Checkpoint.URL)
 		text("model.checkpoint.revision", cm.Checkpoint.Source.Revision[:], m.Checkpoint.Revision)

@@ -17,5 +17,10 @@ func WithCorruptResults(corrupt func([]byte) []byte) Option {
 // to different peers, for fault-injection tests. The announcement publish
 // returns is the one the node keeps as its own.
 func WithEquivocation(publish func(ctx context.Context, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)) Option {
-	return func(c *config) error { c.publish = publish; return nil }
+	return func(c *config) error {
+		c.publish = func(ctx context.Context, _ p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+			return publish(ctx, step, batch, payload)
+		}
+		return nil
+	}
 }

@@ -66,7 +66,7 @@ type config struct {
 	corrupt        func([]byte) []byte // fault injection in tests (export_test.go)
 	// publish replaces the network's Publish: fault injection in tests
 	// (export_test.go).
-	publish func(ctx context.Context, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)
+	publish func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)
 	epochs  int
 	ticking bool
 	clock   Clock

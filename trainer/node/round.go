@@ -163,11 +163,12 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	if n.cfg.corrupt != nil {
 		payload = n.cfg.corrupt(payload)
 	}
-	publish := n.net.Publish
+	var ann p2p.Announcement
 	if n.cfg.publish != nil {
-		publish = n.cfg.publish
+		ann, err = n.cfg.publish(ctx, n.net, w.Step, w.Batch, payload)
+	} else {
+		ann, err = n.net.Publish(ctx, w.Step, w.Batch, payload)
 	}
-	ann, err := publish(ctx, w.Step, w.Batch, payload)
 	if err != nil {
 		return p2p.Announcement{}, nil, 0, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
 	}

@@ -1,0 +1,139 @@
+//go:build adversary
+
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/p2p"
+)
+
+// An adversarial trainer, for scripts/bench-adversary and tests built with
+// -tags adversary: it trains honestly (so it keeps its place in the run) but
+// publishes a poisoned result instead of its own. The default binary has no
+// such option.
+
+// Adversaries are the attacks WithAdversary knows.
+var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate"}
+
+// WithAdversary makes the node publish, instead of its result:
+//   - huge: float values of ±1e30 against its own signs (a float frame, which
+//     a 1-bit run refuses);
+//   - nonfinite: its frame with NaN values (refused by every decoder);
+//   - flip: every value negated (a sign frame in a 1-bit run: well formed);
+//   - noise: random indices and values of the right shape and magnitude;
+//   - equivocate: its result and a flipped one, both announced for its batch.
+func WithAdversary(kind string) (Option, error) {
+	r := rand.New(rand.NewPCG(uint64(len(kind)), 0x5eed))
+	frameAttack := func(mutate func(*distro.Frame)) Option {
+		return func(c *config) error {
+			c.corrupt = func(payload []byte) []byte { return reencode(payload, mutate) }
+			return nil
+		}
+	}
+	switch kind {
+	case "huge":
+		return frameAttack(func(f *distro.Frame) {
+			for i := range f.Tensors {
+				t := &f.Tensors[i]
+				for j, v := range t.Values {
+					t.Values[j] = float32(math.Copysign(1e30, -float64(v)))
+				}
+				t.Quantized = false
+			}
+		}), nil
+	case "nonfinite":
+		// The encoder refuses NaN, so a marker value is encoded and its
+		// bytes replaced afterwards.
+		const marker = float32(1.2345678e-7)
+		return func(c *config) error {
+			c.corrupt = func(payload []byte) []byte {
+				b := reencode(payload, func(f *distro.Frame) {
+					for i := range f.Tensors {
+						t := &f.Tensors[i]
+						t.Quantized = false
+						for j := range t.Values {
+							t.Values[j] = marker
+						}
+					}
+				})
+				var m, nan [4]byte
+				binary.LittleEndian.PutUint32(m[:], math.Float32bits(marker))
+				binary.LittleEndian.PutUint32(nan[:], math.Float32bits(float32(math.NaN())))
+				return []byte(strings.ReplaceAll(string(b), string(m[:]), string(nan[:])))
+			}
+			return nil
+		}, nil
+	case "flip":
+		return frameAttack(flip), nil
+	case "noise":
+		return frameAttack(func(f *distro.Frame) {
+			for i := range f.Tensors {
+				t := &f.Tensors[i]
+				var scale float64
+				for _, v := range t.Values {
+					scale = max(scale, math.Abs(float64(v)))
+				}
+				for start := 0; start < len(t.Indices); start += t.K {
+					picked := r.Perm(t.TileH * t.TileW)[:t.K]
+					slices.Sort(picked)
+					for j, ix := range picked {
+						t.Indices[start+j] = uint32(ix)
+						if t.Quantized {
+							t.Values[start+j] = float32(1 - 2*r.IntN(2))
+						} else {
+							t.Values[start+j] = float32(r.NormFloat64() * scale)
+						}
+					}
+				}
+			}
+		}), nil
+	case "equivocate":
+		return func(c *config) error {
+			c.publish = equivocatingPublish
+			return nil
+		}, nil
+	}
+	return nil, fmt.Errorf("node: unknown adversary %q (one of %s)", kind, strings.Join(Adversaries, ", "))
+}
+
+func flip(f *distro.Frame) {
+	for i := range f.Tensors {
+		for j, v := range f.Tensors[i].Values {
+			f.Tensors[i].Values[j] = -v
+		}
+	}
+}
+
+// reencode decodes the node's own honest payload, mutates the frame and
+// encodes it again.
+func reencode(payload []byte, mutate func(*distro.Frame)) []byte {
+	f, err := distro.DecodeFrame(payload, distro.DefaultLimits)
+	if err != nil {
+		return payload
+	}
+	mutate(f)
+	b, err := f.MarshalBinary()
+	if err != nil {
+		return payload
+	}
+	return b
+}
+
+// equivocatingPublish announces the honest result and a flipped one for the
+// same batch: every peer sees two commitments from one trainer.
+func equivocatingPublish(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+	ann, err := net.Publish(ctx, step, batch, payload)
+	if err != nil {
+		return ann, err
+	}
+	_, err = net.Publish(ctx, step, batch, reencode(payload, flip))
+	return ann, err
+}

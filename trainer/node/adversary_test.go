@@ -1,0 +1,43 @@
+//go:build adversary
+
+package node_test
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p/memnet"
+	"github.com/psyche-go/psyche/trainer/node"
+)
+
+// Every adversary of the adversary build, as the last of four trainers on
+// memnet: the honest three keep identical weights, and train (their weights
+// move). Run with go test -tags adversary ./trainer/node/.
+func TestAdversariesCannotForkHonestTrainers(t *testing.T) {
+	for _, kind := range node.Adversaries {
+		t.Run(kind, func(t *testing.T) {
+			bad, err := node.WithAdversary(kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 12 }, func(i int) []node.Option {
+				if i == 3 {
+					return []node.Option{bad}
+				}
+				return nil
+			})
+			c.waitFor("the end of the first epoch", func(s *coordinator.Coordinator) bool {
+				return s.RunState == coordinator.WaitingForMembers && s.Progress.Epoch == 1
+			})
+			c.stopAll(0, 1, 2, 3)
+			c.sameWeights(0, 1, 2)
+			if slices.Equal(c.nodes[0].Model().Params, c.initial.Params) {
+				t.Fatal("the weights never changed")
+			}
+		})
+	}
+	if _, err := node.WithAdversary("nonsense"); err == nil {
+		t.Error("an unknown adversary was accepted")
+	}
+}

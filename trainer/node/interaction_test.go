@@ -32,7 +32,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 // regenerate the expected output, then review the diff.
 func TestTranscripts(t *testing.T) {
 	transcript.RunDir(t, *rewrite, func(t *testing.T) func(cmd string) string {
-		h := &harness{t: t, names: map[coordinator.Pubkey]string{}, frames: map[*distro.Frame]string{}}
+		h := &harness{t: t, names: map[coordinator.Pubkey]string{}, p2pNames: map[coordinator.Pubkey]string{}, frames: map[*distro.Frame]string{}}
 		return h.run
 	})
 }
@@ -42,14 +42,15 @@ func TestTranscripts(t *testing.T) {
 // p2p key sha256("p2p:"+n); its result for a step has the commitment
 // sha256("result:"+n+":"+step), so every party agrees on it.
 type harness struct {
-	t      *testing.T
-	s      *coordinator.Coordinator
-	now    uint64
-	me     string
-	m      *machine
-	last   Ready
-	names  map[coordinator.Pubkey]string
-	frames map[*distro.Frame]string // whose result a frame is
+	t        *testing.T
+	s        *coordinator.Coordinator
+	now      uint64
+	me       string
+	m        *machine
+	last     Ready
+	names    map[coordinator.Pubkey]string
+	p2pNames map[coordinator.Pubkey]string // the same names by p2p key
+	frames   map[*distro.Frame]string      // whose result a frame is
 }
 
 func idOf(name string) coordinator.ClientID {
@@ -251,6 +252,7 @@ func (h *harness) newRun(kv map[string]string) string {
 	h.s = s
 	for _, n := range names(kv, "clients") {
 		h.names[idOf(n).Signer] = n
+		h.p2pNames[idOf(n).P2P] = n
 	}
 	batch := uint16(h.num(kv, "batch", 6))
 	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: h.num(kv, "train-time", 10), RoundWitnessTime: 2,
@@ -386,6 +388,9 @@ func (h *harness) ready(rd Ready) string {
 	}
 	if rd.Done != "" {
 		out = append(out, "done: "+rd.Done)
+	}
+	for _, k := range rd.Report {
+		out = append(out, "report "+h.p2pNames[k])
 	}
 	if len(out) == 0 {
 		return "(nothing)"

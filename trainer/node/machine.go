@@ -128,6 +128,9 @@ type Ready struct {
 	// Done says the node should stop, and why: the run is finished, or the
 	// node has trained the epochs it was asked to.
 	Done string
+	// Report lists peers (p2p keys) caught equivocating: the driver tells
+	// the network, which then trusts them less (gossip scoring).
+	Report []coordinator.Pubkey
 }
 
 // SaveWork names the checkpoint to save.
@@ -309,6 +312,7 @@ func (m *machine) take(a p2p.Announcement, rd *Ready) (evidence bool) {
 	switch m.claim(a) {
 	case claimNew:
 		evidence = true
+		rd.Report = append(rd.Report, a.Trainer.P2P)
 		fallthrough
 	case claimEquivocated:
 		return evidence

@@ -435,6 +435,9 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 	}
 	n.fetches.waiting = append(n.fetches.waiting, rd.Fetch...)
 	n.startFetches(ctx, ev)
+	for _, k := range rd.Report {
+		n.net.ReportPeer(k, "equivocation")
+	}
 	if rd.Pull != nil {
 		step := *rd.Pull
 		working := n.cfg.clock.Work() // until Run has taken the answer

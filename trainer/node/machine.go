@@ -74,6 +74,11 @@ type claim struct {
 	first       coordinator.Hash
 	second      coordinator.Hash // set once equivocated
 	equivocated bool
+	// refused: the first result failed its checks (it does not match its
+	// commitment, decode, or fit the model). It is the trainer's own fault
+	// (the announcement is signed, the blocks verified), so no honest
+	// witness will vouch for it and nobody waits for it.
+	refused bool
 }
 
 // result is a verified peer (or own) result for one batch.
@@ -369,6 +374,15 @@ func (m *machine) equivocated(step uint32, start uint64) bool {
 	return c != nil && c.equivocated
 }
 
+// settledWithout reports whether the batch at step will have no result
+// anyone vouches for: its trainer equivocated, or sent a result that failed
+// its checks. A witness does not wait for it, and nobody pulls for it: a
+// bad trainer must not make every round last its training limit.
+func (m *machine) settledWithout(step uint32, start uint64) bool {
+	c := m.claims[step][start]
+	return c != nil && (c.equivocated || c.refused)
+}
+
 // progress does what a newly settled result allows: the applies it
 // unblocks, the cooldown's end, the witness report it completes.
 func (m *machine) progress(rd *Ready) {
@@ -392,6 +406,9 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 	if err != nil {
 		if invalid {
 			m.rejected[a.Commitment] = true
+			if c := m.claims[a.Step][a.Batch.Start]; c != nil && c.first == a.Commitment && c.trainer == a.Trainer.Signer {
+				c.refused = true
+			}
 		}
 		return rd
 	}
@@ -436,7 +453,7 @@ func (m *machine) tick(now uint64) Ready {
 	if !m.pulling && (s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness) {
 		step := s.Progress.Step
 		for _, b := range expectedBatches(s, s.CurrentRound()) {
-			if m.results[step][b] == nil && !m.equivocated(step, b) {
+			if m.results[step][b] == nil && !m.settledWithout(step, b) {
 				m.pulling = true
 				rd.Pull = &step
 				break
@@ -576,10 +593,10 @@ func (m *machine) maybeWitness(rd *Ready) {
 		return
 	}
 	if s.RunState == coordinator.RoundTrain {
-		// A batch whose trainer equivocated is settled: no result of it
-		// will be vouched for.
+		// A batch whose trainer equivocated or sent a bad result is
+		// settled: no result of it will be vouched for.
 		for _, b := range expectedBatches(s, s.CurrentRound()) {
-			if m.results[step][b] == nil && !m.equivocated(step, b) {
+			if m.results[step][b] == nil && !m.settledWithout(step, b) {
 				return
 			}
 		}

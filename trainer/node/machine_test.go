@@ -161,22 +161,11 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	if got := m.announced(anns[1]); len(got.Fetch) != 0 {
 		t.Fatal("refetched a rejected result")
 	}
-	// Trainer 1's result completes everything but trainer 2's batch: no
-	// report yet.
+	// Trainer 1's result completes the round: trainer 2's result failed
+	// its checks, so its batch is settled (no honest witness will vouch for
+	// it) and an elected witness reports at once, leaving trainer 2 out,
+	// instead of waiting for the training limit.
 	rd = m.fetched(anns[0], frame, nil, false)
-	if len(rd.Send) != 0 {
-		t.Fatal("witnessed before every result was in")
-	}
-	// Trainer 2 now announces a second, different result for the same
-	// batch: proof that it equivocated. Its batch is settled (no version
-	// will be vouched for), so an elected witness reports at once, leaving
-	// trainer 2 out; neither version is fetched.
-	second := anns[1]
-	second.Commitment[0] ^= 1
-	rd = m.announced(second)
-	if len(rd.Fetch) != 0 {
-		t.Fatal("fetched a result of an equivocating trainer")
-	}
 	proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0)
 	if !proof.IsWitness {
 		if len(rd.Send) != 0 {
@@ -193,11 +182,19 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 			t.Errorf("trainer %d in the participant bloom: %v", i, got)
 		}
 	}
-	if w.Broadcasts.Has(w.Key, anns[1].Commitment) || w.Broadcasts.Has(w.Key, second.Commitment) {
-		t.Error("a version of the equivocating trainer's result is in the broadcast bloom")
+	if w.Broadcasts.Has(w.Key, anns[1].Commitment) {
+		t.Error("the refused result is in the broadcast bloom")
 	}
 	if w.Metadata.Step != 1 || w.Metadata.Loss != 2.5 {
 		t.Errorf("metadata %+v", w.Metadata)
+	}
+	// Trainer 2 then announces a second, different result for the same
+	// batch: proof that it equivocated, reported to the network; neither
+	// version is fetched and nothing more is witnessed.
+	second := anns[1]
+	second.Commitment[0] ^= 1
+	if got := m.announced(second); len(got.Fetch) != 0 || len(got.Send) != 0 || len(got.Report) != 1 || got.Report[0] != anns[1].Trainer.P2P {
+		t.Fatalf("after equivocation: %+v", got)
 	}
 	if err := r.apply(r.ids[0].Signer, rd.Send[0]); err != nil {
 		t.Fatalf("the coordinator refused the report: %v", err)

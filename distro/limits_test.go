@@ -7,19 +7,7 @@ import (
 )
 
 func randomGrads(shapes [][]int, seed uint64) [][]float32 {
-	r := rand.New(rand.NewPCG(seed, 1))
-	out := make([][]float32, len(shapes))
-	for i, s := range shapes {
-		n := 1
-		for _, d := range s {
-			n *= d
-		}
-		out[i] = make([]float32, n)
-		for j := range out[i] {
-			out[i][j] = float32(r.NormFloat64())
-		}
-	}
-	return out
+	return randomTensors(rand.New(rand.NewPCG(seed, 1)), shapes, 1)
 }
 
 // worstFrame is the longest frame the model allows: every tile's indices

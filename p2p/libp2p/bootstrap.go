@@ -8,7 +8,6 @@ import (
 
 	golibp2p "github.com/libp2p/go-libp2p"
 	dht "github.com/libp2p/go-libp2p-kad-dht"
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
@@ -17,7 +16,6 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/psyche-go/psyche/coordinator"
-	"github.com/psyche-go/psyche/p2p"
 )
 
 // Bootstrap is a well-known host that trainers start from: it serves the
@@ -48,18 +46,9 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 	if err != nil {
 		return nil, err
 	}
-	key := cfg.key
-	if cfg.keyFile != "" {
-		if key, err = LoadOrCreateKey(cfg.keyFile); err != nil {
-			return nil, err
-		}
-	}
-	if key == nil {
-		return nil, fmt.Errorf("%w: WithKey or WithKeyFile is required", p2p.ErrConfig)
-	}
-	lk, err := crypto.UnmarshalEd25519PrivateKey(key)
+	_, lk, err := cfg.identity()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", p2p.ErrConfig, err)
+		return nil, err
 	}
 	b := &Bootstrap{log: cfg.logger, relay: cfg.relayService, dhts: map[string]*dht.IpfsDHT{}}
 	hostOpts := []golibp2p.Option{
@@ -160,17 +149,7 @@ func relayResources() relayv2.Resources {
 func (b *Bootstrap) ID() string { return b.host.ID().String() }
 
 // Addrs lists the host's addresses with its /p2p/ id appended.
-func (b *Bootstrap) Addrs() []string {
-	ais, err := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: b.host.ID(), Addrs: b.host.Addrs()})
-	if err != nil {
-		return nil
-	}
-	out := make([]string, len(ais))
-	for i, a := range ais {
-		out[i] = a.String()
-	}
-	return out
-}
+func (b *Bootstrap) Addrs() []string { return hostAddrs(b.host) }
 
 // Relay says whether the host relays.
 func (b *Bootstrap) Relay() bool { return b.relay }

@@ -19,7 +19,6 @@ import (
 	dssync "github.com/ipfs/go-datastore/sync"
 	golibp2p "github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
@@ -118,18 +117,9 @@ func New(opts ...Option) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	key := cfg.key
-	if cfg.keyFile != "" {
-		if key, err = LoadOrCreateKey(cfg.keyFile); err != nil {
-			return nil, err
-		}
-	}
-	if key == nil {
-		return nil, fmt.Errorf("%w: WithKey or WithKeyFile is required", p2p.ErrConfig)
-	}
-	lk, err := crypto.UnmarshalEd25519PrivateKey(key)
+	key, lk, err := cfg.identity()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", p2p.ErrConfig, err)
+		return nil, err
 	}
 	id, err := peer.IDFromPrivateKey(lk)
 	if err != nil {
@@ -281,8 +271,11 @@ func (n *Node) alive() error {
 func (n *Node) ID() coordinator.Pubkey { return n.self }
 
 // Addrs lists the node's listen addresses with its /p2p/ id appended.
-func (n *Node) Addrs() []string {
-	ais, err := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: n.host.ID(), Addrs: n.host.Addrs()})
+func (n *Node) Addrs() []string { return hostAddrs(n.host) }
+
+// hostAddrs lists h's listen addresses with its /p2p/ id appended.
+func hostAddrs(h host.Host) []string {
+	ais, err := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()})
 	if err != nil {
 		return nil
 	}

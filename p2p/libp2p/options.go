@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
 )
@@ -240,4 +241,24 @@ func applyOptions(opts []Option) (*config, error) {
 		c.ckptConcurrency = 8
 	}
 	return c, nil
+}
+
+// identity is the configured key (WithKey, or WithKeyFile loaded or
+// created), raw and as libp2p's type.
+func (c *config) identity() (ed25519.PrivateKey, crypto.PrivKey, error) {
+	key := c.key
+	if c.keyFile != "" {
+		var err error
+		if key, err = LoadOrCreateKey(c.keyFile); err != nil {
+			return nil, nil, err
+		}
+	}
+	if key == nil {
+		return nil, nil, fmt.Errorf("%w: WithKey or WithKeyFile is required", p2p.ErrConfig)
+	}
+	lk, err := crypto.UnmarshalEd25519PrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", p2p.ErrConfig, err)
+	}
+	return key, lk, nil
 }

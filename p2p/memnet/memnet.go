@@ -226,20 +226,10 @@ func (n *Node) Publish(ctx context.Context, step uint32, batch p2p.BatchRange, p
 	if err := ctx.Err(); err != nil {
 		return p2p.Announcement{}, err
 	}
-	n.mu.Lock()
-	if n.closed {
-		n.mu.Unlock()
-		return p2p.Announcement{}, p2p.ErrClosed
-	}
-	n.nonce++
-	a := p2p.Announcement{RunID: n.runID, Step: step, Batch: batch, Trainer: coordinator.ClientID{Signer: n.signer},
-		Commitment: p2p.Commitment(step, batch, payload), Nonce: n.nonce,
-		Blob: p2p.BlobRef{Size: uint64(len(payload)), Blocks: p2p.BlockDigests(payload)}}
-	n.mu.Unlock()
-	if err := a.Sign(n.key); err != nil {
+	a, err := n.announce(step, batch, payload)
+	if err != nil {
 		return a, err
 	}
-	n.keep(a, payload)
 	var q []delivery
 	for _, p := range n.connected() {
 		q = append(q, delivery{p, a})
@@ -276,20 +266,10 @@ func (n *Node) Equivocate(ctx context.Context, step uint32, batch p2p.BatchRange
 		q   []delivery
 	)
 	for i, payload := range payloads {
-		n.mu.Lock()
-		if n.closed {
-			n.mu.Unlock()
-			return nil, p2p.ErrClosed
-		}
-		n.nonce++
-		a := p2p.Announcement{RunID: n.runID, Step: step, Batch: batch, Trainer: coordinator.ClientID{Signer: n.signer},
-			Commitment: p2p.Commitment(step, batch, payload), Nonce: n.nonce,
-			Blob: p2p.BlobRef{Size: uint64(len(payload)), Blocks: p2p.BlockDigests(payload)}}
-		n.mu.Unlock()
-		if err := a.Sign(n.key); err != nil {
+		a, err := n.announce(step, batch, payload)
+		if err != nil {
 			return nil, err
 		}
-		n.keep(a, payload)
 		out = append(out, a)
 		for _, k := range to[i] {
 			n.mu.Lock()
@@ -433,6 +413,26 @@ func (n *Node) Pull(ctx context.Context, step uint32) ([]p2p.Announcement, error
 		}
 	}
 	return out, nil
+}
+
+// announce signs a fresh announcement of payload for step and batch and
+// keeps the payload to serve it.
+func (n *Node) announce(step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return p2p.Announcement{}, p2p.ErrClosed
+	}
+	n.nonce++
+	a := p2p.Announcement{RunID: n.runID, Step: step, Batch: batch, Trainer: coordinator.ClientID{Signer: n.signer},
+		Commitment: p2p.Commitment(step, batch, payload), Nonce: n.nonce,
+		Blob: p2p.BlobRef{Size: uint64(len(payload)), Blocks: p2p.BlockDigests(payload)}}
+	n.mu.Unlock()
+	if err := a.Sign(n.key); err != nil {
+		return a, err
+	}
+	n.keep(a, payload)
+	return a, nil
 }
 
 // Fetch implements p2p.Network: the payload comes from the announcer, if

@@ -37,8 +37,11 @@ type Network interface {
 	SetAssignments(as []Assignment)
 
 	// SetMaxPayload sets the largest result blob the run's model allows
-	// (0: only the protocol's limit): larger announcements are refused by
-	// the validator and never fetched.
+	// (0: only the protocol's limit): Fetch refuses larger ones with
+	// ErrOversize before fetching anything. Their announcements are still
+	// delivered (they are small, and signed by the assigned trainer), so
+	// that the trainer learns the batch has no usable result instead of
+	// waiting for one.
 	SetMaxPayload(bytes int64)
 
 	// Publish stores payload as blocks and gossips a signed announcement.

@@ -151,9 +151,6 @@ func (n *Node) check(data []byte) (p2p.Announcement, error) {
 	if err != nil {
 		return a, err
 	}
-	if err := a.CheckSize(n.maxPayload.Load()); err != nil {
-		return a, err
-	}
 	if err := a.Verify(); err != nil {
 		return a, err
 	}

@@ -361,7 +361,8 @@ func (n *Node) SetClients(ids []coordinator.ClientID) {
 	}
 }
 
-// SetMaxPayload sets the largest result blob the run allows.
+// SetMaxPayload sets the largest result blob the run allows (Fetch refuses
+// larger ones).
 func (n *Node) SetMaxPayload(bytes int64) { n.maxPayload.Store(bytes) }
 
 // SetAssignments replaces the batches announcements are checked against.

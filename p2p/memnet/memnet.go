@@ -313,12 +313,6 @@ func (n *Node) SetMaxPayload(bytes int64) {
 
 // check validates an announcement as p2p/libp2p's validator does.
 func (n *Node) check(a *p2p.Announcement) error {
-	n.mu.Lock()
-	limit := n.maxPayload
-	n.mu.Unlock()
-	if err := a.CheckSize(limit); err != nil {
-		return err
-	}
 	if err := a.Verify(); err != nil {
 		return err
 	}

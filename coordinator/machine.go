@@ -120,7 +120,7 @@ func (s *Coordinator) Tick(now, seed uint64) (bool, error) {
 		changed = s.tickWarmup(now, seed)
 	case RoundTrain:
 		r := s.CurrentRound()
-		if s.timedOut(now, s.Config.MaxRoundTrainTime) || uint16(r.WitnessesLen) >= s.Config.WitnessCount(r.ClientsLen) {
+		if s.timedOut(now, s.Config.MaxRoundTrainTime) || s.witnessesIn(r) {
 			s.setState(RoundWitness, now)
 			changed = true
 		}
@@ -452,6 +452,30 @@ func (s *Coordinator) verifyProof(r *Round, sender Pubkey, p WitnessProof) error
 	return nil
 }
 
+// witnessesIn reports whether every elected witness of round r that can
+// still report has: one that is no longer healthy (a health check dropped
+// it) cannot send a report, so the round must not wait for it until its
+// training limit. Only clients that are not healthy are shuffled, so the
+// common case costs nothing.
+func (s *Coordinator) witnessesIn(r *Round) bool {
+	want := s.Config.WitnessCount(r.ClientsLen)
+	got := uint16(r.WitnessesLen)
+	n := min(r.ClientsLen, s.Epoch.ClientsLen)
+	for i := uint16(0); i < n && got < want; i++ {
+		if s.Epoch.Clients[i].State == Healthy || r.WitnessPosition(i) >= want {
+			continue
+		}
+		reported := false
+		for j := uint8(0); j < r.WitnessesLen; j++ {
+			reported = reported || r.Witnesses[j].Proof.Index == i
+		}
+		if !reported {
+			got++
+		}
+	}
+	return got >= want
+}
+
 func (s *Coordinator) warmupWitness(ctx Context, w *Witness) (bool, error) {
 	if s.RunState != Warmup {
 		return false, ErrWrongState
@@ -479,7 +503,7 @@ func (s *Coordinator) witness(ctx Context, w *Witness) (bool, error) {
 	}
 	r.Witnesses[r.WitnessesLen] = *w
 	r.WitnessesLen++
-	if s.RunState == RoundTrain && uint16(r.WitnessesLen) >= s.Config.WitnessCount(r.ClientsLen) {
+	if s.RunState == RoundTrain && s.witnessesIn(r) {
 		// Every witness has seen every result: no need to wait for the timeout.
 		s.setState(RoundWitness, ctx.Now)
 	}

@@ -452,7 +452,7 @@ func (m *machine) tick(now uint64) Ready {
 	}
 	if !m.pulling && (s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness) {
 		step := s.Progress.Step
-		for _, b := range expectedBatches(s, s.CurrentRound()) {
+		for _, b := range owedBatches(s, s.CurrentRound()) {
 			if m.results[step][b] == nil && !m.settledWithout(step, b) {
 				m.pulling = true
 				rd.Pull = &step
@@ -548,11 +548,14 @@ func (m *machine) forget() {
 	}
 }
 
-// expectedBatches lists the batch starts of a round that have a trainer.
-func expectedBatches(s *coordinator.Coordinator, r *coordinator.Round) []uint64 {
+// owedBatches are the batches of r whose trainers are still healthy: the
+// results a witness waits for and pulls. A trainer dropped by a health check
+// stops training, so waiting for its batch would hold every witness until
+// the round's training limit.
+func owedBatches(s *coordinator.Coordinator, r *coordinator.Round) []uint64 {
 	var out []uint64
-	for _, d := range s.RoundAssignment(r) {
-		if d.Count > 0 {
+	for i, d := range s.RoundAssignment(r) {
+		if d.Count > 0 && (i >= int(s.Epoch.ClientsLen) || s.Epoch.Clients[i].State == coordinator.Healthy) {
 			out = append(out, d.Start)
 		}
 	}
@@ -595,7 +598,7 @@ func (m *machine) maybeWitness(rd *Ready) {
 	if s.RunState == coordinator.RoundTrain {
 		// A batch whose trainer equivocated or sent a bad result is
 		// settled: no result of it will be vouched for.
-		for _, b := range expectedBatches(s, s.CurrentRound()) {
+		for _, b := range owedBatches(s, s.CurrentRound()) {
 			if m.results[step][b] == nil && !m.settledWithout(step, b) {
 				return
 			}

@@ -488,6 +488,26 @@ static uint16_t witness_position(const struct psy_round *r, uint16_t index)
 	return (uint16_t)psy_swap_or_not(index, r->clients_len, key);
 }
 
+/* Whether every elected witness of r that can still report has: one that is
+ * no longer healthy (dropped by a health check) cannot, so the round does
+ * not wait for it (the Go coordinator's witnessesIn). */
+static int witnesses_in(const struct psy_account *s, const struct psy_round *r)
+{
+	uint16_t want = witness_count(&s->config, r->clients_len);
+	uint16_t got = r->witnesses_len;
+	uint16_t n = min16(r->clients_len, s->epoch.clients_len);
+	for (uint16_t i = 0; i < n && got < want; i++) {
+		if (s->epoch.clients[i].state == CL_HEALTHY || witness_position(r, i) >= want)
+			continue;
+		int reported = 0;
+		for (uint8_t j = 0; j < r->witnesses_len; j++)
+			reported = reported || r->witnesses[j].proof.index == i;
+		if (!reported)
+			got++;
+	}
+	return got >= want;
+}
+
 static uint16_t committee_position(const struct psy_round *r, uint16_t index)
 {
 	uint8_t key[32];
@@ -745,8 +765,7 @@ static uint64_t tick(struct psy_account *s, uint64_t now, uint64_t seed, int *ch
 		break;
 	case ST_ROUND_TRAIN:
 		r = cur_round(s);
-		if (timed_out(s, now, s->config.max_round_train_time) ||
-		    r->witnesses_len >= witness_count(&s->config, r->clients_len)) {
+		if (timed_out(s, now, s->config.max_round_train_time) || witnesses_in(s, r)) {
 			set_state(s, ST_ROUND_WITNESS, now);
 			ch = 1;
 		}
@@ -938,7 +957,7 @@ static uint64_t do_witness(struct psy_account *s, const struct psy_ctx *ctx, con
 		return ERR_WRONG_STEP;
 	copy(&r->witnesses[r->witnesses_len], w, sizeof *w);
 	r->witnesses_len++;
-	if (s->run_state == ST_ROUND_TRAIN && r->witnesses_len >= witness_count(&s->config, r->clients_len))
+	if (s->run_state == ST_ROUND_TRAIN && witnesses_in(s, r))
 		set_state(s, ST_ROUND_WITNESS, ctx->now);
 	return 0;
 }

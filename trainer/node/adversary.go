@@ -21,7 +21,7 @@ import (
 // such option.
 
 // Adversaries are the attacks WithAdversary knows.
-var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate"}
+var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "oversize", "bogus-checkpoint"}
 
 // WithAdversary makes the node publish, instead of its result:
 //   - huge: float values of ±1e30 against its own signs (a float frame, which
@@ -29,7 +29,10 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate"}
 //   - nonfinite: its frame with NaN values (refused by every decoder);
 //   - flip: every value negated (a sign frame in a 1-bit run: well formed);
 //   - noise: random indices and values of the right shape and magnitude;
-//   - equivocate: its result and a flipped one, both announced for its batch.
+//   - equivocate: its result and a flipped one, both announced for its batch;
+//   - oversize: its result padded to 4 MiB, more than any result of the model;
+//   - bogus-checkpoint: it trains and publishes honestly, but offers joiners
+//     of the next epoch a model of random weights.
 func WithAdversary(kind string) (Option, error) {
 	r := rand.New(rand.NewPCG(uint64(len(kind)), 0x5eed))
 	frameAttack := func(mutate func(*distro.Frame)) Option {
@@ -95,6 +98,30 @@ func WithAdversary(kind string) (Option, error) {
 				}
 			}
 		}), nil
+	case "oversize":
+		return func(c *config) error {
+			// Random padding: blocks of zeros would repeat, which even the
+			// publishing side refuses.
+			c.corrupt = func(payload []byte) []byte {
+				pad := make([]byte, 4<<20)
+				for i := range pad {
+					pad[i] = byte(r.IntN(256))
+				}
+				return append(payload, pad...)
+			}
+			return nil
+		}, nil
+	case "bogus-checkpoint":
+		return func(c *config) error {
+			c.corruptShare = func(ts []p2p.Tensor) {
+				for i := range ts {
+					for j := range ts[i].Data {
+						ts[i].Data[j] = byte(r.IntN(256))
+					}
+				}
+			}
+			return nil
+		}, nil
 	case "equivocate":
 		return func(c *config) error {
 			c.publish = equivocatingPublish

@@ -64,6 +64,7 @@ type config struct {
 	workers        int
 	dataOpts       []data.Option
 	corrupt        func([]byte) []byte // fault injection in tests (export_test.go)
+	corruptShare   func([]p2p.Tensor)  // fault injection: what the node offers joiners (adversary build)
 	// publish replaces the network's Publish: fault injection in tests
 	// (export_test.go).
 	publish func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)

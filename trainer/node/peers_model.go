@@ -34,7 +34,11 @@ func (n *Node) shareModel(ctx context.Context, epoch uint32) {
 	if n.model == nil {
 		return
 	}
-	id, err := n.net.ShareCheckpoint(ctx, epoch, modelTensors(n.model))
+	tensors := modelTensors(n.model)
+	if n.cfg.corruptShare != nil {
+		n.cfg.corruptShare(tensors)
+	}
+	id, err := n.net.ShareCheckpoint(ctx, epoch, tensors)
 	if err != nil {
 		n.cfg.log.Warn("sharing the model with joiners failed", "err", err)
 		return

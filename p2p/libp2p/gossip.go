@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -192,11 +193,34 @@ func (n *Node) markSeen(a *p2p.Announcement) bool {
 	return true
 }
 
+// reject counts a refused announcement and logs it: the first refusal of
+// each reason from each peer at warning level (someone should look), the
+// rest at debug (a misbehaving peer must not flood the log).
 func (n *Node) reject(err error, from peer.ID) {
 	r := reason(err)
 	n.m.Rejected.WithLabelValues(r).Inc()
-	n.log.Debug("announcement refused", "reason", r, "remote", from.String(), "err", err)
+	k := rejectKey{from, r}
+	n.mu.Lock()
+	first := !n.rejectLogged[k] && len(n.rejectLogged) < maxRejectLogged
+	if first {
+		n.rejectLogged[k] = true
+	}
+	n.mu.Unlock()
+	level := slog.LevelDebug
+	if first && !viewDependent(err) {
+		level = slog.LevelWarn
+	}
+	n.log.Log(context.Background(), level, "announcement refused", "reason", r, "remote", from.String(), "err", err)
 }
+
+// rejectKey is a peer and a reason, logged once at warning level.
+type rejectKey struct {
+	peer   peer.ID
+	reason string
+}
+
+// maxRejectLogged bounds the set of (peer, reason) pairs remembered.
+const maxRejectLogged = 4096
 
 // validate is the topic validator. Reject (the sender misbehaved) for
 // anything invalid; Ignore for an exact replay of a nonce already seen, since

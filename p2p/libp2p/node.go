@@ -64,17 +64,18 @@ type Node struct {
 	mu      sync.Mutex
 	clients map[coordinator.Pubkey]coordinator.ClientID // by p2p key
 	// assignments is what SetAssignments installed (nil: not called yet).
-	assignments p2p.Assignments
-	seen        map[nonceKey]uint32      // nonces validated, by step, for replay detection
-	delivered   map[deliveryKey]struct{} // announcements already handed to the trainer
-	held        map[uint32][][]byte      // accepted encodings by step, served to pullers
-	heldKeys    map[deliveryKey]struct{}
-	own         map[deliveryKey]p2p.Announcement // our announcements, re-sent while in the window
-	stepRefs    map[uint32][]coordinator.Hash
-	ckptRefs    []coordinator.Hash
-	offered     *checkpointOffer // what joiners are told to fetch
-	refs        map[coordinator.Hash]int
-	reports     map[peer.ID]*misconduct // ReportPeer
+	assignments  p2p.Assignments
+	seen         map[nonceKey]uint32      // nonces validated, by step, for replay detection
+	delivered    map[deliveryKey]struct{} // announcements already handed to the trainer
+	held         map[uint32][][]byte      // accepted encodings by step, served to pullers
+	heldKeys     map[deliveryKey]struct{}
+	own          map[deliveryKey]p2p.Announcement // our announcements, re-sent while in the window
+	stepRefs     map[uint32][]coordinator.Hash
+	ckptRefs     []coordinator.Hash
+	offered      *checkpointOffer // what joiners are told to fetch
+	refs         map[coordinator.Hash]int
+	reports      map[peer.ID]*misconduct // ReportPeer
+	rejectLogged map[rejectKey]bool      // (peer, reason) pairs already logged as warnings
 
 	disc   *discovery
 	relays *relays
@@ -169,7 +170,7 @@ func New(opts ...Option) (*Node, error) {
 		clients: map[coordinator.Pubkey]coordinator.ClientID{}, seen: map[nonceKey]uint32{},
 		delivered: map[deliveryKey]struct{}{}, held: map[uint32][][]byte{}, heldKeys: map[deliveryKey]struct{}{},
 		own: map[deliveryKey]p2p.Announcement{}, stepRefs: map[uint32][]coordinator.Hash{},
-		refs: map[coordinator.Hash]int{}, reports: map[peer.ID]*misconduct{},
+		refs: map[coordinator.Hash]int{}, reports: map[peer.ID]*misconduct{}, rejectLogged: map[rejectKey]bool{},
 	}
 	n.self, _ = pubkeyOf(id)
 	n.relays = rl

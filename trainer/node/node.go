@@ -186,6 +186,8 @@ type Node struct {
 	id      coordinator.ClientID
 	model   *gpt.Model
 	fetches fetchQueue
+	// badPeers are the trainers whose bad results were logged as warnings.
+	badPeers map[coordinator.Pubkey]bool
 	// peerWait is when this node first failed to load the epoch's model
 	// from its peers (see peersGaveUp).
 	peerWait struct {
@@ -220,7 +222,7 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 		}
 	}
 	id := coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()}
-	return &Node{cfg: cfg, runID: runID, backend: backend, signer: signer, net: network, id: id,
+	return &Node{cfg: cfg, runID: runID, badPeers: map[coordinator.Pubkey]bool{}, backend: backend, signer: signer, net: network, id: id,
 		m: newMachine(id, cfg.epochs, cfg.ticking, randomKey)}, nil
 }
 
@@ -341,7 +343,14 @@ func (n *Node) Run(ctx context.Context) error {
 					ended()
 					continue // interrupted, not refused
 				case f.invalid:
-					n.cfg.log.Warn("ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
+					// Once per trainer at warning level; it is reported to
+					// the network (and counted) every time.
+					level := slog.LevelDebug
+					if !n.badPeers[f.ann.Trainer.P2P] && len(n.badPeers) < 4096 {
+						n.badPeers[f.ann.Trainer.P2P] = true
+						level = slog.LevelWarn
+					}
+					n.cfg.log.Log(ctx, level, "ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "trainer", f.ann.Trainer.Signer.String(), "err", f.err)
 					n.net.ReportPeer(f.ann.Trainer.P2P, "bad result")
 				case f.err != nil:
 					n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)

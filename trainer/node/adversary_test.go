@@ -41,3 +41,35 @@ func TestAdversariesCannotForkHonestTrainers(t *testing.T) {
 		t.Error("an unknown adversary was accepted")
 	}
 }
+
+// A joiner of the second epoch asks the first epoch's trainers for the
+// model; the adversary offers random weights. The majority's model wins
+// (every tensor verified), and the joiner ends the epoch with the honest
+// trainers' weights.
+func TestBogusCheckpointLosesTheVote(t *testing.T) {
+	bad, err := node.WithAdversary("bogus-checkpoint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterOn(t, memnet.NewHub(), 4, nil, func(i int) []node.Option {
+		if i == 3 {
+			return []node.Option{bad}
+		}
+		return nil
+	})
+	c.waitFor("the first epoch's training", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.RoundTrain && s.Progress.Epoch == 0
+	})
+	c.addTrainers(4, 1)
+	warm := c.waitFor("the second epoch's warmup", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.Warmup && s.Progress.Epoch == 1
+	})
+	if warm.Model.Checkpoint.Kind != coordinator.CheckpointP2P || len(warm.CheckpointHolders()) != 4 {
+		t.Fatalf("epoch 1 starts with checkpoint %s and %d holders; want P2P and 4", warm.Model.Checkpoint.Kind, len(warm.CheckpointHolders()))
+	}
+	c.waitFor("the end of the second epoch", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1, 2, 3, 4)
+	c.sameWeights(0, 1, 2, 4)
+}

@@ -94,6 +94,14 @@ func join(c *cli.Context) error {
 	p2pOpts := []libp2p.Option{libp2p.WithListenAddrs(c.StringSlice("listen")...),
 		libp2p.WithKey(key), libp2p.WithLogger(log), libp2p.WithMetrics(libp2p.NewMetrics(reg))}
 	p2pOpts = append(p2pOpts, bootstrapOptions(ctx, c, b, log)...)
+	if joinAdversary != nil {
+		bad, leave, err := joinAdversary(ctx, c)
+		if err != nil {
+			return err
+		}
+		defer leave()
+		opts = append(opts, bad...)
+	}
 	var pn *libp2p.Node
 	nd, pn, err := start.Trainer(ctx, c.String("run-id"), b, signer, p2pOpts, append(opts,
 		node.WithProgress(func(p node.Progress) {
@@ -114,6 +122,11 @@ func join(c *cli.Context) error {
 	status.Done()
 	return err
 }
+
+// joinAdversary, set by the adversary build (join_adversary.go), returns
+// the options that make this trainer adversarial (none: honest) and what to
+// do when it leaves (print its peak heap, for scripts/bench-adversary).
+var joinAdversary func(ctx context.Context, c *cli.Context) ([]node.Option, func(), error)
 
 // bootstrapOptions says where the trainer starts on the p2p network: the
 // --bootstrap and --relay flags, the backend's own host (the server's), and

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 )
@@ -21,7 +22,7 @@ import (
 // such option.
 
 // Adversaries are the attacks WithAdversary knows.
-var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "oversize", "bogus-checkpoint"}
+var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "repeat-blocks", "oversize", "bogus-checkpoint"}
 
 // WithAdversary makes the node publish, instead of its result:
 //   - huge: float values of ±1e30 against its own signs (a float frame, which
@@ -30,6 +31,9 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "
 //   - flip: every value negated (a sign frame in a 1-bit run: well formed);
 //   - noise: random indices and values of the right shape and magnitude;
 //   - equivocate: its result and a flipped one, both announced for its batch;
+//   - repeat-blocks: an announcement whose blob lists its first block 256
+//     times, declaring 256 MiB backed by 1 MiB (refused before any fetch:
+//     a block listed twice is malformed);
 //   - oversize: its result padded to 4 MiB, more than any result of the model;
 //   - bogus-checkpoint: it trains and publishes honestly, but offers joiners
 //     of the next epoch a model of random weights.
@@ -127,6 +131,11 @@ func WithAdversary(kind string) (Option, error) {
 			c.publish = equivocatingPublish
 			return nil
 		}, nil
+	case "repeat-blocks":
+		return func(c *config) error {
+			c.publish = repeatingPublish
+			return nil
+		}, nil
 	}
 	return nil, fmt.Errorf("node: unknown adversary %q (one of %s)", kind, strings.Join(Adversaries, ", "))
 }
@@ -163,4 +172,21 @@ func equivocatingPublish(ctx context.Context, net p2p.Network, step uint32, batc
 	}
 	_, err = net.Publish(ctx, step, batch, reencode(payload, flip))
 	return ann, err
+}
+
+// repeatingPublish announces a blob of 256 blocks that are all the payload's
+// first block: a victim that trusted the listing would assemble 256 MiB from
+// one fetched block.
+func repeatingPublish(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+	f, ok := net.(p2p.Forger)
+	if !ok {
+		return p2p.Announcement{}, fmt.Errorf("node: the network %T cannot forge announcements", net)
+	}
+	const times = 256
+	first := p2p.BlockDigests(payload[:min(len(payload), p2p.BlockSize)])[0]
+	ref := p2p.BlobRef{Size: times * p2p.BlockSize, Blocks: make([]coordinator.Hash, times)}
+	for i := range ref.Blocks {
+		ref.Blocks[i] = first
+	}
+	return f.Forge(ctx, step, batch, payload, ref)
 }

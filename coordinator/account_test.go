@@ -90,6 +90,7 @@ func TestGoStructsMatchLayout(t *testing.T) {
 		"epoch.start_timestamp":           unsafe.Pointer(&s.Epoch.StartTimestamp),
 		"epoch.checkpointed":              unsafe.Pointer(&s.Epoch.Checkpointed),
 		"pending_len":                     unsafe.Pointer(&s.PendingLen),
+		"next_round_seed":                 unsafe.Pointer(&s.NextRoundSeed),
 	} {
 		want, ok := offset[name]
 		if !ok {

@@ -367,4 +367,5 @@ func (c *cursor) coordinator(s *Coordinator) {
 	c.array("pending", MaxClients, func(i int) { c.clientID(&s.Pending[i]) })
 	c.u16("pending_len", &s.PendingLen)
 	c.pad(6)
+	c.u64("next_round_seed", &s.NextRoundSeed)
 }

@@ -10,7 +10,18 @@ const (
 	SaltCommittee  = "committee"
 	SaltWitness    = "witness"
 	SaltCheckpoint = "checkpoint"
+	// SaltFirstRound derives an epoch's first training round's seed from the
+	// seed drawn when its warmup starts (see FirstRoundSeed).
+	SaltFirstRound = "first-round"
 )
+
+// FirstRoundSeed is the seed of an epoch's first training round, drawn with
+// its warmup's: le64(ShuffleKey(seed, SaltFirstRound)[0:8]). Each later
+// round's seed is drawn when the round before it starts.
+func FirstRoundSeed(warmupSeed uint64) uint64 {
+	k := ShuffleKey(warmupSeed, SaltFirstRound)
+	return binary.LittleEndian.Uint64(k[:8])
+}
 
 // ShuffleKey derives the key of one shuffle: sha256(sha256(le64(seed)) ‖ salt).
 func ShuffleKey(seed uint64, salt string) Hash {

@@ -169,11 +169,40 @@ func runProgram(t *testing.T, prog []byte) (visited [numRunStates]bool) {
 		if s.Progress.Step < step && !rewritesProgress {
 			t.Fatalf("op %d (%s): step went back from %d to %d", pc/2, ix.Name(), step, s.Progress.Step)
 		}
+		checkNextRound(t, &before, s, ix, ctx.Now, res.Changed)
 		checkInvariants(t, s, pc%32 == 0)
 		visited[s.RunState] = true
 	}
 	checkInvariants(t, s, true)
 	return visited
+}
+
+// checkNextRound checks the two predictions a state makes about the next
+// instruction: a tick at now changes it exactly when DueAt says it is due,
+// and a training round that starts right after a round of the same epoch is
+// the one NextRound announced (its seed drawn a round earlier).
+func checkNextRound(t *testing.T, before, after *Coordinator, ix Instruction, now uint64, changed bool) {
+	t.Helper()
+	if _, ok := ix.(*Tick); ok {
+		at, due := before.DueAt(now)
+		if changed != (due && at <= now) {
+			t.Fatalf("tick at %d in %s: changed=%v, but DueAt said %d (due %v)", now, before.RunState, changed, at, due)
+		}
+	}
+	pred, trainers, ok := before.NextRound()
+	if !ok || after.RunState != RoundTrain || before.Progress.Epoch != after.Progress.Epoch || before.Epoch.FirstRound {
+		return
+	}
+	if cur := after.CurrentRound(); cur.Height == pred.Height {
+		if *cur != pred {
+			t.Fatalf("round h%d started as %+v, NextRound said %+v", cur.Height, *cur, pred)
+		}
+		for i, k := range trainers {
+			if after.Epoch.Clients[i].ID.Signer != k {
+				t.Fatalf("round h%d: trainer %d differs from NextRound's", cur.Height, i)
+			}
+		}
+	}
 }
 
 // TestRandomProgramsReachEveryState runs the fuzz driver on seeded random

@@ -178,6 +178,7 @@ func (s *Coordinator) startWarmup(now, seed uint64) {
 	// The warmup round (slot 0) elects the warmup witnesses; the first
 	// training round replaces it.
 	e.Rounds[0] = Round{DataIndex: s.Progress.EpochStartDataIndex, RandomSeed: seed, ClientsLen: n}
+	s.NextRoundSeed = FirstRoundSeed(seed)
 	s.setState(Warmup, now)
 }
 
@@ -201,7 +202,9 @@ func (s *Coordinator) tickWarmup(now, seed uint64) bool {
 
 // startRoundTrain begins the next round of the epoch. Clients that are no
 // longer healthy leave the list first, so every listed client of a round is a
-// trainer of it.
+// trainer of it. The round takes the seed drawn when the previous one began
+// (NextRoundSeed), and seed becomes the next round's: a round's data
+// assignment is knowable one round before it starts.
 func (s *Coordinator) startRoundTrain(now, seed uint64) {
 	e := &s.Epoch
 	s.exitUnhealthy()
@@ -214,7 +217,8 @@ func (s *Coordinator) startRoundTrain(now, seed uint64) {
 		height = prev.Height + 1
 		dataIndex = prev.DataIndex + uint64(s.RoundBatchSize(prev))
 	}
-	e.Rounds[slot] = Round{DataIndex: dataIndex, RandomSeed: seed, Height: height, ClientsLen: e.ClientsLen}
+	e.Rounds[slot] = Round{DataIndex: dataIndex, RandomSeed: s.NextRoundSeed, Height: height, ClientsLen: e.ClientsLen}
+	s.NextRoundSeed = seed
 	e.CurrentRound = slot
 	s.setState(RoundTrain, now)
 }

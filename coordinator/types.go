@@ -380,4 +380,10 @@ type Coordinator struct {
 	Pending       [MaxClients]ClientID
 	PendingLen    uint16
 	_             [6]byte
+	// NextRoundSeed is the seed the epoch's next training round will use:
+	// drawn when the round before it starts (the first round's when the
+	// warmup starts), so that trainers know that round's data assignment
+	// one round early and train it while this one is witnessed (DESIGN.md
+	// §3.6). Appended at the end of the account: no offset moved.
+	NextRoundSeed uint64
 }

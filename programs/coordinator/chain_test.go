@@ -230,7 +230,7 @@ func (r *onChain) check(label string, ix coord.Instruction, sender coord.Pubkey)
 	if err != nil {
 		r.t.Fatalf("%s: the program wrote an account Go cannot decode: %v", label, err)
 	}
-	want := goRun(r.goAcct, coord.EncodeInstruction(ix), coord.Context{Sender: sender, Now: s.RunStateStart, Seed: s.CurrentRound().RandomSeed})
+	want := goRun(r.goAcct, coord.EncodeInstruction(ix), coord.Context{Sender: sender, Now: s.RunStateStart, Seed: drawnSeed(s)})
 	if want.code != 0 {
 		r.t.Fatalf("%s: Go rejects what the program accepted: %s", label, codeName(want.code))
 	}
@@ -238,6 +238,16 @@ func (r *onChain) check(label string, ix coord.Instruction, sender coord.Pubkey)
 		r.t.Fatalf("%s: %s", label, d)
 	}
 	r.goAcct = onChain
+}
+
+// drawnSeed is the seed the program drew for the instruction that wrote s,
+// where it matters: a warmup's is its round's, and a training round that
+// starts stores its draw as the next round's seed.
+func drawnSeed(s *coord.Coordinator) uint64 {
+	if s.RunState == coord.Warmup {
+		return s.CurrentRound().RandomSeed
+	}
+	return s.NextRoundSeed
 }
 
 // chain is a minimal Solana RPC client for the test.

@@ -450,7 +450,7 @@ func (r *costRun) checkWith(label string, ix coord.Instruction, sender ed25519.P
 	if err != nil {
 		r.t.Fatalf("%s: the program wrote an account Go cannot decode: %v", label, err)
 	}
-	ctx := coord.Context{Sender: coord.Pubkey(soltest.Pub(sender)), CoSigner: co, Now: s.RunStateStart, Seed: s.CurrentRound().RandomSeed}
+	ctx := coord.Context{Sender: coord.Pubkey(soltest.Pub(sender)), CoSigner: co, Now: s.RunStateStart, Seed: drawnSeed(s)}
 	want := goRun(r.goAcct, coord.EncodeInstruction(ix), ctx)
 	if want.code != 0 {
 		r.t.Fatalf("%s: Go rejects what the program accepted: %s", label, codeName(want.code))

@@ -657,6 +657,10 @@ static void start_warmup(struct psy_account *s, uint64_t now, uint64_t seed)
 	e->rounds[0].data_index = s->progress.epoch_start_data_index;
 	e->rounds[0].random_seed = seed;
 	e->rounds[0].clients_len = n;
+	/* The first training round's seed: le64(shuffle_key(seed, "first-round")[0:8]). */
+	uint8_t key[32];
+	psy_shuffle_key(seed, "first-round", 11, key);
+	s->next_round_seed = le64(key);
 	set_state(s, ST_WARMUP, now);
 }
 
@@ -676,7 +680,10 @@ static void start_round_train(struct psy_account *s, uint64_t now, uint64_t seed
 	struct psy_round *r = &e->rounds[slot];
 	clear(r, sizeof *r);
 	r->data_index = data_index;
-	r->random_seed = seed;
+	/* The seed drawn when the previous round began; this one's draw is the
+	 * next round's, so a round's data assignment is known a round early. */
+	r->random_seed = s->next_round_seed;
+	s->next_round_seed = seed;
 	r->height = height;
 	r->clients_len = e->clients_len;
 	e->current_round = slot;

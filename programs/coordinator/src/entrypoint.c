@@ -40,6 +40,18 @@
  * order, never custody of funds. The key and nonce make seeds of different
  * runs (and of several ticks in one slot) differ.
  *
+ * The seed a round-starting instruction draws is the next round's
+ * (next_round_seed); the round that starts takes the one drawn a round
+ * earlier (an epoch's first round: derived from its warmup's seed). Trainers
+ * thus know round h+1's data assignment and witnesses while round h runs and
+ * train it in the meantime. The grinding window is the same (one tick
+ * chooses one seed); what changes is that its outcome is public one round
+ * before it is used, and the ticker chooses it before knowing which clients
+ * round h's health checks will drop, which only blurs its aim. Knowing one's
+ * batch or witness slot a round early gives nothing to use: witness reports
+ * are accepted only for the current round, and a batch's result is checked
+ * against the round that assigned it.
+ *
  * Errors: the coordinator's codes (6000+) come from the core. Problems with
  * the accounts themselves are Solana's built-in program errors (below).
  */

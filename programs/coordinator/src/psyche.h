@@ -264,11 +264,12 @@ struct psy_account {
 	struct psy_client_id pending[PSY_MAX_CLIENTS];
 	uint16_t pending_len;
 	uint8_t pad1[6];
+	uint64_t next_round_seed; /* the next training round's seed, drawn one round early */
 };
 
 #define PSY_OFF(f) __builtin_offsetof(struct psy_account, f)
 /* Rows of coordinator/testdata/account_layout.golden. */
-_Static_assert(sizeof(struct psy_account) == 162728, "account size");
+_Static_assert(sizeof(struct psy_account) == 162736, "account size");
 _Static_assert(PSY_OFF(nonce) == 16 && PSY_OFF(run_state) == 120 && PSY_OFF(run_state_start) == 128, "header");
 _Static_assert(PSY_OFF(metadata) == 136 && PSY_OFF(config) == 344 && PSY_OFF(config.verification_percent) == 414, "config");
 _Static_assert(PSY_OFF(model) == 416 && PSY_OFF(model.checkpoint_kind) == 440 && PSY_OFF(model.checkpoint.url) == 448, "model");
@@ -280,6 +281,7 @@ _Static_assert(PSY_OFF(epoch.rounds[0].data_index) == 23336 && PSY_OFF(epoch.rou
 _Static_assert(PSY_OFF(epoch.clients) == 91016 && sizeof(struct psy_client) == 72 && PSY_OFF(epoch.exited) == 109448, "clients");
 _Static_assert(PSY_OFF(epoch.start_timestamp) == 146312 && PSY_OFF(epoch.checkpointed) == 146335, "epoch");
 _Static_assert(PSY_OFF(pending) == 146336 && PSY_OFF(pending_len) == 162720, "pending");
+_Static_assert(PSY_OFF(next_round_seed) == 162728, "next round seed");
 
 /* What an instruction is applied with (coordinator.Context). */
 struct psy_ctx {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -58,6 +59,7 @@ type config struct {
 	p2p      P2P
 	log      *slog.Logger
 	interval time.Duration
+	manual   bool // Serve never ticks: the owner calls Tick
 	now      func() time.Time
 	seed     func() uint64
 	metrics  *Metrics
@@ -77,7 +79,10 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithTickInterval sets how often Run ticks every run (default 1s).
+// WithTickInterval sets the longest Serve waits between ticks (default 1s).
+// Serve also ticks when a run's next transition falls due (the second its
+// timeout ends, coordinator.DueAt) and after every instruction that changed a
+// run, so a transition never waits for the interval.
 func WithTickInterval(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -86,6 +91,13 @@ func WithTickInterval(d time.Duration) Option {
 		c.interval = d
 		return nil
 	}
+}
+
+// WithManualTicks makes Serve never tick by itself: the owner calls Tick
+// (a virtual clock that ticks when it moves, a test that must see exactly
+// the acknowledged state).
+func WithManualTicks() Option {
+	return func(c *config) error { c.manual = true; return nil }
 }
 
 // WithClock replaces the wall clock (tests).
@@ -132,6 +144,10 @@ type Server struct {
 
 	pmu     sync.Mutex
 	members map[string][]coordinator.Pubkey // by run: what cfg.p2p was last told
+
+	// changed wakes Serve's ticker: an instruction changed a run, which may
+	// have made a transition due sooner.
+	changed chan struct{}
 }
 
 // setMembers records a run's members (nil state: the run is gone) and
@@ -191,7 +207,7 @@ func New(dir string, opts ...Option) (*Server, error) {
 		cfg.log.Info("loaded run", "run", id, "state", r.state.RunState.String(), "epoch", r.state.Progress.Epoch, "step", r.state.Progress.Step)
 	}
 	cfg.metrics.Runs.Set(float64(len(runs)))
-	s := &Server{dir: dir, cfg: cfg, runs: runs, members: map[string][]coordinator.Pubkey{}}
+	s := &Server{dir: dir, cfg: cfg, runs: runs, members: map[string][]coordinator.Pubkey{}, changed: make(chan struct{}, 1)}
 	for id, r := range runs {
 		s.setMembers(id, r.state)
 	}
@@ -352,6 +368,7 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 	if res.Changed {
 		r.notify()
 		s.setMembers(id, r.state)
+		s.wake()
 	}
 	s.cfg.log.Debug("instruction", "run", id, "ix", ix.Name(), "from", res.From.String(), "to", res.To.String())
 	return name, &Result{Changed: res.Changed, From: res.From.String(), To: res.To.String(), Nonce: next.Nonce}, nil, http.StatusOK
@@ -519,7 +536,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(l) }()
-	t := time.NewTicker(s.cfg.interval)
+	t := time.NewTimer(s.untilDue())
 	defer t.Stop()
 	s.cfg.log.Info("server listening", "addr", l.Addr().String(), "dir", s.dir)
 	for {
@@ -533,8 +550,49 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return fmt.Errorf("server: %w", err)
 		case <-t.C:
 			s.Tick()
+		case <-s.changed:
+		}
+		t.Reset(s.untilDue())
+	}
+}
+
+// wake tells Serve that a run changed outside a tick.
+func (s *Server) wake() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// minTickWait keeps a tick that is due but cannot be persisted from
+// spinning.
+const minTickWait = 5 * time.Millisecond
+
+// untilDue is how long Serve sleeps before the next tick: until the first
+// run's next transition falls due (its state's timeout ends at a whole
+// second, coordinator.DueAt), at most the tick interval. Ticking sooner than
+// the interval changes no timeout: it only stops a due transition waiting.
+func (s *Server) untilDue() time.Duration {
+	wait := s.cfg.interval
+	if s.cfg.manual {
+		return time.Duration(math.MaxInt64)
+	}
+	now := s.cfg.now()
+	s.mu.Lock()
+	runs := make([]*run, 0, len(s.runs))
+	for _, r := range s.runs {
+		runs = append(runs, r)
+	}
+	s.mu.Unlock()
+	for _, r := range runs {
+		r.mu.Lock()
+		at, ok := r.state.DueAt(uint64(now.Unix()))
+		r.mu.Unlock()
+		if ok {
+			wait = min(wait, time.Unix(int64(at), 0).Sub(now))
 		}
 	}
+	return max(wait, minTickWait)
 }
 
 // Run listens on addr and serves until ctx ends.

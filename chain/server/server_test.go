@@ -202,11 +202,11 @@ const childEnv = "PSYCHE_SERVER_TEST_CHILD"
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(childEnv); dir != "" {
-		// The child does not tick on its own (an hour between ticks): what
-		// a restart must keep is exactly what was acknowledged, and a tick
-		// racing the kill would move the run on (four joiners start an
-		// epoch) while the test compares states.
-		s, err := New(dir, WithTickInterval(time.Hour))
+		// The child does not tick on its own: what a restart must keep is
+		// exactly what was acknowledged, and a tick racing the kill would
+		// move the run on (four joiners start an epoch) while the test
+		// compares states.
+		s, err := New(dir, WithManualTicks())
 		if err != nil {
 			fmt.Println("error:", err)
 			os.Exit(1)
@@ -404,5 +404,55 @@ func TestP2PHost(t *testing.T) {
 	_, _, plain := newTestServer(t, t.TempDir())
 	if _, err := NewClient(plain.URL, nil).P2PBootstrap(ctx); !errors.Is(err, chain.ErrNoP2P) {
 		t.Errorf("a server without a p2p host: %v, want ErrNoP2P", err)
+	}
+}
+
+// TestTicksWhenDue checks the ticker's schedule: with nothing due it sleeps
+// the whole interval; an instruction that changes a run wakes it; once a
+// transition has a deadline, it sleeps exactly until that second.
+func TestTicksWhenDue(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 250_000_000)}
+	s, err := New(t.TempDir(), WithClock(clock.Now), WithTickInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+	c := NewClient(hs.URL, nil)
+	ctx := context.Background()
+	admin := backendtest.Key("admin")
+	id, _ := coordinator.ParseRunID("due")
+	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
+	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
+		&coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{}} {
+		if _, err := c.Send(ctx, "due", admin, nil, ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.untilDue(); got != time.Hour {
+		t.Fatalf("waiting for members, none pending: sleeps %v, want the interval", got)
+	}
+	<-s.changed // the instructions above woke it
+	for i := 0; i < int(k.InitMinClients); i++ {
+		who := backendtest.Key(fmt.Sprintf("client%d", i))
+		if _, err := c.Send(ctx, "due", who, nil, &coordinator.JoinRun{ID: coordinator.ClientID{Signer: who.Public(), P2P: coordinator.Pubkey{byte(i + 1)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-s.changed:
+	default:
+		t.Fatal("a join did not wake the ticker")
+	}
+	// Enough joiners: due when waiting_for_members_extra_time has passed
+	// since the state began (a whole second, 1_700_000_000).
+	want := time.Unix(1_700_000_000+int64(max(k.WaitingForMembersExtraTime, 1)), 0).Sub(clock.Now())
+	if got := s.untilDue(); got != want {
+		t.Fatalf("sleeps %v, want %v (until the warmup is due)", got, want)
+	}
+	clock.Advance(want)
+	s.Tick()
+	if snap, err := c.Snapshot(ctx, "due"); err != nil || snap.State.RunState != coordinator.Warmup {
+		t.Fatalf("the tick at the due second did not start the warmup: %v %v", snap, err)
 	}
 }

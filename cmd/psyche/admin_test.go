@@ -36,7 +36,7 @@ func (c *testClock) add(d time.Duration) {
 func startServer(t *testing.T) (string, *testClock) {
 	t.Helper()
 	clock := &testClock{now: time.Unix(1_750_000_000, 0)}
-	return serve(t, server.WithClock(clock.Now), server.WithTickInterval(time.Hour)), clock
+	return serve(t, server.WithClock(clock.Now), server.WithManualTicks()), clock
 }
 
 // startRealServer runs a server backend on wall time, ticking every 100 ms.

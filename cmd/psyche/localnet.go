@@ -257,11 +257,12 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 			})
 		}
 	} else {
-		opts := []server.Option{server.WithTickInterval(100 * time.Millisecond), server.WithLogger(log)}
+		// The server ticks when a transition falls due: no short interval needed.
+		opts := []server.Option{server.WithLogger(log)}
 		if virtual {
 			lb.clock = newClock()
 			// The server ticks when the clock moves, not by itself.
-			opts = []server.Option{server.WithTickInterval(time.Hour), server.WithLogger(log), server.WithClock(lb.clock.Now)}
+			opts = []server.Option{server.WithManualTicks(), server.WithLogger(log), server.WithClock(lb.clock.Now)}
 		}
 		srv, err := server.New(filepath.Join(dir, "server"), opts...)
 		if err != nil {

@@ -77,7 +77,7 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 		t.Fatal(err)
 	}
 	// The server ticks when the clock moves (and not by itself).
-	srv, err := server.New(filepath.Join(dir, "server"), server.WithClock(c.clock.Now), server.WithTickInterval(time.Hour))
+	srv, err := server.New(filepath.Join(dir, "server"), server.WithClock(c.clock.Now), server.WithManualTicks())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -120,6 +120,7 @@ func names(kv map[string]string, key string) []string {
 //	deliver                          the last Ready's instructions, sent as me
 //	loaded                           the load the last Ready asked for is done
 //	trained [loss=2.5]               the batch the last Ready asked for is trained and published
+//	                                 (a batch trained ahead answers nothing: the driver keeps it)
 //	announce who=b [step=S] [v=2]    b's result for step S (default: the current one) is announced;
 //	                                 v names another version of it (b equivocates)
 //	fetched who=b [step=S] [v=2] [err=timeout|invalid]   b's result arrived, or its fetch failed
@@ -179,8 +180,8 @@ func (h *harness) run(line string) string {
 		return h.ready(h.m.loaded(h.last.Load.Epoch))
 	case "trained":
 		w := h.last.Train
-		if w == nil {
-			h.t.Fatalf("trained: the last Ready asked for no training")
+		if w == nil || w.Ahead {
+			h.t.Fatalf("trained: the last Ready asked for no training to publish")
 		}
 		loss, err := strconv.ParseFloat(kv["loss"], 32)
 		if err != nil {
@@ -366,7 +367,14 @@ func (h *harness) ready(rd Ready) string {
 		out = append(out, fmt.Sprintf("load epoch=%d keep=%v", l.Epoch, l.Keep))
 	}
 	if w := rd.Train; w != nil {
-		out = append(out, fmt.Sprintf("train step=%d batch=[%d,%d) lr=%g", w.Step, w.Batch.Start, w.Batch.End, w.LR))
+		flag := ""
+		switch {
+		case w.Ahead:
+			flag = " ahead"
+		case w.Reuse:
+			flag = " reuse"
+		}
+		out = append(out, fmt.Sprintf("train step=%d batch=[%d,%d) lr=%g%s", w.Step, w.Batch.Start, w.Batch.End, w.LR, flag))
 	}
 	for _, ix := range rd.Send {
 		out = append(out, "send "+h.describeIx(ix))

@@ -3,6 +3,7 @@ package node
 import (
 	"crypto/sha256"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -35,6 +36,9 @@ type machine struct {
 	loss     float32                   // loss of the last trained batch
 	pulling  bool                      // a pull is in flight
 	diverged bool                      // a round was applied without every consensus result
+	// ahead is the gradient trained ahead for the next round (TrainWork.Ahead),
+	// valid until the model changes (an apply or a load clears it).
+	ahead *TrainWork
 
 	dueSince     uint64 // when a tick became due (unix seconds; 0: none is due)
 	tickInFlight bool   // a tick instruction is on its way
@@ -89,7 +93,10 @@ type result struct {
 
 type roundState struct {
 	trained, witnessed, applied, checked bool
-	due                                  *dueRound // set when the round's results are due and not yet applied
+	// done: this node's training of the round is published (or it had no
+	// batch): the round before may now be applied (see applyDue).
+	done bool
+	due  *dueRound // set when the round's results are due and not yet applied
 }
 
 // dueRound keeps what deciding a round's consensus needs after the
@@ -152,10 +159,23 @@ type LoadWork struct {
 }
 
 // TrainWork describes this node's batch of a round.
+//
+// Ahead: the round has not started; its assignment is the coordinator's
+// NextRound. Compute the batch's gradient on the model as it is now, in the
+// background, and keep it; nothing is published and nothing answers. The
+// driver must finish it before it changes the model (an apply, a load) or
+// trains again.
+//
+// Reuse: the gradient trained ahead for this step and batch is still valid
+// (the model has not changed since): step the optimizer with it and publish
+// instead of computing it again. A driver that holds no such gradient
+// computes it.
 type TrainWork struct {
 	Step  uint32
 	Batch p2p.BatchRange
 	LR    float32
+	Ahead bool
+	Reuse bool
 }
 
 // ApplyWork is a round's consensus results. Missing lists batches that a
@@ -237,6 +257,7 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 			m.train(&rd)
 			m.healthChecks(&rd)
 		}
+		m.trainAhead(&rd)
 		m.maybeWitness(&rd)
 	case coordinator.Cooldown:
 		m.cooldown(&rd)
@@ -253,6 +274,7 @@ func (m *machine) loadWork() *LoadWork {
 	m.cur() // turn the page: prev is the epoch before
 	keep := s.Progress.Epoch > 0 && m.prev.epoch == s.Progress.Epoch-1 && m.prev.held &&
 		s.Model.Checkpoint.Kind == coordinator.CheckpointP2P
+	m.ahead = nil // the model is replaced (or kept, but a new epoch's rounds are not the ones guessed)
 	return &LoadWork{Epoch: s.Progress.Epoch, Keep: keep, State: s}
 }
 
@@ -394,6 +416,7 @@ func (m *machine) progress(rd *Ready) {
 		return
 	}
 	m.applyDue(rd)
+	m.trainAhead(rd)
 	m.maybeWitness(rd)
 }
 
@@ -420,12 +443,14 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 	return rd
 }
 
-// trainedResult takes this node's own published result.
+// trainedResult takes this node's own published result. The round before
+// it may now be applied, and then the next round trained ahead.
 func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, loss float32) Ready {
 	m.store(a, f)
 	m.loss = loss
+	m.round(a.Step).done = true
 	var rd Ready
-	m.maybeWitness(&rd)
+	m.progress(&rd)
 	return rd
 }
 
@@ -462,6 +487,7 @@ func (m *machine) tick(now uint64) Ready {
 	}
 	if rd.Pull == nil {
 		m.applyDue(&rd)
+		m.trainAhead(&rd)
 	}
 	return rd
 }
@@ -571,13 +597,66 @@ func (m *machine) train(rd *Ready) {
 		return
 	}
 	rs.trained = true
+	ahead := m.ahead
+	m.ahead = nil
 	i, _ := m.member()
 	assignment := s.RoundAssignment(s.CurrentRound())
 	if int(i) >= len(assignment) || assignment[i].Count == 0 {
+		rs.done = true
 		return // more trainers than sequences this round
 	}
 	d := assignment[i]
-	rd.Train = &TrainWork{Step: step, Batch: p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}, LR: schedule.LR(s.Model.LR, step)}
+	w := &TrainWork{Step: step, Batch: p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}, LR: schedule.LR(s.Model.LR, step)}
+	// The guess was right (the same clients started the round): the
+	// gradient trained ahead is this batch's, on this model.
+	w.Reuse = ahead != nil && ahead.Step == w.Step && ahead.Batch == w.Batch
+	rd.Train = w
+}
+
+// trainAhead trains the next round's batch while this one is witnessed: its
+// data assignment is known a round early (the coordinator's NextRound), and
+// the model it must be trained on is the one this node holds once it has
+// published this round's result and applied the round before (each round is
+// applied two rounds after it is trained, so this is the order every
+// trainer follows, ahead or not). If a client is dropped before the round
+// starts, or the epoch ends instead, the assignment differs and train asks
+// for the batch again; nothing trained ahead is published. Once a round.
+func (m *machine) trainAhead(rd *Ready) {
+	s := m.snap
+	if rd.Train != nil || (s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness) || !m.cur().ready {
+		return
+	}
+	if _, ok := m.member(); !ok {
+		return
+	}
+	step, e := s.Progress.Step, &s.Epoch
+	if rs := m.rounds[step]; rs == nil || !rs.done || (m.ahead != nil && m.ahead.Step == step+1) {
+		return
+	}
+	if next := m.rounds[step+1]; next != nil && next.trained {
+		return
+	}
+	if s.CurrentRound().Height >= 1 {
+		if prev := m.rounds[step-1]; prev == nil || !prev.applied {
+			return // the next round trains on the model with the round before this one applied
+		}
+	}
+	if (e.LastStep != 0 && step+1 >= e.LastStep) || step+1 >= s.Config.TotalSteps || s.PendingPause {
+		return // the epoch ends after this round
+	}
+	r, trainers, ok := s.NextRound()
+	if !ok {
+		return
+	}
+	i := slices.Index(trainers, m.id.Signer)
+	assignment := s.RoundAssignment(&r)
+	if i < 0 || i >= len(assignment) || assignment[i].Count == 0 {
+		return
+	}
+	d := assignment[i]
+	m.ahead = &TrainWork{Step: step + 1, Batch: p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}, LR: schedule.LR(s.Model.LR, step+1), Ahead: true}
+	w := *m.ahead
+	rd.Train = &w
 }
 
 // maybeWitness sends the witness report for the current round once every
@@ -701,23 +780,38 @@ func (m *machine) healthChecks(rd *Ready) {
 // applyDue applies the consensus results of each round two rounds later
 // (train h, witness h during h+1, apply at the start of h+2), in round order,
 // once. Every node applies the same results in the same order, so their
-// models stay equal. When a round becomes due, its witness reports are copied
-// (the ring will drop them); a result that a quorum of witnesses counted but
-// this node does not apply is missing: it is pulled from peers, and the
-// apply waits for it (keeping later rounds waiting too) until the epoch
-// ends, when what is there is applied. A round applied with anything
-// missing leaves this node's model different from the others' (diverged):
-// it is neither served nor saved, and the next epoch loads a checkpoint.
+// models stay equal. A round is final once the next one starts (its
+// witnesses are in), so round h is applied as soon as this node has
+// published its result of round h+1 (trained on the model without h): the
+// node then trains h+2 ahead on the model round h+2 needs. At the epoch's
+// end (Cooldown) every round but the last is applied, by every node alike.
+// When a round becomes due, its witness reports are copied (the ring will
+// drop them); a result that a quorum of witnesses counted but this node
+// does not apply is missing: it is pulled from peers, and the apply waits
+// for it (keeping later rounds waiting too) until the epoch ends, when what
+// is there is applied. A round applied with anything missing leaves this
+// node's model different from the others' (diverged): it is neither served
+// nor saved, and the next epoch loads a checkpoint.
 func (m *machine) applyDue(rd *Ready) {
 	s := m.snap
 	training := s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness
-	if training {
+	if training || s.RunState == coordinator.Cooldown {
 		cur := s.CurrentRound()
-		for back := uint32(3); back >= 2; back-- {
+		curStep := s.Progress.Step // the step the current round trains
+		if !training {
+			curStep-- // the epoch's last round, which ended the epoch
+		}
+		for back := uint32(3); back >= 1; back-- {
 			if cur.Height < back {
 				continue
 			}
-			step := s.Progress.Step - back
+			if back == 1 && training && !m.round(curStep).done {
+				// The round before the current one is final (its witnesses
+				// are in), but this node trains the current round on the
+				// model without it first.
+				continue
+			}
+			step := curStep - back
 			if rs := m.round(step); !rs.applied && rs.due == nil {
 				r := *s.RoundAtHeight(cur.Height - back)
 				rs.due = &dueRound{round: r, assignment: s.RoundAssignment(&r), signers: m.signers(&r)}
@@ -801,6 +895,7 @@ func (m *machine) applyDue(rd *Ready) {
 	}
 	rs.applied = true
 	rs.due = nil
+	m.ahead = nil // trained on the model before this apply
 	rd.Apply = &work
 }
 

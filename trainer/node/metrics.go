@@ -25,6 +25,8 @@ type Metrics struct {
 	WitnessReports     prometheus.Counter // witness and warmup witness reports sent
 	Ticks              prometheus.Counter // tick instructions sent (WithTicking)
 	ComputeSeconds     prometheus.Counter // training and applying; the rest of a round is coordination and networking
+	AheadTrained       prometheus.Counter // gradients trained ahead for the next round (while this one was witnessed)
+	AheadReused        prometheus.Counter // of those, published: the round started as guessed
 }
 
 // NewMetrics returns a node's metrics under psyche_*, registered with reg
@@ -51,10 +53,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		WitnessReports: counter("witness_reports_total", "Witness reports sent."),
 		Ticks:          counter("ticks_sent_total", "Tick instructions sent (trainers tick Solana runs)."),
 		ComputeSeconds: counter("compute_seconds_total", "Time spent training batches and applying rounds (the rest of a round is coordination and networking)."),
+		AheadTrained:   counter("ahead_trained_total", "Batches trained ahead, before their round started."),
+		AheadReused:    counter("ahead_reused_total", "Batches trained ahead and published: their round started as guessed."),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Epoch, m.Step, m.State, m.Loss, m.Steps, m.Tokens, m.SentBytes, m.ReceivedBytes,
-			m.RoundsApplied, m.ResultsApplied, m.ResultsMissing, m.WitnessReports, m.Ticks, m.ComputeSeconds)
+			m.RoundsApplied, m.ResultsApplied, m.ResultsMissing, m.WitnessReports, m.Ticks, m.ComputeSeconds, m.AheadTrained, m.AheadReused)
 	}
 	return m
 }

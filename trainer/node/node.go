@@ -2,7 +2,13 @@
 // coordinator, joins every epoch, loads the model, trains its assigned batch
 // each round, publishes the compressed result to its peers, fetches theirs,
 // witnesses rounds when elected, applies each round's consensus results two
-// rounds later, and records checkpoints when elected. At the end of an epoch
+// rounds later, and records checkpoints when elected. It trains ahead: the
+// coordinator fixes each round's seed a round early, so once this node has
+// published round h and applied h-1 it computes its round h+1 gradient in the
+// background while round h is witnessed, and publishes it the moment h+1
+// starts as guessed (the same model either way: every node applies the same
+// rounds in the same order, and a gradient trained ahead is dropped whenever
+// the model changes or the round starts otherwise). At the end of an epoch
 // it offers its model to the next epoch's joiners, and as a joiner it loads
 // the model from them (P2P checkpoints) or from the run's file or http(s)
 // source. On a backend nobody ticks (Solana), it ticks (WithTicking).
@@ -197,6 +203,9 @@ type Node struct {
 	opt     *distro.DeMo
 	data    *data.Provider
 	dataLoc string
+	// ahead is the gradient being trained ahead, or held, for the next
+	// round (TrainWork.Ahead); only the Run loop reads or replaces it.
+	ahead *aheadRun
 }
 
 // New creates a node for a run over network (Start creates both).
@@ -278,6 +287,7 @@ func (n *Node) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer n.finishAhead() // nothing uses the model after Run
 	ev := events{fetched: make(chan fetchResult, 16), pulled: make(chan pullResult, 1), ticked: make(chan func(), 1)}
 	anns := n.net.Announcements()
 	tick, stopTick := n.cfg.clock.Ticker(time.Second)
@@ -433,8 +443,11 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 			next = append(next, n.m.loaded(rd.Load.Epoch))
 		}
 	}
-	if rd.Train != nil {
-		ann, frame, loss, err := n.train(ctx, rd.Train)
+	if w := rd.Train; w != nil && w.Ahead {
+		n.dropAhead()
+		n.startAhead(ctx, *w)
+	} else if w != nil {
+		ann, frame, loss, err := n.train(ctx, w)
 		if err != nil {
 			return nil, false, err
 		}
@@ -464,6 +477,9 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 				working()
 			}
 		}()
+	}
+	if rd.Share != nil || rd.Save != nil {
+		n.finishAhead() // a gradient trained ahead for a round that never came
 	}
 	if rd.Share != nil {
 		n.shareModel(ctx, *rd.Share)

@@ -20,6 +20,7 @@ import (
 // checkpoints serve); any other loads the checkpoint source: the file the
 // run names, or (P2P) the model the previous epoch's clients offer.
 func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel bool) error {
+	n.dropAhead()
 	m := &s.Model
 	cfg, err := runmodel.GPT(m)
 	if err != nil {
@@ -128,8 +129,47 @@ func (n *Node) checkpointWait(s *coordinator.Coordinator) time.Duration {
 	return max(5*time.Second, time.Duration(s.Config.WarmupTime)*time.Second/2)
 }
 
-// train runs this node's batch, steps the optimizer and publishes the result.
-func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *distro.Frame, float32, error) {
+// aheadRun is a gradient trained ahead in the background (TrainWork.Ahead):
+// the model's gradient tensors hold it once done is closed.
+type aheadRun struct {
+	work TrainWork
+	done chan struct{}
+	loss float32
+	err  error
+}
+
+// startAhead computes w's gradient in the background. The Run loop goes on
+// meanwhile (fetching, witnessing); anything that touches the model waits
+// for it first (finishAhead).
+func (n *Node) startAhead(ctx context.Context, w TrainWork) {
+	a := &aheadRun{work: w, done: make(chan struct{})}
+	n.ahead = a
+	n.cfg.metrics.AheadTrained.Inc()
+	working := n.cfg.clock.Work()
+	go func() {
+		defer working()
+		defer close(a.done)
+		a.loss, a.err = n.gradient(ctx, &a.work)
+	}()
+}
+
+// finishAhead waits for the gradient trained ahead, if one is running.
+func (n *Node) finishAhead() {
+	if n.ahead != nil {
+		<-n.ahead.done
+	}
+}
+
+// dropAhead forgets the gradient trained ahead: the model is about to
+// change, so it no longer belongs to it.
+func (n *Node) dropAhead() {
+	n.finishAhead()
+	n.ahead = nil
+}
+
+// gradient reads w's batch and leaves the model's gradient on it in the
+// model's gradient tensors; it returns the loss.
+func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, error) {
 	seqLen := n.model.Context
 	count := int(w.Batch.End - w.Batch.Start)
 	in, tg := make([]uint32, 0, count*seqLen), make([]uint32, 0, count*seqLen)
@@ -137,20 +177,41 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	for idx := w.Batch.Start; idx < w.Batch.End; idx++ {
 		seq, err := n.data.Sequence(ctx, idx, buf)
 		if err != nil {
-			return p2p.Announcement{}, nil, 0, fmt.Errorf("node: data index %d: %w", idx, err)
+			return 0, fmt.Errorf("node: data index %d: %w", idx, err)
 		}
 		in = append(in, seq[:seqLen]...)
 		tg = append(tg, seq[1:seqLen+1]...)
 	}
 	start := time.Now()
+	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
 	loss, err := n.model.Forward(in, tg, count, seqLen)
 	if err != nil {
-		return p2p.Announcement{}, nil, 0, err
+		return 0, err
 	}
 	n.model.ZeroGrad()
-	if err := n.model.Backward(); err != nil {
-		return p2p.Announcement{}, nil, 0, err
+	return loss, n.model.Backward()
+}
+
+// train runs this node's batch, steps the optimizer and publishes the
+// result. The gradient is the one trained ahead when the machine says it is
+// still valid and this node holds it; otherwise it is computed now.
+func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *distro.Frame, float32, error) {
+	n.finishAhead()
+	a := n.ahead
+	n.ahead = nil
+	var loss float32
+	if w.Reuse && a != nil && a.err == nil && a.work.Step == w.Step && a.work.Batch == w.Batch {
+		loss = a.loss
+		n.cfg.metrics.AheadReused.Inc()
+	} else {
+		var err error
+		if loss, err = n.gradient(ctx, w); err != nil {
+			return p2p.Announcement{}, nil, 0, err
+		}
 	}
+	count := int(w.Batch.End - w.Batch.Start)
+	seqLen := n.model.Context
+	start := time.Now()
 	frame, err := n.opt.Step(n.model.GradTensors(), w.LR)
 	if err != nil {
 		return p2p.Announcement{}, nil, 0, fmt.Errorf("node: step %d: %w", w.Step, err)
@@ -183,6 +244,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 
 // apply applies a round's consensus results.
 func (n *Node) apply(w *ApplyWork) error {
+	n.dropAhead() // trained on the model before this apply
 	n.cfg.metrics.ResultsMissing.Add(float64(len(w.Missing)))
 	if len(w.Missing) > 0 {
 		n.cfg.log.Error("results with witness consensus are missing; this model now differs from the others", "step", w.Step, "batches", w.Missing)

@@ -126,6 +126,7 @@ func names(kv map[string]string, key string) []string {
 //	fetched who=b [step=S] [v=2] [err=timeout|invalid]   b's result arrived, or its fetch failed
 //	pulled who=b,c/2 [step=S]        a pull answered with their announcements (c/2: c's version 2)
 //	machine-tick                     the machine's one-second tick, at the coordinator's time
+//	due-tick                         the check for a due transition between those (WithTicking)
 //	time [n=1]                       the clock moves n seconds and nobody ticks (a Solana run)
 //	tick-sent                        the tick the last Ready asked for is sent as me, and lands
 //	witness who=b,c [saw=a,b,c/2]    others report the current round, having seen saw's results
@@ -224,6 +225,8 @@ func (h *harness) run(line string) string {
 		return h.ready(h.m.pulled(list))
 	case "machine-tick":
 		return h.ready(h.m.tick(h.now))
+	case "due-tick":
+		return h.ready(h.m.tickDue(h.now))
 	case "time":
 		h.now += h.num(kv, "n", 1)
 		return fmt.Sprintf("now=%d", h.now)

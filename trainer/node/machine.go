@@ -492,6 +492,19 @@ func (m *machine) tick(now uint64) Ready {
 	return rd
 }
 
+// tickDue runs between the one-second ticks of a node that ticks the run
+// (WithTicking), with the time: it sends a tick as soon as the node's turn
+// comes (turnToTick), so a transition that falls due at a whole second does
+// not wait for the next one-second tick, nor a second more when the chain's
+// clock was a slot behind and the first tick changed nothing. It does
+// nothing else (pulls and load retries stay once a second).
+func (m *machine) tickDue(now uint64) Ready {
+	if m.snap == nil {
+		return Ready{}
+	}
+	return Ready{Tick: m.turnToTick(now)}
+}
+
 // turnToTick reports whether to send a tick now: ticking the last snapshot
 // at now would change it (the coordinator is pure, so a copy shows the
 // outcome), and it is this node's turn. Every trainer would pay for a tick

@@ -292,6 +292,14 @@ func (n *Node) Run(ctx context.Context) error {
 	anns := n.net.Announcements()
 	tick, stopTick := n.cfg.clock.Ticker(time.Second)
 	defer stopTick()
+	// A node that ticks the run checks for a due transition more often
+	// than once a second (see machine.tickDue).
+	var dueTick <-chan time.Time
+	if n.cfg.ticking {
+		c, stop := n.cfg.clock.Ticker(dueTickPeriod)
+		defer stop()
+		dueTick = c
+	}
 	for {
 		var (
 			rd    Ready
@@ -320,6 +328,9 @@ func (n *Node) Run(ctx context.Context) error {
 				ended = n.cfg.clock.Work()
 				n.connectPeers(ctx)
 				rd = n.m.tick(uint64(now.Unix()))
+			case now := <-dueTick:
+				ended = n.cfg.clock.Work()
+				rd = n.m.tickDue(uint64(now.Unix()))
 			case done := <-ev.ticked:
 				ended = done
 				n.m.tickSent()
@@ -384,6 +395,11 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// dueTickPeriod is how often a node that ticks the run (WithTicking) checks
+// whether a transition is due: the chain's clock moves in whole seconds,
+// read at slots (400 ms), so a finer check only shortens the wait.
+const dueTickPeriod = 200 * time.Millisecond
 
 // events are the channels on which work done in the background answers
 // the loop in Run.

@@ -576,8 +576,11 @@ func (n *Node) startFetches(ctx context.Context, ev events) {
 		go func() {
 			payload, err := n.net.Fetch(ctx, a)
 			// Bytes that do not match the commitment, or that are no frame,
-			// are the announcer's fault; anything else may work next time.
-			r := fetchResult{ann: a, err: err, size: len(payload), invalid: errors.Is(err, p2p.ErrCommitmentMismatch) || errors.Is(err, p2p.ErrOversize), done: working}
+			// and a signed announcement no honest trainer publishes
+			// (malformed, oversized), are the announcer's fault; anything
+			// else may work next time.
+			r := fetchResult{ann: a, err: err, size: len(payload), done: working,
+				invalid: errors.Is(err, p2p.ErrCommitmentMismatch) || errors.Is(err, p2p.ErrOversize) || errors.Is(err, p2p.ErrMalformed)}
 			if err == nil {
 				r.frame, r.err = distro.DecodeFrame(payload, lim)
 				r.invalid = r.err != nil

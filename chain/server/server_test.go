@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -238,7 +239,10 @@ func TestRestartLosesNothing(t *testing.T) {
 	}
 }
 
-const childEnv = "PSYCHE_SERVER_TEST_CHILD"
+const (
+	childEnv         = "PSYCHE_SERVER_TEST_CHILD"
+	childCreatorsEnv = "PSYCHE_SERVER_TEST_CREATORS" // hex of the one key that may create runs (default: any)
+)
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(childEnv); dir != "" {
@@ -246,7 +250,16 @@ func TestMain(m *testing.M) {
 		// a restart must keep is exactly what was acknowledged, and a tick
 		// racing the kill would move the run on (four joiners start an
 		// epoch) while the test compares states.
-		s, err := New(dir, WithTickInterval(time.Hour))
+		opts := []Option{WithTickInterval(time.Hour)}
+		if hexKey := os.Getenv(childCreatorsEnv); hexKey != "" {
+			var k coordinator.Pubkey
+			if _, err := hex.Decode(k[:], []byte(hexKey)); err != nil {
+				fmt.Println("error:", err)
+				os.Exit(1)
+			}
+			opts = append(opts, WithCreators(k))
+		}
+		s, err := New(dir, opts...)
 		if err != nil {
 			fmt.Println("error:", err)
 			os.Exit(1)
@@ -265,10 +278,16 @@ func TestMain(m *testing.M) {
 
 // startChild runs this test binary as a server on dir and returns its URL and
 // a function that SIGKILLs it.
-func startChild(t *testing.T, dir string) (string, func()) {
+func startChild(t testing.TB, dir string, env ...string) (string, func()) {
+	url, _, kill := startChildProc(t, dir, env...)
+	return url, kill
+}
+
+// startChildProc is startChild that also returns the child's process id.
+func startChildProc(t testing.TB, dir string, env ...string) (string, int, func()) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+dir)
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+dir), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -290,7 +309,7 @@ func startChild(t *testing.T, dir string) (string, func()) {
 		}
 	}
 	t.Cleanup(kill)
-	return strings.TrimSpace(strings.TrimPrefix(line, "listening ")), kill
+	return strings.TrimSpace(strings.TrimPrefix(line, "listening ")), cmd.Process.Pid, kill
 }
 
 func FuzzDecodeRequest(f *testing.F) {

@@ -214,16 +214,22 @@ func runServer(c *cli.Context) error {
 	return s.Serve(ctx, l)
 }
 
-// creatorsOption reads --creators: "any", addresses, or key files. The
-// default key file may be missing (the operator has not run psyche keygen
-// yet): then nobody may create runs until the server is restarted with one,
-// and the server says so; a file named explicitly must exist.
+// creatorsOption reads --creators and --creator-quota.
 func creatorsOption(c *cli.Context) (server.Option, error) {
+	return parseCreators(c.StringSlice("creators"), c.IsSet("creators"), c.Int("creator-quota"), c.App.Writer)
+}
+
+// parseCreators turns --creators values ("any", addresses, key files) into
+// the server's option, and says on w who may create runs. The default key
+// file (explicit false) may be missing, as when the operator has not run
+// psyche keygen yet: then nobody may create runs until the server restarts
+// with one, and w says so; a file named explicitly must exist.
+func parseCreators(values []string, explicit bool, quota int, w io.Writer) (server.Option, error) {
 	var keys []coordinator.Pubkey
 	var names []string
-	for _, v := range c.StringSlice("creators") {
+	for _, v := range values {
 		if v == "any" {
-			fmt.Fprintf(c.App.Writer, "run creators: any key (at most %d live runs each)\n", c.Int("creator-quota"))
+			fmt.Fprintf(w, "run creators: any key (at most %d live runs each)\n", quota)
 			return server.WithAnyCreator(), nil
 		}
 		if k, err := coordinator.ParsePubkey(v); err == nil {
@@ -232,8 +238,8 @@ func creatorsOption(c *cli.Context) (server.Option, error) {
 		}
 		kp, err := chain.LoadKeypair(v)
 		if err != nil {
-			if !c.IsSet("creators") && errors.Is(err, fs.ErrNotExist) {
-				fmt.Fprintf(c.App.Writer, "run creators: nobody (no key at %s: run `psyche keygen`, then restart the server, or pass --creators ADDRESS|FILE|any)\n", v)
+			if !explicit && errors.Is(err, fs.ErrNotExist) {
+				fmt.Fprintf(w, "run creators: nobody (no key at %s: run `psyche keygen`, then restart the server, or pass --creators ADDRESS|FILE|any)\n", v)
 				continue
 			}
 			return nil, fmt.Errorf("--creators %s: neither an address nor a key file: %w", v, err)
@@ -241,7 +247,7 @@ func creatorsOption(c *cli.Context) (server.Option, error) {
 		keys, names = append(keys, kp.Public()), append(names, kp.Public().String()+" ("+v+")")
 	}
 	if len(keys) > 0 {
-		fmt.Fprintf(c.App.Writer, "run creators: %s (at most %d live runs each)\n", strings.Join(names, ", "), c.Int("creator-quota"))
+		fmt.Fprintf(w, "run creators: %s (at most %d live runs each)\n", strings.Join(names, ", "), quota)
 	}
 	return server.WithCreators(keys...), nil
 }

@@ -109,8 +109,10 @@ func (c *Client) sequence(cb clientBinding) uint64 {
 
 // Send implements chain.Backend. A request refused as stale (the run was
 // freed and created again, the server's identity changed, or our clock
-// drifted out of its window) was not applied: it is signed again once for a
-// freshly fetched binding.
+// drifted out of its window) or as a replay (a concurrent Send of ours with a
+// higher sequence arrived first, or the run's floor rose) was not applied:
+// it is signed again once, with a fresh sequence for a freshly fetched
+// binding.
 func (c *Client) Send(ctx context.Context, runID string, signer, coSigner chain.Signer, ix coordinator.Instruction) (chain.Receipt, error) {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
@@ -132,7 +134,7 @@ func (c *Client) Send(ctx context.Context, runID string, signer, coSigner chain.
 			return chain.Receipt{}, err
 		}
 		r, err := c.post(ctx, body, ix)
-		if errors.Is(err, ErrStale) && attempt == 0 {
+		if (errors.Is(err, ErrStale) || errors.Is(err, ErrReplay)) && attempt == 0 {
 			continue
 		}
 		if err != nil {

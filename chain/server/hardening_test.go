@@ -16,7 +16,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -45,18 +44,14 @@ func fingerprint(t *testing.T, s *Server) string {
 		}
 		fmt.Fprintf(&b, "%s %x\n", e.Name(), sha256.Sum256(data))
 	}
-	s.mu.Lock()
-	ids := make([]string, 0, len(s.runs))
-	for id := range s.runs {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
-		r := s.runs[id]
+	// The server's lock order: a run's mutex, then the server's (freeRun).
+	for _, id := range s.Runs() {
+		r := s.run(id)
 		r.mu.Lock()
 		fmt.Fprintf(&b, "run %s inc=%d floor=%d entries=%d nonce=%d\n", id, r.incarnation, r.replay.floor, len(r.replay.seqs), r.state.Nonce)
 		r.mu.Unlock()
 	}
+	s.mu.Lock()
 	fmt.Fprintf(&b, "freed=%v owned=%v\n", s.freed, s.owned)
 	s.mu.Unlock()
 	return b.String()

@@ -268,6 +268,8 @@ type Server struct {
 	cfg config
 	id  [32]byte // the server's identity, which every request is signed for
 
+	// mu guards the maps below. Lock order: a run's mutex first, then mu
+	// (freeRun holds the run while it removes it); never the reverse.
 	mu          sync.Mutex
 	runs        map[string]*run
 	freed       map[string]uint64 // incarnation of each freed run id (its tombstone)

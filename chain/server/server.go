@@ -443,7 +443,9 @@ func (s *Server) Tick() {
 			continue
 		}
 		r.mu.Lock()
-		if r.gone {
+		// A halted run (paused, finished, not configured) has nothing due:
+		// it costs no copy of its state, so idle runs cost little.
+		if r.gone || r.state.RunState.Halted() {
 			r.mu.Unlock()
 			continue
 		}

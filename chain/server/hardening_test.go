@@ -102,25 +102,26 @@ func TestRefusals(t *testing.T) {
 		req    []byte
 		status int
 		want   string // the failure's name
+		says   string // in its message
 	}{
-		{"garbage", []byte("hello"), http.StatusBadRequest, "BadRequest"},
-		{"old version", append([]byte("PSRQ\x01"), make([]byte, 200)...), http.StatusBadRequest, "BadRequest"},
-		{"bad signature", forged, http.StatusUnauthorized, "BadSignature"},
-		{"another server", g.signFor(Binding{Server: [32]byte{9}, Incarnation: 1}, "r", 11, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale"},
-		{"another incarnation", g.signFor(Binding{Server: s.ID(), Incarnation: 2}, "r", 12, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale"},
-		{"sequence too old", g.signAt(bind, "r", now-uint64(2*time.Minute), &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale"},
-		{"sequence too far ahead", g.signAt(bind, "r", now+uint64(2*time.Minute), &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale"},
-		{"replay", resume, http.StatusConflict, "Replay"},
-		{"older sequence", g.sign("r", 2, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Replay"},
-		{"run id starting with a dot", g.signFor(bind, ".hidden", 13, initFor(".hidden", admin), admin, nil), http.StatusBadRequest, "InvalidRunID"},
-		{"non-canonical run id", g.signFor(bind, "r\x00x", 14, &coordinator.Tick{}, admin, nil), http.StatusBadRequest, "InvalidRunID"},
-		{"init signed by another key", g.sign("c", 15, initFor("c", admin), carol, nil), http.StatusForbidden, "NotMainAuthority"},
-		{"init by a key that may not create", g.sign("m", 16, initFor("m", mallory), mallory, nil), http.StatusForbidden, "NotCreator"},
-		{"init over the quota", g.sign("r2", 17, initFor("r2", admin), admin, nil), http.StatusForbidden, "CreatorQuota"},
-		{"init of a live run", g.sign("r", 18, initFor("r", carol), carol, nil), http.StatusConflict, "AlreadyInitialized"},
-		{"init for a later incarnation", g.signFor(Binding{Server: s.ID(), Incarnation: 2}, "c", 19, initFor("c", carol), carol, nil), http.StatusConflict, "Stale"},
-		{"rejected by the coordinator", g.sign("r", 20, &coordinator.SetPaused{Paused: true}, mallory, nil), http.StatusConflict, "Unauthorized"},
-		{"a run that does not exist", g.sign("nope", 21, &coordinator.Tick{}, mallory, nil), http.StatusNotFound, "RunNotFound"},
+		{"garbage", []byte("hello"), http.StatusBadRequest, "BadRequest", "malformed"},
+		{"old version", append([]byte("PSRQ\x01"), make([]byte, 200)...), http.StatusBadRequest, "BadRequest", "malformed"},
+		{"bad signature", forged, http.StatusUnauthorized, "BadSignature", "signature 0"},
+		{"another server", g.signFor(Binding{Server: [32]byte{9}, Incarnation: 1}, "r", 11, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "signed for server 09"},
+		{"another incarnation", g.signFor(Binding{Server: s.ID(), Incarnation: 2}, "r", 12, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "incarnation 2"},
+		{"sequence too old", g.signAt(bind, "r", now-uint64(2*time.Minute), &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "window"},
+		{"sequence too far ahead", g.signAt(bind, "r", now+uint64(2*time.Minute), &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "window"},
+		{"replay", resume, http.StatusConflict, "Replay", "already used"},
+		{"older sequence", g.sign("r", 2, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Replay", "already used"},
+		{"run id starting with a dot", g.signFor(bind, ".hidden", 13, initFor(".hidden", admin), admin, nil), http.StatusBadRequest, "InvalidRunID", `".hidden" starts with "."`},
+		{"non-canonical run id", g.signFor(bind, "r\x00x", 14, &coordinator.Tick{}, admin, nil), http.StatusBadRequest, "InvalidRunID", "zero padding"},
+		{"init signed by another key", g.sign("c", 15, initFor("c", admin), carol, nil), http.StatusForbidden, "NotMainAuthority", carol.Public().String()},
+		{"init by a key that may not create", g.sign("m", 16, initFor("m", mallory), mallory, nil), http.StatusForbidden, "NotCreator", mallory.Public().String()},
+		{"init over the quota", g.sign("r2", 17, initFor("r2", admin), admin, nil), http.StatusForbidden, "CreatorQuota", "holds 1 runs"},
+		{"init of a live run", g.sign("r", 18, initFor("r", carol), carol, nil), http.StatusConflict, "AlreadyInitialized", "already initialized"},
+		{"init for a later incarnation", g.signFor(Binding{Server: s.ID(), Incarnation: 2}, "c", 19, initFor("c", carol), carol, nil), http.StatusConflict, "Stale", "the next is 1"},
+		{"rejected by the coordinator", g.sign("r", 20, &coordinator.SetPaused{Paused: true}, mallory, nil), http.StatusConflict, "Unauthorized", "authority"},
+		{"a run that does not exist", g.sign("nope", 21, &coordinator.Tick{}, mallory, nil), http.StatusNotFound, "RunNotFound", `"nope"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := fingerprint(t, s)
@@ -129,13 +130,38 @@ func TestRefusals(t *testing.T) {
 			if err := json.Unmarshal([]byte(body), &f); err != nil || code != tt.status || f.Name != tt.want || f.Error == "" {
 				t.Fatalf("got %d %s, want %d %s with a message", code, body, tt.status, tt.want)
 			}
+			if !strings.Contains(f.Error, tt.says) {
+				t.Fatalf("the message %q does not say %q", f.Error, tt.says)
+			}
 			if after := fingerprint(t, s); after != before {
 				t.Fatalf("a refused request changed what the server stores:\n%s\nbecame\n%s", before, after)
 			}
 		})
 	}
-	// The control: an accepted init changes what is stored.
+	// Refusals outside POST /v1/instructions: a body over the limit, and
+	// the binding of a run id the server refuses (what a client asks
+	// first, so `psyche init-coordinator --run-id .x` gets the reason).
 	before := fingerprint(t, s)
+	if code, body := post(t, hs.URL, make([]byte, maxBody+1)); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "BadRequest") {
+		t.Fatalf("an oversized body: %d %s", code, body)
+	}
+	resp, err := http.Get(hs.URL + "/v1/runs/.hidden/binding")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `starts with \".\"`) {
+		t.Fatalf("binding of .hidden: %d %s", resp.StatusCode, body)
+	}
+	if _, err := NewClient(hs.URL, nil).Send(context.Background(), ".hidden", admin, nil, initFor(".hidden", admin)); !errors.Is(err, ErrInvalidRunID) {
+		t.Fatalf("a client creating .hidden: %v", err)
+	}
+	if after := fingerprint(t, s); after != before {
+		t.Fatalf("refusals changed what the server stores:\n%s\nbecame\n%s", before, after)
+	}
+	// The control: an accepted init changes what is stored.
+	before = fingerprint(t, s)
 	if code, body := post(t, hs.URL, g.sign("c", 30, initFor("c", carol), carol, nil)); code != http.StatusOK {
 		t.Fatalf("carol's init: %d %s", code, body)
 	}

@@ -393,6 +393,11 @@ func checkRunID(id string) error {
 	return nil
 }
 
+// refuseRunID is the refusal for an error of checkRunID.
+func refuseRunID(err error) (*Failure, int) {
+	return refuse("InvalidRunID", strings.TrimPrefix(err.Error(), ErrInvalidRunID.Error()+": "))
+}
+
 // Quarantined lists the quarantined runs and why.
 func (s *Server) Quarantined() map[string]string {
 	s.mu.Lock()
@@ -524,8 +529,12 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 		return name, nil, f, st
 	}
 	id := coordinator.FixedString(req.RunID[:])
-	if packed, _ := coordinator.ParseRunID(id); checkRunID(id) != nil || packed != req.RunID {
-		f, st := refuse("InvalidRunID", fmt.Sprintf("%q", id))
+	if err := checkRunID(id); err != nil {
+		f, st := refuseRunID(err)
+		return name, nil, f, st
+	}
+	if packed, _ := coordinator.ParseRunID(id); packed != req.RunID {
+		f, st := refuse("InvalidRunID", fmt.Sprintf("%q is followed by bytes other than zero padding", id))
 		return name, nil, f, st
 	}
 	if f, st := s.checkWindow(req.Sequence); f != nil {
@@ -698,7 +707,7 @@ func failure(err error) *Failure {
 // Binding is what a request for run id must be signed for (see Binding).
 func (s *Server) Binding(id string) (Binding, *Failure, int) {
 	if err := checkRunID(id); err != nil {
-		f, st := refuse("InvalidRunID", fmt.Sprintf("%q", id))
+		f, st := refuseRunID(err)
 		return Binding{}, f, st
 	}
 	b := Binding{Server: s.id}

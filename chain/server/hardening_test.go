@@ -627,7 +627,9 @@ func TestSlowSubscriberIsDropped(t *testing.T) {
 // bound requests, not event streams, which end only when their client stops
 // reading.
 func TestStreamsOutliveHTTPTimeouts(t *testing.T) {
-	s, err := New(t.TempDir(), WithHTTPTimeouts(50*time.Millisecond, 50*time.Millisecond, time.Second), WithTickInterval(time.Hour))
+	// Short timeouts, but not so short that a loaded machine could not
+	// read one request's headers within them (they bound that too).
+	s, err := New(t.TempDir(), WithHTTPTimeouts(250*time.Millisecond, 250*time.Millisecond, 5*time.Second), WithTickInterval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -676,7 +678,7 @@ func TestStreamsOutliveHTTPTimeouts(t *testing.T) {
 	}
 	first := next()
 	// Longer than both timeouts: a stream bound by them would be cut.
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(time.Second)
 	var md coordinator.Metadata
 	copy(md.Name[:], "later")
 	if _, f, _ := s.Execute(g.sign("long", 2, &coordinator.Update{Metadata: &md}, admin, nil)); f != nil {

@@ -859,12 +859,11 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 	}
 	defer cancel()
 	rc := http.NewResponseController(w)
-	// The server's read timeout would end a stream that lives longer than
-	// it (its deadline also covers the read that notices the client going
-	// away); each write gets its own deadline below instead of the write
-	// timeout. Errors mean the writer cannot set deadlines (a test
-	// recorder): then the stream just has none.
-	_ = rc.SetReadDeadline(time.Time{})
+	// The server's write timeout would cut a stream that lives longer than
+	// it: each write gets its own deadline instead. (The read timeout does
+	// not matter here: net/http clears it before the read that notices the
+	// client going away.) An error means the writer cannot set deadlines (a
+	// test recorder): then the stream just has none.
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.slowWrite))

@@ -324,10 +324,6 @@ func (h *harness) run(t testing.TB, line string) string {
 		}
 	case "free":
 		say("", apply(a.get("from", "admin"), &FreeCoordinator{}))
-	case "drop":
-		for _, n := range a.pos {
-			fmt.Fprintf(&out, "%s: changed=%v\n", n, h.c.DropClient(h.key(n)))
-		}
 	case "clients":
 		return h.c.DescribeClients(h.name)
 	case "assign":

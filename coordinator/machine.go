@@ -578,30 +578,6 @@ func (s *Coordinator) free(ctx Context) error {
 	return nil
 }
 
-// DropClient is how the server backend reports a client that disconnected:
-// it leaves the pending list, and an epoch member becomes Dropped (it exits at
-// the next round boundary). It is not an on-chain instruction: on chain,
-// absent clients are found by health checks.
-func (s *Coordinator) DropClient(signer Pubkey) bool {
-	changed := false
-	if i, ok := s.PendingIndex(signer); ok {
-		copy(s.Pending[i:], s.Pending[i+1:s.PendingLen])
-		s.PendingLen--
-		s.Pending[s.PendingLen] = ClientID{}
-		changed = true
-	}
-	if i, ok := s.ClientIndex(signer); ok && s.Epoch.Clients[i].State == Healthy && !s.RunState.Halted() &&
-		s.RunState != WaitingForMembers {
-		s.Epoch.Clients[i].State = Dropped
-		s.Epoch.Clients[i].ExitedHeight = s.CurrentRound().Height
-		changed = true
-	}
-	if changed {
-		s.Nonce++
-	}
-	return changed
-}
-
 // ParticipantMember is the element a witness adds to its participant bloom
 // for a trainer: sha256 of the trainer's signer key.
 func ParticipantMember(signer Pubkey) Hash { return sha256.Sum256(signer[:]) }

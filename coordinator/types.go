@@ -62,7 +62,7 @@ type ClientState uint8
 
 const (
 	Healthy   ClientState = iota
-	Dropped               // failed a health check (or disconnected from the server backend)
+	Dropped               // failed a health check
 	Withdrawn             // removed because the epoch or warmup was abandoned
 	Ejected               // reserved for verifier disputes
 	numClientStates

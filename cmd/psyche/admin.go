@@ -54,6 +54,10 @@ var adminCommands = []*cli.Command{
 			&cli.StringFlag{Name: "dir", Value: filepath.Join(defaultDataDir(), "server"), Usage: "directory holding the runs' state and the p2p host's key", Category: "SERVER"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7600", Usage: "address to serve on", Category: "SERVER"},
 			&cli.DurationFlag{Name: "tick-interval", Value: time.Second, Usage: "how often every run is ticked", Category: "SERVER"},
+			&cli.StringSliceFlag{Name: "creators", Value: cli.NewStringSlice(defaultKeyPath()),
+				Usage:    "who may create runs: addresses, key files (their address), or \"any\"; the default is the key psyche keygen writes, so the admin commands work as they stand on this machine",
+				Category: "SERVER"},
+			&cli.IntFlag{Name: "creator-quota", Value: server.DefaultCreatorQuota, Usage: "live runs each creator may hold", Category: "SERVER"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9101)", Category: "METRICS"},
 			&cli.BoolFlag{Name: "p2p", Value: true, Usage: "run a libp2p host that trainers bootstrap their run's DHT from (its addresses are served at /v1/p2p)", Category: "P2P"},
 			&cli.StringSliceFlag{Name: "p2p-listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "the p2p host's listen addresses (multiaddrs)", Category: "P2P"},
@@ -161,7 +165,12 @@ func runServer(c *cli.Context) error {
 	defer stop()
 	reg := newRegistry()
 	opts := []server.Option{server.WithLogger(logger(c)), server.WithTickInterval(c.Duration("tick-interval")),
-		server.WithMetrics(server.NewMetrics(reg))}
+		server.WithMetrics(server.NewMetrics(reg)), server.WithCreatorQuota(c.Int("creator-quota"))}
+	creators, err := creatorsOption(c)
+	if err != nil {
+		return err
+	}
+	opts = append(opts, creators)
 	if c.Bool("p2p") {
 		if err := os.MkdirAll(c.String("dir"), 0o755); err != nil {
 			return err
@@ -203,6 +212,44 @@ func runServer(c *cli.Context) error {
 	}
 	fmt.Fprintf(c.App.Writer, "server listening on http://%s (state in %s)\n", l.Addr(), c.String("dir"))
 	return s.Serve(ctx, l)
+}
+
+// creatorsOption reads --creators and --creator-quota.
+func creatorsOption(c *cli.Context) (server.Option, error) {
+	return parseCreators(c.StringSlice("creators"), c.IsSet("creators"), c.Int("creator-quota"), c.App.Writer)
+}
+
+// parseCreators turns --creators values ("any", addresses, key files) into
+// the server's option, and says on w who may create runs. The default key
+// file (explicit false) may be missing, as when the operator has not run
+// psyche keygen yet: then nobody may create runs until the server restarts
+// with one, and w says so; a file named explicitly must exist.
+func parseCreators(values []string, explicit bool, quota int, w io.Writer) (server.Option, error) {
+	var keys []coordinator.Pubkey
+	var names []string
+	for _, v := range values {
+		if v == "any" {
+			fmt.Fprintf(w, "run creators: any key (at most %d live runs each)\n", quota)
+			return server.WithAnyCreator(), nil
+		}
+		if k, err := coordinator.ParsePubkey(v); err == nil {
+			keys, names = append(keys, k), append(names, v)
+			continue
+		}
+		kp, err := chain.LoadKeypair(v)
+		if err != nil {
+			if !explicit && errors.Is(err, fs.ErrNotExist) {
+				fmt.Fprintf(w, "run creators: nobody (no key at %s: run `psyche keygen`, then restart the server, or pass --creators ADDRESS|FILE|any)\n", v)
+				continue
+			}
+			return nil, fmt.Errorf("--creators %s: neither an address nor a key file: %w", v, err)
+		}
+		keys, names = append(keys, kp.Public()), append(names, kp.Public().String()+" ("+v+")")
+	}
+	if len(keys) > 0 {
+		fmt.Fprintf(w, "run creators: %s (at most %d live runs each)\n", strings.Join(names, ", "), quota)
+	}
+	return server.WithCreators(keys...), nil
 }
 
 // withSolanaFlags gives every command that talks to a backend (it has

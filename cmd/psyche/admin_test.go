@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -292,5 +294,61 @@ func TestRunFileAggregation(t *testing.T) {
 		if got := u.Model.Optimizer.Aggregation; got != want {
 			t.Errorf("aggregation %q: %s, want %s", value, got, want)
 		}
+	}
+}
+
+// TestServerCreators: --creators takes addresses, key files and "any"; the
+// default key file may be missing (nobody may create, and the server says
+// so), a file named explicitly may not; whoever is not listed is refused.
+func TestServerCreators(t *testing.T) {
+	dir := t.TempDir()
+	adminFile := filepath.Join(dir, "admin.json")
+	if _, errs, code := psyche(t, "keygen", "--out", adminFile); code != 0 {
+		t.Fatal(errs)
+	}
+	admin, err := chain.LoadKeypair(adminFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := chain.KeypairFromSeed([32]byte{7})
+	missing := filepath.Join(dir, "missing.json")
+	for _, tt := range []struct {
+		name     string
+		values   []string
+		explicit bool
+		says     string
+		allowed  []*chain.Keypair // may create; the others of admin and other may not
+		err      string
+	}{
+		{"key file", []string{adminFile}, true, admin.Public().String(), []*chain.Keypair{admin}, ""},
+		{"address", []string{other.Public().String()}, true, other.Public().String(), []*chain.Keypair{other}, ""},
+		{"any", []string{"any"}, true, "any key", []*chain.Keypair{admin, other}, ""},
+		{"missing default key file", []string{missing}, false, "nobody", nil, ""},
+		{"missing key file named", []string{missing}, true, "", nil, "neither an address nor a key file"},
+		{"neither", []string{"not-a-key"}, true, "", nil, "neither an address nor a key file"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			opt, err := parseCreators(tt.values, tt.explicit, 4, &out)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %v, want an error with %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || !strings.Contains(out.String(), tt.says) {
+				t.Fatalf("got %v, printed %q, want it to say %q", err, out.String(), tt.says)
+			}
+			url := serve(t, opt)
+			c := server.NewClient(url, nil)
+			for i, k := range []*chain.Keypair{admin, other} {
+				id := fmt.Sprintf("run%d", i)
+				rid, _ := coordinator.ParseRunID(id)
+				_, err := c.Send(context.Background(), id, k, nil, &coordinator.InitCoordinator{MainAuthority: k.Public(), RunID: rid})
+				if want := slices.Contains(tt.allowed, k); want != (err == nil) || !want && !errors.Is(err, server.ErrNotCreator) {
+					t.Errorf("key %d creating a run: %v (allowed: %v)", i, err, want)
+				}
+			}
+		})
 	}
 }

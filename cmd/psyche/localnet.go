@@ -107,7 +107,7 @@ func localnet(c *cli.Context) error {
 	for i := range signers {
 		signers[i] = chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("localnet trainer %d %s", i, runID))))
 	}
-	lb, err := startLocalBackend(ctx, runCtx, dir, log, c.Bool("solana"), c.Bool("virtual-time"), append([]*chain.Keypair{admin}, signers...))
+	lb, err := startLocalBackend(ctx, runCtx, dir, log, c.Bool("solana"), c.Bool("virtual-time"), admin.Public(), append([]*chain.Keypair{admin}, signers...))
 	if err != nil {
 		return err
 	}
@@ -227,10 +227,11 @@ type localBackend struct {
 	close    func()            // stops the validator, if any
 }
 
-// startLocalBackend starts the embedded server or, with solana, the local
-// validator with the coordinator program (funding the keys), on the wall
-// clock or in virtual time. ctx bounds the start; runCtx the backend's life.
-func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger, solana, virtual bool, fund []*chain.Keypair) (*localBackend, error) {
+// startLocalBackend starts the embedded server (on which only creator may
+// create runs) or, with solana, the local validator with the coordinator
+// program (funding the keys), on the wall clock or in virtual time. ctx
+// bounds the start; runCtx the backend's life.
+func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger, solana, virtual bool, creator coordinator.Pubkey, fund []*chain.Keypair) (*localBackend, error) {
 	lb := &localBackend{up: make(chan error, 1)}
 	// Virtual time starts at the next whole second (both backends count
 	// unix seconds), after the validator's clock started.
@@ -257,11 +258,12 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 			})
 		}
 	} else {
-		opts := []server.Option{server.WithTickInterval(100 * time.Millisecond), server.WithLogger(log)}
+		opts := []server.Option{server.WithTickInterval(100 * time.Millisecond), server.WithLogger(log), server.WithCreators(creator)}
 		if virtual {
 			lb.clock = newClock()
 			// The server ticks when the clock moves, not by itself.
-			opts = []server.Option{server.WithTickInterval(time.Hour), server.WithLogger(log), server.WithClock(lb.clock.Now)}
+			opts = []server.Option{server.WithTickInterval(time.Hour), server.WithLogger(log), server.WithCreators(creator),
+				server.WithClock(lb.clock.Now)}
 		}
 		srv, err := server.New(filepath.Join(dir, "server"), opts...)
 		if err != nil {

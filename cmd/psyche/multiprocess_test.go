@@ -150,10 +150,15 @@ func TestServerFlowAcrossProcesses(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	dir := t.TempDir()
+	// The admin's key first: the server lets only it create runs.
+	adminKey := filepath.Join(dir, "keys", "admin.json")
+	if _, errs, code := psyche(t, "keygen", "--out", adminKey); code != 0 {
+		t.Fatal(errs)
+	}
 	srv := startProc(t, "server", "server", "--dir", filepath.Join(dir, "server"), "--listen", "127.0.0.1:0",
-		"--tick-interval", "200ms", "--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--relay")
+		"--tick-interval", "200ms", "--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--relay", "--creators", adminKey)
 	url := "http://" + srv.waitLine(t, regexp.MustCompile(`server listening on http://(\S+)`))[1]
-	flowAcrossProcesses(t, flowBackend{args: []string{"--server", url}, backend: server.NewClient(url, nil)})
+	flowAcrossProcesses(t, flowBackend{args: []string{"--server", url}, backend: server.NewClient(url, nil), adminKey: adminKey})
 }
 
 // TestSolanaFlowAcrossProcesses is the same run on the Solana backend: a
@@ -191,6 +196,7 @@ type flowBackend struct {
 	backend  chain.Backend // the test's own view of the run
 	joinArgs []string      // extra flags for join
 	fund     func(*chain.Keypair)
+	adminKey string // the admin's key file, if the backend needed it first
 }
 
 // flowAcrossProcesses is the run both backends play: admin commands, three
@@ -218,7 +224,9 @@ func flowAcrossProcesses(t *testing.T, fb flowBackend) {
 	keys := map[string]string{}
 	for _, who := range []string{"admin", "trainer1", "trainer2", "trainer3"} {
 		keys[who] = filepath.Join(dir, "keys", who+".json")
-		if _, errs, code := psyche(t, "keygen", "--out", keys[who]); code != 0 {
+		if who == "admin" && fb.adminKey != "" {
+			keys[who] = fb.adminKey
+		} else if _, errs, code := psyche(t, "keygen", "--out", keys[who]); code != 0 {
 			t.Fatal(errs)
 		}
 		if fb.fund != nil {

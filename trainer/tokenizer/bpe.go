@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"strings"
 	"sync"
 	"unicode/utf8"
 )
@@ -20,6 +21,10 @@ type bpe struct {
 	byteIDs      [256]int64 // the <0xNN> ids; -1 where absent
 	unk          int64      // the unk token's id; -1 when there is none
 	fuseUnk      bool       // consecutive unknown characters make one unk
+	// splitAtMeta: no token holds "▁" after another character, so no merge
+	// crosses the start of a "▁" that follows another character, and a
+	// word (Llama 2's whole text) can be merged piece by piece.
+	splitAtMeta bool
 
 	mu    sync.Mutex
 	cache map[string][]uint32
@@ -111,6 +116,28 @@ func (m *bpe) encodeWord(dst []uint32, word string) ([]uint32, error) {
 			return append(dst, id), nil
 		}
 	}
+	if !m.splitAtMeta {
+		return m.encodeChunk(dst, word)
+	}
+	var err error
+	start := 0
+	for i := 1; i < len(word); i++ {
+		if strings.HasPrefix(word[i:], meta) && !strings.HasSuffix(word[:i], meta) {
+			if dst, err = m.encodeChunk(dst, word[start:i]); err != nil {
+				return dst, err
+			}
+			start = i
+		}
+	}
+	return m.encodeChunk(dst, word[start:])
+}
+
+// meta is SentencePiece's word boundary, "▁" (U+2581).
+const meta = "\u2581"
+
+// encodeChunk appends the ids of a piece of a word, from the cache when it
+// is there.
+func (m *bpe) encodeChunk(dst []uint32, word string) ([]uint32, error) {
 	if len(word) <= cacheMaxWord {
 		m.mu.Lock()
 		ids, ok := m.cache[word]

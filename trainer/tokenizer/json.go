@@ -77,7 +77,7 @@ type specialTemplateJSON struct {
 
 type modelJSON struct {
 	Type                    string            `json:"type"`
-	Vocab                   map[string]int64  `json:"vocab"`
+	Vocab                   json.RawMessage   `json:"vocab"`
 	Merges                  []json.RawMessage `json:"merges"`
 	UnkToken                *string           `json:"unk_token"`
 	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -240,17 +241,21 @@ func parseModel(m *modelJSON, byteLevel bool) (*bpe, error) {
 	if m.Dropout != nil && *m.Dropout != 0 {
 		return nil, fieldError(ErrUnsupported, "model.dropout", "%v: dropout makes tokenization random", *m.Dropout)
 	}
-	if len(m.Vocab) == 0 {
+	var vocab map[string]int64
+	if err := json.Unmarshal(m.Vocab, &vocab); err != nil {
+		return nil, fieldError(ErrMalformed, "model.vocab", "not an object of token ids: %v", err)
+	}
+	if len(vocab) == 0 {
 		return nil, fieldError(ErrMalformed, "model.vocab", "empty or missing")
 	}
-	if len(m.Vocab) > MaxVocabSize {
-		return nil, fieldError(ErrTooLarge, "model.vocab", "%d tokens, the limit is %d", len(m.Vocab), MaxVocabSize)
+	if len(vocab) > MaxVocabSize {
+		return nil, fieldError(ErrTooLarge, "model.vocab", "%d tokens, the limit is %d", len(vocab), MaxVocabSize)
 	}
 	if len(m.Merges) > MaxMerges {
 		return nil, fieldError(ErrTooLarge, "model.merges", "%d merges, the limit is %d", len(m.Merges), MaxMerges)
 	}
 	b := &bpe{
-		vocab:        make(map[string]uint32, len(m.Vocab)),
+		vocab:        make(map[string]uint32, len(vocab)),
 		merges:       make(map[uint64]merge, len(m.Merges)),
 		byteLevel:    byteLevel,
 		ignoreMerges: m.IgnoreMerges,
@@ -273,7 +278,7 @@ func parseModel(m *modelJSON, byteLevel bool) (*bpe, error) {
 		}
 		return string(raw), nil
 	}
-	for tok, id := range m.Vocab {
+	for tok, id := range vocab {
 		if id < 0 || id >= MaxVocabSize {
 			return nil, fieldError(ErrMalformed, "model.vocab", "token %s has id %d, outside [0, %d)", truncate(strconv.Quote(tok)), id, MaxVocabSize)
 		}
@@ -303,6 +308,15 @@ func parseModel(m *modelJSON, byteLevel bool) (*bpe, error) {
 		}
 		if _, dup := b.merges[pairKey(ids[0], ids[1])]; !dup { // the first rank wins
 			b.merges[pairKey(ids[0], ids[1])] = merge{rank: uint32(i), result: ids[2]}
+		}
+	}
+	if !byteLevel {
+		b.splitAtMeta = true
+		for tok := range b.vocab {
+			if strings.Contains(strings.TrimLeft(tok, meta), meta) {
+				b.splitAtMeta = false
+				break
+			}
 		}
 	}
 	for i := range b.byteIDs {

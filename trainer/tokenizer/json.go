@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // The parts of a Hugging Face tokenizer.json this package reads. Fields it
@@ -110,19 +111,28 @@ func decodeFile(b []byte) (*fileJSON, error) {
 // decodeMerge reads one merge, either "a b" (tokenizers < 0.20) or
 // ["a", "b"].
 func decodeMerge(raw json.RawMessage) (string, string, error) {
+	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' &&
+		!bytes.ContainsAny(raw[1:n-1], "\\\"") && utf8.Valid(raw) {
+		return cutMerge(string(raw[1 : n-1])) // no escapes: no decoder needed
+	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		a, b, ok := strings.Cut(s, " ")
-		if !ok || strings.Contains(b, " ") {
-			return "", "", fmt.Errorf("%q is not two tokens separated by one space", s)
-		}
-		return a, b, nil
+		return cutMerge(s)
 	}
 	var pair []string
 	if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
 		return "", "", fmt.Errorf("%s is neither \"a b\" nor [\"a\", \"b\"]", truncate(string(raw)))
 	}
 	return pair[0], pair[1], nil
+}
+
+// cutMerge splits an "a b" merge at its one space.
+func cutMerge(s string) (string, string, error) {
+	a, b, ok := strings.Cut(s, " ")
+	if !ok || strings.Contains(b, " ") {
+		return "", "", fmt.Errorf("%q is not two tokens separated by one space", s)
+	}
+	return a, b, nil
 }
 
 // truncate shortens s for an error message.

@@ -289,22 +289,20 @@ func parseModel(m *modelJSON, byteLevel bool) (*bpe, error) {
 		b.vocab[k] = uint32(id)
 	}
 	for i, raw := range m.Merges {
-		field := fmt.Sprintf("model.merges[%d]", i)
+		field := func() string { return fmt.Sprintf("model.merges[%d]", i) }
 		l, r, err := decodeMerge(raw)
 		if err != nil {
-			return nil, fieldError(ErrMalformed, field, "%v", err)
+			return nil, fieldError(ErrMalformed, field(), "%v", err)
 		}
+		// Merges name tokens as the vocabulary writes them, so they are
+		// looked up there, before any byte-level conversion.
 		var ids [3]uint32
 		for j, tok := range [3]string{l, r, l + r} {
-			k, err := key(tok, field)
-			if err != nil {
-				return nil, err
-			}
-			id, ok := b.vocab[k]
+			id, ok := vocab[tok]
 			if !ok {
-				return nil, fieldError(ErrMalformed, field, "%s is not in model.vocab", truncate(strconv.Quote(tok)))
+				return nil, fieldError(ErrMalformed, field(), "%s is not in model.vocab", truncate(strconv.Quote(tok)))
 			}
-			ids[j] = id
+			ids[j] = uint32(id)
 		}
 		if _, dup := b.merges[pairKey(ids[0], ids[1])]; !dup { // the first rank wins
 			b.merges[pairKey(ids[0], ids[1])] = merge{rank: uint32(i), result: ids[2]}

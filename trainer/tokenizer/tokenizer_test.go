@@ -265,3 +265,41 @@ func ExampleTokenizer_Encode() {
 	fmt.Println(ids, string(text), utf8.ValidString(string(text)))
 	// Output: [1 264 262 259 198 172] ab a é true
 }
+
+// A Metaspace pre-tokenizer (newer Llama 2 and Mistral files) instead of
+// the Prepend and Replace normalizers: prepend_scheme "first" prepends "▁"
+// only before the text's first section, "always" before every one.
+func TestMetaspace(t *testing.T) {
+	for _, tc := range []struct {
+		scheme string
+		split  bool
+		text   string
+		want   []uint32
+	}{
+		{"first", false, "ab a", []uint32{264, 262}},
+		{"first", true, "ab a", []uint32{264, 262}},
+		{"first", false, "a</s>a", []uint32{262, 2, 260}},
+		{"always", true, "a</s>a", []uint32{262, 2, 262}},
+		{"never", false, "a a", []uint32{260, 262}},
+		// split cuts before every ▁: "a▁▁a" is "a", "▁", "▁a".
+		{"never", true, "a  a", []uint32{260, 259, 262}},
+	} {
+		tok, err := editJSON(t, "testdata/tiny-sentencepiece.json", func(m map[string]any) {
+			m["normalizer"] = nil
+			m["pre_tokenizer"] = map[string]any{"type": "Metaspace", "replacement": "▁", "prepend_scheme": tc.scheme, "split": tc.split}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tok.Encode(nil, tc.text, false)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%s, split %v: Encode(%q) = %v, %v; want %v", tc.scheme, tc.split, tc.text, got, err, tc.want)
+		}
+		if tc.scheme != "never" && !strings.Contains(tc.text, "<") {
+			back, err := tok.Decode(got)
+			if err != nil || string(back) != tc.text {
+				t.Errorf("%s: Decode = %q, %v", tc.scheme, back, err)
+			}
+		}
+	}
+}

@@ -203,8 +203,11 @@ func parsePreTokenizer(p preTokenizerJSON, field string, depth int) ([]preStep, 
 			return nil, fieldError(ErrUnsupported, field+".pattern.Regex",
 				"regex %s is not one of those implemented (GPT-2's and Llama 3's)", truncate(strconv.Quote(*p.Pattern.Regex)))
 		}
-		if p.Behavior != "Isolated" || p.Invert {
-			return nil, fieldError(ErrUnsupported, field+".behavior", "only behavior Isolated without invert is supported, got %q (invert %v)", p.Behavior, p.Invert)
+		// The regexes match every character, so the pieces are the
+		// matches whether they are kept (Isolated) or what is left when
+		// the (empty) gaps between them are removed (Removed, inverted).
+		if p.Behavior != "Isolated" && (p.Behavior != "Removed" || !p.Invert) {
+			return nil, fieldError(ErrUnsupported, field+".behavior", "only Isolated, or Removed with invert, is supported, got %q (invert %v)", p.Behavior, p.Invert)
 		}
 		return []preStep{{kind: kindSplit, split: split}}, nil
 	case "Metaspace":

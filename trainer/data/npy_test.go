@@ -190,6 +190,14 @@ func FuzzNpyHeader(f *testing.F) {
 	v2 := append([]byte(npyMagic), 2, 0)
 	v2 = binary.LittleEndian.AppendUint32(v2, 60)
 	f.Add(append(v2, "{\"descr\":\"<i4\",\"fortran_order\":False,\"shape\":(7L,)}"...))
+	golden, _ := filepath.Glob("testdata/*.npy")
+	for _, path := range golden {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		hlen, start, err := parseNpyPrefix(b[:min(len(b), npyPrefixV2)])
 		if err != nil {
@@ -221,6 +229,61 @@ func TestNpyLocationDetection(t *testing.T) {
 	} {
 		if isNpy(loc) != want {
 			t.Errorf("isNpy(%q) = %v", loc, !want)
+		}
+	}
+}
+
+// Files written by NumPy 1.24.2 (Debian's python3-numpy), an implementation
+// we did not write:
+//
+//	np.save("numpy-u2.npy", np.arange(50, dtype=np.uint16) * 1000)
+//	np.save("numpy-i8.npy", np.arange(50, dtype=np.int64) * 100000)
+//	np.save("numpy-u4-big-endian.npy", (np.arange(50, dtype=np.uint32) * 3000).astype(">u4"))
+//	np.lib.format.write_array(open("numpy-i4-v2.npy", "wb"), np.arange(50, dtype=np.int32) * 7, version=(2, 0))
+//	np.lib.format.write_array(open("numpy-u2-v3.npy", "wb"), np.arange(50, dtype=np.uint16), version=(3, 0))
+//	(np.arange(50, dtype=np.uint16) * 1000).tofile("nanogpt-u2.bin")  # nanoGPT's prepare.py
+//	np.save("numpy-f4.npy", np.arange(50, dtype=np.float32))
+//	np.save("numpy-2d.npy", np.zeros((5, 10), dtype=np.uint16))
+//	np.save("numpy-fortran.npy", np.asfortranarray(np.zeros((5, 10), dtype=np.uint16)))
+func TestNumpyGoldenFiles(t *testing.T) {
+	for _, tc := range []struct {
+		file  string
+		step  uint32
+		width int
+	}{
+		{"numpy-u2.npy", 1000, 2},
+		{"numpy-i8.npy", 100000, 8},
+		{"numpy-u4-big-endian.npy", 3000, 4},
+		{"numpy-i4-v2.npy", 7, 4},
+		{"numpy-u2-v3.npy", 1, 2},
+		{"nanogpt-u2.bin", 1000, 2},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			p := openProvider(t, filepath.Join("testdata", tc.file), 2, 7, WithVocabSize(5_000_000))
+			if p.NumTokens() != 50 || p.TokenSize() != tc.width {
+				t.Fatalf("%d tokens of %d bytes", p.NumTokens(), p.TokenSize())
+			}
+			for d := range p.NumSequences() {
+				seq, err := p.Sequence(context.Background(), d, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range seq {
+					if want := uint32(d*7+uint64(i)) * tc.step; v != want {
+						t.Fatalf("sequence %d token %d: %d, want %d", d, i, v, want)
+					}
+				}
+			}
+		})
+	}
+	for file, msg := range map[string]string{
+		"numpy-f4.npy":      `descr: "<f4" is not an integer dtype`,
+		"numpy-2d.npy":      "shape: must be 1-D, (N,), got [5 10]",
+		"numpy-fortran.npy": "fortran_order: must be False",
+	} {
+		_, err := Open(context.Background(), filepath.Join("testdata", file), 2, 7)
+		if !errors.Is(err, ErrNpyHeader) || !strings.Contains(err.Error(), msg) || !strings.Contains(err.Error(), file) {
+			t.Errorf("%s: got %v, want %q", file, err, msg)
 		}
 	}
 }

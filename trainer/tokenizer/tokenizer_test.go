@@ -303,3 +303,34 @@ func TestMetaspace(t *testing.T) {
 		}
 	}
 }
+
+// Merging a SentencePiece text piece by piece (splitAtMeta) gives the ids of
+// merging it as one word, on the real Llama 2 file and the whole corpus.
+func TestSplitAtMetaIsExact(t *testing.T) {
+	path := needReference(t, "llama2")
+	corpus, err := os.ReadFile("../data/corpus/opticks.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pieces, whole := mustLoad(t, path), mustLoad(t, path)
+	if !pieces.model.splitAtMeta {
+		t.Fatal("the Llama 2 vocabulary should allow splitting at ▁")
+	}
+	whole.model.splitAtMeta = false
+	a, err1 := pieces.Encode(nil, string(corpus), true)
+	b, err2 := whole.Encode(nil, string(corpus), true)
+	if err1 != nil || err2 != nil || len(a) < 100000 {
+		t.Fatal(err1, err2, len(a))
+	}
+	if k := firstDifference(a, b); k >= 0 {
+		t.Fatalf("piece by piece and whole differ at id %d: %v, %v", k, window(a, k), window(b, k))
+	}
+	// A vocabulary with a token that holds ▁ after another character
+	// keeps the text whole.
+	tok, err := editJSON(t, "testdata/tiny-sentencepiece.json", func(m map[string]any) {
+		m["model"].(map[string]any)["vocab"].(map[string]any)["a▁"] = 300
+	})
+	if err != nil || tok.model.splitAtMeta {
+		t.Fatalf("a▁ in the vocabulary: %v, splitAtMeta %v", err, tok.model.splitAtMeta)
+	}
+}

@@ -10,8 +10,9 @@
 //     prepended, characters are merged by rank, and a character the
 //     vocabulary lacks falls back to its UTF-8 bytes as <0xNN> tokens.
 //
-// Added tokens (special or not) are matched in the text first, leftmost and
-// longest, and never split; a TemplateProcessing post-processor adds its
+// Normalizers Prepend, Replace and the Unicode forms NFC, NFD, NFKC and
+// NFKD are applied first. Added tokens (special or not) are matched in the
+// raw text before that, leftmost and longest, and never split; a TemplateProcessing post-processor adds its
 // special tokens (Llama 2's <s>) when Encode is asked to.
 //
 // # Pre-tokenizer regexes

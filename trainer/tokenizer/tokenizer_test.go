@@ -334,3 +334,41 @@ func TestSplitAtMetaIsExact(t *testing.T) {
 		t.Fatalf("a▁ in the vocabulary: %v, splitAtMeta %v", err, tok.model.splitAtMeta)
 	}
 }
+
+// Added tokens' lstrip, rstrip and single_word, with Hugging Face's
+// meaning: strip the white space on that side into the token; match only
+// between white space (or the text's ends).
+func TestAddedTokenOptions(t *testing.T) {
+	byteIDs := func(s string) []uint32 {
+		var ids []uint32
+		for _, b := range []byte(s) {
+			ids = append(ids, uint32(b))
+		}
+		return ids
+	}
+	tests := []struct {
+		option string
+		text   string
+		want   []uint32
+	}{
+		{"rstrip", "a<|endoftext|>  b", []uint32{'a', 300, 'b'}},
+		{"lstrip", "a  <|endoftext|>b", []uint32{'a', 300, 'b'}},
+		{"single_word", "a<|endoftext|>b", byteIDs("a<|endoftext|>b")}, // no merge applies to these bytes
+		{"single_word", "a <|endoftext|> b", []uint32{'a', ' ', 300, ' ', 'b'}},
+		{"", "a <|endoftext|> b", []uint32{'a', ' ', 300, ' ', 'b'}},
+	}
+	for _, tc := range tests {
+		tok, err := editJSON(t, "testdata/tiny-bytelevel.json", func(m map[string]any) {
+			if tc.option != "" {
+				m["added_tokens"].([]any)[0].(map[string]any)[tc.option] = true
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tok.Encode(nil, tc.text, false)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Encode(%q) = %v, %v; want %v", tc.option, tc.text, got, err, tc.want)
+		}
+	}
+}

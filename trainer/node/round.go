@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -94,7 +95,13 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 	}
 	loc := coordinator.FixedString(m.DataLocation[:])
 	if n.data == nil || n.dataLoc != loc {
-		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), n.cfg.dataOpts...)
+		// Tokens are checked against the run's vocabulary: a local file
+		// whole, now, before any training; a remote one per sequence.
+		opts := slices.Clip(n.cfg.dataOpts)
+		if m.VocabSize > 0 {
+			opts = append(opts, data.WithVocabSize(m.VocabSize))
+		}
+		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), opts...)
 		if err != nil {
 			return fmt.Errorf("node: opening the data: %w", err)
 		}

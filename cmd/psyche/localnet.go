@@ -529,8 +529,8 @@ func bytesString(b uint64) string {
 }
 
 // heldOutLoss is the mean loss over up to 32 held-out sequences.
-func heldOutLoss(m *gpt.Model, tokens []uint32) (float32, error) {
-	t := m.Context
+func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
+	t := runmodel.ConfigOf(m).Context()
 	seqs := min(32, (len(tokens)-1)/t)
 	in, tg := make([]uint32, seqs*t), make([]uint32, seqs*t)
 	for i := 0; i < seqs; i++ {
@@ -564,7 +564,7 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trai
 		fmt.Fprintf(w, "held-out loss: %.3f -> %.3f\n", before, after)
 		same := true
 		for _, t := range trainers[1:] {
-			if m := t.node.Model(); m == nil || !slices.Equal(m.Params, final.Params) {
+			if m := t.node.Model(); m == nil || m.Hash() != final.Hash() {
 				same = false
 			}
 		}

@@ -155,14 +155,26 @@ func (Go) GELUBackward(dIn, in, dOut []float32) {
 func tanh32(x float32) float32 { return float32(math.Tanh(float64(x))) }
 
 // Attention implements Backend: multi-head attention is grouped-query
-// attention with one query head per key/value head.
-func (be Go) Attention(out, att, qkv []float32, b, t, c, heads int) {
-	be.GQAttention(out, att, qkv, b, t, heads, heads, c/heads)
+// attention with one query head per key/value head, here computed by the
+// scalar loops (gqAttentionLoops) that GPT has always used, so its results
+// stay what they were bit for bit.
+func (Go) Attention(out, att, qkv []float32, b, t, c, heads int) {
+	gqAttentionLoops(out, att, qkv, b, t, heads, heads, c/heads)
 }
 
 // AttentionBackward implements Backend.
-func (be Go) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, c, heads int) {
-	be.GQAttentionBackward(dqkv, datt, dOut, qkv, att, b, t, heads, heads, c/heads)
+func (Go) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, c, heads int) {
+	gqAttentionBackwardLoops(dqkv, datt, dOut, qkv, att, b, t, heads, heads, c/heads)
+}
+
+// GQAttention implements Backend with matrix products (gqAttentionGemm).
+func (be Go) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
+	gqAttentionGemm(be.Gemm, out, att, qkv, b, t, heads, kvHeads, hd)
+}
+
+// GQAttentionBackward implements Backend with matrix products.
+func (be Go) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
+	gqAttentionBackwardGemm(be.Gemm, dqkv, datt, dOut, qkv, att, b, t, heads, kvHeads, hd)
 }
 
 // gqaLayout locates the heads of one qkv row: query head h at h·hd, key and
@@ -172,9 +184,9 @@ func gqaLayout(heads, kvHeads, hd int) (w, kOff, vOff, rep int) {
 	return (heads + 2*kvHeads) * hd, heads * hd, (heads + kvHeads) * hd, heads / kvHeads
 }
 
-// GQAttention implements Backend. Each (sequence, query head) pair is
-// independent.
-func (Go) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
+// gqAttentionLoops is grouped-query attention in scalar loops. Each
+// (sequence, query head) pair is independent.
+func gqAttentionLoops(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
 	w, kOff, vOff, rep := gqaLayout(heads, kvHeads, hd)
 	c := heads * hd
 	scale := float32(1 / math.Sqrt(float64(hd)))
@@ -224,12 +236,12 @@ func (Go) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
 	})
 }
 
-// GQAttentionBackward implements Backend. The query heads that share a
-// key/value head all write its gradient, so the unit of parallel work is a
-// (sequence, key/value head) group, whose query heads run in order: no two
-// goroutines write the same element, and the sums do not depend on the
-// number of cores.
-func (Go) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
+// gqAttentionBackwardLoops is gqAttentionLoops' backward pass. The query
+// heads that share a key/value head all write its gradient, so the unit of
+// parallel work is a (sequence, key/value head) group, whose query heads run
+// in order: no two goroutines write the same element, and the sums do not
+// depend on the number of cores.
+func gqAttentionBackwardLoops(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
 	w, kOff, vOff, rep := gqaLayout(heads, kvHeads, hd)
 	c := heads * hd
 	scale := float32(1 / math.Sqrt(float64(hd)))

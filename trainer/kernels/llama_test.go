@@ -210,3 +210,34 @@ func BenchmarkGQAttention(b *testing.B) {
 		be.GQAttention(out, att, qkv, bs, t, heads, kv, hd)
 	}
 }
+
+// TestGQAttentionGemmMatchesLoops: the matrix-product attention (what
+// GQAttention runs on the CPU) and the scalar loops (GPT's Attention) agree
+// on a shape with many rows per head and several groups.
+func TestGQAttentionGemmMatchesLoops(t *testing.T) {
+	be := Default()
+	r := rand.New(rand.NewPCG(9, 9))
+	b, tt, heads, kv, hd := 2, 40, 6, 2, 16
+	qkv := randVec(r, b*tt*(heads+2*kv)*hd)
+	n, na := b*tt*heads*hd, b*heads*tt*tt
+	o1, a1, o2, a2 := make([]float32, n), make([]float32, na), make([]float32, n), randVec(r, na)
+	gqAttentionLoops(o1, a1, qkv, b, tt, heads, kv, hd)
+	be.GQAttention(o2, a2, qkv, b, tt, heads, kv, hd)
+	near := func(what string, got, want []float32) {
+		t.Helper()
+		w := make([]float64, len(want))
+		for i, v := range want {
+			w[i] = float64(v)
+		}
+		if e := maxRelErr(got, w); e > 1e-5 {
+			t.Fatalf("%s: error %.2g", what, e)
+		}
+	}
+	near("out", o2, o1)
+	near("att", a2, a1)
+	g, d0 := randVec(r, n), randVec(r, len(qkv))
+	d1, d2 := append([]float32(nil), d0...), append([]float32(nil), d0...)
+	gqAttentionBackwardLoops(d1, make([]float32, na), g, qkv, a1, b, tt, heads, kv, hd)
+	be.GQAttentionBackward(d2, randVec(r, na), g, qkv, a1, b, tt, heads, kv, hd)
+	near("dqkv", d2, d1)
+}

@@ -114,11 +114,17 @@ func TestInitModelRejects(t *testing.T) {
 	}
 }
 
-// The tiny example says it needs no files: its revision is the hash of the
-// model seed:N draws for its [model], so trainers accept it, and its data
-// opens at its token size and sequence length.
+// The tiny and Llama examples say they need no files: each revision is the
+// hash of the model seed:N draws for its [model], so trainers accept it, and
+// its data opens at its token size and sequence length.
 func TestTinyRunExampleIsTrue(t *testing.T) {
-	u, err := loadRunFile(tinyRun)
+	for _, path := range []string{tinyRun, filepath.Join("..", "..", "examples", "llama-run.toml")} {
+		t.Run(filepath.Base(path), func(t *testing.T) { checkSeedExample(t, path) })
+	}
+}
+
+func checkSeedExample(t *testing.T, path string) {
+	u, err := loadRunFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +139,7 @@ func TestTinyRunExampleIsTrue(t *testing.T) {
 	}
 	rev := coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:])
 	if !runmodel.IsHash(rev) || rev != runmodel.Revision(m) {
-		t.Fatalf("examples/tiny-run.toml records revision %q; the model of %s hashes to %s", rev, url, runmodel.Revision(m))
+		t.Fatalf("%s records revision %q; the model of %s hashes to %s", path, rev, url, runmodel.Revision(m))
 	}
 	if got, want := m.NumParams(), int(u.Metadata.NumParameters); got != want {
 		t.Errorf("metadata.num_parameters is %d, the model has %d", want, got)

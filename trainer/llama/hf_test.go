@@ -306,3 +306,44 @@ func FuzzLoadHF(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLoadHFIndex feeds LoadHF a sharded directory whose index comes from
+// outside (the shards are a real model's): any index must be refused or
+// give exactly the model, never panic or read a file the index names
+// outside the directory.
+func FuzzLoadHFIndex(f *testing.F) {
+	ctx := context.Background()
+	m := newTiny(f, tiny, 1)
+	dir := f.TempDir()
+	if err := m.SaveHF(ctx, dir, HFOptions{MaxShardBytes: 4000}); err != nil {
+		f.Fatal(err)
+	}
+	files := memDir{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, _ := os.ReadFile(filepath.Join(dir, e.Name()))
+		files[e.Name()] = b
+	}
+	index := files[HFIndexFile]
+	f.Add(index)
+	f.Add([]byte(`{"weight_map":{"model.norm.weight":"../../etc/passwd"}}`))
+	f.Add([]byte(`{"weight_map":{}}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, idx []byte) {
+		d := memDir{}
+		for k, v := range files {
+			d[k] = v
+		}
+		d[HFIndexFile] = idx
+		got, err := LoadHF(ctx, d, nil)
+		if err != nil {
+			if !errors.Is(err, ErrHFConfig) && !errors.Is(err, ErrHFMismatch) && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("unexpected error kind: %v", err)
+			}
+			return
+		}
+		if got.Hash() != m.Hash() {
+			t.Fatal("an accepted index gave other weights")
+		}
+	})
+}

@@ -43,7 +43,9 @@ type Backend interface {
 	// and value heads, each hd wide, so a row is (heads+2·kvHeads)·hd wide;
 	// query head h attends with key/value head h/(heads/kvHeads), as
 	// Hugging Face's repeat_kv pairs them. out is b·t×heads·hd and att is
-	// b·heads·t·t. Attention(c, heads) is GQAttention(heads, heads, c/heads).
+	// b·heads·t·t. Attention(c, heads) computes what GQAttention(heads,
+	// heads, c/heads) does (on the CPU by other means: scalar loops there,
+	// matrix products here, equal to rounding).
 	GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int)
 	// GQAttentionBackward accumulates into dqkv; datt is scratch of att's
 	// size.

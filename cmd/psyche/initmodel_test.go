@@ -114,6 +114,27 @@ func TestInitModelRejects(t *testing.T) {
 	}
 }
 
+// A Llama's --out directory is a Hugging Face checkpoint of the model whose
+// revision the command prints.
+func TestInitModelWritesHFDirectory(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "hf")
+	stdout, errs, code := psyche(t, "init-model", "--config", filepath.Join("..", "..", "examples", "llama-run.toml"), "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	m, err := runmodel.Load(context.Background(), out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rev := printedLine(t, stdout, "revision"); rev != runmodel.Revision(m) {
+		t.Fatalf("printed revision %s, the directory's model hashes to %s", rev, runmodel.Revision(m))
+	}
+	cfg, err := os.ReadFile(filepath.Join(out, "config.json"))
+	if err != nil || !strings.Contains(string(cfg), `"rms_norm_eps": 0.00001,`) {
+		t.Fatalf("config.json: %s %v", cfg, err)
+	}
+}
+
 // The tiny and Llama examples say they need no files: each revision is the
 // hash of the model seed:N draws for its [model], so trainers accept it, and
 // its data opens at its token size and sequence length.

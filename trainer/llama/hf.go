@@ -75,10 +75,18 @@ func (c Config) HFConfigJSON(dtype string) ([]byte, error) {
 	h := hfConfig{Architectures: []string{"LlamaForCausalLM"}, ModelType: "llama", VocabSize: c.Vocab,
 		HiddenSize: c.Width, IntermediateSize: c.Intermediate, NumHiddenLayers: c.Layers,
 		NumAttentionHeads: c.Heads, NumKeyValueHeads: c.KVHeads, MaxPositionEmbeddings: c.Context,
-		RMSNormEps: float64(c.eps()), RopeTheta: float64(c.RopeTheta), TieWordEmbeddings: c.TiedHead,
+		RMSNormEps: shortest(c.eps()), RopeTheta: shortest(c.RopeTheta), TieWordEmbeddings: c.TiedHead,
 		HiddenAct: "silu", TorchDType: td, InitializerRange: 0.02}
 	b, err := json.MarshalIndent(h, "", "  ")
 	return append(b, '\n'), err
+}
+
+// shortest is the float64 of v's shortest decimal form, so config.json says
+// 1e-05, not the float32's exact binary value 9.999999747378752e-06; it
+// reads back as the same float32.
+func shortest(v float32) float64 {
+	f, _ := strconv.ParseFloat(strconv.FormatFloat(float64(v), 'g', -1, 32), 64)
+	return f
 }
 
 // ParseHFConfig reads a config.json (named file in errors) into a Config and

@@ -387,6 +387,9 @@ func LoadHF(ctx context.Context, d Dir, be kernels.Backend) (*Model, error) {
 		if !shardName.MatchString(file) {
 			return nil, fmt.Errorf("%w: %s/%s: tensor %q is in %q, not a safetensors file of this directory", ErrHFConfig, d, HFIndexFile, name, file)
 		}
+		if _, ok := l.want[name]; !ok && !ignoredTensors.MatchString(name) && (name != "lm_head.weight" || !cfg.TiedHead) {
+			return nil, fmt.Errorf("%w: %s/%s: extra tensor %q that config.json's model does not have", ErrHFMismatch, d, HFIndexFile, name)
+		}
 		if files[file] == nil {
 			files[file] = map[string]bool{}
 		}

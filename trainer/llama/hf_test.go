@@ -225,6 +225,7 @@ func TestHFIndexRejects(t *testing.T) {
 		{"wrong file", `"model.norm.weight": "model-00005`, `"model.norm.weight": "model-00001`, `lists tensor "model.norm.weight" in model-00001-of-00005.safetensors, which does not hold it`},
 		{"outside", `"model.norm.weight": "model-00005-of-00005.safetensors"`, `"model.norm.weight": "../x.safetensors"`, "not a safetensors file of this directory"},
 		{"missing shard", `"model.norm.weight": "model-00005-of-00005.safetensors"`, `"model.norm.weight": "model-00009-of-00009.safetensors"`, `model-00005-of-00005.safetensors: tensor "model.norm.weight" is not listed for this file`},
+		{"extra", `"model.norm.weight": "model-00005-of-00005.safetensors"`, `"model.norm.weight": "model-00005-of-00005.safetensors", "model.layers.7.mlp.up_proj.weight": "model-00001-of-00005.safetensors"`, `extra tensor "model.layers.7.mlp.up_proj.weight"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !bytes.Contains(index, []byte(tc.from)) {

@@ -132,6 +132,12 @@ func ParseHFConfig(file string, b []byte) (Config, string, error) {
 	c := Config{Vocab: h.VocabSize, Context: h.MaxPositionEmbeddings, Width: h.HiddenSize, Layers: h.NumHiddenLayers,
 		Heads: h.NumAttentionHeads, KVHeads: kv, Intermediate: h.IntermediateSize, RopeTheta: float32(h.RopeTheta),
 		TiedHead: h.TieWordEmbeddings, NormEps: float32(h.RMSNormEps)}
+	if c.NormEps == DefaultNormEps {
+		// The default is spelled 0, as in a config built from a run's
+		// model, so the two compare equal (a node keeps a model whose
+		// config is the run's).
+		c.NormEps = 0
+	}
 	if err := c.Validate(); err != nil {
 		return fail("%v", err)
 	}

@@ -91,7 +91,7 @@ func TestHFRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Config != withEps(tc.cfg) {
+			if got.Config != tc.cfg {
 				t.Fatalf("config %+v, want %+v", got.Config, tc.cfg)
 			}
 			for i, v := range m.Params {
@@ -111,13 +111,6 @@ func TestHFRoundTrip(t *testing.T) {
 			}
 		})
 	}
-}
-
-func withEps(c Config) Config {
-	if c.NormEps == 0 {
-		c.NormEps = DefaultNormEps
-	}
-	return c
 }
 
 func TestSaveLoadCheckpointFile(t *testing.T) {
@@ -154,6 +147,27 @@ func TestSaveLoadCheckpointFile(t *testing.T) {
 // disagreement between config.json and the tensors; each must fail before a
 // model is returned, with an error that names the file and the tensor or
 // field.
+// TestHFConfigEps: rms_norm_eps reads back as the config's, and the
+// default reads as 0, the spelling of a config built from a run.
+func TestHFConfigEps(t *testing.T) {
+	for _, eps := range []float32{0, DefaultNormEps, 1e-6} {
+		c := tiny
+		c.NormEps = eps
+		b, err := c.HFConfigJSON("F32")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := ParseHFConfig("config.json", b)
+		want := c
+		if eps == DefaultNormEps {
+			want.NormEps = 0
+		}
+		if err != nil || got != want {
+			t.Fatalf("eps %g: %+v, %v", eps, got, err)
+		}
+	}
+}
+
 func TestHFRejects(t *testing.T) {
 	ctx := context.Background()
 	m := newTiny(t, tiny, 3)

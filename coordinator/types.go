@@ -236,8 +236,9 @@ type Checkpoint struct {
 type Architecture uint8
 
 const (
-	ArchNone Architecture = iota
-	ArchGPT               // GPT-style decoder (DESIGN.md §8)
+	ArchNone  Architecture = iota
+	ArchGPT                // GPT-style decoder (DESIGN.md §8)
+	ArchLlama              // Llama-family decoder (trainer/llama): RMSNorm, RoPE, GQA, SwiGLU
 	numArchitectures
 )
 
@@ -347,10 +348,18 @@ type Model struct {
 	DModel       uint32
 	NLayers      uint32
 	NHeads       uint32
-	Checkpoint   Checkpoint
-	DataLocation [URLLen]byte
-	LR           LRSchedule
-	Optimizer    Optimizer
+	// Llama only (zero for GPT): key/value heads (dividing NHeads), the
+	// MLP's hidden size, the rotary base θ, and whether the output head is
+	// the embedding matrix.
+	NKVHeads         uint32
+	IntermediateSize uint32
+	RopeTheta        float32
+	TiedHead         bool
+	_                [3]byte
+	Checkpoint       Checkpoint
+	DataLocation     [URLLen]byte
+	LR               LRSchedule
+	Optimizer        Optimizer
 }
 
 // Progress is where the run stands; it may be rewritten while halted.

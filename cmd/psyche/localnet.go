@@ -62,6 +62,7 @@ same number of steps on a slow or busy machine as on a fast one. The tests use i
 		&cli.StringFlag{Name: "aggregation", Value: "robust", Usage: "how trainers combine a round's results: robust, mean or clipped-mean", Category: "RUN"},
 		&cli.BoolFlag{Name: "quantize", Value: true, Usage: "send 1-bit signs (false: float32 values)", Category: "RUN"},
 		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
+		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
 	},
 	Action: localnet,
 }
@@ -71,8 +72,42 @@ same number of steps on a slow or busy machine as on a fast one. The tests use i
 // trainers, or a snapshot on its way to them, on a loaded machine.
 const virtualSettle = 100 * time.Millisecond
 
-// localnetModel is the model localnet trains: about 120k parameters.
+// localnetModel is the model localnet trains without --run: about 120k
+// parameters.
 var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}
+
+// localnetRunModel is the run's model: localnet's own, or with --run the
+// run file's [model], whose checkpoint must be drawn from a seed (every
+// trainer draws it; localnet writes no model file). Its data stays the
+// file's unless it is builtin:opticks, which localnet replaces by its own
+// token file of the same text without the held-out tenth.
+func localnetRunModel(c *cli.Context) (*coordinator.Model, uint64, error) {
+	seed := c.Uint64("seed")
+	m := &coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
+		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
+		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
+	runmodel.SetGPT(m, localnetModel)
+	_ = coordinator.SetFixedString(m.DataLocation[:], data.BuiltinPrefix+"opticks")
+	path := c.String("run")
+	if path == "" {
+		return m, seed, nil
+	}
+	u, err := loadRunFile(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	if u.Model == nil {
+		return nil, 0, fmt.Errorf("--run %s: the file has no [model]", path)
+	}
+	src, err := runmodel.ParseSource(coordinator.FixedString(u.Model.Checkpoint.Source.URL[:]))
+	if err != nil || src.Kind != runmodel.FromSeed {
+		return nil, 0, fmt.Errorf("--run %s: localnet draws the model from a seed: model.checkpoint.url must be seed:N", path)
+	}
+	if _, err := runmodel.ModelConfig(u.Model); err != nil {
+		return nil, 0, fmt.Errorf("--run %s: %w", path, err)
+	}
+	return u.Model, src.Seed, nil
+}
 
 // localnet runs a whole run on this machine, in named steps: check the
 // flags, prepare the data and the initial model, start the backend, create
@@ -94,7 +129,11 @@ func localnet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	files, err := prepareLocalFiles(ctx, dir, c.Uint64("seed"))
+	model, seed, err := localnetRunModel(c)
+	if err != nil {
+		return err
+	}
+	files, err := prepareLocalFiles(ctx, dir, model, seed)
 	if err != nil {
 		return err
 	}
@@ -115,14 +154,18 @@ func localnet(c *cli.Context) error {
 		defer lb.close()
 	}
 	tune := func(m *coordinator.Model) {
-		m.Optimizer.Aggregation = coordinator.Aggregation(aggregationNames[c.String("aggregation")])
-		m.Optimizer.Quantize1Bit = c.Bool("quantize")
+		if c.String("run") == "" || c.IsSet("aggregation") {
+			m.Optimizer.Aggregation = coordinator.Aggregation(aggregationNames[c.String("aggregation")])
+		}
+		if c.String("run") == "" || c.IsSet("quantize") {
+			m.Optimizer.Quantize1Bit = c.Bool("quantize")
+		}
 	}
-	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), files.tokens, files.seed, files.initial, tune); err != nil {
+	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), *model, files, tune); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
-		runID, n, localnetModel.NumParams(), lb.where, dir)
+	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter %s, %s, files in %s\n",
+		runID, n, files.initial.NumParams(), archName(model.Architecture), lb.where, dir)
 	if lb.clock != nil {
 		fmt.Fprintln(out, "localnet: virtual time: the run's clock moves only while every trainer waits")
 		go func() { _ = lb.clock.Run(runCtx, time.Second, virtualSettle) }()
@@ -199,21 +242,24 @@ type localFiles struct {
 	tokens  string   // path of the token file
 	heldOut []uint32 // the last tenth of the text, never trained on
 	seed    uint64   // the run starts from seed:seed, which every trainer draws
-	initial *gpt.Model
+	initial runmodel.Model
 }
 
 // prepareLocalFiles writes the bundled text as byte tokens, the last tenth
 // held out (so not builtin:opticks, which is all of it), and draws the
 // initial model from seed as the trainers will, for the summary's
 // before-and-after loss and the run's revision.
-func prepareLocalFiles(ctx context.Context, dir string, seed uint64) (localFiles, error) {
+func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model, seed uint64) (localFiles, error) {
 	tokens := data.Tokenize(data.Opticks())
 	f := localFiles{tokens: filepath.Join(dir, "opticks.tokens"), heldOut: tokens[len(tokens)*9/10:], seed: seed}
 	if err := data.WriteTokenFile(ctx, f.tokens, tokens[:len(tokens)*9/10], data.TokenSize16); err != nil {
 		return f, err
 	}
-	var err error
-	f.initial, err = gpt.New(localnetModel, seed, nil)
+	cfg, err := runmodel.ModelConfig(model)
+	if err != nil {
+		return f, err
+	}
+	f.initial, err = runmodel.New(cfg, seed, nil)
 	return f, err
 }
 
@@ -405,7 +451,7 @@ func (t *localTrainer) progress() node.Progress {
 	return t.prog
 }
 
-func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, tokenPath string, seed uint64, initial *gpt.Model, tune func(*coordinator.Model)) error {
+func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, m coordinator.Model, files localFiles, tune func(*coordinator.Model)) error {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
 		return err
@@ -414,18 +460,17 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: uint64(min(30, epochTime-1)), RoundWitnessTime: 1,
 		EpochTime: uint64(epochTime), WaitingForMembersExtraTime: 1, TotalSteps: 100_000,
 		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(n), MinClients: uint16(max(1, n-1))}
-	m := coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
-		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
-		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
-	runmodel.SetGPT(&m, localnetModel)
 	tune(&m)
 	// The trainers draw the model from the seed and check it against its
 	// hash, as in a run file with url = "seed:N".
 	m.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], runmodel.SeedURL(seed))          // at most 25 bytes: fits
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(initial)) // 32 bytes: fits
-	if err := coordinator.SetFixedString(m.DataLocation[:], tokenPath); err != nil {
-		return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], runmodel.SeedURL(files.seed))          // at most 25 bytes: fits
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(files.initial)) // 32 bytes: fits
+	if coordinator.FixedString(m.DataLocation[:]) == data.BuiltinPrefix+"opticks" {
+		m.DataKind, m.TokenSize = coordinator.DataLocal, 2
+		if err := coordinator.SetFixedString(m.DataLocation[:], files.tokens); err != nil {
+			return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
+		}
 	}
 	var meta coordinator.Metadata
 	_ = coordinator.SetFixedString(meta.Name[:], "localnet")
@@ -531,8 +576,8 @@ func bytesString(b uint64) string {
 }
 
 // heldOutLoss is the mean loss over up to 32 held-out sequences.
-func heldOutLoss(m *gpt.Model, tokens []uint32) (float32, error) {
-	t := m.Context
+func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
+	t := runmodel.ConfigOf(m).Context()
 	seqs := min(32, (len(tokens)-1)/t)
 	in, tg := make([]uint32, seqs*t), make([]uint32, seqs*t)
 	for i := 0; i < seqs; i++ {
@@ -542,7 +587,7 @@ func heldOutLoss(m *gpt.Model, tokens []uint32) (float32, error) {
 	return m.Forward(in, tg, seqs, t)
 }
 
-func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trainers []*localTrainer, heldOut []uint32, elapsed time.Duration) error {
+func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, trainers []*localTrainer, heldOut []uint32, elapsed time.Duration) error {
 	if s == nil {
 		return fmt.Errorf("no coordinator state was received")
 	}
@@ -566,7 +611,7 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trai
 		fmt.Fprintf(w, "held-out loss: %.3f -> %.3f\n", before, after)
 		same := true
 		for _, t := range trainers[1:] {
-			if m := t.node.Model(); m == nil || !slices.Equal(m.Params, final.Params) {
+			if m := t.node.Model(); m == nil || m.Hash() != final.Hash() {
 				same = false
 			}
 		}
@@ -575,7 +620,7 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trai
 	if s.Progress.Step > 0 {
 		results = uint64(s.Progress.Step-1) * uint64(len(trainers))
 	}
-	dense := results * 4 * uint64(localnetModel.NumParams())
+	dense := results * 4 * uint64(initial.NumParams())
 	fmt.Fprintf(w, "tokens trained: %d\n", tokens)
 	if sent > 0 && dense > 0 {
 		fmt.Fprintf(w, "results sent: %s (dense fp32 gradients would be %s: %.0fx more)\n", bytesString(sent), bytesString(dense), float64(dense)/float64(sent))
@@ -583,4 +628,15 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trai
 	url := coordinator.FixedString(s.Model.Checkpoint.Source.URL[:])
 	fmt.Fprintf(w, "checkpoint: %s (%s)\n", strings.TrimPrefix(url, "file://"), s.Model.Checkpoint.Kind)
 	return nil
+}
+
+// archName names an architecture as run files do.
+func archName(a coordinator.Architecture) string {
+	switch a {
+	case coordinator.ArchGPT:
+		return "GPT"
+	case coordinator.ArchLlama:
+		return "Llama"
+	}
+	return fmt.Sprintf("architecture %d", a)
 }

@@ -385,7 +385,7 @@ func enumVariants(t reflect.Type) []string {
 // fieldNames holds the Go field names whose snake case the coordinator's
 // walkers spell differently from snakeCase; TestIDLAccountMatchesLayout
 // compares every account field name with the walkers' layout table.
-var fieldNames = map[string]string{"P2P": "p2p", "Quantize1Bit": "quantize_1bit", "CompressionTopK": "compression_topk"}
+var fieldNames = map[string]string{"P2P": "p2p", "Quantize1Bit": "quantize_1bit", "CompressionTopK": "compression_topk", "NKVHeads": "n_kv_heads"}
 
 // snakeCase turns "RunStateStart" into "run_state_start" and "DModel" into
 // "d_model" (an upper-case letter starts a word after a lower-case letter or

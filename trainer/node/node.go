@@ -32,8 +32,8 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // Progress is what the node reports after each thing it does (for a progress
@@ -184,7 +184,7 @@ type Node struct {
 	m       *machine
 
 	id      coordinator.ClientID
-	model   *gpt.Model
+	model   runmodel.Model
 	fetches fetchQueue
 	// badPeers are the trainers whose bad results were logged as warnings.
 	badPeers map[coordinator.Pubkey]bool
@@ -230,7 +230,7 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 func (n *Node) ID() coordinator.ClientID { return n.id }
 
 // Model is the node's model (nil until loaded).
-func (n *Node) Model() *gpt.Model { return n.model }
+func (n *Node) Model() runmodel.Model { return n.model }
 
 // assignments lists, for every round the coordinator holds in s, which
 // client trains which batch: what the p2p validator checks announcements

@@ -12,7 +12,7 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -22,7 +22,7 @@ import (
 // run names, or (P2P) the model the previous epoch's clients offer.
 func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel bool) error {
 	m := &s.Model
-	cfg, err := runmodel.GPT(m)
+	cfg, err := runmodel.ModelConfig(m)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
@@ -30,9 +30,9 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	keep := keepModel && n.model != nil && n.model.Config == cfg
+	keep := keepModel && n.model != nil && runmodel.ConfigOf(n.model) == cfg
 	if !keep {
-		var model *gpt.Model
+		var model runmodel.Model
 		var from string
 		url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 		fromURL := m.Checkpoint.Kind != coordinator.CheckpointP2P
@@ -60,7 +60,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			}
 			from = url
 		}
-		if err := runmodel.Check(model.Config, m); err != nil {
+		if err := runmodel.Check(runmodel.ConfigOf(model), m); err != nil {
 			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
 		}
 		if fromURL {
@@ -137,7 +137,7 @@ func (n *Node) checkpointWait(s *coordinator.Coordinator) time.Duration {
 
 // train runs this node's batch, steps the optimizer and publishes the result.
 func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *distro.Frame, float32, error) {
-	seqLen := n.model.Context
+	seqLen := runmodel.ConfigOf(n.model).Context()
 	count := int(w.Batch.End - w.Batch.Start)
 	in, tg := make([]uint32, 0, count*seqLen), make([]uint32, 0, count*seqLen)
 	buf := make([]uint32, seqLen+1)
@@ -210,12 +210,25 @@ func (n *Node) apply(w *ApplyWork) error {
 
 // saveCheckpoint writes the model and records it (elected checkpointers).
 func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
-	path, err := filepath.Abs(filepath.Join(n.cfg.checkpoints, fmt.Sprintf("%s-epoch%d-step%d.safetensors", n.runID, w.Epoch, w.Step)))
+	name := fmt.Sprintf("%s-epoch%d-step%d", n.runID, w.Epoch, w.Step)
+	lm, isLlama := n.model.(*llama.Model)
+	if !isLlama {
+		name += ".safetensors"
+	}
+	path, err := filepath.Abs(filepath.Join(n.cfg.checkpoints, name))
 	if err != nil {
 		n.cfg.log.Warn("checkpoint path", "err", err)
 		return
 	}
-	if err := n.model.Save(ctx, path, map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)}); err != nil {
+	if isLlama {
+		// A Llama checkpoint is a Hugging Face directory (config.json and
+		// model.safetensors in F32, so its hash is the model's): what
+		// transformers loads, and what a run's checkpoint URL may name.
+		err = lm.SaveHF(ctx, path, llama.HFOptions{})
+	} else {
+		err = n.model.Save(ctx, path, map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)})
+	}
+	if err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed", "err", err)
 		return
 	}

@@ -248,6 +248,11 @@ static void rd_model(struct rd *r, struct psy_model *m)
 	rd_u32(r, &m->d_model);
 	rd_u32(r, &m->n_layers);
 	rd_u32(r, &m->n_heads);
+	rd_u32(r, &m->n_kv_heads);
+	rd_u32(r, &m->intermediate_size);
+	rd_u32(r, &m->rope_theta);
+	rd_bool(r, &m->tied_head);
+	rd_pad(r, 3);
 	rd_u8(r, &m->checkpoint_kind);
 	rd_pad(r, 7);
 	rd_source(r, &m->checkpoint);
@@ -360,7 +365,8 @@ static uint64_t check_account(const struct psy_account *s)
 		if (s->pad0[i] | s->pad1[i])
 			return ERR_MALFORMED;
 	const struct psy_model *m = &s->model;
-	if (s->config.pad | m->pad0 | m->pad2[0] | m->pad2[1] | m->pad2[2] | m->pad3 | (m->quantize_1bit > 1))
+	if (s->config.pad | m->pad0 | m->pad2[0] | m->pad2[1] | m->pad2[2] | m->pad3 | (m->quantize_1bit > 1) |
+	    m->pad4[0] | m->pad4[1] | m->pad4[2] | (m->tied_head > 1))
 		return ERR_MALFORMED;
 	for (int i = 0; i < 7; i++)
 		if (m->pad1[i])
@@ -404,8 +410,13 @@ static int config_valid(const struct psy_config *k)
 
 static int model_valid(const struct psy_model *m)
 {
-	int ok = m->architecture == 1 && m->max_seq_len > 0 && m->vocab_size > 0 && m->d_model > 0 && m->n_layers > 0 &&
-		 m->n_heads > 0 && m->d_model % m->n_heads == 0;
+	int ok = (m->architecture == 1 || m->architecture == 2) && m->max_seq_len > 0 && m->vocab_size > 0 &&
+		 m->d_model > 0 && m->n_layers > 0 && m->n_heads > 0 && m->d_model % m->n_heads == 0;
+	if (m->architecture == 2) /* Llama: GQA, even head size (RoPE turns pairs), finite rope_theta > 1 */
+		ok = ok && m->n_kv_heads > 0 && m->n_heads % m->n_kv_heads == 0 && (m->d_model / m->n_heads) % 2 == 0 &&
+		     m->intermediate_size > 0 && m->rope_theta > 0x3f800000 && m->rope_theta < 0x7f800000;
+	else
+		ok = ok && m->n_kv_heads == 0 && m->intermediate_size == 0 && m->rope_theta == 0 && m->tied_head == 0;
 	if (m->checkpoint_kind == CK_HUB || m->checkpoint_kind == CK_P2P)
 		ok = ok && m->checkpoint.url[0] != 0;
 	else

@@ -8,7 +8,7 @@
  *   0  instance   the PDA ["coordinator", run_id] (80 bytes, owned by the
  *                 program): discriminator sha256("account:CoordinatorInstance")[0:8],
  *                 bump, 7 zero bytes, run_id[32], coordinator account key[32]
- *   1  coordinator  writable, owned by the program, 162728 bytes
+ *   1  coordinator  writable, owned by the program, 162744 bytes
  *   2  sender     signer: the authority, the joining client, the witness...
  *   3… extra      init_coordinator: the system program. join_run: the join
  *                 authority as a second signer when the run has one. tick,

@@ -15,11 +15,10 @@ import (
 // pureRules lists the packages that must stay pure (no clock, randomness, I/O
 // or logging) and the modules outside the standard library they may use.
 var pureRules = map[string][]string{
-	"coordinator": {"github.com/bits-and-blooms/bloom/v3"},
-	"distro":      nil,
-	"federated": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms", "golang.org/x/crypto/chacha20",
-		"golang.org/x/crypto/internal/alias"},
-	"federated/dp":     {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias"},
+	"coordinator":      {"github.com/bits-and-blooms/bloom/v3"},
+	"distro":           nil,
+	"federated":        {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/federated/dp"},
+	"federated/dp":     {"golang.org/x/crypto/chacha20"},
 	"trainer/schedule": {"github.com/psyche-go/psyche/coordinator"},
 	"programs/abi":     {"github.com/psyche-go/psyche/coordinator"},
 }
@@ -76,10 +75,11 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 		t.Skip("go command not found")
 	}
 	allowedModules := map[string][]string{
-		"coordinator":      {"github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
-		"distro":           nil,
-		"federated":        {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/federated/dp"},
-		"federated/dp":     {"golang.org/x/crypto/chacha20"},
+		"coordinator": {"github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
+		"distro":      nil,
+		"federated": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
+			"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias"},
+		"federated/dp":     {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias"},
 		"trainer/schedule": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 		"programs/abi":     {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 	}

@@ -61,6 +61,7 @@ type config struct {
 	now      func() time.Time
 	seed     func() uint64
 	metrics  *Metrics
+	routes   []func(*http.ServeMux)
 }
 
 // Option configures a Server.
@@ -86,6 +87,12 @@ func WithTickInterval(d time.Duration) Option {
 		c.interval = d
 		return nil
 	}
+}
+
+// WithRoutes adds HTTP routes to the server's API (federated runs'
+// service, federated/fedserver, mounts itself this way).
+func WithRoutes(add func(*http.ServeMux)) Option {
+	return func(c *config) error { c.routes = append(c.routes, add); return nil }
 }
 
 // WithClock replaces the wall clock (tests).
@@ -503,6 +510,9 @@ func (s *Server) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	for _, add := range s.cfg.routes {
+		add(mux)
+	}
 	return mux
 }
 

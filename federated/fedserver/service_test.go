@@ -1,0 +1,189 @@
+package fedserver
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/federated"
+	"github.com/psyche-go/psyche/federated/fedclient"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+type signer struct{ priv ed25519.PrivateKey }
+
+func newSigner(name string) signer {
+	seed := sha256.Sum256([]byte(name))
+	return signer{ed25519.NewKeyFromSeed(seed[:])}
+}
+
+func (s signer) Public() (k coordinator.Pubkey) {
+	copy(k[:], s.priv.Public().(ed25519.PublicKey))
+	return k
+}
+
+func (s signer) Sign(msg []byte) []byte { return ed25519.Sign(s.priv, msg) }
+
+// accounts is a fake server holding one run's coordinator.
+type accounts struct {
+	mu sync.Mutex
+	c  *coordinator.Coordinator
+}
+
+func newAccounts(t *testing.T, authority coordinator.Pubkey) *accounts {
+	c := new(coordinator.Coordinator)
+	c.MainAuthority = authority
+	if err := coordinator.SetFixedString(c.RunID[:], "fed"); err != nil {
+		t.Fatal(err)
+	}
+	runmodel.SetGPT(&c.Model, gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2})
+	if err := coordinator.SetFixedString(c.Model.Checkpoint.Source.URL[:], "seed:1"); err != nil {
+		t.Fatal(err)
+	}
+	c.RunState = coordinator.WaitingForMembers
+	return &accounts{c: c}
+}
+
+func (a *accounts) get(id string) ([]byte, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if id != "fed" {
+		return nil, false
+	}
+	return a.c.MarshalAccount(), true
+}
+
+func (a *accounts) setState(s coordinator.RunState) {
+	a.mu.Lock()
+	a.c.RunState = s
+	a.mu.Unlock()
+}
+
+func serve(t *testing.T, dir string, acc *accounts) (*Service, string) {
+	svc, err := New(dir, acc.get, WithNoiseSeeds(func() [32]byte { return [32]byte{7} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	svc.Routes(mux)
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return svc, hs.URL
+}
+
+func ones(n int, v float32) []float32 {
+	d := make([]float32, n)
+	for i := range d {
+		d[i] = v
+	}
+	return d
+}
+
+// TestFederatedService walks a run through the HTTP API: the authority's
+// config starts it from the coordinator's model; updates fill the buffer,
+// which aggregates at capacity; a stale update is refused with the
+// server's round and the client catches up; a paused run refuses updates;
+// a restart mid-round keeps the round, the model and the buffered update.
+func TestFederatedService(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	_, url := serve(t, dir, acc)
+
+	a, b, c := fedclient.New(url, "fed", newSigner("a")), fedclient.New(url, "fed", newSigner("b")), fedclient.New(url, "fed", newSigner("c"))
+	cfg := &federated.Config{Capacity: 2, RoundDuration: 1}
+	if _, err := a.Configure(ctx, cfg); err == nil {
+		t.Fatal("a client that is not the authority configured the run")
+	}
+	if _, _, err := a.Push(ctx, 0, 1, []float32{1}); err == nil {
+		t.Fatal("an update was taken before the run was federated")
+	}
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := info.Params
+	if n != (gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2}).NumParams() {
+		t.Fatalf("the run's model has %d values", n)
+	}
+	round, model0, err := a.Model(ctx, -1)
+	if err != nil || round != 0 {
+		t.Fatal(round, err)
+	}
+	if _, _, err := a.Push(ctx, 0, 1, ones(n-1, 1)); err == nil {
+		t.Fatal("an update of the wrong shape was taken")
+	}
+	// A waiter for round 1 wakes up when the buffer aggregates.
+	woke := make(chan uint64, 1)
+	go func() {
+		r, _, err := c.Model(ctx, 0)
+		if err != nil {
+			t.Error(err)
+		}
+		woke <- r
+	}()
+	if res, _, err := a.Push(ctx, 0, 1, ones(n, 1)); err != nil || res.Round != 0 || res.Buffered != 1 {
+		t.Fatal(res, err)
+	}
+	if res, _, err := b.Push(ctx, 0, 1, ones(n, 3)); err != nil || res.Round != 1 || res.Buffered != 0 {
+		t.Fatal(res, err)
+	}
+	if r := <-woke; r != 1 {
+		t.Fatalf("the waiter woke at round %d", r)
+	}
+	_, model1, _ := c.Model(ctx, -1)
+	for i := range model1 {
+		if model1[i] != model0[i]+2 {
+			t.Fatalf("value %d: %v, want %v+2 (the mean of the updates)", i, model1[i], model0[i])
+		}
+	}
+	// c trained on round 0: refused as stale, with the server's round.
+	_, _, err = c.Push(ctx, 0, 1, ones(n, 5))
+	var stale *fedclient.StaleError
+	if !errors.As(err, &stale) || stale.Round != 1 || !errors.Is(err, federated.ErrStale) {
+		t.Fatalf("stale update: %v", err)
+	}
+	if res, _, err := c.Push(ctx, 1, 1, ones(n, 1)); err != nil || res.Buffered != 1 {
+		t.Fatal(res, err)
+	}
+	// Paused: refused.
+	acc.setState(coordinator.Paused)
+	if _, _, err := a.Push(ctx, 1, 1, ones(n, 1)); !errors.Is(err, fedclient.ErrPaused) {
+		t.Fatalf("update to a paused run: %v", err)
+	}
+	acc.setState(coordinator.WaitingForMembers)
+
+	// Restart mid-round: a second service on the same directory.
+	_, url2 := serve(t, dir, acc)
+	a2 := fedclient.New(url2, "fed", newSigner("a"))
+	in, err := a2.Info(ctx)
+	if err != nil || in.Round != 1 || in.Buffered != 1 || in.Contributions != 2 {
+		t.Fatalf("after a restart: %+v %v", in, err)
+	}
+	_, again, _ := a2.Model(ctx, -1)
+	if !slices.Equal(again, model1) {
+		t.Fatal("the model changed across the restart")
+	}
+	if res, _, err := a2.Push(ctx, 1, 1, ones(n, 3)); err != nil || res.Round != 2 {
+		t.Fatal(res, err)
+	}
+	_, model2, _ := a2.Model(ctx, -1)
+	for i := range model2 {
+		if model2[i] != model1[i]+2 {
+			t.Fatalf("value %d after the restart: %v, want %v+2 (c's buffered update survived)", i, model2[i], model1[i])
+		}
+	}
+	if matches, _ := filepath.Glob(filepath.Join(dir, "*.fed")); len(matches) != 1 {
+		t.Fatalf("state files: %v", matches)
+	}
+}

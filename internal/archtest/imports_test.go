@@ -19,6 +19,7 @@ var pureRules = map[string][]string{
 	"distro":           nil,
 	"federated":        {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/federated/dp"},
 	"federated/dp":     {"golang.org/x/crypto/chacha20"},
+	"federated/secagg": {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/chacha20poly1305"},
 	"trainer/schedule": {"github.com/psyche-go/psyche/coordinator"},
 	"programs/abi":     {"github.com/psyche-go/psyche/coordinator"},
 }

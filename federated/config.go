@@ -91,6 +91,10 @@ type Config struct {
 	// clients must survive for the round to complete.
 	SecAgg          bool
 	SecAggThreshold uint32
+	// SecAggTimeout is how long, in seconds, a secure aggregation phase
+	// waits for the clients that have not answered before it goes on with
+	// those that have, if they are at least the threshold (0 means 30).
+	SecAggTimeout uint32
 }
 
 // DeltaOrDefault is δ with its default.
@@ -144,8 +148,14 @@ func (c *Config) Validate() error {
 		if c.MaxStaleness != 0 {
 			bad("secure aggregation sums one round's updates: max_staleness must be 0")
 		}
-	} else if c.SecAggThreshold != 0 {
-		bad("secagg_threshold without secagg")
+		if c.Clip == 0 {
+			bad("secure aggregation needs clip > 0: the fixed-point encoding is sized for it")
+		}
+		if c.Capacity > 255 {
+			bad("secure aggregation takes at most 255 clients a round, not capacity %d", c.Capacity)
+		}
+	} else if c.SecAggThreshold != 0 || c.SecAggTimeout != 0 {
+		bad("secagg_threshold or secagg_timeout without secagg")
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w:\n%w", ErrConfig, err)

@@ -71,8 +71,20 @@ type Configure struct {
 	Config Config
 }
 
+// SumPush is a secure aggregation round's outcome: the mean of the
+// updates of Clients, trained on round Base, which the server never saw one
+// by one (they were clipped by the clients). Central DP's noise is added as
+// for a buffer.
+type SumPush struct {
+	Clients []coordinator.Pubkey
+	Base    uint64
+	Mean    []float32
+	Noise   [32]byte
+}
+
 func (Push) isMsg()      {}
 func (Configure) isMsg() {}
+func (SumPush) isMsg()   {}
 
 // Aggregated describes one aggregation.
 type Aggregated struct {
@@ -148,6 +160,8 @@ func (m *Machine) Step(msg Msg) error {
 			return err
 		}
 		return m.push(msg)
+	case SumPush:
+		return m.sumPush(msg)
 	case Configure:
 		if err := m.replay(msg.Signer, msg.Seq); err != nil {
 			return err
@@ -175,9 +189,33 @@ func (m *Machine) replay(who coordinator.Pubkey, seq uint64) error {
 	return nil
 }
 
+func (m *Machine) sumPush(p SumPush) error {
+	s := m.s
+	switch {
+	case !s.Config.SecAgg:
+		return fmt.Errorf("%w: a secure aggregation result for a run without it", ErrEncoding)
+	case s.Finished():
+		return ErrFinished
+	case p.Base != s.Round:
+		return &StaleError{Base: p.Base, Round: s.Round}
+	case len(p.Mean) != len(s.Model):
+		return fmt.Errorf("%w: %d values, the model has %d", ErrShape, len(p.Mean), len(s.Model))
+	case len(p.Clients) < int(s.Config.SecAggThreshold):
+		return fmt.Errorf("%w: %d clients, threshold %d", ErrShape, len(p.Clients), s.Config.SecAggThreshold)
+	}
+	step := slices.Clone(p.Mean)
+	if s.Config.NoiseMultiplier > 0 {
+		dp.NewNoise(p.Noise).Add(step, float64(s.Config.NoiseMultiplier)*float64(s.Config.Clip)/float64(len(p.Clients)))
+	}
+	m.apply(step, slices.Clone(p.Clients))
+	return nil
+}
+
 func (m *Machine) push(p Push) error {
 	s := m.s
 	switch {
+	case s.Config.SecAgg:
+		return fmt.Errorf("%w: this run takes masked updates only (secure aggregation)", ErrEncoding)
 	case s.Finished():
 		return ErrFinished
 	case p.Base > s.Round:
@@ -210,6 +248,17 @@ func (m *Machine) maybeAggregate(noise [32]byte) {
 		return
 	}
 	step := Combine(&s.Config, s.Round, s.Buffer, len(s.Model), noise)
+	clients := make([]coordinator.Pubkey, len(s.Buffer))
+	for i, u := range s.Buffer {
+		clients[i] = u.Client
+	}
+	s.Buffer = nil
+	m.apply(step, clients)
+}
+
+// apply adds an aggregated step to the model and bumps the round.
+func (m *Machine) apply(step []float32, clients []coordinator.Pubkey) {
+	s := m.s
 	lr := s.Config.ServerLR
 	if lr == 0 {
 		lr = 1
@@ -220,13 +269,9 @@ func (m *Machine) maybeAggregate(noise [32]byte) {
 		s.Model[i] += d
 		norm += float64(d) * float64(d)
 	}
-	a := Aggregated{Round: s.Round + 1, Updates: len(s.Buffer), Norm: math.Sqrt(norm)}
-	for _, u := range s.Buffer {
-		a.Clients = append(a.Clients, u.Client)
-	}
+	a := Aggregated{Round: s.Round + 1, Updates: len(clients), Norm: math.Sqrt(norm), Clients: clients}
 	s.Round++
-	s.Contributions += uint64(len(s.Buffer))
-	s.Buffer = nil
+	s.Contributions += uint64(len(clients))
 	m.ready.Persist = true
 	m.ready.Aggregated = append(m.ready.Aggregated, a)
 }

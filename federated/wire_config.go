@@ -25,9 +25,10 @@ import (
 //	36      4     population
 //	40      4     secure aggregation threshold
 //	44      8     delta, float64
+//	52      4     secure aggregation phase timeout, seconds (0: 30)
 
 // ConfigSize is the size of an encoded config.
-const ConfigSize = 52
+const ConfigSize = 56
 
 // EncodeConfig encodes c.
 func EncodeConfig(c *Config) []byte {
@@ -48,6 +49,7 @@ func EncodeConfig(c *Config) []byte {
 	le.PutUint32(b[36:], c.Population)
 	le.PutUint32(b[40:], c.SecAggThreshold)
 	le.PutUint64(b[44:], math.Float64bits(c.Delta))
+	le.PutUint32(b[52:], c.SecAggTimeout)
 	return b
 }
 
@@ -64,7 +66,8 @@ func DecodeConfig(b []byte) (*Config, error) {
 		Rounds: le.Uint32(b[12:]), Aggregation: Aggregation(b[16]), SecAgg: b[17]&1 != 0,
 		ServerLR: math.Float32frombits(le.Uint32(b[20:])), Clip: math.Float32frombits(le.Uint32(b[24:])),
 		NoiseMultiplier: math.Float32frombits(le.Uint32(b[28:])), LocalNoiseMultiplier: math.Float32frombits(le.Uint32(b[32:])),
-		Population: le.Uint32(b[36:]), SecAggThreshold: le.Uint32(b[40:]), Delta: math.Float64frombits(le.Uint64(b[44:]))}
+		Population: le.Uint32(b[36:]), SecAggThreshold: le.Uint32(b[40:]), Delta: math.Float64frombits(le.Uint64(b[44:])),
+		SecAggTimeout: le.Uint32(b[52:])}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

@@ -15,7 +15,9 @@ import (
 //	offset  size  field
 //	0       4     magic "PSFR"
 //	4       1     version (RequestVersion)
-//	5       1     kind: 1 update (wire_update.go), 2 config (wire_config.go)
+//	5       1     kind: 1 update (wire_update.go), 2 config (wire_config.go), 3-6 a secure
+//	              aggregation round's advertise, shares, masked input and reveal
+//	              (federated/secagg's wire_messages.go)
 //	6       2     reserved, 0
 //	8       32    run id, zero-padded
 //	40      8     sequence: strictly increasing per signer and run (replay protection)
@@ -39,8 +41,12 @@ const (
 type Kind uint8
 
 const (
-	KindUpdate Kind = 1
-	KindConfig Kind = 2
+	KindUpdate          Kind = 1
+	KindConfig          Kind = 2
+	KindSecAggAdvertise Kind = 3
+	KindSecAggShares    Kind = 4
+	KindSecAggMasked    Kind = 5
+	KindSecAggReveal    Kind = 6
 )
 
 // Signer signs requests (chain.Keypair is one).
@@ -89,7 +95,7 @@ func DecodeRequest(b []byte) (*Request, error) {
 		return nil, fmt.Errorf("%w: not a version %d request", ErrMalformed, RequestVersion)
 	}
 	r := &Request{Kind: Kind(b[5]), Sequence: binary.LittleEndian.Uint64(b[40:])}
-	if r.Kind != KindUpdate && r.Kind != KindConfig {
+	if r.Kind < KindUpdate || r.Kind > KindSecAggReveal {
 		return nil, fmt.Errorf("%w: request kind %d", ErrMalformed, r.Kind)
 	}
 	copy(r.RunID[:], b[8:40])

@@ -59,6 +59,8 @@ func decodeFailure(resp *http.Response) error {
 		return &StaleError{Round: f.Round, Msg: f.Error}
 	case "Paused":
 		return fmt.Errorf("%w: %s", ErrPaused, f.Error)
+	case "Aborted", "Busy":
+		return fmt.Errorf("%w: %s", ErrAborted, f.Error)
 	case "Duplicate":
 		return fmt.Errorf("%w (%s)", federated.ErrDuplicate, f.Error)
 	case "Finished":

@@ -29,6 +29,8 @@ type Options struct {
 	Log    *slog.Logger
 	// OnRound is called after every held-out measurement.
 	OnRound func(Round)
+	// SecAgg stops the client mid-round in tests.
+	SecAgg SecAggHooks
 }
 
 // Participate is a client's loop: fetch the model, measure the held-out
@@ -108,6 +110,42 @@ func Participate(ctx context.Context, c *Client, t *Trainer, o Options) error {
 				return err
 			}
 			dp.NewNoise(seed).Add(delta, float64(info.LocalNoiseMultiplier)*float64(info.Clip))
+		}
+		if info.SecAgg {
+			n, err := c.SecAggRound(ctx, round, delta, info.Clip, int(info.SecAggThreshold), o.SecAgg)
+			rep.Sent += n
+			var stale *StaleError
+			switch {
+			case err == nil:
+				log.Info("federated masked update revealed", "base", round, "bytes", rep.Sent, "train_loss", trainLoss)
+				after = int64(round)
+			case errors.As(err, &stale), errors.Is(err, ErrAborted):
+				log.Warn("secure aggregation round missed; fetching the current model", "base", round, "err", err)
+				rep.Stale = true
+				after = -1
+			case errors.Is(err, ErrPaused):
+				if err := wait(time.Second); err != nil {
+					return err
+				}
+				after = -1
+			case errors.Is(err, federated.ErrFinished):
+				return nil
+			default:
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if o.SecAgg.AfterShares != nil {
+					return err // a test's dropout
+				}
+				if err := retry("secure aggregation", err); err != nil {
+					return err
+				}
+				after = -1
+			}
+			if o.OnRound != nil {
+				o.OnRound(rep)
+			}
+			continue
 		}
 		for {
 			res, n, err := c.Push(ctx, round, info.RoundDuration, delta)

@@ -31,6 +31,7 @@ type run struct {
 	mu      sync.Mutex
 	m       *federated.Machine
 	changed chan struct{} // closed and replaced when the round or config changes
+	sa      *saRound      // the secure aggregation round under way, if any
 }
 
 // Service is the federated API of one server.
@@ -135,6 +136,7 @@ func (s *Service) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/federated", s.handleRequest)
 	mux.HandleFunc("GET /v1/runs/{id}/federated", s.handleInfo)
 	mux.HandleFunc("GET /v1/runs/{id}/federated/model", s.handleModel)
+	mux.HandleFunc("GET /v1/runs/{id}/federated/secagg", s.handleSecAgg)
 }
 
 func (s *Service) account(id string) (*coordinator.Coordinator, bool) {
@@ -188,6 +190,8 @@ func (s *Service) handleRequest(w http.ResponseWriter, req *http.Request) {
 		s.configure(w, id, acct, r)
 	case federated.KindUpdate:
 		s.update(w, id, acct, r)
+	default:
+		s.secaggRequest(w, id, acct, r)
 	}
 }
 

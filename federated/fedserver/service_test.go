@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/fedclient"
+	"github.com/psyche-go/psyche/federated/secagg"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
@@ -187,3 +189,73 @@ func TestFederatedService(t *testing.T) {
 		t.Fatalf("state files: %v", matches)
 	}
 }
+
+// TestSecureAggregationWithADropout: four clients, threshold 3; client 4
+// vanishes after sending its shares. The mask phase closes at its deadline
+// with three inputs, the survivors reveal, and the model moves by the mean
+// of the three updates, within fixed-point error.
+func TestSecureAggregationWithADropout(t *testing.T) {
+	ctx := context.Background()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	_, url := serve(t, t.TempDir(), acc)
+	cfg := &federated.Config{Capacity: 4, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 3, SecAggTimeout: 1}
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := info.Params
+	probe := fedclient.New(url, "fed", newSigner("probe"))
+	_, model0, err := probe.Model(ctx, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := probe.Push(ctx, 0, 1, ones(n, 0)); err == nil {
+		t.Fatal("a plain update was taken by a secure aggregation run")
+	}
+	deltas := make([][]float32, 4)
+	for i := range deltas {
+		deltas[i] = make([]float32, n)
+		for j := range deltas[i] {
+			deltas[i][j] = float32((i+1)*(j%7)-9) / float32(40*n) // L2 norm well below 1
+		}
+	}
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := fedclient.New(url, "fed", newSigner(string(rune('a'+i))))
+			var hooks fedclient.SecAggHooks
+			if i == 3 {
+				hooks.AfterShares = func() error { return errors.New("gone") }
+			}
+			_, errs[i] = c.SecAggRound(ctx, 0, deltas[i], 1, 3, hooks)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs[:3] {
+		if err != nil {
+			t.Fatalf("client %d: %v", i+1, err)
+		}
+	}
+	round, model1, err := probe.Model(ctx, 0)
+	if err != nil || round != 1 {
+		t.Fatalf("round %d %v", round, err)
+	}
+	f, _ := secaggFractionBits(4, 1)
+	tol := 3*math.Ldexp(1, -f-1)/3 + 1e-6
+	for j := range model1 {
+		want := float64(model0[j]) + (float64(deltas[0][j])+float64(deltas[1][j])+float64(deltas[2][j]))/3
+		if math.Abs(float64(model1[j])-want) > tol+math.Abs(want)*1e-6 {
+			t.Fatalf("value %d: %v, want %v", j, model1[j], want)
+		}
+	}
+	in, _ := probe.Info(ctx)
+	if in.Contributions != 3 {
+		t.Fatalf("%d contributions, want 3", in.Contributions)
+	}
+}
+
+var secaggFractionBits = secagg.FractionBits

@@ -31,10 +31,13 @@ func Encode(x []float32, bound float64, f int) ([]uint32, error) {
 	out := make([]uint32, len(x))
 	scale := math.Ldexp(1, f)
 	for i, v := range x {
-		if !(math.Abs(float64(v)) <= bound) {
+		a := math.Abs(float64(v))
+		if !(a <= bound*(1+1e-6)) {
 			return nil, fmt.Errorf("%w: value %d is %v, bound %v", ErrRange, i, v, bound)
 		}
-		out[i] = uint32(int32(math.Round(float64(v) * scale)))
+		// Float32 rounding of a clipped update may pass the bound by an ulp.
+		q := math.Round(math.Max(-bound, math.Min(bound, float64(v))) * scale)
+		out[i] = uint32(int32(q))
 	}
 	return out, nil
 }

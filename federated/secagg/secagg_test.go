@@ -262,3 +262,42 @@ func FuzzDecodeSharePair(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeMessages(f *testing.F) {
+	f.Add(byte(0), EncodeAdvertisement(&Advertisement{Base: 1}))
+	f.Add(byte(1), EncodeShares(1, 2, []Ciphertext{{From: 2, To: 1, Box: make([]byte, boxSize)}}))
+	f.Add(byte(2), EncodeMasked(1, 2, []uint32{1, 2}))
+	f.Add(byte(3), EncodeReveal(1, &Reveal{From: 1, B: map[ID][32]byte{1: {}, 2: {}}, S: map[ID][32]byte{3: {}}}))
+	f.Fuzz(func(t *testing.T, kind byte, b []byte) {
+		var again []byte
+		switch kind % 4 {
+		case 0:
+			a, err := DecodeAdvertisement(b)
+			if err != nil {
+				return
+			}
+			again = EncodeAdvertisement(a)
+		case 1:
+			base, from, cts, err := DecodeShares(b)
+			if err != nil {
+				return
+			}
+			again = EncodeShares(base, from, cts)
+		case 2:
+			base, from, y, err := DecodeMasked(b)
+			if err != nil {
+				return
+			}
+			again = EncodeMasked(base, from, y)
+		case 3:
+			base, r, err := DecodeReveal(b)
+			if err != nil {
+				return
+			}
+			again = EncodeReveal(base, r)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatalf("round trip of kind %d differs", kind%4)
+		}
+	})
+}

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -31,6 +32,22 @@ func splitCorpus(t *testing.T, dir string, n, size int) []string {
 		files = append(files, f)
 	}
 	return files
+}
+
+// waitOutput waits until p's output holds s (a hang guard bounds the
+// wait; the output is polled, the condition is an event).
+func waitOutput(t *testing.T, p *proc, s string) {
+	t.Helper()
+	guard := time.After(3 * time.Minute)
+	for !strings.Contains(p.output(), s) {
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited before writing %q:\n%s", p.name, s, p.output())
+		case <-guard:
+			t.Fatalf("%s never wrote %q", p.name, s)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 var roundLine = regexp.MustCompile(`^federated round (\d+) heldout loss (\S+) train loss (\S+) sent (\d+) stale (\w+)`)
@@ -74,7 +91,6 @@ func TestFederatedAcrossProcesses(t *testing.T) {
 	if out := admin("update", "--config", filepath.Join("..", "..", "examples", "federated-run.toml")); !regexp.MustCompile(`federated: ok \(round 0`).MatchString(out) {
 		t.Fatalf("update: %s", out)
 	}
-	admin("set-paused", "--resume")
 
 	const rounds = 8
 	files := splitCorpus(t, dir, 3, 60000)
@@ -83,6 +99,16 @@ func TestFederatedAcrossProcesses(t *testing.T) {
 		clients = append(clients, startProc(t, who, "--log-format", "json", "join", "--server", url, "--key", keys[who],
 			"--run-id", "fed", "--local-data", files[i], "--rounds", strconv.Itoa(rounds)))
 	}
+	// The run has not been started (resumed) yet: every client
+	// trains its first round and has its update refused; resumed, the run
+	// takes them.
+	for _, p := range clients {
+		waitOutput(t, p, "federated run paused; waiting")
+	}
+	if out, _, _ := psyche(t, "status", "--server", url, "--run-id", "fed"); !regexp.MustCompile(`federated: round 0, buffer 0/3`).MatchString(out) {
+		t.Fatalf("a paused run took updates: %s", out)
+	}
+	admin("set-paused", "--resume")
 	// waitRound waits for client 1 to report a round ≥ r (an event).
 	losses := map[*proc][]float64{}
 	waitRound := func(p *proc, r uint64) {

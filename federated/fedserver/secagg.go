@@ -119,7 +119,7 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 		refuse(http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: run %q is not federated", id))
 		return
 	}
-	if acct.RunState == coordinator.Paused {
+	if halted(acct) {
 		refuse(http.StatusConflict, "Paused", fmt.Errorf("fedserver: run %q is paused; updates are taken again when it resumes", id))
 		return
 	}

@@ -261,7 +261,7 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		s.mu.Unlock()
 		s.observe(id, m.State())
 		s.log.Info("federated run created", "run", id, "params", len(params), "capacity", cfg.Capacity)
-		writeJSON(w, http.StatusOK, federated.InfoOf(id, m.State(), acct.RunState == coordinator.Paused))
+		writeJSON(w, http.StatusOK, federated.InfoOf(id, m.State(), halted(acct)))
 		return
 	}
 	s.mu.Unlock()
@@ -277,8 +277,14 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		close(fr.changed)
 		fr.changed = make(chan struct{})
 		s.log.Info("federated run reconfigured", "run", id, "capacity", cfg.Capacity)
-		writeJSON(w, http.StatusOK, federated.InfoOf(id, fr.m.State(), acct.RunState == coordinator.Paused))
+		writeJSON(w, http.StatusOK, federated.InfoOf(id, fr.m.State(), halted(acct)))
 	}
+}
+
+// halted reports whether the coordinator holds the run still: paused, or
+// never resumed since it was created. Federated updates wait for it.
+func halted(acct *coordinator.Coordinator) bool {
+	return acct.RunState == coordinator.Paused || acct.RunState == coordinator.Uninitialized
 }
 
 // initialModel is the run's starting model: its checkpoint URL's seed or
@@ -333,9 +339,9 @@ func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coo
 		fail(w, http.StatusNotFound, outcome, fmt.Errorf("fedserver: run %q is not federated (its run file has no [federated] section)", id))
 		return
 	}
-	if acct.RunState == coordinator.Paused {
+	if halted(acct) {
 		outcome = "Paused"
-		fail(w, http.StatusConflict, outcome, fmt.Errorf("fedserver: run %q is paused; updates are taken again when it resumes", id))
+		fail(w, http.StatusConflict, outcome, fmt.Errorf("fedserver: run %q is paused (or not started yet); updates are taken once it is resumed (psyche set-paused --resume)", id))
 		return
 	}
 	u, err := federated.DecodeUpdate(r.Payload)
@@ -371,7 +377,7 @@ func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	fr.mu.Lock()
-	info := federated.InfoOf(id, fr.m.State(), acct.RunState == coordinator.Paused)
+	info := federated.InfoOf(id, fr.m.State(), halted(acct))
 	fr.mu.Unlock()
 	writeJSON(w, http.StatusOK, info)
 }

@@ -277,7 +277,9 @@ func (m *Machine) apply(step []float32, clients []coordinator.Pubkey) {
 }
 
 // Combine is the aggregation of a buffer at the server's round: each update
-// is clipped to cfg.Clip (if set), weighted by its staleness, combined by
+// is clipped to cfg.Clip (if set; not in a run with local noise only, whose
+// clients clipped before adding their noise, which a second clipping would
+// shrink), weighted by its staleness, combined by
 // cfg.Aggregation, and central DP's noise N(0, (σ·Clip/k)²) is added with
 // the stream of seed noise. It does not modify the updates.
 func Combine(cfg *Config, round uint64, buf []Update, n int, noise [32]byte) []float32 {
@@ -285,7 +287,7 @@ func Combine(cfg *Config, round uint64, buf []Update, n int, noise [32]byte) []f
 	weights := make([]float64, len(buf))
 	for i, u := range buf {
 		d := u.Delta
-		if cfg.Clip > 0 {
+		if cfg.Clip > 0 && (cfg.NoiseMultiplier > 0 || cfg.LocalNoiseMultiplier == 0) {
 			d = slices.Clone(d)
 			dp.Clip(d, float64(cfg.Clip))
 		}

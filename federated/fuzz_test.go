@@ -71,6 +71,7 @@ func FuzzDecodeRequest(f *testing.F) {
 
 func FuzzDecodeUpdate(f *testing.F) {
 	f.Add(EncodeUpdate(&UpdatePayload{Base: 1, Steps: 2, Delta: []float32{1, 2, 3}}))
+	f.Add(EncodeUpdate(&UpdatePayload{Base: 1, Steps: 2, Frame: []byte("PSDF...")}))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		u, err := DecodeUpdate(b)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/dp"
 	"github.com/psyche-go/psyche/federated/fedclient"
@@ -213,11 +214,18 @@ func joinFederated(c *cli.Context, signer *chain.Keypair) error {
 		return err
 	}
 	client := fedclient.New(c.String("server"), run, signer)
-	log.Info("joining a federated run", "run", run, "address", signer.Public().String(), "local_data", d.Path,
-		"train_tokens", len(d.Train), "heldout_tokens", len(d.Heldout))
-	return fedclient.Participate(ctx, client, t, fedclient.Options{Rounds: uint64(c.Int("rounds")), Log: log,
+	opts := fedclient.Options{Rounds: uint64(c.Int("rounds")), Log: log,
 		OnRound: func(r fedclient.Round) {
 			fmt.Fprintf(c.App.Writer, "federated round %d heldout loss %.4f train loss %.4f sent %d stale %v\n",
 				r.Round, r.HeldoutLoss, r.TrainLoss, r.Sent, r.Stale)
-		}})
+		}}
+	if m.Optimizer.Kind == coordinator.OptimizerDistro {
+		// The run's optimizer is DisTrO: updates go compressed.
+		if opts.Distro, _, err = fedserver.FederatedDistro(m); err != nil {
+			return err
+		}
+	}
+	log.Info("joining a federated run", "run", run, "address", signer.Public().String(), "local_data", d.Path,
+		"train_tokens", len(d.Train), "heldout_tokens", len(d.Heldout))
+	return fedclient.Participate(ctx, client, t, opts)
 }

@@ -162,6 +162,17 @@ func (c *Client) Push(ctx context.Context, base uint64, steps uint32, delta []fl
 	return &res, n, nil
 }
 
+// PushFrame sends a DisTrO-compressed update trained on round base (a
+// distro frame's bytes).
+func (c *Client) PushFrame(ctx context.Context, base uint64, steps uint32, frame []byte) (*federated.PushResult, int, error) {
+	var res federated.PushResult
+	n, err := c.post(ctx, federated.KindUpdate, federated.EncodeUpdate(&federated.UpdatePayload{Base: base, Steps: steps, Frame: frame}), &res)
+	if err != nil {
+		return nil, n, err
+	}
+	return &res, n, nil
+}
+
 // Configure sets the run's federated config (the signer must be the run's
 // authority); the first config starts the run.
 func (c *Client) Configure(ctx context.Context, cfg *federated.Config) (*federated.Info, error) {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/dp"
 )
@@ -31,6 +32,10 @@ type Options struct {
 	OnRound func(Round)
 	// SecAgg stops the client mid-round in tests.
 	SecAgg SecAggHooks
+	// Distro, for a run whose optimizer is DisTrO, compresses each update
+	// into a frame (its momentum is the error feedback: what a round's
+	// frame leaves out is sent later); fedserver.FederatedDistro builds it.
+	Distro *distro.DeMo
 }
 
 // Participate is a client's loop: fetch the model, measure the held-out
@@ -147,8 +152,36 @@ func Participate(ctx context.Context, c *Client, t *Trainer, o Options) error {
 			}
 			continue
 		}
+		var frame []byte
+		if o.Distro != nil {
+			// DisTrO's step is δ ← β·δ + g, sent as sign(−IDCT(top-k)) by
+			// the server's reading: the "gradient" is the negated update.
+			g := make([][]float32, 0, len(t.Model.Tensors()))
+			at := 0
+			for _, tensor := range t.Model.Tensors() {
+				part := make([]float32, len(tensor))
+				for i := range part {
+					part[i] = -delta[at+i]
+				}
+				at += len(tensor)
+				g = append(g, part)
+			}
+			f, err := o.Distro.Step(g, 1)
+			if err != nil {
+				return err
+			}
+			if frame, err = f.MarshalBinary(); err != nil {
+				return err
+			}
+		}
 		for {
-			res, n, err := c.Push(ctx, round, info.RoundDuration, delta)
+			push := func() (*federated.PushResult, int, error) {
+				if frame != nil {
+					return c.PushFrame(ctx, round, info.RoundDuration, frame)
+				}
+				return c.Push(ctx, round, info.RoundDuration, delta)
+			}
+			res, n, err := push()
 			rep.Sent += n
 			var stale *StaleError
 			switch {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/internal/atomicfile"
 	"github.com/psyche-go/psyche/trainer/gpt"
@@ -32,6 +33,8 @@ type run struct {
 	m       *federated.Machine
 	changed chan struct{} // closed and replaced when the round or config changes
 	sa      *saRound      // the secure aggregation round under way, if any
+	demo    *distro.DeMo  // DisTrO runs: decodes and expands the clients' frames
+	sizes   []int
 }
 
 // Service is the federated API of one server.
@@ -232,6 +235,10 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		fail(w, http.StatusBadRequest, "BadRequest", err)
 		return
 	}
+	if cfg.SecAgg && acct.Model.Optimizer.Kind == coordinator.OptimizerDistro {
+		fail(w, http.StatusBadRequest, "Config", fmt.Errorf("%w: secure aggregation sums dense updates; this run's optimizer is distro (top-k indices would leak): use adamw", federated.ErrConfig))
+		return
+	}
 	s.mu.Lock()
 	fr := s.runs[id]
 	if fr == nil {
@@ -352,8 +359,20 @@ func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coo
 	}
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
+	delta := u.Delta
+	if u.Frame != nil {
+		if delta, err = fr.decompress(acct, u.Frame); err != nil {
+			outcome = failureName(err)
+			fail(w, http.StatusBadRequest, outcome, err)
+			return
+		}
+	} else if acct.Model.Optimizer.Kind == coordinator.OptimizerDistro {
+		outcome = "Shape"
+		fail(w, http.StatusBadRequest, outcome, fmt.Errorf("%w: run %q's optimizer is distro: it takes DisTrO-compressed updates", federated.ErrEncoding, id))
+		return
+	}
 	stepErr, storeErr := s.step(id, fr, federated.Push{Client: r.Signer, Seq: r.Sequence, Base: u.Base, Steps: u.Steps,
-		Delta: u.Delta, Noise: s.noise()})
+		Delta: delta, Noise: s.noise()})
 	st := fr.m.State()
 	switch {
 	case storeErr != nil:

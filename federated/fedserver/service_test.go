@@ -259,3 +259,78 @@ func TestSecureAggregationWithADropout(t *testing.T) {
 }
 
 var secaggFractionBits = secagg.FractionBits
+
+// TestDistroCompressedUpdates: a run whose optimizer is DisTrO takes
+// frames, not dense updates; a frame moves the model by the run's learning
+// rate times the sign of its decompressed direction, on the coordinates
+// its top-k coefficients reach.
+func TestDistroCompressedUpdates(t *testing.T) {
+	ctx := context.Background()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	m := &acc.c.Model
+	m.Optimizer.Kind = coordinator.OptimizerDistro
+	m.Optimizer.CompressionChunk, m.Optimizer.CompressionTopK, m.Optimizer.Quantize1Bit = 16, 4, true
+	m.Optimizer.Aggregation = coordinator.AggregationMean
+	m.LR.BaseLR = 0.01
+	_, url := serve(t, t.TempDir(), acc)
+	if _, err := fedclient.New(url, "fed", admin).Configure(ctx, &federated.Config{Capacity: 1, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 1}); err == nil {
+		t.Fatal("secure aggregation was configured on a DisTrO run")
+	}
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, &federated.Config{Capacity: 1, RoundDuration: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fedclient.New(url, "fed", newSigner("a"))
+	if _, _, err := c.Push(ctx, 0, 1, ones(info.Params, 1)); !errors.Is(err, federated.ErrEncoding) && err == nil {
+		t.Fatal("a dense update was taken by a DisTrO run")
+	}
+	demo, sizes, err := FederatedDistro(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g [][]float32
+	for i, n := range sizes {
+		part := make([]float32, n)
+		for j := range part {
+			part[j] = -float32((i+j)%5 - 2) // the update is the negation
+		}
+		g = append(g, part)
+	}
+	f, err := demo.Step(g, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame, err := f.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, before, _ := c.Model(ctx, -1)
+	res, sent, err := c.PushFrame(ctx, 0, 1, frame)
+	if err != nil || res.Round != 1 {
+		t.Fatal(res, err)
+	}
+	if sent >= info.Params {
+		t.Fatalf("a frame of %d bytes for %d parameters is no compression", sent, info.Params)
+	}
+	_, after, _ := c.Model(ctx, -1)
+	moved := 0
+	for i := range after {
+		d := float64(after[i] - before[i])
+		if d != 0 {
+			moved++
+			if math.Abs(math.Abs(d)-0.01) > 1e-6 {
+				t.Fatalf("value %d moved by %v, want ±0.01 (the run's learning rate)", i, d)
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("the frame did not move the model")
+	}
+	bad := append([]byte(nil), frame...)
+	bad[len(bad)/2] ^= 0xff
+	if _, _, err := c.PushFrame(ctx, 1, 1, bad[:len(bad)-3]); err == nil {
+		t.Fatal("a truncated frame was taken")
+	}
+	t.Logf("a frame of %d bytes (request) for %d parameters moved %d of them", sent, info.Params, moved)
+}

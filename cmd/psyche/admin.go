@@ -456,11 +456,14 @@ func status(c *cli.Context) error {
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
+		if fed := federatedInfo(c); fed != nil {
+			return enc.Encode(withFederated{v, fed})
+		}
 		return enc.Encode(v)
 	}
 	printStatus(c.App.Writer, v)
-	if len(c.StringSlice("rpc")) == 0 {
-		printFederated(c.Context, c.App.Writer, c.String("server"), c.String("run-id"))
+	if fed := federatedInfo(c); fed != nil {
+		printFederated(c.App.Writer, fed)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -134,13 +133,28 @@ func privacyText(in *federated.Info) string {
 	return s
 }
 
-// printFederated adds a federated run's state to psyche status (nothing if
-// the run is not federated).
-func printFederated(ctx context.Context, w io.Writer, serverURL, run string) *federated.Info {
-	in, err := fedclient.New(serverURL, run, nil).Info(ctx)
+// federatedInfo is the run's federated state for psyche status, nil if the
+// run is not federated (or lives on Solana).
+func federatedInfo(c *cli.Context) *federated.Info {
+	if len(c.StringSlice("rpc")) > 0 {
+		return nil
+	}
+	in, err := fedclient.New(c.String("server"), c.String("run-id"), nil).Info(c.Context)
 	if err != nil {
 		return nil
 	}
+	return in
+}
+
+// withFederated is psyche status --json for a federated run: the run's
+// fields and a "federated" object (federated.Info, ε included).
+type withFederated struct {
+	statusView
+	Federated *federated.Info `json:"federated"`
+}
+
+// printFederated adds a federated run's state to psyche status.
+func printFederated(w io.Writer, in *federated.Info) {
 	fmt.Fprintf(w, "federated: round %d", in.Round)
 	if in.Rounds > 0 {
 		fmt.Fprintf(w, "/%d", in.Rounds)
@@ -152,7 +166,6 @@ func printFederated(ctx context.Context, w io.Writer, serverURL, run string) *fe
 	if in.EpsilonLocal != nil {
 		fmt.Fprintf(w, "privacy spent: ε = %.4g at δ = %g per client (local noise)\n", *in.EpsilonLocal, in.Delta)
 	}
-	return in
 }
 
 // mountFederated builds the federated service for psyche server: its state

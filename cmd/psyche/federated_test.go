@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/fedclient"
 	"github.com/psyche-go/psyche/trainer/data"
 )
@@ -223,6 +225,14 @@ func TestFederatedAcrossProcesses(t *testing.T) {
 	out, errs, code := psyche(t, "status", "--server", url, "--run-id", "fed")
 	if code != 0 || !regexp.MustCompile(`federated: round \d+, buffer \d+/3, \d+ updates aggregated, mean`).MatchString(out) {
 		t.Fatalf("status: %s %s", out, errs)
+	}
+	out, errs, code = psyche(t, "status", "--server", url, "--run-id", "fed", "--json")
+	var js struct {
+		RunID     string          `json:"run_id"`
+		Federated *federated.Info `json:"federated"`
+	}
+	if err := json.Unmarshal([]byte(out), &js); code != 0 || err != nil || js.RunID != "fed" || js.Federated == nil || js.Federated.Round < rounds {
+		t.Fatalf("status --json: %s %s %v", out, errs, err)
 	}
 }
 

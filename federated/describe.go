@@ -20,6 +20,9 @@ func Describe(s *State, name func(coordinator.Pubkey) string) string {
 	if s.Finished() {
 		b.WriteString(", finished")
 	}
+	if s.PrivacyFrom > 0 {
+		fmt.Fprintf(&b, ", privacy settings since round %d", s.PrivacyFrom)
+	}
 	fmt.Fprintf(&b, "\nmodel %s\n", floats(s.Model))
 	for _, u := range s.Buffer {
 		fmt.Fprintf(&b, "  buffered %s base %d steps %d delta %s\n", name(u.Client), u.Base, u.Steps, floats(u.Delta))

@@ -20,6 +20,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 //	new capacity=2 staleness=0 agg=mean clip=0 noise=0 lr=1 rounds=0 model=0,0,0
 //	push client=a seq=1 base=0 steps=1 delta=1,2,3 seed=0
 //	config signer=admin seq=1 capacity=1 ...   (the keys of new, without model)
+//	sumpush clients=a,b base=0 mean=1,2,3 seed=0   (a secure aggregation round's mean)
 //	state
 //	restart                                   (encode, decode and restore the state)
 func TestTranscripts(t *testing.T) {
@@ -81,6 +82,11 @@ func parseConfig(t *testing.T, args map[string]string) Config {
 	flt("clip", &c.Clip)
 	flt("noise", &c.NoiseMultiplier)
 	flt("lr", &c.ServerLR)
+	flt("localnoise", &c.LocalNoiseMultiplier)
+	num("threshold", &c.SecAggThreshold)
+	if args["secagg"] == "true" {
+		c.SecAgg = true
+	}
 	if v, ok := args["agg"]; ok {
 		a, err := ParseAggregation(v)
 		if err != nil {
@@ -125,6 +131,16 @@ func (h *harness) run(t *testing.T, cmd string) string {
 		}
 		err = h.m.Step(Push{Client: h.key(args["client"]), Seq: u("seq"), Base: u("base"), Steps: uint32(steps),
 			Delta: parseFloats(t, args["delta"]), Noise: seed})
+	case "sumpush":
+		var clients []coordinator.Pubkey
+		for _, n := range strings.Split(args["clients"], ",") {
+			clients = append(clients, h.key(n))
+		}
+		var seed [32]byte
+		if s, ok := args["seed"]; ok {
+			seed[0] = s[0]
+		}
+		err = h.m.Step(SumPush{Clients: clients, Base: u("base"), Mean: parseFloats(t, args["mean"]), Noise: seed})
 	case "config":
 		err = h.m.Step(Configure{Signer: h.key(args["signer"]), Seq: u("seq"), Config: parseConfig(t, args)})
 	case "state":

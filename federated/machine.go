@@ -25,8 +25,13 @@ type State struct {
 	Round uint64
 	// Contributions counts the updates aggregated into the model.
 	Contributions uint64
-	Model         []float32
-	Buffer        []Update
+	// PrivacyFrom is the round since which the privacy settings (clip,
+	// noise, population, δ) have been what they are: the accountant
+	// covers rounds under one setting only, so rounds before it void the
+	// guarantee.
+	PrivacyFrom uint64
+	Model       []float32
+	Buffer      []Update
 	// Seqs is the last sequence number used by each signer (replay
 	// protection, as the server's own requests have).
 	Seqs map[coordinator.Pubkey]uint64
@@ -171,6 +176,11 @@ func (m *Machine) Step(msg Msg) error {
 		}
 		if msg.Config.SecAgg != m.s.Config.SecAgg && len(m.s.Buffer) > 0 {
 			return fmt.Errorf("%w: secure aggregation cannot be switched while %d updates wait in the buffer", ErrConfig, len(m.s.Buffer))
+		}
+		old := m.s.Config
+		if old.Clip != msg.Config.Clip || old.NoiseMultiplier != msg.Config.NoiseMultiplier || old.Population != msg.Config.Population ||
+			old.Capacity != msg.Config.Capacity || old.LocalNoiseMultiplier != msg.Config.LocalNoiseMultiplier || old.Delta != msg.Config.Delta {
+			m.s.PrivacyFrom = m.s.Round
 		}
 		m.s.Config = msg.Config
 		m.maybeAggregate([32]byte{})
@@ -354,12 +364,14 @@ func l2(v []float32) float64 {
 	return math.Sqrt(s)
 }
 
-// Privacy is the (ε, δ) central DP guarantees after the rounds done so far
-// (ε = 0 without noise; +Inf with clipping off).
+// Privacy is the (ε, δ) central and local DP guarantees after the rounds
+// done so far: +Inf where there is none (no noise, clipping off, or rounds
+// played under other privacy settings, which the accountant does not
+// cover).
 func (s *State) Privacy() (central, local float64, err error) {
 	c := &s.Config
 	spent := func(sigma float32, q float64, steps uint64) (float64, error) {
-		if sigma == 0 || c.Clip == 0 {
+		if sigma == 0 || c.Clip == 0 || s.PrivacyFrom > 0 {
 			return math.Inf(1), nil
 		}
 		e, _, err := dp.Accountant{Q: q, Sigma: float64(sigma)}.Spent(steps, c.DeltaOrDefault())

@@ -22,8 +22,9 @@ import (
 //	8       56    config (wire_config.go)
 //	64      8     round
 //	72      8     contributions
-//	80      4     model size n (1..MaxParams)
-//	84      4n    model, float32
+//	80      8     privacy-from round (State.PrivacyFrom)
+//	88      4     model size n (1..MaxParams)
+//	92      4n    model, float32
 //	then    4     replay entries k, then k × (public key 32, last sequence 8), sorted by key
 //	then    4     buffered updates m (≤ MaxCapacity), then m × (client 32, base 8, steps 4, n × float32)
 //	end-32  32    SHA-256 of everything before it
@@ -38,12 +39,13 @@ const (
 // EncodeState encodes s.
 func EncodeState(s *State) []byte {
 	n := len(s.Model)
-	b := make([]byte, 0, 84+4*n+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+32)
+	b := make([]byte, 0, 92+4*n+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+32)
 	b = append(b, stateMagic...)
 	b = append(b, StateVersion, 0, 0, 0)
 	b = append(b, EncodeConfig(&s.Config)...)
 	b = binary.LittleEndian.AppendUint64(b, s.Round)
 	b = binary.LittleEndian.AppendUint64(b, s.Contributions)
+	b = binary.LittleEndian.AppendUint64(b, s.PrivacyFrom)
 	b = binary.LittleEndian.AppendUint32(b, uint32(n))
 	b = appendFloats(b, s.Model)
 	keys := make([]coordinator.Pubkey, 0, len(s.Seqs))
@@ -119,7 +121,7 @@ func (r *reader) floats(n int) []float32 {
 
 // DecodeState decodes a state file, checking its checksum and its config.
 func DecodeState(b []byte) (*State, error) {
-	if len(b) < 84+32 || string(b[:4]) != stateMagic || b[4] != StateVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+	if len(b) < 92+32 || string(b[:4]) != stateMagic || b[4] != StateVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
 		return nil, fmt.Errorf("%w: not a version %d federated state file", ErrMalformed, StateVersion)
 	}
 	body := b[:len(b)-32]
@@ -131,7 +133,10 @@ func DecodeState(b []byte) (*State, error) {
 		return nil, err
 	}
 	r := &reader{b: body[8+ConfigSize:]}
-	s := &State{Config: *cfg, Round: r.u64(), Contributions: r.u64(), Seqs: map[coordinator.Pubkey]uint64{}}
+	s := &State{Config: *cfg, Round: r.u64(), Contributions: r.u64(), PrivacyFrom: r.u64(), Seqs: map[coordinator.Pubkey]uint64{}}
+	if r.err == nil && s.PrivacyFrom > s.Round {
+		return nil, fmt.Errorf("%w: privacy-from round %d past round %d", ErrMalformed, s.PrivacyFrom, s.Round)
+	}
 	n := int(r.u32())
 	if r.err == nil && (n < 1 || n > MaxParams) {
 		return nil, fmt.Errorf("%w: model of %d values", ErrMalformed, n)

@@ -21,6 +21,7 @@ type Info struct {
 	SamplingRate         float64 `json:"sampling_rate"`
 	SecAgg               bool    `json:"secagg"`
 	SecAggThreshold      uint32  `json:"secagg_threshold,omitempty"`
+	SecAggNeighbors      uint32  `json:"secagg_neighbors,omitempty"`
 	// Epsilon is the central (ε, Delta) guarantee so far; nil where there
 	// is none (no noise or no clipping). EpsilonLocal is each client's
 	// guarantee from its local noise.
@@ -51,7 +52,7 @@ func InfoOf(run string, s *State, paused bool) Info {
 	in := Info{Run: run, Round: s.Round, Contributions: s.Contributions, Buffered: len(s.Buffer), Capacity: c.Capacity,
 		MaxStaleness: c.MaxStaleness, RoundDuration: c.RoundDuration, Rounds: c.Rounds, Aggregation: c.Aggregation.String(),
 		Params: len(s.Model), Clip: c.Clip, NoiseMultiplier: c.NoiseMultiplier, LocalNoiseMultiplier: c.LocalNoiseMultiplier,
-		SamplingRate: c.SamplingRate(), SecAgg: c.SecAgg, SecAggThreshold: c.SecAggThreshold, Delta: c.DeltaOrDefault(), Paused: paused, Finished: s.Finished()}
+		SamplingRate: c.SamplingRate(), SecAgg: c.SecAgg, SecAggThreshold: c.SecAggThreshold, SecAggNeighbors: c.SecAggNeighbors, Delta: c.DeltaOrDefault(), Paused: paused, Finished: s.Finished()}
 	if central, local, err := s.Privacy(); err == nil {
 		if central < 1e300 {
 			in.Epsilon = &central

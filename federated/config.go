@@ -91,6 +91,12 @@ type Config struct {
 	// clients must survive for the round to complete.
 	SecAgg          bool
 	SecAggThreshold uint32
+	// SecAggNeighbors is SecAgg+'s masking graph degree: each client
+	// masks with and shares its secrets to this many others (a ring;
+	// secagg.Neighbors), so a round costs O(n·k) instead of O(n²); 0 is
+	// every other client (SecAgg). With k > 0 the threshold must be at
+	// most k+1.
+	SecAggNeighbors uint32
 	// SecAggTimeout is how long, in seconds, a secure aggregation phase
 	// waits for the clients that have not answered before it goes on with
 	// those that have, if they are at least the threshold (0 means 30).
@@ -151,11 +157,14 @@ func (c *Config) Validate() error {
 		if c.Clip == 0 {
 			bad("secure aggregation needs clip > 0: the fixed-point encoding is sized for it")
 		}
+		if c.SecAggNeighbors > 0 && c.SecAggThreshold > c.SecAggNeighbors+1 {
+			bad("secagg_threshold = %d: at most secagg_neighbors+1 (%d): a client's secrets are shared with its neighbors only", c.SecAggThreshold, c.SecAggNeighbors+1)
+		}
 		if c.Capacity > 255 {
 			bad("secure aggregation takes at most 255 clients a round, not capacity %d", c.Capacity)
 		}
-	} else if c.SecAggThreshold != 0 || c.SecAggTimeout != 0 {
-		bad("secagg_threshold or secagg_timeout without secagg")
+	} else if c.SecAggThreshold != 0 || c.SecAggTimeout != 0 || c.SecAggNeighbors != 0 {
+		bad("secagg_threshold, secagg_neighbors or secagg_timeout without secagg")
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w:\n%w", ErrConfig, err)

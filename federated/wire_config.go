@@ -26,9 +26,10 @@ import (
 //	40      4     secure aggregation threshold
 //	44      8     delta, float64
 //	52      4     secure aggregation phase timeout, seconds (0: 30)
+//	56      4     secure aggregation neighbors (SecAgg+'s graph degree; 0: all)
 
 // ConfigSize is the size of an encoded config.
-const ConfigSize = 56
+const ConfigSize = 60
 
 // EncodeConfig encodes c.
 func EncodeConfig(c *Config) []byte {
@@ -50,6 +51,7 @@ func EncodeConfig(c *Config) []byte {
 	le.PutUint32(b[40:], c.SecAggThreshold)
 	le.PutUint64(b[44:], math.Float64bits(c.Delta))
 	le.PutUint32(b[52:], c.SecAggTimeout)
+	le.PutUint32(b[56:], c.SecAggNeighbors)
 	return b
 }
 
@@ -67,7 +69,7 @@ func DecodeConfig(b []byte) (*Config, error) {
 		ServerLR: math.Float32frombits(le.Uint32(b[20:])), Clip: math.Float32frombits(le.Uint32(b[24:])),
 		NoiseMultiplier: math.Float32frombits(le.Uint32(b[28:])), LocalNoiseMultiplier: math.Float32frombits(le.Uint32(b[32:])),
 		Population: le.Uint32(b[36:]), SecAggThreshold: le.Uint32(b[40:]), Delta: math.Float64frombits(le.Uint64(b[44:])),
-		SecAggTimeout: le.Uint32(b[52:])}
+		SecAggTimeout: le.Uint32(b[52:]), SecAggNeighbors: le.Uint32(b[56:])}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

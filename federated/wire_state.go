@@ -19,12 +19,12 @@ import (
 //	0       4     magic "PSFS"
 //	4       1     version (StateVersion)
 //	5       3     reserved, 0
-//	8       56    config (wire_config.go)
-//	64      8     round
-//	72      8     contributions
-//	80      8     privacy-from round (State.PrivacyFrom)
-//	88      4     model size n (1..MaxParams)
-//	92      4n    model, float32
+//	8       60    config (wire_config.go)
+//	68      8     round
+//	76      8     contributions
+//	84      8     privacy-from round (State.PrivacyFrom)
+//	92      4     model size n (1..MaxParams)
+//	96      4n    model, float32
 //	then    4     replay entries k, then k × (public key 32, last sequence 8), sorted by key
 //	then    4     buffered updates m (≤ MaxCapacity), then m × (client 32, base 8, steps 4, n × float32)
 //	end-32  32    SHA-256 of everything before it
@@ -39,7 +39,7 @@ const (
 // EncodeState encodes s.
 func EncodeState(s *State) []byte {
 	n := len(s.Model)
-	b := make([]byte, 0, 92+4*n+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+32)
+	b := make([]byte, 0, 96+4*n+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+32)
 	b = append(b, stateMagic...)
 	b = append(b, StateVersion, 0, 0, 0)
 	b = append(b, EncodeConfig(&s.Config)...)
@@ -121,7 +121,7 @@ func (r *reader) floats(n int) []float32 {
 
 // DecodeState decodes a state file, checking its checksum and its config.
 func DecodeState(b []byte) (*State, error) {
-	if len(b) < 92+32 || string(b[:4]) != stateMagic || b[4] != StateVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+	if len(b) < 96+32 || string(b[:4]) != stateMagic || b[4] != StateVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
 		return nil, fmt.Errorf("%w: not a version %d federated state file", ErrMalformed, StateVersion)
 	}
 	body := b[:len(b)-32]

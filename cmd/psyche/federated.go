@@ -43,6 +43,7 @@ type federatedSection struct {
 	SecAgg               bool    `toml:"secagg"`
 	SecAggThreshold      uint32  `toml:"secagg_threshold"`
 	SecAggTimeout        uint32  `toml:"secagg_timeout"`
+	SecAggNeighbors      uint32  `toml:"secagg_neighbors"`
 }
 
 // loadFederated reads the run file's [federated] section (nil if it has
@@ -69,7 +70,7 @@ func loadFederated(path string) (*federated.Config, error) {
 	cfg := &federated.Config{Capacity: s.Capacity, MaxStaleness: s.MaxStaleness, RoundDuration: s.RoundDuration, Rounds: s.Rounds,
 		ServerLR: s.ServerLR, Clip: s.Clip, NoiseMultiplier: s.NoiseMultiplier, LocalNoiseMultiplier: s.LocalNoiseMultiplier,
 		Population: s.Population, Delta: s.Delta, SecAgg: s.SecAgg, SecAggThreshold: s.SecAggThreshold,
-		SecAggTimeout: s.SecAggTimeout}
+		SecAggTimeout: s.SecAggTimeout, SecAggNeighbors: s.SecAggNeighbors}
 	// The aggregation is the section's, else the run's own rule.
 	agg := s.Aggregation
 	if agg == "" && f.Model != nil {

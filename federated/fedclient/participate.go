@@ -117,7 +117,7 @@ func Participate(ctx context.Context, c *Client, t *Trainer, o Options) error {
 			dp.NewNoise(seed).Add(delta, float64(info.LocalNoiseMultiplier)*float64(info.Clip))
 		}
 		if info.SecAgg {
-			n, err := c.SecAggRound(ctx, round, delta, info.Clip, int(info.SecAggThreshold), o.SecAgg)
+			n, err := c.SecAggRound(ctx, round, delta, info.Clip, int(info.SecAggThreshold), int(info.SecAggNeighbors), o.SecAgg)
 			rep.Sent += n
 			var stale *StaleError
 			switch {

@@ -68,15 +68,16 @@ func (c *Client) secaggWait(ctx context.Context, base uint64, phase string, id s
 }
 
 // SecAggRound takes part in round base's secure aggregation with update
-// delta (clipped to clip): it returns the bytes it sent.
-func (c *Client) SecAggRound(ctx context.Context, base uint64, delta []float32, clip float32, threshold int, hooks SecAggHooks) (int, error) {
+// delta (clipped to clip), the run's threshold and masking graph degree:
+// it returns the bytes it sent.
+func (c *Client) SecAggRound(ctx context.Context, base uint64, delta []float32, clip float32, threshold, neighbors int, hooks SecAggHooks) (int, error) {
 	var seed [32]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return 0, err
 	}
 	// The keys depend on the seed only: advertise them under a provisional
 	// id, then play the round under the id the server assigns.
-	pre, err := secagg.NewClient(1, threshold, seed)
+	pre, err := secagg.NewClient(1, threshold, neighbors, seed)
 	if err != nil {
 		return 0, err
 	}
@@ -88,7 +89,7 @@ func (c *Client) SecAggRound(ctx context.Context, base uint64, delta []float32, 
 		return sent, err
 	}
 	me, f := v.ID, v.FractionBits
-	sc, err := secagg.NewClient(me, threshold, seed)
+	sc, err := secagg.NewClient(me, threshold, neighbors, seed)
 	if err != nil {
 		return sent, err
 	}

@@ -164,7 +164,7 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 		}
 		if sa == nil || sa.base != a.Base || sa.err != nil {
 			f, ferr := secagg.FractionBits(int(st.Config.Capacity), float64(st.Config.Clip))
-			srv, serr := secagg.NewServer(int(st.Config.SecAggThreshold), len(st.Model))
+			srv, serr := secagg.NewServer(int(st.Config.SecAggThreshold), int(st.Config.SecAggNeighbors), len(st.Model))
 			if ferr != nil || serr != nil {
 				refuse(http.StatusInternalServerError, "Config", fmt.Errorf("fedserver: %v %v", ferr, serr))
 				return

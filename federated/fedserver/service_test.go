@@ -231,7 +231,7 @@ func TestSecureAggregationWithADropout(t *testing.T) {
 			if i == 3 {
 				hooks.AfterShares = func() error { return errors.New("gone") }
 			}
-			_, errs[i] = c.SecAggRound(ctx, 0, deltas[i], 1, 3, hooks)
+			_, errs[i] = c.SecAggRound(ctx, 0, deltas[i], 1, 3, 0, hooks)
 		}()
 	}
 	wg.Wait()

@@ -119,19 +119,22 @@ func aad(from, to ID) []byte { return []byte{'s', 'a', byte(from), byte(to)} }
 type Client struct {
 	id        ID
 	threshold int
+	degree    int // SecAgg+'s masking graph (0: every other client)
 	c, s      *ecdh.PrivateKey
 	b         [32]byte
 	rnd       *drbg
 	peers     map[ID]Keys // the advertised set
+	neighbors map[ID]bool // its neighbors in the masking graph
 	shareSet  []ID        // the clients whose shares arrived (step 2 survivors)
 	received  map[ID]sharePair
 	masked    bool
 	revealed  bool
 }
 
-// NewClient starts a round for client id with threshold t; seed is its
-// randomness (32 bytes from crypto/rand).
-func NewClient(id ID, t int, seed [32]byte) (*Client, error) {
+// NewClient starts a round for client id with threshold t and masking
+// graph degree k (Neighbors; 0: all); seed is its randomness (32 bytes from
+// crypto/rand).
+func NewClient(id ID, t, k int, seed [32]byte) (*Client, error) {
 	if id == 0 || t < 2 {
 		return nil, fmt.Errorf("%w: id %d threshold %d", ErrMismatch, id, t)
 	}
@@ -144,7 +147,7 @@ func NewClient(id ID, t int, seed [32]byte) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{id: id, threshold: t, c: c, s: s, rnd: r, received: map[ID]sharePair{}}
+	cl := &Client{id: id, threshold: t, degree: k, c: c, s: s, rnd: r, received: map[ID]sharePair{}}
 	copy(cl.b[:], r.read(32))
 	return cl, nil
 }
@@ -159,7 +162,7 @@ func (c *Client) Advertise() Keys {
 }
 
 // Share is step 2: given the advertised keys (its own among them), the
-// encrypted shares of b and of its s key for every other client.
+// encrypted shares of b and of its s key for each of its neighbors.
 func (c *Client) Share(advertised []Keys) ([]Ciphertext, error) {
 	if c.peers != nil {
 		return nil, ErrPhase
@@ -168,16 +171,25 @@ func (c *Client) Share(advertised []Keys) ([]Ciphertext, error) {
 		return nil, fmt.Errorf("%w: %d advertised, threshold %d", ErrTooFew, len(advertised), c.threshold)
 	}
 	c.peers = map[ID]Keys{}
-	var xs []byte
+	var ids []ID
 	for _, k := range advertised {
 		if _, dup := c.peers[k.ID]; dup || k.ID == 0 {
 			return nil, fmt.Errorf("%w: client %d advertised twice", ErrMismatch, k.ID)
 		}
 		c.peers[k.ID] = k
-		xs = append(xs, byte(k.ID))
+		ids = append(ids, k.ID)
 	}
 	if _, ok := c.peers[c.id]; !ok {
 		return nil, fmt.Errorf("%w: this client (%d) is not in the advertised set", ErrMismatch, c.id)
+	}
+	c.neighbors = map[ID]bool{}
+	xs := []byte{byte(c.id)}
+	for _, v := range Neighbors(ids, c.degree, c.id) {
+		c.neighbors[v] = true
+		xs = append(xs, byte(v))
+	}
+	if len(xs) < c.threshold {
+		return nil, fmt.Errorf("%w: %d neighbors and itself, threshold %d", ErrTooFew, len(xs)-1, c.threshold)
 	}
 	slices.Sort(xs)
 	bShares, err := split(c.b[:], c.threshold, xs, c.rnd.read((c.threshold-1)*32))
@@ -221,7 +233,7 @@ func (c *Client) Mask(x []uint32, incoming []Ciphertext) ([]uint32, error) {
 	}
 	for _, ct := range incoming {
 		k, ok := c.peers[ct.From]
-		if !ok || ct.To != c.id || ct.From == c.id {
+		if !ok || !c.neighbors[ct.From] || ct.To != c.id || ct.From == c.id {
 			return nil, fmt.Errorf("%w: a share from %d to %d", ErrUnknown, ct.From, ct.To)
 		}
 		if _, dup := c.received[ct.From]; dup {
@@ -282,8 +294,11 @@ func (c *Client) Unmask(survivors []ID) (*Reveal, error) {
 	}
 	alive := map[ID]bool{}
 	for _, id := range survivors {
-		if _, ok := c.received[id]; !ok {
-			return nil, fmt.Errorf("%w: survivor %d sent no share", ErrUnknown, id)
+		if _, ok := c.peers[id]; !ok {
+			return nil, fmt.Errorf("%w: survivor %d did not advertise", ErrUnknown, id)
+		}
+		if _, ok := c.received[id]; !ok && (id == c.id || c.neighbors[id]) {
+			return nil, fmt.Errorf("%w: survivor %d sent this client no share", ErrUnknown, id)
 		}
 		alive[id] = true
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -66,20 +67,25 @@ func TestFixedPoint(t *testing.T) {
 // with threshold t; clients in dropAfterShare vanish after sending their
 // shares (before their masked input).
 func round(t *testing.T, inputs [][]float32, threshold int, dropAfterShare map[ID]bool, bound float64) ([]float32, map[ID][]uint32) {
+	return roundK(t, inputs, threshold, 0, dropAfterShare, bound)
+}
+
+// roundK is round with a masking graph of degree k.
+func roundK(t *testing.T, inputs [][]float32, threshold, k int, dropAfterShare map[ID]bool, bound float64) ([]float32, map[ID][]uint32) {
 	t.Helper()
 	n := len(inputs[0])
 	f, err := FractionBits(len(inputs), bound)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(threshold, n)
+	srv, err := NewServer(threshold, k, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	clients := map[ID]*Client{}
 	for i := range inputs {
 		id := ID(i + 1)
-		c, err := NewClient(id, threshold, seedOf(string(rune('a'+i))))
+		c, err := NewClient(id, threshold, k, seedOf(string(rune('a'+i))))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,9 +186,9 @@ func TestSumWithADropout(t *testing.T) {
 }
 
 func TestTooManyDropouts(t *testing.T) {
-	srv, _ := NewServer(3, 4)
+	srv, _ := NewServer(3, 0, 4)
 	for i := range 2 {
-		c, _ := NewClient(ID(i+1), 3, seedOf("x"))
+		c, _ := NewClient(ID(i+1), 3, 0, seedOf("x"))
 		_ = srv.Advertise(c.Advertise())
 	}
 	if _, err := srv.CloseAdvertise(); !errors.Is(err, ErrTooFew) {
@@ -234,8 +240,8 @@ func TestMaskedInputLooksUniform(t *testing.T) {
 }
 
 func TestTamperedShareIsRefused(t *testing.T) {
-	a, _ := NewClient(1, 2, seedOf("a"))
-	b, _ := NewClient(2, 2, seedOf("b"))
+	a, _ := NewClient(1, 2, 0, seedOf("a"))
+	b, _ := NewClient(2, 2, 0, seedOf("b"))
 	keys := []Keys{a.Advertise(), b.Advertise()}
 	cts, err := a.Share(keys)
 	if err != nil {
@@ -300,4 +306,59 @@ func FuzzDecodeMessages(f *testing.F) {
 			t.Fatalf("round trip of kind %d differs", kind%4)
 		}
 	})
+}
+
+// TestSecAggPlusGraph: twelve clients on SecAgg+'s ring graph of degree 4
+// (each masks with and shares to 4 others, threshold 3); two that are not
+// neighbors drop after their shares. The sum is the plain sum of the other
+// ten within fixed-point error, and each client sent 4 shares, not 11.
+func TestSecAggPlusGraph(t *testing.T) {
+	ids := []ID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	if got := Neighbors(ids, 4, 1); len(got) != 4 || got[0] != 2 || got[3] != 12 {
+		t.Fatalf("neighbors of 1: %v", got)
+	}
+	for _, u := range ids {
+		for _, v := range Neighbors(ids, 4, u) {
+			if !slices.Contains(Neighbors(ids, 4, v), u) {
+				t.Fatalf("%d neighbors %d but not the reverse", u, v)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	var inputs [][]float32
+	for range ids {
+		x := make([]float32, 64)
+		for i := range x {
+			x[i] = float32(r.Float64() - 0.5)
+		}
+		inputs = append(inputs, x)
+	}
+	drop := map[ID]bool{3: true, 8: true}
+	got, _ := roundK(t, inputs, 3, 4, drop, 1)
+	f, _ := FractionBits(len(ids), 1)
+	for i := range got {
+		var want float64
+		for c, x := range inputs {
+			if !drop[ID(c+1)] {
+				want += float64(x[i])
+			}
+		}
+		if math.Abs(float64(got[i])-want) > float64(len(ids))*math.Ldexp(1, -f-1)+1e-5 {
+			t.Fatalf("value %d: %v, want %v", i, got[i], want)
+		}
+	}
+	c, _ := NewClient(1, 3, 4, seedOf("a"))
+	var keys []Keys
+	for _, id := range ids {
+		k := c.Advertise()
+		if id != 1 {
+			o, _ := NewClient(id, 3, 4, seedOf(string(rune('a'+int(id)))))
+			k = o.Advertise()
+		}
+		keys = append(keys, k)
+	}
+	cts, err := c.Share(keys)
+	if err != nil || len(cts) != 4 {
+		t.Fatalf("%d shares, %v", len(cts), err)
+	}
 }

@@ -23,7 +23,9 @@ const (
 // with at least the threshold of answers.
 type Server struct {
 	threshold int
+	degree    int // the masking graph's (Neighbors)
 	n         int // values per input
+	nb        map[ID]map[ID]bool
 	phase     Phase
 	keys      map[ID]Keys
 	shares    map[ID][]Ciphertext
@@ -32,12 +34,13 @@ type Server struct {
 	survivors []ID
 }
 
-// NewServer starts a round of inputs of n values with threshold t.
-func NewServer(t, n int) (*Server, error) {
-	if t < 2 || t > MaxClients || n < 1 {
-		return nil, fmt.Errorf("%w: threshold %d, %d values", ErrMismatch, t, n)
+// NewServer starts a round of inputs of n values with threshold t and
+// masking graph degree k (Neighbors; 0: every other client).
+func NewServer(t, k, n int) (*Server, error) {
+	if t < 2 || t > MaxClients || n < 1 || k < 0 || (k > 0 && k+1 < t) {
+		return nil, fmt.Errorf("%w: threshold %d, degree %d, %d values", ErrMismatch, t, k, n)
 	}
-	return &Server{threshold: t, n: n, keys: map[ID]Keys{}, shares: map[ID][]Ciphertext{}, masked: map[ID][]uint32{},
+	return &Server{threshold: t, degree: k, n: n, keys: map[ID]Keys{}, shares: map[ID][]Ciphertext{}, masked: map[ID][]uint32{},
 		reveals: map[ID]*Reveal{}}, nil
 }
 
@@ -78,14 +81,20 @@ func (s *Server) CloseAdvertise() ([]Keys, error) {
 	}
 	s.phase = PhaseShare
 	var out []Keys
-	for _, id := range sortedIDs(s.keys) {
+	ids := sortedIDs(s.keys)
+	s.nb = map[ID]map[ID]bool{}
+	for _, id := range ids {
 		out = append(out, s.keys[id])
+		s.nb[id] = map[ID]bool{}
+		for _, v := range Neighbors(ids, s.degree, id) {
+			s.nb[id][v] = true
+		}
 	}
 	return out, nil
 }
 
-// Shares takes a client's encrypted shares: one for every other advertised
-// client.
+// Shares takes a client's encrypted shares: one for each of its
+// neighbors.
 func (s *Server) Shares(from ID, cts []Ciphertext) error {
 	if s.phase != PhaseShare {
 		return ErrPhase
@@ -101,13 +110,13 @@ func (s *Server) Shares(from ID, cts []Ciphertext) error {
 		if ct.From != from || ct.To == from || seen[ct.To] || len(ct.Box) != sharePairSize+16 {
 			return fmt.Errorf("%w: a share from %d to %d", ErrMismatch, ct.From, ct.To)
 		}
-		if _, ok := s.keys[ct.To]; !ok {
-			return fmt.Errorf("%w: a share for %d, who did not advertise", ErrUnknown, ct.To)
+		if !s.nb[from][ct.To] {
+			return fmt.Errorf("%w: a share for %d, who is not a neighbor of %d", ErrUnknown, ct.To, from)
 		}
 		seen[ct.To] = true
 	}
-	if len(seen) != len(s.keys)-1 {
-		return fmt.Errorf("%w: %d shares for %d other clients", ErrMismatch, len(seen), len(s.keys)-1)
+	if len(seen) != len(s.nb[from]) {
+		return fmt.Errorf("%w: %d shares for %d neighbors", ErrMismatch, len(seen), len(s.nb[from]))
 	}
 	s.shares[from] = cts
 	return nil
@@ -177,17 +186,30 @@ func (s *Server) Unmask(r *Reveal) error {
 	if _, dup := s.reveals[r.From]; dup {
 		return fmt.Errorf("%w: %d revealed twice", ErrMismatch, r.From)
 	}
-	if len(r.B) != len(s.masked) || len(r.S) != len(s.shares)-len(s.masked) {
-		return fmt.Errorf("%w: %d b shares and %d s shares", ErrMismatch, len(r.B), len(r.S))
+	// It holds shares of itself and of its neighbors that sent theirs: of b
+	// for the survivors, of s for the dropouts, exactly.
+	wantB, wantS := 0, 0
+	for v := range s.shares {
+		if v != r.From && !s.nb[r.From][v] {
+			continue
+		}
+		if s.masked[v] != nil {
+			wantB++
+		} else {
+			wantS++
+		}
+	}
+	if len(r.B) != wantB || len(r.S) != wantS {
+		return fmt.Errorf("%w: %d b shares and %d s shares, want %d and %d", ErrMismatch, len(r.B), len(r.S), wantB, wantS)
 	}
 	for id := range r.B {
-		if _, ok := s.masked[id]; !ok {
-			return fmt.Errorf("%w: a b share of %d, not a survivor", ErrMismatch, id)
+		if _, ok := s.masked[id]; !ok || (id != r.From && !s.nb[r.From][id]) {
+			return fmt.Errorf("%w: a b share of %d, not a surviving neighbor", ErrMismatch, id)
 		}
 	}
 	for id := range r.S {
-		if _, sent := s.shares[id]; !sent || s.masked[id] != nil {
-			return fmt.Errorf("%w: an s share of %d, not a dropout", ErrMismatch, id)
+		if _, sent := s.shares[id]; !sent || s.masked[id] != nil || !s.nb[r.From][id] {
+			return fmt.Errorf("%w: an s share of %d, not a neighbor that dropped", ErrMismatch, id)
 		}
 	}
 	s.reveals[r.From] = r
@@ -207,16 +229,19 @@ func (s *Server) Finish() ([]uint32, error) {
 		return nil, fmt.Errorf("%w: %d reveals", ErrTooFew, len(s.reveals))
 	}
 	holders := sortedIDs(s.reveals)
+	// rebuild combines the shares of of's secret that the revealers hold
+	// (its neighbors', and its own if it revealed).
 	rebuild := func(of ID, pick func(*Reveal) ([32]byte, bool)) ([]byte, error) {
 		var xs []byte
 		var shares [][]byte
 		for _, h := range holders {
-			sh, ok := pick(s.reveals[h])
-			if !ok {
-				return nil, fmt.Errorf("%w: %d holds no share of %d", ErrShares, h, of)
+			if sh, ok := pick(s.reveals[h]); ok {
+				xs = append(xs, byte(h))
+				shares = append(shares, sh[:])
 			}
-			xs = append(xs, byte(h))
-			shares = append(shares, sh[:])
+		}
+		if len(xs) < s.threshold {
+			return nil, fmt.Errorf("%w: %d shares of %d's secret revealed, threshold %d", ErrShares, len(xs), of, s.threshold)
 		}
 		return combine(xs, shares, s.threshold)
 	}
@@ -249,8 +274,12 @@ func (s *Server) Finish() ([]uint32, error) {
 		if pub := s.keys[v].S; string(sk.PublicKey().Bytes()) != string(pub[:]) {
 			return nil, fmt.Errorf("%w: the s key rebuilt for %d does not match its advertised key", ErrShares, v)
 		}
-		// Remove the masks the survivors added for their pairs with v.
+		// Remove the masks v's surviving neighbors added for their pairs
+		// with it.
 		for _, u := range s.survivors {
+			if !s.nb[v][u] {
+				continue
+			}
 			if err := addPairMask(sum, u, v, sk, s.keys[u].S, -1); err != nil {
 				return nil, err
 			}

@@ -45,6 +45,11 @@
 // a server that lies about who dropped needs the consistency round of the
 // malicious variant, which this package does not implement.
 //
+// SecAgg+ (Bell et al., CCS 2020): with a masking graph of degree k
+// (Neighbors), each client masks with and shares its secrets to its k
+// neighbors only, and the server rebuilds each secret from the neighbors
+// that reveal; k = 0 is the complete graph above.
+//
 // The package is pure: every client's randomness comes from a 32-byte seed
 // its caller draws from crypto/rand.
 package secagg

@@ -141,6 +141,11 @@ func (c *Config) Validate() error {
 	if (c.NoiseMultiplier > 0 || c.LocalNoiseMultiplier > 0) && c.Clip == 0 {
 		bad("noise needs clip > 0: the noise is scaled to the clipping bound")
 	}
+	// The central noise is scaled to one client's share of a plain mean,
+	// clip/capacity: staleness weights or another rule change that share.
+	if c.NoiseMultiplier > 0 && (c.Aggregation != Mean || c.MaxStaleness != 0) {
+		bad("central noise needs aggregation = mean and max_staleness = 0 (its scale, clip/capacity, is one client's share of a plain mean)")
+	}
 	if !(c.Delta >= 0 && c.Delta < 1) {
 		bad("delta = %v: want 0 ≤ δ < 1", c.Delta)
 	}

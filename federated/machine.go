@@ -35,6 +35,10 @@ type State struct {
 	// Seqs is the last sequence number used by each signer (replay
 	// protection, as the server's own requests have).
 	Seqs map[coordinator.Pubkey]uint64
+	// Owner is the authority of the coordinator run this state belongs to
+	// (the driver's: a run freed and created again by someone else under
+	// the same id does not inherit it).
+	Owner coordinator.Pubkey
 }
 
 // Clone copies the state; updates' deltas, never written after they are

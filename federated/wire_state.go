@@ -25,6 +25,7 @@ import (
 //	84      8     privacy-from round (State.PrivacyFrom)
 //	92      4     model size n (1..MaxParams)
 //	96      4n    model, float32
+//	then    32    owner: the coordinator run's authority (State.Owner)
 //	then    4     replay entries k, then k × (public key 32, last sequence 8), sorted by key
 //	then    4     buffered updates m (≤ MaxCapacity), then m × (client 32, base 8, steps 4, n × float32)
 //	end-32  32    SHA-256 of everything before it
@@ -39,7 +40,7 @@ const (
 // EncodeState encodes s.
 func EncodeState(s *State) []byte {
 	n := len(s.Model)
-	b := make([]byte, 0, 96+4*n+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+32)
+	b := make([]byte, 0, 96+4*n+32+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+32)
 	b = append(b, stateMagic...)
 	b = append(b, StateVersion, 0, 0, 0)
 	b = append(b, EncodeConfig(&s.Config)...)
@@ -48,6 +49,7 @@ func EncodeState(s *State) []byte {
 	b = binary.LittleEndian.AppendUint64(b, s.PrivacyFrom)
 	b = binary.LittleEndian.AppendUint32(b, uint32(n))
 	b = appendFloats(b, s.Model)
+	b = append(b, s.Owner[:]...)
 	keys := make([]coordinator.Pubkey, 0, len(s.Seqs))
 	for k := range s.Seqs {
 		keys = append(keys, k)
@@ -142,6 +144,7 @@ func DecodeState(b []byte) (*State, error) {
 		return nil, fmt.Errorf("%w: model of %d values", ErrMalformed, n)
 	}
 	s.Model = r.floats(n)
+	copy(s.Owner[:], r.take(32))
 	k := int(r.u32())
 	if r.err == nil && k > maxReplay {
 		return nil, fmt.Errorf("%w: %d replay entries", ErrMalformed, k)

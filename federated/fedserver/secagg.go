@@ -114,7 +114,7 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 		outcome = name
 		fail(w, status, name, err)
 	}
-	fr := s.run(id)
+	fr := s.current(id, acct)
 	if fr == nil {
 		refuse(http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: run %q is not federated", id))
 		return

@@ -157,6 +157,31 @@ func (s *Service) run(id string) *run {
 	return s.runs[id]
 }
 
+// current is the run's federated state if it belongs to the coordinator run
+// acct (nil if acct is nil): a state left by a run that was freed is
+// forgotten (and its file removed) when its id is asked for again.
+func (s *Service) current(id string, acct *coordinator.Coordinator) *run {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fr := s.runs[id]
+	if fr == nil {
+		return nil
+	}
+	fr.mu.Lock()
+	owner := fr.m.State().Owner
+	fr.mu.Unlock()
+	if acct != nil && owner == acct.MainAuthority {
+		return fr
+	}
+	if err := os.Remove(s.path(id)); err != nil && !os.IsNotExist(err) {
+		s.log.Error("removing the federated state of a freed run failed", "run", id, "err", err)
+		return nil
+	}
+	delete(s.runs, id)
+	s.log.Info("federated state of a freed run forgotten", "run", id)
+	return nil
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -185,6 +210,7 @@ func (s *Service) handleRequest(w http.ResponseWriter, req *http.Request) {
 	id := r.RunIDString()
 	acct, ok := s.account(id)
 	if !ok {
+		s.current(id, nil)
 		fail(w, http.StatusNotFound, "RunNotFound", fmt.Errorf("fedserver: no run %q", id))
 		return
 	}
@@ -239,6 +265,7 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		fail(w, http.StatusBadRequest, "Config", fmt.Errorf("%w: secure aggregation sums dense updates; this run's optimizer is distro (top-k indices would leak): use adamw", federated.ErrConfig))
 		return
 	}
+	s.current(id, acct)
 	s.mu.Lock()
 	fr := s.runs[id]
 	if fr == nil {
@@ -251,6 +278,7 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		}
 		m, err := federated.New(*cfg, params)
 		if err == nil {
+			m.State().Owner = acct.MainAuthority
 			err = m.Step(federated.Configure{Signer: r.Signer, Seq: r.Sequence, Config: *cfg})
 		}
 		if err != nil {
@@ -340,7 +368,7 @@ func failureName(err error) string {
 func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coordinator, r *federated.Request) {
 	outcome := "ok"
 	defer func() { s.metrics.Updates.WithLabelValues(id, outcome).Inc() }()
-	fr := s.run(id)
+	fr := s.current(id, acct)
 	if fr == nil {
 		outcome = "NotFederated"
 		fail(w, http.StatusNotFound, outcome, fmt.Errorf("fedserver: run %q is not federated (its run file has no [federated] section)", id))
@@ -390,8 +418,11 @@ func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coo
 func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
 	id := req.PathValue("id")
 	acct, ok := s.account(id)
-	fr := s.run(id)
-	if !ok || fr == nil {
+	if !ok {
+		acct = nil
+	}
+	fr := s.current(id, acct)
+	if fr == nil {
 		fail(w, http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: no federated run %q", id))
 		return
 	}
@@ -403,7 +434,11 @@ func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
 
 func (s *Service) handleModel(w http.ResponseWriter, req *http.Request) {
 	id := req.PathValue("id")
-	fr := s.run(id)
+	acct, ok := s.account(id)
+	if !ok {
+		acct = nil
+	}
+	fr := s.current(id, acct)
 	if fr == nil {
 		fail(w, http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: no federated run %q", id))
 		return

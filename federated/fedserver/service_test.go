@@ -334,3 +334,34 @@ func TestDistroCompressedUpdates(t *testing.T) {
 	}
 	t.Logf("a frame of %d bytes (request) for %d parameters moved %d of them", sent, info.Params, moved)
 }
+
+// TestFreedRunIsForgotten: a run freed and created again under the same id
+// by another authority does not inherit the old run's federated state.
+func TestFreedRunIsForgotten(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	acc := newAccounts(t, newSigner("admin").Public())
+	_, url := serve(t, dir, acc)
+	cfg := &federated.Config{Capacity: 1, RoundDuration: 1}
+	info, err := fedclient.New(url, "fed", newSigner("admin")).Configure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := fedclient.New(url, "fed", newSigner("a"))
+	if res, _, err := a.Push(ctx, 0, 1, ones(info.Params, 1)); err != nil || res.Round != 1 {
+		t.Fatal(res, err)
+	}
+	acc.mu.Lock()
+	acc.c.MainAuthority = newSigner("someone else").Public()
+	acc.mu.Unlock()
+	if _, err := a.Info(ctx); err == nil {
+		t.Fatal("the old run's state was served for the new run")
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "*.fed")); len(files) != 0 {
+		t.Fatalf("state files left: %v", files)
+	}
+	in, err := fedclient.New(url, "fed", newSigner("someone else")).Configure(ctx, cfg)
+	if err != nil || in.Round != 0 || in.Contributions != 0 {
+		t.Fatalf("the new run: %+v %v", in, err)
+	}
+}

@@ -365,3 +365,61 @@ func TestFreedRunIsForgotten(t *testing.T) {
 		t.Fatalf("the new run: %+v %v", in, err)
 	}
 }
+
+// TestSecAggRoundAbortedByRestart: a server restart drops the secure
+// aggregation round under way (its state is in memory only): the clients'
+// waits answer Aborted, and the round played again on the restarted server
+// completes.
+func TestSecAggRoundAbortedByRestart(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	_, url := serve(t, dir, acc)
+	cfg := &federated.Config{Capacity: 3, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 2, SecAggTimeout: 60}
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Client a advertises on the first server and waits for the others.
+	stuck := make(chan error, 1)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_, err := fedclient.New(url, "fed", newSigner("a")).SecAggRound(cctx, 0, ones(info.Params, 0.001), 1, 2, 0, fedclient.SecAggHooks{})
+		stuck <- err
+	}()
+	// The restart: a second service on the same directory.
+	_, url2 := serve(t, dir, acc)
+	resp, err := http.Get(url2 + "/v1/runs/fed/federated/secagg?base=0&phase=keys&id=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("a wait on the restarted server: %s, want 409 (Aborted)", resp.Status)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i, name := range []string{"a", "b", "c"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = fedclient.New(url2, "fed", newSigner(name)).SecAggRound(ctx, 0, ones(info.Params, 0.001), 1, 2, 0, fedclient.SecAggHooks{})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("client %d on the restarted server: %v", i, err)
+		}
+	}
+	in, err := fedclient.New(url2, "fed", admin).Info(ctx)
+	if err != nil || in.Round != 1 || in.Contributions != 3 {
+		t.Fatalf("after the replayed round: %+v %v", in, err)
+	}
+	cancel()
+	if err := <-stuck; err == nil {
+		t.Fatal("the round on the old server completed")
+	}
+}

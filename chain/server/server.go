@@ -101,6 +101,8 @@ type config struct {
 	slowWrite               time.Duration // an event write that takes longer drops the stream
 
 	readTimeout, writeTimeout, idleTimeout time.Duration
+
+	routes []func(*http.ServeMux) // more endpoints (WithRoutes)
 }
 
 // Option configures a Server.
@@ -225,6 +227,12 @@ func WithTickInterval(d time.Duration) Option {
 		c.interval = d
 		return nil
 	}
+}
+
+// WithRoutes adds HTTP routes to the server's API (federated runs'
+// service, federated/fedserver, mounts itself this way).
+func WithRoutes(add func(*http.ServeMux)) Option {
+	return func(c *config) error { c.routes = append(c.routes, add); return nil }
 }
 
 // WithClock replaces the wall clock (tests).
@@ -840,6 +848,9 @@ func (s *Server) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	for _, add := range s.cfg.routes {
+		add(mux)
+	}
 	return mux
 }
 

@@ -195,7 +195,12 @@ func runServer(c *cli.Context) error {
 	} else if c.Bool("relay") {
 		return errors.New("--relay needs the p2p host (--p2p)")
 	}
-	s, err := server.New(c.String("dir"), opts...)
+	var s *server.Server
+	fed, err := mountFederated(c.String("dir"), logger(c), reg, &s)
+	if err != nil {
+		return err
+	}
+	s, err = server.New(c.String("dir"), append(opts, fed)...)
 	if err != nil {
 		return err
 	}
@@ -326,7 +331,14 @@ func update(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return send(c, u)
+	fed, err := loadFederated(c.String("config"))
+	if err != nil {
+		return err
+	}
+	if err := send(c, u); err != nil || fed == nil {
+		return err
+	}
+	return configureFederated(c, fed)
 }
 
 func setPaused(c *cli.Context) error {
@@ -491,9 +503,15 @@ func status(c *cli.Context) error {
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
+		if fed := federatedInfo(c); fed != nil {
+			return enc.Encode(withFederated{v, fed})
+		}
 		return enc.Encode(v)
 	}
 	printStatus(c.App.Writer, v)
+	if fed := federatedInfo(c); fed != nil {
+		printFederated(c.App.Writer, fed)
+	}
 	return nil
 }
 

@@ -80,6 +80,9 @@ type runFile struct {
 			Epsilon          float64 `toml:"epsilon"`
 		} `toml:"optimizer"`
 	} `toml:"model"`
+	// Federated is read by loadFederated (federated.go); it is named here
+	// so that its keys are not unknown.
+	Federated *federatedSection `toml:"federated"`
 }
 
 // aggregationNames are the run file's names of the aggregation rules.

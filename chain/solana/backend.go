@@ -295,8 +295,9 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 		return chain.Receipt{}, err
 	}
 	// Every change bumps the nonce, so an unchanged nonce means the
-	// instruction changed nothing (a tick with nothing due). A changed one
-	// may include someone else's instruction landing in between.
+	// instruction changed nothing (a program older than the NothingDue
+	// error let a tick with nothing due succeed). A changed one may include
+	// someone else's instruction landing in between.
 	changed := beforeNonce == 0 || snap.Nonce() != beforeNonce
 	return chain.Receipt{Changed: changed, From: before, To: snap.State.RunState, Nonce: snap.Nonce()}, nil
 }

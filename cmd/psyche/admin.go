@@ -316,6 +316,14 @@ func tick(c *cli.Context) error {
 		}
 		r, err := b.Send(ctx, c.String("run-id"), k, nil, &coordinator.Tick{})
 		switch {
+		case errors.Is(err, coordinator.ErrNothingDue):
+			// Refused by the coordinator (on chain: in preflight, so no fee
+			// was paid); say in which state it waits.
+			state := "?"
+			if snap, serr := b.Snapshot(ctx, c.String("run-id")); serr == nil {
+				state = snap.State.RunState.String()
+			}
+			fmt.Fprintf(c.App.Writer, "tick: nothing to do (%s)\n", state)
 		case err != nil:
 			fmt.Fprintf(c.App.Writer, "tick: %v\n", err)
 		case r.Changed:

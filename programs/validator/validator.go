@@ -27,7 +27,9 @@ var ErrNoNode = errors.New("validator: node is not on PATH (Node 20 or newer is 
 type Validator struct {
 	// RPC is the JSON-RPC URL (http://127.0.0.1:PORT).
 	RPC string
-	// WebSocket is the subscription URL (ws://127.0.0.1:PORT: the same port).
+	// WebSocket is the subscription URL: ws://127.0.0.1:PORT+1, the RPC
+	// port + 1, where web3.js and solana-test-validator have it (the RPC
+	// port takes websockets as well).
 	WebSocket string
 
 	cmd     *exec.Cmd

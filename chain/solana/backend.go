@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -62,6 +64,34 @@ type Option func(*config) error
 // WithRPC sets the JSON-RPC endpoints, tried in order.
 func WithRPC(urls ...string) Option {
 	return func(c *config) error { c.rpcs = append(c.rpcs, urls...); return nil }
+}
+
+// WebsocketFor is the websocket endpoint Solana's convention puts beside an
+// RPC endpoint (web3.js derives it the same way): ws:// for http:// and
+// wss:// for https://, and when the URL names a port, the port + 1, where
+// solana-test-validator, Agave and psyche's local validator serve it. A URL
+// without a port (an RPC provider behind a proxy) keeps its host and path.
+func WebsocketFor(rpcURL string) (string, error) {
+	u, err := url.Parse(rpcURL)
+	if err != nil {
+		return "", fmt.Errorf("solana: RPC URL %q: %w", rpcURL, err)
+	}
+	switch u.Scheme {
+	case "http":
+		u.Scheme = "ws"
+	case "https":
+		u.Scheme = "wss"
+	default:
+		return "", fmt.Errorf("solana: RPC URL %q is not http(s)", rpcURL)
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n >= 65535 {
+			return "", fmt.Errorf("solana: RPC URL %q: bad port", rpcURL)
+		}
+		u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(n+1))
+	}
+	return u.String(), nil
 }
 
 // WithWebsocket sets the websocket endpoints, tried in order.

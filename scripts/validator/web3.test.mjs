@@ -39,9 +39,11 @@ const errorCode = (name) => idl.errors.find((e) => e.name === name).code;
 // startValidator runs validator.mjs until the test ends and returns the
 // URLs it reports.
 async function startValidator(t) {
+  // 200 ms slots: a blockhash stays valid 150 slots, 30 s, which leaves a
+  // loaded machine room between fetching one and the transaction landing.
   const child = spawn(
     process.execPath,
-    [new URL("validator.mjs", import.meta.url).pathname, "--port", "0", "--slot-ms", "50", "--manual-clock", "--exit-with-stdin",
+    [new URL("validator.mjs", import.meta.url).pathname, "--port", "0", "--slot-ms", "200", "--manual-clock", "--exit-with-stdin",
       "--program", `${idl.address}=${programPath}`],
     { stdio: ["pipe", "pipe", "inherit"] },
   );
@@ -291,6 +293,16 @@ test("web3.js and anchor drive the coordinator program on the local validator", 
   const tickIx = () =>
     program.methods.tick().accountsStrict(ixAccounts({ sender: client.publicKey, slotHashes: SYSVAR_SLOT_HASHES_PUBKEY })).instruction();
   await assert.rejects(send([await tickIx()], client), (e) => customError(e) === errorCode("NothingDue"));
+  // Sent without preflight it lands, fails and pays its fee, like on any
+  // cluster: getTransaction shows both.
+  const noPreflightBefore = await connection.getBalance(client.publicKey);
+  const failedSig = await connection.sendTransaction(new Transaction().add(await tickIx()), [client], { skipPreflight: true });
+  const failedStatus = await connection.confirmTransaction({ signature: failedSig, ...(await connection.getLatestBlockhash()) });
+  assert.deepEqual(failedStatus.value.err, { InstructionError: [0, { Custom: errorCode("NothingDue") }] });
+  const failedTx = await connection.getTransaction(failedSig, { maxSupportedTransactionVersion: 0 });
+  assert.deepEqual(failedTx.meta.err, { InstructionError: [0, { Custom: errorCode("NothingDue") }] });
+  assert.equal(failedTx.meta.fee, 5000);
+  assert.equal(noPreflightBefore - (await connection.getBalance(client.publicKey)), 5000);
 
   // 4. join, then move the chain's clock past the wait and tick into warmup.
   // Anchor camel-cases the IDL's "p2p" as "p2P" (and would encode a
@@ -394,7 +406,12 @@ test("web3.js and anchor drive the coordinator program on the local validator", 
     assert.ok(order.indexOf(a) >= 0 && order.indexOf(a) < order.indexOf(b), `${a} before ${b} in ${order}`);
   }
   assert.equal(order.at(-1), initSig);
-  assert.ok(history.every((h) => h.confirmationStatus === "finalized" && h.err === null));
+  assert.ok(history.every((h) => h.confirmationStatus === "finalized"));
+  for (const h of history) {
+    const want = h.signature === failedSig ? { InstructionError: [0, { Custom: errorCode("NothingDue") }] } : null;
+    assert.deepEqual(h.err, want, h.signature);
+  }
+  assert.ok(order.includes(failedSig));
   const older = await connection.getSignaturesForAddress(coordinator.publicKey, { before: tickSig, limit: 1 });
   assert.deepEqual(older.map((h) => h.signature), [order[order.indexOf(tickSig) + 1]]);
 
@@ -418,10 +435,19 @@ test("web3.js and anchor drive the coordinator program on the local validator", 
   assert.ok(count >= 8 && count >= epochInfo.transactionCount, `transaction count ${count}`);
   const first = await connection.getFirstAvailableBlock();
   assert.equal(await connection.getMinimumLedgerSlot(), first);
-  assert.deepEqual(await connection.getBlocks(first, first + 2), [first, first + 1, first + 2]);
+  // Every slot has a block here (nothing is skipped).
+  const end = Math.min(first + 2, slot);
+  const range = Array.from({ length: end - first + 1 }, (_, i) => first + i);
+  assert.deepEqual(await connection.getBlocks(first, end), range);
+  assert.deepEqual(await rpcCall(urls.rpc, "getBlocksWithLimit", [first, range.length]), range);
+  assert.ok((await rpcCall(urls.rpc, "getMaxRetransmitSlot")) >= slot);
+  assert.ok((await rpcCall(urls.rpc, "getMaxShredInsertSlot")) >= slot);
+  await assert.rejects(rpcCall(urls.rpc, "getHighestSnapshotSlot"), (e) => e.code === -32008); // no snapshots, as Agave says
+  assert.ok((await connection.getRecentPrioritizationFees()).length > 0);
   const { identity } = await rpcCall(urls.rpc, "getIdentity"); // web3.js has no wrapper
   assert.equal(new PublicKey(identity).toBase58(), identity);
-  assert.equal((await connection.getSlotLeader()), identity);
+  assert.equal(await connection.getSlotLeader(), identity);
+  assert.deepEqual((await connection.getSlotLeaders(slot, 2)).map((k) => k.toBase58()), [identity, identity]);
   const nodes = await connection.getClusterNodes();
   assert.equal(nodes.length, 1);
   assert.equal(nodes[0].pubkey, identity);

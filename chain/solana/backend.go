@@ -481,7 +481,9 @@ func (b *Backend) stream(ctx context.Context, url string, account sol.PublicKey,
 		if err != nil {
 			return err
 		}
-		if res == nil || res.Value == nil {
+		// Agave notifies a closed account as a default one (no lamports,
+		// no data, owned by the system program); some validators send null.
+		if res == nil || res.Value == nil || res.Value.Lamports == 0 || !res.Value.Owner.Equals(b.cfg.program) {
 			return fmt.Errorf("%w: coordinator account %s closed", chain.ErrRunNotFound, account)
 		}
 		state, err := coordinator.DecodeAccount(res.Value.Data.GetBinary())

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -290,5 +291,77 @@ func TestWebsocketFor(t *testing.T) {
 		if got, err := solana.WebsocketFor(bad); err == nil {
 			t.Errorf("WebsocketFor(%q) = %q, want an error", bad, got)
 		}
+	}
+}
+
+// warnings counts the records at warning level or above.
+type warnings struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		w.mu.Lock()
+		w.n++
+		w.mu.Unlock()
+	}
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+// TestSubscriptionEndsWhenFreed frees a run under a live subscription: the
+// closed account's notification (a default account, as Agave sends it) ends
+// the subscription as "run gone", without a broken stream and a reconnect.
+func TestSubscriptionEndsWhenFreed(t *testing.T) {
+	v := startValidator(t)
+	warns := &warnings{}
+	b, err := solana.New(solana.WithRPC(v.RPC), solana.WithWebsocket(v.WebSocket), solana.WithLogger(slog.New(warns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := backendtest.Key("free-admin")
+	if err := b.Airdrop(ctx, admin.Public(), 10_000_000_000); err != nil {
+		t.Fatal(err)
+	}
+	run := runName(t, v, "freed")
+	id, _ := coordinator.ParseRunID(run)
+	if _, err := b.Send(ctx, run, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := b.Subscribe(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-snaps
+	// The subscription may not be live yet: a metadata change observed
+	// through it proves it is.
+	var m coordinator.Metadata
+	_ = coordinator.SetFixedString(m.Name[:], "live")
+	r, err := b.Send(ctx, run, admin, nil, &coordinator.Update{Metadata: &m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range snaps {
+		if s.Nonce() >= r.Nonce {
+			break
+		}
+	}
+	if _, err := b.Send(ctx, run, admin, nil, &coordinator.FreeCoordinator{}); err != nil {
+		t.Fatal(err)
+	}
+	for range snaps {
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the subscription outlived the run")
+	}
+	warns.mu.Lock()
+	defer warns.mu.Unlock()
+	if warns.n != 0 {
+		t.Fatalf("%d warnings: the stream broke instead of ending", warns.n)
 	}
 }

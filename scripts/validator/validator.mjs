@@ -290,8 +290,8 @@ function renderTx(rec, cfg) {
   };
 }
 
-// filterMatches applies getProgramAccounts/programSubscribe filters
-// (memcmp and dataSize, at most 4, as Agave allows) to account data.
+// checkFilters validates getProgramAccounts/programSubscribe filters:
+// memcmp and dataSize, at most 4, memcmp bytes at most 128 (Agave's limits).
 function checkFilters(filters) {
   if (filters === undefined || filters === null) return [];
   if (!Array.isArray(filters)) throw invalidParams("filters must be an array");
@@ -323,6 +323,7 @@ function checkFilters(filters) {
   });
 }
 
+// filterMatches applies checked filters to an account's data.
 function filterMatches(filters, data) {
   for (const f of filters) {
     if ("dataSize" in f) {

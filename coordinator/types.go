@@ -242,6 +242,17 @@ const (
 	numArchitectures
 )
 
+// The names are the IDL's enum variants (programs/coordinator derives them
+// from String), so an IDL client decodes the byte as a named value.
+var architectureNames = [numArchitectures]string{"None", "GPT", "Llama"}
+
+func (a Architecture) String() string {
+	if a < numArchitectures {
+		return architectureNames[a]
+	}
+	return "Architecture(?)"
+}
+
 // DataKind is the kind of training data location.
 type DataKind uint8
 
@@ -251,6 +262,15 @@ const (
 	DataHTTP           // a token file served over http(s) with range requests
 	numDataKinds
 )
+
+var dataKindNames = [...]string{"None", "Local", "HTTP"}
+
+func (k DataKind) String() string {
+	if k < numDataKinds {
+		return dataKindNames[k]
+	}
+	return "DataKind(?)"
+}
 
 // LRScheduleKind is the learning-rate schedule.
 type LRScheduleKind uint8
@@ -263,6 +283,15 @@ const (
 	LRWarmupStableDecay
 	numLRSchedules
 )
+
+var lrScheduleNames = [...]string{"None", "Constant", "Linear", "Cosine", "WarmupStableDecay"}
+
+func (k LRScheduleKind) String() string {
+	if k < numLRSchedules {
+		return lrScheduleNames[k]
+	}
+	return "LRScheduleKind(?)"
+}
 
 // LRSchedule is a learning-rate schedule over optimizer steps.
 type LRSchedule struct {
@@ -284,6 +313,15 @@ const (
 	OptimizerDistro
 	numOptimizers
 )
+
+var optimizerNames = [...]string{"None", "AdamW", "Distro"}
+
+func (k OptimizerKind) String() string {
+	if k < numOptimizers {
+		return optimizerNames[k]
+	}
+	return "OptimizerKind(?)"
+}
 
 // Aggregation is how trainers combine the DisTrO results of a round before
 // applying them. It is consensus (every trainer must apply the same rule, or

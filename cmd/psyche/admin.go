@@ -33,7 +33,7 @@ func defaultKeyPath() string {
 var (
 	serverFlag    = &cli.StringFlag{Name: "server", Value: "http://127.0.0.1:7600", Usage: "URL of the server backend (when --rpc is not given)", Category: "BACKEND"}
 	rpcFlag       = &cli.StringSliceFlag{Name: "rpc", Usage: "Solana JSON-RPC endpoint(s), tried in order: selects the Solana backend", Category: "BACKEND"}
-	wsFlag        = &cli.StringSliceFlag{Name: "ws-rpc", Usage: "Solana websocket endpoint(s) (default: each --rpc with ws:// or wss://)", Category: "BACKEND"}
+	wsFlag        = &cli.StringSliceFlag{Name: "ws-rpc", Usage: "Solana websocket endpoint(s) (default: each --rpc with ws:// or wss:// and, where it names a port, the port + 1, as Solana validators serve it)", Category: "BACKEND"}
 	programIDFlag = &cli.StringFlag{Name: "program-id", Value: solana.LocalProgramID.String(), Usage: "address of the coordinator program", Category: "BACKEND"}
 	keyFlag       = &cli.StringFlag{Name: "key", Value: defaultKeyPath(), Usage: "key file (Solana CLI JSON format)", Category: "IDENTITY"}
 	runIDFlag     = &cli.StringFlag{Name: "run-id", Required: true, Usage: "the run (1-32 characters of [A-Za-z0-9._-])", Category: "RUN"}
@@ -274,7 +274,11 @@ func backend(c *cli.Context, needKey bool) (chain.Backend, *chain.Keypair, error
 		wss := c.StringSlice("ws-rpc")
 		if len(wss) == 0 {
 			for _, u := range rpcs {
-				wss = append(wss, strings.Replace(strings.Replace(u, "https://", "wss://", 1), "http://", "ws://", 1))
+				ws, err := solana.WebsocketFor(u)
+				if err != nil {
+					return nil, nil, fmt.Errorf("--rpc: %w", err)
+				}
+				wss = append(wss, ws)
 			}
 		}
 		program, err := coordinator.ParsePubkey(c.String("program-id"))
@@ -375,6 +379,14 @@ func tick(c *cli.Context) error {
 		}
 		r, err := b.Send(ctx, c.String("run-id"), k, nil, &coordinator.Tick{})
 		switch {
+		case errors.Is(err, coordinator.ErrNothingDue):
+			// Refused by the coordinator (on chain: in preflight, so no fee
+			// was paid); say in which state it waits.
+			state := "?"
+			if snap, serr := b.Snapshot(ctx, c.String("run-id")); serr == nil {
+				state = snap.State.RunState.String()
+			}
+			fmt.Fprintf(c.App.Writer, "tick: nothing to do (%s)\n", state)
 		case err != nil:
 			fmt.Fprintf(c.App.Writer, "tick: %v\n", err)
 		case r.Changed:

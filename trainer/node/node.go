@@ -153,7 +153,8 @@ func WithProgress(f func(Progress)) Option {
 // WithTicking makes the node send tick instructions itself whenever the
 // coordinator's timers say a transition is due. A Solana run has no server
 // that ticks it, so its trainers do (any signer may tick; a tick that finds
-// nothing due changes nothing).
+// nothing due, because another trainer's landed first, is refused with
+// NothingDue in preflight and costs no fee).
 func WithTicking() Option {
 	return func(c *config) error { c.ticking = true; return nil }
 }

@@ -754,7 +754,9 @@ static void end_epoch(struct psy_account *s, uint64_t now)
 	}
 }
 
-/* Tick: *changed says whether anything changed (the nonce is bumped here). */
+/* Tick: advances the run and bumps the nonce, or returns ERR_NOTHING_DUE and
+ * changes nothing (see Tick in coordinator/machine.go for why a tick with
+ * nothing due is refused rather than a successful no-op). */
 static uint64_t tick(struct psy_account *s, uint64_t now, uint64_t seed, int *changed)
 {
 	int ch = 0;
@@ -794,9 +796,10 @@ static uint64_t tick(struct psy_account *s, uint64_t now, uint64_t seed, int *ch
 		}
 		break;
 	}
-	if (ch)
-		s->nonce++;
 	*changed = ch;
+	if (!ch)
+		return ERR_NOTHING_DUE;
+	s->nonce++;
 	return 0;
 }
 
@@ -804,7 +807,9 @@ static uint64_t tick(struct psy_account *s, uint64_t now, uint64_t seed, int *ch
 
 static int halted(uint8_t st) { return st == ST_UNINITIALIZED || st == ST_FINISHED || st == ST_PAUSED; }
 
-static uint64_t do_init(struct psy_account *s, int fresh, const struct psy_ix *ix)
+/* do_init: the main authority must sign its own run's creation (the checks in
+ * the order of initCoordinator in coordinator/machine.go). */
+static uint64_t do_init(struct psy_account *s, int fresh, const struct psy_ctx *ctx, const struct psy_ix *ix)
 {
 	if (!fresh && !zero32(s->main_authority))
 		return ERR_ALREADY_INITIALIZED;
@@ -812,6 +817,8 @@ static uint64_t do_init(struct psy_account *s, int fresh, const struct psy_ix *i
 		return ERR_INVALID_RUN_ID;
 	if (zero32(ix->u.init.main_authority))
 		return ERR_INVALID_AUTHORITY;
+	if (!eq32(ctx->sender, ix->u.init.main_authority))
+		return ERR_UNAUTHORIZED;
 	clear(s, sizeof *s);
 	*(psy_word *)s->discriminator = ACCOUNT_DISCRIMINATOR;
 	s->version = PSY_ACCOUNT_VERSION;
@@ -1073,7 +1080,7 @@ uint64_t psy_process(uint8_t *acct, uint64_t acct_len, const uint8_t *data, uint
 	int changed = 1;
 	switch (kind) {
 	case IX_INIT_COORDINATOR:
-		err = do_init(s, fresh, &ix);
+		err = do_init(s, fresh, ctx, &ix);
 		break;
 	case IX_UPDATE:
 		err = do_update(s, ctx, &ix);

@@ -22,7 +22,7 @@ import (
 // loads it, checks it against the run's model and its revision, and
 // refuses one whose config.json describes another shape before training.
 func TestLoadLlamaCheckpointDirectory(t *testing.T) {
-	cfg := llama.Config{Vocab: 64, Context: 16, Width: 16, Layers: 1, Heads: 4, KVHeads: 2, Intermediate: 24, RopeTheta: 10000}
+	cfg := llama.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 4, KVHeads: 2, Intermediate: 24, RopeTheta: 10000}
 	want, err := llama.New(cfg, 5, nil)
 	if err != nil {
 		t.Fatal(err)

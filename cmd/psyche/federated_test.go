@@ -68,12 +68,6 @@ func TestFederatedAcrossProcesses(t *testing.T) {
 	}
 	dir := t.TempDir()
 	srvDir := filepath.Join(dir, "server")
-	startServer := func(listen string) (*proc, string) {
-		p := startProc(t, "server", "server", "--dir", srvDir, "--listen", listen, "--tick-interval", "200ms", "--p2p=false")
-		return p, p.waitLine(t, regexp.MustCompile(`server listening on http://(\S+)`))[1]
-	}
-	srv, addr := startServer("127.0.0.1:0")
-	url := "http://" + addr
 	keys := map[string]string{}
 	for _, who := range []string{"admin", "client1", "client2", "client3", "late"} {
 		keys[who] = filepath.Join(dir, "keys", who+".json")
@@ -81,6 +75,14 @@ func TestFederatedAcrossProcesses(t *testing.T) {
 			t.Fatal(errs)
 		}
 	}
+	// Only the admin may create runs on this server.
+	startServer := func(listen string) (*proc, string) {
+		p := startProc(t, "server", "server", "--dir", srvDir, "--listen", listen, "--tick-interval", "200ms", "--p2p=false",
+			"--creators", keys["admin"])
+		return p, p.waitLine(t, regexp.MustCompile(`server listening on http://(\S+)`))[1]
+	}
+	srv, addr := startServer("127.0.0.1:0")
+	url := "http://" + addr
 	admin := func(args ...string) string {
 		t.Helper()
 		out, errs, code := psyche(t, append(args, "--server", url, "--key", keys["admin"], "--run-id", "fed")...)
@@ -247,7 +249,16 @@ func TestSecAggAcrossProcesses(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	dir := t.TempDir()
-	srv := startProc(t, "server", "server", "--dir", filepath.Join(dir, "server"), "--listen", "127.0.0.1:0", "--tick-interval", "200ms", "--p2p=false")
+	key := func(who string) string {
+		k := filepath.Join(dir, "keys", who+".json")
+		if _, errs, code := psyche(t, "keygen", "--out", k); code != 0 {
+			t.Fatal(errs)
+		}
+		return k
+	}
+	adminKey := key("admin")
+	srv := startProc(t, "server", "server", "--dir", filepath.Join(dir, "server"), "--listen", "127.0.0.1:0", "--tick-interval", "200ms", "--p2p=false",
+		"--creators", adminKey)
 	url := "http://" + srv.waitLine(t, regexp.MustCompile(`server listening on http://(\S+)`))[1]
 	example, err := os.ReadFile(filepath.Join("..", "..", "examples", "federated-run.toml"))
 	if err != nil {
@@ -259,14 +270,6 @@ func TestSecAggAcrossProcesses(t *testing.T) {
 	if err := os.WriteFile(runFile, []byte(run), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	key := func(who string) string {
-		k := filepath.Join(dir, "keys", who+".json")
-		if _, errs, code := psyche(t, "keygen", "--out", k); code != 0 {
-			t.Fatal(errs)
-		}
-		return k
-	}
-	adminKey := key("admin")
 	for _, args := range [][]string{{"init-coordinator"}, {"update", "--config", runFile}, {"set-paused", "--resume"}} {
 		if out, errs, code := psyche(t, append(args, "--server", url, "--key", adminKey, "--run-id", "sa")...); code != 0 {
 			t.Fatalf("%v: %s %s", args, out, errs)

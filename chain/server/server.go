@@ -61,6 +61,7 @@ type config struct {
 	now      func() time.Time
 	seed     func() uint64
 	metrics  *Metrics
+	page     http.Handler // WithPage (explorer.go)
 }
 
 // Option configures a Server.
@@ -442,6 +443,7 @@ const maxBody = 1 << 16
 //	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change
 //	GET  /v1/p2p                   the p2p host's addresses and whether it relays (JSON P2PInfo; 404 without one)
 //	GET  /healthz                  "ok"
+//	GET  /                         the run explorer's page, WithPage (read-only)
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/instructions", func(w http.ResponseWriter, req *http.Request) {
@@ -503,6 +505,9 @@ func (s *Server) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	if s.cfg.page != nil {
+		mux.Handle("GET /", s.cfg.page)
+	}
 	return mux
 }
 

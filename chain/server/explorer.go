@@ -1,0 +1,86 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// What the run explorer (package explorer) needs from a server: its page
+// served beside the API, the runs in process, and the run list over HTTP.
+
+// WithPage serves h at every GET path the API does not claim (the run
+// explorer's page at "/"). The page is read-only: it cannot send
+// instructions, which need a signed request to POST /v1/instructions.
+func WithPage(h http.Handler) Option {
+	return func(c *config) error {
+		if h == nil {
+			return fmt.Errorf("server: nil page handler")
+		}
+		c.page = h
+		return nil
+	}
+}
+
+// Subscribe delivers a run's snapshots in process (the same ones its
+// events stream sends), the current one first, until ctx ends or the run is
+// freed; the channel is closed then. A slow reader misses intermediate
+// snapshots, never the newest.
+func (s *Server) Subscribe(ctx context.Context, runID string) (<-chan chain.Snapshot, error) {
+	ch, cancel, ok := s.subscribe(runID)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", chain.ErrRunNotFound, runID)
+	}
+	out := make(chan chain.Snapshot)
+	go func() {
+		defer close(out)
+		defer cancel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case acct, open := <-ch:
+				if !open {
+					return
+				}
+				state, err := coordinator.DecodeAccount(acct)
+				if err != nil {
+					s.cfg.log.Error("decoding the server's own account", "run", runID, "err", err)
+					return
+				}
+				select {
+				case out <- chain.Snapshot{State: state}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// Runs lists the server's run ids (GET /v1/runs).
+func (c *Client) Runs(ctx context.Context) ([]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs", nil)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("server: listing runs: HTTP %d", resp.StatusCode)
+	}
+	var ids []string
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&ids); err != nil {
+		return nil, fmt.Errorf("server: listing runs: %w", err)
+	}
+	return ids, nil
+}

@@ -166,6 +166,13 @@ func (e *Explorer) setList(ctx context.Context, src Source, ids []string, err er
 	ids = slices.Clone(ids)
 	slices.Sort(ids)
 	changed := msg != e.listErr || !slices.Equal(ids, e.listed)
+	if msg != e.listErr {
+		// Every run's page shows whether the backend can be reached.
+		for _, r := range e.runs {
+			r.h.rev++
+			r.notify()
+		}
+	}
 	e.listErr, e.listed = msg, ids
 	for _, id := range ids {
 		r, ok := e.runs[id]

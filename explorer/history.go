@@ -106,8 +106,6 @@ type history struct {
 	rev     uint64  // bumped on every change; points carry the rev of their last change
 	clients map[coordinator.Pubkey]*Client
 	order   []coordinator.Pubkey // first seen first
-	lastCk  coordinator.Checkpoint
-	lastCkd bool
 }
 
 func newHistory(id string) *history {
@@ -352,20 +350,25 @@ func (h *history) observeCheckpoint(s *coordinator.Coordinator) {
 	cur := Checkpoint{Epoch: s.Progress.Epoch, Step: s.Progress.Step, Kind: ck.Kind.String(),
 		URL: coordinator.FixedString(ck.Source.URL[:]), Revision: coordinator.FixedString(ck.Source.Revision[:]),
 		Recorded: s.Epoch.Checkpointed, At: int64(s.RunStateStart)}
-	changed := !h.lastCkd || ck != h.lastCk || (s.Epoch.Checkpointed && !h.lastCkRecorded())
-	h.lastCk, h.lastCkd = ck, true
-	if changed && ck.Kind != coordinator.CheckpointNone {
-		h.view.Checkpoints = append(h.view.Checkpoints, cur)
-	}
 	h.view.Checkpoint = cur
 	if h.view.Checkpoints == nil {
 		h.view.Checkpoints = []Checkpoint{}
 	}
-}
-
-func (h *history) lastCkRecorded() bool {
+	if ck.Kind == coordinator.CheckpointNone {
+		return
+	}
+	// A new entry when the model's location changes or a checkpoint is
+	// recorded; a change of kind only (Hub to P2P as an epoch ends: the
+	// clients now hold the model) updates the last one.
 	n := len(h.view.Checkpoints)
-	return n > 0 && h.view.Checkpoints[n-1].Recorded
+	if n > 0 {
+		last := &h.view.Checkpoints[n-1]
+		if last.URL == cur.URL && last.Revision == cur.Revision && (last.Recorded || !cur.Recorded) {
+			last.Kind = cur.Kind
+			return
+		}
+	}
+	h.view.Checkpoints = append(h.view.Checkpoints, cur)
 }
 
 // since returns the points changed after rev.

@@ -5,7 +5,7 @@
     <tbody><tr><td colspan="6" class="muted">connecting\u2026</td></tr></tbody></table></div>`,Ri("api/runs/events",{check:()=>Fi("api/runs"),onData:e=>{xn(e.error);let l=e.runs.map(i=>`<tr data-run="${Le(i.id)}">
         <td><a href="#/run/${encodeURIComponent(i.id)}">${Le(i.id)}</a></td><td class="hide-phone">${Le(i.name)}</td>
         <td><span class="state" data-state="${Le(i.state)}">${Le(i.state)}</span>${i.error?` <span class="short">${Le(i.error)}</span>`:""}</td>
-        <td>${i.epoch}</td><td>${i.step}</td><td>${i.clients}</td></tr>`);ke("#runs tbody").innerHTML=l.join("")||'<tr><td colspan="6" class="muted">no runs yet</td></tr>'}})}function Ci(e,l,i,n){let s={title:l,width:e.clientWidth||600,height:240,scales:{x:{time:!1}},axes:[{label:"step"},...n],series:[{label:"step"},...i],legend:{live:!0}},f=[[],...i.map(()=>[])],c=new He(s,f,e);return new ResizeObserver(()=>c.setSize({width:e.clientWidth,height:240})).observe(e),c}function ac(e){zi.innerHTML=`
+        <td>${i.epoch}</td><td>${i.step}</td><td>${i.clients}</td></tr>`);ke("#runs tbody").innerHTML=l.join("")||'<tr><td colspan="6" class="muted">no runs yet</td></tr>'}})}function Ci(e,l,i,n){let s={title:l,width:e.clientWidth||600,height:240,scales:{x:{time:!1}},axes:[{label:"step",incrs:[1,2,5,10,20,50,100,200,500,1e3,2e3,5e3,1e4,2e4,5e4,1e5]},...n],series:[{label:"step"},...i],legend:{live:!0}},f=[[],...i.map(()=>[])],c=new He(s,f,e);return new ResizeObserver(()=>c.setSize({width:e.clientWidth,height:240})).observe(e),c}function ac(e){zi.innerHTML=`
   <h1 id="run-id">${Le(e)}</h1>
   <div class="muted" id="run-name"></div>
   <div class="grid" style="margin-top:.8rem">

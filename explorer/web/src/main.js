@@ -108,7 +108,7 @@ function lineChart(el, title, series, axes) {
   const opts = {
     title, width: el.clientWidth || 600, height: 240,
     scales: { x: { time: false } },
-    axes: [{ label: "step" }, ...axes],
+    axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000] }, ...axes],
     series: [{ label: "step" }, ...series],
     legend: { live: true },
   };

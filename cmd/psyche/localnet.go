@@ -130,14 +130,8 @@ func localnet(c *cli.Context) error {
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
 		runID, n, localnetModel.NumParams(), lb.where, dir)
-	ex, err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID)
-	if err != nil {
+	if err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID, files); err != nil {
 		return err
-	}
-	if ex != nil {
-		if before, err := heldOutLoss(files.initial, files.heldOut); err == nil {
-			ex.RecordHeldOut(runID, 0, 0, float64(before))
-		}
 	}
 	if lb.clock != nil {
 		fmt.Fprintln(out, "localnet: virtual time: the run's clock moves only while every trainer waits")
@@ -180,13 +174,6 @@ func localnet(c *cli.Context) error {
 		<-errs
 	}
 	<-lb.up
-	if ex != nil && last != nil {
-		if m := honest[0].node.Model(); m != nil {
-			if after, err := heldOutLoss(m, files.heldOut); err == nil {
-				ex.RecordHeldOut(runID, last.Progress.Step, last.Progress.Epoch, float64(after))
-			}
-		}
-	}
 	if err := summarize(out, last, files.initial, honest, files.heldOut, time.Since(start)); err != nil {
 		return err
 	}
@@ -644,10 +631,12 @@ func dropLast(runCtx context.Context, out io.Writer, t *localTrainer, at int, er
 }
 
 // startLocalExplorer serves the run explorer for the run on addr (none if
-// addr is empty) until ctx ends, and prints its address.
-func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *slog.Logger, lb *localBackend, runID string) (*explorer.Explorer, error) {
+// addr is empty) until ctx ends, and prints its address. It measures the
+// held-out loss of the initial model and of every checkpoint the run
+// records (they are files here) for the loss curve.
+func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *slog.Logger, lb *localBackend, runID string, files localFiles) error {
 	if addr == "" {
-		return nil, nil
+		return nil
 	}
 	opts := []explorer.Option{explorer.WithLogger(log), explorer.WithRefresh(time.Second)}
 	if lb.clock != nil {
@@ -655,7 +644,7 @@ func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *sl
 	}
 	ex, err := explorer.New(opts...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	src := explorer.FixedRuns(lb.backend, runID)
 	if lb.server != nil {
@@ -663,9 +652,40 @@ func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *sl
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--explorer-addr: %w", err)
+		return fmt.Errorf("--explorer-addr: %w", err)
+	}
+	if before, err := heldOutLoss(files.initial, files.heldOut); err == nil {
+		ex.RecordHeldOut(runID, 0, 0, float64(before))
+	}
+	snaps, err := lb.backend.Subscribe(ctx, runID)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(out, "localnet: explorer http://%s/#/run/%s\n", l.Addr(), runID)
 	go func() { _ = serveExplorer(ctx, l, ex, src, log) }()
-	return ex, nil
+	go measureCheckpoints(snaps, ex, runID, files.heldOut, log)
+	return nil
+}
+
+// measureCheckpoints records the held-out loss of each checkpoint the run
+// records (a file:// URL in a cooldown), at the step it was recorded.
+func measureCheckpoints(snaps <-chan chain.Snapshot, ex *explorer.Explorer, runID string, heldOut []uint32, log *slog.Logger) {
+	last := ""
+	for s := range snaps {
+		url := coordinator.FixedString(s.State.Model.Checkpoint.Source.URL[:])
+		path, ok := strings.CutPrefix(url, "file://")
+		if !s.State.Epoch.Checkpointed || !ok || url == last {
+			continue
+		}
+		last = url
+		m, err := gpt.Load(path, nil)
+		if err == nil {
+			var loss float32
+			if loss, err = heldOutLoss(m, heldOut); err == nil {
+				ex.RecordHeldOut(runID, s.State.Progress.Step, s.State.Progress.Epoch, float64(loss))
+				continue
+			}
+		}
+		log.Warn("measuring a checkpoint's held-out loss", "checkpoint", url, "err", err)
+	}
 }

@@ -166,6 +166,7 @@ function showRun(id) {
     loss.setData([steps, col((p) => p.loss), col((p) => p.held_out)]);
     rate.setData([steps, col((p) => p.tokens_per_sec), col((p) => p.bytes_sent)]);
     $("#loss-chart").dataset.points = String(steps.filter((s) => points.get(s).loss != null).length);
+    $("#loss-chart").dataset.heldOut = String(steps.filter((s) => points.get(s).held_out != null).length);
     const last = [...steps].reverse().map((s) => points.get(s)).find((p) => p.loss != null);
     $("#last-loss").textContent = last ? fmt(last.loss) : "–";
     $("#last-tps").textContent = last ? si(last.tokens_per_sec) : "–";

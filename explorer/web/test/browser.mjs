@@ -7,8 +7,9 @@
 //   PSYCHE_BIN=/path/to/psyche [CHROMIUM=/usr/bin/chromium] [ARTIFACTS=dir] node test/browser.mjs
 //
 // What it checks: the run appears in the list; its state changes as the run
-// advances (three different states seen); the loss curve gains points; the
-// trainer that localnet stops (--drop-trainer-at) is shown as dropped; the
+// advances (three different states seen); the loss curve gains points and
+// held-out points; the trainer that localnet stops (--drop-trainer-at) is
+// shown as dropped; the
 // page fits a phone's width; a run id that does not exist is reported; and
 // when the explorer goes away the page says so and keeps reconnecting.
 import { chromium } from "playwright-core";
@@ -89,7 +90,11 @@ try {
   // The stopped trainer is shown as dropped.
   await page.locator('#clients .health[data-health="dropped"]').waitFor();
   log("a client is shown as dropped:", await page.locator('#clients tr:has(.health[data-health="dropped"]) td.mono').first().getAttribute("title"));
-  // Let the curve grow past the drop for the picture.
+  // Held-out loss: the initial model's, and the first recorded
+  // checkpoint's (localnet measures both); then a curve past the drop for
+  // the picture.
+  await page.waitForFunction(() => Number(document.querySelector("#loss-chart").dataset.heldOut) >= 2);
+  log("held-out loss points:", await page.evaluate(() => document.querySelector("#loss-chart").dataset.heldOut));
   const atDrop = await points();
   await page.waitForFunction((n) => Number(document.querySelector("#loss-chart").dataset.points) >= n + 2, atDrop);
   await page.screenshot({ path: join(artifacts, "explorer.png"), fullPage: true });

@@ -4,7 +4,7 @@
 // time: a loaded machine is only slower. The one timeout (EXPLORER_TEST_TIMEOUT,
 // seconds) stops a run that hangs.
 //
-//   PSYCHE_BIN=/path/to/psyche [CHROMIUM=/usr/bin/chromium] [ARTIFACTS=dir] node test/browser.mjs
+//   EXPLORER_TEST_PSYCHE=/path/to/psyche [CHROMIUM=/usr/bin/chromium] [ARTIFACTS=dir] node test/browser.mjs
 //
 // What it checks: the run appears in the list; its state changes as the run
 // advances (three different states seen); the loss curve gains points and
@@ -18,7 +18,8 @@ import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 
-const bin = process.env.PSYCHE_BIN || "psyche";
+// (Not PSYCHE_*: psyche warns about variables of that prefix it does not read.)
+const bin = process.env.EXPLORER_TEST_PSYCHE || "psyche";
 const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
 const artifacts = resolve(process.env.ARTIFACTS || "artifacts");
 const limit = Number(process.env.EXPLORER_TEST_TIMEOUT || 900) * 1000;
@@ -60,6 +61,8 @@ try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
   page.setDefaultTimeout(left());
   page.on("pageerror", (e) => { console.error("page error:", e); failed = true; });
+  page.on("crash", () => console.error("the page crashed"));
+  browser.on("disconnected", () => console.error("the browser went away"));
 
   // The run list shows the run; its link opens the run.
   await page.goto(base);

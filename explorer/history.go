@@ -2,7 +2,6 @@ package explorer
 
 import (
 	"cmp"
-	"encoding/hex"
 	"slices"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -168,8 +167,16 @@ func (h *history) client(id coordinator.ClientID) *Client {
 		h.clients[id.Signer] = c
 		h.order = append(h.order, id.Signer)
 	}
-	c.P2P = hex.EncodeToString(id.P2P[:])
+	c.P2P = PeerID(id.P2P)
 	return c
+}
+
+// PeerID is the libp2p peer id of an ed25519 p2p key, as trainers' logs
+// and libp2p tools print it ("12D3KooW…"): base58 of the identity multihash
+// (0x00, length 36) of the key's protobuf encoding (type Ed25519 = 1, data).
+func PeerID(k coordinator.Pubkey) string {
+	b := append([]byte{0x00, 0x24, 0x08, 0x01, 0x12, 0x20}, k[:]...)
+	return coordinator.Base58(b)
 }
 
 func (h *history) observeClients(s *coordinator.Coordinator) {

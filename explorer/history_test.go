@@ -1,8 +1,12 @@
 package explorer
 
 import (
+	"crypto/ed25519"
 	"math"
 	"testing"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/psyche-go/psyche/coordinator"
 )
@@ -86,8 +90,8 @@ func TestHistoryFoldsWitnessReports(t *testing.T) {
 			t.Errorf("client %d: %+v, want %s", k[0], c, want)
 		}
 	}
-	if v.Clients[0].Signer != pub(1).String() || v.Clients[2].Signer != pub(3).String() || v.Clients[0].P2P[:2] != "65" {
-		t.Errorf("members not first in epoch order, or p2p id not hex: %+v", v.Clients)
+	if v.Clients[0].Signer != pub(1).String() || v.Clients[2].Signer != pub(3).String() || v.Clients[0].P2P != PeerID(pub(101)) {
+		t.Errorf("members not first in epoch order, or not their p2p ids: %+v", v.Clients)
 	}
 	if len(v.Rounds) != 3 || !v.Rounds[0].Current || v.Rounds[0].Step != 7 || len(v.Rounds[0].Witnesses) != 2 {
 		t.Errorf("rounds %+v", v.Rounds)
@@ -165,5 +169,26 @@ func TestHistoryHeldOutAndCheckpoints(t *testing.T) {
 	// Witness reports kept in the ring after the epoch ended belong to it.
 	if h.points[1].Epoch != 1 {
 		t.Errorf("point %+v", h.points[1])
+	}
+}
+
+// TestPeerIDIsLibp2ps: the page shows the ids libp2p (and the trainers'
+// logs) use.
+func TestPeerIDIsLibp2ps(t *testing.T) {
+	for i := range 4 {
+		seed := make([]byte, ed25519.SeedSize)
+		seed[0] = byte(i)
+		key := ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
+		pk, err := crypto.UnmarshalEd25519PublicKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := peer.IDFromPublicKey(pk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := PeerID(coordinator.Pubkey(key)); got != want.String() {
+			t.Errorf("PeerID = %s, libp2p says %s", got, want)
+		}
 	}
 }

@@ -138,7 +138,8 @@ function showRun(id) {
     </section>
     <section class="card wide"><h2>Loss</h2><div id="loss-chart" class="chart" data-points="0"></div>
       <p class="legend-note">Training loss: mean of the batch losses the step's witnesses report. Held-out loss: where it was measured.</p></section>
-    <section class="card"><h2>Throughput</h2><div id="rate-chart" class="chart"></div></section>
+    <section class="card"><h2>Throughput</h2><div id="rate-chart" class="chart"></div>
+      <p class="legend-note">Tokens/s: the trainers' training speed while they train (their own reports, summed). Bytes: the results all trainers sent for the step.</p></section>
     <section class="card"><h2>Clients</h2><div class="scroll"><table id="clients"><thead><tr>
       <th>#</th><th>signer</th><th>p2p id</th><th>health</th></tr></thead><tbody></tbody></table></div></section>
     <section class="card"><h2>Rounds (witnesses and quorum)</h2><div class="scroll"><table id="rounds"><thead><tr>
@@ -187,9 +188,11 @@ function showRun(id) {
       `<tr><td colspan="4" class="muted">no clients yet</td></tr>`;
     $("#rounds tbody").innerHTML = view.rounds.map((r) => {
       const met = r.witnesses.length >= r.quorum;
+      const open = r.current && (view.state === "RoundTrain" || view.state === "RoundWitness");
+      const verdict = met ? "✓ met" : open ? "… waiting" : "✗ short";
       return `<tr><td>${r.step}${r.current ? " (now)" : ""}</td><td>${r.height}</td>
         <td>${r.witnesses.length} / ${r.witness_slots}</td>
-        <td class="${met ? "ok" : "short"}">${met ? "✓ met" : "✗ short"} (${r.quorum})</td>
+        <td class="${met ? "ok" : open ? "muted" : "short"}">${verdict} (${r.quorum})</td>
         <td class="hide-phone mono">${r.witnesses.map((w) => `#${w.index}: ${fmt(w.loss)}`).join(", ")}</td></tr>`;
     }).join("") || `<tr><td colspan="5" class="muted">no rounds in this epoch yet</td></tr>`;
     const ck = view.checkpoint;

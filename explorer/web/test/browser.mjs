@@ -30,7 +30,9 @@ const left = () => Math.max(1000, limit - (Date.now() - started));
 const log = (...a) => console.log(`[${((Date.now() - started) / 1000).toFixed(1)}s]`, ...a);
 
 const dir = mkdtempSync(join(tmpdir(), "explorer-browser-"));
-const args = ["localnet", "--virtual-time", "--trainers", "3", "--epochs", "3", "--epoch-time", "12",
+// More epochs than the test needs: it ends the run itself (SIGINT) once it has seen
+// everything, so a slow browser never finds the run already over.
+const args = ["localnet", "--virtual-time", "--trainers", "3", "--epochs", "50", "--epoch-time", "12",
   "--drop-trainer-at", "4", "--explorer-addr", "127.0.0.1:0", "--dir", dir];
 log(`starting ${bin} ${args.join(" ")}`);
 const ln = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"] });
@@ -56,13 +58,14 @@ log(`explorer at ${base}, run ${runID}`);
 
 let browser;
 let failed = false;
+let closing = false;
 try {
   browser = await chromium.launch({ executablePath: chromiumPath, args: ["--no-sandbox"] });
   const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
   page.setDefaultTimeout(left());
   page.on("pageerror", (e) => { console.error("page error:", e); failed = true; });
   page.on("crash", () => console.error("the page crashed"));
-  browser.on("disconnected", () => console.error("the browser went away"));
+  browser.on("disconnected", () => closing || console.error("the browser went away"));
 
   // The run list shows the run; its link opens the run.
   await page.goto(base);
@@ -136,6 +139,7 @@ try {
     }
   }
 } finally {
+  closing = true;
   if (browser) await browser.close();
   if (!exited) ln.kill("SIGKILL");
   rmSync(dir, { recursive: true, force: true });

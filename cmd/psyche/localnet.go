@@ -615,11 +615,11 @@ func dropLast(runCtx context.Context, out io.Writer, t *localTrainer, at int, er
 	ctx, stop := context.WithCancel(runCtx)
 	go func() {
 		err := t.node.Run(ctx)
-		if runCtx.Err() == nil {
+		if ctx.Err() != nil && runCtx.Err() == nil {
 			<-runCtx.Done() // stopped on purpose: not a failure of the run
 			err = nil
 		}
-		errs <- err
+		errs <- err // as for every other trainer, if it stopped by itself
 	}()
 	var once sync.Once
 	return func(s *coordinator.Coordinator) {

@@ -105,11 +105,13 @@ type WitnessProof struct {
 }
 
 // WitnessMetadata is what a witness reports about its own training step.
+// The coordinator checks only Step; the rest is for people (the run
+// explorer draws the loss curve and the run's rates from it).
 type WitnessMetadata struct {
 	Step            uint32
-	TokensPerSec    float32
-	BandwidthPerSec float32
-	Loss            float32
+	TokensPerSec    float32 // tokens of the witness's batch over the seconds it took to train and publish it
+	BandwidthPerSec float32 // result bytes it published for the batch over those seconds
+	Loss            float32 // training loss of its batch
 }
 
 // Bloom is a witness bloom filter: 2560 bits as 40 little-endian words, bit i

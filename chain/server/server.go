@@ -103,6 +103,7 @@ type config struct {
 	readTimeout, writeTimeout, idleTimeout time.Duration
 
 	routes []func(*http.ServeMux) // more endpoints (WithRoutes)
+	page   http.Handler           // WithPage (explorer.go)
 }
 
 // Option configures a Server.
@@ -799,6 +800,7 @@ const maxBody = 1 << 16
 //	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change
 //	GET  /v1/p2p                   the p2p host's addresses and whether it relays (JSON P2PInfo; 404 without one)
 //	GET  /healthz                  "ok"
+//	GET  /                         the run explorer's page, WithPage (read-only)
 //
 // Every refusal is a JSON Failure with an HTTP status (errors.go).
 func (s *Server) Handler() http.Handler {
@@ -850,6 +852,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	for _, add := range s.cfg.routes {
 		add(mux)
+	}
+	if s.cfg.page != nil {
+		mux.Handle("GET /", s.cfg.page)
 	}
 	return mux
 }

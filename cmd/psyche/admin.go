@@ -18,6 +18,7 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/explorer"
 	"github.com/psyche-go/psyche/p2p/libp2p"
 	"github.com/urfave/cli/v2"
 )
@@ -195,6 +196,12 @@ func runServer(c *cli.Context) error {
 	} else if c.Bool("relay") {
 		return errors.New("--relay needs the p2p host (--p2p)")
 	}
+	// The run explorer's page is served at "/" beside the API.
+	ex, err := explorer.New(explorer.WithLogger(logger(c)), explorer.WithRefresh(time.Second))
+	if err != nil {
+		return err
+	}
+	opts = append(opts, server.WithPage(ex.Handler()))
 	var s *server.Server
 	fed, err := mountFederated(c.String("dir"), logger(c), reg, &s)
 	if err != nil {
@@ -204,6 +211,7 @@ func runServer(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	go func() { _ = ex.Run(ctx, serverSource(s)) }()
 	if addr := c.String("metrics-addr"); addr != "" {
 		at, err := serveMetrics(ctx, addr, reg)
 		if err != nil {
@@ -215,7 +223,7 @@ func runServer(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.App.Writer, "server listening on http://%s (state in %s)\n", l.Addr(), c.String("dir"))
+	fmt.Fprintf(c.App.Writer, "server listening on http://%s (state in %s)\nexplorer: http://%[1]s/\n", l.Addr(), c.String("dir"))
 	return s.Serve(ctx, l)
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/explorer"
 	"github.com/psyche-go/psyche/internal/quietclock"
 	"github.com/psyche-go/psyche/p2p/libp2p"
 	program "github.com/psyche-go/psyche/programs/coordinator"
@@ -63,6 +64,8 @@ same number of steps on a slow or busy machine as on a fast one. The tests use i
 		&cli.BoolFlag{Name: "quantize", Value: true, Usage: "send 1-bit signs (false: float32 values)", Category: "RUN"},
 		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
 		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
+		&cli.IntFlag{Name: "drop-trainer-at", Usage: "stop the last trainer once the run reaches this step, to watch the others drop it (0: never)", Category: "RUN"},
+		&cli.StringFlag{Name: "explorer-addr", Value: "127.0.0.1:0", Usage: "serve the run explorer on this address while the run lasts (port 0: any free port; empty: no explorer)", Category: "EXPLORER"},
 	},
 	Action: localnet,
 }
@@ -153,7 +156,11 @@ func localnet(c *cli.Context) error {
 	if lb.close != nil {
 		defer lb.close()
 	}
-	tune := func(m *coordinator.Model) {
+	tune := func(k *coordinator.Config, m *coordinator.Model) {
+		if c.Int("drop-trainer-at") > 0 {
+			// The next epoch starts without the trainer that is stopped.
+			k.InitMinClients = uint16(n - 1)
+		}
 		if c.String("run") == "" || c.IsSet("aggregation") {
 			m.Optimizer.Aggregation = coordinator.Aggregation(aggregationNames[c.String("aggregation")])
 		}
@@ -166,6 +173,9 @@ func localnet(c *cli.Context) error {
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter %s, %s, files in %s\n",
 		runID, n, files.initial.NumParams(), archName(model.Architecture), lb.where, dir)
+	if err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID, files); err != nil {
+		return err
+	}
 	if lb.clock != nil {
 		fmt.Fprintln(out, "localnet: virtual time: the run's clock moves only while every trainer waits")
 		go func() { _ = lb.clock.Run(runCtx, time.Second, virtualSettle) }()
@@ -190,11 +200,15 @@ func localnet(c *cli.Context) error {
 	}
 	heap := watchHeap(runCtx)
 	errs := make(chan error, n)
-	for _, t := range trainers {
+	for _, t := range trainers[:n-1] {
 		go func() { errs <- t.node.Run(runCtx) }()
 	}
+	drop := dropLast(runCtx, out, trainers[n-1], c.Int("drop-trainer-at"), errs)
+	if c.Int("drop-trainer-at") > 0 && n > 1 {
+		honest = slices.DeleteFunc(slices.Clone(honest), func(t *localTrainer) bool { return t == trainers[n-1] })
+	}
 	start := time.Now()
-	last, rounds, err := followLocalRun(ctx, runCtx, out, lb.backend, runID, epochs, trainers, errs)
+	last, rounds, err := followLocalRun(ctx, runCtx, out, lb.backend, runID, epochs, trainers, errs, drop)
 	if err != nil {
 		return err
 	}
@@ -220,6 +234,12 @@ func checkLocalnetFlags(c *cli.Context) error {
 		return fmt.Errorf("--epochs must be at least 1, got %d", epochs)
 	case epochTime < 4:
 		return fmt.Errorf("--epoch-time must be at least 4 seconds, got %d", epochTime)
+	case c.Int("drop-trainer-at") < 0 || (c.Int("drop-trainer-at") > 0 && n < 2):
+		return fmt.Errorf("--drop-trainer-at must be 0, or a step with at least 2 trainers (the others go on), got %d with %d", c.Int("drop-trainer-at"), n)
+	case c.Int("drop-trainer-at") > 0 && c.Bool("solana") && c.Bool("virtual-time"):
+		// Seen stalled: the virtual clock never moved again after the stop
+		// (the others' work on the stopped trainer's round kept it busy).
+		return fmt.Errorf("--drop-trainer-at does not work with --solana --virtual-time yet (the run's virtual clock stalls); drop one of them")
 	case c.Int("batch") < 1 || c.Int("batch")*n > 65535:
 		return fmt.Errorf("--batch must be between 1 and %d for %d trainers, got %d", 65535/n, n, c.Int("batch"))
 	}
@@ -269,6 +289,7 @@ type localBackend struct {
 	where    string
 	nodeOpts []node.Option
 	clock    *quietclock.Clock // nil: the wall clock
+	server   *server.Server    // the embedded server (nil on Solana)
 	up       chan error        // the backend's result once runCtx ends
 	close    func()            // stops the validator, if any
 }
@@ -323,6 +344,7 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 			return nil, err
 		}
 		go func() { lb.up <- srv.Serve(runCtx, l) }()
+		lb.server = srv
 		lb.backend, lb.where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
 	}
 	if lb.clock != nil {
@@ -335,7 +357,7 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 // passed epochs epochs or finished, ctx ends (an interrupt), or a trainer
 // fails. It returns the last state and the rounds' timing.
 func followLocalRun(ctx, runCtx context.Context, out io.Writer, b chain.Backend, runID string, epochs int,
-	trainers []*localTrainer, errs <-chan error) (*coordinator.Coordinator, *roundClock, error) {
+	trainers []*localTrainer, errs <-chan error, onStep func(*coordinator.Coordinator)) (*coordinator.Coordinator, *roundClock, error) {
 	snaps, err := b.Subscribe(runCtx, runID)
 	if err != nil {
 		return nil, nil, err
@@ -360,6 +382,7 @@ func followLocalRun(ctx, runCtx context.Context, out io.Writer, b chain.Backend,
 				lastStep = s.State.Progress.Step
 				rounds.start(s.State.Progress.Epoch, trainers)
 				printLocalProgress(out, s.State, trainers, time.Since(start))
+				onStep(s.State)
 			}
 			if int(s.State.Progress.Epoch) >= epochs || s.State.RunState == coordinator.Finished {
 				return last, rounds, nil
@@ -451,7 +474,7 @@ func (t *localTrainer) progress() node.Progress {
 	return t.prog
 }
 
-func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, m coordinator.Model, files localFiles, tune func(*coordinator.Model)) error {
+func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, m coordinator.Model, files localFiles, tune func(*coordinator.Config, *coordinator.Model)) error {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
 		return err
@@ -460,7 +483,7 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: uint64(min(30, epochTime-1)), RoundWitnessTime: 1,
 		EpochTime: uint64(epochTime), WaitingForMembersExtraTime: 1, TotalSteps: 100_000,
 		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(n), MinClients: uint16(max(1, n-1))}
-	tune(&m)
+	tune(&cfg, &m)
 	// The trainers draw the model from the seed and check it against its
 	// hash, as in a run file with url = "seed:N".
 	m.Checkpoint.Kind = coordinator.CheckpointHub
@@ -639,4 +662,92 @@ func archName(a coordinator.Architecture) string {
 		return "Llama"
 	}
 	return fmt.Sprintf("architecture %d", a)
+}
+
+// dropLast runs the last trainer until the run reaches step at (0: to the
+// end), then stops it as a machine that fails would stop: its node and its
+// libp2p host end, and the others' witnesses report it missing. Its result
+// goes to errs only once runCtx ends, so the run goes on without it. The
+// returned function is called at each new step.
+func dropLast(runCtx context.Context, out io.Writer, t *localTrainer, at int, errs chan<- error) func(*coordinator.Coordinator) {
+	ctx, stop := context.WithCancel(runCtx)
+	go func() {
+		err := t.node.Run(ctx)
+		if ctx.Err() != nil && runCtx.Err() == nil {
+			<-runCtx.Done() // stopped on purpose: not a failure of the run
+			err = nil
+		}
+		errs <- err // as for every other trainer, if it stopped by itself
+	}()
+	var once sync.Once
+	return func(s *coordinator.Coordinator) {
+		if at <= 0 || s.Progress.Step < uint32(at) {
+			return
+		}
+		once.Do(func() {
+			fmt.Fprintf(out, "localnet: stopping trainer %s at step %d (--drop-trainer-at)\n", t.node.ID().Signer.String(), s.Progress.Step)
+			stop()
+			_ = t.net.Close()
+		})
+	}
+}
+
+// startLocalExplorer serves the run explorer for the run on addr (none if
+// addr is empty) until ctx ends, and prints its address. It measures the
+// held-out loss of the initial model and of every checkpoint the run
+// records (they are files here) for the loss curve.
+func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *slog.Logger, lb *localBackend, runID string, files localFiles) error {
+	if addr == "" {
+		return nil
+	}
+	opts := []explorer.Option{explorer.WithLogger(log), explorer.WithRefresh(time.Second)}
+	if lb.clock != nil {
+		opts = append(opts, explorer.WithClock(lb.clock.Now))
+	}
+	ex, err := explorer.New(opts...)
+	if err != nil {
+		return err
+	}
+	src := explorer.FixedRuns(lb.backend, runID)
+	if lb.server != nil {
+		src = serverSource(lb.server)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--explorer-addr: %w", err)
+	}
+	if before, err := heldOutLoss(files.initial, files.heldOut); err == nil {
+		ex.RecordHeldOut(runID, 0, 0, float64(before))
+	}
+	snaps, err := lb.backend.Subscribe(ctx, runID)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "localnet: explorer http://%s/#/run/%s\n", l.Addr(), runID)
+	go func() { _ = serveExplorer(ctx, l, ex, src, log) }()
+	go measureCheckpoints(snaps, ex, runID, files.heldOut, log)
+	return nil
+}
+
+// measureCheckpoints records the held-out loss of each checkpoint the run
+// records (a file:// URL in a cooldown), at the step it was recorded.
+func measureCheckpoints(snaps <-chan chain.Snapshot, ex *explorer.Explorer, runID string, heldOut []uint32, log *slog.Logger) {
+	last := ""
+	for s := range snaps {
+		url := coordinator.FixedString(s.State.Model.Checkpoint.Source.URL[:])
+		path, ok := strings.CutPrefix(url, "file://")
+		if !s.State.Epoch.Checkpointed || !ok || url == last {
+			continue
+		}
+		last = url
+		m, err := runmodel.Load(context.Background(), path, nil)
+		if err == nil {
+			var loss float32
+			if loss, err = heldOutLoss(m, heldOut); err == nil {
+				ex.RecordHeldOut(runID, s.State.Progress.Step, s.State.Progress.Epoch, float64(loss))
+				continue
+			}
+		}
+		log.Warn("measuring a checkpoint's held-out loss", "checkpoint", url, "err", err)
+	}
 }

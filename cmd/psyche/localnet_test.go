@@ -124,7 +124,8 @@ func tail(s string, n int) string {
 }
 
 func TestLocalnetRejectsBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"--trainers", "0"}, {"--trainers", "300"}, {"--epochs", "0"}, {"--epoch-time", "2"}} {
+	for _, args := range [][]string{{"--trainers", "0"}, {"--trainers", "300"}, {"--epochs", "0"}, {"--epoch-time", "2"},
+		{"--trainers", "1", "--drop-trainer-at", "3"}, {"--drop-trainer-at", "-1"}} {
 		var out, errb bytes.Buffer
 		if code := run(append([]string{"psyche", "localnet"}, args...), &out, &errb); code == 0 {
 			t.Errorf("%v: exit 0", args)
@@ -146,5 +147,15 @@ func TestEnvironmentSetsFlags(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "PSYCHE_NO_SUCH_FLAG") {
 		t.Errorf("unknown variable not warned about: %q", errb.String())
+	}
+}
+
+func TestExplorerCommandNeedsRunIDsOnSolana(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"psyche", "explorer", "--rpc", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"}, &out, &errb); code == 0 {
+		t.Fatal("explorer --rpc without --run-id started")
+	}
+	if !strings.Contains(errb.String(), "--rpc needs --run-id") {
+		t.Errorf("unclear error %q", errb.String())
 	}
 }

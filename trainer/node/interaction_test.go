@@ -188,7 +188,7 @@ func (h *harness) run(line string) string {
 		if err != nil {
 			loss = 2.5
 		}
-		return h.ready(h.m.trainedResult(h.announcement(h.me, w.Step, w.Batch), h.frame(h.me, w.Step), float32(loss)))
+		return h.ready(h.m.trainedResult(h.announcement(h.me, w.Step, w.Batch), h.frame(h.me, w.Step), trainStats{loss: float32(loss)}))
 	case "announce":
 		who := kv["who"]
 		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))

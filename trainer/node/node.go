@@ -435,11 +435,11 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 		}
 	}
 	if rd.Train != nil {
-		ann, frame, loss, err := n.train(ctx, rd.Train)
+		ann, frame, st, err := n.train(ctx, rd.Train)
 		if err != nil {
 			return nil, false, err
 		}
-		next = append(next, n.m.trainedResult(ann, frame, loss))
+		next = append(next, n.m.trainedResult(ann, frame, st))
 	}
 	for _, ix := range rd.Send {
 		n.send(ctx, ix)

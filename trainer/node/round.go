@@ -136,7 +136,7 @@ func (n *Node) checkpointWait(s *coordinator.Coordinator) time.Duration {
 }
 
 // train runs this node's batch, steps the optimizer and publishes the result.
-func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *distro.Frame, float32, error) {
+func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *distro.Frame, trainStats, error) {
 	seqLen := runmodel.ConfigOf(n.model).Context()
 	count := int(w.Batch.End - w.Batch.Start)
 	in, tg := make([]uint32, 0, count*seqLen), make([]uint32, 0, count*seqLen)
@@ -144,7 +144,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	for idx := w.Batch.Start; idx < w.Batch.End; idx++ {
 		seq, err := n.data.Sequence(ctx, idx, buf)
 		if err != nil {
-			return p2p.Announcement{}, nil, 0, fmt.Errorf("node: data index %d: %w", idx, err)
+			return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: data index %d: %w", idx, err)
 		}
 		in = append(in, seq[:seqLen]...)
 		tg = append(tg, seq[1:seqLen+1]...)
@@ -152,19 +152,19 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	start := time.Now()
 	loss, err := n.model.Forward(in, tg, count, seqLen)
 	if err != nil {
-		return p2p.Announcement{}, nil, 0, err
+		return p2p.Announcement{}, nil, trainStats{}, err
 	}
 	n.model.ZeroGrad()
 	if err := n.model.Backward(); err != nil {
-		return p2p.Announcement{}, nil, 0, err
+		return p2p.Announcement{}, nil, trainStats{}, err
 	}
 	frame, err := n.opt.Step(n.model.GradTensors(), w.LR)
 	if err != nil {
-		return p2p.Announcement{}, nil, 0, fmt.Errorf("node: step %d: %w", w.Step, err)
+		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: step %d: %w", w.Step, err)
 	}
 	payload, err := frame.MarshalBinary()
 	if err != nil {
-		return p2p.Announcement{}, nil, 0, err
+		return p2p.Announcement{}, nil, trainStats{}, err
 	}
 	n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) // publishing is networking
 	if n.cfg.corrupt != nil {
@@ -177,7 +177,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 		ann, err = n.net.Publish(ctx, w.Step, w.Batch, payload)
 	}
 	if err != nil {
-		return p2p.Announcement{}, nil, 0, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
+		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
 	}
 	n.cfg.metrics.Loss.Set(float64(loss))
 	n.cfg.metrics.Steps.Inc()
@@ -185,7 +185,10 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	n.cfg.metrics.SentBytes.Add(float64(len(payload)))
 	n.cfg.log.Info("trained", "step", w.Step, "batch", fmt.Sprintf("[%d,%d)", w.Batch.Start, w.Batch.End), "loss", loss,
 		"bytes", len(payload), "took", time.Since(start).Round(time.Millisecond))
-	return ann, frame, loss, nil
+	// The rates cover training and publishing: what the batch cost this
+	// trainer, reported in its witness metadata.
+	secs := float32(max(time.Since(start).Seconds(), 1e-3))
+	return ann, frame, trainStats{loss: loss, tokensPerSec: float32(count*seqLen) / secs, bytesPerSec: float32(len(payload)) / secs}, nil
 }
 
 // apply applies a round's consensus results.

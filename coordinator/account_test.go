@@ -191,3 +191,18 @@ func sampleStates(t testing.TB) []*Coordinator {
 	}
 	return out
 }
+
+// TestREADMEAccountSize keeps the README's figure for the account size in
+// step with the layout: an account created at a wrong size is refused with
+// WrongSize, so a stale figure misleads whoever creates one by hand.
+func TestREADMEAccountSize(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := fmt.Sprint(AccountSize)
+	want := "The account is " + n[:len(n)-3] + "," + n[len(n)-3:] + " bytes"
+	if !strings.Contains(string(readme), want) {
+		t.Fatalf("README.md does not say %q", want)
+	}
+}

@@ -311,6 +311,11 @@ func (c *cursor) model(m *Model) {
 	c.u32("d_model", &m.DModel)
 	c.u32("n_layers", &m.NLayers)
 	c.u32("n_heads", &m.NHeads)
+	c.u32("n_kv_heads", &m.NKVHeads)
+	c.u32("intermediate_size", &m.IntermediateSize)
+	c.f32("rope_theta", &m.RopeTheta)
+	c.boolean("tied_head", &m.TiedHead)
+	c.pad(3)
 	c.nest("checkpoint", func() {
 		c.u8("kind", (*uint8)(&m.Checkpoint.Kind))
 		c.pad(7)

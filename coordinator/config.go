@@ -130,12 +130,21 @@ func (m *Model) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidModel}, args...)...))
 		}
 	}
-	rule(m.Architecture == ArchGPT, "architecture %d is unknown (1 = GPT)", m.Architecture)
+	rule(m.Architecture == ArchGPT || m.Architecture == ArchLlama, "architecture %d is unknown (1 = GPT, 2 = Llama)", m.Architecture)
 	rule(m.MaxSeqLen > 0, "max_seq_len must be greater than 0")
 	rule(m.VocabSize > 0, "vocab_size must be greater than 0")
 	rule(m.DModel > 0, "d_model must be greater than 0")
 	rule(m.NLayers > 0, "n_layers must be greater than 0")
 	rule(m.NHeads > 0 && m.DModel%max(m.NHeads, 1) == 0, "n_heads (%d) must be positive and divide d_model (%d)", m.NHeads, m.DModel)
+	if m.Architecture == ArchLlama {
+		rule(m.NKVHeads > 0 && m.NHeads%max(m.NKVHeads, 1) == 0, "n_kv_heads (%d) must be positive and divide n_heads (%d)", m.NKVHeads, m.NHeads)
+		rule(m.NHeads == 0 || (m.DModel/max(m.NHeads, 1))%2 == 0, "the head size d_model/n_heads must be even (rotary embeddings turn pairs)")
+		rule(m.IntermediateSize > 0, "intermediate_size must be greater than 0")
+		rule(math.Float32bits(m.RopeTheta) > 0x3f800000 && math.Float32bits(m.RopeTheta) < 0x7f800000, "rope_theta must be finite and greater than 1")
+	} else {
+		rule(m.NKVHeads == 0 && m.IntermediateSize == 0 && math.Float32bits(m.RopeTheta) == 0 && !m.TiedHead,
+			"n_kv_heads, intermediate_size, rope_theta and tied_head must be zero for GPT (they are Llama fields)")
+	}
 	switch m.Checkpoint.Kind {
 	case CheckpointHub, CheckpointP2P:
 		rule(FixedString(m.Checkpoint.Source.URL[:]) != "", "checkpoint URL must not be empty")

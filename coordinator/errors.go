@@ -52,6 +52,7 @@ var (
 	ErrAlreadyPaused = newError(6023, "AlreadyPaused", "run is already paused or pausing")
 	ErrNotPaused     = newError(6024, "NotPaused", "run is not paused")
 	ErrNotHalted     = newError(6025, "NotHalted", "config, model and progress may change only while the run is halted")
+	ErrNothingDue    = newError(6026, "NothingDue", "nothing is due: no timeout has passed and no condition is met")
 
 	// Configuration.
 	ErrInvalidConfig   = newError(6030, "InvalidConfig", "invalid config")
@@ -77,6 +78,10 @@ var (
 	ErrNotCheckpointer     = newError(6070, "NotCheckpointer", "sender is not an elected checkpointer of this epoch")
 	ErrAlreadyCheckpointed = newError(6071, "AlreadyCheckpointed", "a checkpoint was already recorded for this epoch")
 	ErrInvalidCheckpoint   = newError(6072, "InvalidCheckpoint", "checkpoint source needs a URL")
+
+	// Accounts of the on-chain program (the program's entrypoint returns
+	// them; the state machine itself never does).
+	ErrInstanceNotFunded = newError(6080, "InstanceNotFunded", "the instance account holds no lamports: fund it with the rent-exempt minimum for its 80 bytes in the init transaction")
 )
 
 // Errors returns every coordinator error, in code order.

@@ -138,11 +138,6 @@ func runProgram(t *testing.T, prog []byte) (visited [numRunStates]bool) {
 			}
 			ix = &RecordCheckpoint{Source: src}
 		case 10:
-			if arg%3 == 0 {
-				s.DropClient(client(arg).Signer)
-				checkInvariants(t, s, pc%32 == 0)
-				continue
-			}
 			ctx.Sender = admin
 			ix = &Update{Progress: &Progress{Step: uint32(arg % 16), Epoch: s.Progress.Epoch}}
 			rewritesProgress = true

@@ -229,14 +229,14 @@ func (h *harness) run(t testing.TB, line string) string {
 	}
 	switch cmd {
 	case "init":
-		// init run=ID [authority=NAME] [join-authority=NAME]
+		// init run=ID [authority=NAME] [join-authority=NAME] [from=NAME]
 		ix := &InitCoordinator{MainAuthority: h.key(a.get("authority", "admin"))}
 		ix.RunID, _ = ParseRunID(a.get("run", "test"))
 		copy(ix.RunID[:], a.get("raw-run", ""))
 		if ja := a.get("join-authority", ""); ja != "" {
 			ix.JoinAuthority = h.key(ja)
 		}
-		say("", apply("admin", ix))
+		say("", apply(a.get("from", "admin"), ix))
 	case "config":
 		// config [from=NAME] [field=value ...]: update config (and the tiny model if unset)
 		k := tinyConfig()
@@ -278,6 +278,9 @@ func (h *harness) run(t testing.TB, line string) string {
 		for h.now < until {
 			h.now++
 			changed, err := h.c.Tick(h.now, h.now)
+			if errors.Is(err, ErrNothingDue) {
+				continue // what a backend's ticker does: not yet
+			}
 			if err != nil {
 				fmt.Fprintf(&out, "t=%d: %s\n", h.now, result(err))
 				break
@@ -324,10 +327,6 @@ func (h *harness) run(t testing.TB, line string) string {
 		}
 	case "free":
 		say("", apply(a.get("from", "admin"), &FreeCoordinator{}))
-	case "drop":
-		for _, n := range a.pos {
-			fmt.Fprintf(&out, "%s: changed=%v\n", n, h.c.DropClient(h.key(n)))
-		}
 	case "clients":
 		return h.c.DescribeClients(h.name)
 	case "assign":

@@ -33,7 +33,7 @@ func (s *Coordinator) Apply(ctx Context, ix Instruction) (Result, error) {
 	var err error
 	switch ix := ix.(type) {
 	case *InitCoordinator:
-		changed, err = s.initCoordinator(ix)
+		changed, err = s.initCoordinator(ctx, ix)
 	case *Update:
 		changed, err = s.update(ctx, ix)
 	case *SetPaused:
@@ -67,17 +67,21 @@ func (s *Coordinator) Apply(ctx Context, ix Instruction) (Result, error) {
 	return res, nil
 }
 
-// New returns a run created by init_coordinator.
+// New returns a run created by init_coordinator, signed by its main
+// authority.
 func New(ix InitCoordinator) (*Coordinator, error) {
 	s := new(Coordinator)
-	if _, err := s.initCoordinator(&ix); err != nil {
+	if _, err := s.initCoordinator(Context{Sender: ix.MainAuthority}, &ix); err != nil {
 		return nil, err
 	}
 	s.Nonce = 1
 	return s, nil
 }
 
-func (s *Coordinator) initCoordinator(ix *InitCoordinator) (bool, error) {
+// initCoordinator creates the run. The main authority must be the sender:
+// otherwise anyone could create a run in someone else's name (and, on chain,
+// spend the rent of an account that the named authority alone can free).
+func (s *Coordinator) initCoordinator(ctx Context, ix *InitCoordinator) (bool, error) {
 	if !s.MainAuthority.IsZero() {
 		return false, ErrAlreadyInitialized
 	}
@@ -86,6 +90,9 @@ func (s *Coordinator) initCoordinator(ix *InitCoordinator) (bool, error) {
 	}
 	if ix.MainAuthority.IsZero() {
 		return false, ErrInvalidAuthority
+	}
+	if ctx.Sender != ix.MainAuthority {
+		return false, ErrUnauthorized
 	}
 	*s = Coordinator{RunID: ix.RunID, MainAuthority: ix.MainAuthority, JoinAuthority: ix.JoinAuthority}
 	return true, nil
@@ -104,8 +111,14 @@ func (s *Coordinator) setState(st RunState, now uint64) {
 }
 
 // Tick advances the run if a timeout has passed or a condition has been met,
-// and reports whether anything changed (bumping the nonce if so). It does not
-// allocate.
+// bumping the nonce, and reports true. When nothing is due it returns
+// ErrNothingDue and leaves the state alone, like every other refused
+// instruction: on chain a tick that would change nothing then fails in the
+// preflight simulation and costs its sender no fee (anyone may tick, and
+// every trainer ticks when its copy of the run says a transition is due, so
+// all but the first of those ticks find nothing to do), and no transaction
+// lands that did nothing. Backends that tick on a timer treat ErrNothingDue
+// as "not yet". It does not allocate.
 func (s *Coordinator) Tick(now, seed uint64) (bool, error) {
 	changed := false
 	switch s.RunState {
@@ -135,10 +148,11 @@ func (s *Coordinator) Tick(now, seed uint64) (bool, error) {
 			changed = true
 		}
 	}
-	if changed {
-		s.Nonce++
+	if !changed {
+		return false, ErrNothingDue
 	}
-	return changed, nil
+	s.Nonce++
+	return true, nil
 }
 
 // startWarmup begins an epoch with the pending joiners.
@@ -580,30 +594,6 @@ func (s *Coordinator) free(ctx Context) error {
 		return ErrNotHalted
 	}
 	return nil
-}
-
-// DropClient is how the server backend reports a client that disconnected:
-// it leaves the pending list, and an epoch member becomes Dropped (it exits at
-// the next round boundary). It is not an on-chain instruction: on chain,
-// absent clients are found by health checks.
-func (s *Coordinator) DropClient(signer Pubkey) bool {
-	changed := false
-	if i, ok := s.PendingIndex(signer); ok {
-		copy(s.Pending[i:], s.Pending[i+1:s.PendingLen])
-		s.PendingLen--
-		s.Pending[s.PendingLen] = ClientID{}
-		changed = true
-	}
-	if i, ok := s.ClientIndex(signer); ok && s.Epoch.Clients[i].State == Healthy && !s.RunState.Halted() &&
-		s.RunState != WaitingForMembers {
-		s.Epoch.Clients[i].State = Dropped
-		s.Epoch.Clients[i].ExitedHeight = s.CurrentRound().Height
-		changed = true
-	}
-	if changed {
-		s.Nonce++
-	}
-	return changed
 }
 
 // ParticipantMember is the element a witness adds to its participant bloom

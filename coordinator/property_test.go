@@ -368,6 +368,15 @@ func TestModelRules(t *testing.T) {
 		{"topk", func(m *Model) { m.Optimizer.CompressionTopK = 65 }, "compression_topk"},
 		{"aggregation", func(m *Model) { m.Optimizer.Aggregation = numAggregations }, "aggregation 3 is unknown"},
 		{"adamw", func(m *Model) { m.Optimizer.Kind = OptimizerAdamW; m.Optimizer.Beta1 = 0.9; m.Optimizer.Beta2 = 0.95 }, "epsilon"},
+		{"gpt kv heads", func(m *Model) { m.NKVHeads = 4 }, "Llama fields"},
+		{"gpt tied", func(m *Model) { m.TiedHead = true }, "Llama fields"},
+		{"llama kv heads", func(m *Model) { *m = tinyLlama(); m.NKVHeads = 3 }, "n_kv_heads (3)"},
+		{"llama no kv heads", func(m *Model) { *m = tinyLlama(); m.NKVHeads = 0 }, "n_kv_heads (0)"},
+		{"llama odd head", func(m *Model) { *m = tinyLlama(); m.DModel, m.NHeads, m.NKVHeads = 36, 4, 2 }, "must be even"},
+		{"llama intermediate", func(m *Model) { *m = tinyLlama(); m.IntermediateSize = 0 }, "intermediate_size"},
+		{"llama theta 1", func(m *Model) { *m = tinyLlama(); m.RopeTheta = 1 }, "rope_theta"},
+		{"llama theta nan", func(m *Model) { *m = tinyLlama(); m.RopeTheta = nan }, "rope_theta"},
+		{"llama theta inf", func(m *Model) { *m = tinyLlama(); m.RopeTheta = float32(math.Inf(1)) }, "rope_theta"},
 	} {
 		m := base
 		tc.edit(&m)
@@ -376,6 +385,22 @@ func TestModelRules(t *testing.T) {
 			t.Errorf("%s: got %v, want a violation of %q", tc.name, err, tc.rule)
 		}
 	}
+	for _, tied := range []bool{false, true} {
+		m := tinyLlama()
+		m.TiedHead = tied
+		if err := m.Validate(); err != nil {
+			t.Errorf("tied=%v: %v", tied, err)
+		}
+	}
+}
+
+// tinyLlama is tinyModel with the Llama architecture: grouped-query
+// attention (4 query heads over 2 key/value heads).
+func tinyLlama() Model {
+	m := tinyModel()
+	m.Architecture = ArchLlama
+	m.NKVHeads, m.IntermediateSize, m.RopeTheta = 2, 96, 10000
+	return m
 }
 
 func TestCommitteeRejectsVerifiers(t *testing.T) {

@@ -62,7 +62,7 @@ type ClientState uint8
 
 const (
 	Healthy   ClientState = iota
-	Dropped               // failed a health check (or disconnected from the server backend)
+	Dropped               // failed a health check
 	Withdrawn             // removed because the epoch or warmup was abandoned
 	Ejected               // reserved for verifier disputes
 	numClientStates
@@ -105,11 +105,13 @@ type WitnessProof struct {
 }
 
 // WitnessMetadata is what a witness reports about its own training step.
+// The coordinator checks only Step; the rest is for people (the run
+// explorer draws the loss curve and the run's rates from it).
 type WitnessMetadata struct {
 	Step            uint32
-	TokensPerSec    float32
-	BandwidthPerSec float32
-	Loss            float32
+	TokensPerSec    float32 // tokens of the witness's batch over the seconds it took to train and publish it
+	BandwidthPerSec float32 // result bytes it published for the batch over those seconds
+	Loss            float32 // training loss of its batch
 }
 
 // Bloom is a witness bloom filter: 2560 bits as 40 little-endian words, bit i
@@ -236,10 +238,22 @@ type Checkpoint struct {
 type Architecture uint8
 
 const (
-	ArchNone Architecture = iota
-	ArchGPT               // GPT-style decoder (DESIGN.md §8)
+	ArchNone  Architecture = iota
+	ArchGPT                // GPT-style decoder (DESIGN.md §8)
+	ArchLlama              // Llama-family decoder (trainer/llama): RMSNorm, RoPE, GQA, SwiGLU
 	numArchitectures
 )
+
+// The names are the IDL's enum variants (programs/coordinator derives them
+// from String), so an IDL client decodes the byte as a named value.
+var architectureNames = [numArchitectures]string{"None", "GPT", "Llama"}
+
+func (a Architecture) String() string {
+	if a < numArchitectures {
+		return architectureNames[a]
+	}
+	return "Architecture(?)"
+}
 
 // DataKind is the kind of training data location.
 type DataKind uint8
@@ -250,6 +264,15 @@ const (
 	DataHTTP           // a token file served over http(s) with range requests
 	numDataKinds
 )
+
+var dataKindNames = [...]string{"None", "Local", "HTTP"}
+
+func (k DataKind) String() string {
+	if k < numDataKinds {
+		return dataKindNames[k]
+	}
+	return "DataKind(?)"
+}
 
 // LRScheduleKind is the learning-rate schedule.
 type LRScheduleKind uint8
@@ -262,6 +285,15 @@ const (
 	LRWarmupStableDecay
 	numLRSchedules
 )
+
+var lrScheduleNames = [...]string{"None", "Constant", "Linear", "Cosine", "WarmupStableDecay"}
+
+func (k LRScheduleKind) String() string {
+	if k < numLRSchedules {
+		return lrScheduleNames[k]
+	}
+	return "LRScheduleKind(?)"
+}
 
 // LRSchedule is a learning-rate schedule over optimizer steps.
 type LRSchedule struct {
@@ -283,6 +315,15 @@ const (
 	OptimizerDistro
 	numOptimizers
 )
+
+var optimizerNames = [...]string{"None", "AdamW", "Distro"}
+
+func (k OptimizerKind) String() string {
+	if k < numOptimizers {
+		return optimizerNames[k]
+	}
+	return "OptimizerKind(?)"
+}
 
 // Aggregation is how trainers combine the DisTrO results of a round before
 // applying them. It is consensus (every trainer must apply the same rule, or
@@ -347,10 +388,18 @@ type Model struct {
 	DModel       uint32
 	NLayers      uint32
 	NHeads       uint32
-	Checkpoint   Checkpoint
-	DataLocation [URLLen]byte
-	LR           LRSchedule
-	Optimizer    Optimizer
+	// Llama only (zero for GPT): key/value heads (dividing NHeads), the
+	// MLP's hidden size, the rotary base θ, and whether the output head is
+	// the embedding matrix.
+	NKVHeads         uint32
+	IntermediateSize uint32
+	RopeTheta        float32
+	TiedHead         bool
+	_                [3]byte
+	Checkpoint       Checkpoint
+	DataLocation     [URLLen]byte
+	LR               LRSchedule
+	Optimizer        Optimizer
 }
 
 // Progress is where the run stands; it may be rewritten while halted.

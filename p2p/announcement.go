@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -190,10 +191,33 @@ func (a *Announcement) Verify() error {
 	if err := a.Check(); err != nil {
 		return err
 	}
+	return a.verifySignature()
+}
+
+func (a *Announcement) verifySignature() error {
 	if !ed25519.Verify(a.Trainer.P2P[:], signingMessage(a.signedBytes()), a.Signature[:]) {
 		return ErrBadSignature
 	}
 	return nil
+}
+
+// SignUnchecked signs a with key without the structural checks of Sign and
+// returns its encoding: what a misbehaving trainer can send, for tests and
+// the adversary build. Honest code signs with Sign.
+func (a *Announcement) SignUnchecked(key ed25519.PrivateKey) []byte {
+	copy(a.Trainer.P2P[:], key.Public().(ed25519.PublicKey))
+	copy(a.Signature[:], ed25519.Sign(key, signingMessage(a.signedBytes())))
+	return append(a.signedBytes(), a.Signature[:]...)
+}
+
+// SignedMalformed reports whether a, refused by Verify as malformed, still
+// carries its trainer's signature. Such an announcement is nobody's forgery:
+// its trainer signed a result no honest node publishes (a block listed
+// twice, a block count that does not fit its size), so a node takes it as
+// the trainer's refused result for its batch (instead of waiting for a
+// result that will never come), while nobody relays it.
+func (a *Announcement) SignedMalformed() bool {
+	return errors.Is(a.Check(), ErrMalformed) && a.verifySignature() == nil
 }
 
 // MarshalBinary encodes a in version 1. It does not sign.
@@ -207,6 +231,33 @@ func (a *Announcement) MarshalBinary() ([]byte, error) {
 // DecodeAnnouncement parses bytes from the network. It checks structure
 // (version, lengths, block count against size) but not the signature.
 func DecodeAnnouncement(b []byte) (Announcement, error) {
+	a, err := parseAnnouncement(b)
+	if err != nil {
+		return Announcement{}, err
+	}
+	if err := a.Check(); err != nil {
+		return Announcement{}, err
+	}
+	return a, nil
+}
+
+// DecodeMalformed parses bytes that DecodeAnnouncement refused as
+// malformed (Check) and returns the announcement if its trainer signed it
+// (see SignedMalformed); anything else is an error.
+func DecodeMalformed(b []byte) (Announcement, error) {
+	a, err := parseAnnouncement(b)
+	if err != nil {
+		return Announcement{}, err
+	}
+	if !a.SignedMalformed() {
+		return Announcement{}, fmt.Errorf("%w: not a signed malformed announcement", ErrMalformed)
+	}
+	return a, nil
+}
+
+// parseAnnouncement reads the fields of an encoded announcement, with the
+// limits that bound what it allocates, but not its structural rules.
+func parseAnnouncement(b []byte) (Announcement, error) {
 	var a Announcement
 	if len(b) > MaxAnnouncementSize {
 		return a, fmt.Errorf("%w: announcement of %d bytes", ErrOversize, len(b))
@@ -240,9 +291,6 @@ func DecodeAnnouncement(b []byte) (Announcement, error) {
 	a.Nonce = r.u64()
 	copy(a.Signature[:], r.bytes(ed25519.SignatureSize))
 	if err := r.done(); err != nil {
-		return Announcement{}, err
-	}
-	if err := a.Check(); err != nil {
 		return Announcement{}, err
 	}
 	return a, nil

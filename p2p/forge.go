@@ -2,10 +2,7 @@
 
 package p2p
 
-import (
-	"context"
-	"crypto/ed25519"
-)
+import "context"
 
 // What the adversary build adds to the contract: announcements that honest
 // nodes must refuse, which the checked encoder cannot produce. The default
@@ -17,12 +14,4 @@ type Forger interface {
 	// Forge stores payload's first block, and signs and gossips an
 	// announcement of step and batch whose blob reference is ref, unchecked.
 	Forge(ctx context.Context, step uint32, batch BatchRange, payload []byte, ref BlobRef) (Announcement, error)
-}
-
-// SignUnchecked signs a with key without the structural checks of Sign and
-// returns its encoding.
-func (a *Announcement) SignUnchecked(key ed25519.PrivateKey) []byte {
-	copy(a.Trainer.P2P[:], key.Public().(ed25519.PublicKey))
-	copy(a.Signature[:], ed25519.Sign(key, signingMessage(a.signedBytes())))
-	return append(a.signedBytes(), a.Signature[:]...)
 }

@@ -307,3 +307,48 @@ func TestAnnouncementBounds(t *testing.T) {
 		}
 	}
 }
+
+// A malformed announcement its trainer signed is evidence (its result for
+// the batch is refused); one that is unsigned, signed by another key, cut
+// short or well formed is not.
+func TestSignedMalformedIsEvidence(t *testing.T) {
+	key := testKey("wire")
+	encode := func(a Announcement, signer ed25519.PrivateKey) []byte {
+		copy(a.Trainer.P2P[:], key.Public().(ed25519.PublicKey))
+		copy(a.Signature[:], ed25519.Sign(signer, signingMessage(a.signedBytes())))
+		return append(a.signedBytes(), a.Signature[:]...)
+	}
+	honest := sampleAnnouncement(t)
+	repeated := honest
+	repeated.Blob.Blocks = []coordinator.Hash{honest.Blob.Blocks[0], honest.Blob.Blocks[0], honest.Blob.Blocks[0]}
+	miscounted := honest
+	miscounted.Blob.Size = 100 * BlockSize
+	good, err := honest.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		b        []byte
+		evidence bool
+	}{
+		{"a block listed three times, signed", encode(repeated, key), true},
+		{"a size its blocks cannot hold, signed", encode(miscounted, key), true},
+		{"a block listed three times, signed by another key", encode(repeated, testKey("other")), false},
+		{"cut short", encode(repeated, key)[:200], false},
+		{"well formed", good, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := DecodeAnnouncement(tc.b); err == nil && tc.evidence {
+				t.Fatal("DecodeAnnouncement accepted it")
+			}
+			a, err := DecodeMalformed(tc.b)
+			if tc.evidence != (err == nil) {
+				t.Fatalf("DecodeMalformed: %v, want evidence %v", err, tc.evidence)
+			}
+			if tc.evidence && (a.Step != honest.Step || a.Batch != honest.Batch || a.Trainer.P2P != honest.Trainer.P2P || !a.SignedMalformed()) {
+				t.Errorf("decoded %+v", a)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,8 +26,16 @@ type Client struct {
 	http *http.Client
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	lastSeq uint64
+	mu       sync.Mutex
+	lastSeq  uint64
+	bindings map[string]clientBinding // by run id
+}
+
+// clientBinding is a run's binding as last fetched, with the offset of the
+// server's clock from ours (nanoseconds) at the time.
+type clientBinding struct {
+	b      Binding
+	offset int64
 }
 
 var _ chain.Backend = (*Client)(nil)
@@ -36,69 +45,154 @@ func NewClient(base string, log *slog.Logger) *Client {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{}, log: log}
+	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{}, log: log, bindings: map[string]clientBinding{}}
 }
 
-// sequence returns a fresh, strictly increasing sequence number: the time in
-// nanoseconds, or one more than the last when the clock has not moved.
-func (c *Client) sequence() uint64 {
+// binding returns what requests for runID are signed for, fetching it when
+// it is not known or refresh is set (a request was refused as stale).
+func (c *Client) binding(ctx context.Context, runID string, refresh bool) (clientBinding, error) {
+	c.mu.Lock()
+	cb, ok := c.bindings[runID]
+	c.mu.Unlock()
+	if ok && !refresh {
+		return cb, nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs/"+runID+"/binding", nil)
+	if err != nil {
+		return cb, fmt.Errorf("server: %w", err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return cb, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode != http.StatusOK {
+		var f Failure
+		if err := dec.Decode(&f); err != nil {
+			return cb, fmt.Errorf("server: binding of run %q: HTTP %d", runID, resp.StatusCode)
+		}
+		return cb, f.asError()
+	}
+	var info BindingInfo
+	if err := dec.Decode(&info); err != nil {
+		return cb, fmt.Errorf("server: binding of run %q: %w", runID, err)
+	}
+	id, err := hex.DecodeString(info.Server)
+	if err != nil || len(id) != 32 {
+		return cb, fmt.Errorf("server: binding of run %q: bad server identity %q", runID, info.Server)
+	}
+	cb = clientBinding{b: Binding{Incarnation: info.Incarnation, Floor: info.Floor, Now: info.Now},
+		offset: int64(info.Now) - time.Now().UnixNano()}
+	copy(cb.b.Server[:], id)
+	c.setBinding(runID, cb)
+	return cb, nil
+}
+
+func (c *Client) setBinding(runID string, cb clientBinding) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	seq := max(uint64(time.Now().UnixNano()), c.lastSeq+1)
+	c.bindings[runID] = cb
+}
+
+// sequence returns a fresh, strictly increasing sequence number: the
+// server's time in nanoseconds (our clock corrected by the offset seen when
+// fetching the binding), above the run's floor, or one more than the last
+// when that has not moved.
+func (c *Client) sequence(cb clientBinding) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seq := max(uint64(time.Now().UnixNano()+cb.offset), c.lastSeq+1, cb.b.Floor+1)
 	c.lastSeq = seq
 	return seq
 }
 
-// Send implements chain.Backend.
+// Send implements chain.Backend. A request refused as stale (the run was
+// freed and created again, the server's identity changed, or our clock
+// drifted out of its window) or as a replay (a concurrent Send of ours with a
+// higher sequence arrived first, or the run's floor rose) was not applied:
+// it is signed again once, with a fresh sequence for a freshly fetched
+// binding.
 func (c *Client) Send(ctx context.Context, runID string, signer, coSigner chain.Signer, ix coordinator.Instruction) (chain.Receipt, error) {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
 		return chain.Receipt{}, err
 	}
-	var body []byte
-	if coSigner != nil {
-		body, err = EncodeRequest(id, c.sequence(), coordinator.EncodeInstruction(ix), signer, coSigner)
-	} else {
-		body, err = EncodeRequest(id, c.sequence(), coordinator.EncodeInstruction(ix), signer, nil)
+	data := coordinator.EncodeInstruction(ix)
+	for attempt := 0; ; attempt++ {
+		cb, err := c.binding(ctx, runID, attempt > 0)
+		if err != nil {
+			return chain.Receipt{}, err
+		}
+		var body []byte
+		if coSigner != nil {
+			body, err = EncodeRequest(cb.b, id, c.sequence(cb), data, signer, coSigner)
+		} else {
+			body, err = EncodeRequest(cb.b, id, c.sequence(cb), data, signer, nil)
+		}
+		if err != nil {
+			return chain.Receipt{}, err
+		}
+		r, err := c.post(ctx, body, ix)
+		if (errors.Is(err, ErrStale) || errors.Is(err, ErrReplay)) && attempt == 0 {
+			continue
+		}
+		if err != nil {
+			return chain.Receipt{}, err
+		}
+		switch ix.(type) {
+		case *coordinator.InitCoordinator:
+			cb.b.Incarnation = r.Incarnation
+			c.setBinding(runID, cb)
+		case *coordinator.FreeCoordinator:
+			c.mu.Lock()
+			delete(c.bindings, runID)
+			c.mu.Unlock()
+		}
+		return chain.Receipt{Changed: r.Changed, From: parseState(r.From), To: parseState(r.To), Nonce: r.Nonce}, nil
 	}
-	if err != nil {
-		return chain.Receipt{}, err
-	}
+}
+
+func (c *Client) post(ctx context.Context, body []byte, ix coordinator.Instruction) (*Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/instructions", bytes.NewReader(body))
 	if err != nil {
-		return chain.Receipt{}, fmt.Errorf("server: %w", err)
+		return nil, fmt.Errorf("server: %w", err)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return chain.Receipt{}, fmt.Errorf("server: sending %s: %w", ix.Name(), err)
+		return nil, fmt.Errorf("server: sending %s: %w", ix.Name(), err)
 	}
 	defer resp.Body.Close()
 	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
 		var f Failure
 		if err := dec.Decode(&f); err != nil {
-			return chain.Receipt{}, fmt.Errorf("server: %s: HTTP %d", ix.Name(), resp.StatusCode)
+			return nil, fmt.Errorf("server: %s: HTTP %d", ix.Name(), resp.StatusCode)
 		}
-		return chain.Receipt{}, f.asError()
+		return nil, f.asError()
 	}
 	var r Result
 	if err := dec.Decode(&r); err != nil {
-		return chain.Receipt{}, fmt.Errorf("server: decoding the reply to %s: %w", ix.Name(), err)
+		return nil, fmt.Errorf("server: decoding the reply to %s: %w", ix.Name(), err)
 	}
-	return chain.Receipt{Changed: r.Changed, From: parseState(r.From), To: parseState(r.To), Nonce: r.Nonce}, nil
+	return &r, nil
 }
 
 // asError turns a failure back into the error the server saw: coordinator
-// errors keep their identity, so errors.Is works across the network.
+// errors and the server's refusals keep their identity, so errors.Is works
+// across the network.
 func (f *Failure) asError() error {
 	if e := coordinator.ErrorFromCode(f.Code); e != nil {
 		return fmt.Errorf("%w (%s)", e, strings.TrimPrefix(f.Error, e.Error()+": "))
 	}
-	switch f.Name {
-	case "RunNotFound":
+	if f.Name == "RunNotFound" {
 		return fmt.Errorf("%w: %s", chain.ErrRunNotFound, f.Error)
-	case "Replay":
-		return ErrReplay
+	}
+	if r, ok := refusals[f.Name]; ok {
+		if detail := strings.TrimPrefix(f.Error, r.err.Error()); detail != f.Error {
+			return fmt.Errorf("%w%s", r.err, detail)
+		}
+		return fmt.Errorf("%w: %s", r.err, f.Error)
 	}
 	return errors.New(f.Error)
 }

@@ -11,6 +11,10 @@ type Metrics struct {
 	Transitions prometheus.Counter // state changes made by the server's ticks
 	Runs        prometheus.Gauge   // runs the server holds
 	Subscribers prometheus.Gauge   // open snapshot streams
+	// SlowSubscribers counts streams dropped because one event took
+	// longer than the slow-subscriber timeout to write.
+	SlowSubscribers prometheus.Counter
+	Quarantined     prometheus.Gauge // runs whose state file could not be trusted at start
 }
 
 // NewMetrics returns the server's metrics under psyche_server_*,
@@ -23,9 +27,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "State changes made by the server's ticks."}),
 		Runs:        prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "server", Name: "runs", Help: "Runs the server holds."}),
 		Subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "server", Name: "subscribers", Help: "Open snapshot streams."}),
+		SlowSubscribers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "server", Name: "slow_subscribers_dropped_total",
+			Help: "Snapshot streams dropped because their client stopped reading."}),
+		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "server", Name: "quarantined_runs",
+			Help: "Runs not served because their state file could not be trusted."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.Transitions, m.Runs, m.Subscribers)
+		reg.MustRegister(m.Requests, m.Transitions, m.Runs, m.Subscribers, m.SlowSubscribers, m.Quarantined)
 	}
 	return m
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,43 +17,72 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
 )
 
-// run is one coordinator and its replay table. Its mutex serializes
-// instructions and ticks, as a chain serializes transactions on an account.
+// run is one coordinator, its incarnation and its replay table. Its mutex
+// serializes instructions and ticks, as a chain serializes transactions on
+// an account.
 type run struct {
-	mu    sync.Mutex
-	state *coordinator.Coordinator
-	seqs  map[coordinator.Pubkey]uint64
-	subs  map[chan []byte]struct{} // each receives encoded accounts
+	mu          sync.Mutex
+	incarnation uint64
+	creator     coordinator.Pubkey // the main authority, fixed at init: counted against its quota
+	state       *coordinator.Coordinator
+	replay      replayTable
+	subs        map[*subscriber]struct{}
+	gone        bool // freed: requests that waited for mu find no run
 }
 
-func newRun(state *coordinator.Coordinator, seqs map[coordinator.Pubkey]uint64) *run {
-	return &run{state: state, seqs: seqs, subs: map[chan []byte]struct{}{}}
+func newRun(st *stored) *run {
+	if st.replay.seqs == nil {
+		st.replay.seqs = map[coordinator.Pubkey]uint64{}
+	}
+	return &run{incarnation: st.incarnation, creator: st.state.MainAuthority, state: st.state, replay: st.replay,
+		subs: map[*subscriber]struct{}{}}
 }
 
-// notify hands the current account to every subscriber, dropping the oldest
-// pending snapshot of a slow one (only the newest matters). Callers hold mu.
+// subscriber is one event stream: ch holds the newest encoded event it has
+// not written yet.
+type subscriber struct {
+	ch   chan []byte
+	addr string
+}
+
+// notify hands the current account to every subscriber, replacing the
+// pending snapshot of one that has not written the last one yet (only the
+// newest matters). The event is encoded once for all of them, so a change
+// costs the same whatever the number of streams. Callers hold mu.
 func (r *run) notify() {
-	acct := r.state.MarshalAccount()
-	for ch := range r.subs {
+	if len(r.subs) == 0 {
+		return
+	}
+	ev := encodeEvent(r.state)
+	for sub := range r.subs {
 		select {
-		case ch <- acct:
+		case sub.ch <- ev:
 		default:
 			select {
-			case <-ch:
+			case <-sub.ch:
 			default:
 			}
 			select {
-			case ch <- acct:
+			case sub.ch <- ev:
 			default:
 			}
 		}
 	}
+}
+
+func encodeEvent(st *coordinator.Coordinator) []byte {
+	acct := st.MarshalAccount()
+	ev := make([]byte, 0, 8+base64.StdEncoding.EncodedLen(len(acct)))
+	ev = append(ev, "data: "...)
+	ev = base64.StdEncoding.AppendEncode(ev, acct)
+	return append(ev, "\n\n"...)
 }
 
 type config struct {
@@ -63,10 +93,122 @@ type config struct {
 	now      func() time.Time
 	seed     func() uint64
 	metrics  *Metrics
+
+	window     time.Duration                   // requests are valid this long either side of the wall clock
+	anyCreator bool                            // any key may create runs (creators ignored)
+	creators   map[coordinator.Pubkey]struct{} // who may create runs otherwise
+	quota      int                             // live runs per main authority
+
+	maxSubs, maxSubsPerAddr int
+	slowWrite               time.Duration // an event write that takes longer drops the stream
+
+	readTimeout, writeTimeout, idleTimeout time.Duration
+
+	routes []func(*http.ServeMux) // more endpoints (WithRoutes)
+	page   http.Handler           // WithPage (explorer.go)
 }
 
 // Option configures a Server.
 type Option func(*config) error
+
+// Defaults (see the options that change them).
+const (
+	DefaultRequestWindow      = 5 * time.Minute
+	DefaultCreatorQuota       = 16
+	DefaultMaxSubscribers     = 1024
+	DefaultMaxSubscribersAddr = 64
+	DefaultSlowSubscriber     = 10 * time.Second
+	DefaultReadTimeout        = 30 * time.Second
+	DefaultWriteTimeout       = 30 * time.Second
+	DefaultIdleTimeout        = 2 * time.Minute
+)
+
+// WithCreators lets only these keys create runs (none: nobody may). Without
+// it or WithAnyCreator, any key may: the library's default suits an
+// embedded server that only its own process reaches (psyche localnet); the
+// psyche server command defaults to its operator's key.
+func WithCreators(keys ...coordinator.Pubkey) Option {
+	return func(c *config) error {
+		c.anyCreator = false
+		c.creators = make(map[coordinator.Pubkey]struct{}, len(keys))
+		for _, k := range keys {
+			c.creators[k] = struct{}{}
+		}
+		return nil
+	}
+}
+
+// WithAnyCreator lets any key create runs (each still within its quota).
+func WithAnyCreator() Option {
+	return func(c *config) error { c.anyCreator, c.creators = true, nil; return nil }
+}
+
+// WithCreatorQuota sets how many live runs one main authority may hold
+// (default DefaultCreatorQuota). Freeing a run gives its place back.
+func WithCreatorQuota(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("server: creator quota %d must be at least 1", n)
+		}
+		c.quota = n
+		return nil
+	}
+}
+
+// WithRequestWindow sets how far from the server's wall clock a request's
+// sequence (nanoseconds) may be (default DefaultRequestWindow): a request
+// older than that is refused as stale, so a captured one that was refused
+// cannot be replayed later.
+func WithRequestWindow(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("server: request window %v must be positive", d)
+		}
+		c.window = d
+		return nil
+	}
+}
+
+// WithSubscriberLimits caps the open event streams, in all and per remote
+// address (defaults DefaultMaxSubscribers, DefaultMaxSubscribersAddr); a
+// stream over either is refused with 429.
+func WithSubscriberLimits(total, perAddr int) Option {
+	return func(c *config) error {
+		if total < 1 || perAddr < 1 {
+			return fmt.Errorf("server: subscriber limits %d, %d must be at least 1", total, perAddr)
+		}
+		c.maxSubs, c.maxSubsPerAddr = total, perAddr
+		return nil
+	}
+}
+
+// WithSlowSubscriber sets how long writing one event to a stream may take
+// before the stream is dropped (default DefaultSlowSubscriber): a client
+// that stops reading fills its socket buffers and is then cut off instead
+// of holding memory and a goroutine forever.
+func WithSlowSubscriber(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("server: slow subscriber timeout %v must be positive", d)
+		}
+		c.slowWrite = d
+		return nil
+	}
+}
+
+// WithHTTPTimeouts sets the HTTP server's read, write and idle timeouts
+// (defaults DefaultReadTimeout, DefaultWriteTimeout, DefaultIdleTimeout).
+// Event streams are exempt from the read and write timeouts: they live as
+// long as their client reads, each event bounded by WithSlowSubscriber.
+func WithHTTPTimeouts(read, write, idle time.Duration) Option {
+	return func(c *config) error {
+		if read <= 0 || write <= 0 || idle <= 0 {
+			return fmt.Errorf("server: HTTP timeouts %v, %v, %v must be positive", read, write, idle)
+		}
+		c.readTimeout, c.writeTimeout, c.idleTimeout = read, write, idle
+		return nil
+	}
+}
 
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option {
@@ -98,6 +240,12 @@ func WithTickInterval(d time.Duration) Option {
 // the acknowledged state).
 func WithManualTicks() Option {
 	return func(c *config) error { c.manual = true; return nil }
+}
+
+// WithRoutes adds HTTP routes to the server's API (federated runs'
+// service, federated/fedserver, mounts itself this way).
+func WithRoutes(add func(*http.ServeMux)) Option {
+	return func(c *config) error { c.routes = append(c.routes, add); return nil }
 }
 
 // WithClock replaces the wall clock (tests).
@@ -137,10 +285,21 @@ func WithP2P(p P2P) Option {
 
 // Server is the embedded coordinator backend.
 type Server struct {
-	dir  string
-	cfg  config
-	mu   sync.Mutex
-	runs map[string]*run
+	dir string
+	cfg config
+	id  [32]byte // the server's identity, which every request is signed for
+
+	// mu guards the maps below. Lock order: a run's mutex first, then mu
+	// (freeRun holds the run while it removes it); never the reverse.
+	mu          sync.Mutex
+	runs        map[string]*run
+	freed       map[string]uint64 // incarnation of each freed run id (its tombstone)
+	quarantined map[string]error  // runs whose file cannot be trusted: served to nobody, never overwritten
+	owned       map[coordinator.Pubkey]int
+
+	smu        sync.Mutex // subscriber counts
+	subsTotal  int
+	subsByAddr map[string]int
 
 	pmu     sync.Mutex
 	members map[string][]coordinator.Pubkey // by run: what cfg.p2p was last told
@@ -185,9 +344,13 @@ func (s *Server) setMembers(id string, st *coordinator.Coordinator) {
 }
 
 // New opens (or creates) a server whose state lives in dir, loading every run
-// persisted there.
+// persisted there. A run whose file cannot be read or trusted is quarantined
+// (logged, and refused with ErrQuarantined) while the others are served.
 func New(dir string, opts ...Option) (*Server, error) {
-	cfg := config{log: slog.New(slog.DiscardHandler), interval: time.Second, now: time.Now, seed: randomSeed}
+	cfg := config{log: slog.New(slog.DiscardHandler), interval: time.Second, now: time.Now, seed: randomSeed,
+		window: DefaultRequestWindow, anyCreator: true, quota: DefaultCreatorQuota,
+		maxSubs: DefaultMaxSubscribers, maxSubsPerAddr: DefaultMaxSubscribersAddr, slowWrite: DefaultSlowSubscriber,
+		readTimeout: DefaultReadTimeout, writeTimeout: DefaultWriteTimeout, idleTimeout: DefaultIdleTimeout}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err
@@ -199,22 +362,77 @@ func New(dir string, opts ...Option) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
-	runs, err := loadRuns(dir)
+	id, fresh, err := loadID(dir)
 	if err != nil {
 		return nil, err
 	}
-	for id, r := range runs {
-		cfg.log.Info("loaded run", "run", id, "state", r.state.RunState.String(), "epoch", r.state.Progress.Epoch, "step", r.state.Progress.Step)
+	if fresh {
+		cfg.log.Info("new server identity", "server", hex.EncodeToString(id[:]), "dir", dir)
 	}
-	cfg.metrics.Runs.Set(float64(len(runs)))
-	s := &Server{dir: dir, cfg: cfg, runs: runs, members: map[string][]coordinator.Pubkey{}, changed: make(chan struct{}, 1)}
-	for id, r := range runs {
-		s.setMembers(id, r.state)
+	l, err := loadRuns(dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{dir: dir, cfg: cfg, id: id, runs: map[string]*run{}, freed: map[string]uint64{},
+		quarantined: l.quarantined, owned: map[coordinator.Pubkey]int{}, subsByAddr: map[string]int{},
+		members: map[string][]coordinator.Pubkey{}, changed: make(chan struct{}, 1)}
+	for rid, st := range l.runs {
+		if st.freed {
+			s.freed[rid] = st.incarnation
+			continue
+		}
+		r := newRun(st)
+		s.runs[rid] = r
+		s.owned[r.creator]++
+		cfg.log.Info("loaded run", "run", rid, "incarnation", st.incarnation, "state", st.state.RunState.String(),
+			"epoch", st.state.Progress.Epoch, "step", st.state.Progress.Step)
+	}
+	for rid, err := range s.quarantined {
+		cfg.log.Error("run quarantined: its file is left as it is and the run is not served; restore the file or remove it",
+			"run", rid, "err", err)
+	}
+	cfg.metrics.Runs.Set(float64(len(s.runs)))
+	cfg.metrics.Quarantined.Set(float64(len(s.quarantined)))
+	for rid, r := range s.runs {
+		s.setMembers(rid, r.state)
 	}
 	return s, nil
 }
 
 func (s *Server) unixNow() uint64 { return uint64(s.cfg.now().Unix()) }
+
+// ID is the server's identity, which requests are signed for.
+func (s *Server) ID() [32]byte { return s.id }
+
+// checkRunID refuses what cannot be a run id here: what ParseRunID refuses,
+// and ids starting with "." (the server's temporary files start with ".",
+// and a run stored as a hidden file would be skipped when loading, then
+// free to be created again by another key).
+func checkRunID(id string) error {
+	if _, err := coordinator.ParseRunID(id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRunID, err)
+	}
+	if strings.HasPrefix(id, ".") {
+		return fmt.Errorf("%w: %q starts with \".\" (refused by the server backend, whose temporary files start with \".\")", ErrInvalidRunID, id)
+	}
+	return nil
+}
+
+// refuseRunID is the refusal for an error of checkRunID.
+func refuseRunID(err error) (*Failure, int) {
+	return refuse("InvalidRunID", strings.TrimPrefix(err.Error(), ErrInvalidRunID.Error()+": "))
+}
+
+// Quarantined lists the quarantined runs and why.
+func (s *Server) Quarantined() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]string, len(s.quarantined))
+	for id, err := range s.quarantined {
+		out[id] = err.Error()
+	}
+	return out
+}
 
 // Runs lists the run ids.
 func (s *Server) Runs() []string {
@@ -249,27 +467,28 @@ func (s *Server) Account(id string) ([]byte, bool) {
 // published.
 func (s *Server) Tick() {
 	now := s.unixNow()
-	s.mu.Lock()
-	ids := make([]string, 0, len(s.runs))
-	for id := range s.runs {
-		ids = append(ids, id)
-	}
-	s.mu.Unlock()
-	sort.Strings(ids)
-	for _, id := range ids {
+	for _, id := range s.Runs() {
 		r := s.run(id)
 		if r == nil {
 			continue
 		}
 		r.mu.Lock()
+		// A halted run (paused, finished, not configured) has nothing due:
+		// it costs no copy of its state, so idle runs cost little.
+		if r.gone || r.state.RunState.Halted() {
+			r.mu.Unlock()
+			continue
+		}
 		next := *r.state
 		changed, err := next.Tick(now, s.cfg.seed())
 		if err == nil && changed {
-			if err := saveRun(s.dir, id, &next, r.seqs); err != nil {
+			// A tick can end an epoch: signers it forgets leave the table.
+			replay := r.replay.record(&next, coordinator.Pubkey{}, 0)
+			if err := saveRun(s.dir, id, &stored{incarnation: r.incarnation, state: &next, replay: replay}); err != nil {
 				s.cfg.log.Error("persisting a tick failed; the tick is dropped", "run", id, "err", err)
 			} else {
 				from := r.state.RunState
-				*r.state = next
+				*r.state, r.replay = next, replay
 				r.notify()
 				s.setMembers(id, r.state)
 				s.cfg.metrics.Transitions.Inc()
@@ -285,10 +504,11 @@ func (s *Server) Tick() {
 
 // Result is the reply to a request.
 type Result struct {
-	Changed bool   `json:"changed"`
-	From    string `json:"from"`
-	To      string `json:"to"`
-	Nonce   uint64 `json:"nonce"`
+	Changed     bool   `json:"changed"`
+	From        string `json:"from"`
+	To          string `json:"to"`
+	Nonce       uint64 `json:"nonce"`
+	Incarnation uint64 `json:"incarnation"` // the run's (after init_coordinator: the new one)
 }
 
 // Failure is the reply to a rejected request.
@@ -311,110 +531,195 @@ func (s *Server) Execute(body []byte) (*Result, *Failure, int) {
 }
 
 // execute is Execute; it also names the instruction ("?" when the request
-// could not be read).
+// could not be read). Every check that can refuse a request comes before
+// anything is written, and a refused request leaves no trace but a metric.
 func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int) {
 	name = "?"
 	req, err := DecodeRequest(body)
 	if err != nil {
-		status := http.StatusBadRequest
 		if errors.Is(err, ErrSignature) {
-			status = http.StatusUnauthorized
+			f, st := refuse("BadSignature", strings.TrimPrefix(err.Error(), ErrSignature.Error()+": "))
+			return name, nil, f, st
 		}
-		return name, nil, &Failure{Name: "BadRequest", Error: err.Error()}, status
+		f, st := refuse("BadRequest", strings.TrimPrefix(err.Error(), ErrBadRequest.Error()+": "))
+		return name, nil, f, st
 	}
 	ix, err := coordinator.DecodeInstruction(req.Data)
 	if err != nil {
 		return name, nil, failure(err), http.StatusBadRequest
 	}
 	name = ix.Name()
+	if req.Server != s.id {
+		f, st := refuse("Stale", fmt.Sprintf("signed for server %x, this is %x", req.Server[:8], s.id[:8]))
+		return name, nil, f, st
+	}
 	id := coordinator.FixedString(req.RunID[:])
+	if err := checkRunID(id); err != nil {
+		f, st := refuseRunID(err)
+		return name, nil, f, st
+	}
+	if packed, _ := coordinator.ParseRunID(id); packed != req.RunID {
+		f, st := refuse("InvalidRunID", fmt.Sprintf("%q is followed by bytes other than zero padding", id))
+		return name, nil, f, st
+	}
+	if f, st := s.checkWindow(req.Sequence); f != nil {
+		return name, nil, f, st
+	}
 	ctx := coordinator.Context{Sender: req.Sender, CoSigner: req.CoSigner, Now: s.unixNow(), Seed: s.cfg.seed()}
 	if init, ok := ix.(*coordinator.InitCoordinator); ok {
 		out, fail, status := s.initRun(id, req, init, ctx)
 		return name, out, fail, status
 	}
-	r := s.run(id)
-	if r == nil {
-		return name, nil, &Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
+	r, f, st := s.liveRun(id)
+	if f != nil {
+		return name, nil, f, st
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if req.Sequence <= r.seqs[req.Sender] {
-		return name, nil, &Failure{Name: "Replay", Error: ErrReplay.Error()}, http.StatusConflict
+	if r.gone {
+		return name, nil, &Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
 	}
-	seqs := make(map[coordinator.Pubkey]uint64, len(r.seqs)+1)
-	for k, v := range r.seqs {
-		seqs[k] = v
+	if req.Incarnation != r.incarnation {
+		f, st := refuse("Stale", fmt.Sprintf("signed for incarnation %d of run %q, which is at %d", req.Incarnation, id, r.incarnation))
+		return name, nil, f, st
 	}
-	seqs[req.Sender] = req.Sequence
+	if req.Sequence <= r.replay.last(req.Sender) {
+		f, st := refuse("Replay", "")
+		return name, nil, f, st
+	}
 	next := *r.state
 	res, applyErr := next.Apply(ctx, ix)
 	if applyErr != nil {
-		next = *r.state // a rejected instruction changes nothing but the replay table
+		return name, nil, failure(applyErr), http.StatusConflict
 	}
-	if _, free := ix.(*coordinator.FreeCoordinator); free && applyErr == nil {
+	if _, free := ix.(*coordinator.FreeCoordinator); free {
 		out, fail, status := s.freeRun(id, r, &res)
 		return name, out, fail, status
 	}
-	if err := saveRun(s.dir, id, &next, seqs); err != nil {
+	out := &Result{Changed: res.Changed, From: res.From.String(), To: res.To.String(), Nonce: next.Nonce, Incarnation: r.incarnation}
+	if !res.Changed {
+		// Nothing to persist, so nothing is stored: replaying a request
+		// that changed nothing (a tick with nothing due, a join that was
+		// already there) is no more than its signer may do anyway.
+		return name, out, nil, http.StatusOK
+	}
+	replay := r.replay.record(&next, req.Sender, req.Sequence)
+	if err := saveRun(s.dir, id, &stored{incarnation: r.incarnation, state: &next, replay: replay}); err != nil {
 		s.cfg.log.Error("persisting failed; the instruction is rejected", "run", id, "err", err)
-		return name, nil, &Failure{Name: "Storage", Error: err.Error()}, http.StatusInternalServerError
+		f, st := refuse("Storage", err.Error())
+		return name, nil, f, st
 	}
-	r.seqs = seqs
-	if applyErr != nil {
-		return name, nil, failure(applyErr), http.StatusConflict
-	}
-	*r.state = next
-	if res.Changed {
-		r.notify()
-		s.setMembers(id, r.state)
-		s.wake()
-	}
+	*r.state, r.replay = next, replay
+	r.notify()
+	s.setMembers(id, r.state)
+	s.wake()
 	s.cfg.log.Debug("instruction", "run", id, "ix", ix.Name(), "from", res.From.String(), "to", res.To.String())
-	return name, &Result{Changed: res.Changed, From: res.From.String(), To: res.To.String(), Nonce: next.Nonce}, nil, http.StatusOK
+	return name, out, nil, http.StatusOK
+}
+
+// checkWindow refuses a sequence further than the request window from the
+// wall clock (nanoseconds). The wall clock, not the run clock (WithClock):
+// expiry is about the network, and a run in virtual time may be hours
+// ahead.
+func (s *Server) checkWindow(seq uint64) (*Failure, int) {
+	now := time.Now().UnixNano()
+	w := s.cfg.window.Nanoseconds()
+	if d := int64(seq - uint64(now)); d > w || d < -w {
+		return refuse("Stale", fmt.Sprintf("sequence %d is %v from the server's clock, more than the window of %v (fetch the binding again)",
+			seq, time.Duration(d).Round(time.Millisecond), s.cfg.window))
+	}
+	return nil, 0
+}
+
+// liveRun finds a run, or says why there is none.
+func (s *Server) liveRun(id string) (*run, *Failure, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err, bad := s.quarantined[id]; bad {
+		f, st := refuse("Quarantined", err.Error())
+		return nil, f, st
+	}
+	if r := s.runs[id]; r != nil {
+		return r, nil, 0
+	}
+	return nil, &Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
 }
 
 func (s *Server) initRun(id string, req *Request, ix *coordinator.InitCoordinator, ctx coordinator.Context) (*Result, *Failure, int) {
 	if ix.RunID != req.RunID {
-		return nil, &Failure{Name: "BadRequest", Error: "server: init_coordinator names another run than the request"}, http.StatusBadRequest
+		f, st := refuse("BadRequest", "init_coordinator names another run than the request")
+		return nil, f, st
+	}
+	if req.Sender != ix.MainAuthority {
+		f, st := refuse("NotMainAuthority", fmt.Sprintf("signed by %s, names %s", req.Sender, ix.MainAuthority))
+		return nil, f, st
+	}
+	if _, ok := s.cfg.creators[req.Sender]; !ok && !s.cfg.anyCreator {
+		f, st := refuse("NotCreator", req.Sender.String())
+		return nil, f, st
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err, bad := s.quarantined[id]; bad {
+		f, st := refuse("Quarantined", err.Error())
+		return nil, f, st
+	}
 	if _, exists := s.runs[id]; exists {
 		return nil, failure(coordinator.ErrAlreadyInitialized), http.StatusConflict
+	}
+	if want := s.freed[id] + 1; req.Incarnation != want {
+		f, st := refuse("Stale", fmt.Sprintf("init_coordinator signed for incarnation %d of run %q, the next is %d", req.Incarnation, id, want))
+		return nil, f, st
+	}
+	if s.owned[req.Sender] >= s.cfg.quota {
+		f, st := refuse("CreatorQuota", fmt.Sprintf("%s holds %d runs", req.Sender, s.owned[req.Sender]))
+		return nil, f, st
 	}
 	state := new(coordinator.Coordinator)
 	res, err := state.Apply(ctx, ix)
 	if err != nil {
 		return nil, failure(err), http.StatusConflict
 	}
-	seqs := map[coordinator.Pubkey]uint64{req.Sender: req.Sequence}
-	if err := saveRun(s.dir, id, state, seqs); err != nil {
-		return nil, &Failure{Name: "Storage", Error: err.Error()}, http.StatusInternalServerError
+	st := &stored{incarnation: req.Incarnation, state: state}
+	st.replay = st.replay.record(state, req.Sender, req.Sequence)
+	if err := saveRun(s.dir, id, st); err != nil {
+		f, status := refuse("Storage", err.Error())
+		return nil, f, status
 	}
-	s.runs[id] = newRun(state, seqs)
+	r := newRun(st)
+	s.runs[id] = r
+	delete(s.freed, id)
+	s.owned[r.creator]++
 	s.setMembers(id, state)
 	s.cfg.metrics.Runs.Set(float64(len(s.runs)))
-	s.cfg.log.Info("run created", "run", id)
-	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: state.Nonce}, nil, http.StatusOK
+	s.cfg.log.Info("run created", "run", id, "incarnation", st.incarnation, "creator", req.Sender.String())
+	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: state.Nonce, Incarnation: st.incarnation}, nil, http.StatusOK
 }
 
-// freeRun deletes a run (the caller holds r.mu).
+// freeRun deletes a run (the caller holds r.mu): its file becomes a
+// tombstone that keeps its incarnation, so the id's next init is signed for
+// the next one and nothing signed for this one applies again.
 func (s *Server) freeRun(id string, r *run, res *coordinator.Result) (*Result, *Failure, int) {
-	if err := os.Remove(runPath(s.dir, id)); err != nil && !os.IsNotExist(err) {
-		return nil, &Failure{Name: "Storage", Error: err.Error()}, http.StatusInternalServerError
+	if err := saveRun(s.dir, id, &stored{incarnation: r.incarnation, freed: true}); err != nil {
+		f, st := refuse("Storage", err.Error())
+		return nil, f, st
 	}
+	r.gone = true
 	s.mu.Lock()
 	delete(s.runs, id)
+	s.freed[id] = r.incarnation
+	if s.owned[r.creator]--; s.owned[r.creator] <= 0 {
+		delete(s.owned, r.creator)
+	}
 	s.cfg.metrics.Runs.Set(float64(len(s.runs)))
 	s.mu.Unlock()
 	s.setMembers(id, nil)
-	for ch := range r.subs {
-		close(ch)
-		delete(r.subs, ch)
+	for sub := range r.subs {
+		close(sub.ch)
+		delete(r.subs, sub)
 	}
-	s.cfg.log.Info("run freed", "run", id)
-	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: r.state.Nonce}, nil, http.StatusOK
+	s.cfg.log.Info("run freed", "run", id, "incarnation", r.incarnation)
+	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: r.state.Nonce, Incarnation: r.incarnation}, nil, http.StatusOK
 }
 
 func failure(err error) *Failure {
@@ -425,28 +730,80 @@ func failure(err error) *Failure {
 	return &Failure{Name: "Error", Error: err.Error()}
 }
 
-// subscribe registers a channel that receives the run's account on every
-// change, starting with the current one.
-func (s *Server) subscribe(id string) (chan []byte, func(), bool) {
-	r := s.run(id)
-	if r == nil {
-		return nil, nil, false
+// Binding is what a request for run id must be signed for (see Binding).
+func (s *Server) Binding(id string) (Binding, *Failure, int) {
+	if err := checkRunID(id); err != nil {
+		f, st := refuseRunID(err)
+		return Binding{}, f, st
 	}
-	ch := make(chan []byte, 1)
+	b := Binding{Server: s.id}
+	s.mu.Lock()
+	if err, bad := s.quarantined[id]; bad {
+		s.mu.Unlock()
+		f, st := refuse("Quarantined", err.Error())
+		return Binding{}, f, st
+	}
+	r := s.runs[id]
+	b.Incarnation = s.freed[id] + 1
+	s.mu.Unlock()
+	if r != nil {
+		r.mu.Lock()
+		if !r.gone {
+			b.Incarnation, b.Floor = r.incarnation, r.replay.floor
+		}
+		r.mu.Unlock()
+	}
+	b.Now = uint64(time.Now().UnixNano())
+	return b, nil, http.StatusOK
+}
+
+// subscribe registers a stream from addr that receives the run's account on
+// every change, starting with the current one, within the subscriber
+// limits.
+func (s *Server) subscribe(id, addr string) (*subscriber, func(), *Failure, int) {
+	r, f, st := s.liveRun(id)
+	if f != nil {
+		return nil, nil, f, st
+	}
+	s.smu.Lock()
+	if s.subsTotal >= s.cfg.maxSubs {
+		s.smu.Unlock()
+		f, st := refuse("TooManySubscribers", fmt.Sprintf("the server holds %d streams", s.cfg.maxSubs))
+		return nil, nil, f, st
+	}
+	if s.subsByAddr[addr] >= s.cfg.maxSubsPerAddr {
+		s.smu.Unlock()
+		f, st := refuse("TooManySubscribers", fmt.Sprintf("%s holds %d streams", addr, s.cfg.maxSubsPerAddr))
+		return nil, nil, f, st
+	}
+	s.subsTotal++
+	s.subsByAddr[addr]++
+	s.smu.Unlock()
+	sub := &subscriber{ch: make(chan []byte, 1), addr: addr}
 	r.mu.Lock()
-	r.subs[ch] = struct{}{}
-	ch <- r.state.MarshalAccount()
+	if r.gone {
+		close(sub.ch)
+	} else {
+		r.subs[sub] = struct{}{}
+		sub.ch <- encodeEvent(r.state)
+	}
 	r.mu.Unlock()
 	s.cfg.metrics.Subscribers.Inc()
 	var once sync.Once
-	return ch, func() {
-		once.Do(s.cfg.metrics.Subscribers.Dec)
-		r.mu.Lock()
-		if _, ok := r.subs[ch]; ok {
-			delete(r.subs, ch)
-		}
-		r.mu.Unlock()
-	}, true
+	return sub, func() {
+		once.Do(func() {
+			s.cfg.metrics.Subscribers.Dec()
+			r.mu.Lock()
+			delete(r.subs, sub)
+			r.mu.Unlock()
+			s.smu.Lock()
+			s.subsTotal--
+			if s.subsByAddr[addr]--; s.subsByAddr[addr] <= 0 {
+				delete(s.subsByAddr, addr)
+			}
+			s.smu.Unlock()
+		})
+	}, nil, 0
 }
 
 const maxBody = 1 << 16
@@ -456,9 +813,13 @@ const maxBody = 1 << 16
 //	POST /v1/instructions          a signed request (see wire.go) → Result or Failure (JSON)
 //	GET  /v1/runs                  run ids (JSON)
 //	GET  /v1/runs/{id}             the account bytes
+//	GET  /v1/runs/{id}/binding     what requests for the run are signed for (JSON BindingInfo)
 //	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change
 //	GET  /v1/p2p                   the p2p host's addresses and whether it relays (JSON P2PInfo; 404 without one)
 //	GET  /healthz                  "ok"
+//	GET  /                         the run explorer's page, WithPage (read-only)
+//
+// Every refusal is a JSON Failure with an HTTP status (errors.go).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/instructions", func(w http.ResponseWriter, req *http.Request) {
@@ -476,7 +837,12 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /v1/runs", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.Runs()) })
 	mux.HandleFunc("GET /v1/runs/{id}", func(w http.ResponseWriter, req *http.Request) {
-		acct, ok := s.Account(req.PathValue("id"))
+		id := req.PathValue("id")
+		if _, f, st := s.liveRun(id); f != nil {
+			writeJSON(w, st, f)
+			return
+		}
+		acct, ok := s.Account(id)
 		if !ok {
 			writeJSON(w, http.StatusNotFound, &Failure{Name: "RunNotFound", Error: "server: no such run"})
 			return
@@ -484,34 +850,15 @@ func (s *Server) Handler() http.Handler {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		_, _ = w.Write(acct)
 	})
-	mux.HandleFunc("GET /v1/runs/{id}/events", func(w http.ResponseWriter, req *http.Request) {
-		ch, cancel, ok := s.subscribe(req.PathValue("id"))
-		if !ok {
-			writeJSON(w, http.StatusNotFound, &Failure{Name: "RunNotFound", Error: "server: no such run"})
+	mux.HandleFunc("GET /v1/runs/{id}/binding", func(w http.ResponseWriter, req *http.Request) {
+		b, f, st := s.Binding(req.PathValue("id"))
+		if f != nil {
+			writeJSON(w, st, f)
 			return
 		}
-		defer cancel()
-		flusher, _ := w.(http.Flusher)
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.Header().Set("Cache-Control", "no-store")
-		w.WriteHeader(http.StatusOK)
-		for {
-			select {
-			case <-req.Context().Done():
-				return
-			case acct, open := <-ch:
-				if !open {
-					return
-				}
-				if _, err := fmt.Fprintf(w, "data: %s\n\n", base64.StdEncoding.EncodeToString(acct)); err != nil {
-					return
-				}
-				if flusher != nil {
-					flusher.Flush()
-				}
-			}
-		}
+		writeJSON(w, http.StatusOK, BindingInfo{Server: hex.EncodeToString(b.Server[:]), Incarnation: b.Incarnation, Floor: b.Floor, Now: b.Now})
 	})
+	mux.HandleFunc("GET /v1/runs/{id}/events", s.serveEvents)
 	mux.HandleFunc("GET /v1/p2p", func(w http.ResponseWriter, _ *http.Request) {
 		if s.cfg.p2p == nil {
 			writeJSON(w, http.StatusNotFound, &Failure{Name: "NoP2P", Error: "server: this server runs no p2p host"})
@@ -520,7 +867,62 @@ func (s *Server) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	for _, add := range s.cfg.routes {
+		add(mux)
+	}
+	if s.cfg.page != nil {
+		mux.Handle("GET /", s.cfg.page)
+	}
 	return mux
+}
+
+// serveEvents streams a run's snapshots until the client goes away, the run
+// is freed, or one event takes longer than the slow-subscriber timeout to
+// write (the client stopped reading): then the stream is dropped, so a
+// client that never reads holds neither memory nor a goroutine for long.
+func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
+	addr := req.RemoteAddr
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		addr = host
+	}
+	sub, cancel, f, st := s.subscribe(req.PathValue("id"), addr)
+	if f != nil {
+		writeJSON(w, st, f)
+		return
+	}
+	defer cancel()
+	rc := http.NewResponseController(w)
+	// The server's write timeout would cut a stream that lives longer than
+	// it: each write gets its own deadline instead. (The read timeout does
+	// not matter here: net/http clears it before the read that notices the
+	// client going away.) An error means the writer cannot set deadlines (a
+	// test recorder): then the stream just has none.
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.slowWrite))
+	w.WriteHeader(http.StatusOK)
+	for {
+		select {
+		case <-req.Context().Done():
+			return
+		case ev, open := <-sub.ch:
+			if !open {
+				return
+			}
+			_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.slowWrite))
+			_, err := w.Write(ev)
+			if err == nil {
+				err = rc.Flush()
+			}
+			if err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					s.cfg.metrics.SlowSubscribers.Inc()
+					s.cfg.log.Debug("dropping a slow event stream", "run", req.PathValue("id"), "addr", sub.addr)
+				}
+				return
+			}
+		}
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -532,13 +934,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // Serve runs the HTTP API on l and ticks every run on the configured
 // interval until ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: min(10*time.Second, s.cfg.readTimeout),
+		ReadTimeout: s.cfg.readTimeout, WriteTimeout: s.cfg.writeTimeout, IdleTimeout: s.cfg.idleTimeout,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(l) }()
 	t := time.NewTimer(s.untilDue())
 	defer t.Stop()
-	s.cfg.log.Info("server listening", "addr", l.Addr().String(), "dir", s.dir)
+	s.cfg.log.Info("server listening", "addr", l.Addr().String(), "dir", s.dir, "server", hex.EncodeToString(s.id[:]))
 	for {
 		select {
 		case <-ctx.Done():

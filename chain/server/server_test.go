@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -74,20 +75,60 @@ func post(t *testing.T, url string, body []byte) (int, string) {
 	return resp.StatusCode, b.String()
 }
 
+// signer signs requests for one server with sequence numbers base+n, where
+// base is the wall clock when it was made (requests must lie within the
+// server's window of it).
+type signer struct {
+	t    *testing.T
+	s    *Server
+	base uint64
+}
+
+func newSigner(t *testing.T, s *Server) *signer {
+	return &signer{t: t, s: s, base: uint64(time.Now().UnixNano())}
+}
+
+// sign encodes ix for run id as the server binds it now, with sequence
+// base+n, signed by from (and co, if not nil).
+func (g *signer) sign(id string, n uint64, ix coordinator.Instruction, from, co chain.Signer) []byte {
+	g.t.Helper()
+	b, f, _ := g.s.Binding(id)
+	if f != nil {
+		g.t.Fatalf("binding of %q: %s", id, f.Error)
+	}
+	return g.signFor(b, id, n, ix, from, co)
+}
+
+func (g *signer) signFor(b Binding, id string, n uint64, ix coordinator.Instruction, from, co chain.Signer) []byte {
+	g.t.Helper()
+	rid, err := coordinator.ParseRunID(id)
+	if err != nil {
+		rid = [coordinator.MaxRunIDLen]byte{}
+		copy(rid[:], id)
+	}
+	var req []byte
+	if co != nil {
+		req, err = EncodeRequest(b, rid, g.base+n, coordinator.EncodeInstruction(ix), from, co)
+	} else {
+		req, err = EncodeRequest(b, rid, g.base+n, coordinator.EncodeInstruction(ix), from, nil)
+	}
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return req
+}
+
 func TestRequestsAreAuthenticatedAndNotReplayable(t *testing.T) {
-	_, _, hs := newTestServer(t, t.TempDir())
+	s, _, hs := newTestServer(t, t.TempDir())
+	g := newSigner(t, s)
 	admin := backendtest.Key("admin")
 	id, _ := coordinator.ParseRunID("auth")
-	init := coordinator.EncodeInstruction(&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id})
-	req, err := EncodeRequest(id, 1, init, admin, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	req := g.sign("auth", 1, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}, admin, nil)
 	if code, body := post(t, hs.URL, req); code != http.StatusOK {
 		t.Fatalf("init: %d %s", code, body)
 	}
 	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
-	update, _ := EncodeRequest(id, 2, coordinator.EncodeInstruction(&coordinator.Update{Config: &k, Model: &m}), admin, nil)
+	update := g.sign("auth", 2, &coordinator.Update{Config: &k, Model: &m}, admin, nil)
 	if code, body := post(t, hs.URL, update); code != http.StatusOK {
 		t.Fatalf("update: %d %s", code, body)
 	}
@@ -96,12 +137,12 @@ func TestRequestsAreAuthenticatedAndNotReplayable(t *testing.T) {
 		t.Fatalf("replay: %d %s", code, body)
 	}
 	// An older sequence number: also refused.
-	old, _ := EncodeRequest(id, 1, coordinator.EncodeInstruction(&coordinator.SetPaused{}), admin, nil)
+	old := g.sign("auth", 1, &coordinator.SetPaused{}, admin, nil)
 	if code, _ := post(t, hs.URL, old); code != http.StatusConflict {
 		t.Fatalf("old sequence: %d", code)
 	}
 	// A flipped byte in the instruction breaks the signature.
-	forged, _ := EncodeRequest(id, 3, coordinator.EncodeInstruction(&coordinator.SetPaused{}), admin, nil)
+	forged := g.sign("auth", 3, &coordinator.SetPaused{}, admin, nil)
 	forged[headerSize] ^= 1
 	if code, _ := post(t, hs.URL, forged); code != http.StatusUnauthorized {
 		t.Fatalf("forged: %d", code)
@@ -112,13 +153,13 @@ func TestRequestsAreAuthenticatedAndNotReplayable(t *testing.T) {
 			t.Fatalf("garbage %q...: %d", b[:min(len(b), 8)], code)
 		}
 	}
-	resume, _ := EncodeRequest(id, 4, coordinator.EncodeInstruction(&coordinator.SetPaused{}), admin, nil)
+	resume := g.sign("auth", 4, &coordinator.SetPaused{}, admin, nil)
 	if code, body := post(t, hs.URL, resume); code != http.StatusOK || !strings.Contains(body, "WaitingForMembers") {
 		t.Fatalf("resume: %d %s", code, body)
 	}
 	// A coordinator error keeps its code across the network.
 	c := NewClient(hs.URL, nil)
-	_, err = c.Send(context.Background(), "auth", backendtest.Key("mallory"), nil, &coordinator.SetPaused{Paused: true})
+	_, err := c.Send(context.Background(), "auth", backendtest.Key("mallory"), nil, &coordinator.SetPaused{Paused: true})
 	if !errors.Is(err, coordinator.ErrUnauthorized) {
 		t.Fatalf("got %v", err)
 	}
@@ -198,7 +239,10 @@ func TestRestartLosesNothing(t *testing.T) {
 	}
 }
 
-const childEnv = "PSYCHE_SERVER_TEST_CHILD"
+const (
+	childEnv         = "PSYCHE_SERVER_TEST_CHILD"
+	childCreatorsEnv = "PSYCHE_SERVER_TEST_CREATORS" // hex of the one key that may create runs (default: any)
+)
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(childEnv); dir != "" {
@@ -206,7 +250,16 @@ func TestMain(m *testing.M) {
 		// exactly what was acknowledged, and a tick racing the kill would
 		// move the run on (four joiners start an epoch) while the test
 		// compares states.
-		s, err := New(dir, WithManualTicks())
+		opts := []Option{WithManualTicks()}
+		if hexKey := os.Getenv(childCreatorsEnv); hexKey != "" {
+			var k coordinator.Pubkey
+			if _, err := hex.Decode(k[:], []byte(hexKey)); err != nil {
+				fmt.Println("error:", err)
+				os.Exit(1)
+			}
+			opts = append(opts, WithCreators(k))
+		}
+		s, err := New(dir, opts...)
 		if err != nil {
 			fmt.Println("error:", err)
 			os.Exit(1)
@@ -225,10 +278,16 @@ func TestMain(m *testing.M) {
 
 // startChild runs this test binary as a server on dir and returns its URL and
 // a function that SIGKILLs it.
-func startChild(t *testing.T, dir string) (string, func()) {
+func startChild(t testing.TB, dir string, env ...string) (string, func()) {
+	url, _, kill := startChildProc(t, dir, env...)
+	return url, kill
+}
+
+// startChildProc is startChild that also returns the child's process id.
+func startChildProc(t testing.TB, dir string, env ...string) (string, int, func()) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+dir)
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+dir), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -250,16 +309,17 @@ func startChild(t *testing.T, dir string) (string, func()) {
 		}
 	}
 	t.Cleanup(kill)
-	return strings.TrimSpace(strings.TrimPrefix(line, "listening ")), kill
+	return strings.TrimSpace(strings.TrimPrefix(line, "listening ")), cmd.Process.Pid, kill
 }
 
 func FuzzDecodeRequest(f *testing.F) {
 	admin := backendtest.Key("admin")
 	id, _ := coordinator.ParseRunID("fuzz")
+	bind := Binding{Server: [32]byte{1, 2, 3}, Incarnation: 2}
 	for _, ix := range []coordinator.Instruction{&coordinator.Tick{}, &coordinator.SetPaused{Paused: true}} {
-		b, _ := EncodeRequest(id, 7, coordinator.EncodeInstruction(ix), admin, nil)
+		b, _ := EncodeRequest(bind, id, 7, coordinator.EncodeInstruction(ix), admin, nil)
 		f.Add(b)
-		b2, _ := EncodeRequest(id, 8, coordinator.EncodeInstruction(ix), admin, backendtest.Key("gate"))
+		b2, _ := EncodeRequest(bind, id, 8, coordinator.EncodeInstruction(ix), admin, backendtest.Key("gate"))
 		f.Add(b2)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -289,11 +349,7 @@ func TestMetrics(t *testing.T) {
 	defer cancel() // before hs.Close, which waits for the stream to end
 	admin := backendtest.Key("admin")
 	id, _ := coordinator.ParseRunID("counted")
-	init := coordinator.EncodeInstruction(&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id})
-	req, err := EncodeRequest(id, 1, init, admin, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	req := newSigner(t, s).sign("counted", 1, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}, admin, nil)
 	for range 2 { // the second finds the run there
 		post(t, hs.URL, req)
 	}

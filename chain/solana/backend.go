@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -62,6 +64,34 @@ type Option func(*config) error
 // WithRPC sets the JSON-RPC endpoints, tried in order.
 func WithRPC(urls ...string) Option {
 	return func(c *config) error { c.rpcs = append(c.rpcs, urls...); return nil }
+}
+
+// WebsocketFor is the websocket endpoint Solana's convention puts beside an
+// RPC endpoint (web3.js derives it the same way): ws:// for http:// and
+// wss:// for https://, and when the URL names a port, the port + 1, where
+// solana-test-validator, Agave and psyche's local validator serve it. A URL
+// without a port (an RPC provider behind a proxy) keeps its host and path.
+func WebsocketFor(rpcURL string) (string, error) {
+	u, err := url.Parse(rpcURL)
+	if err != nil {
+		return "", fmt.Errorf("solana: RPC URL %q: %w", rpcURL, err)
+	}
+	switch u.Scheme {
+	case "http":
+		u.Scheme = "ws"
+	case "https":
+		u.Scheme = "wss"
+	default:
+		return "", fmt.Errorf("solana: RPC URL %q is not http(s)", rpcURL)
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n >= 65535 {
+			return "", fmt.Errorf("solana: RPC URL %q: bad port", rpcURL)
+		}
+		u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(n+1))
+	}
+	return u.String(), nil
 }
 
 // WithWebsocket sets the websocket endpoints, tried in order.
@@ -295,8 +325,9 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 		return chain.Receipt{}, err
 	}
 	// Every change bumps the nonce, so an unchanged nonce means the
-	// instruction changed nothing (a tick with nothing due). A changed one
-	// may include someone else's instruction landing in between.
+	// instruction changed nothing (a program older than the NothingDue
+	// error let a tick with nothing due succeed). A changed one may include
+	// someone else's instruction landing in between.
 	changed := beforeNonce == 0 || snap.Nonce() != beforeNonce
 	return chain.Receipt{Changed: changed, From: before, To: snap.State.RunState, Nonce: snap.Nonce()}, nil
 }
@@ -450,7 +481,9 @@ func (b *Backend) stream(ctx context.Context, url string, account sol.PublicKey,
 		if err != nil {
 			return err
 		}
-		if res == nil || res.Value == nil {
+		// Agave notifies a closed account as a default one (no lamports,
+		// no data, owned by the system program); some validators send null.
+		if res == nil || res.Value == nil || res.Value.Lamports == 0 || !res.Value.Owner.Equals(b.cfg.program) {
 			return fmt.Errorf("%w: coordinator account %s closed", chain.ErrRunNotFound, account)
 		}
 		state, err := coordinator.DecodeAccount(res.Value.Data.GetBinary())

@@ -2,9 +2,12 @@ package solana_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -26,11 +29,20 @@ import (
 )
 
 // startValidator runs the local validator (litesvm) with the coordinator
-// program preloaded at solana.LocalProgramID.
+// program preloaded at solana.LocalProgramID, or attaches to the validator
+// $PSYCHE_TEST_VALIDATOR names (solana-test-validator with the program at
+// that id: see validator.EnvValidator), where opts do not apply.
 func startValidator(t *testing.T, opts ...validator.Option) *validator.Validator {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a local validator")
+	}
+	if v, ok, err := validator.FromEnv(); ok {
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("using the validator at %s (websocket %s) from $%s", v.RPC, v.WebSocket, validator.EnvValidator)
+		return v
 	}
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node is not installed: the local validator needs it")
@@ -47,6 +59,18 @@ func startValidator(t *testing.T, opts ...validator.Option) *validator.Validator
 	}
 	t.Cleanup(func() { _ = v.Close() })
 	return v
+}
+
+// runName is base on the local validator, which starts with an empty
+// ledger every time; on an attached one, whose ledger outlives the test,
+// base with a random suffix, so that the test can run again.
+func runName(t *testing.T, v *validator.Validator, base string) string {
+	if !v.Attached() {
+		return base
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%x", base, b)
 }
 
 func newBackend(t *testing.T, v *validator.Validator) *solana.Backend {
@@ -68,7 +92,27 @@ func chainTime(t *testing.T, v *validator.Validator) int64 {
 
 func TestBackendSuite(t *testing.T) {
 	// The suite's clock is the chain's, moved by the test: no waiting.
-	v := startValidator(t, validator.WithManualClock())
+	backendSuite(t, startValidator(t, validator.WithManualClock()))
+}
+
+// TestBackendSuiteAttached runs the suite the way it runs against
+// solana-test-validator ($PSYCHE_TEST_VALIDATOR): attached to a validator
+// this test does not control, whose clock follows wall time, so Advance
+// waits for the chain's clock. (With the variable set, TestBackendSuite
+// already does this.)
+func TestBackendSuiteAttached(t *testing.T) {
+	if _, ok, _ := validator.FromEnv(); ok {
+		t.Skipf("$%s is set: TestBackendSuite runs attached", validator.EnvValidator)
+	}
+	wall := startValidator(t, validator.WithSlotDuration(50*time.Millisecond))
+	v, err := validator.Attach(wall.RPC, wall.WebSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backendSuite(t, v)
+}
+
+func backendSuite(t *testing.T, v *validator.Validator) {
 	b := newBackend(t, v)
 	ctx := context.Background()
 	for _, name := range []string{"admin", "alice", "bob", "ticker"} {
@@ -76,18 +120,22 @@ func TestBackendSuite(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	backendtest.Run(t, "solana-suite", backendtest.Harness{
+	run := runName(t, v, "solana-suite")
+	backendtest.Run(t, run, backendtest.Harness{
 		Backend: b,
 		Advance: func(t *testing.T, seconds uint64) {
-			// Move the chain's clock, then tick: on chain, someone has to.
+			// Move the chain's clock (an attached validator's can only be
+			// waited for), then tick: on chain, someone has to.
 			target := chainTime(t, v) + int64(seconds)
-			if err := v.SetClock(ctx, time.Unix(target, 0)); err != nil {
+			wait, cancel := context.WithTimeout(ctx, time.Duration(seconds)*time.Second+time.Minute)
+			defer cancel()
+			if err := v.SetClock(wait, time.Unix(target, 0)); err != nil {
 				t.Fatal(err)
 			}
-			if got := chainTime(t, v); got != target {
+			if got := chainTime(t, v); got < target || (!v.Attached() && got != target) {
 				t.Fatalf("the chain clock reads %d after SetClock(%d)", got, target)
 			}
-			if _, err := b.Send(ctx, "solana-suite", backendtest.Key("ticker"), nil, &coordinator.Tick{}); err != nil {
+			if _, err := b.Send(ctx, run, backendtest.Key("ticker"), nil, &coordinator.Tick{}); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -187,11 +235,12 @@ func TestWebsocketDropIsRecovered(t *testing.T) {
 	if err := b.Airdrop(ctx, admin.Public(), 10_000_000_000); err != nil {
 		t.Fatal(err)
 	}
-	id, _ := coordinator.ParseRunID("ws")
-	if _, err := b.Send(ctx, "ws", admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
+	run := runName(t, v, "ws")
+	id, _ := coordinator.ParseRunID(run)
+	if _, err := b.Send(ctx, run, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
 		t.Fatal(err)
 	}
-	snaps, err := b.Subscribe(ctx, "ws")
+	snaps, err := b.Subscribe(ctx, run)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +248,7 @@ func TestWebsocketDropIsRecovered(t *testing.T) {
 	rename := func(name string) uint64 {
 		var m coordinator.Metadata
 		_ = coordinator.SetFixedString(m.Name[:], name)
-		r, err := b.Send(ctx, "ws", admin, nil, &coordinator.Update{Metadata: &m})
+		r, err := b.Send(ctx, run, admin, nil, &coordinator.Update{Metadata: &m})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,4 +274,94 @@ func TestWebsocketDropIsRecovered(t *testing.T) {
 		}
 	}
 	t.Fatal("the subscription ended")
+}
+
+func TestWebsocketFor(t *testing.T) {
+	for rpcURL, want := range map[string]string{
+		"http://127.0.0.1:8899":           "ws://127.0.0.1:8900",
+		"https://rpc.example.com:443/x?y": "wss://rpc.example.com:444/x?y",
+		"https://api.devnet.solana.com":   "wss://api.devnet.solana.com",
+		"http://[::1]:8899":               "ws://[::1]:8900",
+	} {
+		if got, err := solana.WebsocketFor(rpcURL); err != nil || got != want {
+			t.Errorf("WebsocketFor(%q) = %q, %v; want %q", rpcURL, got, err, want)
+		}
+	}
+	for _, bad := range []string{"ftp://x", "http://x:65535", "::"} {
+		if got, err := solana.WebsocketFor(bad); err == nil {
+			t.Errorf("WebsocketFor(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+// warnings counts the records at warning level or above.
+type warnings struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		w.mu.Lock()
+		w.n++
+		w.mu.Unlock()
+	}
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+// TestSubscriptionEndsWhenFreed frees a run under a live subscription: the
+// closed account's notification (a default account, as Agave sends it) ends
+// the subscription as "run gone", without a broken stream and a reconnect.
+func TestSubscriptionEndsWhenFreed(t *testing.T) {
+	v := startValidator(t)
+	warns := &warnings{}
+	b, err := solana.New(solana.WithRPC(v.RPC), solana.WithWebsocket(v.WebSocket), solana.WithLogger(slog.New(warns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := backendtest.Key("free-admin")
+	if err := b.Airdrop(ctx, admin.Public(), 10_000_000_000); err != nil {
+		t.Fatal(err)
+	}
+	run := runName(t, v, "freed")
+	id, _ := coordinator.ParseRunID(run)
+	if _, err := b.Send(ctx, run, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := b.Subscribe(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-snaps
+	// The subscription may not be live yet: a metadata change observed
+	// through it proves it is.
+	var m coordinator.Metadata
+	_ = coordinator.SetFixedString(m.Name[:], "live")
+	r, err := b.Send(ctx, run, admin, nil, &coordinator.Update{Metadata: &m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range snaps {
+		if s.Nonce() >= r.Nonce {
+			break
+		}
+	}
+	if _, err := b.Send(ctx, run, admin, nil, &coordinator.FreeCoordinator{}); err != nil {
+		t.Fatal(err)
+	}
+	for range snaps {
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the subscription outlived the run")
+	}
+	warns.mu.Lock()
+	defer warns.mu.Unlock()
+	if warns.n != 0 {
+		t.Fatalf("%d warnings: the stream broke instead of ending", warns.n)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/explorer"
 	"github.com/psyche-go/psyche/p2p/libp2p"
 	"github.com/urfave/cli/v2"
 )
@@ -33,7 +34,7 @@ func defaultKeyPath() string {
 var (
 	serverFlag    = &cli.StringFlag{Name: "server", Value: "http://127.0.0.1:7600", Usage: "URL of the server backend (when --rpc is not given)", Category: "BACKEND"}
 	rpcFlag       = &cli.StringSliceFlag{Name: "rpc", Usage: "Solana JSON-RPC endpoint(s), tried in order: selects the Solana backend", Category: "BACKEND"}
-	wsFlag        = &cli.StringSliceFlag{Name: "ws-rpc", Usage: "Solana websocket endpoint(s) (default: each --rpc with ws:// or wss://)", Category: "BACKEND"}
+	wsFlag        = &cli.StringSliceFlag{Name: "ws-rpc", Usage: "Solana websocket endpoint(s) (default: each --rpc with ws:// or wss:// and, where it names a port, the port + 1, as Solana validators serve it)", Category: "BACKEND"}
 	programIDFlag = &cli.StringFlag{Name: "program-id", Value: solana.LocalProgramID.String(), Usage: "address of the coordinator program", Category: "BACKEND"}
 	keyFlag       = &cli.StringFlag{Name: "key", Value: defaultKeyPath(), Usage: "key file (Solana CLI JSON format)", Category: "IDENTITY"}
 	runIDFlag     = &cli.StringFlag{Name: "run-id", Required: true, Usage: "the run (1-32 characters of [A-Za-z0-9._-])", Category: "RUN"}
@@ -54,6 +55,10 @@ var adminCommands = []*cli.Command{
 			&cli.StringFlag{Name: "dir", Value: filepath.Join(defaultDataDir(), "server"), Usage: "directory holding the runs' state and the p2p host's key", Category: "SERVER"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7600", Usage: "address to serve on", Category: "SERVER"},
 			&cli.DurationFlag{Name: "tick-interval", Value: time.Second, Usage: "how often every run is ticked", Category: "SERVER"},
+			&cli.StringSliceFlag{Name: "creators", Value: cli.NewStringSlice(defaultKeyPath()),
+				Usage:    "who may create runs: addresses, key files (their address), or \"any\"; the default is the key psyche keygen writes, so the admin commands work as they stand on this machine",
+				Category: "SERVER"},
+			&cli.IntFlag{Name: "creator-quota", Value: server.DefaultCreatorQuota, Usage: "live runs each creator may hold", Category: "SERVER"},
 			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9101)", Category: "METRICS"},
 			&cli.BoolFlag{Name: "p2p", Value: true, Usage: "run a libp2p host that trainers bootstrap their run's DHT from (its addresses are served at /v1/p2p)", Category: "P2P"},
 			&cli.StringSliceFlag{Name: "p2p-listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "the p2p host's listen addresses (multiaddrs)", Category: "P2P"},
@@ -161,7 +166,12 @@ func runServer(c *cli.Context) error {
 	defer stop()
 	reg := newRegistry()
 	opts := []server.Option{server.WithLogger(logger(c)), server.WithTickInterval(c.Duration("tick-interval")),
-		server.WithMetrics(server.NewMetrics(reg))}
+		server.WithMetrics(server.NewMetrics(reg)), server.WithCreatorQuota(c.Int("creator-quota"))}
+	creators, err := creatorsOption(c)
+	if err != nil {
+		return err
+	}
+	opts = append(opts, creators)
 	if c.Bool("p2p") {
 		if err := os.MkdirAll(c.String("dir"), 0o755); err != nil {
 			return err
@@ -186,10 +196,22 @@ func runServer(c *cli.Context) error {
 	} else if c.Bool("relay") {
 		return errors.New("--relay needs the p2p host (--p2p)")
 	}
-	s, err := server.New(c.String("dir"), opts...)
+	// The run explorer's page is served at "/" beside the API.
+	ex, err := explorer.New(explorer.WithLogger(logger(c)), explorer.WithRefresh(time.Second))
 	if err != nil {
 		return err
 	}
+	opts = append(opts, server.WithPage(ex.Handler()))
+	var s *server.Server
+	fed, err := mountFederated(c.String("dir"), logger(c), reg, &s)
+	if err != nil {
+		return err
+	}
+	s, err = server.New(c.String("dir"), append(opts, fed)...)
+	if err != nil {
+		return err
+	}
+	go func() { _ = ex.Run(ctx, serverSource(s)) }()
 	if addr := c.String("metrics-addr"); addr != "" {
 		at, err := serveMetrics(ctx, addr, reg)
 		if err != nil {
@@ -201,8 +223,46 @@ func runServer(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.App.Writer, "server listening on http://%s (state in %s)\n", l.Addr(), c.String("dir"))
+	fmt.Fprintf(c.App.Writer, "server listening on http://%s (state in %s)\nexplorer: http://%[1]s/\n", l.Addr(), c.String("dir"))
 	return s.Serve(ctx, l)
+}
+
+// creatorsOption reads --creators and --creator-quota.
+func creatorsOption(c *cli.Context) (server.Option, error) {
+	return parseCreators(c.StringSlice("creators"), c.IsSet("creators"), c.Int("creator-quota"), c.App.Writer)
+}
+
+// parseCreators turns --creators values ("any", addresses, key files) into
+// the server's option, and says on w who may create runs. The default key
+// file (explicit false) may be missing, as when the operator has not run
+// psyche keygen yet: then nobody may create runs until the server restarts
+// with one, and w says so; a file named explicitly must exist.
+func parseCreators(values []string, explicit bool, quota int, w io.Writer) (server.Option, error) {
+	var keys []coordinator.Pubkey
+	var names []string
+	for _, v := range values {
+		if v == "any" {
+			fmt.Fprintf(w, "run creators: any key (at most %d live runs each)\n", quota)
+			return server.WithAnyCreator(), nil
+		}
+		if k, err := coordinator.ParsePubkey(v); err == nil {
+			keys, names = append(keys, k), append(names, v)
+			continue
+		}
+		kp, err := chain.LoadKeypair(v)
+		if err != nil {
+			if !explicit && errors.Is(err, fs.ErrNotExist) {
+				fmt.Fprintf(w, "run creators: nobody (no key at %s: run `psyche keygen`, then restart the server, or pass --creators ADDRESS|FILE|any)\n", v)
+				continue
+			}
+			return nil, fmt.Errorf("--creators %s: neither an address nor a key file: %w", v, err)
+		}
+		keys, names = append(keys, kp.Public()), append(names, kp.Public().String()+" ("+v+")")
+	}
+	if len(keys) > 0 {
+		fmt.Fprintf(w, "run creators: %s (at most %d live runs each)\n", strings.Join(names, ", "), quota)
+	}
+	return server.WithCreators(keys...), nil
 }
 
 // withSolanaFlags gives every command that talks to a backend (it has
@@ -222,7 +282,11 @@ func backend(c *cli.Context, needKey bool) (chain.Backend, *chain.Keypair, error
 		wss := c.StringSlice("ws-rpc")
 		if len(wss) == 0 {
 			for _, u := range rpcs {
-				wss = append(wss, strings.Replace(strings.Replace(u, "https://", "wss://", 1), "http://", "ws://", 1))
+				ws, err := solana.WebsocketFor(u)
+				if err != nil {
+					return nil, nil, fmt.Errorf("--rpc: %w", err)
+				}
+				wss = append(wss, ws)
 			}
 		}
 		program, err := coordinator.ParsePubkey(c.String("program-id"))
@@ -279,7 +343,14 @@ func update(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return send(c, u)
+	fed, err := loadFederated(c.String("config"))
+	if err != nil {
+		return err
+	}
+	if err := send(c, u); err != nil || fed == nil {
+		return err
+	}
+	return configureFederated(c, fed)
 }
 
 func setPaused(c *cli.Context) error {
@@ -316,6 +387,14 @@ func tick(c *cli.Context) error {
 		}
 		r, err := b.Send(ctx, c.String("run-id"), k, nil, &coordinator.Tick{})
 		switch {
+		case errors.Is(err, coordinator.ErrNothingDue):
+			// Refused by the coordinator (on chain: in preflight, so no fee
+			// was paid); say in which state it waits.
+			state := "?"
+			if snap, serr := b.Snapshot(ctx, c.String("run-id")); serr == nil {
+				state = snap.State.RunState.String()
+			}
+			fmt.Fprintf(c.App.Writer, "tick: nothing to do (%s)\n", state)
 		case err != nil:
 			fmt.Fprintf(c.App.Writer, "tick: %v\n", err)
 		case r.Changed:
@@ -444,9 +523,15 @@ func status(c *cli.Context) error {
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
+		if fed := federatedInfo(c); fed != nil {
+			return enc.Encode(withFederated{v, fed})
+		}
 		return enc.Encode(v)
 	}
 	printStatus(c.App.Writer, v)
+	if fed := federatedInfo(c); fed != nil {
+		printFederated(c.App.Writer, fed)
+	}
 	return nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -207,6 +209,7 @@ func TestRunFileErrors(t *testing.T) {
 		{"sources.toml", "[model]\ndata = \"builtin:shakespeare\"\n[model.checkpoint]\nurl = \"seed:one\"\n",
 			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file:// and http(s):// are): "seed:one"`,
 				`model.data = "builtin:shakespeare": no such built-in corpus (the built-in ones are builtin:opticks)`}},
+		{"llama-range.toml", "[model]\nn_kv_heads = 5000000000\n", []string{"model.n_kv_heads = 5000000000 does not fit"}},
 	} {
 		_, err := loadRunFile(write(tc.name, tc.content))
 		if err == nil {
@@ -219,7 +222,7 @@ func TestRunFileErrors(t *testing.T) {
 			}
 		}
 	}
-	for _, p := range []string{"tiny-run.toml", "run.toml"} {
+	for _, p := range []string{"tiny-run.toml", "run.toml", "llama-run.toml"} {
 		if _, err := loadRunFile(filepath.Join("..", "..", "examples", p)); err != nil {
 			t.Errorf("examples/%s: %v", p, err)
 		}
@@ -266,6 +269,42 @@ func TestKeygenRefusesToOverwrite(t *testing.T) {
 
 // TestRunFileAggregation: model.optimizer.aggregation names the rule, and a
 // run file that leaves it out gets the robust one (the zero value).
+// TestRunFileLlama: examples/llama-run.toml's model fields reach the
+// coordinator's model, and edits of them break the coordinator's rules with
+// errors that name them.
+func TestRunFileLlama(t *testing.T) {
+	path := filepath.Join("..", "..", "examples", "llama-run.toml")
+	u, err := loadRunFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := u.Model; m.Architecture != coordinator.ArchLlama || m.NKVHeads != 2 || m.IntermediateSize != 176 || m.RopeTheta != 10000 || !m.TiedHead {
+		t.Fatalf("model %+v", m)
+	}
+	text, _ := os.ReadFile(path)
+	for _, tc := range []struct {
+		from, to string
+		want     []string
+	}{
+		{`architecture = "llama"`, `architecture = "gpt"`, []string{"n_kv_heads, intermediate_size, rope_theta and tied_head must be zero for GPT"}},
+		{"n_kv_heads = 2 ", "n_kv_heads = 3 ", []string{"n_kv_heads (3) must be positive and divide n_heads (4)"}},
+		{"intermediate_size = 176", "intermediate_size = 0", []string{"intermediate_size must be greater than 0"}},
+		{"rope_theta = 10000.0", "rope_theta = 0.5", []string{"rope_theta must be finite and greater than 1"}},
+	} {
+		p := filepath.Join(t.TempDir(), "run.toml")
+		if !bytes.Contains(text, []byte(tc.from)) {
+			t.Fatalf("the example lacks %q", tc.from)
+		}
+		_ = os.WriteFile(p, bytes.Replace(text, []byte(tc.from), []byte(tc.to), 1), 0o644)
+		_, err := loadRunFile(p)
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %v lacks %q", tc.to, err, w)
+			}
+		}
+	}
+}
+
 func TestRunFileAggregation(t *testing.T) {
 	example, err := os.ReadFile(tinyRun)
 	if err != nil {
@@ -292,5 +331,61 @@ func TestRunFileAggregation(t *testing.T) {
 		if got := u.Model.Optimizer.Aggregation; got != want {
 			t.Errorf("aggregation %q: %s, want %s", value, got, want)
 		}
+	}
+}
+
+// TestServerCreators: --creators takes addresses, key files and "any"; the
+// default key file may be missing (nobody may create, and the server says
+// so), a file named explicitly may not; whoever is not listed is refused.
+func TestServerCreators(t *testing.T) {
+	dir := t.TempDir()
+	adminFile := filepath.Join(dir, "admin.json")
+	if _, errs, code := psyche(t, "keygen", "--out", adminFile); code != 0 {
+		t.Fatal(errs)
+	}
+	admin, err := chain.LoadKeypair(adminFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := chain.KeypairFromSeed([32]byte{7})
+	missing := filepath.Join(dir, "missing.json")
+	for _, tt := range []struct {
+		name     string
+		values   []string
+		explicit bool
+		says     string
+		allowed  []*chain.Keypair // may create; the others of admin and other may not
+		err      string
+	}{
+		{"key file", []string{adminFile}, true, admin.Public().String(), []*chain.Keypair{admin}, ""},
+		{"address", []string{other.Public().String()}, true, other.Public().String(), []*chain.Keypair{other}, ""},
+		{"any", []string{"any"}, true, "any key", []*chain.Keypair{admin, other}, ""},
+		{"missing default key file", []string{missing}, false, "nobody", nil, ""},
+		{"missing key file named", []string{missing}, true, "", nil, "neither an address nor a key file"},
+		{"neither", []string{"not-a-key"}, true, "", nil, "neither an address nor a key file"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			opt, err := parseCreators(tt.values, tt.explicit, 4, &out)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %v, want an error with %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || !strings.Contains(out.String(), tt.says) {
+				t.Fatalf("got %v, printed %q, want it to say %q", err, out.String(), tt.says)
+			}
+			url := serve(t, opt)
+			c := server.NewClient(url, nil)
+			for i, k := range []*chain.Keypair{admin, other} {
+				id := fmt.Sprintf("run%d", i)
+				rid, _ := coordinator.ParseRunID(id)
+				_, err := c.Send(context.Background(), id, k, nil, &coordinator.InitCoordinator{MainAuthority: k.Public(), RunID: rid})
+				if want := slices.Contains(tt.allowed, k); want != (err == nil) || !want && !errors.Is(err, server.ErrNotCreator) {
+					t.Errorf("key %d creating a run: %v (allowed: %v)", i, err, want)
+				}
+			}
+		})
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/urfave/cli/v2"
 )
@@ -25,11 +27,13 @@ train a model with another hash; any other revision is a label, not checked.
 Without --out nothing is written: the command only computes the hash (for a
 seed:N run, whose trainers need no file). With --out it also writes the model
 as a safetensors checkpoint, atomically, for a run whose url names that file
-on every trainer (file://) or a server holding a copy (http(s)://).`,
+on every trainer (file://) or a server holding a copy (http(s)://). A Llama
+with an --out that does not end in .safetensors is written as a Hugging Face
+directory (config.json, model.safetensors) that transformers loads too.`,
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "config", Usage: "the run file (TOML) whose [model] to build", Required: true, Category: "MODEL"},
 		&cli.Uint64Flag{Name: "seed", Usage: "seed of the initial weights", DefaultText: `N of the run file's url = "seed:N"`, Category: "MODEL"},
-		&cli.StringFlag{Name: "out", Usage: "write the model to this safetensors file", Category: "MODEL"},
+		&cli.StringFlag{Name: "out", Usage: "write the model to this safetensors file (a Llama: or Hugging Face directory)", Category: "MODEL"},
 	},
 	Action: initModel,
 }
@@ -69,9 +73,15 @@ func initModel(c *cli.Context) error {
 		if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
 			return err
 		}
-		// The seed and hash in the metadata say where the file came from;
-		// the hash a trainer checks is computed from the tensors.
-		if err := model.Save(c.Context, abs, map[string]string{"seed": fmt.Sprint(seed), "revision": rev}); err != nil {
+		if lm, ok := model.(*llama.Model); ok && !strings.HasSuffix(abs, ".safetensors") {
+			// F32, so the directory's model hashes as this one.
+			err = lm.SaveHF(c.Context, abs, llama.HFOptions{})
+		} else {
+			// The seed and hash in the metadata say where the file came
+			// from; the hash a trainer checks is computed from the tensors.
+			err = model.Save(c.Context, abs, map[string]string{"seed": fmt.Sprint(seed), "revision": rev})
+		}
+		if err != nil {
 			return err
 		}
 		fmt.Fprintf(w, "wrote %s\n", abs)

@@ -114,11 +114,38 @@ func TestInitModelRejects(t *testing.T) {
 	}
 }
 
-// The tiny example says it needs no files: its revision is the hash of the
-// model seed:N draws for its [model], so trainers accept it, and its data
-// opens at its token size and sequence length.
+// A Llama's --out directory is a Hugging Face checkpoint of the model whose
+// revision the command prints.
+func TestInitModelWritesHFDirectory(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "hf")
+	stdout, errs, code := psyche(t, "init-model", "--config", filepath.Join("..", "..", "examples", "llama-run.toml"), "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	m, err := runmodel.Load(context.Background(), out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rev := printedLine(t, stdout, "revision"); rev != runmodel.Revision(m) {
+		t.Fatalf("printed revision %s, the directory's model hashes to %s", rev, runmodel.Revision(m))
+	}
+	cfg, err := os.ReadFile(filepath.Join(out, "config.json"))
+	if err != nil || !strings.Contains(string(cfg), `"rms_norm_eps": 0.00001,`) {
+		t.Fatalf("config.json: %s %v", cfg, err)
+	}
+}
+
+// The tiny and Llama examples say they need no files: each revision is the
+// hash of the model seed:N draws for its [model], so trainers accept it, and
+// its data opens at its token size and sequence length.
 func TestTinyRunExampleIsTrue(t *testing.T) {
-	u, err := loadRunFile(tinyRun)
+	for _, path := range []string{tinyRun, filepath.Join("..", "..", "examples", "llama-run.toml")} {
+		t.Run(filepath.Base(path), func(t *testing.T) { checkSeedExample(t, path) })
+	}
+}
+
+func checkSeedExample(t *testing.T, path string) {
+	u, err := loadRunFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +160,7 @@ func TestTinyRunExampleIsTrue(t *testing.T) {
 	}
 	rev := coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:])
 	if !runmodel.IsHash(rev) || rev != runmodel.Revision(m) {
-		t.Fatalf("examples/tiny-run.toml records revision %q; the model of %s hashes to %s", rev, url, runmodel.Revision(m))
+		t.Fatalf("%s records revision %q; the model of %s hashes to %s", path, rev, url, runmodel.Revision(m))
 	}
 	if got, want := m.NumParams(), int(u.Metadata.NumParameters); got != want {
 		t.Errorf("metadata.num_parameters is %d, the model has %d", want, got)

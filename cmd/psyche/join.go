@@ -34,6 +34,9 @@ var joinCommand = &cli.Command{
 		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
+		&cli.StringFlag{Name: "local-data", Usage: "join a federated run (its run file has a [federated] section) as a client that trains on this text file of its own, which never leaves the machine", Category: "FEDERATED"},
+		&cli.IntFlag{Name: "rounds", Usage: "with --local-data: leave once the server's model reaches this round (0: when the run finishes)", Category: "FEDERATED"},
+		&cli.IntFlag{Name: "batch", Value: 4, Usage: "with --local-data: sequences per local training step", Category: "FEDERATED"},
 		&cli.BoolFlag{Name: "tick", Usage: "send tick transactions when the run's timers say a transition is due (default: on with --rpc, where no server ticks the run)", Category: "RUN"},
 	},
 	Action: join,
@@ -45,6 +48,9 @@ func join(c *cli.Context) error {
 	b, signer, err := backend(c, true)
 	if err != nil {
 		return err
+	}
+	if c.String("local-data") != "" {
+		return joinFederated(c, signer)
 	}
 	p2pKey := c.String("p2p-key")
 	if p2pKey == "" {

@@ -22,6 +22,7 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/explorer"
 	"github.com/psyche-go/psyche/internal/quietclock"
 	"github.com/psyche-go/psyche/p2p/libp2p"
 	program "github.com/psyche-go/psyche/programs/coordinator"
@@ -62,6 +63,9 @@ same number of steps on a slow or busy machine as on a fast one. The tests use i
 		&cli.StringFlag{Name: "aggregation", Value: "robust", Usage: "how trainers combine a round's results: robust, mean or clipped-mean", Category: "RUN"},
 		&cli.BoolFlag{Name: "quantize", Value: true, Usage: "send 1-bit signs (false: float32 values)", Category: "RUN"},
 		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
+		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
+		&cli.IntFlag{Name: "drop-trainer-at", Usage: "stop the last trainer once the run reaches this step, to watch the others drop it (0: never)", Category: "RUN"},
+		&cli.StringFlag{Name: "explorer-addr", Value: "127.0.0.1:0", Usage: "serve the run explorer on this address while the run lasts (port 0: any free port; empty: no explorer)", Category: "EXPLORER"},
 	},
 	Action: localnet,
 }
@@ -71,8 +75,42 @@ same number of steps on a slow or busy machine as on a fast one. The tests use i
 // trainers, or a snapshot on its way to them, on a loaded machine.
 const virtualSettle = 100 * time.Millisecond
 
-// localnetModel is the model localnet trains: about 120k parameters.
+// localnetModel is the model localnet trains without --run: about 120k
+// parameters.
 var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}
+
+// localnetRunModel is the run's model: localnet's own, or with --run the
+// run file's [model], whose checkpoint must be drawn from a seed (every
+// trainer draws it; localnet writes no model file). Its data stays the
+// file's unless it is builtin:opticks, which localnet replaces by its own
+// token file of the same text without the held-out tenth.
+func localnetRunModel(c *cli.Context) (*coordinator.Model, uint64, error) {
+	seed := c.Uint64("seed")
+	m := &coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
+		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
+		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
+	runmodel.SetGPT(m, localnetModel)
+	_ = coordinator.SetFixedString(m.DataLocation[:], data.BuiltinPrefix+"opticks")
+	path := c.String("run")
+	if path == "" {
+		return m, seed, nil
+	}
+	u, err := loadRunFile(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	if u.Model == nil {
+		return nil, 0, fmt.Errorf("--run %s: the file has no [model]", path)
+	}
+	src, err := runmodel.ParseSource(coordinator.FixedString(u.Model.Checkpoint.Source.URL[:]))
+	if err != nil || src.Kind != runmodel.FromSeed {
+		return nil, 0, fmt.Errorf("--run %s: localnet draws the model from a seed: model.checkpoint.url must be seed:N", path)
+	}
+	if _, err := runmodel.ModelConfig(u.Model); err != nil {
+		return nil, 0, fmt.Errorf("--run %s: %w", path, err)
+	}
+	return u.Model, src.Seed, nil
+}
 
 // localnet runs a whole run on this machine, in named steps: check the
 // flags, prepare the data and the initial model, start the backend, create
@@ -94,7 +132,11 @@ func localnet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	files, err := prepareLocalFiles(ctx, dir, c.Uint64("seed"))
+	model, seed, err := localnetRunModel(c)
+	if err != nil {
+		return err
+	}
+	files, err := prepareLocalFiles(ctx, dir, model, seed)
 	if err != nil {
 		return err
 	}
@@ -107,22 +149,33 @@ func localnet(c *cli.Context) error {
 	for i := range signers {
 		signers[i] = chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("localnet trainer %d %s", i, runID))))
 	}
-	lb, err := startLocalBackend(ctx, runCtx, dir, log, c.Bool("solana"), c.Bool("virtual-time"), append([]*chain.Keypair{admin}, signers...))
+	lb, err := startLocalBackend(ctx, runCtx, dir, log, c.Bool("solana"), c.Bool("virtual-time"), admin.Public(), append([]*chain.Keypair{admin}, signers...))
 	if err != nil {
 		return err
 	}
 	if lb.close != nil {
 		defer lb.close()
 	}
-	tune := func(m *coordinator.Model) {
-		m.Optimizer.Aggregation = coordinator.Aggregation(aggregationNames[c.String("aggregation")])
-		m.Optimizer.Quantize1Bit = c.Bool("quantize")
+	tune := func(k *coordinator.Config, m *coordinator.Model) {
+		if c.Int("drop-trainer-at") > 0 {
+			// The next epoch starts without the trainer that is stopped.
+			k.InitMinClients = uint16(n - 1)
+		}
+		if c.String("run") == "" || c.IsSet("aggregation") {
+			m.Optimizer.Aggregation = coordinator.Aggregation(aggregationNames[c.String("aggregation")])
+		}
+		if c.String("run") == "" || c.IsSet("quantize") {
+			m.Optimizer.Quantize1Bit = c.Bool("quantize")
+		}
 	}
-	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), files.tokens, files.seed, files.initial, tune); err != nil {
+	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), *model, files, tune); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter GPT, %s, files in %s\n",
-		runID, n, localnetModel.NumParams(), lb.where, dir)
+	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter %s, %s, files in %s\n",
+		runID, n, files.initial.NumParams(), archName(model.Architecture), lb.where, dir)
+	if err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID, files); err != nil {
+		return err
+	}
 	if lb.clock != nil {
 		fmt.Fprintln(out, "localnet: virtual time: the run's clock moves only while every trainer waits")
 		go func() { _ = lb.clock.Run(runCtx, time.Second, virtualSettle) }()
@@ -147,11 +200,15 @@ func localnet(c *cli.Context) error {
 	}
 	heap := watchHeap(runCtx)
 	errs := make(chan error, n)
-	for _, t := range trainers {
+	for _, t := range trainers[:n-1] {
 		go func() { errs <- t.node.Run(runCtx) }()
 	}
+	drop := dropLast(runCtx, out, trainers[n-1], c.Int("drop-trainer-at"), errs)
+	if c.Int("drop-trainer-at") > 0 && n > 1 {
+		honest = slices.DeleteFunc(slices.Clone(honest), func(t *localTrainer) bool { return t == trainers[n-1] })
+	}
 	start := time.Now()
-	last, rounds, err := followLocalRun(ctx, runCtx, out, lb.backend, runID, epochs, trainers, errs)
+	last, rounds, err := followLocalRun(ctx, runCtx, out, lb.backend, runID, epochs, trainers, errs, drop)
 	if err != nil {
 		return err
 	}
@@ -177,6 +234,12 @@ func checkLocalnetFlags(c *cli.Context) error {
 		return fmt.Errorf("--epochs must be at least 1, got %d", epochs)
 	case epochTime < 4:
 		return fmt.Errorf("--epoch-time must be at least 4 seconds, got %d", epochTime)
+	case c.Int("drop-trainer-at") < 0 || (c.Int("drop-trainer-at") > 0 && n < 2):
+		return fmt.Errorf("--drop-trainer-at must be 0, or a step with at least 2 trainers (the others go on), got %d with %d", c.Int("drop-trainer-at"), n)
+	case c.Int("drop-trainer-at") > 0 && c.Bool("solana") && c.Bool("virtual-time"):
+		// Seen stalled: the virtual clock never moved again after the stop
+		// (the others' work on the stopped trainer's round kept it busy).
+		return fmt.Errorf("--drop-trainer-at does not work with --solana --virtual-time yet (the run's virtual clock stalls); drop one of them")
 	case c.Int("batch") < 1 || c.Int("batch")*n > 65535:
 		return fmt.Errorf("--batch must be between 1 and %d for %d trainers, got %d", 65535/n, n, c.Int("batch"))
 	}
@@ -199,21 +262,24 @@ type localFiles struct {
 	tokens  string   // path of the token file
 	heldOut []uint32 // the last tenth of the text, never trained on
 	seed    uint64   // the run starts from seed:seed, which every trainer draws
-	initial *gpt.Model
+	initial runmodel.Model
 }
 
 // prepareLocalFiles writes the bundled text as byte tokens, the last tenth
 // held out (so not builtin:opticks, which is all of it), and draws the
 // initial model from seed as the trainers will, for the summary's
 // before-and-after loss and the run's revision.
-func prepareLocalFiles(ctx context.Context, dir string, seed uint64) (localFiles, error) {
+func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model, seed uint64) (localFiles, error) {
 	tokens := data.Tokenize(data.Opticks())
 	f := localFiles{tokens: filepath.Join(dir, "opticks.tokens"), heldOut: tokens[len(tokens)*9/10:], seed: seed}
 	if err := data.WriteTokenFile(ctx, f.tokens, tokens[:len(tokens)*9/10], data.TokenSize16); err != nil {
 		return f, err
 	}
-	var err error
-	f.initial, err = gpt.New(localnetModel, seed, nil)
+	cfg, err := runmodel.ModelConfig(model)
+	if err != nil {
+		return f, err
+	}
+	f.initial, err = runmodel.New(cfg, seed, nil)
 	return f, err
 }
 
@@ -223,14 +289,16 @@ type localBackend struct {
 	where    string
 	nodeOpts []node.Option
 	clock    *quietclock.Clock // nil: the wall clock
+	server   *server.Server    // the embedded server (nil on Solana)
 	up       chan error        // the backend's result once runCtx ends
 	close    func()            // stops the validator, if any
 }
 
-// startLocalBackend starts the embedded server or, with solana, the local
-// validator with the coordinator program (funding the keys), on the wall
-// clock or in virtual time. ctx bounds the start; runCtx the backend's life.
-func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger, solana, virtual bool, fund []*chain.Keypair) (*localBackend, error) {
+// startLocalBackend starts the embedded server (on which only creator may
+// create runs) or, with solana, the local validator with the coordinator
+// program (funding the keys), on the wall clock or in virtual time. ctx
+// bounds the start; runCtx the backend's life.
+func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger, solana, virtual bool, creator coordinator.Pubkey, fund []*chain.Keypair) (*localBackend, error) {
 	lb := &localBackend{up: make(chan error, 1)}
 	// Virtual time starts at the next whole second (both backends count
 	// unix seconds), after the validator's clock started.
@@ -258,11 +326,12 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 		}
 	} else {
 		// The server ticks when a transition falls due: no short interval needed.
-		opts := []server.Option{server.WithLogger(log)}
+		opts := []server.Option{server.WithLogger(log), server.WithCreators(creator)}
 		if virtual {
 			lb.clock = newClock()
 			// The server ticks when the clock moves, not by itself.
-			opts = []server.Option{server.WithManualTicks(), server.WithLogger(log), server.WithClock(lb.clock.Now)}
+			opts = []server.Option{server.WithManualTicks(), server.WithLogger(log), server.WithCreators(creator),
+				server.WithClock(lb.clock.Now)}
 		}
 		srv, err := server.New(filepath.Join(dir, "server"), opts...)
 		if err != nil {
@@ -276,6 +345,7 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 			return nil, err
 		}
 		go func() { lb.up <- srv.Serve(runCtx, l) }()
+		lb.server = srv
 		lb.backend, lb.where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
 	}
 	if lb.clock != nil {
@@ -288,7 +358,7 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 // passed epochs epochs or finished, ctx ends (an interrupt), or a trainer
 // fails. It returns the last state and the rounds' timing.
 func followLocalRun(ctx, runCtx context.Context, out io.Writer, b chain.Backend, runID string, epochs int,
-	trainers []*localTrainer, errs <-chan error) (*coordinator.Coordinator, *roundClock, error) {
+	trainers []*localTrainer, errs <-chan error, onStep func(*coordinator.Coordinator)) (*coordinator.Coordinator, *roundClock, error) {
 	snaps, err := b.Subscribe(runCtx, runID)
 	if err != nil {
 		return nil, nil, err
@@ -313,6 +383,7 @@ func followLocalRun(ctx, runCtx context.Context, out io.Writer, b chain.Backend,
 				lastStep = s.State.Progress.Step
 				rounds.start(s.State.Progress.Epoch, trainers)
 				printLocalProgress(out, s.State, trainers, time.Since(start))
+				onStep(s.State)
 			}
 			if int(s.State.Progress.Epoch) >= epochs || s.State.RunState == coordinator.Finished {
 				return last, rounds, nil
@@ -404,7 +475,7 @@ func (t *localTrainer) progress() node.Progress {
 	return t.prog
 }
 
-func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, tokenPath string, seed uint64, initial *gpt.Model, tune func(*coordinator.Model)) error {
+func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, m coordinator.Model, files localFiles, tune func(*coordinator.Config, *coordinator.Model)) error {
 	id, err := coordinator.ParseRunID(runID)
 	if err != nil {
 		return err
@@ -413,18 +484,17 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: uint64(min(30, epochTime-1)), RoundWitnessTime: 1,
 		EpochTime: uint64(epochTime), WaitingForMembersExtraTime: 1, TotalSteps: 100_000,
 		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(n), MinClients: uint16(max(1, n-1))}
-	m := coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
-		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
-		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
-	runmodel.SetGPT(&m, localnetModel)
-	tune(&m)
+	tune(&cfg, &m)
 	// The trainers draw the model from the seed and check it against its
 	// hash, as in a run file with url = "seed:N".
 	m.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], runmodel.SeedURL(seed))          // at most 25 bytes: fits
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(initial)) // 32 bytes: fits
-	if err := coordinator.SetFixedString(m.DataLocation[:], tokenPath); err != nil {
-		return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], runmodel.SeedURL(files.seed))          // at most 25 bytes: fits
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(files.initial)) // 32 bytes: fits
+	if coordinator.FixedString(m.DataLocation[:]) == data.BuiltinPrefix+"opticks" {
+		m.DataKind, m.TokenSize = coordinator.DataLocal, 2
+		if err := coordinator.SetFixedString(m.DataLocation[:], files.tokens); err != nil {
+			return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
+		}
 	}
 	var meta coordinator.Metadata
 	_ = coordinator.SetFixedString(meta.Name[:], "localnet")
@@ -530,8 +600,8 @@ func bytesString(b uint64) string {
 }
 
 // heldOutLoss is the mean loss over up to 32 held-out sequences.
-func heldOutLoss(m *gpt.Model, tokens []uint32) (float32, error) {
-	t := m.Context
+func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
+	t := runmodel.ConfigOf(m).Context()
 	seqs := min(32, (len(tokens)-1)/t)
 	in, tg := make([]uint32, seqs*t), make([]uint32, seqs*t)
 	for i := 0; i < seqs; i++ {
@@ -541,7 +611,7 @@ func heldOutLoss(m *gpt.Model, tokens []uint32) (float32, error) {
 	return m.Forward(in, tg, seqs, t)
 }
 
-func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trainers []*localTrainer, heldOut []uint32, elapsed time.Duration) error {
+func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, trainers []*localTrainer, heldOut []uint32, elapsed time.Duration) error {
 	if s == nil {
 		return fmt.Errorf("no coordinator state was received")
 	}
@@ -565,7 +635,7 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trai
 		fmt.Fprintf(w, "held-out loss: %.3f -> %.3f\n", before, after)
 		same := true
 		for _, t := range trainers[1:] {
-			if m := t.node.Model(); m == nil || !slices.Equal(m.Params, final.Params) {
+			if m := t.node.Model(); m == nil || m.Hash() != final.Hash() {
 				same = false
 			}
 		}
@@ -574,7 +644,7 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trai
 	if s.Progress.Step > 0 {
 		results = uint64(s.Progress.Step-1) * uint64(len(trainers))
 	}
-	dense := results * 4 * uint64(localnetModel.NumParams())
+	dense := results * 4 * uint64(initial.NumParams())
 	fmt.Fprintf(w, "tokens trained: %d\n", tokens)
 	if sent > 0 && dense > 0 {
 		fmt.Fprintf(w, "results sent: %s (dense fp32 gradients would be %s: %.0fx more)\n", bytesString(sent), bytesString(dense), float64(dense)/float64(sent))
@@ -582,4 +652,103 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial *gpt.Model, trai
 	url := coordinator.FixedString(s.Model.Checkpoint.Source.URL[:])
 	fmt.Fprintf(w, "checkpoint: %s (%s)\n", strings.TrimPrefix(url, "file://"), s.Model.Checkpoint.Kind)
 	return nil
+}
+
+// archName names an architecture as run files do.
+func archName(a coordinator.Architecture) string {
+	switch a {
+	case coordinator.ArchGPT:
+		return "GPT"
+	case coordinator.ArchLlama:
+		return "Llama"
+	}
+	return fmt.Sprintf("architecture %d", a)
+}
+
+// dropLast runs the last trainer until the run reaches step at (0: to the
+// end), then stops it as a machine that fails would stop: its node and its
+// libp2p host end, and the others' witnesses report it missing. Its result
+// goes to errs only once runCtx ends, so the run goes on without it. The
+// returned function is called at each new step.
+func dropLast(runCtx context.Context, out io.Writer, t *localTrainer, at int, errs chan<- error) func(*coordinator.Coordinator) {
+	ctx, stop := context.WithCancel(runCtx)
+	go func() {
+		err := t.node.Run(ctx)
+		if ctx.Err() != nil && runCtx.Err() == nil {
+			<-runCtx.Done() // stopped on purpose: not a failure of the run
+			err = nil
+		}
+		errs <- err // as for every other trainer, if it stopped by itself
+	}()
+	var once sync.Once
+	return func(s *coordinator.Coordinator) {
+		if at <= 0 || s.Progress.Step < uint32(at) {
+			return
+		}
+		once.Do(func() {
+			fmt.Fprintf(out, "localnet: stopping trainer %s at step %d (--drop-trainer-at)\n", t.node.ID().Signer.String(), s.Progress.Step)
+			stop()
+			_ = t.net.Close()
+		})
+	}
+}
+
+// startLocalExplorer serves the run explorer for the run on addr (none if
+// addr is empty) until ctx ends, and prints its address. It measures the
+// held-out loss of the initial model and of every checkpoint the run
+// records (they are files here) for the loss curve.
+func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *slog.Logger, lb *localBackend, runID string, files localFiles) error {
+	if addr == "" {
+		return nil
+	}
+	opts := []explorer.Option{explorer.WithLogger(log), explorer.WithRefresh(time.Second)}
+	if lb.clock != nil {
+		opts = append(opts, explorer.WithClock(lb.clock.Now))
+	}
+	ex, err := explorer.New(opts...)
+	if err != nil {
+		return err
+	}
+	src := explorer.FixedRuns(lb.backend, runID)
+	if lb.server != nil {
+		src = serverSource(lb.server)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--explorer-addr: %w", err)
+	}
+	if before, err := heldOutLoss(files.initial, files.heldOut); err == nil {
+		ex.RecordHeldOut(runID, 0, 0, float64(before))
+	}
+	snaps, err := lb.backend.Subscribe(ctx, runID)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "localnet: explorer http://%s/#/run/%s\n", l.Addr(), runID)
+	go func() { _ = serveExplorer(ctx, l, ex, src, log) }()
+	go measureCheckpoints(snaps, ex, runID, files.heldOut, log)
+	return nil
+}
+
+// measureCheckpoints records the held-out loss of each checkpoint the run
+// records (a file:// URL in a cooldown), at the step it was recorded.
+func measureCheckpoints(snaps <-chan chain.Snapshot, ex *explorer.Explorer, runID string, heldOut []uint32, log *slog.Logger) {
+	last := ""
+	for s := range snaps {
+		url := coordinator.FixedString(s.State.Model.Checkpoint.Source.URL[:])
+		path, ok := strings.CutPrefix(url, "file://")
+		if !s.State.Epoch.Checkpointed || !ok || url == last {
+			continue
+		}
+		last = url
+		m, err := runmodel.Load(context.Background(), path, nil)
+		if err == nil {
+			var loss float32
+			if loss, err = heldOutLoss(m, heldOut); err == nil {
+				ex.RecordHeldOut(runID, s.State.Progress.Step, s.State.Progress.Epoch, float64(loss))
+				continue
+			}
+		}
+		log.Warn("measuring a checkpoint's held-out loss", "checkpoint", url, "err", err)
+	}
 }

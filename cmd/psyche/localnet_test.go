@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -29,6 +31,56 @@ func TestLocalnetTrains(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log("the last log lines:\n" + tail(errb.String(), 150))
+	}
+}
+
+// TestLocalnetTrainsLlama trains examples/llama-run.toml's Llama for one
+// epoch: the trainers agree, the loss falls, and the recorded checkpoint is
+// a Hugging Face directory.
+func TestLocalnetTrainsLlama(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	var out, errb bytes.Buffer
+	dir := t.TempDir()
+	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--run", "../../examples/llama-run.toml", "--virtual-time",
+		"--trainers", "3", "--epochs", "1", "--epoch-time", "6", "--dir", dir}, &out, &errb)
+	got := out.String()
+	t.Log("\n" + got)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, tail(errb.String(), 150))
+	}
+	for _, want := range []string{"108864-parameter Llama", "trainers hold identical weights: true", "checkpoint: "} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	var before, after float64
+	if _, err := fmt.Sscanf(got[strings.Index(got, "held-out loss: "):], "held-out loss: %f -> %f", &before, &after); err != nil {
+		t.Fatal(err)
+	} else if after >= before-0.2 {
+		t.Errorf("held-out loss %.3f -> %.3f: no better", before, after)
+	}
+	ck := strings.Fields(got[strings.Index(got, "checkpoint: "):])[1]
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		if _, err := os.Stat(filepath.Join(ck, f)); err != nil {
+			t.Errorf("the checkpoint is not a Hugging Face directory: %v", err)
+		}
+	}
+}
+
+func TestLocalnetRunNeedsASeed(t *testing.T) {
+	b, err := os.ReadFile("../../examples/llama-run.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "run.toml")
+	if err := os.WriteFile(path, bytes.Replace(b, []byte(`url = "seed:1"`), []byte(`url = "file:///x"`), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"psyche", "localnet", "--run", path}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "must be seed:N") {
+		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 }
 
@@ -72,7 +124,8 @@ func tail(s string, n int) string {
 }
 
 func TestLocalnetRejectsBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"--trainers", "0"}, {"--trainers", "300"}, {"--epochs", "0"}, {"--epoch-time", "2"}} {
+	for _, args := range [][]string{{"--trainers", "0"}, {"--trainers", "300"}, {"--epochs", "0"}, {"--epoch-time", "2"},
+		{"--trainers", "1", "--drop-trainer-at", "3"}, {"--drop-trainer-at", "-1"}} {
 		var out, errb bytes.Buffer
 		if code := run(append([]string{"psyche", "localnet"}, args...), &out, &errb); code == 0 {
 			t.Errorf("%v: exit 0", args)
@@ -94,5 +147,15 @@ func TestEnvironmentSetsFlags(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "PSYCHE_NO_SUCH_FLAG") {
 		t.Errorf("unknown variable not warned about: %q", errb.String())
+	}
+}
+
+func TestExplorerCommandNeedsRunIDsOnSolana(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"psyche", "explorer", "--rpc", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"}, &out, &errb); code == 0 {
+		t.Fatal("explorer --rpc without --run-id started")
+	}
+	if !strings.Contains(errb.String(), "--rpc needs --run-id") {
+		t.Errorf("unclear error %q", errb.String())
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/programs/validator"
 )
 
 // asCLI is the environment variable that makes the test binary the psyche
@@ -150,10 +151,15 @@ func TestServerFlowAcrossProcesses(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	dir := t.TempDir()
+	// The admin's key first: the server lets only it create runs.
+	adminKey := filepath.Join(dir, "keys", "admin.json")
+	if _, errs, code := psyche(t, "keygen", "--out", adminKey); code != 0 {
+		t.Fatal(errs)
+	}
 	srv := startProc(t, "server", "server", "--dir", filepath.Join(dir, "server"), "--listen", "127.0.0.1:0",
-		"--tick-interval", "200ms", "--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--relay")
+		"--tick-interval", "200ms", "--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--relay", "--creators", adminKey)
 	url := "http://" + srv.waitLine(t, regexp.MustCompile(`server listening on http://(\S+)`))[1]
-	flowAcrossProcesses(t, flowBackend{args: []string{"--server", url}, backend: server.NewClient(url, nil)})
+	flowAcrossProcesses(t, flowBackend{runID: "tiny", args: []string{"--server", url}, backend: server.NewClient(url, nil), adminKey: adminKey})
 }
 
 // TestSolanaFlowAcrossProcesses is the same run on the Solana backend: a
@@ -164,19 +170,30 @@ func TestSolanaFlowAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run")
 	}
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Skip("node is not installed: the local validator needs it")
+	// The validator $PSYCHE_TEST_VALIDATOR names (solana-test-validator with
+	// the program loaded: validator.EnvValidator), else `psyche validator`.
+	rpc, wsURL, runID := "", "", "tiny"
+	if v, ok, err := validator.FromEnv(); ok {
+		if err != nil {
+			t.Fatal(err)
+		}
+		rpc, wsURL, runID = v.RPC, v.WebSocket, uniqueRun("tiny")
+	} else {
+		if _, err := exec.LookPath("node"); err != nil {
+			t.Skip("node is not installed: the local validator needs it")
+		}
+		val := startProc(t, "validator", "--log-level", "warn", "validator", "--port", "0")
+		m := val.waitLine(t, regexp.MustCompile(`validator: rpc (\S+), websocket (\S+),`))
+		rpc, wsURL = m[1], m[2]
 	}
-	val := startProc(t, "validator", "--log-level", "warn", "validator", "--port", "0")
-	rpc := strings.TrimSuffix(val.waitLine(t, regexp.MustCompile(`validator: rpc (\S+)`))[1], ",")
-	relay := startProc(t, "relay", "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--run-id", "tiny",
+	relay := startProc(t, "relay", "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--run-id", runID,
 		"--p2p-key", filepath.Join(t.TempDir(), "relay.p2p.key"))
 	relayAddr := relay.waitLine(t, regexp.MustCompile(`relay address: (\S+)`))[1]
-	b, err := solana.New(solana.WithRPC(rpc), solana.WithWebsocket(strings.Replace(rpc, "http://", "ws://", 1)))
+	b, err := solana.New(solana.WithRPC(rpc), solana.WithWebsocket(wsURL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	flowAcrossProcesses(t, flowBackend{args: []string{"--rpc", rpc}, backend: b,
+	flowAcrossProcesses(t, flowBackend{args: []string{"--rpc", rpc}, backend: b, runID: runID,
 		joinArgs: []string{"--bootstrap", relayAddr, "--relay", relayAddr},
 		fund: func(k *chain.Keypair) {
 			if err := b.Airdrop(context.Background(), k.Public(), 10_000_000_000); err != nil {
@@ -187,10 +204,12 @@ func TestSolanaFlowAcrossProcesses(t *testing.T) {
 
 // flowBackend is where flowAcrossProcesses runs its run.
 type flowBackend struct {
+	runID    string        // the run's id
 	args     []string      // the commands' backend flags
 	backend  chain.Backend // the test's own view of the run
 	joinArgs []string      // extra flags for join
 	fund     func(*chain.Keypair)
+	adminKey string // the admin's key file, if the backend needed it first
 }
 
 // flowAcrossProcesses is the run both backends play: admin commands, three
@@ -218,7 +237,9 @@ func flowAcrossProcesses(t *testing.T, fb flowBackend) {
 	keys := map[string]string{}
 	for _, who := range []string{"admin", "trainer1", "trainer2", "trainer3"} {
 		keys[who] = filepath.Join(dir, "keys", who+".json")
-		if _, errs, code := psyche(t, "keygen", "--out", keys[who]); code != 0 {
+		if who == "admin" && fb.adminKey != "" {
+			keys[who] = fb.adminKey
+		} else if _, errs, code := psyche(t, "keygen", "--out", keys[who]); code != 0 {
 			t.Fatal(errs)
 		}
 		if fb.fund != nil {
@@ -231,7 +252,7 @@ func flowAcrossProcesses(t *testing.T, fb flowBackend) {
 	}
 	admin := func(args ...string) {
 		t.Helper()
-		if out, errs, code := psyche(t, append(append(args, fb.args...), "--key", keys["admin"], "--run-id", "tiny")...); code != 0 {
+		if out, errs, code := psyche(t, append(append(args, fb.args...), "--key", keys["admin"], "--run-id", fb.runID)...); code != 0 {
 			t.Fatalf("%v: %s %s", args, out, errs)
 		}
 	}
@@ -246,7 +267,7 @@ func flowAcrossProcesses(t *testing.T, fb flowBackend) {
 	}
 	t.Cleanup(func() { os.RemoveAll(data) })
 	join := func(who string) *proc {
-		args := append([]string{"--log-format", "json", "join", "--key", keys[who], "--run-id", "tiny",
+		args := append([]string{"--log-format", "json", "join", "--key", keys[who], "--run-id", fb.runID,
 			"--data-dir", data, "--listen", "/ip4/127.0.0.1/tcp/0", "--mdns=false"}, fb.args...)
 		return startProc(t, who, append(args, fb.joinArgs...)...)
 	}
@@ -258,7 +279,7 @@ func flowAcrossProcesses(t *testing.T, fb flowBackend) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute) // a hang guard
 	defer cancel()
-	snaps, err := fb.backend.Subscribe(ctx, "tiny")
+	snaps, err := fb.backend.Subscribe(ctx, fb.runID)
 	if err != nil {
 		t.Fatal(err)
 	}

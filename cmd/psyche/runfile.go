@@ -46,9 +46,14 @@ type runFile struct {
 		DModel       uint64 `toml:"d_model"`
 		NLayers      uint64 `toml:"n_layers"`
 		NHeads       uint64 `toml:"n_heads"`
-		TokenSize    uint64 `toml:"token_size"`
-		Data         string `toml:"data"`
-		Checkpoint   struct {
+		// Llama only.
+		NKVHeads         uint64  `toml:"n_kv_heads"`
+		IntermediateSize uint64  `toml:"intermediate_size"`
+		RopeTheta        float64 `toml:"rope_theta"`
+		TiedHead         bool    `toml:"tied_head"`
+		TokenSize        uint64  `toml:"token_size"`
+		Data             string  `toml:"data"`
+		Checkpoint       struct {
 			Kind     string `toml:"kind"`
 			URL      string `toml:"url"`
 			Revision string `toml:"revision"`
@@ -75,6 +80,9 @@ type runFile struct {
 			Epsilon          float64 `toml:"epsilon"`
 		} `toml:"optimizer"`
 	} `toml:"model"`
+	// Federated is read by loadFederated (federated.go); it is named here
+	// so that its keys are not unknown.
+	Federated *federatedSection `toml:"federated"`
 }
 
 // aggregationNames are the run file's names of the aggregation rules.
@@ -134,6 +142,7 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 	if m := f.Model; m != nil {
 		for name, v := range map[string]uint64{"model.max_seq_len": m.MaxSeqLen, "model.vocab_size": m.VocabSize,
 			"model.d_model": m.DModel, "model.n_layers": m.NLayers, "model.n_heads": m.NHeads,
+			"model.n_kv_heads": m.NKVHeads, "model.intermediate_size": m.IntermediateSize,
 			"model.lr.warmup_steps": m.LR.WarmupSteps, "model.lr.decay_steps": m.LR.DecaySteps, "model.lr.total_steps": m.LR.TotalSteps} {
 			fit(name, v, math.MaxUint32)
 		}
@@ -141,7 +150,8 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 		fit("model.optimizer.compression_topk", m.Optimizer.CompressionTopK, math.MaxUint16)
 		fit("model.optimizer.compression_chunk", m.Optimizer.CompressionChunk, math.MaxUint16)
 		cm := &coordinator.Model{MaxSeqLen: uint32(m.MaxSeqLen), VocabSize: uint32(m.VocabSize), DModel: uint32(m.DModel),
-			NLayers: uint32(m.NLayers), NHeads: uint32(m.NHeads), TokenSize: uint8(m.TokenSize)}
+			NLayers: uint32(m.NLayers), NHeads: uint32(m.NHeads), TokenSize: uint8(m.TokenSize),
+			NKVHeads: uint32(m.NKVHeads), IntermediateSize: uint32(m.IntermediateSize), RopeTheta: float32(m.RopeTheta), TiedHead: m.TiedHead}
 		choose := func(name, value string, options map[string]uint8, dst *uint8) {
 			if v, ok := options[value]; ok {
 				*dst = v
@@ -154,7 +164,7 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 			sort.Strings(names)
 			errs = append(errs, fmt.Errorf("%s = %q: want one of %s", name, value, strings.Join(names, ", ")))
 		}
-		choose("model.architecture", m.Architecture, map[string]uint8{"gpt": uint8(coordinator.ArchGPT)}, (*uint8)(&cm.Architecture))
+		choose("model.architecture", m.Architecture, map[string]uint8{"gpt": uint8(coordinator.ArchGPT), "llama": uint8(coordinator.ArchLlama)}, (*uint8)(&cm.Architecture))
 		choose("model.checkpoint.kind", m.Checkpoint.Kind, map[string]uint8{"hub": uint8(coordinator.CheckpointHub),
 			"p2p": uint8(coordinator.CheckpointP2P), "ephemeral": uint8(coordinator.CheckpointEphemeral)}, (*uint8)(&cm.Checkpoint.Kind))
 		choose("model.lr.schedule", m.LR.Schedule, map[string]uint8{"constant": uint8(coordinator.LRConstant),

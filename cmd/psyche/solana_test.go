@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -9,20 +11,29 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/solana"
+	"github.com/psyche-go/psyche/programs/validator"
 )
 
 // TestAdminFlowOnSolana runs the admin commands against the local validator
 // with the real coordinator program, started the way `psyche validator`
-// starts it.
+// starts it — or against the validator $PSYCHE_TEST_VALIDATOR names
+// (validator.EnvValidator: solana-test-validator with the program loaded).
 func TestAdminFlowOnSolana(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a local validator")
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if v, ok, err := validator.FromEnv(); ok {
+		if err != nil {
+			t.Fatal(err)
+		}
+		adminFlowOn(ctx, t, v.RPC, v.WebSocket, uniqueRun("onchain"))
+		return
+	}
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node is not installed: the local validator needs it")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var out syncBuffer
 	done := make(chan int, 1)
 	go func() {
@@ -47,14 +58,27 @@ func TestAdminFlowOnSolana(t *testing.T) {
 		}
 	}
 	defer func() { cancel(); <-done }()
+	adminFlowOn(ctx, t, rpcURL, strings.Replace(rpcURL, "http://", "ws://", 1), "onchain")
+}
 
-	b, err := solana.New(solana.WithRPC(rpcURL), solana.WithWebsocket(strings.Replace(rpcURL, "http://", "ws://", 1)))
+// adminFlowOn runs adminFlow on the validator at rpcURL and wsURL.
+func adminFlowOn(ctx context.Context, t *testing.T, rpcURL, wsURL, runID string) {
+	t.Helper()
+	b, err := solana.New(solana.WithRPC(rpcURL), solana.WithWebsocket(wsURL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	adminFlow(t, b, []string{"--rpc", rpcURL}, "onchain", func(k *chain.Keypair) {
+	adminFlow(t, b, []string{"--rpc", rpcURL}, runID, func(k *chain.Keypair) {
 		if err := b.Airdrop(ctx, k.Public(), 5_000_000_000); err != nil {
 			t.Fatal(err)
 		}
 	})
+}
+
+// uniqueRun is base with a random suffix: a run on an attached validator,
+// whose ledger outlives the test, so that the test can run again.
+func uniqueRun(base string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%x", base, b)
 }

@@ -20,7 +20,7 @@ var validatorCommand = &cli.Command{
 on 127.0.0.1 with the coordinator program preloaded at the address --program-id
 defaults to, and prints where it listens. Slots and the Clock follow wall time.`,
 	Flags: []cli.Flag{
-		&cli.IntFlag{Name: "port", Value: 8899, Usage: "port for JSON-RPC and websocket (0: any free port)", Category: "VALIDATOR"},
+		&cli.IntFlag{Name: "port", Value: 8899, Usage: "port for JSON-RPC; the websocket is on the port + 1 (and on the port itself) (0: any free pair)", Category: "VALIDATOR"},
 	},
 	Action: runValidator,
 }

@@ -17,6 +17,9 @@ import (
 var pureRules = map[string][]string{
 	"coordinator":      {"github.com/bits-and-blooms/bloom/v3"},
 	"distro":           nil,
+	"federated":        {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/federated/dp"},
+	"federated/dp":     {"golang.org/x/crypto/chacha20"},
+	"federated/secagg": {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/chacha20poly1305"},
 	"trainer/schedule": {"github.com/psyche-go/psyche/coordinator"},
 	"programs/abi":     {"github.com/psyche-go/psyche/coordinator"},
 }
@@ -73,8 +76,11 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 		t.Skip("go command not found")
 	}
 	allowedModules := map[string][]string{
-		"coordinator":      {"github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
-		"distro":           nil,
+		"coordinator": {"github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
+		"distro":      nil,
+		"federated": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
+			"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias"},
+		"federated/dp":     {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias"},
 		"trainer/schedule": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 		"programs/abi":     {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 	}

@@ -149,36 +149,60 @@ func (n *Node) check(data []byte) (p2p.Announcement, error) {
 		return p2p.Announcement{}, fmt.Errorf("%w: %d bytes", p2p.ErrOversize, len(data))
 	}
 	a, err := p2p.DecodeAnnouncement(data)
+	var malformed error
 	if err != nil {
+		ev, everr := p2p.DecodeMalformed(data)
+		if !errors.Is(err, p2p.ErrMalformed) || everr != nil {
+			return a, err
+		}
+		// Signed by its trainer: refused, but evidence if the trainer is
+		// the one assigned the batch (checked below like any other).
+		a, malformed = ev, signedMalformed{err}
+	} else if err := a.Verify(); err != nil {
 		return a, err
 	}
-	if err := a.Verify(); err != nil {
+	if err := n.checkView(&a); err != nil || malformed == nil {
 		return a, err
 	}
+	return a, malformed
+}
+
+// signedMalformed is the refusal of an announcement that is malformed but
+// signed by the trainer assigned its batch (p2p.Announcement.SignedMalformed):
+// nobody relays it, and this node's trainer takes it as that trainer's
+// refused result rather than wait for one that will not come.
+type signedMalformed struct{ err error }
+
+func (e signedMalformed) Error() string { return e.err.Error() }
+func (e signedMalformed) Unwrap() error { return e.err }
+
+// checkView checks what depends on the run and this node's view of it:
+// the run id, the step window, and the batch's assignment.
+func (n *Node) checkView(a *p2p.Announcement) error {
 	if a.RunID != *n.cfg.runID {
-		return a, fmt.Errorf("%w: %q", p2p.ErrWrongRun, a.RunID)
+		return fmt.Errorf("%w: %q", p2p.ErrWrongRun, a.RunID)
 	}
 	cur := n.step.Load()
 	lo := cur - min(cur, 2)
 	if a.Step < lo || a.Step > cur+1 {
-		return a, fmt.Errorf("%w: step %d at %d", p2p.ErrStepOutOfWindow, a.Step, cur)
+		return fmt.Errorf("%w: step %d at %d", p2p.ErrStepOutOfWindow, a.Step, cur)
 	}
 	n.mu.Lock()
 	assignments := n.assignments
 	n.mu.Unlock()
 	if assignments != nil {
-		return a, assignments.Check(a.Step, a.Batch, a.Trainer)
+		return assignments.Check(a.Step, a.Batch, a.Trainer)
 	}
 	if n.cfg.allowAll {
-		return a, nil
+		return nil
 	}
 	n.mu.Lock()
 	id, ok := n.clients[a.Trainer.P2P]
 	n.mu.Unlock()
 	if !ok || id != a.Trainer {
-		return a, fmt.Errorf("%w: not a client of the epoch", p2p.ErrNotAssigned)
+		return fmt.Errorf("%w: not a client of the epoch", p2p.ErrNotAssigned)
 	}
-	return a, nil
+	return nil
 }
 
 // markSeen records a nonce and reports whether it was new.
@@ -238,6 +262,9 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 	a, err := n.check(m.Data)
 	if err != nil {
 		n.reject(err, from)
+		if errors.As(err, new(signedMalformed)) && n.markSeen(&a) {
+			n.deliverOnly(a)
+		}
 		if viewDependent(err) {
 			return pubsub.ValidationIgnore
 		}
@@ -283,17 +310,36 @@ func (n *Node) receiveLoop(ctx context.Context) error {
 		if !ok || !n.hold(&a, m.Data) {
 			continue
 		}
-		select {
-		case n.out <- a:
-		default:
-			// The trainer is not draining; the batch is still recoverable
-			// through Pull, so losing it here beats stalling gossip.
-			n.mu.Lock()
-			delete(n.delivered, keyOf(&a)) // so that Pull can still return it
-			n.mu.Unlock()
-			n.m.Dropped.Inc()
-			n.log.Warn("announcement dropped: channel full", "step", a.Step)
-		}
+		n.handOver(a)
+	}
+}
+
+// handOver gives a delivered announcement to the trainer without blocking.
+func (n *Node) handOver(a p2p.Announcement) {
+	select {
+	case n.out <- a:
+	default:
+		// The trainer is not draining; the batch is still recoverable
+		// through Pull, so losing it here beats stalling gossip.
+		n.mu.Lock()
+		delete(n.delivered, keyOf(&a)) // so that Pull can still return it
+		n.mu.Unlock()
+		n.m.Dropped.Inc()
+		n.log.Warn("announcement dropped: channel full", "step", a.Step)
+	}
+}
+
+// deliverOnly gives this node's trainer an announcement it must not relay
+// or serve to pullers (a signed malformed one): once, like any other.
+func (n *Node) deliverOnly(a p2p.Announcement) {
+	k := keyOf(&a)
+	n.mu.Lock()
+	_, done := n.delivered[k]
+	n.delivered[k] = struct{}{}
+	n.mu.Unlock()
+	if !done {
+		n.m.Delivered.Inc()
+		n.handOver(a)
 	}
 }
 

@@ -3,6 +3,7 @@ package libp2p
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"testing"
 	"time"
 
@@ -220,5 +221,73 @@ func TestReportedPeerIsGraylisted(t *testing.T) {
 	}
 	if promread.Value(judge.m.Reported.WithLabelValues("test")) != 2 {
 		t.Error("the reports were not counted")
+	}
+}
+
+// Mallory, assigned a batch, signs an announcement that lists one block
+// three times. Alice, her only neighbour, refuses it but hands it to her
+// trainer (whose fetch fails at once: the result is refused, not awaited);
+// she neither relays it to carol nor serves it to pullers.
+func TestSignedMalformedIsDeliveredNotRelayed(t *testing.T) {
+	alice, carol, mallory := clientIDOf("alice"), clientIDOf("carol"), clientIDOf("mallory")
+	ids := []coordinator.ClientID{alice, carol, mallory}
+	a := startNode(t, "alice", WithReannounceInterval(0))
+	c := startNode(t, "carol", WithReannounceInterval(0))
+	m := startRogue(t, "mallory")
+	for _, nd := range []*testNode{a, c} {
+		nd.SetClients(ids)
+		nd.SetAssignments(assignments(10, 10, alice, mallory, carol))
+		nd.SetStep(10)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	connectAll(t, []*testNode{a, c})
+	if err := a.host.Connect(ctx, m.addrs); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "mesh", func() bool {
+		return len(a.topic.ListPeers()) == 2 && len(c.topic.ListPeers()) == 1 && len(m.topic.ListPeers()) == 1
+	})
+	payload := randomBytes(3, p2p.BlockSize+10)
+	batch := p2p.BatchRange{Start: 1, End: 2}
+	first := p2p.BlockDigests(payload)[0]
+	bad := p2p.Announcement{RunID: testRun, Step: 10, Batch: batch, Trainer: mallory, Nonce: 1,
+		Commitment: p2p.Commitment(10, batch, payload),
+		Blob:       p2p.BlobRef{Size: 3 * p2p.BlockSize, Blocks: []coordinator.Hash{first, first, first}}}
+	if err := m.topic.Publish(ctx, bad.SignUnchecked(m.key)); err != nil {
+		t.Fatal(err)
+	}
+	var got p2p.Announcement
+	select {
+	case got = <-a.Announcements():
+	case <-ctx.Done():
+		t.Fatal("alice's trainer never saw mallory's signed malformed announcement")
+	}
+	if got.Trainer != mallory || got.Batch != batch {
+		t.Fatalf("alice delivered %+v", got)
+	}
+	if _, err := a.Fetch(ctx, got); !errors.Is(err, p2p.ErrMalformed) {
+		t.Errorf("fetching it: %v, want ErrMalformed before any block is asked for", err)
+	}
+	// Alice's own result reaches carol; mallory's never does, and alice
+	// holds nothing of mallory's for pullers.
+	honest, err := a.Publish(ctx, 10, p2p.BatchRange{Start: 0, End: 1}, []byte("alice's result"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-c.Announcements(); got.Commitment != honest.Commitment {
+		t.Fatalf("carol delivered %+v first, want alice's result", got)
+	}
+	pulled, err := c.Pull(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pulled {
+		if p.Trainer == mallory {
+			t.Error("carol pulled mallory's malformed announcement from alice")
+		}
+	}
+	if r := a.Stats().Rejected["malformed"]; r != 1 {
+		t.Errorf("alice counted %d malformed refusals, want 1", r)
 	}
 }

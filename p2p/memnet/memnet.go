@@ -314,8 +314,27 @@ func (n *Node) SetMaxPayload(bytes int64) {
 // check validates an announcement as p2p/libp2p's validator does.
 func (n *Node) check(a *p2p.Announcement) error {
 	if err := a.Verify(); err != nil {
-		return err
+		if !a.SignedMalformed() {
+			return err
+		}
+		if verr := n.checkView(a); verr != nil {
+			return verr
+		}
+		return signedMalformed{err}
 	}
+	return n.checkView(a)
+}
+
+// signedMalformed is the refusal of a malformed announcement signed by the
+// trainer assigned its batch: delivered to this node's trainer (its refused
+// result), neither relayed nor served, as p2p/libp2p does.
+type signedMalformed struct{ err error }
+
+func (e signedMalformed) Error() string { return e.err.Error() }
+func (e signedMalformed) Unwrap() error { return e.err }
+
+// checkView checks the run, the step window and the assignment.
+func (n *Node) checkView(a *p2p.Announcement) error {
 	if a.RunID != n.runID {
 		return fmt.Errorf("%w: %q", p2p.ErrWrongRun, a.RunID)
 	}
@@ -339,18 +358,26 @@ func (n *Node) check(a *p2p.Announcement) error {
 // batch with another commitment (an equivocating trainer) is new, and is
 // delivered too, so that the trainer sees the evidence.
 func (n *Node) receive(a p2p.Announcement) bool {
-	if err := n.check(&a); err != nil {
+	err := n.check(&a)
+	evidence := errors.As(err, new(signedMalformed))
+	if err != nil {
 		n.reject(err)
-		return false
+		if !evidence {
+			return false
+		}
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.stats.Accepted++
+	if !evidence {
+		n.stats.Accepted++
+	}
 	if n.delivered[a.Commitment] {
 		return false
 	}
 	n.delivered[a.Commitment] = true
-	n.held[a.Step] = append(n.held[a.Step], a)
+	if !evidence {
+		n.held[a.Step] = append(n.held[a.Step], a)
+	}
 	n.stats.Delivered++
 	select {
 	case n.out <- a:
@@ -358,7 +385,7 @@ func (n *Node) receive(a p2p.Announcement) bool {
 		delete(n.delivered, a.Commitment) // a pull can still return it
 		n.stats.Dropped++
 	}
-	return true
+	return !evidence
 }
 
 func (n *Node) reject(err error) {

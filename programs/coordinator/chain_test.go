@@ -81,7 +81,9 @@ func TestOnChain(t *testing.T) {
 		}
 		c.setClock(c.clock() + 1)
 		before := c.account(coordKey)
-		c.send("tick", client, nil, tick)
+		if rerr := c.submit("tick", client, nil, tick); rerr != nil && customCode(rerr) != coord.ErrNothingDue.Code {
+			t.Fatalf("tick: %s %s", rerr.Message, rerr.Data)
+		}
 		after := c.account(coordKey)
 		if !bytes.Equal(before, after) {
 			check("tick", &coord.Tick{}, id.Signer)
@@ -127,6 +129,34 @@ func TestOnChain(t *testing.T) {
 		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: soltest.Pub(acct2), Signer: true, Writable: true}}, Data: createData},
 		soltest.Instruction{Program: c.program, Accounts: append([]soltest.Meta{{Key: instance, Signer: false, Writable: true}, {Key: soltest.Pub(acct2), Signer: false, Writable: true}, {Key: soltest.Pub(admin), Signer: true, Writable: true}}, soltest.Meta{Key: system, Signer: false, Writable: false}), Data: coord.EncodeInstruction(init2)}); code != 0 {
 		t.Fatalf("init with another run's PDA: custom error %d, want a seeds error", code)
+	}
+	create2 := soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: soltest.Pub(acct2), Signer: true, Writable: true}}, Data: createData}
+	fund2 := func(lamports uint64) soltest.Instruction {
+		d := binary.LittleEndian.AppendUint32(nil, 2)
+		return soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: instance2, Signer: false, Writable: true}},
+			Data: binary.LittleEndian.AppendUint64(d, lamports)}
+	}
+	// An instance left unfunded would be dropped at the end of the
+	// transaction and strand the coordinator account's rent (nothing could
+	// free it): the program refuses it, and the whole transaction with it.
+	if code := c.fail("init without funding the instance", admin, []ed25519.PrivateKey{acct2}, create2,
+		soltest.Instruction{Program: c.program, Accounts: accounts2(admin, true, soltest.Meta{Key: system, Signer: false, Writable: false}), Data: coord.EncodeInstruction(init2)}); code != coord.ErrInstanceNotFunded.Code {
+		t.Fatalf("init without funding the instance: custom error %d, want %d (InstanceNotFunded)", code, coord.ErrInstanceNotFunded.Code)
+	}
+	// Funded below the rent-exempt minimum: the runtime refuses an account
+	// that goes from empty to rent-paying.
+	if rerr := c.submit("init with an underfunded instance", admin, []ed25519.PrivateKey{acct2}, create2, fund2(1),
+		soltest.Instruction{Program: c.program, Accounts: accounts2(admin, true, soltest.Meta{Key: system, Signer: false, Writable: false}), Data: coord.EncodeInstruction(init2)}); rerr == nil || !bytes.Contains(rerr.Data, []byte("InsufficientFundsForRent")) {
+		t.Fatalf("init with an underfunded instance: %v, want InsufficientFundsForRent", rerr)
+	}
+	// Only the main authority may sign its run's creation (here the admin
+	// pays for the accounts, and the client signs an init naming the admin).
+	if code := c.fail("init signed by someone else", admin, []ed25519.PrivateKey{acct2, client}, create2, fund2(c.rent(abi.InstanceSize)),
+		soltest.Instruction{Program: c.program, Accounts: accounts2(client, true, soltest.Meta{Key: system, Signer: false, Writable: false}), Data: coord.EncodeInstruction(init2)}); code != coord.ErrUnauthorized.Code {
+		t.Fatalf("init signed by someone else: custom error %d, want %d (Unauthorized)", code, coord.ErrUnauthorized.Code)
+	}
+	if a, b := c.account(soltest.Pub(acct2)), c.account(instance2); a != nil || b != nil {
+		t.Fatalf("after the refused inits: coordinator account %d bytes, instance %d bytes, want neither created", len(a), len(b))
 	}
 	c.send("init 2", admin, []ed25519.PrivateKey{acct2},
 		soltest.Instruction{Program: system, Accounts: []soltest.Meta{{Key: soltest.Pub(admin), Signer: true, Writable: true}, {Key: soltest.Pub(acct2), Signer: true, Writable: true}}, Data: createData},
@@ -331,6 +361,12 @@ func (c *chain) fail(what string, payer ed25519.PrivateKey, signers []ed25519.Pr
 	if err == nil {
 		c.t.Fatalf("%s: accepted", what)
 	}
+	return customCode(err)
+}
+
+// customCode is the custom program error in a refused transaction's
+// preflight error (0 if it is not one).
+func customCode(err *soltest.RPCError) uint32 {
 	var data struct {
 		Err struct {
 			InstructionError []json.RawMessage

@@ -112,7 +112,12 @@ func (w *world) tickUntil(st coord.RunState, seed uint64) {
 			return
 		}
 		w.now++
-		w.do(0, &coord.Tick{}, coord.Context{Sender: key("anyone"), Now: w.now, Seed: seed + uint64(i)})
+		// Go and C must agree either way (apply compares them); a tick in a
+		// second where nothing is due is refused, which is not a failure here.
+		ctx := coord.Context{Sender: key("anyone"), Now: w.now, Seed: seed + uint64(i)}
+		if got := w.apply("tick", coord.EncodeInstruction(&coord.Tick{}), ctx); got != 0 && got != coord.ErrNothingDue.Code {
+			w.t.Fatalf("step %d (tick): got %s", w.steps, codeName(got))
+		}
 	}
 	w.t.Fatalf("never reached %s (at %s)", st, w.state().RunState)
 }
@@ -150,6 +155,8 @@ func TestScenarioFullRun(t *testing.T) {
 	bad[3] = '/'
 	w.do(coord.ErrInvalidRunID.Code, &coord.InitCoordinator{MainAuthority: admin, RunID: bad}, ctxOf(admin))
 	w.do(coord.ErrInvalidAuthority.Code, &coord.InitCoordinator{RunID: runID}, ctxOf(admin))
+	// Only the main authority it names may sign a run's creation.
+	w.do(coord.ErrUnauthorized.Code, &coord.InitCoordinator{MainAuthority: admin, JoinAuthority: joinAuth, RunID: runID}, ctxOf(joinAuth))
 	w.do(0, &coord.InitCoordinator{MainAuthority: admin, JoinAuthority: joinAuth, RunID: runID}, ctxOf(admin))
 	w.do(coord.ErrAlreadyInitialized.Code, &coord.InitCoordinator{MainAuthority: admin, RunID: runID}, ctxOf(admin))
 
@@ -189,7 +196,7 @@ func TestScenarioFullRun(t *testing.T) {
 	w.do(0, &coord.JoinRun{ID: clientID(0)}, coord.Context{Sender: clientID(0).Signer, CoSigner: joinAuth}) // refresh
 
 	// Warmup, with warmup witnesses ending it early.
-	w.do(0, &coord.Tick{}, coord.Context{Sender: key("anyone"), Now: w.now}) // the second the state began: nothing
+	w.do(coord.ErrNothingDue.Code, &coord.Tick{}, coord.Context{Sender: key("anyone"), Now: w.now}) // the second the state began: nothing
 	w.tickUntil(coord.Warmup, 11)
 	s := w.state()
 	r := s.CurrentRound()

@@ -20,7 +20,9 @@
 //   - entrypoint.c: the SBPF entrypoint: account checks (owner, instance PDA
 //     ["coordinator", run_id] and bump, signer), now from the Clock sysvar,
 //     the round seed from the SlotHashes sysvar (its grindability is discussed
-//     there), then psy_process; init_coordinator creates the instance PDA and
+//     there), then psy_process; init_coordinator creates the instance PDA
+//     (refusing one that holds no lamports with InstanceNotFunded: the runtime
+//     would drop it and strand the coordinator account's rent) and
 //     free_coordinator closes both accounts.
 //   - host/: a host build of core.c, hash.c and input.c (sha256 and the memory
 //     syscalls written out in shim.c) that the tests drive over a pipe.
@@ -41,7 +43,8 @@
 //
 // idl.json is the program's Anchor-style IDL (IDL builds it from the Go
 // definitions; regenerate with `go run ./programs/cmd/gen-idl`).
-// TestIDLIsCurrent requires the committed file; TestIDLDecodesInstructions
+// TestIDLIsCurrent requires the committed file; TestIDLNamedEnums the model's
+// kind bytes as enums with the Go constants' names; TestIDLDecodesInstructions
 // and TestIDLDecodesAccount decode the Go encoder's bytes with a Borsh
 // decoder that knows nothing but the IDL and require the same values;
 // TestProgramCosts builds every instruction's accounts from it.

@@ -27,7 +27,9 @@ import (
 // because every struct is naturally aligned with its padding spelled out: a
 // Go blank field becomes an explicit "_padding" byte array, an option is a
 // tag byte then the value, and the small enums with names in Go (RunState,
-// ClientState, CheckpointKind) are Borsh enums, which are one tag byte.
+// ClientState, CheckpointKind, Architecture, DataKind, LRScheduleKind,
+// OptimizerKind, Aggregation: every uint8 type with a String method) are
+// Borsh enums, which are one tag byte.
 func IDL() ([]byte, error) {
 	b := &idlBuilder{defs: map[string]idlTypeDef{}}
 	// The version follows the account's: the layout is the ABI.
@@ -103,11 +105,11 @@ var instructions = []coord.Instruction{&coord.InitCoordinator{}, &coord.Update{}
 	&coord.FreeCoordinator{}}
 
 var instructionDocs = map[string]string{
-	"init_coordinator": "Creates a run (Uninitialized). Runs in the transaction that creates the coordinator account (system create_account, owner = this program) and funds the instance PDA for 80 bytes.",
+	"init_coordinator": "Creates a run (Uninitialized); the sender must be the main authority it names. Runs in the transaction that creates the coordinator account (system create_account, owner = this program) and funds the instance PDA for 80 bytes (an instance with no lamports is refused with InstanceNotFunded).",
 	"update":           "Changes the metadata (any time) and the config, model and progress (only while halted); absent options are left as they are. Main authority only.",
 	"set_paused":       "Pauses (true) or resumes (false) the run. Main authority only.",
 	"join_run":         "Asks to be a client of the next epoch; id.signer must be the sender. When the run has a join authority it must co-sign.",
-	"tick":             "Advances the state machine when a timeout or condition is met. Anyone may send it.",
+	"tick":             "Advances the state machine when a timeout or condition is met; refused with NothingDue (and so costs no fee in preflight) when nothing is. Anyone may send it.",
 	"warmup_witness":   "A warmup witness reports that it has loaded the model; the last one starts the first round.",
 	"witness":          "A round witness reports what it received (participant and broadcast blooms, merkle root, metadata).",
 	"health_check":     "Reports a client that a quorum of the previous round's witnesses did not see; proof is its committee proof in the current round.",
@@ -385,7 +387,7 @@ func enumVariants(t reflect.Type) []string {
 // fieldNames holds the Go field names whose snake case the coordinator's
 // walkers spell differently from snakeCase; TestIDLAccountMatchesLayout
 // compares every account field name with the walkers' layout table.
-var fieldNames = map[string]string{"P2P": "p2p", "Quantize1Bit": "quantize_1bit", "CompressionTopK": "compression_topk"}
+var fieldNames = map[string]string{"P2P": "p2p", "Quantize1Bit": "quantize_1bit", "CompressionTopK": "compression_topk", "NKVHeads": "n_kv_heads"}
 
 // snakeCase turns "RunStateStart" into "run_state_start" and "DModel" into
 // "d_model" (an upper-case letter starts a word after a lower-case letter or

@@ -590,3 +590,63 @@ func fillRandom(v reflect.Value, rng *rand.Rand, present float64) {
 		panic(fmt.Sprintf("fillRandom: %s", v.Type()))
 	}
 }
+
+// TestIDLNamedEnums requires the model's kind bytes to be enums in the IDL
+// whose variants are the Go constants in order, so that an IDL client reads
+// {"GPT": {}} rather than a bare 1 (and cannot pass a value the program
+// would refuse without noticing the name is missing).
+func TestIDLNamedEnums(t *testing.T) {
+	f := loadIDL(t)
+	types := map[string]int{}
+	for i, d := range f.Types {
+		types[d.Name] = i
+	}
+	fieldType := func(typeName, field string) string {
+		t.Helper()
+		i, ok := types[typeName]
+		if !ok {
+			t.Fatalf("the IDL has no type %s", typeName)
+		}
+		for _, fl := range f.Types[i].Type.Fields {
+			if fl.Name != field {
+				continue
+			}
+			obj, _ := fl.Type.(map[string]any)
+			def, _ := obj["defined"].(map[string]any)
+			name, _ := def["name"].(string)
+			if name == "" {
+				t.Fatalf("%s.%s is %v, want a defined enum", typeName, field, fl.Type)
+			}
+			return name
+		}
+		t.Fatalf("%s has no field %s", typeName, field)
+		return ""
+	}
+	for _, c := range []struct {
+		typ, field string
+		want       []string
+	}{
+		{"Model", "architecture", names(coord.ArchNone, coord.ArchGPT, coord.ArchLlama)},
+		{"Model", "data_kind", names(coord.DataNone, coord.DataLocal, coord.DataHTTP)},
+		{"LRSchedule", "kind", names(coord.LRNone, coord.LRConstant, coord.LRLinear, coord.LRCosine, coord.LRWarmupStableDecay)},
+		{"Optimizer", "kind", names(coord.OptimizerNone, coord.OptimizerAdamW, coord.OptimizerDistro)},
+	} {
+		enum := fieldType(c.typ, c.field)
+		d := f.Types[types[enum]]
+		var got []string
+		for _, v := range d.Type.Variants {
+			got = append(got, v.Name)
+		}
+		if d.Type.Kind != "enum" || !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s.%s: %s is a %s with variants %v, want an enum with %v", c.typ, c.field, enum, d.Type.Kind, got, c.want)
+		}
+	}
+}
+
+func names[T fmt.Stringer](vs ...T) []string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.String())
+	}
+	return out
+}

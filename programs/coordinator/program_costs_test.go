@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -268,7 +269,7 @@ func measureCosts(c *chain, idl *idlFile, n int) map[string]uint64 {
 	// a checkpoint.
 	open.witnesses("witness", w, nil)
 	open.tickUntil("tick RoundWitness->Cooldown (last step)", coord.Cooldown)
-	open.do("tick (nothing due)", &coord.Tick{}, open.admin)
+	open.refusedTick("tick (nothing due)")
 	if s := open.state(); s.RunState != coord.Cooldown {
 		t.Fatalf("a tick at the start of the cooldown left %s", s.RunState)
 	}
@@ -434,6 +435,34 @@ func (r *costRun) do(label string, ix coord.Instruction, sender ed25519.PrivateK
 	r.c.send(label, r.admin, signers, soltest.Instruction{Program: r.c.program, Accounts: r.metas(ix.Name(), sender), Data: coord.EncodeInstruction(ix)})
 	r.record(label, r.c.programUnits())
 	r.checkWith(label, ix, sender, co)
+}
+
+// refusedTick sends a tick with nothing due: the preflight simulation must
+// refuse it with NothingDue (so it lands nowhere and costs no fee) and the
+// account must not change. Its row is the units the simulation used.
+func (r *costRun) refusedTick(label string) {
+	r.t.Helper()
+	before := r.c.account(r.acct)
+	r.c.unique = false
+	rerr := r.c.submit(label, r.admin, nil, soltest.Instruction{Program: r.c.program, Accounts: r.metas("tick", r.admin), Data: coord.EncodeInstruction(&coord.Tick{})})
+	if rerr == nil {
+		r.t.Fatalf("%s: accepted", label)
+	}
+	var data struct {
+		Err struct {
+			InstructionError []json.RawMessage
+		}
+		UnitsConsumed uint64
+	}
+	var custom struct{ Custom uint32 }
+	if json.Unmarshal(rerr.Data, &data) != nil || len(data.Err.InstructionError) != 2 ||
+		json.Unmarshal(data.Err.InstructionError[1], &custom) != nil || custom.Custom != coord.ErrNothingDue.Code {
+		r.t.Fatalf("%s: %s %s, want custom error %d (NothingDue)", label, rerr.Message, rerr.Data, coord.ErrNothingDue.Code)
+	}
+	if !bytes.Equal(before, r.c.account(r.acct)) {
+		r.t.Fatalf("%s: the refused tick changed the account", label)
+	}
+	r.record(label, data.UnitsConsumed)
 }
 
 func (r *costRun) check(label string, ix coord.Instruction, sender ed25519.PrivateKey) {

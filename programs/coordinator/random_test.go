@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -64,6 +65,10 @@ func randomModel(rng *rand.Rand) coord.Model {
 		m.Optimizer = coord.Optimizer{Kind: coord.OptimizerAdamW, Beta1: 0.9, Beta2: 0.95, Epsilon: 1e-8, WeightDecay: 0.1}
 	}
 	m.Optimizer.Aggregation = coord.Aggregation(rng.IntN(3)) // AdamW ignores it, whatever it holds
+	if rng.IntN(3) == 0 {
+		m.Architecture = coord.ArchLlama
+		m.NKVHeads, m.IntermediateSize, m.RopeTheta, m.TiedHead = uint32(1+rng.IntN(2)*3)%5, 96, 10000, rng.IntN(2) == 0
+	}
 	m.LR.Kind = coord.LRScheduleKind(1 + rng.IntN(4))
 	m.LR.WarmupSteps, m.LR.DecaySteps, m.LR.TotalSteps = uint32(rng.IntN(10)), uint32(rng.IntN(10)), uint32(rng.IntN(20))
 	switch rng.IntN(4) { // tokens = data_index × max_seq_len, up to overflowing 64 bits
@@ -73,7 +78,7 @@ func randomModel(rng *rand.Rand) coord.Model {
 		m.MaxSeqLen = 0xffffffff
 	}
 	if rng.IntN(6) == 0 { // break one rule
-		switch rng.IntN(8) {
+		switch rng.IntN(12) {
 		case 0:
 			m.Checkpoint.Kind = coord.CheckpointKind(rng.IntN(8))
 		case 1:
@@ -90,6 +95,34 @@ func randomModel(rng *rand.Rand) coord.Model {
 			m.Checkpoint.Source.Revision[5] = 'x' // text after the zero padding
 		case 6:
 			m.Optimizer.Aggregation = coord.Aggregation(3 + rng.IntN(253)) // unknown to both
+		case 7:
+			m.Architecture = coord.ArchLlama
+			m.NKVHeads, m.IntermediateSize, m.RopeTheta = 3, 96, 10000 // 3 does not divide 4 heads
+		case 8:
+			// rope_theta at and around the rule's edges: 1 and below, NaN,
+			// infinities, negatives, the smallest float above 1 (valid)
+			m.Architecture = coord.ArchLlama
+			m.NKVHeads, m.IntermediateSize = 4, 96
+			m.RopeTheta = []float32{1, 0.5, 0, float32(math.NaN()), float32(math.Inf(1)), -10000, math.Nextafter32(1, 2), math.MaxFloat32}[rng.IntN(8)]
+		case 9:
+			// a GPT with a Llama field set
+			m.Architecture = coord.ArchGPT
+			switch rng.IntN(4) {
+			case 0:
+				m.NKVHeads = 4
+			case 1:
+				m.IntermediateSize = 1
+			case 2:
+				m.RopeTheta = float32(math.Copysign(0, -1))
+			default:
+				m.TiedHead = true
+			}
+		case 10:
+			m.Architecture = coord.ArchLlama
+			m.DModel, m.NHeads, m.NKVHeads, m.IntermediateSize, m.RopeTheta = 12, 4, 2, 8, 10000 // head size 3: odd
+			if rng.IntN(2) == 0 {
+				m.IntermediateSize = 0
+			}
 		default:
 			m.Optimizer.CompressionTopK = 65
 		}
@@ -263,7 +296,7 @@ func runRandom(t *testing.T, seed uint64, steps int) *world {
 		case op < 84:
 			var src coord.CheckpointSource
 			copy(src.URL[:], fmt.Sprint("file:///ckpt/", i))
-			switch rng.IntN(8) {
+			switch rng.IntN(12) {
 			case 0:
 				src.URL[0] = 0
 			case 1:

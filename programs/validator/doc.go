@@ -1,8 +1,10 @@
 // Package validator starts and stops the repository's local Solana validator
 // (scripts/validator): LiteSVM — the real Agave runtime and SBPF loader, as
-// an npm package pinned to litesvm 1.5.0 — behind the JSON-RPC and websocket
-// subset that solana-go uses, on 127.0.0.1, with slots and the Clock sysvar
-// advancing with wall time (DESIGN.md §5).
+// an npm package pinned to litesvm 1.5.0 — behind Solana's JSON-RPC and
+// websocket API as solana-go, @solana/web3.js and @coral-xyz/anchor use it
+// (scripts/validator/web3.test.mjs drives it with the last two), on
+// 127.0.0.1 with the websocket on the RPC port + 1, with slots and the Clock
+// sysvar advancing with wall time (DESIGN.md §5).
 //
 // It exists for tests and for users without the Solana CLI. Start runs
 // `node validator.mjs` (after `npm ci` when its node_modules is missing),

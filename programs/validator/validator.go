@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,17 +26,20 @@ var ErrNoNode = errors.New("validator: node is not on PATH (Node 20 or newer is 
 type Validator struct {
 	// RPC is the JSON-RPC URL (http://127.0.0.1:PORT).
 	RPC string
-	// WebSocket is the subscription URL (ws://127.0.0.1:PORT: the same port).
+	// WebSocket is the subscription URL: ws://127.0.0.1:PORT+1, the RPC
+	// port + 1, where web3.js and solana-test-validator have it (the RPC
+	// port takes websockets as well).
 	WebSocket string
 
-	cmd     *exec.Cmd
-	stdin   io.Closer
-	done    chan struct{} // closed when the process has exited
-	waitErr error         // valid after done
-	stderr  *tail
-	stop    sync.Once
-	stopErr error
-	closing chan struct{}
+	attached bool // Attach: a validator this process did not start
+	cmd      *exec.Cmd
+	stdin    io.Closer
+	done     chan struct{} // closed when the process has exited
+	waitErr  error         // valid after done
+	stderr   *tail
+	stop     sync.Once
+	stopErr  error
+	closing  chan struct{}
 }
 
 // Option configures Start.
@@ -274,29 +276,17 @@ func Start(ctx context.Context, opts ...Option) (*Validator, error) {
 
 // SetClock moves the Clock sysvar to t (whole seconds) on a validator started
 // WithManualClock; transactions from then on see that time. The clock never
-// goes back.
+// goes back. On an attached validator that cannot move its clock (one whose
+// clock follows wall time, like solana-test-validator's) it waits until the
+// clock has reached t instead.
 func (v *Validator) SetClock(ctx context.Context, t time.Time) error {
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "psycheSetClock", "params": []any{t.Unix()}})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.RPC, bytes.NewReader(body))
-	if err != nil {
-		return err
+	err := v.call(ctx, "psycheSetClock", []any{t.Unix()}, nil)
+	var re *rpcError
+	if v.attached && errors.As(err, &re) && (re.Code == errMethodNotFound || re.Code == -32602) {
+		return v.waitClock(ctx, t)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return fmt.Errorf("validator: set clock: %w", err)
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Error *struct {
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&out); err != nil {
-		return fmt.Errorf("validator: set clock: %s: %w", resp.Status, err)
-	}
-	if out.Error != nil {
-		return fmt.Errorf("validator: set clock: %s", out.Error.Message)
 	}
 	return nil
 }
@@ -308,6 +298,10 @@ func (v *Validator) Done() <-chan struct{} { return v.done }
 // input and sends SIGTERM, and kills it if it has not exited after 5 seconds.
 func (v *Validator) Close() error {
 	v.stop.Do(func() {
+		if v.attached {
+			close(v.closing) // not ours to stop
+			return
+		}
 		close(v.closing)
 		_ = v.stdin.Close()
 		_ = v.cmd.Process.Signal(syscall.SIGTERM)
@@ -330,6 +324,10 @@ func (v *Validator) Close() error {
 // Run blocks until ctx is done, then stops the validator. It returns early
 // with an error if the validator exits on its own.
 func (v *Validator) Run(ctx context.Context) error {
+	if v.attached {
+		<-ctx.Done()
+		return v.Close()
+	}
 	select {
 	case <-ctx.Done():
 		return v.Close()

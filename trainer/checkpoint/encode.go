@@ -27,6 +27,17 @@ type Tensor struct {
 	Shape []int
 	// Data holds the product of Shape elements.
 	Data []float32
+	// DType is how the file stores the values: "" or "F32" (exact), "F16"
+	// or "BF16" (each value rounded to the nearest, ties to even; values
+	// beyond the type's range become infinities).
+	DType string
+}
+
+func (t *Tensor) dtype() string {
+	if t.DType == "" {
+		return "F32"
+	}
+	return t.DType
 }
 
 // plan is a validated, canonical layout of a checkpoint: the padded header
@@ -54,6 +65,9 @@ func prepare(tensors []Tensor, meta map[string]string) (*plan, error) {
 			// The format reserves "__metadata__"; we reserve the whole
 			// prefix so future special keys cannot collide with a tensor.
 			return nil, wrap(ErrInvalidTensor, "tensor name %q is reserved (starts with \"__\")", t.Name)
+		}
+		if _, ok := dtypes[t.dtype()]; !ok {
+			return nil, wrap(ErrInvalidTensor, "tensor %q: dtype %q is not F32, F16 or BF16", t.Name, t.DType)
 		}
 		n, err := numElements(t.Shape)
 		if err != nil {
@@ -114,9 +128,9 @@ func prepare(tensors []Tensor, meta map[string]string) (*plan, error) {
 			h = append(h, ',')
 		}
 		h = appendJSONString(h, t.Name)
-		h = append(h, `:{"dtype":"F32","shape":`...)
+		h = append(h, `:{"dtype":"`+t.dtype()+`","shape":`...)
 		h = append(h, shapeString(t.Shape)...)
-		end := offset + 4*int64(len(t.Data))
+		end := offset + int64(dtypes[t.dtype()].size)*int64(len(t.Data))
 		h = append(h, `,"data_offsets":[`...)
 		h = strconv.AppendInt(h, offset, 10)
 		h = append(h, ',')
@@ -153,13 +167,14 @@ func (p *plan) writeTo(ctx context.Context, w io.Writer) (int64, error) {
 	}
 	buf := make([]byte, min(chunkSize, p.dataSize))
 	for _, t := range p.order {
+		dt := dtypes[t.dtype()]
 		for data := t.Data; len(data) > 0; {
 			if err := ctx.Err(); err != nil {
 				return written, err
 			}
-			n := min(len(data), len(buf)/4)
-			encodeF32(buf, data[:n])
-			if err := write(buf[:4*n]); err != nil {
+			n := min(len(data), len(buf)/dt.size)
+			dt.encode(buf, data[:n])
+			if err := write(buf[:dt.size*n]); err != nil {
 				return written, err
 			}
 			data = data[n:]
@@ -212,7 +227,7 @@ var wrapFileWriter = func(w io.Writer) io.Writer { return w }
 //
 // Tensors are validated first (non-empty UTF-8 names not starting with "__",
 // no duplicates, shape product equal to len(Data); ErrInvalidTensor), then
-// written as F32 in name order, back to back, after a header padded with
+// written in their DType (F32 unless set) in name order, back to back, after a header padded with
 // spaces to a multiple of 8 bytes, so equal inputs always give equal bytes.
 // meta is stored as the "__metadata__" object with sorted keys; nil and empty
 // meta both store none.

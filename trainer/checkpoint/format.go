@@ -39,12 +39,80 @@ const DefaultMaxHeaderSize = 100 << 20
 type dtype struct {
 	size   int
 	decode func(dst []float32, src []byte) // len(src) == size*len(dst)
+	encode func(dst []byte, src []float32) // len(dst) >= size*len(src)
 }
 
 var dtypes = map[string]dtype{
-	"F32":  {4, decodeF32},
-	"F16":  {2, decodeF16},
-	"BF16": {2, decodeBF16},
+	"F32":  {4, decodeF32, encodeF32},
+	"F16":  {2, decodeF16, encodeF16},
+	"BF16": {2, decodeBF16, encodeBF16},
+}
+
+// encodeBF16 rounds to bfloat16, the top half of a float32, to the nearest
+// value, ties to even (as PyTorch's .to(torch.bfloat16) does); a NaN stays a
+// (quiet) NaN rather than rounding into an infinity.
+func encodeBF16(dst []byte, src []float32) {
+	for i, v := range src {
+		binary.LittleEndian.PutUint16(dst[2*i:], F32ToBF16(v))
+	}
+}
+
+// F32ToBF16 rounds v to bfloat16 bits (nearest, ties to even).
+func F32ToBF16(v float32) uint16 {
+	b := math.Float32bits(v)
+	if b&0x7fffffff > 0x7f800000 {
+		return uint16(b>>16) | 0x40
+	}
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+func encodeF16(dst []byte, src []float32) {
+	for i, v := range src {
+		binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(v))
+	}
+}
+
+// F32ToF16 rounds v to IEEE 754 binary16 bits: nearest, ties to even,
+// subnormals kept, values beyond 65504 (after rounding) to infinity, NaN to
+// a quiet NaN.
+func F32ToF16(v float32) uint16 {
+	b := math.Float32bits(v)
+	sign := uint16(b>>16) & 0x8000
+	exp := int(b>>23) & 0xff
+	mant := b & 0x7fffff
+	switch {
+	case exp == 0xff && mant != 0:
+		return sign | 0x7e00
+	case exp == 0xff:
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		// Subnormal (or zero) in binary16: the value is m·2^-24 with m the
+		// full significand shifted right by 1−e+13 bits, rounded.
+		if e < -10 {
+			return sign
+		}
+		m := mant | 0x800000
+		shift := uint(14 - e)
+		half := uint32(1) << (shift - 1)
+		r := m >> shift
+		rest := m & (1<<shift - 1)
+		if rest > half || (rest == half && r&1 == 1) {
+			r++
+		}
+		return sign | uint16(r)
+	}
+	r := uint32(e)<<10 | mant>>13
+	rest := mant & 0x1fff
+	if rest > 0x1000 || (rest == 0x1000 && r&1 == 1) {
+		r++ // may carry into the exponent, up to infinity: still correct
+	}
+	return sign | uint16(r)
 }
 
 func decodeF32(dst []float32, src []byte) {

@@ -17,6 +17,9 @@ const ModelKey = "psyche.model"
 // readable by tools that know nothing of the coordinator's encoding.
 const ArchGPT = "gpt"
 
+// ArchLlama is ModelConfig.Architecture for the Llama architecture.
+const ArchLlama = "llama"
+
 // ModelConfig is the shape-determining part of a model: what a trainer must
 // agree with before it can use a checkpoint's tensors. It deliberately leaves
 // out how the model is trained (schedule, optimizer, data), which may change
@@ -28,7 +31,18 @@ type ModelConfig struct {
 	DModel       uint32 `json:"d_model"`      // width of the residual stream
 	NLayers      uint32 `json:"n_layers"`     // number of transformer blocks
 	NHeads       uint32 `json:"n_heads"`      // attention heads per block; divides DModel
+
+	// Llama only (absent from a GPT checkpoint's JSON, which is therefore
+	// byte for byte what it was before these fields existed).
+	NKVHeads         uint32  `json:"n_kv_heads,omitempty"`        // key/value heads; divides NHeads
+	IntermediateSize uint32  `json:"intermediate_size,omitempty"` // the MLP's hidden size
+	RopeTheta        float32 `json:"rope_theta,omitempty"`        // rotary base
+	TiedHead         bool    `json:"tied_head,omitempty"`         // output head = embeddings
 }
+
+// llamaFields are the JSON names of the fields only a Llama config has;
+// tied_head may be absent (false).
+var llamaFields = []string{"n_kv_heads", "intermediate_size", "rope_theta"}
 
 // Validate reports whether c describes a model we can build, with the same
 // rules as the coordinator's model validation. Errors wrap ErrInvalidModelConfig.
@@ -39,12 +53,21 @@ func (c ModelConfig) Validate() error {
 			errs = append(errs, wrap(ErrInvalidModelConfig, format, args...))
 		}
 	}
-	rule(c.Architecture == ArchGPT, "architecture %q is unknown (want %q)", c.Architecture, ArchGPT)
+	rule(c.Architecture == ArchGPT || c.Architecture == ArchLlama, "architecture %q is unknown (want %q or %q)", c.Architecture, ArchGPT, ArchLlama)
 	rule(c.VocabSize > 0, "vocab_size must be greater than 0")
 	rule(c.MaxSeqLen > 0, "max_seq_len must be greater than 0")
 	rule(c.DModel > 0, "d_model must be greater than 0")
 	rule(c.NLayers > 0, "n_layers must be greater than 0")
 	rule(c.NHeads > 0 && c.DModel%max(c.NHeads, 1) == 0, "n_heads (%d) must be positive and divide d_model (%d)", c.NHeads, c.DModel)
+	if c.Architecture == ArchLlama {
+		rule(c.NKVHeads > 0 && c.NHeads%max(c.NKVHeads, 1) == 0, "n_kv_heads (%d) must be positive and divide n_heads (%d)", c.NKVHeads, c.NHeads)
+		rule(c.IntermediateSize > 0, "intermediate_size must be greater than 0")
+		rule(c.RopeTheta > 1 && !math.IsInf(float64(c.RopeTheta), 0), "rope_theta (%g) must be finite and greater than 1", c.RopeTheta)
+		rule(c.NHeads == 0 || (c.DModel/max(c.NHeads, 1))%2 == 0, "the head size d_model/n_heads (%d) must be even", c.DModel/max(c.NHeads, 1))
+	} else {
+		rule(c.NKVHeads == 0 && c.IntermediateSize == 0 && c.RopeTheta == 0 && !c.TiedHead,
+			"n_kv_heads, intermediate_size, rope_theta and tied_head are Llama fields")
+	}
 	return errors.Join(errs...)
 }
 
@@ -81,14 +104,25 @@ func ParseModelConfig(s string) (ModelConfig, error) {
 		return c, wrap(ErrInvalidModelConfig, "%v", err)
 	}
 	fields := map[string]*uint32{"vocab_size": &c.VocabSize, "max_seq_len": &c.MaxSeqLen,
-		"d_model": &c.DModel, "n_layers": &c.NLayers, "n_heads": &c.NHeads}
-	seen := 0
+		"d_model": &c.DModel, "n_layers": &c.NLayers, "n_heads": &c.NHeads,
+		"n_kv_heads": &c.NKVHeads, "intermediate_size": &c.IntermediateSize}
+	required := []string{"architecture", "vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads"}
 	for _, m := range members {
-		if m.key == "architecture" {
+		switch m.key {
+		case "architecture":
 			if c.Architecture, err = decodeString(m.value); err != nil {
 				return c, wrap(ErrInvalidModelConfig, "architecture: %v", err)
 			}
-			seen++
+			continue
+		case "rope_theta":
+			if err := decodeFloat32(m.value, &c.RopeTheta); err != nil {
+				return c, wrap(ErrInvalidModelConfig, "rope_theta: %v", err)
+			}
+			continue
+		case "tied_head":
+			if err := json.Unmarshal(m.value, &c.TiedHead); err != nil || (jsonKind(m.value) != 't' && jsonKind(m.value) != 'f') {
+				return c, wrap(ErrInvalidModelConfig, "tied_head: %s is not a boolean", truncate(m.value))
+			}
 			continue
 		}
 		dst, ok := fields[m.key]
@@ -98,13 +132,13 @@ func ParseModelConfig(s string) (ModelConfig, error) {
 		if err := decodeUint32(m.value, dst); err != nil {
 			return c, wrap(ErrInvalidModelConfig, "%s: %v", m.key, err)
 		}
-		seen++
 	}
-	if seen != len(fields)+1 {
-		for _, name := range []string{"architecture", "vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads"} {
-			if !hasMember(members, name) {
-				return c, wrap(ErrInvalidModelConfig, "missing field %q", name)
-			}
+	if c.Architecture == ArchLlama {
+		required = append(required, llamaFields...)
+	}
+	for _, name := range required {
+		if !hasMember(members, name) {
+			return c, wrap(ErrInvalidModelConfig, "missing field %q", name)
 		}
 	}
 	return c, c.Validate()
@@ -133,6 +167,22 @@ func decodeUint32(v json.RawMessage, dst *uint32) error {
 		return fmt.Errorf("%s is not an integer in [0, %d]", n, uint32(math.MaxUint32))
 	}
 	*dst = uint32(x)
+	return nil
+}
+
+// decodeFloat32 decodes a finite JSON number that float32 holds.
+func decodeFloat32(v json.RawMessage, dst *float32) error {
+	if k := jsonKind(v); k != '-' && (k < '0' || k > '9') {
+		return fmt.Errorf("%s is not a number", truncate(v))
+	}
+	var f float64
+	if err := json.Unmarshal(v, &f); err != nil {
+		return err
+	}
+	if math.IsInf(f, 0) || math.Abs(f) > math.MaxFloat32 {
+		return fmt.Errorf("%s does not fit a float32", truncate(v))
+	}
+	*dst = float32(f)
 	return nil
 }
 

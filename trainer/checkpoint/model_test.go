@@ -38,6 +38,29 @@ func TestModelConfigRoundTrip(t *testing.T) {
 	}
 }
 
+func TestLlamaModelConfigRoundTrip(t *testing.T) {
+	for _, cfg := range []ModelConfig{
+		{Architecture: ArchLlama, VocabSize: 128256, MaxSeqLen: 8192, DModel: 2048, NLayers: 16, NHeads: 32,
+			NKVHeads: 8, IntermediateSize: 8192, RopeTheta: 500000, TiedHead: true},
+		{Architecture: ArchLlama, VocabSize: 32000, MaxSeqLen: 4096, DModel: 4096, NLayers: 32, NHeads: 32,
+			NKVHeads: 32, IntermediateSize: 11008, RopeTheta: 10000},
+	} {
+		meta, err := WithModelConfig(nil, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseModelConfig(meta[ModelKey])
+		if err != nil || got != cfg {
+			t.Fatalf("%s: ParseModelConfig = %+v, %v", meta[ModelKey], got, err)
+		}
+	}
+	// A GPT config's JSON has no Llama field: old checkpoints' bytes stay.
+	meta, _ := WithModelConfig(nil, ModelConfig{Architecture: ArchGPT, VocabSize: 256, MaxSeqLen: 128, DModel: 64, NLayers: 2, NHeads: 4})
+	if want := `{"architecture":"gpt","vocab_size":256,"max_seq_len":128,"d_model":64,"n_layers":2,"n_heads":4}`; meta[ModelKey] != want {
+		t.Fatalf("GPT config JSON %s, want %s", meta[ModelKey], want)
+	}
+}
+
 func TestModelConfigMissing(t *testing.T) {
 	enc, _ := Encode(nil, map[string]string{"other": "x"})
 	c, err := Decode(enc)
@@ -83,7 +106,13 @@ func TestModelConfigRejects(t *testing.T) {
 		{"truncated", `{"architecture":"gpt"`, "EOF"},
 		{"trailing", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1} {}`, "after the JSON object"},
 		{"missing", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1}`, `missing field "n_heads"`},
-		{"unknown", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1,"n_kv_heads":1}`, `unknown field "n_kv_heads"`},
+		{"unknown", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1,"n_kv_heads":1}`, "are Llama fields"},
+		{"unknown", `{"architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1,"head_dim":1}`, `unknown field "head_dim"`},
+		{"llama missing", `{"architecture":"llama","vocab_size":1,"max_seq_len":1,"d_model":2,"n_layers":1,"n_heads":1,"n_kv_heads":1,"intermediate_size":3}`, `missing field "rope_theta"`},
+		{"llama theta", `{"architecture":"llama","vocab_size":1,"max_seq_len":1,"d_model":2,"n_layers":1,"n_heads":1,"n_kv_heads":1,"intermediate_size":3,"rope_theta":"big"}`, "not a number"},
+		{"llama theta huge", `{"architecture":"llama","vocab_size":1,"max_seq_len":1,"d_model":2,"n_layers":1,"n_heads":1,"n_kv_heads":1,"intermediate_size":3,"rope_theta":1e39}`, "float32"},
+		{"llama tied", `{"architecture":"llama","vocab_size":1,"max_seq_len":1,"d_model":2,"n_layers":1,"n_heads":1,"n_kv_heads":1,"intermediate_size":3,"rope_theta":10000,"tied_head":1}`, "not a boolean"},
+		{"llama kv", `{"architecture":"llama","vocab_size":1,"max_seq_len":1,"d_model":8,"n_layers":1,"n_heads":4,"n_kv_heads":3,"intermediate_size":3,"rope_theta":10000}`, "n_kv_heads (3)"},
 		{"case", `{"Architecture":"gpt","vocab_size":1,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, `unknown field "Architecture"`},
 		{"duplicate", `{"architecture":"gpt","vocab_size":1,"vocab_size":2,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "duplicate key"},
 		{"null field", `{"architecture":"gpt","vocab_size":null,"max_seq_len":1,"d_model":1,"n_layers":1,"n_heads":1}`, "not a number"},

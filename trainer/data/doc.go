@@ -8,8 +8,16 @@
 //
 // A token file is a flat array of little-endian unsigned integers, 2 bytes
 // (u16) or 4 bytes (u32) each, with no header: the reader is told the token
-// size. WriteTokenFile replaces a file atomically, so a crash never leaves a
-// half-written token file behind.
+// size (the run's model.token_size). nanoGPT's train.bin and val.bin have
+// the same layout. A location ending in ".npy" is a NumPy array instead,
+// whose header gives the dtype and length (npy.go). Layout (layout.go) is
+// the one description of how a file stores its tokens. WriteTokenFile
+// replaces a file atomically, so a crash never leaves a half-written token
+// file behind.
+//
+// With WithVocabSize, a local file is read whole when it is opened and a
+// token at or above the vocabulary size fails then, naming the file, before
+// any training; an HTTP file is checked sequence by sequence.
 //
 // # Sequences and data indices
 //

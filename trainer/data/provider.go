@@ -15,14 +15,15 @@ import (
 // safe for concurrent use.
 type Provider struct {
 	src       Source
-	tokenSize int
+	layout    Layout
+	name      string // the source, for errors
 	seqLen    int
 	numTokens uint64
 	numSeqs   uint64
 	perm      *permutation // nil: file order
 	vocabSize uint32       // 0: tokens are not checked
 	log       *slog.Logger
-	bufs      sync.Pool // *[]byte of (seqLen+1)·tokenSize bytes
+	bufs      sync.Pool // *[]byte of (seqLen+1)·layout.Width bytes
 }
 
 // NewProvider returns a Provider over src, whose bytes are tokens of
@@ -41,7 +42,26 @@ func NewProvider(ctx context.Context, src Source, tokenSize, seqLen int, opts ..
 	if err != nil {
 		return nil, err
 	}
-	return newProvider(ctx, src, tokenSize, seqLen, cfg)
+	return newProvider(ctx, src, FlatLayout(tokenSize), seqLen, cfg)
+}
+
+// NewProviderLayout is NewProvider for tokens stored as layout says (a
+// .npy file's data, for instance).
+func NewProviderLayout(ctx context.Context, src Source, layout Layout, seqLen int, opts ...Option) (*Provider, error) {
+	if src == nil {
+		return nil, errors.New("data: nil Source")
+	}
+	if err := layout.check(); err != nil {
+		return nil, err
+	}
+	if err := checkShape(layout.Width, seqLen); err != nil {
+		return nil, err
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return newProvider(ctx, src, layout, seqLen, cfg)
 }
 
 // Open returns a Provider over the token file at location: an http:// or
@@ -49,6 +69,11 @@ func NewProvider(ctx context.Context, src Source, tokenSize, seqLen int, opts ..
 // corpus built into the trainer ("builtin:opticks", tokenized with the byte
 // tokenizer at tokenSize bytes per token). Options configure both the
 // Provider and its source.
+//
+// A location whose path ends in ".npy" is a NumPy array, whose header gives
+// the tokens' dtype and number (tokenSize is not used); any other file is a
+// flat array of tokenSize-byte little-endian tokens: our token files and
+// nanoGPT's .bin files alike. See Layout.
 func Open(ctx context.Context, location string, tokenSize, seqLen int, opts ...Option) (*Provider, error) {
 	if err := checkShape(tokenSize, seqLen); err != nil {
 		return nil, err
@@ -61,7 +86,14 @@ func Open(ctx context.Context, location string, tokenSize, seqLen int, opts ...O
 	if err != nil {
 		return nil, err
 	}
-	p, err := newProvider(ctx, src, tokenSize, seqLen, cfg)
+	layout := FlatLayout(tokenSize)
+	if isNpy(location) {
+		if layout, err = readNpyLayout(ctx, src, describe(src)); err != nil {
+			src.Close()
+			return nil, err
+		}
+	}
+	p, err := newProvider(ctx, src, layout, seqLen, cfg)
 	if err != nil {
 		src.Close()
 		return nil, err
@@ -143,23 +175,32 @@ func checkShape(tokenSize, seqLen int) error {
 	return nil
 }
 
-func newProvider(ctx context.Context, src Source, tokenSize, seqLen int, cfg *config) (*Provider, error) {
+func newProvider(ctx context.Context, src Source, layout Layout, seqLen int, cfg *config) (*Provider, error) {
 	size, err := src.Size(ctx)
 	if err != nil {
 		return nil, err
 	}
 	name := describe(src)
-	if size%int64(tokenSize) != 0 {
-		return nil, fmt.Errorf("%w: %s has %d bytes, not a whole number of %d-byte tokens", ErrMisaligned, name, size, tokenSize)
+	width := int64(layout.Width)
+	numTokens := uint64(layout.Count)
+	if layout.Count < 0 {
+		data := size - layout.Offset
+		if data < 0 || data%width != 0 {
+			return nil, fmt.Errorf("%w: %s has %d bytes, not a whole number of %d-byte tokens", ErrMisaligned, name, size, width)
+		}
+		numTokens = uint64(data / width)
+	} else if layout.Offset+layout.Count*width > size {
+		return nil, fmt.Errorf("%w: %s: %d tokens of %d bytes after byte %d need %d bytes, the file has %d",
+			ErrShortRead, name, layout.Count, width, layout.Offset, layout.Offset+layout.Count*width, size)
 	}
-	numTokens := uint64(size) / uint64(tokenSize)
 	if numTokens < uint64(seqLen)+1 {
 		return nil, fmt.Errorf("%w: %s holds %d tokens, and one sequence of length %d needs %d",
 			ErrTooShort, name, numTokens, seqLen, seqLen+1)
 	}
 	p := &Provider{
 		src:       src,
-		tokenSize: tokenSize,
+		layout:    layout,
+		name:      name,
 		seqLen:    seqLen,
 		numTokens: numTokens,
 		numSeqs:   (numTokens - 1) / uint64(seqLen),
@@ -169,14 +210,56 @@ func newProvider(ctx context.Context, src Source, tokenSize, seqLen int, cfg *co
 	if cfg.shuffle {
 		p.perm = newPermutation(p.numSeqs, cfg.seed)
 	}
-	bufLen := (seqLen + 1) * tokenSize
+	bufLen := (seqLen + 1) * layout.Width
 	p.bufs.New = func() any {
 		b := make([]byte, bufLen)
 		return &b
 	}
-	p.log.Debug("data: provider open", "source", name, "tokens", numTokens, "token_size", tokenSize,
+	if _, remote := src.(*HTTPSource); !remote {
+		// A local file is read whole once, so that a token the model
+		// cannot embed fails now, before any training, rather than in
+		// some later round. A remote one is checked sequence by sequence.
+		if err := p.scan(ctx); err != nil {
+			return nil, err
+		}
+	}
+	p.log.Debug("data: provider open", "source", name, "tokens", numTokens, "layout", layout.String(),
 		"seq_len", seqLen, "sequences", p.numSeqs, "shuffled", cfg.shuffle)
 	return p, nil
+}
+
+// scanChunkTokens is how many tokens scan reads at a time.
+const scanChunkTokens = 1 << 18
+
+// scan reads every token once and checks it: it must fit 32 bits and, with
+// WithVocabSize, be below the vocabulary size.
+func (p *Provider) scan(ctx context.Context) error {
+	if p.vocabSize == 0 && !p.layout.Signed && p.layout.Width <= 4 {
+		return nil // nothing can be out of range
+	}
+	w := uint64(p.layout.Width)
+	buf := make([]byte, min(p.numTokens, scanChunkTokens)*w)
+	toks := make([]uint32, len(buf)/int(w))
+	for start := uint64(0); start < p.numTokens; start += scanChunkTokens {
+		n := min(p.numTokens-start, scanChunkTokens)
+		b := buf[:n*w]
+		if err := p.src.ReadAt(ctx, b, p.layout.Offset+int64(start*w)); err != nil {
+			return wrapf(err, "checking the tokens of %s", p.name)
+		}
+		if i, err := p.layout.decode(toks, b); err != nil {
+			return fmt.Errorf("%w: %s: token %d of the file (%s): %v", ErrTokenRange, p.name, start+uint64(i), p.layout, err)
+		}
+		if p.vocabSize == 0 {
+			continue
+		}
+		for i, t := range toks[:n] {
+			if t >= p.vocabSize {
+				return fmt.Errorf("%w: %s: token %d of the file is %d, not below the run's vocabulary size %d (model.vocab_size)",
+					ErrTokenRange, p.name, start+uint64(i), t, p.vocabSize)
+			}
+		}
+	}
+	return nil
 }
 
 // describe names a source for errors.
@@ -198,7 +281,10 @@ func (p *Provider) NumSequences() uint64 { return p.numSeqs }
 func (p *Provider) SeqLen() int { return p.seqLen }
 
 // TokenSize returns the bytes per token of the file.
-func (p *Provider) TokenSize() int { return p.tokenSize }
+func (p *Provider) TokenSize() int { return p.layout.Width }
+
+// Layout returns how the file stores its tokens.
+func (p *Provider) Layout() Layout { return p.layout }
 
 // SequenceIndex returns the sequence that data index d maps to:
 // perm(d mod N), in [0, NumSequences()).
@@ -220,7 +306,7 @@ func (p *Provider) Sequence(ctx context.Context, d uint64, dst []uint32) ([]uint
 	bufp := p.bufs.Get().(*[]byte)
 	defer p.bufs.Put(bufp)
 	buf := *bufp
-	off := int64(seq) * int64(p.seqLen) * int64(p.tokenSize)
+	off := p.layout.Offset + int64(seq)*int64(p.seqLen)*int64(p.layout.Width)
 	if err := p.src.ReadAt(ctx, buf, off); err != nil {
 		return nil, wrapf(err, "sequence %d (data index %d)", seq, d)
 	}
@@ -228,12 +314,15 @@ func (p *Provider) Sequence(ctx context.Context, d uint64, dst []uint32) ([]uint
 	if cap(dst) < n {
 		dst = make([]uint32, n)
 	}
-	dst = decodeInto(dst[:n], buf, p.tokenSize)
+	dst = dst[:n]
+	if i, err := p.layout.decode(dst, buf); err != nil {
+		return nil, fmt.Errorf("%w: %s: position %d of sequence %d (data index %d): %v", ErrTokenRange, p.name, i, seq, d, err)
+	}
 	if p.vocabSize > 0 {
 		for i, t := range dst {
 			if t >= p.vocabSize {
-				return nil, fmt.Errorf("%w: token %d at position %d of sequence %d (data index %d) is not below the vocabulary size %d",
-					ErrTokenRange, t, i, seq, d, p.vocabSize)
+				return nil, fmt.Errorf("%w: %s: token %d at position %d of sequence %d (data index %d) is not below the run's vocabulary size %d (model.vocab_size)",
+					ErrTokenRange, p.name, t, i, seq, d, p.vocabSize)
 			}
 		}
 	}

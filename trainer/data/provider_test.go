@@ -232,14 +232,40 @@ func TestProviderRejectsBadInput(t *testing.T) {
 	}
 }
 
+// A local file is checked whole when it is opened: a token outside the
+// vocabulary fails before any training, naming the file and the run's
+// field. A remote file is checked sequence by sequence.
 func TestProviderChecksVocabulary(t *testing.T) {
 	tokens := Tokenize([]byte("abcdefghijklmnop"))
 	tokens[9] = 300 // in the sequence [8, 13)
-	p := openProvider(t, writeTemp(t, tokens, 2), 2, 4, WithVocabSize(ByteVocabSize))
+	path := writeTemp(t, tokens, 2)
+	_, err := Open(context.Background(), path, 2, 4, WithVocabSize(ByteVocabSize))
+	if !errors.Is(err, ErrTokenRange) {
+		t.Fatalf("local file: err = %v, want ErrTokenRange", err)
+	}
+	for _, want := range []string{path, "token 9 of the file is 300", "vocabulary size 256 (model.vocab_size)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if _, err := Open(context.Background(), path, 2, 4, WithVocabSize(301)); err != nil {
+		t.Errorf("vocabulary 301: %v", err)
+	}
+
+	content, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(serveBytes(content))
+	t.Cleanup(srv.Close)
+	p := openProvider(t, srv.URL+"/tokens.bin", 2, 4, WithVocabSize(ByteVocabSize))
 	for d := range p.NumSequences() {
 		_, err := p.Sequence(context.Background(), d, nil)
 		if hasBad := d == 2; hasBad != errors.Is(err, ErrTokenRange) {
 			t.Errorf("sequence %d: err = %v", d, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "model.vocab_size") {
+			t.Errorf("error %q does not name model.vocab_size", err)
 		}
 	}
 }

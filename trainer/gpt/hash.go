@@ -2,8 +2,8 @@ package gpt
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
-	"math"
+
+	"github.com/psyche-go/psyche/trainer/checkpoint"
 )
 
 // Hash is the SHA-256 of the model's content as its checkpoints hold it:
@@ -16,37 +16,4 @@ import (
 // same model saved and loaded hash alike, which is what lets a run name its
 // starting model by hash whatever the source. The model's shape is in the
 // tensor shapes except its head count, which the run's config check covers.
-func (m *Model) Hash() [sha256.Size]byte {
-	h := sha256.New()
-	buf := make([]byte, 0, 64<<10)
-	// room makes sure buf can take n more bytes, hashing what it holds
-	// first if it cannot (a hash.Hash's Write never fails).
-	room := func(n int) {
-		if cap(buf)-len(buf) < n {
-			h.Write(buf)
-			buf = buf[:0]
-		}
-	}
-	u64 := func(v uint64) {
-		room(8)
-		buf = binary.LittleEndian.AppendUint64(buf, v)
-	}
-	for _, t := range m.CheckpointTensors() {
-		u64(uint64(len(t.Name)))
-		room(len(t.Name))
-		buf = append(buf, t.Name...)
-		u64(uint64(len(t.Shape)))
-		for _, d := range t.Shape {
-			u64(uint64(d))
-		}
-		u64(4 * uint64(len(t.Data)))
-		for _, v := range t.Data {
-			room(4)
-			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
-		}
-	}
-	h.Write(buf)
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
-}
+func (m *Model) Hash() [sha256.Size]byte { return checkpoint.HashTensors(m.CheckpointTensors()) }

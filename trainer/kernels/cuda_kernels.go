@@ -16,22 +16,40 @@ const (
 	kAttentionBackwardKeyValue
 	kSoftmaxCrossEntropy
 	kCrossEntropyBackward
+	kGQAttentionForward
+	kGQAttentionBackwardQuery
+	kGQAttentionBackwardKeyValue
+	kRMSNormForward
+	kRMSNormBackwardInput
+	kRMSNormBackwardParams
+	kRoPE
+	kSwiGLUForward
+	kSwiGLUBackward
 	numCUDAKernels
 )
 
 // cudaKernelNames are the extern "C" names of the kernels in cudaSource, in
 // cudaKernel order.
 var cudaKernelNames = [numCUDAKernels]string{
-	kLayerNormForward:          "layernorm_forward",
-	kLayerNormBackwardInput:    "layernorm_backward_input",
-	kLayerNormBackwardParams:   "layernorm_backward_params",
-	kGELUForward:               "gelu_forward",
-	kGELUBackward:              "gelu_backward",
-	kAttentionForward:          "attention_forward",
-	kAttentionBackwardQuery:    "attention_backward_query",
-	kAttentionBackwardKeyValue: "attention_backward_keyvalue",
-	kSoftmaxCrossEntropy:       "softmax_cross_entropy",
-	kCrossEntropyBackward:      "cross_entropy_backward",
+	kLayerNormForward:            "layernorm_forward",
+	kLayerNormBackwardInput:      "layernorm_backward_input",
+	kLayerNormBackwardParams:     "layernorm_backward_params",
+	kGELUForward:                 "gelu_forward",
+	kGELUBackward:                "gelu_backward",
+	kAttentionForward:            "attention_forward",
+	kAttentionBackwardQuery:      "attention_backward_query",
+	kAttentionBackwardKeyValue:   "attention_backward_keyvalue",
+	kSoftmaxCrossEntropy:         "softmax_cross_entropy",
+	kCrossEntropyBackward:        "cross_entropy_backward",
+	kGQAttentionForward:          "gqattention_forward",
+	kGQAttentionBackwardQuery:    "gqattention_backward_query",
+	kGQAttentionBackwardKeyValue: "gqattention_backward_keyvalue",
+	kRMSNormForward:              "rmsnorm_forward",
+	kRMSNormBackwardInput:        "rmsnorm_backward_input",
+	kRMSNormBackwardParams:       "rmsnorm_backward_params",
+	kRoPE:                        "rope",
+	kSwiGLUForward:               "swiglu_forward",
+	kSwiGLUBackward:              "swiglu_backward",
 }
 
 // cudaBlock is the block size of every launch (a multiple of the warp size:
@@ -56,7 +74,13 @@ const cudaBlock = 256
 //     (per query position) writes the softmax gradient into datt and
 //     accumulates dq; the second (per key position) reads it and accumulates
 //     dk and dv, summing over query positions in the same order as the Go
-//     backend.
+//     backend. Grouped-query attention has the same shape, with the second
+//     kernel run per (sequence, key/value head, position) and summing over
+//     the group's query heads in order;
+//   - rmsnorm_backward_params: one thread per column; rope: one thread per
+//     (row, head, pair) with the angle from a cos/sin table the host
+//     computes (so both backends rotate by the same float32 values);
+//     swiglu_*: one thread per element.
 //
 // Sizes are int; offsets into tensors are computed in long long.
 const cudaSource = `
@@ -317,6 +341,200 @@ extern "C" __global__ void cross_entropy_backward(float* dLogits, const float* p
 		float d = probs[idx] * scale;
 		if (i == (int)targets[row]) d -= scale;
 		dLogits[idx] = d;
+	}
+}
+// ---- grouped-query attention ----
+//
+// qkv is (B·T)×W with W = (H+2·KV)·hd, rows [q (H heads) | k (KV) | v (KV)];
+// query head h reads key/value head h/(H/KV). out and dOut are (B·T)×(H·hd).
+
+extern "C" __global__ void gqattention_forward(float* out, float* att, const float* qkv,
+		int B, int T, int H, int KV, int hd, float scale) {
+	int W = (H + 2 * KV) * hd, C = H * hd, rep = H / KV;
+	long long total = (long long)B * H * T;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		int ti = (int)(idx % T);
+		long long bh = idx / T;
+		int h = (int)(bh % H);
+		long long b = bh / H;
+		int kh = h / rep;
+		const float* q = qkv + (b * T + ti) * W + h * hd;
+		float* a = att + (bh * T + ti) * T;
+		float maxv = -__int_as_float(0x7f800000);
+		for (int t2 = 0; t2 <= ti; t2++) {
+			const float* k = qkv + (b * T + t2) * W + C + kh * hd;
+			float dot = 0;
+			for (int i = 0; i < hd; i++) dot += q[i] * k[i];
+			dot *= scale;
+			a[t2] = dot;
+			maxv = fmaxf(maxv, dot);
+		}
+		float sum = 0;
+		for (int t2 = 0; t2 <= ti; t2++) {
+			float e = expf(a[t2] - maxv);
+			a[t2] = e;
+			sum += e;
+		}
+		float inv = 1.0f / sum;
+		for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= ti ? a[t2] * inv : 0.0f;
+		float* o = out + (b * T + ti) * C + h * hd;
+		for (int i = 0; i < hd; i++) o[i] = 0;
+		for (int t2 = 0; t2 <= ti; t2++) {
+			const float* v = qkv + (b * T + t2) * W + C + KV * hd + kh * hd;
+			float w = a[t2];
+			for (int i = 0; i < hd; i++) o[i] += w * v[i];
+		}
+	}
+}
+
+extern "C" __global__ void gqattention_backward_query(float* dqkv, float* datt, const float* dOut,
+		const float* qkv, const float* att, int B, int T, int H, int KV, int hd, float scale) {
+	int W = (H + 2 * KV) * hd, C = H * hd, rep = H / KV;
+	long long total = (long long)B * H * T;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		int ti = (int)(idx % T);
+		long long bh = idx / T;
+		int h = (int)(bh % H);
+		long long b = bh / H;
+		int kh = h / rep;
+		const float* a = att + (bh * T + ti) * T;
+		float* da = datt + (bh * T + ti) * T;
+		const float* g = dOut + (b * T + ti) * C + h * hd;
+		for (int t2 = 0; t2 <= ti; t2++) {
+			const float* v = qkv + (b * T + t2) * W + C + KV * hd + kh * hd;
+			float dot = 0;
+			for (int i = 0; i < hd; i++) dot += v[i] * g[i];
+			da[t2] = dot;
+		}
+		float s = 0;
+		for (int t2 = 0; t2 <= ti; t2++) s += a[t2] * da[t2];
+		for (int t2 = 0; t2 <= ti; t2++) da[t2] = a[t2] * (da[t2] - s) * scale;
+		float* dq = dqkv + (b * T + ti) * W + h * hd;
+		for (int t2 = 0; t2 <= ti; t2++) {
+			const float* k = qkv + (b * T + t2) * W + C + kh * hd;
+			float dpre = da[t2];
+			for (int i = 0; i < hd; i++) dq[i] += dpre * k[i];
+		}
+	}
+}
+
+// Per (sequence, key/value head, key position t2): the group's query heads
+// in order, each over ti ≥ t2.
+extern "C" __global__ void gqattention_backward_keyvalue(float* dqkv, const float* datt, const float* dOut,
+		const float* qkv, const float* att, int B, int T, int H, int KV, int hd) {
+	int W = (H + 2 * KV) * hd, C = H * hd, rep = H / KV;
+	long long total = (long long)B * KV * T;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		int t2 = (int)(idx % T);
+		long long bk = idx / T;
+		int kh = (int)(bk % KV);
+		long long b = bk / KV;
+		float* dk = dqkv + (b * T + t2) * W + C + kh * hd;
+		float* dv = dqkv + (b * T + t2) * W + C + KV * hd + kh * hd;
+		for (int h = kh * rep; h < (kh + 1) * rep; h++) {
+			long long bh = b * H + h;
+			for (int ti = t2; ti < T; ti++) {
+				float dpre = datt[(bh * T + ti) * T + t2];
+				float w = att[(bh * T + ti) * T + t2];
+				const float* q = qkv + (b * T + ti) * W + h * hd;
+				const float* g = dOut + (b * T + ti) * C + h * hd;
+				for (int i = 0; i < hd; i++) {
+					dk[i] += dpre * q[i];
+					dv[i] += w * g[i];
+				}
+			}
+		}
+	}
+}
+
+// ---- RMS norm ----
+
+extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* in,
+		const float* weight, int rows, int cols, float eps) {
+	int lane = threadIdx.x & 31;
+	for (long long row = global_thread() >> 5; row < rows; row += global_threads() >> 5) {
+		const float* x = in + row * cols;
+		float* o = out + row * cols;
+		double ss = 0;
+		for (int i = lane; i < cols; i += 32) ss += (double)x[i] * (double)x[i];
+		ss = warp_sum_d(ss);
+		float s = (float)(1.0 / sqrt(ss / cols + (double)eps));
+		for (int i = lane; i < cols; i += 32) o[i] = x[i] * s * weight[i];
+		if (lane == 0) rstd[row] = s;
+	}
+}
+
+// dIn += s·w·dOut − x·s³·mean(w·dOut·x).
+extern "C" __global__ void rmsnorm_backward_input(float* dIn, const float* dOut,
+		const float* in, const float* weight, const float* rstd, int rows, int cols) {
+	int lane = threadIdx.x & 31;
+	for (long long row = global_thread() >> 5; row < rows; row += global_threads() >> 5) {
+		const float* x = in + row * cols;
+		const float* dy = dOut + row * cols;
+		float* dx = dIn + row * cols;
+		float s = rstd[row];
+		float dot = 0;
+		for (int i = lane; i < cols; i += 32) dot += weight[i] * dy[i] * x[i];
+		dot = warp_sum_f(dot);
+		float k = dot * s * s * s / cols;
+		for (int i = lane; i < cols; i += 32) dx[i] += s * weight[i] * dy[i] - x[i] * k;
+	}
+}
+
+extern "C" __global__ void rmsnorm_backward_params(float* dWeight, const float* dOut,
+		const float* in, const float* rstd, int rows, int cols) {
+	for (long long j = global_thread(); j < cols; j += global_threads()) {
+		float dw = 0;
+		for (long long r = 0; r < rows; r++) dw += dOut[r * cols + j] * in[r * cols + j] * rstd[r];
+		dWeight[j] += dw;
+	}
+}
+
+// ---- rotary position embedding, rotate-half layout ----
+//
+// cs holds T·half cos values then T·half sin values; sign is 1 or −1 (the
+// inverse rotation).
+extern "C" __global__ void rope(float* x, const float* cs, int rows, int T, int stride,
+		int heads, int hd, float sign) {
+	int half = hd / 2;
+	long long total = (long long)rows * heads * half;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		int i = (int)(idx % half);
+		long long rh = idx / half;
+		int h = (int)(rh % heads);
+		long long r = rh / heads;
+		int p = (int)(r % T);
+		float c = cs[p * half + i], s = sign * cs[(long long)T * half + p * half + i];
+		float* v = x + r * stride + h * hd;
+		float x0 = v[i], x1 = v[i + half];
+		v[i] = x0 * c - x1 * s;
+		v[i + half] = x1 * c + x0 * s;
+	}
+}
+
+// ---- SwiGLU ----
+
+__device__ __forceinline__ float sigmoidf_(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
+
+extern "C" __global__ void swiglu_forward(float* out, const float* gateUp, int rows, int n) {
+	long long total = (long long)rows * n;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		long long r = idx / n;
+		int i = (int)(idx % n);
+		float g = gateUp[r * 2 * n + i], u = gateUp[r * 2 * n + n + i];
+		out[idx] = g * sigmoidf_(g) * u;
+	}
+}
+
+extern "C" __global__ void swiglu_backward(float* dGateUp, const float* gateUp, const float* dOut, int rows, int n) {
+	long long total = (long long)rows * n;
+	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
+		long long r = idx / n;
+		int i = (int)(idx % n);
+		float g = gateUp[r * 2 * n + i], u = gateUp[r * 2 * n + n + i];
+		float sg = sigmoidf_(g), d = dOut[idx];
+		dGateUp[r * 2 * n + i] += d * u * sg * (1.0f + g * (1.0f - sg));
+		dGateUp[r * 2 * n + n + i] += d * g * sg;
 	}
 }
 `

@@ -154,19 +154,52 @@ func (Go) GELUBackward(dIn, in, dOut []float32) {
 
 func tanh32(x float32) float32 { return float32(math.Tanh(float64(x))) }
 
-// Attention implements Backend. Each (sequence, head) pair is independent.
+// Attention implements Backend: multi-head attention is grouped-query
+// attention with one query head per key/value head, here computed by the
+// scalar loops (gqAttentionLoops) that GPT has always used, so its results
+// stay what they were bit for bit.
 func (Go) Attention(out, att, qkv []float32, b, t, c, heads int) {
-	hs := c / heads
-	scale := float32(1 / math.Sqrt(float64(hs)))
+	gqAttentionLoops(out, att, qkv, b, t, heads, heads, c/heads)
+}
+
+// AttentionBackward implements Backend.
+func (Go) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, c, heads int) {
+	gqAttentionBackwardLoops(dqkv, datt, dOut, qkv, att, b, t, heads, heads, c/heads)
+}
+
+// GQAttention implements Backend with matrix products (gqAttentionGemm).
+func (be Go) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
+	gqAttentionGemm(be.Gemm, out, att, qkv, b, t, heads, kvHeads, hd)
+}
+
+// GQAttentionBackward implements Backend with matrix products.
+func (be Go) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
+	gqAttentionBackwardGemm(be.Gemm, dqkv, datt, dOut, qkv, att, b, t, heads, kvHeads, hd)
+}
+
+// gqaLayout locates the heads of one qkv row: query head h at h·hd, key and
+// value head j at kOff+j·hd and vOff+j·hd; rows are w wide, and query head h
+// reads key/value head h/rep.
+func gqaLayout(heads, kvHeads, hd int) (w, kOff, vOff, rep int) {
+	return (heads + 2*kvHeads) * hd, heads * hd, (heads + kvHeads) * hd, heads / kvHeads
+}
+
+// gqAttentionLoops is grouped-query attention in scalar loops. Each
+// (sequence, query head) pair is independent.
+func gqAttentionLoops(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
+	w, kOff, vOff, rep := gqaLayout(heads, kvHeads, hd)
+	c := heads * hd
+	scale := float32(1 / math.Sqrt(float64(hd)))
 	parallel(b*heads, 1, func(lo, hi int) {
 		for bh := lo; bh < hi; bh++ {
 			bi, h := bh/heads, bh%heads
+			kh := h / rep
 			for ti := 0; ti < t; ti++ {
-				q := qkv[(bi*t+ti)*3*c+h*hs : (bi*t+ti)*3*c+(h+1)*hs]
+				q := qkv[(bi*t+ti)*w+h*hd : (bi*t+ti)*w+(h+1)*hd]
 				a := att[((bi*heads+h)*t+ti)*t : ((bi*heads+h)*t+ti+1)*t]
 				maxv := float32(math.Inf(-1))
 				for t2 := 0; t2 <= ti; t2++ {
-					k := qkv[(bi*t+t2)*3*c+c+h*hs : (bi*t+t2)*3*c+c+(h+1)*hs]
+					k := qkv[(bi*t+t2)*w+kOff+kh*hd : (bi*t+t2)*w+kOff+(kh+1)*hd]
 					var dot float32
 					for i, qv := range q {
 						dot += qv * k[i]
@@ -189,13 +222,13 @@ func (Go) Attention(out, att, qkv []float32, b, t, c, heads int) {
 						a[t2] = 0
 					}
 				}
-				o := out[(bi*t+ti)*c+h*hs : (bi*t+ti)*c+(h+1)*hs]
+				o := out[(bi*t+ti)*c+h*hd : (bi*t+ti)*c+(h+1)*hd]
 				clear(o)
 				for t2 := 0; t2 <= ti; t2++ {
-					v := qkv[(bi*t+t2)*3*c+2*c+h*hs : (bi*t+t2)*3*c+2*c+(h+1)*hs]
-					w := a[t2]
+					v := qkv[(bi*t+t2)*w+vOff+kh*hd : (bi*t+t2)*w+vOff+(kh+1)*hd]
+					wt := a[t2]
 					for i := range o {
-						o[i] += w * v[i]
+						o[i] += wt * v[i]
 					}
 				}
 			}
@@ -203,43 +236,49 @@ func (Go) Attention(out, att, qkv []float32, b, t, c, heads int) {
 	})
 }
 
-// AttentionBackward implements Backend. Each (sequence, head) pair owns its
-// slices of dqkv, so the pairs run in parallel without sharing writes.
-func (Go) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, c, heads int) {
-	hs := c / heads
-	scale := float32(1 / math.Sqrt(float64(hs)))
-	parallel(b*heads, 1, func(lo, hi int) {
-		for bh := lo; bh < hi; bh++ {
-			bi, h := bh/heads, bh%heads
-			for ti := 0; ti < t; ti++ {
-				a := att[((bi*heads+h)*t+ti)*t : ((bi*heads+h)*t+ti+1)*t]
-				da := datt[((bi*heads+h)*t+ti)*t : ((bi*heads+h)*t+ti+1)*t]
-				do := dOut[(bi*t+ti)*c+h*hs : (bi*t+ti)*c+(h+1)*hs]
-				// out = Σ att·v
-				for t2 := 0; t2 <= ti; t2++ {
-					v := qkv[(bi*t+t2)*3*c+2*c+h*hs : (bi*t+t2)*3*c+2*c+(h+1)*hs]
-					dv := dqkv[(bi*t+t2)*3*c+2*c+h*hs : (bi*t+t2)*3*c+2*c+(h+1)*hs]
-					var dot float32
-					for i, g := range do {
-						dot += v[i] * g
-						dv[i] += a[t2] * g
+// gqAttentionBackwardLoops is gqAttentionLoops' backward pass. The query
+// heads that share a key/value head all write its gradient, so the unit of
+// parallel work is a (sequence, key/value head) group, whose query heads run
+// in order: no two goroutines write the same element, and the sums do not
+// depend on the number of cores.
+func gqAttentionBackwardLoops(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
+	w, kOff, vOff, rep := gqaLayout(heads, kvHeads, hd)
+	c := heads * hd
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	parallel(b*kvHeads, 1, func(lo, hi int) {
+		for bg := lo; bg < hi; bg++ {
+			bi, kh := bg/kvHeads, bg%kvHeads
+			for h := kh * rep; h < (kh+1)*rep; h++ {
+				for ti := 0; ti < t; ti++ {
+					a := att[((bi*heads+h)*t+ti)*t : ((bi*heads+h)*t+ti+1)*t]
+					da := datt[((bi*heads+h)*t+ti)*t : ((bi*heads+h)*t+ti+1)*t]
+					do := dOut[(bi*t+ti)*c+h*hd : (bi*t+ti)*c+(h+1)*hd]
+					// out = Σ att·v
+					for t2 := 0; t2 <= ti; t2++ {
+						v := qkv[(bi*t+t2)*w+vOff+kh*hd : (bi*t+t2)*w+vOff+(kh+1)*hd]
+						dv := dqkv[(bi*t+t2)*w+vOff+kh*hd : (bi*t+t2)*w+vOff+(kh+1)*hd]
+						var dot float32
+						for i, g := range do {
+							dot += v[i] * g
+							dv[i] += a[t2] * g
+						}
+						da[t2] = dot
 					}
-					da[t2] = dot
-				}
-				// softmax: dpre = att·(datt − Σ att·datt)
-				var s float32
-				for t2 := 0; t2 <= ti; t2++ {
-					s += a[t2] * da[t2]
-				}
-				q := qkv[(bi*t+ti)*3*c+h*hs : (bi*t+ti)*3*c+(h+1)*hs]
-				dq := dqkv[(bi*t+ti)*3*c+h*hs : (bi*t+ti)*3*c+(h+1)*hs]
-				for t2 := 0; t2 <= ti; t2++ {
-					dpre := a[t2] * (da[t2] - s) * scale
-					k := qkv[(bi*t+t2)*3*c+c+h*hs : (bi*t+t2)*3*c+c+(h+1)*hs]
-					dk := dqkv[(bi*t+t2)*3*c+c+h*hs : (bi*t+t2)*3*c+c+(h+1)*hs]
-					for i := range q {
-						dq[i] += dpre * k[i]
-						dk[i] += dpre * q[i]
+					// softmax: dpre = att·(datt − Σ att·datt)
+					var s float32
+					for t2 := 0; t2 <= ti; t2++ {
+						s += a[t2] * da[t2]
+					}
+					q := qkv[(bi*t+ti)*w+h*hd : (bi*t+ti)*w+(h+1)*hd]
+					dq := dqkv[(bi*t+ti)*w+h*hd : (bi*t+ti)*w+(h+1)*hd]
+					for t2 := 0; t2 <= ti; t2++ {
+						dpre := a[t2] * (da[t2] - s) * scale
+						k := qkv[(bi*t+t2)*w+kOff+kh*hd : (bi*t+t2)*w+kOff+(kh+1)*hd]
+						dk := dqkv[(bi*t+t2)*w+kOff+kh*hd : (bi*t+t2)*w+kOff+(kh+1)*hd]
+						for i := range q {
+							dq[i] += dpre * k[i]
+							dk[i] += dpre * q[i]
+						}
 					}
 				}
 			}

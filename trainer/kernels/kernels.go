@@ -1,6 +1,6 @@
 // Package kernels owns the numerical kernels of the model: matrix products
-// and the element-wise and row-wise operations of a GPT block, forward and
-// backward, behind one interface with three implementations chosen at build
+// and the element-wise and row-wise operations of a GPT block and a Llama
+// block, forward and backward, behind one interface with three implementations chosen at build
 // time: pure Go (the default, no cgo), -tags openblas (OpenBLAS matrix
 // products) and -tags cuda (cuBLAS and NVRTC-compiled kernels).
 //
@@ -37,6 +37,41 @@ type Backend interface {
 	Attention(out, att, qkv []float32, b, t, c, heads int)
 	// AttentionBackward accumulates into dqkv; datt is scratch of att's size.
 	AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, c, heads int)
+
+	// GQAttention is causal grouped-query self-attention: qkv is b·t rows of
+	// [q | k | v] with heads query heads and kvHeads (dividing heads) key
+	// and value heads, each hd wide, so a row is (heads+2·kvHeads)·hd wide;
+	// query head h attends with key/value head h/(heads/kvHeads), as
+	// Hugging Face's repeat_kv pairs them. out is b·t×heads·hd and att is
+	// b·heads·t·t. Attention(c, heads) computes what GQAttention(heads,
+	// heads, c/heads) does (on the CPU by other means: scalar loops there,
+	// matrix products here, equal to rounding).
+	GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int)
+	// GQAttentionBackward accumulates into dqkv; datt is scratch of att's
+	// size.
+	GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int)
+
+	// RMSNorm scales each of rows rows of cols values by the reciprocal of
+	// its root mean square: out = in·rstd·weight with
+	// rstd = 1/√(mean(in²) + eps), recorded per row for the backward pass.
+	RMSNorm(out, rstd, in, weight []float32, rows, cols int, eps float32)
+	// RMSNormBackward accumulates (+=) into dIn and dWeight.
+	RMSNormBackward(dIn, dWeight, dOut, in, weight, rstd []float32, rows, cols int)
+
+	// RoPE rotates, in place, the first heads·hd values of each of the b·t
+	// rows of x (rows stride apart) as heads vectors of hd (even) values by
+	// the rotary position embedding of the row's position (row index mod t),
+	// in Hugging Face's rotate-half layout: for i < hd/2, the pair
+	// (x[i], x[i+hd/2]) turns by pos·theta^(−2i/hd). With inverse set it
+	// turns the other way, which is the backward pass (the rotation's
+	// transpose).
+	RoPE(x []float32, b, t, stride, heads, hd int, theta float32, inverse bool)
+
+	// SwiGLU computes out = silu(gate)·up for rows rows whose input row is
+	// [gate (n values) | up (n values)], silu(g) = g·sigmoid(g).
+	SwiGLU(out, gateUp []float32, rows, n int)
+	// SwiGLUBackward accumulates into dGateUp.
+	SwiGLUBackward(dGateUp, gateUp, dOut []float32, rows, n int)
 
 	// SoftmaxCrossEntropy turns logits (rows×vocab) into probabilities
 	// (in place) and writes each row's loss −log p[target].

@@ -21,4 +21,15 @@ func (OpenBLAS) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float3
 	netlib.Implementation{}.Sgemm(transpose(transA), transpose(transB), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
+// GQAttention implements Backend with OpenBLAS's matrix products (the
+// embedded Go backend's would use gonum's).
+func (be OpenBLAS) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
+	gqAttentionGemm(be.Gemm, out, att, qkv, b, t, heads, kvHeads, hd)
+}
+
+// GQAttentionBackward implements Backend with OpenBLAS's matrix products.
+func (be OpenBLAS) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
+	gqAttentionBackwardGemm(be.Gemm, dqkv, datt, dOut, qkv, att, b, t, heads, kvHeads, hd)
+}
+
 func defaultBackend() Backend { return OpenBLAS{} }

@@ -32,7 +32,7 @@ func TestAdversariesCannotForkHonestTrainers(t *testing.T) {
 			})
 			c.stopAll(0, 1, 2, 3)
 			c.sameWeights(0, 1, 2)
-			if slices.Equal(c.nodes[0].Model().Params, c.initial.Params) {
+			if slices.Equal(paramsOf(c.nodes[0].Model()), c.initial.Params) {
 				t.Fatal("the weights never changed")
 			}
 		})

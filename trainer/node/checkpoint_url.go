@@ -1,13 +1,17 @@
 package node
 
 import (
+	"strings"
+
 	"bufio"
 	"context"
 	"io"
 
+	"github.com/psyche-go/psyche/coordinator"
+
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -17,18 +21,22 @@ import (
 // http(s):// URL read with range requests (the data provider's HTTP source,
 // with its retries), streamed into the decoder, which accepts no more
 // tensor bytes than the run's model has.
-func (n *Node) loadURL(ctx context.Context, url string, cfg gpt.Config) (*gpt.Model, error) {
+func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config) (runmodel.Model, error) {
 	src, err := runmodel.ParseSource(url)
 	if err != nil {
 		return nil, err
 	}
 	switch src.Kind {
 	case runmodel.FromSeed:
-		return gpt.New(cfg, src.Seed, n.cfg.kernels)
+		return runmodel.New(cfg, src.Seed, n.cfg.kernels)
 	case runmodel.FromFile:
-		return gpt.Load(src.Path, n.cfg.kernels)
+		return runmodel.Load(ctx, src.Path, n.cfg.kernels)
 	}
-	// runmodel.FromHTTP
+	// runmodel.FromHTTP. A Llama run's URL that does not name a
+	// .safetensors file is a Hugging Face directory.
+	if cfg.Arch == coordinator.ArchLlama && !strings.HasSuffix(strings.SplitN(url, "?", 2)[0], ".safetensors") {
+		return llama.LoadHF(ctx, llama.HTTPDir{URL: url, Opts: n.cfg.dataOpts}, n.cfg.kernels)
+	}
 	hs, err := data.NewHTTPSource(url, n.cfg.dataOpts...)
 	if err != nil {
 		return nil, err
@@ -43,7 +51,7 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg gpt.Config) (*gpt.Mo
 	if err != nil {
 		return nil, err
 	}
-	return gpt.FromCheckpoint(ck, n.cfg.kernels)
+	return runmodel.FromCheckpoint(ck, n.cfg.kernels)
 }
 
 // sourceReader reads a data source front to back.

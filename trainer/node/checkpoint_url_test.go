@@ -62,18 +62,18 @@ func TestLoadCheckpointURL(t *testing.T) {
 		{"truncated", srv.URL + "/short", checkpoint.ErrMalformed}, // the header names bytes past the end
 		{"more tensor bytes than the run's model", srv.URL + "/files/bigger.safetensors", checkpoint.ErrTooLarge},
 	} {
-		got, err := n.loadURL(context.Background(), tc.url, cfg)
+		got, err := n.loadURL(context.Background(), tc.url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg})
 		switch {
 		case tc.err == nil && err != nil:
 			t.Errorf("%s: %v", tc.name, err)
-		case tc.err == nil && !slices.Equal(got.Params, want.Params):
+		case tc.err == nil && !slices.Equal(paramsOf(got), want.Params):
 			t.Errorf("%s: other weights", tc.name)
 		case tc.err != nil && !errors.Is(err, tc.err):
 			t.Errorf("%s: got %v, want %v", tc.name, err, tc.err)
 		}
 	}
 	for _, url := range []string{"s3://bucket/model", "seed:x", "seed:-1"} {
-		if _, err := n.loadURL(context.Background(), url, cfg); !errors.Is(err, runmodel.ErrSource) {
+		if _, err := n.loadURL(context.Background(), url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg}); !errors.Is(err, runmodel.ErrSource) {
 			t.Errorf("%s: %v, want runmodel.ErrSource", url, err)
 		}
 	}
@@ -124,7 +124,7 @@ func TestLoadChecksRevision(t *testing.T) {
 			switch {
 			case !tc.refused && err != nil:
 				t.Errorf("%s, %s: %v", url, tc.name, err)
-			case !tc.refused && !slices.Equal(n.model.Params, seeded.Params):
+			case !tc.refused && !slices.Equal(paramsOf(n.model), seeded.Params):
 				t.Errorf("%s, %s: other weights", url, tc.name)
 			case tc.refused:
 				want := fmt.Sprintf("node: the model from %s has hash %s, the run records %s: refusing to train", url, hash, otherHash)

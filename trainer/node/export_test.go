@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // WithCorruptResults makes the node publish corrupt(payload) instead of its
@@ -23,4 +24,13 @@ func WithEquivocation(publish func(ctx context.Context, step uint32, batch p2p.B
 		}
 		return nil
 	}
+}
+
+// paramsOf is a model's parameters, tensor after tensor.
+func paramsOf(m runmodel.Model) []float32 {
+	var out []float32
+	for _, t := range m.Tensors() {
+		out = append(out, t...)
+	}
+	return out
 }

@@ -24,18 +24,18 @@ type machine struct {
 	ticking bool // send ticks when a transition is due (WithTicking)
 	newKey  func() uint64
 
-	snap     *coordinator.Coordinator
-	results  map[uint32]map[uint64]*result // step → batch start → first verified result
-	claims   map[uint32]map[uint64]*claim  // step → batch start → what its trainer announced
-	fetching map[coordinator.Hash]bool
-	rejected map[coordinator.Hash]bool // results that failed their checks: never fetched again
-	rounds   map[uint32]*roundState    // by step
-	book     epochBook                 // what this node has done in the current epoch
-	prev     epochBook                 // and in the one before
-	trained  int                       // epochs this node has ended as a client
-	loss     float32                   // loss of the last trained batch
-	pulling  bool                      // a pull is in flight
-	diverged bool                      // a round was applied without every consensus result
+	snap      *coordinator.Coordinator
+	results   map[uint32]map[uint64]*result // step → batch start → first verified result
+	claims    map[uint32]map[uint64]*claim  // step → batch start → what its trainer announced
+	fetching  map[coordinator.Hash]bool
+	rejected  map[coordinator.Hash]bool // results that failed their checks: never fetched again
+	rounds    map[uint32]*roundState    // by step
+	book      epochBook                 // what this node has done in the current epoch
+	prev      epochBook                 // and in the one before
+	trained   int                       // epochs this node has ended as a client
+	lastBatch trainStats                // the last trained batch: loss and rates, reported in witness metadata
+	pulling   bool                      // a pull is in flight
+	diverged  bool                      // a round was applied without every consensus result
 	// ahead is the gradient trained ahead for the next round (TrainWork.Ahead),
 	// valid until the model changes (an apply or a load clears it).
 	ahead *TrainWork
@@ -443,11 +443,22 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 	return rd
 }
 
+// trainStats is what a node reports about its last trained batch in its
+// witness metadata (coordinator.WitnessMetadata): the batch's loss, and the
+// tokens and result bytes of the batch over the seconds it took to train
+// and publish it. The explorer draws the loss curve and the run's rates
+// from them, so they need no service of their own.
+type trainStats struct {
+	loss         float32
+	tokensPerSec float32
+	bytesPerSec  float32
+}
+
 // trainedResult takes this node's own published result. The round before
 // it may now be applied, and then the next round trained ahead.
-func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, loss float32) Ready {
+func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, st trainStats) Ready {
 	m.store(a, f)
-	m.loss = loss
+	m.lastBatch = st
 	m.round(a.Step).done = true
 	var rd Ready
 	m.progress(&rd)
@@ -723,7 +734,9 @@ func (m *machine) witness(rd *Ready, warmup bool) {
 	}
 	w := coordinator.Witness{Proof: proof, Key: m.newKey()}
 	w.Metadata.Step = s.Progress.Step
-	w.Metadata.Loss = m.loss
+	w.Metadata.Loss = m.lastBatch.loss
+	w.Metadata.TokensPerSec = m.lastBatch.tokensPerSec
+	w.Metadata.BandwidthPerSec = m.lastBatch.bytesPerSec
 	h := sha256.New()
 	if !warmup {
 		// Clients the round gave no data (more trainers than sequences) did

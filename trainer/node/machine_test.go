@@ -133,7 +133,7 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 		t.Fatal("trained the same round twice")
 	}
 	frame := &distro.Frame{}
-	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), frame, 2.5)
+	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), frame, trainStats{loss: 2.5, tokensPerSec: 100, bytesPerSec: 50})
 
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())
 	var anns []p2p.Announcement
@@ -185,7 +185,7 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	if w.Broadcasts.Has(w.Key, anns[1].Commitment) {
 		t.Error("the refused result is in the broadcast bloom")
 	}
-	if w.Metadata.Step != 1 || w.Metadata.Loss != 2.5 {
+	if w.Metadata.Step != 1 || w.Metadata.Loss != 2.5 || w.Metadata.TokensPerSec != 100 || w.Metadata.BandwidthPerSec != 50 {
 		t.Errorf("metadata %+v", w.Metadata)
 	}
 	// Trainer 2 then announces a second, different result for the same

@@ -38,8 +38,8 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // Progress is what the node reports after each thing it does (for a progress
@@ -159,7 +159,8 @@ func WithProgress(f func(Progress)) Option {
 // WithTicking makes the node send tick instructions itself whenever the
 // coordinator's timers say a transition is due. A Solana run has no server
 // that ticks it, so its trainers do (any signer may tick; a tick that finds
-// nothing due changes nothing).
+// nothing due, because another trainer's landed first, is refused with
+// NothingDue in preflight and costs no fee).
 func WithTicking() Option {
 	return func(c *config) error { c.ticking = true; return nil }
 }
@@ -190,7 +191,7 @@ type Node struct {
 	m       *machine
 
 	id      coordinator.ClientID
-	model   *gpt.Model
+	model   runmodel.Model
 	fetches fetchQueue
 	// badPeers are the trainers whose bad results were logged as warnings.
 	badPeers map[coordinator.Pubkey]bool
@@ -239,7 +240,7 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 func (n *Node) ID() coordinator.ClientID { return n.id }
 
 // Model is the node's model (nil until loaded).
-func (n *Node) Model() *gpt.Model { return n.model }
+func (n *Node) Model() runmodel.Model { return n.model }
 
 // assignments lists, for every round the coordinator holds in s, which
 // client trains which batch: what the p2p validator checks announcements
@@ -463,11 +464,11 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 		n.dropAhead()
 		n.startAhead(ctx, *w)
 	} else if w != nil {
-		ann, frame, loss, err := n.train(ctx, w)
+		ann, frame, st, err := n.train(ctx, w)
 		if err != nil {
 			return nil, false, err
 		}
-		next = append(next, n.m.trainedResult(ann, frame, loss))
+		next = append(next, n.m.trainedResult(ann, frame, st))
 	}
 	for _, ix := range rd.Send {
 		n.send(ctx, ix)
@@ -608,8 +609,11 @@ func (n *Node) startFetches(ctx context.Context, ev events) {
 		go func() {
 			payload, err := n.net.Fetch(ctx, a)
 			// Bytes that do not match the commitment, or that are no frame,
-			// are the announcer's fault; anything else may work next time.
-			r := fetchResult{ann: a, err: err, size: len(payload), invalid: errors.Is(err, p2p.ErrCommitmentMismatch) || errors.Is(err, p2p.ErrOversize), done: working}
+			// and a signed announcement no honest trainer publishes
+			// (malformed, oversized), are the announcer's fault; anything
+			// else may work next time.
+			r := fetchResult{ann: a, err: err, size: len(payload), done: working,
+				invalid: errors.Is(err, p2p.ErrCommitmentMismatch) || errors.Is(err, p2p.ErrOversize) || errors.Is(err, p2p.ErrMalformed)}
 			if err == nil {
 				r.frame, r.err = distro.DecodeFrame(payload, lim)
 				r.invalid = r.err != nil

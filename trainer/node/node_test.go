@@ -220,7 +220,7 @@ func (c *cluster) stopAll(which ...int) {
 	}
 }
 
-func (c *cluster) heldOutLoss(m *gpt.Model) float32 {
+func (c *cluster) heldOutLoss(m runmodel.Model) float32 {
 	in, tg := make([]uint32, 8*32), make([]uint32, 8*32)
 	for i := 0; i < 8; i++ {
 		copy(in[i*32:], c.tokens[160_000+i*32:])
@@ -236,7 +236,7 @@ func (c *cluster) heldOutLoss(m *gpt.Model) float32 {
 func (c *cluster) sameWeights(idx ...int) {
 	c.t.Helper()
 	for _, i := range idx[1:] {
-		if !slices.Equal(c.nodes[i].Model().Params, c.nodes[idx[0]].Model().Params) {
+		if !slices.Equal(paramsOf(c.nodes[i].Model()), paramsOf(c.nodes[idx[0]].Model())) {
 			c.t.Fatalf("trainer %d's weights differ from trainer %d's", i, idx[0])
 		}
 	}
@@ -268,7 +268,7 @@ func TestThreeTrainersTrainTogether(t *testing.T) {
 		t.Error("a witness's participant bloom missed a trainer")
 	}
 	c.sameWeights(0, 1, 2)
-	if slices.Equal(c.nodes[0].Model().Params, c.initial.Params) {
+	if slices.Equal(paramsOf(c.nodes[0].Model()), c.initial.Params) {
 		t.Fatal("the weights never changed")
 	}
 	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
@@ -409,7 +409,7 @@ func TestAllTrainersLeave(t *testing.T) {
 		c.stopped[i] = true
 		c.stops[i]()
 	}
-	final := slices.Clone(c.nodes[0].Model().Params)
+	final := slices.Clone(paramsOf(c.nodes[0].Model()))
 	url := coordinator.FixedString(ended.Model.Checkpoint.Source.URL[:])
 	c.addTrainers(3, 3)
 	warm := c.waitFor("the next epoch's warmup", func(s *coordinator.Coordinator) bool { return s.RunState == coordinator.Warmup })
@@ -541,7 +541,7 @@ func TestEquivocatorIsDropped(t *testing.T) {
 	// missing results) and reloads next epoch. So every honest trainer
 	// whose weights differ from the most common ones must have applied with
 	// missing results; those that applied everything must all agree.
-	same := func(i, j int) bool { return slices.Equal(c.nodes[i].Model().Params, c.nodes[j].Model().Params) }
+	same := func(i, j int) bool { return slices.Equal(paramsOf(c.nodes[i].Model()), paramsOf(c.nodes[j].Model())) }
 	major, best := 0, 0
 	for i := 0; i < rogue; i++ {
 		n := 0
@@ -560,7 +560,16 @@ func TestEquivocatorIsDropped(t *testing.T) {
 		}
 	}
 	whole := []int{major}
-	if slices.Equal(c.nodes[whole[0]].Model().Params, c.initial.Params) {
+	if slices.Equal(paramsOf(c.nodes[whole[0]].Model()), c.initial.Params) {
 		t.Fatal("the weights never changed")
 	}
+}
+
+// paramsOf is a model's parameters, tensor after tensor.
+func paramsOf(m runmodel.Model) []float32 {
+	var out []float32
+	for _, t := range m.Tensors() {
+		out = append(out, t...)
+	}
+	return out
 }

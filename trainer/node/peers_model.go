@@ -10,7 +10,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
-	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // errLoadLater marks a load that may work on a later try (the peers holding
@@ -49,7 +49,7 @@ func (n *Node) shareModel(ctx context.Context, epoch uint32) {
 // loadFromPeers fetches the model the epoch starts from from the clients
 // that held it at the end of the previous one: the manifest id most of them
 // offer, then every tensor, checked against the run's model shape.
-func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg gpt.Config) (*gpt.Model, error) {
+func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg runmodel.Config) (runmodel.Model, error) {
 	var from []coordinator.Pubkey
 	for _, c := range s.CheckpointHolders() {
 		if c.P2P != n.net.ID() {
@@ -65,7 +65,7 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
 	}
-	model, err := gpt.New(cfg, 0, n.cfg.kernels)
+	model, err := runmodel.New(cfg, 0, n.cfg.kernels)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +86,7 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 }
 
 // tensorSpecs is what a P2P checkpoint of m's shape must hold.
-func tensorSpecs(m *gpt.Model) []p2p.TensorSpec {
+func tensorSpecs(m runmodel.Model) []p2p.TensorSpec {
 	var out []p2p.TensorSpec
 	for _, t := range m.CheckpointTensors() {
 		shape := make([]uint64, len(t.Shape))
@@ -99,7 +99,7 @@ func tensorSpecs(m *gpt.Model) []p2p.TensorSpec {
 }
 
 // modelTensors copies the parameters into P2P checkpoint tensors.
-func modelTensors(m *gpt.Model) []p2p.Tensor {
+func modelTensors(m runmodel.Model) []p2p.Tensor {
 	var out []p2p.Tensor
 	for _, t := range m.CheckpointTensors() {
 		shape := make([]uint64, len(t.Shape))
@@ -117,7 +117,7 @@ func modelTensors(m *gpt.Model) []p2p.Tensor {
 
 // loadTensors copies P2P checkpoint tensors into m's parameters: the same
 // tensors in the same order with the same shapes, and finite values.
-func loadTensors(m *gpt.Model, ts []p2p.Tensor) error {
+func loadTensors(m runmodel.Model, ts []p2p.Tensor) error {
 	want := m.CheckpointTensors()
 	if len(ts) != len(want) {
 		return fmt.Errorf("%d tensors, the model has %d", len(ts), len(want))

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -22,7 +23,7 @@ import (
 func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel bool) error {
 	n.dropAhead()
 	m := &s.Model
-	cfg, err := runmodel.GPT(m)
+	cfg, err := runmodel.ModelConfig(m)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
@@ -30,9 +31,9 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	keep := keepModel && n.model != nil && n.model.Config == cfg
+	keep := keepModel && n.model != nil && runmodel.ConfigOf(n.model) == cfg
 	if !keep {
-		var model *gpt.Model
+		var model runmodel.Model
 		var from string
 		url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 		fromURL := m.Checkpoint.Kind != coordinator.CheckpointP2P
@@ -60,7 +61,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			}
 			from = url
 		}
-		if err := runmodel.Check(model.Config, m); err != nil {
+		if err := runmodel.Check(runmodel.ConfigOf(model), m); err != nil {
 			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
 		}
 		if fromURL {
@@ -95,7 +96,13 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 	}
 	loc := coordinator.FixedString(m.DataLocation[:])
 	if n.data == nil || n.dataLoc != loc {
-		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), n.cfg.dataOpts...)
+		// Tokens are checked against the run's vocabulary: a local file
+		// whole, now, before any training; a remote one per sequence.
+		opts := slices.Clip(n.cfg.dataOpts)
+		if m.VocabSize > 0 {
+			opts = append(opts, data.WithVocabSize(m.VocabSize))
+		}
+		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), opts...)
 		if err != nil {
 			return fmt.Errorf("node: opening the data: %w", err)
 		}
@@ -135,6 +142,7 @@ type aheadRun struct {
 	work TrainWork
 	done chan struct{}
 	loss float32
+	took time.Duration // computing the gradient (the batch's rates count it)
 	err  error
 }
 
@@ -149,7 +157,7 @@ func (n *Node) startAhead(ctx context.Context, w TrainWork) {
 	go func() {
 		defer working()
 		defer close(a.done)
-		a.loss, a.err = n.gradient(ctx, &a.work)
+		a.loss, a.took, a.err = n.gradient(ctx, &a.work)
 	}()
 }
 
@@ -168,16 +176,17 @@ func (n *Node) dropAhead() {
 }
 
 // gradient reads w's batch and leaves the model's gradient on it in the
-// model's gradient tensors; it returns the loss.
-func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, error) {
-	seqLen := n.model.Context
+// model's gradient tensors; it returns the loss and how long computing it
+// took (reading the data not included).
+func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, time.Duration, error) {
+	seqLen := runmodel.ConfigOf(n.model).Context()
 	count := int(w.Batch.End - w.Batch.Start)
 	in, tg := make([]uint32, 0, count*seqLen), make([]uint32, 0, count*seqLen)
 	buf := make([]uint32, seqLen+1)
 	for idx := w.Batch.Start; idx < w.Batch.End; idx++ {
 		seq, err := n.data.Sequence(ctx, idx, buf)
 		if err != nil {
-			return 0, fmt.Errorf("node: data index %d: %w", idx, err)
+			return 0, 0, fmt.Errorf("node: data index %d: %w", idx, err)
 		}
 		in = append(in, seq[:seqLen]...)
 		tg = append(tg, seq[1:seqLen+1]...)
@@ -186,39 +195,46 @@ func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, error) {
 	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
 	loss, err := n.model.Forward(in, tg, count, seqLen)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	n.model.ZeroGrad()
-	return loss, n.model.Backward()
+	if err := n.model.Backward(); err != nil {
+		return 0, 0, err
+	}
+	return loss, time.Since(start), nil
 }
 
 // train runs this node's batch, steps the optimizer and publishes the
 // result. The gradient is the one trained ahead when the machine says it is
 // still valid and this node holds it; otherwise it is computed now.
-func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *distro.Frame, float32, error) {
+func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *distro.Frame, trainStats, error) {
 	n.finishAhead()
 	a := n.ahead
 	n.ahead = nil
-	var loss float32
+	var (
+		loss     float32
+		computed time.Duration // the gradient's compute, ahead or now
+		reused   bool
+	)
 	if w.Reuse && a != nil && a.err == nil && a.work.Step == w.Step && a.work.Batch == w.Batch {
-		loss = a.loss
+		loss, computed, reused = a.loss, a.took, true
 		n.cfg.metrics.AheadReused.Inc()
 	} else {
 		var err error
-		if loss, err = n.gradient(ctx, w); err != nil {
-			return p2p.Announcement{}, nil, 0, err
+		if loss, computed, err = n.gradient(ctx, w); err != nil {
+			return p2p.Announcement{}, nil, trainStats{}, err
 		}
 	}
 	count := int(w.Batch.End - w.Batch.Start)
-	seqLen := n.model.Context
+	seqLen := runmodel.ConfigOf(n.model).Context()
 	start := time.Now()
 	frame, err := n.opt.Step(n.model.GradTensors(), w.LR)
 	if err != nil {
-		return p2p.Announcement{}, nil, 0, fmt.Errorf("node: step %d: %w", w.Step, err)
+		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: step %d: %w", w.Step, err)
 	}
 	payload, err := frame.MarshalBinary()
 	if err != nil {
-		return p2p.Announcement{}, nil, 0, err
+		return p2p.Announcement{}, nil, trainStats{}, err
 	}
 	n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) // publishing is networking
 	if n.cfg.corrupt != nil {
@@ -231,15 +247,19 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 		ann, err = n.net.Publish(ctx, w.Step, w.Batch, payload)
 	}
 	if err != nil {
-		return p2p.Announcement{}, nil, 0, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
+		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
 	}
 	n.cfg.metrics.Loss.Set(float64(loss))
 	n.cfg.metrics.Steps.Inc()
 	n.cfg.metrics.Tokens.Add(float64(count * seqLen))
 	n.cfg.metrics.SentBytes.Add(float64(len(payload)))
 	n.cfg.log.Info("trained", "step", w.Step, "batch", fmt.Sprintf("[%d,%d)", w.Batch.Start, w.Batch.End), "loss", loss,
-		"bytes", len(payload), "took", time.Since(start).Round(time.Millisecond))
-	return ann, frame, loss, nil
+		"bytes", len(payload), "took", (computed + time.Since(start)).Round(time.Millisecond), "ahead", reused)
+	// The rates cover training and publishing: what the batch cost this
+	// trainer (its gradient's compute too when trained ahead), reported in
+	// its witness metadata.
+	secs := float32(max((computed + time.Since(start)).Seconds(), 1e-3))
+	return ann, frame, trainStats{loss: loss, tokensPerSec: float32(count*seqLen) / secs, bytesPerSec: float32(len(payload)) / secs}, nil
 }
 
 // apply applies a round's consensus results.
@@ -265,12 +285,25 @@ func (n *Node) apply(w *ApplyWork) error {
 
 // saveCheckpoint writes the model and records it (elected checkpointers).
 func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
-	path, err := filepath.Abs(filepath.Join(n.cfg.checkpoints, fmt.Sprintf("%s-epoch%d-step%d.safetensors", n.runID, w.Epoch, w.Step)))
+	name := fmt.Sprintf("%s-epoch%d-step%d", n.runID, w.Epoch, w.Step)
+	lm, isLlama := n.model.(*llama.Model)
+	if !isLlama {
+		name += ".safetensors"
+	}
+	path, err := filepath.Abs(filepath.Join(n.cfg.checkpoints, name))
 	if err != nil {
 		n.cfg.log.Warn("checkpoint path", "err", err)
 		return
 	}
-	if err := n.model.Save(ctx, path, map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)}); err != nil {
+	if isLlama {
+		// A Llama checkpoint is a Hugging Face directory (config.json and
+		// model.safetensors in F32, so its hash is the model's): what
+		// transformers loads, and what a run's checkpoint URL may name.
+		err = lm.SaveHF(ctx, path, llama.HFOptions{})
+	} else {
+		err = n.model.Save(ctx, path, map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)})
+	}
+	if err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed", "err", err)
 		return
 	}

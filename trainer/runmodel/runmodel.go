@@ -17,6 +17,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/llama"
 )
 
 var (
@@ -82,15 +83,41 @@ var aggregations = map[coordinator.Aggregation]distro.Aggregation{
 
 // Check reports whether c is the config of the run's model m, wrapping
 // ErrMismatch with every field that differs (named as in run files).
-func Check(c gpt.Config, m *coordinator.Model) error {
+func Check(c Config, m *coordinator.Model) error {
+	if c.Arch != m.Architecture {
+		return fmt.Errorf("%w: architecture is %d in the model, %d in the run", ErrMismatch, c.Arch, m.Architecture)
+	}
+	if c.Arch == coordinator.ArchLlama {
+		return checkLlama(c.Llama, m)
+	}
 	want, err := GPT(m)
 	if err != nil {
 		return err
 	}
+	c2 := c.GPT
 	var errs []error
 	diff := func(field string, got, want int) {
 		if got != want {
 			errs = append(errs, fmt.Errorf("%w: %s is %d in the model, %d in the run", ErrMismatch, field, got, want))
+		}
+	}
+	diff("vocab_size", c2.Vocab, want.Vocab)
+	diff("max_seq_len", c2.Context, want.Context)
+	diff("d_model", c2.Width, want.Width)
+	diff("n_layers", c2.Layers, want.Layers)
+	diff("n_heads", c2.Heads, want.Heads)
+	return errors.Join(errs...)
+}
+
+func checkLlama(c llama.Config, m *coordinator.Model) error {
+	want, err := Llama(m)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	diff := func(field string, got, want any) {
+		if got != want {
+			errs = append(errs, fmt.Errorf("%w: %s is %v in the model, %v in the run", ErrMismatch, field, got, want))
 		}
 	}
 	diff("vocab_size", c.Vocab, want.Vocab)
@@ -98,5 +125,14 @@ func Check(c gpt.Config, m *coordinator.Model) error {
 	diff("d_model", c.Width, want.Width)
 	diff("n_layers", c.Layers, want.Layers)
 	diff("n_heads", c.Heads, want.Heads)
+	diff("n_kv_heads", c.KVHeads, want.KVHeads)
+	diff("intermediate_size", c.Intermediate, want.Intermediate)
+	diff("rope_theta", c.RopeTheta, want.RopeTheta)
+	diff("tied_head", c.TiedHead, want.TiedHead)
+	// A run has no ε field and trains with the default; a checkpoint made
+	// with another would compute something else.
+	if c.NormEps != 0 && c.NormEps != llama.DefaultNormEps {
+		errs = append(errs, fmt.Errorf("%w: rms_norm_eps is %g in the model; runs train with %g", ErrMismatch, c.NormEps, llama.DefaultNormEps))
+	}
 	return errors.Join(errs...)
 }

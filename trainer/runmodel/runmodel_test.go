@@ -2,6 +2,7 @@ package runmodel
 
 import (
 	"errors"
+	"github.com/psyche-go/psyche/trainer/llama"
 	"strings"
 	"testing"
 
@@ -28,7 +29,7 @@ func TestGPTRoundTrip(t *testing.T) {
 	if err != nil || got != small {
 		t.Fatalf("GPT = %+v, %v; want %+v", got, err, small)
 	}
-	if err := Check(small, &m); err != nil {
+	if err := Check(Config{Arch: coordinator.ArchGPT, GPT: small}, &m); err != nil {
 		t.Fatalf("Check against its own run: %v", err)
 	}
 	// The run model's shape rules and the network's agree: a model the
@@ -116,13 +117,47 @@ func TestCheckNamesEveryDifference(t *testing.T) {
 	m := runModel()
 	other := small
 	other.Width, other.Layers = 128, 3
-	err := Check(other, &m)
+	err := Check(Config{Arch: coordinator.ArchGPT, GPT: other}, &m)
 	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "d_model is 128 in the model, 64 in the run") ||
 		!strings.Contains(err.Error(), "n_layers is 3 in the model, 2 in the run") || strings.Contains(err.Error(), "vocab_size") {
 		t.Fatalf("Check = %v", err)
 	}
 	m.Architecture = 7
-	if err := Check(small, &m); !errors.Is(err, ErrArchitecture) {
-		t.Fatalf("Check against an unknown architecture = %v", err)
+	if err := Check(Config{Arch: coordinator.ArchGPT, GPT: small}, &m); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("Check against another architecture = %v", err)
+	}
+	if _, err := ModelConfig(&m); !errors.Is(err, ErrArchitecture) {
+		t.Fatalf("ModelConfig of an unknown architecture = %v", err)
+	}
+}
+
+var smallLlama = llama.Config{Vocab: 256, Context: 128, Width: 64, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 160, RopeTheta: 500000, TiedHead: true}
+
+// TestLlamaRoundTrip: a Llama run model gives back the config it was set
+// from, builds that model, and Check names each Llama field that differs.
+func TestLlamaRoundTrip(t *testing.T) {
+	var m coordinator.Model
+	SetLlama(&m, smallLlama)
+	c, err := ModelConfig(&m)
+	if err != nil || c != (Config{Arch: coordinator.ArchLlama, Llama: smallLlama}) {
+		t.Fatalf("ModelConfig = %+v, %v", c, err)
+	}
+	model, err := New(c, 1, nil)
+	if err != nil || ConfigOf(model) != c || model.NumParams() != smallLlama.NumParams() {
+		t.Fatalf("New = %v, %v", model, err)
+	}
+	if err := Check(c, &m); err != nil {
+		t.Fatal(err)
+	}
+	other := smallLlama
+	other.KVHeads, other.Intermediate, other.RopeTheta, other.TiedHead, other.NormEps = 4, 128, 10000, false, 1e-6
+	err = Check(Config{Arch: coordinator.ArchLlama, Llama: other}, &m)
+	for _, want := range []string{"n_kv_heads is 4 in the model, 2 in the run", "intermediate_size is 128", "rope_theta is 10000", "tied_head is false", "rms_norm_eps"} {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check = %v, want %q", err, want)
+		}
+	}
+	if err := Check(Config{Arch: coordinator.ArchGPT, GPT: small}, &m); !errors.Is(err, ErrMismatch) {
+		t.Errorf("a GPT against a Llama run: %v", err)
 	}
 }

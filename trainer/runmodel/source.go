@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/psyche-go/psyche/coordinator"
-	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
@@ -67,13 +66,14 @@ func ParseSource(url string) (Source, error) {
 }
 
 // Init builds the run's model with the initial weights drawn from seed
-// (gpt.New's initialiser, which depends on the config and the seed only).
-func Init(m *coordinator.Model, seed uint64, be kernels.Backend) (*gpt.Model, error) {
-	cfg, err := GPT(m)
+// (the architecture's initialiser, which depends on the config and the seed
+// only).
+func Init(m *coordinator.Model, seed uint64, be kernels.Backend) (Model, error) {
+	cfg, err := ModelConfig(m)
 	if err != nil {
 		return nil, err
 	}
-	return gpt.New(cfg, seed, be)
+	return New(cfg, seed, be)
 }
 
 // revisionLen is the hex digits of a model hash in a run's revision: they
@@ -82,8 +82,8 @@ func Init(m *coordinator.Model, seed uint64, be kernels.Backend) (*gpt.Model, er
 const revisionLen = coordinator.RevisionLen
 
 // Revision is what a run records as the revision of model: the first 16
-// bytes of its hash (gpt.Model.Hash) as 32 lowercase hex digits.
-func Revision(model *gpt.Model) string {
+// bytes of its hash (Model.Hash) as 32 lowercase hex digits.
+func Revision(model Model) string {
 	sum := model.Hash()
 	return hex.EncodeToString(sum[:revisionLen/2])
 }
@@ -124,7 +124,7 @@ func (e *RevisionError) Is(target error) bool { return target == ErrRevision }
 // run's checkpoint URL from: a revision that is a hash (IsHash) must be the
 // model's (a *RevisionError otherwise); any other revision is a label and
 // is not checked.
-func CheckRevision(model *gpt.Model, from, revision string) error {
+func CheckRevision(model Model, from, revision string) error {
 	if !IsHash(revision) {
 		return nil
 	}

@@ -45,7 +45,7 @@ func TestInit(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, _ := gpt.New(small, 7, nil)
-	if got.Config != small || !slices.Equal(got.Params, want.Params) {
+	if g, ok := got.(*gpt.Model); !ok || g.Config != small || !slices.Equal(g.Params, want.Params) {
 		t.Fatal("Init is not gpt.New with the run's config")
 	}
 	m.Architecture = 9
@@ -65,7 +65,7 @@ func TestRevision(t *testing.T) {
 	other, _ := Init(&m, 2, nil)
 	for _, tt := range []struct {
 		name, revision string
-		model          *gpt.Model
+		model          Model
 		mismatch       bool
 	}{
 		{"match", rev, model, false},

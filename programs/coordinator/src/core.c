@@ -248,6 +248,11 @@ static void rd_model(struct rd *r, struct psy_model *m)
 	rd_u32(r, &m->d_model);
 	rd_u32(r, &m->n_layers);
 	rd_u32(r, &m->n_heads);
+	rd_u32(r, &m->n_kv_heads);
+	rd_u32(r, &m->intermediate_size);
+	rd_u32(r, &m->rope_theta);
+	rd_bool(r, &m->tied_head);
+	rd_pad(r, 3);
 	rd_u8(r, &m->checkpoint_kind);
 	rd_pad(r, 7);
 	rd_source(r, &m->checkpoint);
@@ -360,7 +365,8 @@ static uint64_t check_account(const struct psy_account *s)
 		if (s->pad0[i] | s->pad1[i])
 			return ERR_MALFORMED;
 	const struct psy_model *m = &s->model;
-	if (s->config.pad | m->pad0 | m->pad2[0] | m->pad2[1] | m->pad2[2] | m->pad3 | (m->quantize_1bit > 1))
+	if (s->config.pad | m->pad0 | m->pad2[0] | m->pad2[1] | m->pad2[2] | m->pad3 | (m->quantize_1bit > 1) |
+	    m->pad4[0] | m->pad4[1] | m->pad4[2] | (m->tied_head > 1))
 		return ERR_MALFORMED;
 	for (int i = 0; i < 7; i++)
 		if (m->pad1[i])
@@ -404,8 +410,13 @@ static int config_valid(const struct psy_config *k)
 
 static int model_valid(const struct psy_model *m)
 {
-	int ok = m->architecture == 1 && m->max_seq_len > 0 && m->vocab_size > 0 && m->d_model > 0 && m->n_layers > 0 &&
-		 m->n_heads > 0 && m->d_model % m->n_heads == 0;
+	int ok = (m->architecture == 1 || m->architecture == 2) && m->max_seq_len > 0 && m->vocab_size > 0 &&
+		 m->d_model > 0 && m->n_layers > 0 && m->n_heads > 0 && m->d_model % m->n_heads == 0;
+	if (m->architecture == 2) /* Llama: GQA, even head size (RoPE turns pairs), finite rope_theta > 1 */
+		ok = ok && m->n_kv_heads > 0 && m->n_heads % m->n_kv_heads == 0 && (m->d_model / m->n_heads) % 2 == 0 &&
+		     m->intermediate_size > 0 && m->rope_theta > 0x3f800000 && m->rope_theta < 0x7f800000;
+	else
+		ok = ok && m->n_kv_heads == 0 && m->intermediate_size == 0 && m->rope_theta == 0 && m->tied_head == 0;
 	if (m->checkpoint_kind == CK_HUB || m->checkpoint_kind == CK_P2P)
 		ok = ok && m->checkpoint.url[0] != 0;
 	else
@@ -750,7 +761,9 @@ static void end_epoch(struct psy_account *s, uint64_t now)
 	}
 }
 
-/* Tick: *changed says whether anything changed (the nonce is bumped here). */
+/* Tick: advances the run and bumps the nonce, or returns ERR_NOTHING_DUE and
+ * changes nothing (see Tick in coordinator/machine.go for why a tick with
+ * nothing due is refused rather than a successful no-op). */
 static uint64_t tick(struct psy_account *s, uint64_t now, uint64_t seed, int *changed)
 {
 	int ch = 0;
@@ -790,9 +803,10 @@ static uint64_t tick(struct psy_account *s, uint64_t now, uint64_t seed, int *ch
 		}
 		break;
 	}
-	if (ch)
-		s->nonce++;
 	*changed = ch;
+	if (!ch)
+		return ERR_NOTHING_DUE;
+	s->nonce++;
 	return 0;
 }
 
@@ -800,7 +814,9 @@ static uint64_t tick(struct psy_account *s, uint64_t now, uint64_t seed, int *ch
 
 static int halted(uint8_t st) { return st == ST_UNINITIALIZED || st == ST_FINISHED || st == ST_PAUSED; }
 
-static uint64_t do_init(struct psy_account *s, int fresh, const struct psy_ix *ix)
+/* do_init: the main authority must sign its own run's creation (the checks in
+ * the order of initCoordinator in coordinator/machine.go). */
+static uint64_t do_init(struct psy_account *s, int fresh, const struct psy_ctx *ctx, const struct psy_ix *ix)
 {
 	if (!fresh && !zero32(s->main_authority))
 		return ERR_ALREADY_INITIALIZED;
@@ -808,6 +824,8 @@ static uint64_t do_init(struct psy_account *s, int fresh, const struct psy_ix *i
 		return ERR_INVALID_RUN_ID;
 	if (zero32(ix->u.init.main_authority))
 		return ERR_INVALID_AUTHORITY;
+	if (!eq32(ctx->sender, ix->u.init.main_authority))
+		return ERR_UNAUTHORIZED;
 	clear(s, sizeof *s);
 	*(psy_word *)s->discriminator = ACCOUNT_DISCRIMINATOR;
 	s->version = PSY_ACCOUNT_VERSION;
@@ -1069,7 +1087,7 @@ uint64_t psy_process(uint8_t *acct, uint64_t acct_len, const uint8_t *data, uint
 	int changed = 1;
 	switch (kind) {
 	case IX_INIT_COORDINATOR:
-		err = do_init(s, fresh, &ix);
+		err = do_init(s, fresh, ctx, &ix);
 		break;
 	case IX_UPDATE:
 		err = do_update(s, ctx, &ix);

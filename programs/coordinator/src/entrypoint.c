@@ -8,16 +8,19 @@
  *   0  instance   the PDA ["coordinator", run_id] (80 bytes, owned by the
  *                 program): discriminator sha256("account:CoordinatorInstance")[0:8],
  *                 bump, 7 zero bytes, run_id[32], coordinator account key[32]
- *   1  coordinator  writable, owned by the program, 162728 bytes
+ *   1  coordinator  writable, owned by the program, 162744 bytes
  *   2  sender     signer: the authority, the joining client, the witness...
  *   3… extra      init_coordinator: the system program. join_run: the join
  *                 authority as a second signer when the run has one. tick,
  *                 warmup_witness: the SlotHashes sysvar (required).
  *
- * init_coordinator runs in the transaction that created the coordinator
- * account (system create_account with the program as owner: the account is
- * too large to create from inside a program) and after a system transfer that
- * funds the instance PDA for 80 bytes (rent-exempt); the program checks the
+ * init_coordinator must be signed by the main authority it names. It runs in
+ * the transaction that created the coordinator account (system create_account
+ * with the program as owner: the account is too large to create from inside a
+ * program) and after a system transfer that funds the instance PDA for 80
+ * bytes (rent-exempt; an instance with no lamports is refused with
+ * InstanceNotFunded, one with less than the minimum by the runtime's
+ * InsufficientFundsForRent); the program checks the
  * PDA and bump with sol_try_find_program_address, then allocates and assigns
  * it to itself through the system program (signed with the PDA's seeds) and
  * writes the instance record. Every later instruction checks that the instance
@@ -177,6 +180,14 @@ static uint64_t create_instance(struct psy_input *in, const struct psy_account *
 		return E_INCORRECT_PROGRAM_ID;
 	if (!inst->is_writable || !same(inst->owner, system_program_id, 32) || inst->data_len != 0)
 		return E_ACCOUNT_ALREADY_INITIALIZED;
+	/* An instance with no lamports would end the transaction empty and be
+	 * dropped by the runtime: the run would then have a coordinator account
+	 * whose rent nobody can ever free (free_coordinator needs the instance).
+	 * A balance above zero but below the rent-exempt minimum is refused by
+	 * the runtime itself (InsufficientFundsForRent: an account may not go
+	 * from empty to rent-paying), so zero is the one case to catch here. */
+	if (*inst->lamports == 0)
+		return ERR_INSTANCE_NOT_FUNDED;
 	uint8_t bump = 0;
 	uint8_t address[32];
 	SolSignerSeed seeds[3] = {{(const uint8_t *)"coordinator", 11}, {s->run_id, text_len(s->run_id, 32)}, {&bump, 1}};

@@ -82,6 +82,7 @@ enum {
 	ERR_ALREADY_PAUSED = 6023,
 	ERR_NOT_PAUSED = 6024,
 	ERR_NOT_HALTED = 6025,
+	ERR_NOTHING_DUE = 6026,
 	ERR_INVALID_CONFIG = 6030,
 	ERR_INVALID_MODEL = 6031,
 	ERR_INVALID_PROGRESS = 6032,
@@ -99,6 +100,7 @@ enum {
 	ERR_NOT_CHECKPOINTER = 6070,
 	ERR_ALREADY_CHECKPOINTED = 6071,
 	ERR_INVALID_CHECKPOINT = 6072,
+	ERR_INSTANCE_NOT_FUNDED = 6080,
 };
 
 /* Instructions, in IDL order (the values are internal, the ABI is the
@@ -213,6 +215,12 @@ struct psy_model {
 	uint32_t d_model;
 	uint32_t n_layers;
 	uint32_t n_heads;
+	/* Llama only (zero for GPT): key/value heads, MLP hidden size, rotary base, tied output head. */
+	uint32_t n_kv_heads;
+	uint32_t intermediate_size;
+	uint32_t rope_theta; /* f32 bits */
+	uint8_t tied_head;
+	uint8_t pad4[3];
 	uint8_t checkpoint_kind;
 	uint8_t pad1[7];
 	struct psy_checkpoint_source checkpoint;
@@ -269,19 +277,20 @@ struct psy_account {
 
 #define PSY_OFF(f) __builtin_offsetof(struct psy_account, f)
 /* Rows of coordinator/testdata/account_layout.golden. */
-_Static_assert(sizeof(struct psy_account) == 162736, "account size");
+_Static_assert(sizeof(struct psy_account) == 162752, "account size");
 _Static_assert(PSY_OFF(nonce) == 16 && PSY_OFF(run_state) == 120 && PSY_OFF(run_state_start) == 128, "header");
 _Static_assert(PSY_OFF(metadata) == 136 && PSY_OFF(config) == 344 && PSY_OFF(config.verification_percent) == 414, "config");
-_Static_assert(PSY_OFF(model) == 416 && PSY_OFF(model.checkpoint_kind) == 440 && PSY_OFF(model.checkpoint.url) == 448, "model");
-_Static_assert(PSY_OFF(model.data_location) == 608 && PSY_OFF(model.lr_kind) == 736 && PSY_OFF(model.optimizer_kind) == 760, "model");
-_Static_assert(PSY_OFF(model.aggregation) == 766 && PSY_OFF(model.clip_grad_norm) == 768, "optimizer");
-_Static_assert(PSY_OFF(model.epsilon) == 788 && PSY_OFF(progress) == 792, "progress");
-_Static_assert(PSY_OFF(epoch.rounds) == 808 && sizeof(struct psy_witness) == 704 && sizeof(struct psy_round) == 22552, "rounds");
-_Static_assert(PSY_OFF(epoch.rounds[0].data_index) == 23336 && PSY_OFF(epoch.rounds[0].witnesses_len) == 23358, "round");
-_Static_assert(PSY_OFF(epoch.clients) == 91016 && sizeof(struct psy_client) == 72 && PSY_OFF(epoch.exited) == 109448, "clients");
-_Static_assert(PSY_OFF(epoch.start_timestamp) == 146312 && PSY_OFF(epoch.checkpointed) == 146335, "epoch");
-_Static_assert(PSY_OFF(pending) == 146336 && PSY_OFF(pending_len) == 162720, "pending");
-_Static_assert(PSY_OFF(next_round_seed) == 162728, "next round seed");
+_Static_assert(PSY_OFF(model) == 416 && PSY_OFF(model.n_kv_heads) == 440 && PSY_OFF(model.tied_head) == 452 &&
+	       PSY_OFF(model.checkpoint_kind) == 456 && PSY_OFF(model.checkpoint.url) == 464, "model");
+_Static_assert(PSY_OFF(model.data_location) == 624 && PSY_OFF(model.lr_kind) == 752 && PSY_OFF(model.optimizer_kind) == 776, "model");
+_Static_assert(PSY_OFF(model.aggregation) == 782 && PSY_OFF(model.clip_grad_norm) == 784, "optimizer");
+_Static_assert(PSY_OFF(model.epsilon) == 804 && PSY_OFF(progress) == 808, "progress");
+_Static_assert(PSY_OFF(epoch.rounds) == 824 && sizeof(struct psy_witness) == 704 && sizeof(struct psy_round) == 22552, "rounds");
+_Static_assert(PSY_OFF(epoch.rounds[0].data_index) == 23352 && PSY_OFF(epoch.rounds[0].witnesses_len) == 23374, "round");
+_Static_assert(PSY_OFF(epoch.clients) == 91032 && sizeof(struct psy_client) == 72 && PSY_OFF(epoch.exited) == 109464, "clients");
+_Static_assert(PSY_OFF(epoch.start_timestamp) == 146328 && PSY_OFF(epoch.checkpointed) == 146351, "epoch");
+_Static_assert(PSY_OFF(pending) == 146352 && PSY_OFF(pending_len) == 162736, "pending");
+_Static_assert(PSY_OFF(next_round_seed) == 162744, "next round seed");
 
 /* What an instruction is applied with (coordinator.Context). */
 struct psy_ctx {

@@ -1,0 +1,110 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// What the run explorer (package explorer) needs from a server: its page
+// served beside the API, the runs in process, and the run list over HTTP.
+
+// WithPage serves h at every GET path the API does not claim (the run
+// explorer's page at "/"). The page is read-only: it cannot send
+// instructions, which need a signed request to POST /v1/instructions.
+func WithPage(h http.Handler) Option {
+	return func(c *config) error {
+		if h == nil {
+			return fmt.Errorf("server: nil page handler")
+		}
+		c.page = h
+		return nil
+	}
+}
+
+// Subscribe delivers a run's snapshots in process (the same ones its
+// events stream sends), the current one first, until ctx ends or the run is
+// freed; the channel is closed then. A slow reader misses intermediate
+// snapshots, never the newest.
+func (s *Server) Subscribe(ctx context.Context, runID string) (<-chan chain.Snapshot, error) {
+	sub, cancel, f, _ := s.subscribe(runID, inProcess)
+	if f != nil {
+		if f.Name == "RunNotFound" {
+			return nil, fmt.Errorf("%w: %q", chain.ErrRunNotFound, runID)
+		}
+		return nil, fmt.Errorf("server: %s: %s", f.Name, f.Error)
+	}
+	ch := sub.ch
+	out := make(chan chain.Snapshot)
+	go func() {
+		defer close(out)
+		defer cancel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, open := <-ch:
+				if !open {
+					return
+				}
+				state, err := decodeEvent(ev)
+				if err != nil {
+					s.cfg.log.Error("decoding the server's own account", "run", runID, "err", err)
+					return
+				}
+				select {
+				case out <- chain.Snapshot{State: state}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// inProcess is the address in-process subscribers count under in the
+// per-address stream limit.
+const inProcess = "in-process"
+
+// decodeEvent reads back an account from the events stream's encoding
+// (encodeEvent).
+func decodeEvent(ev []byte) (*coordinator.Coordinator, error) {
+	b64, ok := bytes.CutPrefix(bytes.TrimSuffix(ev, []byte("\n\n")), []byte("data: "))
+	if !ok {
+		return nil, fmt.Errorf("server: an event without data")
+	}
+	acct, err := base64.StdEncoding.AppendDecode(nil, b64)
+	if err != nil {
+		return nil, fmt.Errorf("server: an event: %w", err)
+	}
+	return coordinator.DecodeAccount(acct)
+}
+
+// Runs lists the server's run ids (GET /v1/runs).
+func (c *Client) Runs(ctx context.Context) ([]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs", nil)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("server: listing runs: HTTP %d", resp.StatusCode)
+	}
+	var ids []string
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&ids); err != nil {
+		return nil, fmt.Errorf("server: listing runs: %w", err)
+	}
+	return ids, nil
+}

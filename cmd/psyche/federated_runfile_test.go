@@ -1,0 +1,76 @@
+package main
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/psyche-go/psyche/federated"
+	"github.com/psyche-go/psyche/federated/dp"
+)
+
+// TestFederatedSection reads the run file's [federated] section: the
+// example's, the run's aggregation rule as the default, target_epsilon
+// turned into a noise multiplier, and the errors that name the key.
+func TestFederatedSection(t *testing.T) {
+	example, err := os.ReadFile(filepath.Join("..", "..", "examples", "federated-run.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		replace []string // old, new, ...
+		check   func(*testing.T, *federated.Config)
+		err     string
+	}{
+		{name: "example", check: func(t *testing.T, c *federated.Config) {
+			if c.Capacity != 3 || c.RoundDuration != 10 || c.Aggregation != federated.Mean || c.SecAgg {
+				t.Fatalf("%+v", c)
+			}
+		}},
+		{name: "robust from the model section", replace: []string{`aggregation = "mean"`, `aggregation = "robust"`},
+			check: func(t *testing.T, c *federated.Config) {
+				if c.Aggregation != federated.Median {
+					t.Fatalf("aggregation %v", c.Aggregation)
+				}
+			}},
+		{name: "target epsilon", replace: []string{"rounds = 0 ", "rounds = 20 ", "clip = 0.0", "clip = 1.0", "\nnoise_multiplier = 0.0", "\ntarget_epsilon = 8.0"},
+			check: func(t *testing.T, c *federated.Config) {
+				eps, _, _ := dp.Accountant{Q: 1, Sigma: float64(c.NoiseMultiplier)}.Spent(20, 1e-5)
+				if math.Abs(eps-8) > 0.01 {
+					t.Fatalf("σ=%v gives ε=%v", c.NoiseMultiplier, eps)
+				}
+			}},
+		{name: "target epsilon needs rounds", replace: []string{"\nnoise_multiplier = 0.0", "\ntarget_epsilon = 8.0"}, err: "needs rounds > 0"},
+		{name: "mode", replace: []string{`mode = "federated"`, `mode = "decentralized"`}, err: `federated.mode = "decentralized"`},
+		{name: "secagg needs clip", replace: []string{"secagg = false", "secagg = true", "secagg_threshold = 0 ", "secagg_threshold = 2 "}, err: "secure aggregation needs clip > 0"},
+		{name: "noise needs clip", replace: []string{"\nnoise_multiplier = 0.0", "\nnoise_multiplier = 1.0"}, err: "noise needs clip > 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text := strings.NewReplacer(tc.replace...).Replace(string(example))
+			if len(tc.replace) > 0 && text == string(example) {
+				t.Fatal("the replacement changed nothing")
+			}
+			path := filepath.Join(t.TempDir(), "run.toml")
+			if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := loadRunFile(path); err != nil {
+				t.Fatalf("the coordinator's sections: %v", err)
+			}
+			c, err := loadFederated(path)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one with %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}

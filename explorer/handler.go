@@ -1,0 +1,232 @@
+package explorer
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+)
+
+// The page, built by `npm run build` in web/ (esbuild bundles web/src and
+// uPlot into web/dist). The built files are committed, so building the Go
+// binary needs no Node; scripts/test checks that they match a fresh build.
+//
+//go:embed web/dist
+var dist embed.FS
+
+// keepAlive is how often an idle event stream sends the run's clock (the
+// page's timers count from it, and proxies see traffic).
+const keepAlive = 5 * time.Second
+
+// Stream limits: a browser tab holds one or two streams; these bound what
+// anonymous clients can hold open (each costs a goroutine and buffers), and
+// a stream whose client does not take an event within slowWrite is dropped.
+const (
+	maxStreams        = 1024
+	maxStreamsPerAddr = 64
+	slowWrite         = 10 * time.Second
+)
+
+// streamLimit counts open event streams, in all and per remote address.
+type streamLimit struct {
+	mu     sync.Mutex
+	total  int
+	byAddr map[string]int
+}
+
+// acquire takes a stream for the client at remote, or refuses (false).
+func (l *streamLimit) acquire(remote string) (release func(), ok bool) {
+	addr, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		addr = remote
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.total >= maxStreams || l.byAddr[addr] >= maxStreamsPerAddr {
+		return nil, false
+	}
+	l.total++
+	l.byAddr[addr]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.total--
+			if l.byAddr[addr]--; l.byAddr[addr] <= 0 {
+				delete(l.byAddr, addr)
+			}
+		})
+	}, true
+}
+
+// limited wraps an event-stream handler with the stream limits: over them,
+// 429 with the reason (the page reconnects later).
+func (l *streamLimit) limited(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		release, ok := l.acquire(r.RemoteAddr)
+		if !ok {
+			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many open event streams; try again later"})
+			return
+		}
+		defer release()
+		h(w, r)
+	}
+}
+
+// Handler serves the page and its API (see the package comment). Every
+// route is a GET that only reads: nothing a request carries changes what
+// the explorer shows or reaches the backend.
+func (e *Explorer) Handler() http.Handler {
+	mux := http.NewServeMux()
+	lim := &streamLimit{byAddr: map[string]int{}}
+	static, err := fs.Sub(dist, "web/dist")
+	if err != nil {
+		panic(err) // the embedded tree is fixed at build time
+	}
+	files := http.FileServerFS(static)
+	mux.Handle("GET /", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		files.ServeHTTP(w, r)
+	}))
+	mux.HandleFunc("GET /api/runs", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, e.list()) })
+	mux.HandleFunc("GET /api/runs/events", lim.limited(func(w http.ResponseWriter, r *http.Request) {
+		ch, cancel := e.watchList()
+		defer cancel()
+		stream(w, r, ch, func() (any, bool) { return e.list(), true }, e.clock)
+	}))
+	mux.HandleFunc("GET /api/runs/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := runID(w, r)
+		if !ok {
+			return
+		}
+		u, _, ok := e.update(id, 0)
+		if !ok {
+			notFound(w, id)
+			return
+		}
+		writeJSON(w, http.StatusOK, u)
+	})
+	mux.HandleFunc("GET /api/runs/{id}/events", lim.limited(func(w http.ResponseWriter, r *http.Request) {
+		id, ok := runID(w, r)
+		if !ok {
+			return
+		}
+		if _, _, ok := e.update(id, 0); !ok {
+			notFound(w, id)
+			return
+		}
+		ch, cancel, ok := e.watchRun(id)
+		if !ok {
+			notFound(w, id)
+			return
+		}
+		defer cancel()
+		var rev uint64
+		stream(w, r, ch, func() (any, bool) {
+			u, next, ok := e.update(id, rev)
+			if !ok || (next == rev && rev != 0) {
+				return nil, ok
+			}
+			rev = next
+			return u, true
+		}, e.clock)
+	}))
+	return mux
+}
+
+func (e *Explorer) clock() int64 { return e.cfg.now().Unix() }
+
+// runID checks the path's run id: the same rule as the coordinator's.
+func runID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("id")
+	if _, err := coordinator.ParseRunID(id); err != nil {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: fmt.Sprintf("%q is not a run id: %v", id, err)})
+		return "", false
+	}
+	return id, true
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func notFound(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusNotFound, errorBody{Error: fmt.Sprintf("no run %q on this backend", id)})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// stream sends next() as a server-sent event at once and after every wake
+// on ch, and the clock every keepAlive, until the client goes or next says
+// the thing is gone. next returns nil to send nothing this time.
+func stream(w http.ResponseWriter, r *http.Request, ch <-chan struct{}, next func() (any, bool), clock func() int64) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		writeJSON(w, http.StatusInternalServerError, errorBody{Error: "streaming is not supported here"})
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	// Each event gets its own write deadline (servers such as psyche
+	// server's have a WriteTimeout for ordinary requests, which would end a
+	// long-lived stream); a client that does not take one in slowWrite is
+	// dropped.
+	rc := http.NewResponseController(w)
+	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(slowWrite)) }
+	deadline()
+	w.WriteHeader(http.StatusOK)
+	send := func() bool {
+		v, ok := next()
+		if !ok {
+			return false
+		}
+		if v == nil {
+			return true
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		deadline()
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return false
+		}
+		flusher.Flush()
+		return true
+	}
+	if !send() {
+		return
+	}
+	t := time.NewTicker(keepAlive)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-ch:
+			if !send() {
+				return
+			}
+		case <-t.C:
+			deadline()
+			if _, err := fmt.Fprintf(w, "event: clock\ndata: %d\n\n", clock()); err != nil {
+				return
+			}
+			flusher.Flush()
+		}
+	}
+}

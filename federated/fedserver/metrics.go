@@ -1,0 +1,29 @@
+package fedserver
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics is what the federated service counts (psyche_federated_*).
+type Metrics struct {
+	Updates  *prometheus.CounterVec // by run and outcome (ok or the failure's name)
+	Round    *prometheus.GaugeVec   // by run
+	Buffered *prometheus.GaugeVec   // by run
+	Epsilon  *prometheus.GaugeVec   // central ε so far, by run (absent without DP)
+}
+
+// NewMetrics returns the metrics, registered with reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	opts := func(name, help string) prometheus.GaugeOpts {
+		return prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "federated", Name: name, Help: help}
+	}
+	m := &Metrics{
+		Updates: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "federated", Name: "updates_total",
+			Help: "Federated updates, by run and outcome."}, []string{"run", "outcome"}),
+		Round:    prometheus.NewGaugeVec(opts("round", "The model's round (aggregations done)."), []string{"run"}),
+		Buffered: prometheus.NewGaugeVec(opts("buffered", "Updates waiting in the buffer."), []string{"run"}),
+		Epsilon:  prometheus.NewGaugeVec(opts("epsilon", "Central differential privacy spent so far (ε at the run's δ)."), []string{"run"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Updates, m.Round, m.Buffered, m.Epsilon)
+	}
+	return m
+}

@@ -1,0 +1,483 @@
+package fedserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/federated"
+	"github.com/psyche-go/psyche/internal/atomicfile"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+// Accounts reads a run's coordinator account (chain/server's
+// Server.Account).
+type Accounts func(id string) ([]byte, bool)
+
+type run struct {
+	mu      sync.Mutex
+	m       *federated.Machine
+	changed chan struct{} // closed and replaced when the round or config changes
+	sa      *saRound      // the secure aggregation round under way, if any
+	demo    *distro.DeMo  // DisTrO runs: decodes and expands the clients' frames
+	sizes   []int
+}
+
+// Service is the federated API of one server.
+type Service struct {
+	dir      string
+	accounts Accounts
+	log      *slog.Logger
+	metrics  *Metrics
+	noise    func() [32]byte
+	maxWait  time.Duration
+
+	mu   sync.Mutex
+	runs map[string]*run
+}
+
+// Option configures a Service.
+type Option func(*Service) error
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Service) error { s.log = l; return nil }
+}
+
+// WithMetrics sets the metrics (default: unregistered).
+func WithMetrics(m *Metrics) Option {
+	return func(s *Service) error { s.metrics = m; return nil }
+}
+
+// WithNoiseSeeds replaces crypto/rand as the source of central DP's noise
+// seeds (tests).
+func WithNoiseSeeds(f func() [32]byte) Option {
+	return func(s *Service) error { s.noise = f; return nil }
+}
+
+func randomSeed() [32]byte {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return b
+}
+
+const fileExt = ".fed"
+
+// New opens (or creates) the service whose state lives in dir, loading
+// every federated run there; accounts reads the coordinators.
+func New(dir string, accounts Accounts, opts ...Option) (*Service, error) {
+	s := &Service{dir: dir, accounts: accounts, log: slog.New(slog.DiscardHandler), noise: randomSeed,
+		maxWait: 20 * time.Second, runs: map[string]*run{}}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
+	if s.metrics == nil {
+		s.metrics = NewMetrics(nil)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("fedserver: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("fedserver: %w", err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, fileExt) || strings.HasPrefix(name, ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, fmt.Errorf("fedserver: %w", err)
+		}
+		st, err := federated.DecodeState(b)
+		if err != nil {
+			return nil, fmt.Errorf("fedserver: %s: %w", filepath.Join(dir, name), err)
+		}
+		m, err := federated.Restore(st)
+		if err != nil {
+			return nil, fmt.Errorf("fedserver: %s: %w", filepath.Join(dir, name), err)
+		}
+		id := strings.TrimSuffix(name, fileExt)
+		s.runs[id] = &run{m: m, changed: make(chan struct{})}
+		s.observe(id, st)
+		s.log.Info("loaded federated run", "run", id, "round", st.Round, "buffered", len(st.Buffer))
+	}
+	return s, nil
+}
+
+func (s *Service) path(id string) string { return filepath.Join(s.dir, id+fileExt) }
+
+func (s *Service) observe(id string, st *federated.State) {
+	s.metrics.Round.WithLabelValues(id).Set(float64(st.Round))
+	s.metrics.Buffered.WithLabelValues(id).Set(float64(len(st.Buffer)))
+	if central, _, err := st.Privacy(); err == nil && central < 1e300 {
+		s.metrics.Epsilon.WithLabelValues(id).Set(central)
+	}
+}
+
+// Routes adds the API to mux (chain/server's WithRoutes).
+func (s *Service) Routes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/federated", s.handleRequest)
+	mux.HandleFunc("GET /v1/runs/{id}/federated", s.handleInfo)
+	mux.HandleFunc("GET /v1/runs/{id}/federated/model", s.handleModel)
+	mux.HandleFunc("GET /v1/runs/{id}/federated/secagg", s.handleSecAgg)
+}
+
+func (s *Service) account(id string) (*coordinator.Coordinator, bool) {
+	b, ok := s.accounts(id)
+	if !ok {
+		return nil, false
+	}
+	c, err := coordinator.DecodeAccount(b)
+	return c, err == nil
+}
+
+func (s *Service) run(id string) *run {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runs[id]
+}
+
+// current is the run's federated state if it belongs to the coordinator run
+// acct (nil if acct is nil): a state left by a run that was freed is
+// forgotten (and its file removed) when its id is asked for again.
+func (s *Service) current(id string, acct *coordinator.Coordinator) *run {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fr := s.runs[id]
+	if fr == nil {
+		return nil
+	}
+	fr.mu.Lock()
+	owner := fr.m.State().Owner
+	fr.mu.Unlock()
+	if acct != nil && owner == acct.MainAuthority {
+		return fr
+	}
+	if err := os.Remove(s.path(id)); err != nil && !os.IsNotExist(err) {
+		s.log.Error("removing the federated state of a freed run failed", "run", id, "err", err)
+		return nil
+	}
+	delete(s.runs, id)
+	s.log.Info("federated state of a freed run forgotten", "run", id)
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func fail(w http.ResponseWriter, status int, name string, err error) {
+	writeJSON(w, status, &federated.Failure{Name: name, Error: err.Error()})
+}
+
+func (s *Service) handleRequest(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, federated.MaxRequest))
+	if err != nil {
+		fail(w, http.StatusRequestEntityTooLarge, "BadRequest", err)
+		return
+	}
+	r, err := federated.DecodeRequest(body)
+	if err != nil {
+		status := http.StatusBadRequest
+		if errors.Is(err, federated.ErrSignature) {
+			status = http.StatusUnauthorized
+		}
+		fail(w, status, "BadRequest", err)
+		return
+	}
+	id := r.RunIDString()
+	acct, ok := s.account(id)
+	if !ok {
+		s.current(id, nil)
+		fail(w, http.StatusNotFound, "RunNotFound", fmt.Errorf("fedserver: no run %q", id))
+		return
+	}
+	switch r.Kind {
+	case federated.KindConfig:
+		s.configure(w, id, acct, r)
+	case federated.KindUpdate:
+		s.update(w, id, acct, r)
+	default:
+		s.secaggRequest(w, id, acct, r)
+	}
+}
+
+// step applies msg to the run's machine and persists the result before it
+// returns; a refusal or a failed write leaves the previous state in place
+// (a refusal's replay entry is kept and persisted).
+func (s *Service) step(id string, fr *run, msg federated.Msg) (stepErr error, storeErr error) {
+	prev := fr.m.State().Clone()
+	stepErr = fr.m.Step(msg)
+	rd := fr.m.Ready()
+	if rd.Persist {
+		if err := atomicfile.WriteFile(s.path(id), federated.EncodeState(fr.m.State()), 0o644); err != nil {
+			fr.m, _ = federated.Restore(prev)
+			s.log.Error("persisting a federated run failed; the request is refused", "run", id, "err", err)
+			return stepErr, fmt.Errorf("fedserver: writing %s: %w", s.path(id), err)
+		}
+	}
+	fr.m.Advance()
+	st := fr.m.State()
+	for _, a := range rd.Aggregated {
+		s.log.Info("federated round aggregated", "run", id, "round", a.Round, "updates", a.Updates, "step_norm", a.Norm)
+	}
+	if len(rd.Aggregated) > 0 {
+		close(fr.changed)
+		fr.changed = make(chan struct{})
+	}
+	s.observe(id, st)
+	return stepErr, nil
+}
+
+func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.Coordinator, r *federated.Request) {
+	if r.Signer != acct.MainAuthority {
+		fail(w, http.StatusForbidden, "Forbidden", fmt.Errorf("fedserver: only the run's authority %s may configure it", acct.MainAuthority))
+		return
+	}
+	cfg, err := federated.DecodeConfig(r.Payload)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "BadRequest", err)
+		return
+	}
+	if cfg.SecAgg && acct.Model.Optimizer.Kind == coordinator.OptimizerDistro {
+		fail(w, http.StatusBadRequest, "Config", fmt.Errorf("%w: secure aggregation sums dense updates; this run's optimizer is distro (top-k indices would leak): use adamw", federated.ErrConfig))
+		return
+	}
+	s.current(id, acct)
+	s.mu.Lock()
+	fr := s.runs[id]
+	if fr == nil {
+		// The first config starts the run from the coordinator's model.
+		params, err := initialModel(acct)
+		if err != nil {
+			s.mu.Unlock()
+			fail(w, http.StatusConflict, "NoModel", err)
+			return
+		}
+		m, err := federated.New(*cfg, params)
+		if err == nil {
+			m.State().Owner = acct.MainAuthority
+			err = m.Step(federated.Configure{Signer: r.Signer, Seq: r.Sequence, Config: *cfg})
+		}
+		if err != nil {
+			s.mu.Unlock()
+			fail(w, http.StatusBadRequest, "BadRequest", err)
+			return
+		}
+		if err := atomicfile.WriteFile(s.path(id), federated.EncodeState(m.State()), 0o644); err != nil {
+			s.mu.Unlock()
+			fail(w, http.StatusInternalServerError, "Storage", err)
+			return
+		}
+		m.Advance()
+		s.runs[id] = &run{m: m, changed: make(chan struct{})}
+		s.mu.Unlock()
+		s.observe(id, m.State())
+		s.log.Info("federated run created", "run", id, "params", len(params), "capacity", cfg.Capacity)
+		writeJSON(w, http.StatusOK, federated.InfoOf(id, m.State(), halted(acct)))
+		return
+	}
+	s.mu.Unlock()
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	stepErr, storeErr := s.step(id, fr, federated.Configure{Signer: r.Signer, Seq: r.Sequence, Config: *cfg})
+	switch {
+	case storeErr != nil:
+		fail(w, http.StatusInternalServerError, "Storage", storeErr)
+	case stepErr != nil:
+		fail(w, http.StatusConflict, failureName(stepErr), stepErr)
+	default:
+		close(fr.changed)
+		fr.changed = make(chan struct{})
+		s.log.Info("federated run reconfigured", "run", id, "capacity", cfg.Capacity)
+		writeJSON(w, http.StatusOK, federated.InfoOf(id, fr.m.State(), halted(acct)))
+	}
+}
+
+// halted reports whether the coordinator holds the run still: paused, or
+// never resumed since it was created. Federated updates wait for it.
+func halted(acct *coordinator.Coordinator) bool {
+	return acct.RunState == coordinator.Paused || acct.RunState == coordinator.Uninitialized
+}
+
+// initialModel is the run's starting model: its checkpoint URL's seed or
+// file.
+func initialModel(acct *coordinator.Coordinator) ([]float32, error) {
+	url := coordinator.FixedString(acct.Model.Checkpoint.Source.URL[:])
+	src, err := runmodel.ParseSource(url)
+	if err != nil {
+		return nil, fmt.Errorf("fedserver: the run's model: %w", err)
+	}
+	// Federated clients train GPT models (fedclient): a run of another
+	// architecture is refused here, with the reason.
+	cfg, err := runmodel.GPT(&acct.Model)
+	if err != nil {
+		return nil, fmt.Errorf("fedserver: %w", err)
+	}
+	var m *gpt.Model
+	switch src.Kind {
+	case runmodel.FromSeed:
+		m, err = gpt.New(cfg, src.Seed, nil)
+	case runmodel.FromFile:
+		m, err = gpt.Load(src.Path, nil)
+	default:
+		err = fmt.Errorf("fedserver: a federated run starts from seed:N or file://, not %q", url)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return m.Params, nil
+}
+
+func failureName(err error) string {
+	switch {
+	case errors.Is(err, federated.ErrStale):
+		return "Stale"
+	case errors.Is(err, federated.ErrReplay):
+		return "Replay"
+	case errors.Is(err, federated.ErrShape), errors.Is(err, federated.ErrNonFinite), errors.Is(err, federated.ErrEncoding):
+		return "Shape"
+	case errors.Is(err, federated.ErrFinished):
+		return "Finished"
+	case errors.Is(err, federated.ErrDuplicate):
+		return "Duplicate"
+	case errors.Is(err, federated.ErrFuture):
+		return "Future"
+	case errors.Is(err, federated.ErrConfig):
+		return "Config"
+	}
+	return "Error"
+}
+
+func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coordinator, r *federated.Request) {
+	outcome := "ok"
+	defer func() { s.metrics.Updates.WithLabelValues(id, outcome).Inc() }()
+	fr := s.current(id, acct)
+	if fr == nil {
+		outcome = "NotFederated"
+		fail(w, http.StatusNotFound, outcome, fmt.Errorf("fedserver: run %q is not federated (its run file has no [federated] section)", id))
+		return
+	}
+	if halted(acct) {
+		outcome = "Paused"
+		fail(w, http.StatusConflict, outcome, fmt.Errorf("fedserver: run %q is paused (or not started yet); updates are taken once it is resumed (psyche set-paused --resume)", id))
+		return
+	}
+	u, err := federated.DecodeUpdate(r.Payload)
+	if err != nil {
+		outcome = "BadRequest"
+		fail(w, http.StatusBadRequest, outcome, err)
+		return
+	}
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	delta := u.Delta
+	if u.Frame != nil {
+		if delta, err = fr.decompress(acct, u.Frame); err != nil {
+			outcome = failureName(err)
+			fail(w, http.StatusBadRequest, outcome, err)
+			return
+		}
+	} else if acct.Model.Optimizer.Kind == coordinator.OptimizerDistro {
+		outcome = "Shape"
+		fail(w, http.StatusBadRequest, outcome, fmt.Errorf("%w: run %q's optimizer is distro: it takes DisTrO-compressed updates", federated.ErrEncoding, id))
+		return
+	}
+	stepErr, storeErr := s.step(id, fr, federated.Push{Client: r.Signer, Seq: r.Sequence, Base: u.Base, Steps: u.Steps,
+		Delta: delta, Noise: s.noise()})
+	st := fr.m.State()
+	switch {
+	case storeErr != nil:
+		outcome = "Storage"
+		fail(w, http.StatusInternalServerError, outcome, storeErr)
+	case stepErr != nil:
+		outcome = failureName(stepErr)
+		s.log.Info("federated update refused", "run", id, "client", r.Signer.String(), "reason", outcome, "base", u.Base, "round", st.Round)
+		writeJSON(w, http.StatusConflict, &federated.Failure{Name: outcome, Error: stepErr.Error(), Round: st.Round})
+	default:
+		writeJSON(w, http.StatusOK, &federated.PushResult{Round: st.Round, Buffered: len(st.Buffer), Capacity: st.Config.Capacity})
+	}
+}
+
+func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
+	id := req.PathValue("id")
+	acct, ok := s.account(id)
+	if !ok {
+		acct = nil
+	}
+	fr := s.current(id, acct)
+	if fr == nil {
+		fail(w, http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: no federated run %q", id))
+		return
+	}
+	fr.mu.Lock()
+	info := federated.InfoOf(id, fr.m.State(), halted(acct))
+	fr.mu.Unlock()
+	writeJSON(w, http.StatusOK, info)
+}
+
+func (s *Service) handleModel(w http.ResponseWriter, req *http.Request) {
+	id := req.PathValue("id")
+	acct, ok := s.account(id)
+	if !ok {
+		acct = nil
+	}
+	fr := s.current(id, acct)
+	if fr == nil {
+		fail(w, http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: no federated run %q", id))
+		return
+	}
+	after := int64(-1)
+	if a := req.URL.Query().Get("after"); a != "" {
+		v, err := strconv.ParseInt(a, 10, 64)
+		if err != nil {
+			fail(w, http.StatusBadRequest, "BadRequest", fmt.Errorf("fedserver: after=%q", a))
+			return
+		}
+		after = v
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), s.maxWait)
+	defer cancel()
+	for {
+		fr.mu.Lock()
+		st := fr.m.State()
+		if int64(st.Round) > after || st.Finished() {
+			b := federated.EncodeModel(st.Round, st.Model)
+			fr.mu.Unlock()
+			w.Header().Set("Content-Type", "application/octet-stream")
+			_, _ = w.Write(b)
+			return
+		}
+		ch := fr.changed
+		fr.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			// No new round yet: 204, and the client asks again.
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+	}
+}

@@ -1,0 +1,425 @@
+package fedserver
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"errors"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/federated"
+	"github.com/psyche-go/psyche/federated/fedclient"
+	"github.com/psyche-go/psyche/federated/secagg"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+type signer struct{ priv ed25519.PrivateKey }
+
+func newSigner(name string) signer {
+	seed := sha256.Sum256([]byte(name))
+	return signer{ed25519.NewKeyFromSeed(seed[:])}
+}
+
+func (s signer) Public() (k coordinator.Pubkey) {
+	copy(k[:], s.priv.Public().(ed25519.PublicKey))
+	return k
+}
+
+func (s signer) Sign(msg []byte) []byte { return ed25519.Sign(s.priv, msg) }
+
+// accounts is a fake server holding one run's coordinator.
+type accounts struct {
+	mu sync.Mutex
+	c  *coordinator.Coordinator
+}
+
+func newAccounts(t *testing.T, authority coordinator.Pubkey) *accounts {
+	c := new(coordinator.Coordinator)
+	c.MainAuthority = authority
+	if err := coordinator.SetFixedString(c.RunID[:], "fed"); err != nil {
+		t.Fatal(err)
+	}
+	runmodel.SetGPT(&c.Model, gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2})
+	if err := coordinator.SetFixedString(c.Model.Checkpoint.Source.URL[:], "seed:1"); err != nil {
+		t.Fatal(err)
+	}
+	c.RunState = coordinator.WaitingForMembers
+	return &accounts{c: c}
+}
+
+func (a *accounts) get(id string) ([]byte, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if id != "fed" {
+		return nil, false
+	}
+	return a.c.MarshalAccount(), true
+}
+
+func (a *accounts) setState(s coordinator.RunState) {
+	a.mu.Lock()
+	a.c.RunState = s
+	a.mu.Unlock()
+}
+
+func serve(t *testing.T, dir string, acc *accounts) (*Service, string) {
+	svc, err := New(dir, acc.get, WithNoiseSeeds(func() [32]byte { return [32]byte{7} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	svc.Routes(mux)
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return svc, hs.URL
+}
+
+func ones(n int, v float32) []float32 {
+	d := make([]float32, n)
+	for i := range d {
+		d[i] = v
+	}
+	return d
+}
+
+// TestFederatedService walks a run through the HTTP API: the authority's
+// config starts it from the coordinator's model; updates fill the buffer,
+// which aggregates at capacity; a stale update is refused with the
+// server's round and the client catches up; a paused run refuses updates;
+// a restart mid-round keeps the round, the model and the buffered update.
+func TestFederatedService(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	_, url := serve(t, dir, acc)
+
+	a, b, c := fedclient.New(url, "fed", newSigner("a")), fedclient.New(url, "fed", newSigner("b")), fedclient.New(url, "fed", newSigner("c"))
+	cfg := &federated.Config{Capacity: 2, RoundDuration: 1}
+	if _, err := a.Configure(ctx, cfg); err == nil {
+		t.Fatal("a client that is not the authority configured the run")
+	}
+	if _, _, err := a.Push(ctx, 0, 1, []float32{1}); err == nil {
+		t.Fatal("an update was taken before the run was federated")
+	}
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := info.Params
+	if n != (gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2}).NumParams() {
+		t.Fatalf("the run's model has %d values", n)
+	}
+	round, model0, err := a.Model(ctx, -1)
+	if err != nil || round != 0 {
+		t.Fatal(round, err)
+	}
+	if _, _, err := a.Push(ctx, 0, 1, ones(n-1, 1)); err == nil {
+		t.Fatal("an update of the wrong shape was taken")
+	}
+	// A waiter for round 1 wakes up when the buffer aggregates.
+	woke := make(chan uint64, 1)
+	go func() {
+		r, _, err := c.Model(ctx, 0)
+		if err != nil {
+			t.Error(err)
+		}
+		woke <- r
+	}()
+	if res, _, err := a.Push(ctx, 0, 1, ones(n, 1)); err != nil || res.Round != 0 || res.Buffered != 1 {
+		t.Fatal(res, err)
+	}
+	if res, _, err := b.Push(ctx, 0, 1, ones(n, 3)); err != nil || res.Round != 1 || res.Buffered != 0 {
+		t.Fatal(res, err)
+	}
+	if r := <-woke; r != 1 {
+		t.Fatalf("the waiter woke at round %d", r)
+	}
+	_, model1, _ := c.Model(ctx, -1)
+	for i := range model1 {
+		if model1[i] != model0[i]+2 {
+			t.Fatalf("value %d: %v, want %v+2 (the mean of the updates)", i, model1[i], model0[i])
+		}
+	}
+	// c trained on round 0: refused as stale, with the server's round.
+	_, _, err = c.Push(ctx, 0, 1, ones(n, 5))
+	var stale *fedclient.StaleError
+	if !errors.As(err, &stale) || stale.Round != 1 || !errors.Is(err, federated.ErrStale) {
+		t.Fatalf("stale update: %v", err)
+	}
+	if res, _, err := c.Push(ctx, 1, 1, ones(n, 1)); err != nil || res.Buffered != 1 {
+		t.Fatal(res, err)
+	}
+	// Paused: refused.
+	acc.setState(coordinator.Paused)
+	if _, _, err := a.Push(ctx, 1, 1, ones(n, 1)); !errors.Is(err, fedclient.ErrPaused) {
+		t.Fatalf("update to a paused run: %v", err)
+	}
+	acc.setState(coordinator.WaitingForMembers)
+
+	// Restart mid-round: a second service on the same directory.
+	_, url2 := serve(t, dir, acc)
+	a2 := fedclient.New(url2, "fed", newSigner("a"))
+	in, err := a2.Info(ctx)
+	if err != nil || in.Round != 1 || in.Buffered != 1 || in.Contributions != 2 {
+		t.Fatalf("after a restart: %+v %v", in, err)
+	}
+	_, again, _ := a2.Model(ctx, -1)
+	if !slices.Equal(again, model1) {
+		t.Fatal("the model changed across the restart")
+	}
+	if res, _, err := a2.Push(ctx, 1, 1, ones(n, 3)); err != nil || res.Round != 2 {
+		t.Fatal(res, err)
+	}
+	_, model2, _ := a2.Model(ctx, -1)
+	for i := range model2 {
+		if model2[i] != model1[i]+2 {
+			t.Fatalf("value %d after the restart: %v, want %v+2 (c's buffered update survived)", i, model2[i], model1[i])
+		}
+	}
+	if matches, _ := filepath.Glob(filepath.Join(dir, "*.fed")); len(matches) != 1 {
+		t.Fatalf("state files: %v", matches)
+	}
+}
+
+// TestSecureAggregationWithADropout: four clients, threshold 3; client 4
+// vanishes after sending its shares. The mask phase closes at its deadline
+// with three inputs, the survivors reveal, and the model moves by the mean
+// of the three updates, within fixed-point error.
+func TestSecureAggregationWithADropout(t *testing.T) {
+	ctx := context.Background()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	_, url := serve(t, t.TempDir(), acc)
+	cfg := &federated.Config{Capacity: 4, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 3, SecAggTimeout: 1}
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := info.Params
+	probe := fedclient.New(url, "fed", newSigner("probe"))
+	_, model0, err := probe.Model(ctx, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := probe.Push(ctx, 0, 1, ones(n, 0)); err == nil {
+		t.Fatal("a plain update was taken by a secure aggregation run")
+	}
+	deltas := make([][]float32, 4)
+	for i := range deltas {
+		deltas[i] = make([]float32, n)
+		for j := range deltas[i] {
+			deltas[i][j] = float32((i+1)*(j%7)-9) / float32(40*n) // L2 norm well below 1
+		}
+	}
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := fedclient.New(url, "fed", newSigner(string(rune('a'+i))))
+			var hooks fedclient.SecAggHooks
+			if i == 3 {
+				hooks.AfterShares = func() error { return errors.New("gone") }
+			}
+			_, errs[i] = c.SecAggRound(ctx, 0, deltas[i], 1, 3, 0, hooks)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs[:3] {
+		if err != nil {
+			t.Fatalf("client %d: %v", i+1, err)
+		}
+	}
+	round, model1, err := probe.Model(ctx, 0)
+	if err != nil || round != 1 {
+		t.Fatalf("round %d %v", round, err)
+	}
+	f, _ := secaggFractionBits(4, 1)
+	tol := 3*math.Ldexp(1, -f-1)/3 + 1e-6
+	for j := range model1 {
+		want := float64(model0[j]) + (float64(deltas[0][j])+float64(deltas[1][j])+float64(deltas[2][j]))/3
+		if math.Abs(float64(model1[j])-want) > tol+math.Abs(want)*1e-6 {
+			t.Fatalf("value %d: %v, want %v", j, model1[j], want)
+		}
+	}
+	in, _ := probe.Info(ctx)
+	if in.Contributions != 3 {
+		t.Fatalf("%d contributions, want 3", in.Contributions)
+	}
+}
+
+var secaggFractionBits = secagg.FractionBits
+
+// TestDistroCompressedUpdates: a run whose optimizer is DisTrO takes
+// frames, not dense updates; a frame moves the model by the run's learning
+// rate times the sign of its decompressed direction, on the coordinates
+// its top-k coefficients reach.
+func TestDistroCompressedUpdates(t *testing.T) {
+	ctx := context.Background()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	m := &acc.c.Model
+	m.Optimizer.Kind = coordinator.OptimizerDistro
+	m.Optimizer.CompressionChunk, m.Optimizer.CompressionTopK, m.Optimizer.Quantize1Bit = 16, 4, true
+	m.Optimizer.Aggregation = coordinator.AggregationMean
+	m.LR.BaseLR = 0.01
+	_, url := serve(t, t.TempDir(), acc)
+	if _, err := fedclient.New(url, "fed", admin).Configure(ctx, &federated.Config{Capacity: 1, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 1}); err == nil {
+		t.Fatal("secure aggregation was configured on a DisTrO run")
+	}
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, &federated.Config{Capacity: 1, RoundDuration: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fedclient.New(url, "fed", newSigner("a"))
+	if _, _, err := c.Push(ctx, 0, 1, ones(info.Params, 1)); !errors.Is(err, federated.ErrEncoding) && err == nil {
+		t.Fatal("a dense update was taken by a DisTrO run")
+	}
+	demo, sizes, err := FederatedDistro(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g [][]float32
+	for i, n := range sizes {
+		part := make([]float32, n)
+		for j := range part {
+			part[j] = -float32((i+j)%5 - 2) // the update is the negation
+		}
+		g = append(g, part)
+	}
+	f, err := demo.Step(g, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame, err := f.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, before, _ := c.Model(ctx, -1)
+	res, sent, err := c.PushFrame(ctx, 0, 1, frame)
+	if err != nil || res.Round != 1 {
+		t.Fatal(res, err)
+	}
+	if sent >= info.Params {
+		t.Fatalf("a frame of %d bytes for %d parameters is no compression", sent, info.Params)
+	}
+	_, after, _ := c.Model(ctx, -1)
+	moved := 0
+	for i := range after {
+		d := float64(after[i] - before[i])
+		if d != 0 {
+			moved++
+			if math.Abs(math.Abs(d)-0.01) > 1e-6 {
+				t.Fatalf("value %d moved by %v, want ±0.01 (the run's learning rate)", i, d)
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("the frame did not move the model")
+	}
+	bad := append([]byte(nil), frame...)
+	bad[len(bad)/2] ^= 0xff
+	if _, _, err := c.PushFrame(ctx, 1, 1, bad[:len(bad)-3]); err == nil {
+		t.Fatal("a truncated frame was taken")
+	}
+	t.Logf("a frame of %d bytes (request) for %d parameters moved %d of them", sent, info.Params, moved)
+}
+
+// TestFreedRunIsForgotten: a run freed and created again under the same id
+// by another authority does not inherit the old run's federated state.
+func TestFreedRunIsForgotten(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	acc := newAccounts(t, newSigner("admin").Public())
+	_, url := serve(t, dir, acc)
+	cfg := &federated.Config{Capacity: 1, RoundDuration: 1}
+	info, err := fedclient.New(url, "fed", newSigner("admin")).Configure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := fedclient.New(url, "fed", newSigner("a"))
+	if res, _, err := a.Push(ctx, 0, 1, ones(info.Params, 1)); err != nil || res.Round != 1 {
+		t.Fatal(res, err)
+	}
+	acc.mu.Lock()
+	acc.c.MainAuthority = newSigner("someone else").Public()
+	acc.mu.Unlock()
+	if _, err := a.Info(ctx); err == nil {
+		t.Fatal("the old run's state was served for the new run")
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "*.fed")); len(files) != 0 {
+		t.Fatalf("state files left: %v", files)
+	}
+	in, err := fedclient.New(url, "fed", newSigner("someone else")).Configure(ctx, cfg)
+	if err != nil || in.Round != 0 || in.Contributions != 0 {
+		t.Fatalf("the new run: %+v %v", in, err)
+	}
+}
+
+// TestSecAggRoundAbortedByRestart: a server restart drops the secure
+// aggregation round under way (its state is in memory only): the clients'
+// waits answer Aborted, and the round played again on the restarted server
+// completes.
+func TestSecAggRoundAbortedByRestart(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	_, url := serve(t, dir, acc)
+	cfg := &federated.Config{Capacity: 3, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 2, SecAggTimeout: 60}
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Client a advertises on the first server and waits for the others.
+	stuck := make(chan error, 1)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_, err := fedclient.New(url, "fed", newSigner("a")).SecAggRound(cctx, 0, ones(info.Params, 0.001), 1, 2, 0, fedclient.SecAggHooks{})
+		stuck <- err
+	}()
+	// The restart: a second service on the same directory.
+	_, url2 := serve(t, dir, acc)
+	resp, err := http.Get(url2 + "/v1/runs/fed/federated/secagg?base=0&phase=keys&id=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("a wait on the restarted server: %s, want 409 (Aborted)", resp.Status)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i, name := range []string{"a", "b", "c"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = fedclient.New(url2, "fed", newSigner(name)).SecAggRound(ctx, 0, ones(info.Params, 0.001), 1, 2, 0, fedclient.SecAggHooks{})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("client %d on the restarted server: %v", i, err)
+		}
+	}
+	in, err := fedclient.New(url2, "fed", admin).Info(ctx)
+	if err != nil || in.Round != 1 || in.Contributions != 3 {
+		t.Fatalf("after the replayed round: %+v %v", in, err)
+	}
+	cancel()
+	if err := <-stuck; err == nil {
+		t.Fatal("the round on the old server completed")
+	}
+}

@@ -1,0 +1,104 @@
+package llama
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/kernels"
+)
+
+// checkpointConfig describes the model in a checkpoint's metadata.
+func (c Config) checkpointConfig() checkpoint.ModelConfig {
+	return checkpoint.ModelConfig{Architecture: checkpoint.ArchLlama, VocabSize: uint32(c.Vocab),
+		MaxSeqLen: uint32(c.Context), DModel: uint32(c.Width), NLayers: uint32(c.Layers), NHeads: uint32(c.Heads),
+		NKVHeads: uint32(c.KVHeads), IntermediateSize: uint32(c.Intermediate), RopeTheta: c.RopeTheta, TiedHead: c.TiedHead}
+}
+
+// ConfigFromCheckpoint is the model shape a checkpoint's metadata describes
+// (with the default RMSNorm ε, the one a run trains with).
+func ConfigFromCheckpoint(mc checkpoint.ModelConfig) (Config, error) {
+	if err := mc.Validate(); err != nil {
+		return Config{}, err
+	}
+	if mc.Architecture != checkpoint.ArchLlama {
+		return Config{}, fmt.Errorf("llama: the checkpoint holds a %q model", mc.Architecture)
+	}
+	c := Config{Vocab: int(mc.VocabSize), Context: int(mc.MaxSeqLen), Width: int(mc.DModel), Layers: int(mc.NLayers),
+		Heads: int(mc.NHeads), KVHeads: int(mc.NKVHeads), Intermediate: int(mc.IntermediateSize), RopeTheta: mc.RopeTheta,
+		TiedHead: mc.TiedHead}
+	return c, c.Validate()
+}
+
+// Save writes the parameters, with Hugging Face's tensor names, and the
+// model shape (plus meta) to one safetensors file atomically: the file
+// peers exchange and transformers' safetensors loader reads as is. SaveHF
+// writes a whole Hugging Face directory.
+func (m *Model) Save(ctx context.Context, path string, meta map[string]string) error {
+	meta, err := checkpoint.WithModelConfig(meta, m.checkpointConfig())
+	if err != nil {
+		return err
+	}
+	meta["format"] = "pt"
+	return checkpoint.Save(ctx, path, m.CheckpointTensors(), meta)
+}
+
+// LoadParams copies a checkpoint's tensors into the model, checking that the
+// checkpoint describes this model's shape and holds exactly its tensors.
+func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
+	mc, err := ck.ModelConfig()
+	if err != nil {
+		return err
+	}
+	if mc != m.checkpointConfig() {
+		return fmt.Errorf("llama: checkpoint is for %+v, this model is %+v", mc, m.checkpointConfig())
+	}
+	l := newLoader(m, "")
+	if err := l.take("checkpoint", ck, nil); err != nil {
+		return err
+	}
+	return l.finish("checkpoint")
+}
+
+// FromCheckpoint builds the model a decoded checkpoint describes.
+func FromCheckpoint(ck *checkpoint.Checkpoint, be kernels.Backend) (*Model, error) {
+	mc, err := ck.ModelConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := ConfigFromCheckpoint(mc)
+	if err != nil {
+		return nil, err
+	}
+	m, err := New(cfg, 0, be)
+	if err != nil {
+		return nil, err
+	}
+	return m, m.LoadParams(ck)
+}
+
+// Load builds a model from a path: a Hugging Face directory (LoadHF) or a
+// checkpoint file that Save wrote.
+func Load(ctx context.Context, path string, be kernels.Backend) (*Model, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
+	if fi.IsDir() {
+		return LoadHF(ctx, LocalDir(path), be)
+	}
+	ck, err := checkpoint.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	m, err := FromCheckpoint(ck, be)
+	if errors.Is(err, checkpoint.ErrNoModelConfig) {
+		return nil, fmt.Errorf("llama: %s has no %s metadata; to load a Hugging Face checkpoint give its directory (with %s): %w", path, checkpoint.ModelKey, HFConfigFile, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("llama: %s: %w", path, err)
+	}
+	return m, nil
+}

@@ -1,0 +1,507 @@
+package llama
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/psyche-go/psyche/internal/atomicfile"
+	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/kernels"
+)
+
+// The files of a Hugging Face checkpoint directory.
+const (
+	HFConfigFile = "config.json"
+	HFSingleFile = "model.safetensors"
+	HFIndexFile  = "model.safetensors.index.json"
+)
+
+// maxJSONFile bounds config.json and the index, which hold a few hundred
+// bytes per tensor: 64 MiB is far beyond any real model's.
+const maxJSONFile = 64 << 20
+
+// hfConfig is the part of transformers' LlamaConfig (config.json) this
+// trainer writes; it reads the same fields and refuses the ones that would
+// change the computation in a way it does not implement.
+type hfConfig struct {
+	Architectures         []string `json:"architectures"`
+	ModelType             string   `json:"model_type"`
+	VocabSize             int      `json:"vocab_size"`
+	HiddenSize            int      `json:"hidden_size"`
+	IntermediateSize      int      `json:"intermediate_size"`
+	NumHiddenLayers       int      `json:"num_hidden_layers"`
+	NumAttentionHeads     int      `json:"num_attention_heads"`
+	NumKeyValueHeads      int      `json:"num_key_value_heads"`
+	MaxPositionEmbeddings int      `json:"max_position_embeddings"`
+	RMSNormEps            float64  `json:"rms_norm_eps"`
+	RopeTheta             float64  `json:"rope_theta"`
+	TieWordEmbeddings     bool     `json:"tie_word_embeddings"`
+	HiddenAct             string   `json:"hidden_act"`
+	AttentionBias         bool     `json:"attention_bias"`
+	MLPBias               bool     `json:"mlp_bias"`
+	TorchDType            string   `json:"torch_dtype"`
+	InitializerRange      float64  `json:"initializer_range"`
+	// Read only, to refuse what is not implemented.
+	RopeScaling json.RawMessage `json:"rope_scaling,omitempty"`
+	HeadDim     int             `json:"head_dim,omitempty"`
+}
+
+// torch dtype names and safetensors dtypes.
+var (
+	torchToST = map[string]string{"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+	stToTorch = map[string]string{"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+)
+
+// HFConfigJSON is config.json for this model's shape with tensors stored
+// as dtype ("F32", "F16" or "BF16").
+func (c Config) HFConfigJSON(dtype string) ([]byte, error) {
+	td, ok := stToTorch[dtype]
+	if !ok {
+		return nil, fmt.Errorf("llama: dtype %q is not F32, F16 or BF16", dtype)
+	}
+	h := hfConfig{Architectures: []string{"LlamaForCausalLM"}, ModelType: "llama", VocabSize: c.Vocab,
+		HiddenSize: c.Width, IntermediateSize: c.Intermediate, NumHiddenLayers: c.Layers,
+		NumAttentionHeads: c.Heads, NumKeyValueHeads: c.KVHeads, MaxPositionEmbeddings: c.Context,
+		RMSNormEps: shortest(c.eps()), RopeTheta: shortest(c.RopeTheta), TieWordEmbeddings: c.TiedHead,
+		HiddenAct: "silu", TorchDType: td, InitializerRange: 0.02}
+	b, err := json.MarshalIndent(h, "", "  ")
+	return append(b, '\n'), err
+}
+
+// shortest is the float64 of v's shortest decimal form, so config.json says
+// 1e-05, not the float32's exact binary value 9.999999747378752e-06; it
+// reads back as the same float32.
+func shortest(v float32) float64 {
+	f, _ := strconv.ParseFloat(strconv.FormatFloat(float64(v), 'g', -1, 32), 64)
+	return f
+}
+
+// ParseHFConfig reads a config.json (named file in errors) into a Config and
+// the safetensors dtype its torch_dtype names ("" if it names none).
+func ParseHFConfig(file string, b []byte) (Config, string, error) {
+	fail := func(format string, args ...any) (Config, string, error) {
+		return Config{}, "", fmt.Errorf("%w: %s: "+format, append([]any{ErrHFConfig, file}, args...)...)
+	}
+	// Defaults are transformers' LlamaConfig defaults for the fields a
+	// config may leave out.
+	h := hfConfig{HiddenAct: "silu", RMSNormEps: 1e-6, RopeTheta: 10000, TieWordEmbeddings: false}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&h); err != nil {
+		return fail("%v", err)
+	}
+	switch {
+	case h.ModelType != "llama":
+		return fail("model_type %q is not llama", h.ModelType)
+	case h.HiddenAct != "silu":
+		return fail("hidden_act %q is not silu (SwiGLU)", h.HiddenAct)
+	case h.AttentionBias || h.MLPBias:
+		return fail("attention_bias and mlp_bias must be false: this trainer's Llama has no biases")
+	case len(h.RopeScaling) > 0 && string(h.RopeScaling) != "null":
+		return fail("rope_scaling %s is not supported (plain RoPE only)", h.RopeScaling)
+	case h.NumAttentionHeads > 0 && h.HeadDim != 0 && h.HeadDim != h.HiddenSize/h.NumAttentionHeads:
+		return fail("head_dim %d is not hidden_size/num_attention_heads = %d", h.HeadDim, h.HiddenSize/h.NumAttentionHeads)
+	case h.RMSNormEps <= 0 || h.RMSNormEps >= 1:
+		return fail("rms_norm_eps %g is not in (0, 1)", h.RMSNormEps)
+	case h.RopeTheta > math.MaxFloat32:
+		return fail("rope_theta %g does not fit a float32", h.RopeTheta)
+	}
+	dtype := ""
+	if h.TorchDType != "" {
+		var ok bool
+		if dtype, ok = torchToST[h.TorchDType]; !ok {
+			return fail("torch_dtype %q is not float32, float16 or bfloat16", h.TorchDType)
+		}
+	}
+	kv := h.NumKeyValueHeads
+	if kv == 0 {
+		kv = h.NumAttentionHeads // transformers' default: multi-head attention
+	}
+	c := Config{Vocab: h.VocabSize, Context: h.MaxPositionEmbeddings, Width: h.HiddenSize, Layers: h.NumHiddenLayers,
+		Heads: h.NumAttentionHeads, KVHeads: kv, Intermediate: h.IntermediateSize, RopeTheta: float32(h.RopeTheta),
+		TiedHead: h.TieWordEmbeddings, NormEps: float32(h.RMSNormEps)}
+	if c.NormEps == DefaultNormEps {
+		// The default is spelled 0, as in a config built from a run's
+		// model, so the two compare equal (a node keeps a model whose
+		// config is the run's).
+		c.NormEps = 0
+	}
+	if err := c.Validate(); err != nil {
+		return fail("%v", err)
+	}
+	return c, dtype, nil
+}
+
+// hfTensors names the parameters as Hugging Face's LlamaForCausalLM does,
+// one tensor per layer and projection, each a view into Params (q, k and v
+// are row ranges of the fused projection, gate and up of the fused MLP
+// input). The head is left out when tied.
+func (m *Model) hfTensors(p params) []checkpoint.Tensor {
+	C, I, hd := m.Width, m.Intermediate, m.HeadDim()
+	W := m.qkvRows()
+	out := []checkpoint.Tensor{{Name: "model.embed_tokens.weight", Shape: []int{m.Vocab, C}, Data: p.embed}}
+	for l := 0; l < m.Layers; l++ {
+		pre := "model.layers." + strconv.Itoa(l) + "."
+		qkv, gu := layer(p.qkv, l, W*C), layer(p.gateUp, l, 2*I*C)
+		q, k := m.Heads*hd, m.KVHeads*hd
+		out = append(out,
+			checkpoint.Tensor{Name: pre + "input_layernorm.weight", Shape: []int{C}, Data: layer(p.attnNorm, l, C)},
+			checkpoint.Tensor{Name: pre + "self_attn.q_proj.weight", Shape: []int{q, C}, Data: qkv[:q*C]},
+			checkpoint.Tensor{Name: pre + "self_attn.k_proj.weight", Shape: []int{k, C}, Data: qkv[q*C : (q+k)*C]},
+			checkpoint.Tensor{Name: pre + "self_attn.v_proj.weight", Shape: []int{k, C}, Data: qkv[(q+k)*C:]},
+			checkpoint.Tensor{Name: pre + "self_attn.o_proj.weight", Shape: []int{C, C}, Data: layer(p.o, l, C*C)},
+			checkpoint.Tensor{Name: pre + "post_attention_layernorm.weight", Shape: []int{C}, Data: layer(p.mlpNorm, l, C)},
+			checkpoint.Tensor{Name: pre + "mlp.gate_proj.weight", Shape: []int{I, C}, Data: gu[:I*C]},
+			checkpoint.Tensor{Name: pre + "mlp.up_proj.weight", Shape: []int{I, C}, Data: gu[I*C:]},
+			checkpoint.Tensor{Name: pre + "mlp.down_proj.weight", Shape: []int{C, I}, Data: layer(p.down, l, C*I)},
+		)
+	}
+	out = append(out, checkpoint.Tensor{Name: "model.norm.weight", Shape: []int{C}, Data: p.norm})
+	if !m.TiedHead {
+		out = append(out, checkpoint.Tensor{Name: "lm_head.weight", Shape: []int{m.Vocab, C}, Data: p.head})
+	}
+	return out
+}
+
+// CheckpointTensors names the parameter tensors with Hugging Face's names
+// (views, not copies).
+func (m *Model) CheckpointTensors() []checkpoint.Tensor { return m.hfTensors(m.p) }
+
+// GradCheckpointTensors names the gradients as CheckpointTensors names the
+// parameters (views into Grads): what scripts/check-torch compares.
+func (m *Model) GradCheckpointTensors() []checkpoint.Tensor { return m.hfTensors(m.g) }
+
+// ignoredTensors are buffers that older transformers versions saved with
+// the weights and that hold no parameter (RoPE's inverse frequencies, which
+// this model computes from rope_theta).
+var ignoredTensors = regexp.MustCompile(`^model\.layers\.[0-9]+\.self_attn\.rotary_emb\.inv_freq$`)
+
+// loader fills a model's parameters from the tensors of one or more files,
+// checking each against the config, and reports what never came.
+type loader struct {
+	m      *Model
+	dtype  string // "" accepts any
+	want   map[string]checkpoint.Tensor
+	filled map[string]string // tensor → file it came from
+	// a tied model's lm_head.weight, when a file holds one anyway: it must
+	// equal the embeddings, which may come later (names sort before them)
+	tiedHead     []float32
+	tiedHeadFile string
+}
+
+func newLoader(m *Model, dtype string) *loader {
+	l := &loader{m: m, dtype: dtype, want: map[string]checkpoint.Tensor{}, filled: map[string]string{}}
+	for _, t := range m.CheckpointTensors() {
+		l.want[t.Name] = t
+	}
+	return l
+}
+
+// take copies the tensors of one decoded file into the model. expect, if
+// not nil, is the set of names the index says this file holds.
+func (l *loader) take(file string, ck *checkpoint.Checkpoint, expect map[string]bool) error {
+	for _, name := range ck.Names() {
+		if ignoredTensors.MatchString(name) {
+			continue
+		}
+		shape, _ := ck.Shape(name)
+		if name == "lm_head.weight" && l.m.TiedHead {
+			// Some tied checkpoints store the head anyway; finish checks
+			// that it is the embedding it is tied to.
+			data, err := ck.Tensor(name, []int{l.m.Vocab, l.m.Width})
+			if err != nil {
+				return fmt.Errorf("%w: %s: tensor %q has shape %v, config.json's model needs %v", ErrHFMismatch, file, name, shape, []int{l.m.Vocab, l.m.Width})
+			}
+			l.tiedHead, l.tiedHeadFile = data, file
+			continue
+		}
+		t, ok := l.want[name]
+		if !ok {
+			return fmt.Errorf("%w: %s: extra tensor %q (shape %v) that config.json's model does not have", ErrHFMismatch, file, name, shape)
+		}
+		if expect != nil && !expect[name] {
+			return fmt.Errorf("%w: %s: tensor %q is not listed for this file in %s", ErrHFMismatch, file, name, HFIndexFile)
+		}
+		if prev := l.filled[name]; prev != "" {
+			return fmt.Errorf("%w: %s: tensor %q is also in %s", ErrHFMismatch, file, name, prev)
+		}
+		if l.dtype != "" && ck.DType(name) != l.dtype {
+			return fmt.Errorf("%w: %s: tensor %q is %s but config.json's torch_dtype is %s", ErrHFMismatch, file, name, ck.DType(name), stToTorch[l.dtype])
+		}
+		data, err := ck.Tensor(name, t.Shape)
+		if err != nil {
+			return fmt.Errorf("%w: %s: tensor %q has shape %v, config.json's model needs %v", ErrHFMismatch, file, name, shape, t.Shape)
+		}
+		copy(t.Data, data)
+		l.filled[name] = file
+	}
+	return nil
+}
+
+// result is the loaded model, or nil and finish's error.
+func (l *loader) result(where string) (*Model, error) {
+	if err := l.finish(where); err != nil {
+		return nil, err
+	}
+	return l.m, nil
+}
+
+func (l *loader) finish(where string) error {
+	var missing []string
+	for name := range l.want {
+		if l.filled[name] == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		more := ""
+		if len(missing) > 5 {
+			more = fmt.Sprintf(" and %d more", len(missing)-5)
+			missing = missing[:5]
+		}
+		return fmt.Errorf("%w: %s: missing tensor %s%s", ErrHFMismatch, where, strings.Join(missing, ", "), more)
+	}
+	if l.tiedHead != nil && !slices.Equal(l.tiedHead, l.m.p.embed) {
+		return fmt.Errorf("%w: %s: tensor \"lm_head.weight\": tie_word_embeddings is true but it is not a copy of model.embed_tokens.weight", ErrHFMismatch, l.tiedHeadFile)
+	}
+	return nil
+}
+
+// Dir is a checkpoint directory to read: local (LocalDir) or remote (the
+// trainer's HTTP source with range requests).
+type Dir interface {
+	// Open returns a reader of the named file and its size in bytes; the
+	// error wraps fs.ErrNotExist when there is no such file.
+	Open(ctx context.Context, name string) (io.ReadCloser, int64, error)
+	// String names the directory in errors.
+	String() string
+}
+
+// LocalDir is a directory on this machine.
+type LocalDir string
+
+// Open implements Dir.
+func (d LocalDir) Open(_ context.Context, name string) (io.ReadCloser, int64, error) {
+	f, err := os.Open(filepath.Join(string(d), name))
+	if err != nil {
+		return nil, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, fmt.Errorf("%s: not a regular file", f.Name())
+	}
+	return f, fi.Size(), nil
+}
+
+func (d LocalDir) String() string { return string(d) }
+
+func readSmall(ctx context.Context, d Dir, name string) ([]byte, error) {
+	r, size, err := d.Open(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	if size > maxJSONFile {
+		return nil, fmt.Errorf("%w: %s/%s is %d bytes, more than %d", ErrHFConfig, d, name, size, maxJSONFile)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, fmt.Errorf("llama: reading %s/%s: %w", d, name, err)
+	}
+	return b, nil
+}
+
+// hfIndex is model.safetensors.index.json.
+type hfIndex struct {
+	Metadata  map[string]any    `json:"metadata"`
+	WeightMap map[string]string `json:"weight_map"`
+}
+
+// shardName is the only form of file name an index may point at, so a
+// hostile index cannot name a path outside the directory.
+var shardName = regexp.MustCompile(`^[A-Za-z0-9_.-]+\.safetensors$`)
+
+// LoadHF builds the model a Hugging Face checkpoint directory holds:
+// config.json, then model.safetensors or, if there is none, the shards that
+// model.safetensors.index.json lists. Every tensor is checked against the
+// config (name, shape, dtype) as it is read, and a missing, extra or
+// mismatched tensor is an error naming the file and the tensor, returned
+// before the model is used.
+func LoadHF(ctx context.Context, d Dir, be kernels.Backend) (*Model, error) {
+	cb, err := readSmall(ctx, d, HFConfigFile)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %s: %w", d, err)
+	}
+	cfg, dtype, err := ParseHFConfig(d.String()+"/"+HFConfigFile, cb)
+	if err != nil {
+		return nil, err
+	}
+	m, err := New(cfg, 0, be)
+	if err != nil {
+		return nil, err
+	}
+	l := newLoader(m, dtype)
+	// The tensors cannot hold more bytes than the model has F32 values.
+	lim := checkpoint.Limits{MaxDataSize: 4*int64(cfg.NumParams()) + 4*int64(cfg.Vocab*cfg.Width)}
+	readFile := func(name string, expect map[string]bool) error {
+		r, size, err := d.Open(ctx, name)
+		if err != nil {
+			return fmt.Errorf("llama: %s: %w", d, err)
+		}
+		defer r.Close()
+		ck, err := lim.Read(bufio.NewReaderSize(r, 4<<20), size)
+		if err != nil {
+			return fmt.Errorf("llama: %s/%s: %w", d, name, err)
+		}
+		return l.take(d.String()+"/"+name, ck, expect)
+	}
+	err = readFile(HFSingleFile, nil)
+	switch {
+	case err == nil:
+		return l.result(d.String() + "/" + HFSingleFile)
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, err
+	}
+	ib, err := readSmall(ctx, d, HFIndexFile)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %s has neither %s nor %s: %w", d, HFSingleFile, HFIndexFile, err)
+	}
+	var idx hfIndex
+	if err := json.Unmarshal(ib, &idx); err != nil || len(idx.WeightMap) == 0 {
+		return nil, fmt.Errorf("%w: %s/%s: no weight_map (%v)", ErrHFConfig, d, HFIndexFile, err)
+	}
+	files := map[string]map[string]bool{}
+	for name, file := range idx.WeightMap {
+		if !shardName.MatchString(file) {
+			return nil, fmt.Errorf("%w: %s/%s: tensor %q is in %q, not a safetensors file of this directory", ErrHFConfig, d, HFIndexFile, name, file)
+		}
+		if _, ok := l.want[name]; !ok && !ignoredTensors.MatchString(name) && (name != "lm_head.weight" || !cfg.TiedHead) {
+			return nil, fmt.Errorf("%w: %s/%s: extra tensor %q that config.json's model does not have", ErrHFMismatch, d, HFIndexFile, name)
+		}
+		if files[file] == nil {
+			files[file] = map[string]bool{}
+		}
+		files[file][name] = true
+	}
+	names := make([]string, 0, len(files))
+	for f := range files {
+		names = append(names, f)
+	}
+	slices.Sort(names)
+	for _, f := range names {
+		if err := readFile(f, files[f]); err != nil {
+			return nil, err
+		}
+		for name := range files[f] {
+			if _, ok := l.want[name]; ok && l.filled[name] != d.String()+"/"+f {
+				return nil, fmt.Errorf("%w: %s/%s: lists tensor %q in %s, which does not hold it", ErrHFMismatch, d, HFIndexFile, name, f)
+			}
+		}
+	}
+	return l.result(d.String() + "/" + HFIndexFile)
+}
+
+// HFOptions says how SaveHF writes.
+type HFOptions struct {
+	// DType of the stored tensors: "F32" (the default), "F16" or "BF16".
+	DType string
+	// MaxShardBytes starts a new shard before a tensor that would take a
+	// shard past it (0: one file, model.safetensors). A tensor larger than
+	// the limit gets a shard of its own.
+	MaxShardBytes int64
+}
+
+// SaveHF writes the model as a Hugging Face checkpoint directory: config.json
+// and model.safetensors, or model-0000N-of-0000M.safetensors shards and
+// model.safetensors.index.json. Each file is written atomically; a shard
+// set is complete once the index is there (it is written last).
+func (m *Model) SaveHF(ctx context.Context, dir string, o HFOptions) error {
+	dtype := o.DType
+	if dtype == "" {
+		dtype = "F32"
+	}
+	cfgJSON, err := m.HFConfigJSON(dtype)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("llama: %w", err)
+	}
+	size := int64(2)
+	if dtype == "F32" {
+		size = 4
+	}
+	tensors := m.CheckpointTensors()
+	var shards [][]checkpoint.Tensor
+	var cur []checkpoint.Tensor
+	var curBytes, total int64
+	for _, t := range tensors {
+		t.DType = dtype
+		b := size * int64(len(t.Data))
+		total += b
+		if o.MaxShardBytes > 0 && len(cur) > 0 && curBytes+b > o.MaxShardBytes {
+			shards, cur, curBytes = append(shards, cur), nil, 0
+		}
+		cur = append(cur, t)
+		curBytes += b
+	}
+	shards = append(shards, cur)
+	meta := map[string]string{"format": "pt"}
+	if err := atomicfile.WriteFile(filepath.Join(dir, HFConfigFile), cfgJSON, 0o644); err != nil {
+		return fmt.Errorf("llama: %w", err)
+	}
+	// A directory holds one form: the other's files, from an earlier save,
+	// would be read instead of (or mixed with) these.
+	if len(shards) == 1 {
+		if err := checkpoint.Save(ctx, filepath.Join(dir, HFSingleFile), shards[0], meta); err != nil {
+			return err
+		}
+		return removeIfThere(filepath.Join(dir, HFIndexFile))
+	}
+	if err := removeIfThere(filepath.Join(dir, HFSingleFile)); err != nil {
+		return err
+	}
+	idx := hfIndex{Metadata: map[string]any{"total_size": total}, WeightMap: map[string]string{}}
+	for i, sh := range shards {
+		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
+		if err := checkpoint.Save(ctx, filepath.Join(dir, name), sh, meta); err != nil {
+			return err
+		}
+		for _, t := range sh {
+			idx.WeightMap[t.Name] = name
+		}
+	}
+	ib, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return fmt.Errorf("llama: %w", err)
+	}
+	if err := atomicfile.WriteFile(filepath.Join(dir, HFIndexFile), append(ib, '\n'), 0o644); err != nil {
+		return fmt.Errorf("llama: %w", err)
+	}
+	return nil
+}
+
+func removeIfThere(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("llama: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,208 @@
+package llama
+
+import "fmt"
+
+// layerActs are one block's activations (or their gradients). qkv holds the
+// projections after the rotary embedding (what attention read).
+type layerActs struct {
+	norm1, norm1Rstd []float32
+	qkv, atty, att   []float32
+	attproj, resid2  []float32
+	norm2, norm2Rstd []float32
+	gateUp, swiglu   []float32
+	down, resid3     []float32
+}
+
+type activations struct {
+	encoded  []float32
+	layers   []layerActs
+	norm     []float32
+	normRstd []float32
+	logits   []float32 // probabilities after a forward pass with targets
+	losses   []float32
+}
+
+func (c Config) newActivations(b, t int, stats bool) activations {
+	C, BT, I := c.Width, b*t, c.Intermediate
+	f := func(n int) []float32 { return make([]float32, n) }
+	a := activations{encoded: f(BT * C), norm: f(BT * C), logits: f(BT * c.Vocab)}
+	if stats {
+		a.normRstd, a.losses = f(BT), f(BT)
+	}
+	for l := 0; l < c.Layers; l++ {
+		la := layerActs{norm1: f(BT * C), qkv: f(BT * c.qkvRows()), atty: f(BT * C), att: f(b * c.Heads * t * t),
+			attproj: f(BT * C), resid2: f(BT * C), norm2: f(BT * C), gateUp: f(BT * 2 * I), swiglu: f(BT * I),
+			down: f(BT * C), resid3: f(BT * C)}
+		if stats {
+			la.norm1Rstd, la.norm2Rstd = f(BT), f(BT)
+		}
+		a.layers = append(a.layers, la)
+	}
+	return a
+}
+
+func (m *Model) ensure(b, t int) {
+	if m.b == b && m.t == t {
+		return
+	}
+	m.b, m.t = b, t
+	m.act = m.Config.newActivations(b, t, true)
+	m.grad = m.Config.newActivations(b, t, false)
+}
+
+// matmul computes out = in·wᵀ: in is rows×ic, w is oc×ic.
+func (m *Model) matmul(out, in, w []float32, rows, ic, oc int) {
+	m.be.Gemm(false, true, rows, oc, ic, 1, in, ic, w, ic, 0, out, oc)
+}
+
+// matmulBackward accumulates dIn += dOut·w and dW += dOutᵀ·in.
+func (m *Model) matmulBackward(dIn, dW, dOut, in, w []float32, rows, ic, oc int) {
+	m.be.Gemm(false, false, rows, ic, oc, 1, dOut, oc, w, ic, 1, dIn, ic)
+	m.be.Gemm(true, false, oc, ic, rows, 1, dOut, oc, in, ic, 1, dW, ic)
+}
+
+// layer slices layer l's part of a stacked tensor of per-layer size n.
+func layer(v []float32, l, n int) []float32 { return v[l*n : (l+1)*n] }
+
+// Forward runs b sequences of t tokens (inputs, b·t token ids) and, if
+// targets is not nil, returns the mean cross-entropy loss of predicting
+// them. The activations are kept for Backward.
+func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
+	if b <= 0 || t <= 0 || t > m.Context {
+		return 0, fmt.Errorf("llama: batch %d×%d does not fit a context of %d", b, t, m.Context)
+	}
+	if len(inputs) != b*t || (targets != nil && len(targets) != b*t) {
+		return 0, fmt.Errorf("llama: %d inputs and %d targets for a batch of %d×%d", len(inputs), len(targets), b, t)
+	}
+	for _, tok := range inputs {
+		if int(tok) >= m.Vocab {
+			return 0, fmt.Errorf("llama: token %d outside the vocabulary of %d", tok, m.Vocab)
+		}
+	}
+	for _, tok := range targets {
+		if int(tok) >= m.Vocab {
+			return 0, fmt.Errorf("llama: target %d outside the vocabulary of %d", tok, m.Vocab)
+		}
+	}
+	m.ensure(b, t)
+	m.inputs, m.targets = inputs, targets
+	C, BT, I, W, hd := m.Width, b*t, m.Intermediate, m.qkvRows(), m.HeadDim()
+	p, a, eps := &m.p, &m.act, m.eps()
+
+	for i, tok := range inputs {
+		copy(a.encoded[i*C:(i+1)*C], p.embed[int(tok)*C:(int(tok)+1)*C])
+	}
+	resid := a.encoded
+	for l := 0; l < m.Layers; l++ {
+		la := &a.layers[l]
+		m.be.RMSNorm(la.norm1, la.norm1Rstd, resid, layer(p.attnNorm, l, C), BT, C, eps)
+		m.matmul(la.qkv, la.norm1, layer(p.qkv, l, W*C), BT, C, W)
+		// Queries and keys are the first Heads+KVHeads heads of each row.
+		m.be.RoPE(la.qkv, b, t, W, m.Heads+m.KVHeads, hd, m.RopeTheta, false)
+		m.be.GQAttention(la.atty, la.att, la.qkv, b, t, m.Heads, m.KVHeads, hd)
+		m.matmul(la.attproj, la.atty, layer(p.o, l, C*C), BT, C, C)
+		for i := range la.resid2 {
+			la.resid2[i] = resid[i] + la.attproj[i]
+		}
+		m.be.RMSNorm(la.norm2, la.norm2Rstd, la.resid2, layer(p.mlpNorm, l, C), BT, C, eps)
+		m.matmul(la.gateUp, la.norm2, layer(p.gateUp, l, 2*I*C), BT, C, 2*I)
+		m.be.SwiGLU(la.swiglu, la.gateUp, BT, I)
+		m.matmul(la.down, la.swiglu, layer(p.down, l, C*I), BT, I, C)
+		for i := range la.resid3 {
+			la.resid3[i] = la.resid2[i] + la.down[i]
+		}
+		resid = la.resid3
+	}
+	m.be.RMSNorm(a.norm, a.normRstd, resid, p.norm, BT, C, eps)
+	m.matmul(a.logits, a.norm, p.head, BT, C, m.Vocab)
+	if targets == nil {
+		return 0, nil
+	}
+	m.be.SoftmaxCrossEntropy(a.losses, a.logits, targets, BT, m.Vocab)
+	var sum float64
+	for _, l := range a.losses {
+		sum += float64(l)
+	}
+	return float32(sum / float64(BT)), nil
+}
+
+// Logits returns the output of the last Forward without targets (b·t rows of
+// vocab logits); after a Forward with targets it holds probabilities.
+func (m *Model) Logits() []float32 { return m.act.logits }
+
+// ZeroGrad clears the gradients.
+func (m *Model) ZeroGrad() { clear(m.Grads) }
+
+// Backward adds the gradient of the mean loss of the last Forward (which must
+// have had targets) to Grads.
+func (m *Model) Backward() error {
+	if m.targets == nil {
+		return fmt.Errorf("llama: backward needs a forward pass with targets")
+	}
+	b, t := m.b, m.t
+	C, BT, I, W, hd, L := m.Width, b*t, m.Intermediate, m.qkvRows(), m.HeadDim(), m.Layers
+	p, g, a, d := &m.p, &m.g, &m.act, &m.grad
+	clearActs(d)
+
+	m.be.CrossEntropyBackward(d.logits, a.logits, m.targets, BT, m.Vocab, 1/float32(BT))
+	m.matmulBackward(d.norm, g.head, d.logits, a.norm, p.head, BT, C, m.Vocab)
+	last, dLast := a.layers[L-1].resid3, d.layers[L-1].resid3
+	m.be.RMSNormBackward(dLast, g.norm, d.norm, last, p.norm, a.normRstd, BT, C)
+	for l := L - 1; l >= 0; l-- {
+		la, dl := &a.layers[l], &d.layers[l]
+		resid, dResid := a.encoded, d.encoded
+		if l > 0 {
+			resid, dResid = a.layers[l-1].resid3, d.layers[l-1].resid3
+		}
+		// resid3 = resid2 + down
+		for i, v := range dl.resid3 {
+			dl.resid2[i] += v
+			dl.down[i] += v
+		}
+		m.matmulBackward(dl.swiglu, layer(g.down, l, C*I), dl.down, la.swiglu, layer(p.down, l, C*I), BT, I, C)
+		m.be.SwiGLUBackward(dl.gateUp, la.gateUp, dl.swiglu, BT, I)
+		m.matmulBackward(dl.norm2, layer(g.gateUp, l, 2*I*C), dl.gateUp, la.norm2, layer(p.gateUp, l, 2*I*C), BT, C, 2*I)
+		m.be.RMSNormBackward(dl.resid2, layer(g.mlpNorm, l, C), dl.norm2, la.resid2, layer(p.mlpNorm, l, C), la.norm2Rstd, BT, C)
+		// resid2 = resid + attproj
+		for i, v := range dl.resid2 {
+			dResid[i] += v
+			dl.attproj[i] += v
+		}
+		m.matmulBackward(dl.atty, layer(g.o, l, C*C), dl.attproj, la.atty, layer(p.o, l, C*C), BT, C, C)
+		m.be.GQAttentionBackward(dl.qkv, dl.att, dl.atty, la.qkv, la.att, b, t, m.Heads, m.KVHeads, hd)
+		// The gradient with respect to the projections before the rotation
+		// is the rotation's transpose applied to it.
+		m.be.RoPE(dl.qkv, b, t, W, m.Heads+m.KVHeads, hd, m.RopeTheta, true)
+		m.matmulBackward(dl.norm1, layer(g.qkv, l, W*C), dl.qkv, la.norm1, layer(p.qkv, l, W*C), BT, C, W)
+		m.be.RMSNormBackward(dResid, layer(g.attnNorm, l, C), dl.norm1, resid, layer(p.attnNorm, l, C), la.norm1Rstd, BT, C)
+	}
+	for i, tok := range m.inputs {
+		row, ge := d.encoded[i*C:(i+1)*C], g.embed[int(tok)*C:(int(tok)+1)*C]
+		for j, v := range row {
+			ge[j] += v
+		}
+	}
+	return nil
+}
+
+func clearActs(a *activations) {
+	clear(a.encoded)
+	clear(a.norm)
+	clear(a.logits)
+	for l := range a.layers {
+		la := &a.layers[l]
+		for _, s := range [][]float32{la.norm1, la.qkv, la.atty, la.att, la.attproj, la.resid2, la.norm2, la.gateUp, la.swiglu, la.down, la.resid3} {
+			clear(s)
+		}
+	}
+}
+
+// FLOPsPerToken estimates the floating-point operations of one forward and
+// backward pass per token: 6 per weight of the matrix products (forward 2,
+// backward 4) plus attention's q·k and att·v, about half of them masked.
+func (c Config) FLOPsPerToken(t int) float64 {
+	C, L, I := float64(c.Width), float64(c.Layers), float64(c.Intermediate)
+	matmul := 6 * (L*(float64(c.qkvRows())*C+C*C+3*I*C) + float64(c.Vocab)*C)
+	attention := 6 * L * float64(t) * C
+	return matmul + attention
+}

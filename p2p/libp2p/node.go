@@ -198,6 +198,7 @@ func New(opts ...Option) (*Node, error) {
 		bitswap.WithTracer(blockTracer{n}))
 	h.SetStreamHandler(p2p.PullProtocol, n.serve(pullTimeout, n.servePull))
 	h.SetStreamHandler(p2p.OfferProtocol, n.serve(offerTimeout, n.serveOffer))
+	h.SetStreamHandler(p2p.BlobProtocol, n.serveBlob)
 
 	return n, nil
 }

@@ -28,6 +28,10 @@ type config struct {
 	reannounce      time.Duration
 	fetchTimeout    time.Duration
 	fetchRetries    int
+	minRate         int64                           // WithMinFetchRate, bytes per second
+	stallTimeout    time.Duration                   // WithMinFetchRate
+	clock           clock                           // the blob stream's stall timer (tests control it)
+	serveHook       func(i int, h coordinator.Hash) // tests: called before serving each streamed block
 	retryBackoff    time.Duration
 	ckptConcurrency int
 	ckptProgress    func(done, total int)
@@ -153,7 +157,8 @@ func WithReannounceInterval(d time.Duration) Option {
 	}
 }
 
-// WithFetchTimeout bounds one attempt to fetch a blob (default 30s). A round
+// WithFetchTimeout bounds one attempt to fetch a blob, beyond the time its
+// size takes at the minimum rate (WithMinFetchRate) (default 30s). A round
 // lasts minutes; a 1 MiB blob takes milliseconds on a healthy link.
 func WithFetchTimeout(d time.Duration) Option {
 	return func(c *config) error {
@@ -162,6 +167,38 @@ func WithFetchTimeout(d time.Duration) Option {
 		}
 		c.fetchTimeout = d
 		return c.once("fetch timeout")
+	}
+}
+
+// WithMinFetchRate sets how slow a peer may be before a fetch gives up on
+// it: a block of n bytes streamed from the announcer must arrive within
+// stall + n/bytesPerSecond, or the rest of the blob is fetched with bitswap
+// from every peer that has it; and each fetch attempt is allowed the fetch
+// timeout plus the blob's size at bytesPerSecond (default 1 MiB/s, 2s).
+func WithMinFetchRate(bytesPerSecond int64, stall time.Duration) Option {
+	return func(c *config) error {
+		if bytesPerSecond <= 0 || stall <= 0 {
+			return fmt.Errorf("%w: minimum fetch rate %d B/s, stall %v", p2p.ErrConfig, bytesPerSecond, stall)
+		}
+		c.minRate, c.stallTimeout = bytesPerSecond, stall
+		return c.once("minimum fetch rate")
+	}
+}
+
+// withClock sets the clock of the blob stream's stall timer (tests).
+func withClock(k clock) Option {
+	return func(c *config) error {
+		c.clock = k
+		return c.once("clock")
+	}
+}
+
+// withServeHook sets a function the blob stream server calls before each
+// block it serves (tests: a peer that stalls mid-blob).
+func withServeHook(f func(i int, h coordinator.Hash)) Option {
+	return func(c *config) error {
+		c.serveHook = f
+		return c.once("serve hook")
 	}
 }
 
@@ -233,6 +270,12 @@ func applyOptions(opts []Option) (*config, error) {
 	}
 	if !c.set["fetch retries"] {
 		c.fetchRetries, c.retryBackoff = 3, 250*time.Millisecond
+	}
+	if c.minRate == 0 {
+		c.minRate, c.stallTimeout = 1<<20, 2*time.Second
+	}
+	if c.clock == nil {
+		c.clock = realClock{}
 	}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)

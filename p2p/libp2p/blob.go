@@ -257,7 +257,7 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 		// Collected meanwhile, or the wrong length: the attempts sort it out.
 		clear(have)
 	}
-	streamed := announcer == n.host.ID()
+	streamed := announcer == n.host.ID() || n.cfg.noStream
 	err = n.retrying(ctx, n.cfg.attemptTimeout(a.Blob.Size), func(actx context.Context) (bool, error) {
 		if announcer != n.host.ID() && n.host.Network().Connectedness(announcer) != network.Connected {
 			if err := n.host.Connect(actx, peer.AddrInfo{ID: announcer}); err != nil {

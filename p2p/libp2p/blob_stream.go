@@ -12,6 +12,8 @@ import (
 	blocks "github.com/ipfs/go-block-format"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	msmux "github.com/multiformats/go-multistream"
 
 	"github.com/psyche-go/psyche/p2p"
 )
@@ -90,7 +92,7 @@ func (n *Node) serveBlob(s network.Stream) {
 // that come too slowly or wrong, are left unmarked for bitswap. It returns
 // the number of blocks received and why the stream ended early, if it did.
 func (n *Node) streamBlocks(ctx context.Context, from peer.ID, ref p2p.BlobRef, idx []int, out []byte, have []bool) (int, error) {
-	s, err := n.host.NewStream(ctx, from, p2p.BlobProtocol)
+	s, err := n.bulkStream(ctx, from, p2p.BlobProtocol)
 	if err != nil {
 		return 0, err
 	}
@@ -209,6 +211,34 @@ func (n *Node) streamBlocks(ctx context.Context, from peer.ID, ref p2p.BlobRef, 
 	}
 	s.Close()
 	return got, nil
+}
+
+// bulkStream opens a stream for proto to p, on a direct TCP connection when
+// there is one. Peers are often connected twice (TCP and QUIC, dialled from
+// both sides), and the swarm picks whichever connection carries more
+// streams; for bulk data quic-go costs several times TCP's CPU per byte
+// (one UDP datagram per packet), which on a loaded machine halves a round's
+// throughput. Without a TCP connection, any will do.
+func (n *Node) bulkStream(ctx context.Context, p peer.ID, proto protocol.ID) (network.Stream, error) {
+	for _, c := range n.host.Network().ConnsToPeer(p) {
+		if c.IsClosed() || c.Stat().Limited || c.ConnState().Transport != "tcp" {
+			continue
+		}
+		s, err := c.NewStream(ctx)
+		if err != nil {
+			break
+		}
+		if err := s.SetProtocol(proto); err != nil {
+			s.Reset()
+			break
+		}
+		if err := msmux.SelectProtoOrFail(proto, s); err != nil {
+			s.Reset()
+			break
+		}
+		return s, nil
+	}
+	return n.host.NewStream(ctx, p, proto)
 }
 
 // keyString is a peer's key as the metrics label it (empty if the peer id

@@ -32,6 +32,7 @@ type config struct {
 	stallTimeout    time.Duration                   // WithMinFetchRate
 	clock           clock                           // the blob stream's stall timer (tests control it)
 	serveHook       func(i int, h coordinator.Hash) // tests: called before serving each streamed block
+	noStream        bool                            // benchmarks: fetch with bitswap alone
 	retryBackoff    time.Duration
 	ckptConcurrency int
 	ckptProgress    func(done, total int)
@@ -199,6 +200,14 @@ func withServeHook(f func(i int, h coordinator.Hash)) Option {
 	return func(c *config) error {
 		c.serveHook = f
 		return c.once("serve hook")
+	}
+}
+
+// withoutStream makes Fetch use bitswap alone (benchmarks of the fallback).
+func withoutStream() Option {
+	return func(c *config) error {
+		c.noStream = true
+		return c.once("without stream")
 	}
 }
 

@@ -111,6 +111,7 @@ type Stats struct {
 	// could not be reached or did not deliver, a bad commitment, a bad pull
 	// answer).
 	PeerErrors map[coordinator.Pubkey]uint64
-	// BlocksFrom counts bitswap blocks received from each peer.
+	// BlocksFrom counts blob blocks received from each peer (over the
+	// blob stream or bitswap).
 	BlocksFrom map[coordinator.Pubkey]uint64
 }

@@ -214,8 +214,8 @@ func missing(have []bool) []int {
 // into the payload, each checked against its digest as it arrives. What the
 // stream does not deliver (the announcer is unreachable, slower than
 // WithMinFetchRate allows, stops mid-blob or sends a wrong block) is
-// fetched with bitswap, which asks every connected peer, those that fetched
-// the blob already included. Each attempt is bounded by the fetch timeout
+// streamed from other peers (those that fetched the blob hold it), and what
+// they lack is fetched with bitswap, which asks every connected peer. Each attempt is bounded by the fetch timeout
 // plus the blob's size at the minimum rate; failures are retried with
 // doubling backoff and counted against the announcer. The payload is
 // returned only if every block matches the announced list and the list
@@ -257,22 +257,48 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 		// Collected meanwhile, or the wrong length: the attempts sort it out.
 		clear(have)
 	}
-	streamed := announcer == n.host.ID() || n.cfg.noStream
+	// Each peer is streamed from at most once per fetch: the announcer
+	// first, then up to 4 others (those that fetched the blob
+	// already hold it). A peer that fails its stream is still asked by
+	// bitswap, beside everyone else.
+	tried := map[peer.ID]bool{n.host.ID(): true}
+	if n.cfg.noStream {
+		tried[announcer] = true
+	}
+	stream := func(actx context.Context, p peer.ID) error {
+		tried[p] = true
+		_, err := n.streamBlocks(actx, p, a.Blob, missing(have), out, have)
+		if err != nil && actx.Err() == nil {
+			if k, ok := pubkeyOf(p); ok {
+				n.peerError(k, "stream", err)
+			}
+		}
+		return actx.Err()
+	}
 	err = n.retrying(ctx, n.cfg.attemptTimeout(a.Blob.Size), func(actx context.Context) (bool, error) {
 		if announcer != n.host.ID() && n.host.Network().Connectedness(announcer) != network.Connected {
 			if err := n.host.Connect(actx, peer.AddrInfo{ID: announcer}); err != nil {
 				n.peerError(a.Trainer.P2P, "dial announcer", err)
 			}
 		}
-		if idx := missing(have); len(idx) > 0 && !streamed {
-			// Once per fetch: an announcer that failed the stream is still
-			// asked by bitswap, beside everyone else.
-			streamed = true
-			if _, err := n.streamBlocks(actx, announcer, a.Blob, idx, out, have); err != nil {
-				if actx.Err() != nil {
-					return false, actx.Err()
+		if len(missing(have)) > 0 && !tried[announcer] {
+			if err := stream(actx, announcer); err != nil {
+				return false, err
+			}
+		}
+		if !n.cfg.noStream {
+			others := 0
+			for _, p := range n.host.Network().Peers() {
+				if len(missing(have)) == 0 || others == n.cfg.streamPeers {
+					break
 				}
-				n.peerError(a.Trainer.P2P, "stream", err)
+				if tried[p] {
+					continue
+				}
+				others++
+				if err := stream(actx, p); err != nil {
+					return false, err
+				}
 			}
 		}
 		if idx := missing(have); len(idx) > 0 {

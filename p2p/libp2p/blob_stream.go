@@ -232,13 +232,26 @@ func (n *Node) bulkStream(ctx context.Context, p peer.ID, proto protocol.ID) (ne
 			s.Reset()
 			break
 		}
-		if err := msmux.SelectProtoOrFail(proto, s); err != nil {
-			s.Reset()
-			break
-		}
-		return s, nil
+		return &lazyStream{Stream: s, rw: msmux.NewMSSelect(s, proto)}, nil
 	}
 	return n.host.NewStream(ctx, p, proto)
+}
+
+// lazyStream negotiates its protocol lazily, as the host's own streams do:
+// the multistream header goes out with the first write and the answer is
+// read before the first read, so a request costs no extra round trip.
+type lazyStream struct {
+	network.Stream
+	rw msmux.LazyConn
+}
+
+func (s *lazyStream) Read(b []byte) (int, error)  { return s.rw.Read(b) }
+func (s *lazyStream) Write(b []byte) (int, error) { return s.rw.Write(b) }
+func (s *lazyStream) Close() error                { return s.rw.Close() }
+
+func (s *lazyStream) CloseWrite() error {
+	_ = s.rw.Flush()
+	return s.Stream.CloseWrite()
 }
 
 // keyString is a peer's key as the metrics label it (empty if the peer id

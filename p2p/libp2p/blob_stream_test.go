@@ -117,7 +117,8 @@ func trio(t *testing.T, announcer, helper, fetcher []Option) (a, h, f *testNode)
 // the fetch: once the block it owes is late by the block's deadline (stall
 // allowance plus its size at the minimum rate, on a clock the test moves),
 // the fetcher abandons the stream and gets the rest with bitswap from a
-// peer that has the blob. Nothing here races the wall clock: the stall is
+// peer that has the blob (streams from peers other than the announcer are
+// off here, so that the fallback of record is what is tested). Nothing here races the wall clock: the stall is
 // an event (the announcer's serve hook), and time moves only when the test
 // advances the fetcher's clock.
 func TestStallingAnnouncerDoesNotStallFetch(t *testing.T) {
@@ -143,7 +144,7 @@ func TestStallingAnnouncerDoesNotStallFetch(t *testing.T) {
 	const rate, stall = 4 << 20, 3 * time.Second
 	announcer, helper, fetcher := trio(t,
 		[]Option{withServeHook(hook)}, nil,
-		[]Option{withClock(clk), WithMinFetchRate(rate, stall)})
+		[]Option{withClock(clk), WithMinFetchRate(rate, stall), withStreamPeers(0)})
 	t.Cleanup(func() { close(release) }) // runs before the nodes are killed
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang guard
@@ -216,7 +217,7 @@ func TestStallingAnnouncerDoesNotStallFetch(t *testing.T) {
 // A block that does not match its digest is refused on arrival, whoever
 // sends it: an announcer whose store serves wrong bytes for a block (over
 // the stream and over bitswap) costs the fetcher that block from another
-// peer, never a wrong payload.
+// peer (streamed from the helper), never a wrong payload.
 func TestWrongBlockIsRefused(t *testing.T) {
 	announcer, helper, fetcher := trio(t, nil, nil, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang guard
@@ -279,5 +280,28 @@ func TestBlockListMustMatchCommitment(t *testing.T) {
 	}
 	if s := fetcher.Stats(); len(s.BlocksFrom) != 0 || s.BlobsFetched != 0 {
 		t.Errorf("fetched something anyway: %+v", s)
+	}
+}
+
+// Bitswap alone (the protocol of record, and the fallback) still moves a
+// blob, every block verified.
+func TestBitswapOnlyFetch(t *testing.T) {
+	announcer, _, fetcher := trio(t, nil, nil, []Option{withoutStream()})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang guard
+	defer cancel()
+	payload := randomBytes(11, 3*p2p.BlockSize+9)
+	a, err := announcer.Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := fetcher.Fetch(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatal("payload differs")
+	}
+	if n := fetcher.Stats().BlocksFrom[announcer.ID()]; n != 4 {
+		t.Errorf("%d blocks from the announcer, want 4", n)
 	}
 }

@@ -16,23 +16,27 @@ import (
 type Option func(*config) error
 
 type config struct {
-	runID           *string
-	listen          []string
-	key             ed25519.PrivateKey
-	keyFile         string
-	bootstrap       []string
-	relays          []string
-	mdns            bool
-	allowAll        bool
-	logger          *slog.Logger
-	reannounce      time.Duration
-	fetchTimeout    time.Duration
-	fetchRetries    int
-	minRate         int64                           // WithMinFetchRate, bytes per second
-	stallTimeout    time.Duration                   // WithMinFetchRate
-	clock           clock                           // the blob stream's stall timer (tests control it)
-	serveHook       func(i int, h coordinator.Hash) // tests: called before serving each streamed block
-	noStream        bool                            // benchmarks: fetch with bitswap alone
+	runID        *string
+	listen       []string
+	key          ed25519.PrivateKey
+	keyFile      string
+	bootstrap    []string
+	relays       []string
+	mdns         bool
+	allowAll     bool
+	logger       *slog.Logger
+	reannounce   time.Duration
+	fetchTimeout time.Duration
+	fetchRetries int
+	minRate      int64                           // WithMinFetchRate, bytes per second
+	stallTimeout time.Duration                   // WithMinFetchRate
+	clock        clock                           // the blob stream's stall timer (tests control it)
+	serveHook    func(i int, h coordinator.Hash) // tests: called before serving each streamed block
+	noStream     bool                            // benchmarks: fetch with bitswap alone
+	// streamPeers bounds the peers other than the announcer that one fetch
+	// streams from before it leaves the rest to bitswap: a peer that does
+	// not hold the blob answers at once, but costs a round trip.
+	streamPeers     int
 	retryBackoff    time.Duration
 	ckptConcurrency int
 	ckptProgress    func(done, total int)
@@ -211,6 +215,15 @@ func withoutStream() Option {
 	}
 }
 
+// withStreamPeers sets how many peers besides the announcer a fetch
+// streams from (default 4; tests set 0 to exercise the bitswap fallback).
+func withStreamPeers(k int) Option {
+	return func(c *config) error {
+		c.streamPeers = k
+		return c.once("stream peers")
+	}
+}
+
 // WithFetchRetries sets how many times a failed fetch is retried (default 3)
 // and the first backoff (default 250ms, doubling each retry).
 func WithFetchRetries(retries int, backoff time.Duration) Option {
@@ -282,6 +295,9 @@ func applyOptions(opts []Option) (*config, error) {
 	}
 	if c.minRate == 0 {
 		c.minRate, c.stallTimeout = 1<<20, 2*time.Second
+	}
+	if !c.set["stream peers"] {
+		c.streamPeers = 4
 	}
 	if c.clock == nil {
 		c.clock = realClock{}

@@ -40,9 +40,45 @@ type realClock struct{}
 
 func (realClock) AfterFunc(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 
-// blockDeadline is how long one block of n bytes may take on a stream: the
+// streamChunk is the most one read of a blob stream asks for: the unit its
+// stall timer allows time for.
+const streamChunk = 64 << 10
+
+// watchedReader reads a blob stream under a stall timer: every read of n
+// bytes (at most streamChunk) must return within readDeadline(n), or the
+// stream is reset and the reader reports errStalled from then on. A peer
+// that stops sending is given up after the stall allowance; one that sends,
+// however slowly, is bounded by the attempt's timeout, which grows with the
+// blob's size.
+type watchedReader struct {
+	r       io.Reader
+	cfg     *config
+	reset   func()
+	stalled atomic.Bool
+}
+
+func (w *watchedReader) Read(p []byte) (int, error) {
+	if w.stalled.Load() {
+		return 0, errStalled
+	}
+	if len(p) > streamChunk {
+		p = p[:streamChunk]
+	}
+	stop := w.cfg.clock.AfterFunc(w.cfg.readDeadline(len(p)), func() {
+		w.stalled.Store(true)
+		w.reset()
+	})
+	n, err := w.r.Read(p)
+	stop()
+	if err != nil && w.stalled.Load() {
+		err = errStalled
+	}
+	return n, err
+}
+
+// readDeadline is how long a read of n bytes may take on a blob stream: the
 // stall allowance plus n at the minimum rate.
-func (c *config) blockDeadline(n int) time.Duration {
+func (c *config) readDeadline(n int) time.Duration {
 	return c.stallTimeout + time.Duration(float64(n)/float64(c.minRate)*float64(time.Second))
 }
 
@@ -77,8 +113,9 @@ func (n *Node) serveBlob(s network.Stream) {
 			data = blk.RawData()
 		}
 		// A reader that stops reading holds this goroutine no longer than
-		// it would hold a fetcher.
-		_ = s.SetWriteDeadline(time.Now().Add(n.cfg.blockDeadline(int(w.Len))))
+		// a fetch attempt of the block would last (a hang guard: the
+		// fetcher's stall timer is what judges speed).
+		_ = s.SetWriteDeadline(time.Now().Add(n.cfg.attemptTimeout(uint64(w.Len))))
 		if err := p2p.WriteBlobBlock(s, data); err != nil {
 			s.Reset()
 			return
@@ -171,21 +208,19 @@ func (n *Node) streamBlocks(ctx context.Context, from peer.ID, ref p2p.BlobRef, 
 	})
 
 	var readErr error
+	r := &watchedReader{r: s, cfg: n.cfg, reset: func() { s.Reset() }}
 	for k, w := range req.Blocks {
 		i := idx[k]
+		if n.cfg.readHook != nil {
+			n.cfg.readHook(i)
+		}
 		off := uint64(i) * p2p.BlockSize
 		dst := out[off : off+uint64(w.Len)]
-		var stalled atomic.Bool
-		stop := n.cfg.clock.AfterFunc(n.cfg.blockDeadline(int(w.Len)), func() {
-			stalled.Store(true)
-			s.Reset()
-		})
-		held, err := p2p.ReadBlobBlock(s, w, dst)
-		stop()
+		held, err := p2p.ReadBlobBlock(r, w, dst)
 		if err == nil && held {
 			verify <- arrived{k: k, buf: dst}
 		}
-		if stalled.Load() {
+		if r.stalled.Load() {
 			// Too slow, whether or not this block made it in time.
 			err = fmt.Errorf("%w: block %d of %d bytes", errStalled, i, w.Len)
 		}

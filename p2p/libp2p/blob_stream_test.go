@@ -52,6 +52,13 @@ func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
 	}
 }
 
+// armedCount is how many timers have been armed so far.
+func (c *fakeClock) armedCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
+
 // waitArmed blocks until n timers have been armed (or ctx ends) and
 // returns the n-th.
 func (c *fakeClock) waitArmed(ctx context.Context, n int) *fakeTimer {
@@ -114,7 +121,7 @@ func trio(t *testing.T, announcer, helper, fetcher []Option) (a, h, f *testNode)
 }
 
 // An announcer that stops serving in the middle of a blob does not hold up
-// the fetch: once the block it owes is late by the block's deadline (stall
+// the fetch: once the read it owes is late by the read's deadline (stall
 // allowance plus its size at the minimum rate, on a clock the test moves),
 // the fetcher abandons the stream and gets the rest with bitswap from a
 // peer that has the blob (streams from peers other than the announcer are
@@ -141,10 +148,25 @@ func TestStallingAnnouncerDoesNotStallFetch(t *testing.T) {
 		}
 	}
 	clk := newFakeClock()
+	// The fetcher is about to read the block the announcer stalls at; the
+	// next timer it arms guards that read.
+	var (
+		atStall   = make(chan struct{})
+		armedThen int
+		readOnce  sync.Once
+	)
+	readHook := func(i int) {
+		if i == stallAt {
+			readOnce.Do(func() {
+				armedThen = clk.armedCount()
+				close(atStall)
+			})
+		}
+	}
 	const rate, stall = 4 << 20, 3 * time.Second
 	announcer, helper, fetcher := trio(t,
 		[]Option{withServeHook(hook)}, nil,
-		[]Option{withClock(clk), WithMinFetchRate(rate, stall), withStreamPeers(0)})
+		[]Option{withClock(clk), WithMinFetchRate(rate, stall), withStreamPeers(0), withReadHook(readHook)})
 	t.Cleanup(func() { close(release) }) // runs before the nodes are killed
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang guard
@@ -181,16 +203,21 @@ func TestStallingAnnouncerDoesNotStallFetch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The fetcher arms one timer per block it reads; the one for the block
-	// the announcer stalls at can only fire.
-	timer := clk.waitArmed(ctx, stallAt+1)
+	select {
+	case <-atStall:
+	case <-ctx.Done():
+		t.Fatal("the fetcher never reached the block the announcer stalls at")
+	}
+	// The first read of that block is its 1-byte status, which never comes.
+	timer := clk.waitArmed(ctx, armedThen+1)
 	if timer == nil {
 		t.Fatal("the fetcher never waited for the block the announcer stalls at")
 	}
 	// Just short of the deadline nothing fires; at it, the stream is given up.
-	deadline := stall + time.Duration(float64(p2p.BlockSize)/rate*float64(time.Second))
+	perByte := float64(time.Second) / float64(rate)
+	deadline := stall + time.Duration(perByte)
 	if left, done := clk.state(timer); left != deadline || done {
-		t.Fatalf("a %d-byte block is allowed %v (done %v), want %v: stall + size at the minimum rate", p2p.BlockSize, left, done, deadline)
+		t.Fatalf("a 1-byte read is allowed %v (done %v), want %v: stall + size at the minimum rate", left, done, deadline)
 	}
 	clk.advance(deadline - time.Nanosecond)
 	if _, done := clk.state(timer); done {

@@ -33,6 +33,7 @@ type config struct {
 	clock        clock                           // the blob stream's stall timer (tests control it)
 	serveHook    func(i int, h coordinator.Hash) // tests: called before serving each streamed block
 	noStream     bool                            // benchmarks: fetch with bitswap alone
+	readHook     func(block int)                 // tests: called before reading each streamed block
 	// streamPeers bounds the peers other than the announcer that one fetch
 	// streams from before it leaves the rest to bitswap: a peer that does
 	// not hold the blob answers at once, but costs a round trip.
@@ -176,9 +177,9 @@ func WithFetchTimeout(d time.Duration) Option {
 }
 
 // WithMinFetchRate sets how slow a peer may be before a fetch gives up on
-// it: a block of n bytes streamed from the announcer must arrive within
-// stall + n/bytesPerSecond, or the rest of the blob is fetched with bitswap
-// from every peer that has it; and each fetch attempt is allowed the fetch
+// it: every read of n bytes (at most 64 KiB) from a peer streaming a blob
+// must return within stall + n/bytesPerSecond, or the rest of the blob is
+// fetched from other peers; and each fetch attempt is allowed the fetch
 // timeout plus the blob's size at bytesPerSecond (default 1 MiB/s, 2s).
 func WithMinFetchRate(bytesPerSecond int64, stall time.Duration) Option {
 	return func(c *config) error {
@@ -212,6 +213,15 @@ func withoutStream() Option {
 	return func(c *config) error {
 		c.noStream = true
 		return c.once("without stream")
+	}
+}
+
+// withReadHook sets a function a fetch calls before it reads each block
+// from a blob stream (tests: to know which read a stall timer guards).
+func withReadHook(f func(block int)) Option {
+	return func(c *config) error {
+		c.readHook = f
+		return c.once("read hook")
 	}
 }
 

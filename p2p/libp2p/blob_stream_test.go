@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -330,5 +331,49 @@ func TestBitswapOnlyFetch(t *testing.T) {
 	}
 	if n := fetcher.Stats().BlocksFrom[announcer.ID()]; n != 4 {
 		t.Errorf("%d blocks from the announcer, want 4", n)
+	}
+}
+
+// A peer that sends some bytes and then nothing more is given up once a
+// read has waited its deadline, which grows with the bytes it asked for:
+// the stall allowance plus their time at the minimum rate.
+func TestWatchedReaderGivesUpOnAStalledPeer(t *testing.T) {
+	clk := newFakeClock()
+	cfg := &config{minRate: 1 << 20, stallTimeout: 2 * time.Second, clock: clk}
+	pr, pw := io.Pipe()
+	r := &watchedReader{r: pr, cfg: cfg, reset: func() { pr.CloseWithError(errors.New("reset")) }}
+	go func() { _, _ = pw.Write([]byte("ten bytes!")) }() // then nothing
+
+	buf := make([]byte, 1<<20)
+	n, err := r.Read(buf)
+	if n != 10 || err != nil {
+		t.Fatalf("first read: %d bytes, %v", n, err)
+	}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := r.Read(buf)
+		done <- result{n, err}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a hang guard
+	defer cancel()
+	timer := clk.waitArmed(ctx, 2)
+	if timer == nil {
+		t.Fatal("the second read armed no timer")
+	}
+	// A read asks for at most 64 KiB, and is allowed 2s + 64 KiB at 1 MiB/s.
+	want := 2*time.Second + time.Second/16
+	if left, _ := clk.state(timer); left != want {
+		t.Fatalf("a %d-byte read is allowed %v, want %v", streamChunk, left, want)
+	}
+	clk.advance(want)
+	if res := <-done; res.n != 0 || !errors.Is(res.err, errStalled) {
+		t.Fatalf("stalled read: %d bytes, %v, want errStalled", res.n, res.err)
+	}
+	if _, err := r.Read(buf); !errors.Is(err, errStalled) {
+		t.Fatalf("a read after the stall: %v, want errStalled", err)
 	}
 }

@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/psyche-go/psyche/trainer/data"
 )
 
 // TestLocalnetTrains runs the README's main command for one short epoch: a
@@ -180,6 +183,37 @@ func TestLocalnetRunNeedsASeed(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"psyche", "localnet", "--run", path}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "must be seed:N") {
 		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+}
+
+// A run's token file is read before anything starts: a missing one is
+// named with what makes it, and a token the vocabulary lacks is named with
+// the file and the field.
+func TestLocalnetRunDataIsChecked(t *testing.T) {
+	b, err := os.ReadFile("../../examples/llama-run.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.bin")
+	path := filepath.Join(dir, "run.toml")
+	if err := os.WriteFile(path, bytes.Replace(b, []byte(`data = "opticks-llama3.tokens"`), []byte(`data = "`+tokens+`"`), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"psyche", "localnet", "--run", path, "--dir", filepath.Join(dir, "run")}, &out, &errb); code == 0 ||
+		!strings.Contains(errb.String(), "does not exist: make it first") || !strings.Contains(errb.String(), tokens) {
+		t.Errorf("a missing data file: exit %d: %s", code, errb.String())
+	}
+	bad := make([]uint32, 1000)
+	bad[700] = 128256
+	if err := data.WriteTokenFile(context.Background(), tokens, bad, 4); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if code := run([]string{"psyche", "localnet", "--run", path, "--dir", filepath.Join(dir, "run")}, &out, &errb); code == 0 ||
+		!strings.Contains(errb.String(), tokens+": token 700 of the file is 128256, not below the run's vocabulary size 128256 (model.vocab_size)") {
+		t.Errorf("a token outside the vocabulary: exit %d: %s", code, errb.String())
 	}
 }
 

@@ -669,6 +669,11 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 			}
 		}
 		fmt.Fprintf(w, "trainers hold identical weights: %v\n", same)
+		if final.Hash() == initial.Hash() && tokens > 0 {
+			fmt.Fprintf(w, "note: the trainers trained but no round's results were applied: when batches take longer than a round may last (%d s here), "+
+				"the rounds end without them; on a slow or busy machine use --virtual-time (timeouts then never race compute) or a smaller --batch\n",
+				s.Config.MaxRoundTrainTime)
+		}
 	}
 	if s.Progress.Step > 0 {
 		results = uint64(s.Progress.Step-1) * uint64(len(trainers))

@@ -612,9 +612,9 @@ func bytesString(b uint64) string {
 }
 
 // heldOutLoss is the mean loss over up to 32 held-out sequences, taken 4 at
-// a time: a model keeps activations for the largest batch it has seen, and
-// with a large vocabulary (Llama 3's 128,256) 32 sequences' logits would
-// be a gigabyte.
+// a time: a model keeps activations and their gradients sized for its last
+// batch, and with Llama 3's 128,256-token vocabulary 32 sequences' logits
+// alone are a gigabyte, twice.
 func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
 	const chunk = 4
 	t := runmodel.ConfigOf(m).Context()

@@ -76,18 +76,34 @@ type Announcement struct {
 	Signature  [ed25519.SignatureSize]byte
 }
 
-// Commitment binds a result to its step and batch: sha256 over a domain tag,
-// le32(step), le64(batch start), le64(batch end) and the payload. Witnesses
-// put it in their broadcast bloom, so it must be the same on every node.
+// Commitment binds a result to its step and batch: CommitmentOf the
+// payload's blocks.
 func Commitment(step uint32, batch BatchRange, payload []byte) coordinator.Hash {
+	return CommitmentOf(step, batch, BlobRef{Size: uint64(len(payload)), Blocks: BlockDigests(payload)})
+}
+
+// CommitmentOf is the commitment of a payload given its blocks: sha256 over
+// a domain tag, le32(step), le64(batch start), le64(batch end), le64(payload
+// size) and the sha256 of each block in order (BlockDigests). Witnesses put
+// it in their broadcast bloom, so it must be the same on every node.
+//
+// It covers the block digests rather than the payload itself: the digests
+// bind the payload as firmly, and a fetcher that checks every block against
+// the announced list as it arrives then checks the commitment from the list
+// alone (before fetching anything), one pass over the bytes instead of two;
+// the publisher too hashes its payload once.
+func CommitmentOf(step uint32, batch BatchRange, ref BlobRef) coordinator.Hash {
 	h := sha256.New()
-	var b [4 + 8 + 8]byte
+	var b [4 + 8 + 8 + 8]byte
 	binary.LittleEndian.PutUint32(b[0:], step)
 	binary.LittleEndian.PutUint64(b[4:], batch.Start)
 	binary.LittleEndian.PutUint64(b[12:], batch.End)
-	h.Write([]byte("psyche/commitment/v1"))
+	binary.LittleEndian.PutUint64(b[20:], ref.Size)
+	h.Write([]byte("psyche/commitment/v2"))
 	h.Write(b[:])
-	h.Write(payload)
+	for _, d := range ref.Blocks {
+		h.Write(d[:])
+	}
 	var out coordinator.Hash
 	h.Sum(out[:0])
 	return out

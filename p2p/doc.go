@@ -9,7 +9,8 @@
 //
 // Each has one file with its offset table and a version byte:
 // announcement.go (the signed gossip message and its block digests),
-// pull_protocol.go (the pull stream), checkpoint_manifest.go (the checkpoint
-// manifest), offer.go (the checkpoint offer stream). Their decoders have
+// pull_protocol.go (the pull stream), blob_protocol.go (the blob stream,
+// Fetch's fast path), checkpoint_manifest.go (the checkpoint manifest),
+// offer.go (the checkpoint offer stream). Their decoders have
 // fuzz targets in wire_test.go.
 package p2p

@@ -59,6 +59,8 @@ type Network interface {
 	// conflicting ones included.
 	Pull(ctx context.Context, step uint32) ([]Announcement, error)
 	// Fetch gets an announced payload and checks it against the commitment.
+	// The payload may be shared with the blocks the node serves to other
+	// peers: callers must not modify it.
 	Fetch(ctx context.Context, a Announcement) ([]byte, error)
 
 	// ShareCheckpoint serves tensors to joiners of epoch and returns the
@@ -109,6 +111,7 @@ type Stats struct {
 	// could not be reached or did not deliver, a bad commitment, a bad pull
 	// answer).
 	PeerErrors map[coordinator.Pubkey]uint64
-	// BlocksFrom counts bitswap blocks received from each peer.
+	// BlocksFrom counts blob blocks received from each peer (over the
+	// blob stream or bitswap).
 	BlocksFrom map[coordinator.Pubkey]uint64
 }

@@ -352,3 +352,201 @@ func TestSignedMalformedIsEvidence(t *testing.T) {
 		})
 	}
 }
+
+func sampleBlobRequest() BlobRequest {
+	payload := randomBytes(4, 2*BlockSize+3)
+	return WantsOf(BlobRef{Size: uint64(len(payload)), Blocks: BlockDigests(payload)}, []int{2, 0})
+}
+
+// TestBlobRequestLayout checks the offset table in blob_protocol.go.
+func TestBlobRequestLayout(t *testing.T) {
+	r := sampleBlobRequest()
+	b, err := r.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	le16, le32 := binary.LittleEndian.Uint16, binary.LittleEndian.Uint32
+	for _, c := range []struct {
+		field string
+		ok    bool
+	}{
+		{"version", b[0] == 1},
+		{"count", le16(b[1:]) == 2},
+		{"first digest", bytes.Equal(b[3:35], r.Blocks[0].Hash[:])},
+		{"first length", le32(b[35:]) == 3},
+		{"second digest", bytes.Equal(b[39:71], r.Blocks[1].Hash[:])},
+		{"second length", le32(b[71:]) == BlockSize},
+		{"length", len(b) == 3+2*36},
+	} {
+		if !c.ok {
+			t.Errorf("%s is not where the table says", c.field)
+		}
+	}
+	if MaxBlobRequestSize != 3+36*MaxBlobBlocks {
+		t.Errorf("MaxBlobRequestSize %d", MaxBlobRequestSize)
+	}
+}
+
+// A request the encoder refuses is one the decoder refuses: no blocks,
+// too many, an empty or oversized block.
+func TestBlobRequestBounds(t *testing.T) {
+	for _, r := range []BlobRequest{
+		{},
+		{Blocks: make([]BlockWant, MaxBlobBlocks+1)},
+		{Blocks: []BlockWant{{Len: 0}}},
+		{Blocks: []BlockWant{{Len: BlockSize + 1}}},
+	} {
+		for i := range r.Blocks {
+			if r.Blocks[i].Len == 0 && len(r.Blocks) > 1 {
+				r.Blocks[i].Len = 1
+			}
+		}
+		if _, err := r.MarshalBinary(); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%d blocks: encoded (%v)", len(r.Blocks), err)
+		}
+		b := []byte{1}
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(r.Blocks)))
+		for _, w := range r.Blocks {
+			b = append(b, w.Hash[:]...)
+			b = binary.LittleEndian.AppendUint32(b, w.Len)
+		}
+		if _, err := DecodeBlobRequest(b); err == nil {
+			t.Errorf("%d blocks: decoded", len(r.Blocks))
+		}
+	}
+	full := BlobRequest{Blocks: make([]BlockWant, MaxBlobBlocks)}
+	for i := range full.Blocks {
+		full.Blocks[i].Len = BlockSize
+	}
+	b, err := full.MarshalBinary()
+	if err != nil || len(b) != MaxBlobRequestSize {
+		t.Fatalf("the largest request: %d bytes, %v", len(b), err)
+	}
+	if _, err := DecodeBlobRequest(append(b, 0)); !errors.Is(err, ErrOversize) {
+		t.Errorf("one byte over the largest request: %v", err)
+	}
+}
+
+// Every frame a responder writes reads back as what it held, and a block
+// with one wrong byte fails VerifyBlock.
+func TestBlobResponseRoundTrip(t *testing.T) {
+	payload := randomBytes(5, BlockSize+10)
+	ref := BlobRef{Size: uint64(len(payload)), Blocks: BlockDigests(payload)}
+	req := WantsOf(ref, []int{0, 1})
+	var buf bytes.Buffer
+	if err := WriteBlobBlock(&buf, nil); err != nil { // block 0 not held
+		t.Fatal(err)
+	}
+	if err := WriteBlobBlock(&buf, payload[BlockSize:]); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, BlockSize)
+	if held, err := ReadBlobBlock(&buf, req.Blocks[0], dst); held || err != nil {
+		t.Fatalf("not held: %v %v", held, err)
+	}
+	held, err := ReadBlobBlock(&buf, req.Blocks[1], dst)
+	if !held || err != nil {
+		t.Fatalf("held: %v %v", held, err)
+	}
+	if err := VerifyBlock(req.Blocks[1], dst[:10]); err != nil {
+		t.Fatal(err)
+	}
+	dst[3] ^= 1
+	if err := VerifyBlock(req.Blocks[1], dst[:10]); !errors.Is(err, ErrBlockMismatch) {
+		t.Fatalf("a wrong byte: %v", err)
+	}
+	if err := VerifyBlock(req.Blocks[1], payload[BlockSize:BlockSize+9]); !errors.Is(err, ErrBlockMismatch) {
+		t.Fatalf("a short block: %v", err)
+	}
+	if buf.Len() != 0 {
+		t.Fatalf("%d bytes left unread", buf.Len())
+	}
+}
+
+func FuzzDecodeBlobRequest(f *testing.F) {
+	b, _ := sampleBlobRequest().MarshalBinary()
+	f.Add(b)
+	f.Add([]byte{1, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeBlobRequest(b)
+		if err != nil {
+			return
+		}
+		if len(r.Blocks) > MaxBlobBlocks {
+			t.Fatalf("%d blocks", len(r.Blocks))
+		}
+		again, err := r.MarshalBinary()
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding differs: %v", err)
+		}
+	})
+}
+
+// FuzzReadBlobResponse feeds responder bytes to a fetcher that asked for a
+// blob's blocks at the production block size: it must not read past the
+// lengths it asked for, and a block it accepts must be the real one.
+func FuzzReadBlobResponse(f *testing.F) {
+	payload := randomBytes(6, BlockSize+7)
+	ref := BlobRef{Size: uint64(len(payload)), Blocks: BlockDigests(payload)}
+	req := WantsOf(ref, []int{1, 0})
+	var good bytes.Buffer
+	_ = WriteBlobBlock(&good, payload[BlockSize:])
+	_ = WriteBlobBlock(&good, nil)
+	f.Add(good.Bytes())
+	f.Add([]byte{1, 1, 2, 3})
+	f.Add([]byte{2})
+	dst := make([]byte, BlockSize)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := bytes.NewReader(b)
+		read := 0
+		for i, w := range req.Blocks {
+			held, err := ReadBlobBlock(r, w, dst)
+			if err != nil {
+				return
+			}
+			read++
+			if held {
+				read += int(w.Len)
+				if VerifyBlock(w, dst[:w.Len]) == nil {
+					want := payload[BlockSize:]
+					if i == 1 {
+						want = payload[:BlockSize]
+					}
+					if !bytes.Equal(dst[:w.Len], want) {
+						t.Fatal("accepted a block that is not the real one")
+					}
+				}
+			}
+			if consumed := len(b) - r.Len(); consumed != read {
+				t.Fatalf("consumed %d bytes, the frames account for %d", consumed, read)
+			}
+		}
+	})
+}
+
+// The commitment of a payload is the commitment of its block list, and it
+// changes with every field it covers.
+func TestCommitmentCoversTheBlockList(t *testing.T) {
+	payload := randomBytes(7, 2*BlockSize+1)
+	ref := BlobRef{Size: uint64(len(payload)), Blocks: BlockDigests(payload)}
+	batch := BatchRange{Start: 4, End: 8}
+	c := Commitment(3, batch, payload)
+	if CommitmentOf(3, batch, ref) != c {
+		t.Fatal("Commitment and CommitmentOf disagree")
+	}
+	other := bytes.Clone(payload)
+	other[len(other)-1] ^= 1
+	shorter := BlobRef{Size: ref.Size - 1, Blocks: ref.Blocks}
+	swapped := BlobRef{Size: ref.Size, Blocks: []coordinator.Hash{ref.Blocks[1], ref.Blocks[0], ref.Blocks[2]}}
+	for name, d := range map[string]coordinator.Hash{
+		"step":    Commitment(4, batch, payload),
+		"batch":   Commitment(3, BatchRange{Start: 4, End: 9}, payload),
+		"payload": Commitment(3, batch, other),
+		"size":    CommitmentOf(3, batch, shorter),
+		"order":   CommitmentOf(3, batch, swapped),
+	} {
+		if d == c {
+			t.Errorf("a different %s, the same commitment", name)
+		}
+	}
+}

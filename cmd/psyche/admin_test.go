@@ -222,7 +222,7 @@ func TestRunFileErrors(t *testing.T) {
 			}
 		}
 	}
-	for _, p := range []string{"tiny-run.toml", "run.toml", "llama-run.toml"} {
+	for _, p := range []string{"tiny-run.toml", "run.toml", "llama-bytes-run.toml", "llama-run.toml"} {
 		if _, err := loadRunFile(filepath.Join("..", "..", "examples", p)); err != nil {
 			t.Errorf("examples/%s: %v", p, err)
 		}
@@ -269,11 +269,11 @@ func TestKeygenRefusesToOverwrite(t *testing.T) {
 
 // TestRunFileAggregation: model.optimizer.aggregation names the rule, and a
 // run file that leaves it out gets the robust one (the zero value).
-// TestRunFileLlama: examples/llama-run.toml's model fields reach the
+// TestRunFileLlama: examples/llama-bytes-run.toml's model fields reach the
 // coordinator's model, and edits of them break the coordinator's rules with
 // errors that name them.
 func TestRunFileLlama(t *testing.T) {
-	path := filepath.Join("..", "..", "examples", "llama-run.toml")
+	path := filepath.Join("..", "..", "examples", "llama-bytes-run.toml")
 	u, err := loadRunFile(path)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/tokenizer"
@@ -19,7 +20,9 @@ var dataTokenizeCommand = &cli.Command{
 	Name:  "tokenize",
 	Usage: "turn a text file into a token file, with the byte-level tokenizer or a Hugging Face tokenizer.json",
 	Description: `Reads --in and writes its tokens to --out as a flat array of little-endian
-u16 or u32 integers with no header, the format trainers read.
+u16 or u32 integers with no header, the format trainers read. --in may name
+a corpus built into psyche instead of a file: builtin:opticks is Newton's
+Opticks, the text of the runs that need no files.
 
 Without --tokenizer every byte is one token (vocabulary 256). With
 --tokenizer PATH the text is encoded by that Hugging Face tokenizer.json
@@ -34,7 +37,7 @@ model.vocab_size must match what this prints.
 The output is replaced atomically: a crash leaves the old file or the
 complete new one.`,
 	Flags: []cli.Flag{
-		&cli.StringFlag{Name: "in", Usage: "text file to tokenize", Required: true, Category: "DATA"},
+		&cli.StringFlag{Name: "in", Usage: "text file to tokenize, or builtin:opticks", Required: true, Category: "DATA"},
 		&cli.StringFlag{Name: "out", Usage: "token file to write", Required: true, Category: "DATA"},
 		&cli.StringFlag{Name: "tokenizer", Usage: "Hugging Face tokenizer.json to encode with (default: one token per byte)", Category: "DATA"},
 		&cli.BoolFlag{Name: "add-special-tokens", Value: true, Usage: "with --tokenizer, add the special tokens its post-processor adds", Category: "DATA"},
@@ -68,7 +71,7 @@ func dataTokenize(c *cli.Context) error {
 	case tokenSize == data.TokenSize16 && !fits16:
 		return fmt.Errorf("--token-size 2 cannot hold the ids of %s (vocabulary %d > 65536): use --token-size 4", name, vocab)
 	}
-	text, err := os.ReadFile(in)
+	text, err := readText(in)
 	if err != nil {
 		return fmt.Errorf("--in: %w", err)
 	}
@@ -84,4 +87,13 @@ func dataTokenize(c *cli.Context) error {
 	fmt.Fprintf(c.App.Writer, "wrote %d tokens (%d bytes, u%d, %s vocabulary %d: model.vocab_size = %d, model.token_size = %d) to %s\n",
 		len(tokens), len(tokens)*tokenSize, 8*tokenSize, name, vocab, vocab, tokenSize, out)
 	return nil
+}
+
+// readText reads the text at path, or the built-in corpus a builtin: path
+// names.
+func readText(path string) ([]byte, error) {
+	if name, ok := strings.CutPrefix(path, data.BuiltinPrefix); ok {
+		return data.BuiltinText(name)
+	}
+	return os.ReadFile(path)
 }

@@ -59,6 +59,28 @@ func TestDataTokenizeWritesTokenFile(t *testing.T) {
 	}
 }
 
+// --in builtin:opticks is the built-in corpus, the text trainers train on
+// for data = "builtin:opticks".
+func TestDataTokenizeBuiltin(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "opticks.tokens")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"psyche", "data", "tokenize", "--in", "builtin:opticks", "--out", out}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	tokens, err := data.ReadTokenFile(context.Background(), out, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(tokens, data.Tokenize(data.Opticks())) {
+		t.Error("the file does not hold the built-in corpus's tokens")
+	}
+	stderr.Reset()
+	if code := run([]string{"psyche", "data", "tokenize", "--in", "builtin:principia", "--out", out}, &stdout, &stderr); code == 0 ||
+		!strings.Contains(stderr.String(), `unknown built-in corpus "builtin:principia": the built-in ones are builtin:opticks`) {
+		t.Errorf("an unknown corpus: exit %d: %s", code, stderr.String())
+	}
+}
+
 func TestDataTokenizeErrors(t *testing.T) {
 	dir := t.TempDir()
 	in := filepath.Join(dir, "in.txt")

@@ -118,7 +118,7 @@ func TestInitModelRejects(t *testing.T) {
 // revision the command prints.
 func TestInitModelWritesHFDirectory(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "hf")
-	stdout, errs, code := psyche(t, "init-model", "--config", filepath.Join("..", "..", "examples", "llama-run.toml"), "--out", out)
+	stdout, errs, code := psyche(t, "init-model", "--config", filepath.Join("..", "..", "examples", "llama-bytes-run.toml"), "--out", out)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -135,16 +135,33 @@ func TestInitModelWritesHFDirectory(t *testing.T) {
 	}
 }
 
-// The tiny and Llama examples say they need no files: each revision is the
-// hash of the model seed:N draws for its [model], so trainers accept it, and
-// its data opens at its token size and sequence length.
+// The tiny and byte Llama examples say they need no files: each revision is
+// the hash of the model seed:N draws for its [model], so trainers accept it,
+// and its data opens at its token size and sequence length. The Llama 3
+// example's revision and size are true too; its data is the file its
+// comments say how to make (TestLocalnetTrainsLlama3 makes and trains on it).
 func TestTinyRunExampleIsTrue(t *testing.T) {
-	for _, path := range []string{tinyRun, filepath.Join("..", "..", "examples", "llama-run.toml")} {
-		t.Run(filepath.Base(path), func(t *testing.T) { checkSeedExample(t, path) })
+	for _, path := range []string{tinyRun, filepath.Join("..", "..", "examples", "llama-bytes-run.toml")} {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			u := checkSeedExample(t, path)
+			p, err := data.Open(context.Background(), coordinator.FixedString(u.Model.DataLocation[:]), int(u.Model.TokenSize), int(u.Model.MaxSeqLen))
+			if err != nil {
+				t.Fatalf("the example's data: %v", err)
+			}
+			p.Close()
+		})
 	}
+	t.Run("llama-run.toml", func(t *testing.T) {
+		u := checkSeedExample(t, filepath.Join("..", "..", "examples", "llama-run.toml"))
+		if u.Model.VocabSize != 128256 || u.Metadata.VocabSize != 128256 || u.Model.TokenSize != 4 {
+			t.Errorf("vocab_size %d (metadata %d), token_size %d: not Llama 3's", u.Model.VocabSize, u.Metadata.VocabSize, u.Model.TokenSize)
+		}
+	})
 }
 
-func checkSeedExample(t *testing.T, path string) {
+// checkSeedExample checks the example's revision and num_parameters
+// against the model its seed:N draws, and returns the example.
+func checkSeedExample(t *testing.T, path string) *coordinator.Update {
 	u, err := loadRunFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -165,9 +182,5 @@ func checkSeedExample(t *testing.T, path string) {
 	if got, want := m.NumParams(), int(u.Metadata.NumParameters); got != want {
 		t.Errorf("metadata.num_parameters is %d, the model has %d", want, got)
 	}
-	p, err := data.Open(context.Background(), coordinator.FixedString(u.Model.DataLocation[:]), int(u.Model.TokenSize), int(u.Model.MaxSeqLen))
-	if err != nil {
-		t.Fatalf("the example's data: %v", err)
-	}
-	p.Close()
+	return u
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -63,7 +64,7 @@ same number of steps on a slow or busy machine as on a fast one. The tests use i
 		&cli.StringFlag{Name: "aggregation", Value: "robust", Usage: "how trainers combine a round's results: robust, mean or clipped-mean", Category: "RUN"},
 		&cli.BoolFlag{Name: "quantize", Value: true, Usage: "send 1-bit signs (false: float32 values)", Category: "RUN"},
 		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
-		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
+		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N) on its data (builtin:opticks or a token file: localnet holds its last tenth out for the summary's loss) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
 		&cli.IntFlag{Name: "drop-trainer-at", Usage: "stop the last trainer once the run reaches this step, to watch the others drop it (0: never)", Category: "RUN"},
 		&cli.StringFlag{Name: "explorer-addr", Value: "127.0.0.1:0", Usage: "serve the run explorer on this address while the run lasts (port 0: any free port; empty: no explorer)", Category: "EXPLORER"},
 	},
@@ -81,9 +82,8 @@ var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, He
 
 // localnetRunModel is the run's model: localnet's own, or with --run the
 // run file's [model], whose checkpoint must be drawn from a seed (every
-// trainer draws it; localnet writes no model file). Its data stays the
-// file's unless it is builtin:opticks, which localnet replaces by its own
-// token file of the same text without the held-out tenth.
+// trainer draws it; localnet writes no model file). Its data,
+// builtin:opticks or a token file, is what prepareLocalFiles reads.
 func localnetRunModel(c *cli.Context) (*coordinator.Model, uint64, error) {
 	seed := c.Uint64("seed")
 	m := &coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
@@ -259,20 +259,34 @@ func localnetDir(dir string) (string, error) {
 
 // localFiles are the run's data and initial model.
 type localFiles struct {
-	tokens  string   // path of the token file
-	heldOut []uint32 // the last tenth of the text, never trained on
-	seed    uint64   // the run starts from seed:seed, which every trainer draws
-	initial runmodel.Model
+	tokens    string   // path of the token file the trainers read
+	tokenSize int      // its bytes per token
+	heldOut   []uint32 // the last tenth of the data, never trained on
+	seed      uint64   // the run starts from seed:seed, which every trainer draws
+	initial   runmodel.Model
 }
 
-// prepareLocalFiles writes the bundled text as byte tokens, the last tenth
-// held out (so not builtin:opticks, which is all of it), and draws the
-// initial model from seed as the trainers will, for the summary's
-// before-and-after loss and the run's revision.
+// prepareLocalFiles reads the run's data whole (builtin:opticks as byte
+// tokens, or the token file model.data names, its tokens checked against
+// the vocabulary), holds its last tenth out and writes the rest to a token
+// file in dir for the trainers, and draws the initial model from seed as
+// the trainers will, for the summary's before-and-after loss and the run's
+// revision.
 func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model, seed uint64) (localFiles, error) {
-	tokens := data.Tokenize(data.Opticks())
-	f := localFiles{tokens: filepath.Join(dir, "opticks.tokens"), heldOut: tokens[len(tokens)*9/10:], seed: seed}
-	if err := data.WriteTokenFile(ctx, f.tokens, tokens[:len(tokens)*9/10], data.TokenSize16); err != nil {
+	f := localFiles{tokens: filepath.Join(dir, "train.tokens"), tokenSize: data.TokenSize16, seed: seed}
+	var tokens []uint32
+	if loc := coordinator.FixedString(model.DataLocation[:]); loc == data.BuiltinPrefix+"opticks" {
+		tokens = data.Tokenize(data.Opticks())
+	} else {
+		var err error
+		if tokens, err = readRunTokens(ctx, loc, model); err != nil {
+			return f, err
+		}
+		f.tokenSize = int(model.TokenSize)
+	}
+	cut := len(tokens) * 9 / 10
+	f.heldOut = tokens[cut:]
+	if err := data.WriteTokenFile(ctx, f.tokens, tokens[:cut], f.tokenSize); err != nil {
 		return f, err
 	}
 	cfg, err := runmodel.ModelConfig(model)
@@ -281,6 +295,30 @@ func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model
 	}
 	f.initial, err = runmodel.New(cfg, seed, nil)
 	return f, err
+}
+
+// readRunTokens reads every token of the run's data at loc, as the trainers
+// would read it (a local path is relative to the working directory), in
+// file order: its sequences' inputs and the last one's target.
+func readRunTokens(ctx context.Context, loc string, model *coordinator.Model) ([]uint32, error) {
+	p, err := data.Open(ctx, loc, int(model.TokenSize), int(model.MaxSeqLen), data.WithVocabSize(model.VocabSize))
+	if errors.Is(err, data.ErrNotFound) {
+		return nil, fmt.Errorf("the run's data (model.data = %q) does not exist: make it first, as the run file's comments say (psyche data tokenize): %w", loc, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the run's data (model.data = %q): %w", loc, err)
+	}
+	defer p.Close()
+	seqLen := p.SeqLen()
+	tokens := make([]uint32, 0, p.NumSequences()*uint64(seqLen)+1)
+	var seq []uint32
+	for i := range p.NumSequences() {
+		if seq, err = p.Sequence(ctx, i, seq); err != nil {
+			return nil, err
+		}
+		tokens = append(tokens, seq[:seqLen]...)
+	}
+	return append(tokens, seq[seqLen]), nil
 }
 
 // localBackend is a started backend and what the trainers need to use it.
@@ -490,11 +528,9 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 	m.Checkpoint.Kind = coordinator.CheckpointHub
 	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], runmodel.SeedURL(files.seed))          // at most 25 bytes: fits
 	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(files.initial)) // 32 bytes: fits
-	if coordinator.FixedString(m.DataLocation[:]) == data.BuiltinPrefix+"opticks" {
-		m.DataKind, m.TokenSize = coordinator.DataLocal, 2
-		if err := coordinator.SetFixedString(m.DataLocation[:], files.tokens); err != nil {
-			return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
-		}
+	m.DataKind, m.TokenSize = coordinator.DataLocal, uint8(files.tokenSize)
+	if err := coordinator.SetFixedString(m.DataLocation[:], files.tokens); err != nil {
+		return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
 	}
 	var meta coordinator.Metadata
 	_ = coordinator.SetFixedString(meta.Name[:], "localnet")
@@ -599,16 +635,33 @@ func bytesString(b uint64) string {
 	return fmt.Sprintf("%d B", b)
 }
 
-// heldOutLoss is the mean loss over up to 32 held-out sequences.
+// heldOutLoss is the mean loss over up to 32 held-out sequences, taken 4 at
+// a time: a model keeps activations and their gradients sized for its last
+// batch, and with Llama 3's 128,256-token vocabulary 32 sequences' logits
+// alone are a gigabyte, twice.
 func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
+	const chunk = 4
 	t := runmodel.ConfigOf(m).Context()
 	seqs := min(32, (len(tokens)-1)/t)
-	in, tg := make([]uint32, seqs*t), make([]uint32, seqs*t)
-	for i := 0; i < seqs; i++ {
-		copy(in[i*t:], tokens[i*t:(i+1)*t])
-		copy(tg[i*t:], tokens[i*t+1:(i+1)*t+1])
+	if seqs < 1 {
+		return 0, fmt.Errorf("the held-out tenth of the data has %d tokens, fewer than one sequence of %d needs", len(tokens), t+1)
 	}
-	return m.Forward(in, tg, seqs, t)
+	in, tg := make([]uint32, chunk*t), make([]uint32, chunk*t)
+	var sum float64
+	for first := 0; first < seqs; first += chunk {
+		n := min(chunk, seqs-first)
+		for i := range n {
+			at := (first + i) * t
+			copy(in[i*t:], tokens[at:at+t])
+			copy(tg[i*t:], tokens[at+1:at+t+1])
+		}
+		loss, err := m.Forward(in[:n*t], tg[:n*t], n, t)
+		if err != nil {
+			return 0, err
+		}
+		sum += float64(loss) * float64(n)
+	}
+	return float32(sum / float64(seqs)), nil
 }
 
 func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, trainers []*localTrainer, heldOut []uint32, elapsed time.Duration) error {
@@ -640,6 +693,11 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 			}
 		}
 		fmt.Fprintf(w, "trainers hold identical weights: %v\n", same)
+		if final.Hash() == initial.Hash() && tokens > 0 {
+			fmt.Fprintf(w, "note: the trainers trained but no round's results were applied: when batches take longer than a round may last (%d s here), "+
+				"the rounds end without them; on a slow or busy machine use --virtual-time (timeouts then never race compute) or a smaller --batch\n",
+				s.Config.MaxRoundTrainTime)
+		}
 	}
 	if s.Progress.Step > 0 {
 		results = uint64(s.Progress.Step-1) * uint64(len(trainers))

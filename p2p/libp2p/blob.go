@@ -173,12 +173,55 @@ func (n *Node) assemble(ctx context.Context, ref p2p.BlobRef) ([]byte, error) {
 	return out, nil
 }
 
-// Fetch gets the payload of a, trying the announcer first: it is dialled
-// before each attempt, so bitswap's first want goes to it as well as to
-// every other connected peer (those that fetched the blob already serve it
-// too). Each attempt is bounded by the fetch timeout; failures are retried
-// with doubling backoff and counted against the announcer. The payload is
-// returned only if it matches the announced commitment.
+// fill copies the blocks of ref at idx from the local store into out and
+// marks them in have. Each is checked again against its digest and its
+// length against the announced size, so that nothing beyond the declared
+// (and already bounded) size is ever written. A block that is missing is
+// an error; one of the wrong length means the announcer's block list does
+// not fit its size (ErrCommitmentMismatch).
+func (n *Node) fill(ctx context.Context, ref p2p.BlobRef, idx []int, out []byte, have []bool) error {
+	for _, i := range idx {
+		h := ref.Blocks[i]
+		b, err := n.bstore.Get(ctx, cidOf(h))
+		if err != nil {
+			return err
+		}
+		if want := p2p.BlockLen(ref.Size, i); len(b.RawData()) != want {
+			return fmt.Errorf("%w: block %d has %d bytes, the announced size needs %d", p2p.ErrCommitmentMismatch, i, len(b.RawData()), want)
+		}
+		if sha256.Sum256(b.RawData()) != h {
+			return fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
+		}
+		copy(out[i*p2p.BlockSize:], b.RawData())
+		have[i] = true
+	}
+	return nil
+}
+
+// missing lists the indices of the blocks not marked in have.
+func missing(have []bool) []int {
+	var idx []int
+	for i, ok := range have {
+		if !ok {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}
+
+// Fetch gets the payload of a. Blocks already held are taken from the local
+// store; the rest are streamed from the announcer (BlobProtocol), straight
+// into the payload, each checked against its digest as it arrives. What the
+// stream does not deliver (the announcer is unreachable, slower than
+// WithMinFetchRate allows, stops mid-blob or sends a wrong block) is
+// streamed from other peers (those that fetched the blob hold it), and what
+// they lack is fetched with bitswap, which asks every connected peer. Each attempt is bounded by the fetch timeout
+// plus the blob's size at the minimum rate; failures are retried with
+// doubling backoff and counted against the announcer. The payload is
+// returned only if every block matches the announced list and the list
+// matches the announced commitment (checked first). Its blocks are
+// stored as slices of it and served to other peers: callers must not modify
+// it.
 func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 	if err := n.alive(); err != nil {
 		return nil, err
@@ -194,38 +237,94 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: trainer key: %v", p2p.ErrMalformed, err)
 	}
+	// The commitment covers the block list, so a list that does not match
+	// it is refused before anything is fetched or allocated.
+	if p2p.CommitmentOf(a.Step, a.Batch, a.Blob) != a.Commitment {
+		n.peerError(a.Trainer.P2P, "commitment", p2p.ErrCommitmentMismatch)
+		n.m.FetchFailures.Inc()
+		return nil, fmt.Errorf("%w: the block list of step %d batch [%d,%d) from %x", p2p.ErrCommitmentMismatch, a.Step, a.Batch.Start, a.Batch.End, a.Trainer.P2P[:8])
+	}
 	start := time.Now()
-	var payload []byte
-	err = n.retrying(ctx, func(actx context.Context) (bool, error) {
+	out := make([]byte, a.Blob.Size)
+	have := make([]bool, len(a.Blob.Blocks))
+	var local []int
+	for i, h := range a.Blob.Blocks {
+		if ok, _ := n.bstore.Has(ctx, cidOf(h)); ok {
+			local = append(local, i)
+		}
+	}
+	if err := n.fill(ctx, a.Blob, local, out, have); err != nil {
+		// Collected meanwhile, or the wrong length: the attempts sort it out.
+		clear(have)
+	}
+	// Each peer is streamed from at most once per fetch: the announcer
+	// first, then up to 4 others (those that fetched the blob
+	// already hold it). A peer that fails its stream is still asked by
+	// bitswap, beside everyone else.
+	tried := map[peer.ID]bool{n.host.ID(): true}
+	if n.cfg.noStream {
+		tried[announcer] = true
+	}
+	stream := func(actx context.Context, p peer.ID) error {
+		tried[p] = true
+		_, err := n.streamBlocks(actx, p, a.Blob, missing(have), out, have)
+		if err != nil && actx.Err() == nil {
+			if k, ok := pubkeyOf(p); ok {
+				n.peerError(k, "stream", err)
+			}
+		}
+		return actx.Err()
+	}
+	err = n.retrying(ctx, n.cfg.attemptTimeout(a.Blob.Size), func(actx context.Context) (bool, error) {
 		if announcer != n.host.ID() && n.host.Network().Connectedness(announcer) != network.Connected {
 			if err := n.host.Connect(actx, peer.AddrInfo{ID: announcer}); err != nil {
 				n.peerError(a.Trainer.P2P, "dial announcer", err)
 			}
 		}
-		if err := n.getBlocks(actx, a.Blob.Blocks); err != nil {
-			n.peerError(a.Trainer.P2P, "fetch", err)
-			return false, err
+		if len(missing(have)) > 0 && !tried[announcer] {
+			if err := stream(actx, announcer); err != nil {
+				return false, err
+			}
 		}
-		p, err := n.assemble(ctx, a.Blob)
-		if err == nil && p2p.Commitment(a.Step, a.Batch, p) != a.Commitment {
-			err = p2p.ErrCommitmentMismatch
+		if !n.cfg.noStream {
+			others := 0
+			for _, p := range n.host.Network().Peers() {
+				if len(missing(have)) == 0 || others == n.cfg.streamPeers {
+					break
+				}
+				if tried[p] {
+					continue
+				}
+				others++
+				if err := stream(actx, p); err != nil {
+					return false, err
+				}
+			}
 		}
-		if err != nil {
-			// The blocks are what their CIDs say, so the announcer signed a
-			// block list that does not match its own commitment: retrying
-			// cannot help.
-			n.peerError(a.Trainer.P2P, "commitment", err)
-			return true, err
+		if idx := missing(have); len(idx) > 0 {
+			hs := make([]coordinator.Hash, len(idx))
+			for k, i := range idx {
+				hs[k] = a.Blob.Blocks[i]
+			}
+			if err := n.getBlocks(actx, hs); err != nil {
+				n.peerError(a.Trainer.P2P, "fetch", err)
+				return false, err
+			}
+			if err := n.fill(ctx, a.Blob, idx, out, have); err != nil {
+				n.peerError(a.Trainer.P2P, "commitment", err)
+				return errors.Is(err, p2p.ErrCommitmentMismatch), err
+			}
 		}
-		payload = p
+		// Every block matched its digest (on arrival, and fill checks the
+		// rest), and the digests match the commitment.
 		return false, nil
 	})
 	switch {
 	case err == nil:
 		n.m.BlobsFetched.Inc()
-		n.m.BlobBytes.Add(float64(len(payload)))
+		n.m.BlobBytes.Add(float64(len(out)))
 		n.m.FetchSeconds.Observe(time.Since(start).Seconds())
-		return payload, nil
+		return out, nil
 	case errors.Is(err, p2p.ErrFetchFailed):
 		return nil, fmt.Errorf("%w: step %d batch [%d,%d) from %x", err, a.Step, a.Batch.Start, a.Batch.End, a.Trainer.P2P[:8])
 	}
@@ -233,11 +332,11 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 }
 
 // retrying runs attempt until it succeeds, at most 1 + WithFetchRetries
-// times, with a doubling backoff between tries and WithFetchTimeout on each.
+// times, with a doubling backoff between tries and timeout on each.
 // An attempt that reports its failure final ends the retries with that
 // error; ctx ending ends them with ctx's. Running out of tries is
 // ErrFetchFailed wrapping the last error. Failures count in the stats.
-func (n *Node) retrying(ctx context.Context, attempt func(ctx context.Context) (final bool, err error)) error {
+func (n *Node) retrying(ctx context.Context, timeout time.Duration, attempt func(ctx context.Context) (final bool, err error)) error {
 	backoff := n.cfg.retryBackoff
 	var lastErr error
 	for try := 0; try <= n.cfg.fetchRetries; try++ {
@@ -248,7 +347,7 @@ func (n *Node) retrying(ctx context.Context, attempt func(ctx context.Context) (
 			}
 			backoff *= 2
 		}
-		actx, cancel := context.WithTimeout(ctx, n.cfg.fetchTimeout)
+		actx, cancel := context.WithTimeout(ctx, timeout)
 		final, err := attempt(actx)
 		cancel()
 		if err == nil {

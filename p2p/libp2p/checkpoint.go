@@ -123,7 +123,7 @@ func (n *Node) verifiedBlocks(ctx context.Context) blockGetter {
 			return b.RawData(), nil
 		}
 		var data []byte
-		err := n.retrying(ctx, func(actx context.Context) (bool, error) {
+		err := n.retrying(ctx, n.cfg.attemptTimeout(p2p.BlockSize), func(actx context.Context) (bool, error) {
 			b, err := sess.GetBlock(actx, cidOf(h))
 			if err != nil {
 				return false, err

@@ -1,5 +1,6 @@
 // Package libp2p is the p2p.Network of real machines: the libp2p host (TCP and
-// QUIC), the run's gossipsub topic, bitswap blob exchange, P2P checkpoints and
+// QUIC), the run's gossipsub topic, blob exchange (a stream from the
+// announcer, bitswap as the fallback), P2P checkpoints and
 // the epoch allowlist.
 //
 // # Shape of a round
@@ -12,9 +13,13 @@
 // signature, run id, step within [current-2, current+1], the coordinator's
 // assignment as SetAssignments last gave it, nonce replay) before it is relayed or
 // delivered on Announcements. The trainer then Fetches the payload by its
-// block list (the announcer is dialled first; bitswap takes each block from
-// whichever connected peer has it) and gets it back only if it hashes to the
-// announced commitment.
+// block list, which must match the announced commitment (CommitmentOf) before
+// anything is fetched: the announcer streams the blocks (BlobProtocol, over a
+// TCP connection when there is one), each read straight into the payload and
+// checked against its digest while the next arrives; whatever the stream does
+// not deliver (a peer slower than WithMinFetchRate, one that stops mid-blob or
+// sends a wrong block) comes from bitswap, which takes each block from
+// whichever connected peer has it.
 //
 // Gossip is best-effort (DESIGN.md §7: publishes before the mesh forms, and
 // multi-hop delivery while it forms, can be lost), so a node re-announces its

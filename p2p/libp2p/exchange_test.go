@@ -79,7 +79,8 @@ func TestAllToAllRounds(t *testing.T) {
 // everyone else's, and the fetch of its own blob must end (from a peer that
 // already has it, or with ErrFetchFailed) rather than hang.
 func TestKilledNodeDoesNotStall(t *testing.T) {
-	nodes := startCluster(t, 5, WithFetchTimeout(2*time.Second), WithFetchRetries(1, 50*time.Millisecond))
+	nodes := startCluster(t, 5, WithFetchTimeout(2*time.Second), WithFetchRetries(1, 50*time.Millisecond),
+		WithMinFetchRate(16<<20, time.Second))
 	victim, live := nodes[4], nodes[:4]
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -140,7 +141,8 @@ func TestKilledNodeDoesNotStall(t *testing.T) {
 	}
 	wg.Wait()
 	<-killed
-	// Two attempts of 2s plus backoff bound a fetch whose source died.
+	// Two attempts of 2s (plus 1s for 16 MiB at 16 MiB/s) and a backoff
+	// bound a fetch whose source died.
 	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("exchange took %v with a dead node", d)
 	}

@@ -361,7 +361,7 @@ func (n *Node) Publish(ctx context.Context, step uint32, batch p2p.BatchRange, p
 	a := p2p.Announcement{
 		RunID: *n.cfg.runID, Step: step, Batch: batch,
 		Trainer:    coordinator.ClientID{Signer: n.signer},
-		Commitment: p2p.Commitment(step, batch, payload), Blob: ref,
+		Commitment: p2p.CommitmentOf(step, batch, ref), Blob: ref,
 	}
 	raw, err := n.signAndPublish(ctx, &a)
 	if err != nil {

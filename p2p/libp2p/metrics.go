@@ -26,7 +26,7 @@ type Metrics struct {
 	FetchFailures    prometheus.Counter
 	CheckpointBlocks prometheus.Counter     // checkpoint blocks fetched and verified
 	PeerErrors       *prometheus.CounterVec // label "peer": failures attributed to a peer (base58 key)
-	BlocksFrom       *prometheus.CounterVec // label "peer": bitswap blocks received from it
+	BlocksFrom       *prometheus.CounterVec // label "peer": blob blocks received from it (stream or bitswap)
 	Peers            prometheus.Gauge       // connected peers
 	Paths            *prometheus.GaugeVec   // label "path": connected peers by their best path (direct, hole-punched, relayed)
 	Reported         *prometheus.CounterVec // label "why": the trainer's reports of peer misconduct
@@ -55,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		FetchFailures:    counter("fetch_failures_total", "Fetches that gave up."),
 		CheckpointBlocks: counter("checkpoint_blocks_total", "Checkpoint blocks fetched and verified."),
 		PeerErrors:       vec("peer_errors_total", "Failures attributed to a peer.", "peer"),
-		BlocksFrom:       vec("blocks_received_total", "Bitswap blocks received, by peer.", "peer"),
+		BlocksFrom:       vec("blocks_received_total", "Blob blocks received and verified (blob stream or bitswap), by peer.", "peer"),
 		Peers:            prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "p2p", Name: "peers", Help: "Connected peers."}),
 		Paths: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "p2p", Name: "peer_paths",
 			Help: "Connected peers by the best path they are reached on: direct, hole-punched or relayed."}, []string{"path"}),

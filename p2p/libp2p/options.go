@@ -16,18 +16,28 @@ import (
 type Option func(*config) error
 
 type config struct {
-	runID           *string
-	listen          []string
-	key             ed25519.PrivateKey
-	keyFile         string
-	bootstrap       []string
-	relays          []string
-	mdns            bool
-	allowAll        bool
-	logger          *slog.Logger
-	reannounce      time.Duration
-	fetchTimeout    time.Duration
-	fetchRetries    int
+	runID        *string
+	listen       []string
+	key          ed25519.PrivateKey
+	keyFile      string
+	bootstrap    []string
+	relays       []string
+	mdns         bool
+	allowAll     bool
+	logger       *slog.Logger
+	reannounce   time.Duration
+	fetchTimeout time.Duration
+	fetchRetries int
+	minRate      int64                           // WithMinFetchRate, bytes per second
+	stallTimeout time.Duration                   // WithMinFetchRate
+	clock        clock                           // the blob stream's stall timer (tests control it)
+	serveHook    func(i int, h coordinator.Hash) // tests: called before serving each streamed block
+	noStream     bool                            // benchmarks: fetch with bitswap alone
+	readHook     func(block int)                 // tests: called before reading each streamed block
+	// streamPeers bounds the peers other than the announcer that one fetch
+	// streams from before it leaves the rest to bitswap: a peer that does
+	// not hold the blob answers at once, but costs a round trip.
+	streamPeers     int
 	retryBackoff    time.Duration
 	ckptConcurrency int
 	ckptProgress    func(done, total int)
@@ -153,7 +163,8 @@ func WithReannounceInterval(d time.Duration) Option {
 	}
 }
 
-// WithFetchTimeout bounds one attempt to fetch a blob (default 30s). A round
+// WithFetchTimeout bounds one attempt to fetch a blob, beyond the time its
+// size takes at the minimum rate (WithMinFetchRate) (default 30s). A round
 // lasts minutes; a 1 MiB blob takes milliseconds on a healthy link.
 func WithFetchTimeout(d time.Duration) Option {
 	return func(c *config) error {
@@ -162,6 +173,64 @@ func WithFetchTimeout(d time.Duration) Option {
 		}
 		c.fetchTimeout = d
 		return c.once("fetch timeout")
+	}
+}
+
+// WithMinFetchRate sets how slow a peer may be before a fetch gives up on
+// it: every read of n bytes (at most 64 KiB) from a peer streaming a blob
+// must return within stall + n/bytesPerSecond, or the rest of the blob is
+// fetched from other peers; and each fetch attempt is allowed the fetch
+// timeout plus the blob's size at bytesPerSecond (default 1 MiB/s, 2s).
+func WithMinFetchRate(bytesPerSecond int64, stall time.Duration) Option {
+	return func(c *config) error {
+		if bytesPerSecond <= 0 || stall <= 0 {
+			return fmt.Errorf("%w: minimum fetch rate %d B/s, stall %v", p2p.ErrConfig, bytesPerSecond, stall)
+		}
+		c.minRate, c.stallTimeout = bytesPerSecond, stall
+		return c.once("minimum fetch rate")
+	}
+}
+
+// withClock sets the clock of the blob stream's stall timer (tests).
+func withClock(k clock) Option {
+	return func(c *config) error {
+		c.clock = k
+		return c.once("clock")
+	}
+}
+
+// withServeHook sets a function the blob stream server calls before each
+// block it serves (tests: a peer that stalls mid-blob).
+func withServeHook(f func(i int, h coordinator.Hash)) Option {
+	return func(c *config) error {
+		c.serveHook = f
+		return c.once("serve hook")
+	}
+}
+
+// withoutStream makes Fetch use bitswap alone (benchmarks of the fallback).
+func withoutStream() Option {
+	return func(c *config) error {
+		c.noStream = true
+		return c.once("without stream")
+	}
+}
+
+// withReadHook sets a function a fetch calls before it reads each block
+// from a blob stream (tests: to know which read a stall timer guards).
+func withReadHook(f func(block int)) Option {
+	return func(c *config) error {
+		c.readHook = f
+		return c.once("read hook")
+	}
+}
+
+// withStreamPeers sets how many peers besides the announcer a fetch
+// streams from (default 4; tests set 0 to exercise the bitswap fallback).
+func withStreamPeers(k int) Option {
+	return func(c *config) error {
+		c.streamPeers = k
+		return c.once("stream peers")
 	}
 }
 
@@ -233,6 +302,15 @@ func applyOptions(opts []Option) (*config, error) {
 	}
 	if !c.set["fetch retries"] {
 		c.fetchRetries, c.retryBackoff = 3, 250*time.Millisecond
+	}
+	if c.minRate == 0 {
+		c.minRate, c.stallTimeout = 1<<20, 2*time.Second
+	}
+	if !c.set["stream peers"] {
+		c.streamPeers = 4
+	}
+	if c.clock == nil {
+		c.clock = realClock{}
 	}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)

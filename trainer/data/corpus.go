@@ -26,17 +26,27 @@ var builtins = map[string]func() []byte{"opticks": Opticks}
 // Builtins lists the names of the built-in corpora, sorted.
 func Builtins() []string { return slices.Sorted(maps.Keys(builtins)) }
 
-// openBuiltin returns the built-in corpus name tokenized with the byte
-// tokenizer and encoded as tokenSize-byte tokens: exactly the bytes of the
-// token file `psyche data tokenize` writes from the same text, built in
-// memory (a few MB at most) each time it is opened.
-func openBuiltin(name string, tokenSize int) (Source, error) {
+// BuiltinText returns a fresh copy of the text of the built-in corpus name
+// ("opticks", without the prefix), for a tokenizer other than the byte one.
+func BuiltinText(name string) ([]byte, error) {
 	text, ok := builtins[name]
 	if !ok {
 		return nil, fmt.Errorf("data: unknown built-in corpus %q: the built-in ones are %s", BuiltinPrefix+name,
 			BuiltinPrefix+strings.Join(Builtins(), ", "+BuiltinPrefix))
 	}
-	b, err := EncodeTokens(nil, Tokenize(text()), tokenSize)
+	return text(), nil
+}
+
+// openBuiltin returns the built-in corpus name tokenized with the byte
+// tokenizer and encoded as tokenSize-byte tokens: exactly the bytes of the
+// token file `psyche data tokenize` writes from the same text, built in
+// memory (a few MB at most) each time it is opened.
+func openBuiltin(name string, tokenSize int) (Source, error) {
+	text, err := BuiltinText(name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := EncodeTokens(nil, Tokenize(text), tokenSize)
 	if err != nil {
 		return nil, err
 	}

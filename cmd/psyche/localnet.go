@@ -83,8 +83,22 @@ var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, He
 // localnetRunModel is the run's model: localnet's own, or with --run the
 // run file's [model], whose checkpoint must be drawn from a seed (every
 // trainer draws it; localnet writes no model file). Its data,
-// builtin:opticks or a token file, is what prepareLocalFiles reads.
-func localnetRunModel(c *cli.Context) (*coordinator.Model, uint64, error) {
+// builtin:opticks or a token file, is what prepareLocalFiles reads. The
+// batch each trainer trains per round is --batch, or, with a run file that
+// has a [config] and no --batch, its global batch shared by the trainers
+// (a run file sized for its model fits its rounds).
+func localnetRunModel(c *cli.Context) (*coordinator.Model, uint64, int, error) {
+	m, seed, perTrainer, err := localnetRunFile(c)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	if c.IsSet("batch") || perTrainer == 0 {
+		perTrainer = c.Int("batch")
+	}
+	return m, seed, perTrainer, nil
+}
+
+func localnetRunFile(c *cli.Context) (*coordinator.Model, uint64, int, error) {
 	seed := c.Uint64("seed")
 	m := &coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
@@ -93,23 +107,27 @@ func localnetRunModel(c *cli.Context) (*coordinator.Model, uint64, error) {
 	_ = coordinator.SetFixedString(m.DataLocation[:], data.BuiltinPrefix+"opticks")
 	path := c.String("run")
 	if path == "" {
-		return m, seed, nil
+		return m, seed, 0, nil
 	}
 	u, err := loadRunFile(path)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	if u.Model == nil {
-		return nil, 0, fmt.Errorf("--run %s: the file has no [model]", path)
+		return nil, 0, 0, fmt.Errorf("--run %s: the file has no [model]", path)
 	}
 	src, err := runmodel.ParseSource(coordinator.FixedString(u.Model.Checkpoint.Source.URL[:]))
 	if err != nil || src.Kind != runmodel.FromSeed {
-		return nil, 0, fmt.Errorf("--run %s: localnet draws the model from a seed: model.checkpoint.url must be seed:N", path)
+		return nil, 0, 0, fmt.Errorf("--run %s: localnet draws the model from a seed: model.checkpoint.url must be seed:N", path)
 	}
 	if _, err := runmodel.ModelConfig(u.Model); err != nil {
-		return nil, 0, fmt.Errorf("--run %s: %w", path, err)
+		return nil, 0, 0, fmt.Errorf("--run %s: %w", path, err)
 	}
-	return u.Model, src.Seed, nil
+	perTrainer := 0
+	if u.Config != nil {
+		perTrainer = max(1, int(u.Config.GlobalBatchSizeEnd)/c.Int("trainers"))
+	}
+	return u.Model, src.Seed, perTrainer, nil
 }
 
 // localnet runs a whole run on this machine, in named steps: check the
@@ -132,7 +150,7 @@ func localnet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	model, seed, err := localnetRunModel(c)
+	model, seed, perTrainer, err := localnetRunModel(c)
 	if err != nil {
 		return err
 	}
@@ -168,11 +186,11 @@ func localnet(c *cli.Context) error {
 			m.Optimizer.Quantize1Bit = c.Bool("quantize")
 		}
 	}
-	if err := createLocalRun(ctx, lb.backend, runID, admin, n, c.Int("batch"), c.Int("epoch-time"), *model, files, tune); err != nil {
+	if err := createLocalRun(ctx, lb.backend, runID, admin, n, perTrainer, c.Int("epoch-time"), *model, files, tune); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter %s, %s, files in %s\n",
-		runID, n, files.initial.NumParams(), archName(model.Architecture), lb.where, dir)
+	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter %s, %d sequences per trainer per round, %s, files in %s\n",
+		runID, n, files.initial.NumParams(), archName(model.Architecture), perTrainer, lb.where, dir)
 	if err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID, files); err != nil {
 		return err
 	}

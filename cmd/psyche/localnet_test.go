@@ -121,13 +121,15 @@ func TestLocalnetTrainsLlama3(t *testing.T) {
 
 	out.Reset()
 	code := run([]string{"psyche", "--log-level", "debug", "localnet", "--run", example, "--virtual-time",
-		"--trainers", "3", "--batch", "2", "--epochs", "1", "--epoch-time", "6", "--dir", "run"}, &out, &errb)
+		"--trainers", "3", "--epochs", "1", "--epoch-time", "6", "--dir", "run"}, &out, &errb)
 	got := out.String()
 	t.Log("\n" + got)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, tail(errb.String(), 150))
 	}
-	for _, want := range []string{"8300864-parameter Llama", "trainers hold identical weights: true", "checkpoint: "} {
+	// No --batch: each trainer trains its share of the run file's global
+	// batch (6 among 3).
+	for _, want := range []string{"8300864-parameter Llama, 2 sequences per trainer per round", "trainers hold identical weights: true", "checkpoint: "} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q", want)
 		}

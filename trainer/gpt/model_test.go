@@ -1,21 +1,15 @@
 package gpt
 
 import (
-	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/psyche-go/psyche/trainer/internal/gradcheck"
 )
 
 var tiny = Config{Vocab: 11, Context: 6, Width: 8, Layers: 2, Heads: 2}
 
-func batch(r *rand.Rand, b, t, vocab int) (in, tg []uint32) {
-	in, tg = make([]uint32, b*t), make([]uint32, b*t)
-	for i := range in {
-		in[i] = uint32(r.IntN(vocab))
-		tg[i] = uint32(r.IntN(vocab))
-	}
-	return in, tg
-}
+var batch = gradcheck.Batch
 
 // TestGradientCheck compares the analytic gradient of every parameter tensor
 // with central finite differences, along a random ±1 direction over the whole
@@ -25,68 +19,15 @@ func TestGradientCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Larger weights than the default init, so every path carries signal.
-	r := rand.New(rand.NewPCG(2, 2))
-	for i := range m.Params {
-		m.Params[i] += float32(r.NormFloat64() * 0.3)
+	gradcheck.Check(t, m, m.Params, specNames(tiny), tiny.Vocab)
+}
+
+func specNames(c Config) []string {
+	var names []string
+	for _, s := range c.Specs() {
+		names = append(names, s.Name)
 	}
-	in, tg := batch(r, 2, 5, tiny.Vocab)
-	loss := func() float64 {
-		l, err := m.Forward(in, tg, 2, 5)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return float64(l)
-	}
-	loss()
-	m.ZeroGrad()
-	if err := m.Backward(); err != nil {
-		t.Fatal(err)
-	}
-	grads := append([]float32(nil), m.Grads...)
-	_, gTensors := tiny.views(grads)
-	const h = 1e-3
-	for ti, spec := range tiny.Specs() {
-		x := m.Tensors()[ti]
-		g := gTensors[ti]
-		// directional derivative
-		u := make([]float32, len(x))
-		var dot float64
-		for i := range u {
-			u[i] = float32(1 - 2*r.IntN(2))
-			dot += float64(u[i]) * float64(g[i])
-		}
-		orig := append([]float32(nil), x...)
-		for i := range x {
-			x[i] = orig[i] + h*u[i]
-		}
-		up := loss()
-		for i := range x {
-			x[i] = orig[i] - h*u[i]
-		}
-		down := loss()
-		copy(x, orig)
-		num := (up - down) / (2 * h)
-		if d := math.Abs(num - dot); d > 1e-3+2e-2*math.Abs(num) {
-			t.Errorf("%s: directional derivative analytic %.6f, numeric %.6f", spec.Name, dot, num)
-		}
-		// largest coordinate
-		best := 0
-		for i := range g {
-			if math.Abs(float64(g[i])) > math.Abs(float64(g[best])) {
-				best = i
-			}
-		}
-		x[best] = orig[best] + 1e-2
-		up = loss()
-		x[best] = orig[best] - 1e-2
-		down = loss()
-		x[best] = orig[best]
-		num = (up - down) / 2e-2
-		if d := math.Abs(num - float64(g[best])); d > 1e-3+2e-2*math.Abs(num) {
-			t.Errorf("%s[%d]: analytic %.6f, numeric %.6f", spec.Name, best, g[best], num)
-		}
-	}
+	return names
 }
 
 func TestForwardRejectsBadInput(t *testing.T) {

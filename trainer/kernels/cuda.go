@@ -411,45 +411,27 @@ func attentionScale(op string, b, t, c, heads int) float32 {
 	return float32(1 / math.Sqrt(float64(c/heads)))
 }
 
-// Attention implements Backend.
+// Attention implements Backend: grouped-query attention with one query head
+// per key/value head, as the Go backend computes it.
 func (c *CUDA) Attention(out, att, qkv []float32, b, t, ch, heads int) {
 	scale := attentionScale("Attention", b, t, ch, heads)
-	nqkv, nout, natt := b*t*3*ch, b*t*ch, b*heads*t*t
-	need("Attention", "qkv", len(qkv), nqkv)
-	need("Attention", "out", len(out), nout)
-	need("Attention", "att", len(att), natt)
-	if b == 0 || t == 0 || ch == 0 {
+	if ch == 0 {
+		need("Attention", "att", len(att), b*heads*t*t)
 		return
 	}
-	c.run("Attention", func(x *cudaCall) {
-		dqkv, dOut, dAtt := x.in(0, qkv[:nqkv]), x.out(1, nout), x.out(2, natt)
-		x.launch(kAttentionForward, gridFor(b*heads*t), dOut, dAtt, dqkv, b, t, ch, heads, scale)
-		x.back(out[:nout], dOut)
-		x.back(att[:natt], dAtt)
-	})
+	c.gqAttention("Attention", out, att, qkv, b, t, heads, heads, ch/heads, scale)
 }
 
-// AttentionBackward implements Backend. datt is scratch: the device keeps its
-// own, and the host slice is left as it was.
+// AttentionBackward implements Backend, as Attention does. datt is scratch:
+// the device keeps its own, and the host slice is left as it was.
 func (c *CUDA) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, ch, heads int) {
 	scale := attentionScale("AttentionBackward", b, t, ch, heads)
-	nqkv, nout, natt := b*t*3*ch, b*t*ch, b*heads*t*t
-	need("AttentionBackward", "dqkv", len(dqkv), nqkv)
-	need("AttentionBackward", "qkv", len(qkv), nqkv)
-	need("AttentionBackward", "dOut", len(dOut), nout)
-	need("AttentionBackward", "att", len(att), natt)
-	need("AttentionBackward", "datt", len(datt), natt)
-	if b == 0 || t == 0 || ch == 0 {
+	if ch == 0 {
+		need("AttentionBackward", "att", len(att), b*heads*t*t)
+		need("AttentionBackward", "datt", len(datt), b*heads*t*t)
 		return
 	}
-	c.run("AttentionBackward", func(x *cudaCall) {
-		ddqkv, ddatt, ddOut := x.in(0, dqkv[:nqkv]), x.out(1, natt), x.in(2, dOut[:nout])
-		dx, da := x.in(3, qkv[:nqkv]), x.in(4, att[:natt])
-		grid := gridFor(b * heads * t)
-		x.launch(kAttentionBackwardQuery, grid, ddqkv, ddatt, ddOut, dx, da, b, t, ch, heads, scale)
-		x.launch(kAttentionBackwardKeyValue, grid, ddqkv, ddatt, ddOut, dx, da, b, t, ch, heads)
-		x.back(dqkv[:nqkv], ddqkv)
-	})
+	c.gqAttentionBackward("AttentionBackward", dqkv, datt, dOut, qkv, att, b, t, heads, heads, ch/heads, scale)
 }
 
 func checkTargets(op string, targets []uint32, rows, vocab int) {

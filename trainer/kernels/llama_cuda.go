@@ -19,14 +19,27 @@ func gqaScale(op string, b, t, heads, kvHeads, hd int) float32 {
 // GQAttention implements Backend.
 func (c *CUDA) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
 	scale := gqaScale("GQAttention", b, t, heads, kvHeads, hd)
+	c.gqAttention("GQAttention", out, att, qkv, b, t, heads, kvHeads, hd, scale)
+}
+
+// GQAttentionBackward implements Backend. datt is scratch: the device keeps
+// its own, and the host slice is left as it was.
+func (c *CUDA) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
+	scale := gqaScale("GQAttentionBackward", b, t, heads, kvHeads, hd)
+	c.gqAttentionBackward("GQAttentionBackward", dqkv, datt, dOut, qkv, att, b, t, heads, kvHeads, hd, scale)
+}
+
+// gqAttention checks the sizes and runs the forward kernel for op (the shape
+// and scale already checked).
+func (c *CUDA) gqAttention(op string, out, att, qkv []float32, b, t, heads, kvHeads, hd int, scale float32) {
 	nqkv, nout, natt := b*t*(heads+2*kvHeads)*hd, b*t*heads*hd, b*heads*t*t
-	need("GQAttention", "qkv", len(qkv), nqkv)
-	need("GQAttention", "out", len(out), nout)
-	need("GQAttention", "att", len(att), natt)
+	need(op, "qkv", len(qkv), nqkv)
+	need(op, "out", len(out), nout)
+	need(op, "att", len(att), natt)
 	if b == 0 || t == 0 {
 		return
 	}
-	c.run("GQAttention", func(x *cudaCall) {
+	c.run(op, func(x *cudaCall) {
 		dqkv, dOut, dAtt := x.in(0, qkv[:nqkv]), x.out(1, nout), x.out(2, natt)
 		x.launch(kGQAttentionForward, gridFor(b*heads*t), dOut, dAtt, dqkv, b, t, heads, kvHeads, hd, scale)
 		x.back(out[:nout], dOut)
@@ -34,20 +47,19 @@ func (c *CUDA) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int
 	})
 }
 
-// GQAttentionBackward implements Backend. datt is scratch: the device keeps
-// its own, and the host slice is left as it was.
-func (c *CUDA) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
-	scale := gqaScale("GQAttentionBackward", b, t, heads, kvHeads, hd)
+// gqAttentionBackward checks the sizes and runs the two backward kernels for
+// op (the shape and scale already checked).
+func (c *CUDA) gqAttentionBackward(op string, dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int, scale float32) {
 	nqkv, nout, natt := b*t*(heads+2*kvHeads)*hd, b*t*heads*hd, b*heads*t*t
-	need("GQAttentionBackward", "dqkv", len(dqkv), nqkv)
-	need("GQAttentionBackward", "qkv", len(qkv), nqkv)
-	need("GQAttentionBackward", "dOut", len(dOut), nout)
-	need("GQAttentionBackward", "att", len(att), natt)
-	need("GQAttentionBackward", "datt", len(datt), natt)
+	need(op, "dqkv", len(dqkv), nqkv)
+	need(op, "qkv", len(qkv), nqkv)
+	need(op, "dOut", len(dOut), nout)
+	need(op, "att", len(att), natt)
+	need(op, "datt", len(datt), natt)
 	if b == 0 || t == 0 {
 		return
 	}
-	c.run("GQAttentionBackward", func(x *cudaCall) {
+	c.run(op, func(x *cudaCall) {
 		ddqkv, ddatt, ddOut := x.in(0, dqkv[:nqkv]), x.out(1, natt), x.in(2, dOut[:nout])
 		dx, da := x.in(3, qkv[:nqkv]), x.in(4, att[:natt])
 		x.launch(kGQAttentionBackwardQuery, gridFor(b*heads*t), ddqkv, ddatt, ddOut, dx, da, b, t, heads, kvHeads, hd, scale)

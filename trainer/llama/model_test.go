@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/psyche-go/psyche/trainer/internal/gradcheck"
+	"github.com/psyche-go/psyche/trainer/internal/modeltest"
 )
 
 // tiny has grouped-query attention (two query heads per key/value head) and
@@ -15,7 +15,7 @@ var (
 	tinyTied = Config{Vocab: 11, Context: 6, Width: 8, Layers: 2, Heads: 2, KVHeads: 2, Intermediate: 20, RopeTheta: 500000, TiedHead: true}
 )
 
-var batch = gradcheck.Batch
+var batch = modeltest.Batch
 
 // TestGradientCheck compares the analytic gradient of every parameter tensor
 // with central finite differences, along a random ±1 direction over the whole
@@ -31,35 +31,12 @@ func gradientCheck(t *testing.T, tiny Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gradcheck.Check(t, m, m.Params, specNames(tiny), tiny.Vocab)
-}
-
-func specNames(c Config) []string {
-	var names []string
-	for _, s := range c.Specs() {
-		names = append(names, s.Name)
-	}
-	return names
+	modeltest.GradientCheck(t, m, m.Params, tiny.Specs(), func(s TensorSpec) string { return s.Name }, tiny.Vocab)
 }
 
 func TestForwardRejectsBadInput(t *testing.T) {
 	m, _ := New(tiny, 1, nil)
-	for _, tc := range []struct {
-		in, tg []uint32
-		b, t   int
-	}{
-		{make([]uint32, 7), nil, 1, 7},          // longer than the context
-		{make([]uint32, 3), nil, 1, 4},          // wrong count
-		{[]uint32{0, 99}, nil, 1, 2},            // token outside the vocabulary
-		{[]uint32{0, 1}, []uint32{0, 11}, 1, 2}, // target outside the vocabulary
-	} {
-		if _, err := m.Forward(tc.in, tc.tg, tc.b, tc.t); err == nil {
-			t.Errorf("accepted %+v", tc)
-		}
-	}
-	if err := m.Backward(); err == nil {
-		t.Error("backward without a forward pass")
-	}
+	modeltest.RejectsBadInput(t, m)
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -1,6 +1,7 @@
-// Package gradcheck is the finite-difference gradient test shared by the
-// model packages' tests (trainer/gpt, trainer/llama).
-package gradcheck
+// Package modeltest holds the tests the language models (trainer/gpt,
+// trainer/llama) share: the finite-difference gradient check, the rejection
+// of bad batches, and the training step their benchmarks time.
+package modeltest
 
 import (
 	"math"
@@ -27,13 +28,14 @@ func Batch(r *rand.Rand, b, t, vocab int) (in, tg []uint32) {
 	return in, tg
 }
 
-// Check compares the analytic gradient of every parameter tensor of m with
+// GradientCheck compares the analytic gradient of every parameter tensor of m with
 // central finite differences, along a random ±1 direction over the whole
 // tensor (a large, robust signal) and on its largest-gradient coordinate.
 // params are m's parameters (all of them, one buffer), which it first
-// perturbs beyond the default init so that every path carries signal; names
-// name the tensors, in Tensors order; vocab is the model's vocabulary.
-func Check(t testing.TB, m Model, params []float32, names []string, vocab int) {
+// perturbs beyond the default init so that every path carries signal; specs
+// are the tensors' specs, in Tensors order, and name names one; vocab is the
+// model's vocabulary.
+func GradientCheck[S any](t testing.TB, m Model, params []float32, specs []S, name func(S) string, vocab int) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(2, 2))
 	for i := range params {
@@ -57,7 +59,7 @@ func Check(t testing.TB, m Model, params []float32, names []string, vocab int) {
 		gTensors = append(gTensors, append([]float32(nil), g...))
 	}
 	const h = 1e-3
-	for ti, name := range names {
+	for ti, spec := range specs {
 		x := m.Tensors()[ti]
 		g := gTensors[ti]
 		// directional derivative
@@ -79,7 +81,7 @@ func Check(t testing.TB, m Model, params []float32, names []string, vocab int) {
 		copy(x, orig)
 		num := (up - down) / (2 * h)
 		if d := math.Abs(num - dot); d > 1e-3+2e-2*math.Abs(num) {
-			t.Errorf("%s: directional derivative analytic %.6f, numeric %.6f", name, dot, num)
+			t.Errorf("%s: directional derivative analytic %.6f, numeric %.6f", name(spec), dot, num)
 		}
 		// largest coordinate
 		best := 0
@@ -95,7 +97,44 @@ func Check(t testing.TB, m Model, params []float32, names []string, vocab int) {
 		x[best] = orig[best]
 		num = (up - down) / 2e-2
 		if d := math.Abs(num - float64(g[best])); d > 1e-3+2e-2*math.Abs(num) {
-			t.Errorf("%s[%d]: analytic %.6f, numeric %.6f", name, best, g[best], num)
+			t.Errorf("%s[%d]: analytic %.6f, numeric %.6f", name(spec), best, g[best], num)
+		}
+	}
+}
+
+// RejectsBadInput checks that m's Forward refuses batches that do not fit a
+// model of context 6 and vocabulary 11 (the tests' tiny configs), and that
+// Backward refuses to run before a forward pass.
+func RejectsBadInput(t testing.TB, m Model) {
+	t.Helper()
+	for _, tc := range []struct {
+		in, tg []uint32
+		b, t   int
+	}{
+		{make([]uint32, 7), nil, 1, 7},          // longer than the context
+		{make([]uint32, 3), nil, 1, 4},          // wrong count
+		{[]uint32{0, 99}, nil, 1, 2},            // token outside the vocabulary
+		{[]uint32{0, 1}, []uint32{0, 11}, 1, 2}, // target outside the vocabulary
+	} {
+		if _, err := m.Forward(tc.in, tc.tg, tc.b, tc.t); err == nil {
+			t.Errorf("accepted %+v", tc)
+		}
+	}
+	if err := m.Backward(); err == nil {
+		t.Error("backward without a forward pass")
+	}
+}
+
+// Steps runs b.Loop over training steps of m on one batch of bs sequences of
+// t tokens: forward, ZeroGrad, backward.
+func Steps(b *testing.B, m Model, in, tg []uint32, bs, t int) {
+	for b.Loop() {
+		if _, err := m.Forward(in, tg, bs, t); err != nil {
+			b.Fatal(err)
+		}
+		m.ZeroGrad()
+		if err := m.Backward(); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

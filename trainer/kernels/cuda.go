@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -273,6 +274,14 @@ func need(op, name string, s int, n int) {
 	}
 }
 
+// needs is need for tensors that must all hold n elements, in order, named
+// by the space-separated names.
+func needs(op string, n int, names string, ts ...[]float32) {
+	for i, name := range strings.Fields(names) {
+		need(op, name, len(ts[i]), n)
+	}
+}
+
 // extent is how many elements a rows×cols row-major matrix with row stride ld
 // spans.
 func extent(rows, cols, ld int) int {
@@ -328,12 +337,9 @@ func (c *CUDA) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32
 // LayerNorm implements Backend.
 func (c *CUDA) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols int) {
 	n := rows * cols
-	need("LayerNorm", "out", len(out), n)
-	need("LayerNorm", "in", len(in), n)
-	need("LayerNorm", "mean", len(mean), rows)
-	need("LayerNorm", "rstd", len(rstd), rows)
-	need("LayerNorm", "weight", len(weight), cols)
-	need("LayerNorm", "bias", len(bias), cols)
+	needs("LayerNorm", n, "out in", out, in)
+	needs("LayerNorm", rows, "mean rstd", mean, rstd)
+	needs("LayerNorm", cols, "weight bias", weight, bias)
 	if rows == 0 || cols == 0 {
 		return
 	}
@@ -350,14 +356,9 @@ func (c *CUDA) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols
 // LayerNormBackward implements Backend.
 func (c *CUDA) LayerNormBackward(dIn, dWeight, dBias, dOut, in, weight, mean, rstd []float32, rows, cols int) {
 	n := rows * cols
-	need("LayerNormBackward", "dIn", len(dIn), n)
-	need("LayerNormBackward", "dOut", len(dOut), n)
-	need("LayerNormBackward", "in", len(in), n)
-	need("LayerNormBackward", "dWeight", len(dWeight), cols)
-	need("LayerNormBackward", "dBias", len(dBias), cols)
-	need("LayerNormBackward", "weight", len(weight), cols)
-	need("LayerNormBackward", "mean", len(mean), rows)
-	need("LayerNormBackward", "rstd", len(rstd), rows)
+	needs("LayerNormBackward", n, "dIn dOut in", dIn, dOut, in)
+	needs("LayerNormBackward", cols, "dWeight dBias weight", dWeight, dBias, weight)
+	needs("LayerNormBackward", rows, "mean rstd", mean, rstd)
 	if rows == 0 || cols == 0 {
 		return
 	}
@@ -390,8 +391,7 @@ func (c *CUDA) GELU(out, in []float32) {
 // GELUBackward implements Backend.
 func (c *CUDA) GELUBackward(dIn, in, dOut []float32) {
 	n := len(in)
-	need("GELUBackward", "dIn", len(dIn), n)
-	need("GELUBackward", "dOut", len(dOut), n)
+	needs("GELUBackward", n, "dIn dOut", dIn, dOut)
 	if n == 0 {
 		return
 	}
@@ -427,8 +427,7 @@ func (c *CUDA) Attention(out, att, qkv []float32, b, t, ch, heads int) {
 func (c *CUDA) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, ch, heads int) {
 	scale := attentionScale("AttentionBackward", b, t, ch, heads)
 	if ch == 0 {
-		need("AttentionBackward", "att", len(att), b*heads*t*t)
-		need("AttentionBackward", "datt", len(datt), b*heads*t*t)
+		needs("AttentionBackward", b*heads*t*t, "att datt", att, datt)
 		return
 	}
 	c.gqAttentionBackward("AttentionBackward", dqkv, datt, dOut, qkv, att, b, t, heads, heads, ch/heads, scale)
@@ -466,8 +465,7 @@ func (c *CUDA) SoftmaxCrossEntropy(losses, logits []float32, targets []uint32, r
 // CrossEntropyBackward implements Backend.
 func (c *CUDA) CrossEntropyBackward(dLogits, probs []float32, targets []uint32, rows, vocab int, scale float32) {
 	n := rows * vocab
-	need("CrossEntropyBackward", "dLogits", len(dLogits), n)
-	need("CrossEntropyBackward", "probs", len(probs), n)
+	needs("CrossEntropyBackward", n, "dLogits probs", dLogits, probs)
 	checkTargets("CrossEntropyBackward", targets, rows, vocab)
 	if n == 0 {
 		return

@@ -51,11 +51,9 @@ func (c *CUDA) gqAttention(op string, out, att, qkv []float32, b, t, heads, kvHe
 // op (the shape and scale already checked).
 func (c *CUDA) gqAttentionBackward(op string, dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int, scale float32) {
 	nqkv, nout, natt := b*t*(heads+2*kvHeads)*hd, b*t*heads*hd, b*heads*t*t
-	need(op, "dqkv", len(dqkv), nqkv)
-	need(op, "qkv", len(qkv), nqkv)
+	needs(op, nqkv, "dqkv qkv", dqkv, qkv)
 	need(op, "dOut", len(dOut), nout)
-	need(op, "att", len(att), natt)
-	need(op, "datt", len(datt), natt)
+	needs(op, natt, "att datt", att, datt)
 	if b == 0 || t == 0 {
 		return
 	}
@@ -71,8 +69,7 @@ func (c *CUDA) gqAttentionBackward(op string, dqkv, datt, dOut, qkv, att []float
 // RMSNorm implements Backend.
 func (c *CUDA) RMSNorm(out, rstd, in, weight []float32, rows, cols int, eps float32) {
 	n := rows * cols
-	need("RMSNorm", "out", len(out), n)
-	need("RMSNorm", "in", len(in), n)
+	needs("RMSNorm", n, "out in", out, in)
 	need("RMSNorm", "rstd", len(rstd), rows)
 	need("RMSNorm", "weight", len(weight), cols)
 	if rows == 0 || cols == 0 {
@@ -90,11 +87,8 @@ func (c *CUDA) RMSNorm(out, rstd, in, weight []float32, rows, cols int, eps floa
 // RMSNormBackward implements Backend.
 func (c *CUDA) RMSNormBackward(dIn, dWeight, dOut, in, weight, rstd []float32, rows, cols int) {
 	n := rows * cols
-	need("RMSNormBackward", "dIn", len(dIn), n)
-	need("RMSNormBackward", "dOut", len(dOut), n)
-	need("RMSNormBackward", "in", len(in), n)
-	need("RMSNormBackward", "dWeight", len(dWeight), cols)
-	need("RMSNormBackward", "weight", len(weight), cols)
+	needs("RMSNormBackward", n, "dIn dOut in", dIn, dOut, in)
+	needs("RMSNormBackward", cols, "dWeight weight", dWeight, weight)
 	need("RMSNormBackward", "rstd", len(rstd), rows)
 	if rows == 0 || cols == 0 {
 		return
@@ -150,8 +144,7 @@ func (c *CUDA) SwiGLU(out, gateUp []float32, rows, n int) {
 
 // SwiGLUBackward implements Backend.
 func (c *CUDA) SwiGLUBackward(dGateUp, gateUp, dOut []float32, rows, n int) {
-	need("SwiGLUBackward", "dGateUp", len(dGateUp), 2*rows*n)
-	need("SwiGLUBackward", "gateUp", len(gateUp), 2*rows*n)
+	needs("SwiGLUBackward", 2*rows*n, "dGateUp gateUp", dGateUp, gateUp)
 	need("SwiGLUBackward", "dOut", len(dOut), rows*n)
 	if rows == 0 || n == 0 {
 		return

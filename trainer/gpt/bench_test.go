@@ -27,7 +27,7 @@ func BenchmarkStep(b *testing.B) {
 				b.Fatal(err)
 			}
 			const bs, t = 4, 128
-			in, tg := batch(rand.New(rand.NewPCG(1, 1)), bs, t, bc.cfg.Vocab)
+			in, tg := modeltest.Batch(rand.New(rand.NewPCG(1, 1)), bs, t, bc.cfg.Vocab)
 			modeltest.Steps(b, m, in, tg, bs, t)
 			sec := b.Elapsed().Seconds() / float64(b.N)
 			b.ReportMetric(float64(bs*t)/sec, "tokens/s")

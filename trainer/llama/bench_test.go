@@ -59,7 +59,7 @@ func BenchmarkStep(b *testing.B) {
 				b.Fatal(err)
 			}
 			const bs, t = 4, 128
-			in, tg := batch(rand.New(rand.NewPCG(1, 1)), bs, t, bc.cfg.Vocab)
+			in, tg := modeltest.Batch(rand.New(rand.NewPCG(1, 1)), bs, t, bc.cfg.Vocab)
 			mm := matmulRate(m.Backend(), bs*t, bc.cfg.Width, 2*bc.cfg.Intermediate)
 			b.ResetTimer()
 			modeltest.Steps(b, m, in, tg, bs, t)

@@ -2,7 +2,6 @@ package llama
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/psyche-go/psyche/trainer/internal/modeltest"
@@ -14,8 +13,6 @@ var (
 	tiny     = Config{Vocab: 11, Context: 6, Width: 16, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 12, RopeTheta: 10000}
 	tinyTied = Config{Vocab: 11, Context: 6, Width: 8, Layers: 2, Heads: 2, KVHeads: 2, Intermediate: 20, RopeTheta: 500000, TiedHead: true}
 )
-
-var batch = modeltest.Batch
 
 // TestGradientCheck compares the analytic gradient of every parameter tensor
 // with central finite differences, along a random ±1 direction over the whole
@@ -78,20 +75,5 @@ func TestConfigValidate(t *testing.T) {
 // working backward pass must drive the loss down.
 func TestTrainingLowersTheLoss(t *testing.T) {
 	m, _ := New(tiny, 3, nil)
-	r := rand.New(rand.NewPCG(4, 4))
-	in, tg := batch(r, 4, 6, tiny.Vocab)
-	first, _ := m.Forward(in, tg, 4, 6)
-	var last float32
-	for i := 0; i < 100; i++ {
-		l, _ := m.Forward(in, tg, 4, 6)
-		last = l
-		m.ZeroGrad()
-		_ = m.Backward()
-		for j := range m.Params {
-			m.Params[j] -= 0.5 * m.Grads[j]
-		}
-	}
-	if last > first*0.7 {
-		t.Fatalf("loss %.3f -> %.3f", first, last)
-	}
+	modeltest.TrainingLowersTheLoss(t, m, m.Params, m.Grads, tiny.Vocab)
 }

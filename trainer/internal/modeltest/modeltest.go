@@ -1,6 +1,7 @@
 // Package modeltest holds the tests the language models (trainer/gpt,
 // trainer/llama) share: the finite-difference gradient check, the rejection
-// of bad batches, and the training step their benchmarks time.
+// of bad batches, a few SGD steps that must lower the loss, and the training
+// step their benchmarks time.
 package modeltest
 
 import (
@@ -136,5 +137,28 @@ func Steps(b *testing.B, m Model, in, tg []uint32, bs, t int) {
 		if err := m.Backward(); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TrainingLowersTheLoss takes a few AdamW-free SGD steps of m on one batch
+// (params and grads are its parameter and gradient buffers, vocab its
+// vocabulary): a working backward pass must drive the loss down.
+func TrainingLowersTheLoss(t testing.TB, m Model, params, grads []float32, vocab int) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(4, 4))
+	in, tg := Batch(r, 4, 6, vocab)
+	first, _ := m.Forward(in, tg, 4, 6)
+	var last float32
+	for i := 0; i < 100; i++ {
+		l, _ := m.Forward(in, tg, 4, 6)
+		last = l
+		m.ZeroGrad()
+		_ = m.Backward()
+		for j := range params {
+			params[j] -= 0.5 * grads[j]
+		}
+	}
+	if last > first*0.7 {
+		t.Fatalf("loss %.3f -> %.3f", first, last)
 	}
 }

@@ -94,11 +94,8 @@ type Model struct {
 	Config
 	be kernels.Backend
 
-	Params  []float32 // all parameters, Specs order
-	Grads   []float32 // all gradients, same layout
-	p, g    params
-	pTensor [][]float32
-	gTensor [][]float32
+	lm.Buffers // Params and Grads, Specs order
+	p, g       params
 
 	b, t int
 	act  activations
@@ -118,11 +115,7 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 		be = kernels.Default()
 	}
 	m := &Model{Config: c, be: be}
-	n := c.NumParams()
-	m.Params = make([]float32, n)
-	m.Grads = make([]float32, n)
-	m.p, m.pTensor = c.views(m.Params)
-	m.g, m.gTensor = c.views(m.Grads)
+	m.Buffers, m.p, m.g = lm.NewBuffers(c.NumParams(), c.views)
 	r := rand.New(rand.NewPCG(seed, 0x677074))
 	normal := func(v []float32, std float64) { lm.Normal(r, v, std) }
 	ones := lm.Ones
@@ -141,12 +134,6 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 
 // Backend is the kernels implementation the model runs on.
 func (m *Model) Backend() kernels.Backend { return m.be }
-
-// Tensors returns the parameter tensors (views into Params), Specs order.
-func (m *Model) Tensors() [][]float32 { return m.pTensor }
-
-// GradTensors returns the gradient tensors (views into Grads), Specs order.
-func (m *Model) GradTensors() [][]float32 { return m.gTensor }
 
 // Shapes returns the parameter shapes, Specs order.
 func (m *Model) Shapes() [][]int { return m.shapes() }

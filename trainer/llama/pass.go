@@ -117,9 +117,6 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 // vocab logits); after a Forward with targets it holds probabilities.
 func (m *Model) Logits() []float32 { return m.act.logits }
 
-// ZeroGrad clears the gradients.
-func (m *Model) ZeroGrad() { clear(m.Grads) }
-
 // Backward adds the gradient of the mean loss of the last Forward (which must
 // have had targets) to Grads.
 func (m *Model) Backward() error {

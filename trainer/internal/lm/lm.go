@@ -76,3 +76,32 @@ func MeanLoss(losses []float32) float32 {
 	}
 	return float32(sum / float64(len(losses)))
 }
+
+// Buffers are a model's parameters and gradients, each one buffer, and the
+// tensors they split into. A model embeds them.
+type Buffers struct {
+	Params  []float32 // all parameters, in the model's tensor order
+	Grads   []float32 // all gradients, same layout
+	pTensor [][]float32
+	gTensor [][]float32
+}
+
+// NewBuffers allocates n parameters and n zero gradients and splits each
+// with views, which returns the model's named views and the tensors in
+// order; it returns the buffers and the named views of both.
+func NewBuffers[P any](n int, views func([]float32) (P, [][]float32)) (b Buffers, p, g P) {
+	b.Params = make([]float32, n)
+	b.Grads = make([]float32, n)
+	p, b.pTensor = views(b.Params)
+	g, b.gTensor = views(b.Grads)
+	return b, p, g
+}
+
+// Tensors returns the parameter tensors (views into Params), in order.
+func (b *Buffers) Tensors() [][]float32 { return b.pTensor }
+
+// GradTensors returns the gradient tensors (views into Grads), in order.
+func (b *Buffers) GradTensors() [][]float32 { return b.gTensor }
+
+// ZeroGrad clears the gradients.
+func (b *Buffers) ZeroGrad() { clear(b.Grads) }

@@ -277,7 +277,11 @@ func need(op, name string, s int, n int) {
 // needs is need for tensors that must all hold n elements, in order, named
 // by the space-separated names.
 func needs(op string, n int, names string, ts ...[]float32) {
-	for i, name := range strings.Fields(names) {
+	fields := strings.Fields(names)
+	if len(fields) != len(ts) {
+		panic(fmt.Sprintf("kernels: cuda %s: %d names for %d tensors", op, len(fields), len(ts)))
+	}
+	for i, name := range fields {
 		need(op, name, len(ts[i]), n)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/psyche-go/psyche/trainer/internal/modeltest"
 )
 
 // Model sizes for the step benchmarks: about 1M and 10M parameters.
@@ -25,16 +27,8 @@ func BenchmarkStep(b *testing.B) {
 				b.Fatal(err)
 			}
 			const bs, t = 4, 128
-			in, tg := batch(rand.New(rand.NewPCG(1, 1)), bs, t, bc.cfg.Vocab)
-			for b.Loop() {
-				if _, err := m.Forward(in, tg, bs, t); err != nil {
-					b.Fatal(err)
-				}
-				m.ZeroGrad()
-				if err := m.Backward(); err != nil {
-					b.Fatal(err)
-				}
-			}
+			in, tg := modeltest.Batch(rand.New(rand.NewPCG(1, 1)), bs, t, bc.cfg.Vocab)
+			modeltest.Steps(b, m, in, tg, bs, t)
 			sec := b.Elapsed().Seconds() / float64(b.N)
 			b.ReportMetric(float64(bs*t)/sec, "tokens/s")
 			b.ReportMetric(bc.cfg.FLOPsPerToken(t)*bs*t/sec/1e9, "GFLOP/s")

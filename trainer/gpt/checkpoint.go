@@ -27,7 +27,7 @@ func ConfigFromCheckpoint(mc checkpoint.ModelConfig) (Config, error) {
 func (m *Model) CheckpointTensors() []checkpoint.Tensor {
 	var out []checkpoint.Tensor
 	for i, s := range m.Specs() {
-		out = append(out, checkpoint.Tensor{Name: s.Name, Shape: s.Shape, Data: m.pTensor[i]})
+		out = append(out, checkpoint.Tensor{Name: s.Name, Shape: s.Shape, Data: m.Tensors()[i]})
 	}
 	return out
 }
@@ -58,7 +58,7 @@ func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
 		if err != nil {
 			return fmt.Errorf("gpt: %w", err)
 		}
-		copy(m.pTensor[i], data)
+		copy(m.Tensors()[i], data)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
@@ -36,13 +37,7 @@ type TensorSpec struct {
 	Shape []int
 }
 
-func (s TensorSpec) size() int {
-	n := 1
-	for _, d := range s.Shape {
-		n *= d
-	}
-	return n
-}
+func (s TensorSpec) size() int { return lm.Size(s.Shape) }
 
 // Specs lists the parameter tensors in storage order.
 func (c Config) Specs() []TensorSpec {
@@ -89,14 +84,7 @@ func (c Config) views(buf []float32) (params, [][]float32) {
 	var p params
 	dst := []*[]float32{&p.wte, &p.wpe, &p.ln1w, &p.ln1b, &p.qkvw, &p.qkvb, &p.projw, &p.projb,
 		&p.ln2w, &p.ln2b, &p.fcw, &p.fcb, &p.fcprojw, &p.fcprojb, &p.lnfw, &p.lnfb}
-	var all [][]float32
-	off := 0
-	for i, s := range c.Specs() {
-		n := s.size()
-		*dst[i] = buf[off : off+n : off+n]
-		all = append(all, *dst[i])
-		off += n
-	}
+	all := lm.Split(buf, c.shapes(), dst)
 	return p, all
 }
 
@@ -106,11 +94,8 @@ type Model struct {
 	Config
 	be kernels.Backend
 
-	Params  []float32 // all parameters, Specs order
-	Grads   []float32 // all gradients, same layout
-	p, g    params
-	pTensor [][]float32
-	gTensor [][]float32
+	lm.Buffers // Params and Grads, Specs order
+	p, g       params
 
 	b, t int
 	act  activations
@@ -130,22 +115,10 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 		be = kernels.Default()
 	}
 	m := &Model{Config: c, be: be}
-	n := c.NumParams()
-	m.Params = make([]float32, n)
-	m.Grads = make([]float32, n)
-	m.p, m.pTensor = c.views(m.Params)
-	m.g, m.gTensor = c.views(m.Grads)
+	m.Buffers, m.p, m.g = lm.NewBuffers(c.NumParams(), c.views)
 	r := rand.New(rand.NewPCG(seed, 0x677074))
-	normal := func(v []float32, std float64) {
-		for i := range v {
-			v[i] = float32(r.NormFloat64() * std)
-		}
-	}
-	ones := func(v []float32) {
-		for i := range v {
-			v[i] = 1
-		}
-	}
+	normal := func(v []float32, std float64) { lm.Normal(r, v, std) }
+	ones := lm.Ones
 	resid := 0.02 / math.Sqrt(2*float64(c.Layers))
 	normal(m.p.wte, 0.02)
 	normal(m.p.wpe, 0.01)
@@ -162,16 +135,13 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 // Backend is the kernels implementation the model runs on.
 func (m *Model) Backend() kernels.Backend { return m.be }
 
-// Tensors returns the parameter tensors (views into Params), Specs order.
-func (m *Model) Tensors() [][]float32 { return m.pTensor }
-
-// GradTensors returns the gradient tensors (views into Grads), Specs order.
-func (m *Model) GradTensors() [][]float32 { return m.gTensor }
-
 // Shapes returns the parameter shapes, Specs order.
-func (m *Model) Shapes() [][]int {
+func (m *Model) Shapes() [][]int { return m.shapes() }
+
+// shapes lists the parameter shapes, Specs order.
+func (c Config) shapes() [][]int {
 	var out [][]int
-	for _, s := range m.Specs() {
+	for _, s := range c.Specs() {
 		out = append(out, s.Shape)
 	}
 	return out

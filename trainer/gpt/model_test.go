@@ -1,21 +1,12 @@
 package gpt
 
 import (
-	"math"
-	"math/rand/v2"
 	"testing"
+
+	"github.com/psyche-go/psyche/trainer/internal/modeltest"
 )
 
 var tiny = Config{Vocab: 11, Context: 6, Width: 8, Layers: 2, Heads: 2}
-
-func batch(r *rand.Rand, b, t, vocab int) (in, tg []uint32) {
-	in, tg = make([]uint32, b*t), make([]uint32, b*t)
-	for i := range in {
-		in[i] = uint32(r.IntN(vocab))
-		tg[i] = uint32(r.IntN(vocab))
-	}
-	return in, tg
-}
 
 // TestGradientCheck compares the analytic gradient of every parameter tensor
 // with central finite differences, along a random ±1 direction over the whole
@@ -25,88 +16,12 @@ func TestGradientCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Larger weights than the default init, so every path carries signal.
-	r := rand.New(rand.NewPCG(2, 2))
-	for i := range m.Params {
-		m.Params[i] += float32(r.NormFloat64() * 0.3)
-	}
-	in, tg := batch(r, 2, 5, tiny.Vocab)
-	loss := func() float64 {
-		l, err := m.Forward(in, tg, 2, 5)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return float64(l)
-	}
-	loss()
-	m.ZeroGrad()
-	if err := m.Backward(); err != nil {
-		t.Fatal(err)
-	}
-	grads := append([]float32(nil), m.Grads...)
-	_, gTensors := tiny.views(grads)
-	const h = 1e-3
-	for ti, spec := range tiny.Specs() {
-		x := m.Tensors()[ti]
-		g := gTensors[ti]
-		// directional derivative
-		u := make([]float32, len(x))
-		var dot float64
-		for i := range u {
-			u[i] = float32(1 - 2*r.IntN(2))
-			dot += float64(u[i]) * float64(g[i])
-		}
-		orig := append([]float32(nil), x...)
-		for i := range x {
-			x[i] = orig[i] + h*u[i]
-		}
-		up := loss()
-		for i := range x {
-			x[i] = orig[i] - h*u[i]
-		}
-		down := loss()
-		copy(x, orig)
-		num := (up - down) / (2 * h)
-		if d := math.Abs(num - dot); d > 1e-3+2e-2*math.Abs(num) {
-			t.Errorf("%s: directional derivative analytic %.6f, numeric %.6f", spec.Name, dot, num)
-		}
-		// largest coordinate
-		best := 0
-		for i := range g {
-			if math.Abs(float64(g[i])) > math.Abs(float64(g[best])) {
-				best = i
-			}
-		}
-		x[best] = orig[best] + 1e-2
-		up = loss()
-		x[best] = orig[best] - 1e-2
-		down = loss()
-		x[best] = orig[best]
-		num = (up - down) / 2e-2
-		if d := math.Abs(num - float64(g[best])); d > 1e-3+2e-2*math.Abs(num) {
-			t.Errorf("%s[%d]: analytic %.6f, numeric %.6f", spec.Name, best, g[best], num)
-		}
-	}
+	modeltest.GradientCheck(t, m, m.Params, tiny.Specs(), func(s TensorSpec) string { return s.Name }, tiny.Vocab)
 }
 
 func TestForwardRejectsBadInput(t *testing.T) {
 	m, _ := New(tiny, 1, nil)
-	for _, tc := range []struct {
-		in, tg []uint32
-		b, t   int
-	}{
-		{make([]uint32, 7), nil, 1, 7},          // longer than the context
-		{make([]uint32, 3), nil, 1, 4},          // wrong count
-		{[]uint32{0, 99}, nil, 1, 2},            // token outside the vocabulary
-		{[]uint32{0, 1}, []uint32{0, 11}, 1, 2}, // target outside the vocabulary
-	} {
-		if _, err := m.Forward(tc.in, tc.tg, tc.b, tc.t); err == nil {
-			t.Errorf("accepted %+v", tc)
-		}
-	}
-	if err := m.Backward(); err == nil {
-		t.Error("backward without a forward pass")
-	}
+	modeltest.RejectsBadInput(t, m)
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -124,20 +39,5 @@ func TestConfigValidate(t *testing.T) {
 // working backward pass must drive the loss down.
 func TestTrainingLowersTheLoss(t *testing.T) {
 	m, _ := New(tiny, 3, nil)
-	r := rand.New(rand.NewPCG(4, 4))
-	in, tg := batch(r, 4, 6, tiny.Vocab)
-	first, _ := m.Forward(in, tg, 4, 6)
-	var last float32
-	for i := 0; i < 100; i++ {
-		l, _ := m.Forward(in, tg, 4, 6)
-		last = l
-		m.ZeroGrad()
-		_ = m.Backward()
-		for j := range m.Params {
-			m.Params[j] -= 0.5 * m.Grads[j]
-		}
-	}
-	if last > first*0.7 {
-		t.Fatalf("loss %.3f -> %.3f", first, last)
-	}
+	modeltest.TrainingLowersTheLoss(t, m, m.Params, m.Grads, tiny.Vocab)
 }

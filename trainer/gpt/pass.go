@@ -2,6 +2,8 @@ package gpt
 
 import (
 	"fmt"
+
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 )
 
 // layerActs are one block's activations (or their gradients).
@@ -84,21 +86,8 @@ func (m *Model) matmulBackward(dIn, dW, dBias, dOut, in, w []float32, rows, ic, 
 // targets is not nil, returns the mean cross-entropy loss of predicting
 // them. The activations are kept for Backward.
 func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
-	if b <= 0 || t <= 0 || t > m.Context {
-		return 0, fmt.Errorf("gpt: batch %d×%d does not fit a context of %d", b, t, m.Context)
-	}
-	if len(inputs) != b*t || (targets != nil && len(targets) != b*t) {
-		return 0, fmt.Errorf("gpt: %d inputs and %d targets for a batch of %d×%d", len(inputs), len(targets), b, t)
-	}
-	for _, tok := range inputs {
-		if int(tok) >= m.Vocab {
-			return 0, fmt.Errorf("gpt: token %d outside the vocabulary of %d", tok, m.Vocab)
-		}
-	}
-	for _, tok := range targets {
-		if int(tok) >= m.Vocab {
-			return 0, fmt.Errorf("gpt: target %d outside the vocabulary of %d", tok, m.Vocab)
-		}
+	if err := lm.CheckBatch("gpt", inputs, targets, b, t, m.Context, m.Vocab); err != nil {
+		return 0, err
 	}
 	m.ensure(b, t)
 	m.inputs, m.targets = inputs, targets
@@ -138,19 +127,12 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 		return 0, nil
 	}
 	m.be.SoftmaxCrossEntropy(a.losses, a.logits, targets, BT, m.Vocab)
-	var sum float64
-	for _, l := range a.losses {
-		sum += float64(l)
-	}
-	return float32(sum / float64(BT)), nil
+	return lm.MeanLoss(a.losses), nil
 }
 
 // Logits returns the output of the last Forward without targets (b·t rows of
 // vocab logits).
 func (m *Model) Logits() []float32 { return m.act.logits }
-
-// ZeroGrad clears the gradients.
-func (m *Model) ZeroGrad() { clear(m.Grads) }
 
 // Backward adds the gradient of the mean loss of the last Forward (which must
 // have had targets) to Grads.

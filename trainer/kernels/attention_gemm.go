@@ -28,20 +28,7 @@ func gqAttentionGemm(gemm gemmFunc, out, att, qkv []float32, b, t, heads, kvHead
 			for _, v := range a[:ti+1] {
 				maxv = max(maxv, v)
 			}
-			var sum float32
-			for t2 := 0; t2 <= ti; t2++ {
-				e := float32(math.Exp(float64(a[t2] - maxv)))
-				a[t2] = e
-				sum += e
-			}
-			inv := 1 / sum
-			for t2 := range a {
-				if t2 <= ti {
-					a[t2] *= inv
-				} else {
-					a[t2] = 0
-				}
-			}
+			causalSoftmax(a, ti, maxv)
 		}
 	})
 	for bh := 0; bh < b*heads; bh++ {

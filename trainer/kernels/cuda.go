@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -273,6 +274,18 @@ func need(op, name string, s int, n int) {
 	}
 }
 
+// needs is need for tensors that must all hold n elements, in order, named
+// by the space-separated names.
+func needs(op string, n int, names string, ts ...[]float32) {
+	fields := strings.Fields(names)
+	if len(fields) != len(ts) {
+		panic(fmt.Sprintf("kernels: cuda %s: %d names for %d tensors", op, len(fields), len(ts)))
+	}
+	for i, name := range fields {
+		need(op, name, len(ts[i]), n)
+	}
+}
+
 // extent is how many elements a rows×cols row-major matrix with row stride ld
 // spans.
 func extent(rows, cols, ld int) int {
@@ -328,12 +341,9 @@ func (c *CUDA) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32
 // LayerNorm implements Backend.
 func (c *CUDA) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols int) {
 	n := rows * cols
-	need("LayerNorm", "out", len(out), n)
-	need("LayerNorm", "in", len(in), n)
-	need("LayerNorm", "mean", len(mean), rows)
-	need("LayerNorm", "rstd", len(rstd), rows)
-	need("LayerNorm", "weight", len(weight), cols)
-	need("LayerNorm", "bias", len(bias), cols)
+	needs("LayerNorm", n, "out in", out, in)
+	needs("LayerNorm", rows, "mean rstd", mean, rstd)
+	needs("LayerNorm", cols, "weight bias", weight, bias)
 	if rows == 0 || cols == 0 {
 		return
 	}
@@ -350,14 +360,9 @@ func (c *CUDA) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols
 // LayerNormBackward implements Backend.
 func (c *CUDA) LayerNormBackward(dIn, dWeight, dBias, dOut, in, weight, mean, rstd []float32, rows, cols int) {
 	n := rows * cols
-	need("LayerNormBackward", "dIn", len(dIn), n)
-	need("LayerNormBackward", "dOut", len(dOut), n)
-	need("LayerNormBackward", "in", len(in), n)
-	need("LayerNormBackward", "dWeight", len(dWeight), cols)
-	need("LayerNormBackward", "dBias", len(dBias), cols)
-	need("LayerNormBackward", "weight", len(weight), cols)
-	need("LayerNormBackward", "mean", len(mean), rows)
-	need("LayerNormBackward", "rstd", len(rstd), rows)
+	needs("LayerNormBackward", n, "dIn dOut in", dIn, dOut, in)
+	needs("LayerNormBackward", cols, "dWeight dBias weight", dWeight, dBias, weight)
+	needs("LayerNormBackward", rows, "mean rstd", mean, rstd)
 	if rows == 0 || cols == 0 {
 		return
 	}
@@ -390,8 +395,7 @@ func (c *CUDA) GELU(out, in []float32) {
 // GELUBackward implements Backend.
 func (c *CUDA) GELUBackward(dIn, in, dOut []float32) {
 	n := len(in)
-	need("GELUBackward", "dIn", len(dIn), n)
-	need("GELUBackward", "dOut", len(dOut), n)
+	needs("GELUBackward", n, "dIn dOut", dIn, dOut)
 	if n == 0 {
 		return
 	}
@@ -411,45 +415,26 @@ func attentionScale(op string, b, t, c, heads int) float32 {
 	return float32(1 / math.Sqrt(float64(c/heads)))
 }
 
-// Attention implements Backend.
+// Attention implements Backend: grouped-query attention with one query head
+// per key/value head, as the Go backend computes it.
 func (c *CUDA) Attention(out, att, qkv []float32, b, t, ch, heads int) {
 	scale := attentionScale("Attention", b, t, ch, heads)
-	nqkv, nout, natt := b*t*3*ch, b*t*ch, b*heads*t*t
-	need("Attention", "qkv", len(qkv), nqkv)
-	need("Attention", "out", len(out), nout)
-	need("Attention", "att", len(att), natt)
-	if b == 0 || t == 0 || ch == 0 {
+	if ch == 0 {
+		need("Attention", "att", len(att), b*heads*t*t)
 		return
 	}
-	c.run("Attention", func(x *cudaCall) {
-		dqkv, dOut, dAtt := x.in(0, qkv[:nqkv]), x.out(1, nout), x.out(2, natt)
-		x.launch(kAttentionForward, gridFor(b*heads*t), dOut, dAtt, dqkv, b, t, ch, heads, scale)
-		x.back(out[:nout], dOut)
-		x.back(att[:natt], dAtt)
-	})
+	c.gqAttention("Attention", out, att, qkv, b, t, heads, heads, ch/heads, scale)
 }
 
-// AttentionBackward implements Backend. datt is scratch: the device keeps its
-// own, and the host slice is left as it was.
+// AttentionBackward implements Backend, as Attention does. datt is scratch:
+// the device keeps its own, and the host slice is left as it was.
 func (c *CUDA) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, ch, heads int) {
 	scale := attentionScale("AttentionBackward", b, t, ch, heads)
-	nqkv, nout, natt := b*t*3*ch, b*t*ch, b*heads*t*t
-	need("AttentionBackward", "dqkv", len(dqkv), nqkv)
-	need("AttentionBackward", "qkv", len(qkv), nqkv)
-	need("AttentionBackward", "dOut", len(dOut), nout)
-	need("AttentionBackward", "att", len(att), natt)
-	need("AttentionBackward", "datt", len(datt), natt)
-	if b == 0 || t == 0 || ch == 0 {
+	if ch == 0 {
+		needs("AttentionBackward", b*heads*t*t, "att datt", att, datt)
 		return
 	}
-	c.run("AttentionBackward", func(x *cudaCall) {
-		ddqkv, ddatt, ddOut := x.in(0, dqkv[:nqkv]), x.out(1, natt), x.in(2, dOut[:nout])
-		dx, da := x.in(3, qkv[:nqkv]), x.in(4, att[:natt])
-		grid := gridFor(b * heads * t)
-		x.launch(kAttentionBackwardQuery, grid, ddqkv, ddatt, ddOut, dx, da, b, t, ch, heads, scale)
-		x.launch(kAttentionBackwardKeyValue, grid, ddqkv, ddatt, ddOut, dx, da, b, t, ch, heads)
-		x.back(dqkv[:nqkv], ddqkv)
-	})
+	c.gqAttentionBackward("AttentionBackward", dqkv, datt, dOut, qkv, att, b, t, heads, heads, ch/heads, scale)
 }
 
 func checkTargets(op string, targets []uint32, rows, vocab int) {
@@ -484,8 +469,7 @@ func (c *CUDA) SoftmaxCrossEntropy(losses, logits []float32, targets []uint32, r
 // CrossEntropyBackward implements Backend.
 func (c *CUDA) CrossEntropyBackward(dLogits, probs []float32, targets []uint32, rows, vocab int, scale float32) {
 	n := rows * vocab
-	need("CrossEntropyBackward", "dLogits", len(dLogits), n)
-	need("CrossEntropyBackward", "probs", len(probs), n)
+	needs("CrossEntropyBackward", n, "dLogits probs", dLogits, probs)
 	checkTargets("CrossEntropyBackward", targets, rows, vocab)
 	if n == 0 {
 		return

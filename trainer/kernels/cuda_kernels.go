@@ -11,9 +11,6 @@ const (
 	kLayerNormBackwardParams
 	kGELUForward
 	kGELUBackward
-	kAttentionForward
-	kAttentionBackwardQuery
-	kAttentionBackwardKeyValue
 	kSoftmaxCrossEntropy
 	kCrossEntropyBackward
 	kGQAttentionForward
@@ -36,9 +33,6 @@ var cudaKernelNames = [numCUDAKernels]string{
 	kLayerNormBackwardParams:     "layernorm_backward_params",
 	kGELUForward:                 "gelu_forward",
 	kGELUBackward:                "gelu_backward",
-	kAttentionForward:            "attention_forward",
-	kAttentionBackwardQuery:      "attention_backward_query",
-	kAttentionBackwardKeyValue:   "attention_backward_keyvalue",
 	kSoftmaxCrossEntropy:         "softmax_cross_entropy",
 	kCrossEntropyBackward:        "cross_entropy_backward",
 	kGQAttentionForward:          "gqattention_forward",
@@ -69,14 +63,14 @@ const cudaBlock = 256
 //     warp shuffles, so results are deterministic; every lane of a warp
 //     follows the same control flow, as __shfl_xor_sync with a full mask
 //     requires;
-//   - attention: one thread per (sequence, head, position). The backward pass
-//     is two kernels so that no two threads write the same element: the first
-//     (per query position) writes the softmax gradient into datt and
-//     accumulates dq; the second (per key position) reads it and accumulates
-//     dk and dv, summing over query positions in the same order as the Go
-//     backend. Grouped-query attention has the same shape, with the second
-//     kernel run per (sequence, key/value head, position) and summing over
-//     the group's query heads in order;
+//   - attention (grouped-query; multi-head attention is its case KV = H, as
+//     in the Go backend): one thread per (sequence, query head, position).
+//     The backward pass is two kernels so that no two threads write the same
+//     element: the first (per query position) writes the softmax gradient
+//     into datt and accumulates dq; the second, per (sequence, key/value
+//     head, key position), reads it and accumulates dk and dv, summing over
+//     the group's query heads in order and over query positions in the same
+//     order as the Go backend;
 //   - rmsnorm_backward_params: one thread per column; rope: one thread per
 //     (row, head, pair) with the angle from a cos/sin table the host
 //     computes (so both backends rotate by the same float32 values);
@@ -201,107 +195,6 @@ extern "C" __global__ void gelu_backward(float* dIn, const float* in, const floa
 	}
 }
 
-// ---- causal multi-head self-attention ----
-//
-// qkv is (B·T)×3C, rows [q | k | v]; head h of a row is the hs = C/H values
-// from h·hs. att is B·H·T·T; out and dOut are (B·T)×C.
-
-extern "C" __global__ void attention_forward(float* out, float* att, const float* qkv,
-		int B, int T, int C, int H, float scale) {
-	int hs = C / H;
-	long long total = (long long)B * H * T;
-	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
-		int ti = (int)(idx % T);
-		long long bh = idx / T;
-		int h = (int)(bh % H);
-		long long b = bh / H;
-		const float* q = qkv + (b * T + ti) * 3 * C + h * hs;
-		float* a = att + (bh * T + ti) * T;
-		float maxv = -__int_as_float(0x7f800000);
-		for (int t2 = 0; t2 <= ti; t2++) {
-			const float* k = qkv + (b * T + t2) * 3 * C + C + h * hs;
-			float dot = 0;
-			for (int i = 0; i < hs; i++) dot += q[i] * k[i];
-			dot *= scale;
-			a[t2] = dot;
-			maxv = fmaxf(maxv, dot);
-		}
-		float sum = 0;
-		for (int t2 = 0; t2 <= ti; t2++) {
-			float e = expf(a[t2] - maxv);
-			a[t2] = e;
-			sum += e;
-		}
-		float inv = 1.0f / sum;
-		for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= ti ? a[t2] * inv : 0.0f;
-		float* o = out + (b * T + ti) * C + h * hs;
-		for (int i = 0; i < hs; i++) o[i] = 0;
-		for (int t2 = 0; t2 <= ti; t2++) {
-			const float* v = qkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
-			float w = a[t2];
-			for (int i = 0; i < hs; i++) o[i] += w * v[i];
-		}
-	}
-}
-
-// Per query position ti: datt[ti][t2] = (att·(d(att) − Σ att·d(att)))·scale,
-// the gradient of the pre-softmax score, for t2 ≤ ti; dq[ti] += Σ datt·k.
-extern "C" __global__ void attention_backward_query(float* dqkv, float* datt, const float* dOut,
-		const float* qkv, const float* att, int B, int T, int C, int H, float scale) {
-	int hs = C / H;
-	long long total = (long long)B * H * T;
-	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
-		int ti = (int)(idx % T);
-		long long bh = idx / T;
-		int h = (int)(bh % H);
-		long long b = bh / H;
-		const float* a = att + (bh * T + ti) * T;
-		float* da = datt + (bh * T + ti) * T;
-		const float* g = dOut + (b * T + ti) * C + h * hs;
-		for (int t2 = 0; t2 <= ti; t2++) {
-			const float* v = qkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
-			float dot = 0;
-			for (int i = 0; i < hs; i++) dot += v[i] * g[i];
-			da[t2] = dot;
-		}
-		float s = 0;
-		for (int t2 = 0; t2 <= ti; t2++) s += a[t2] * da[t2];
-		for (int t2 = 0; t2 <= ti; t2++) da[t2] = a[t2] * (da[t2] - s) * scale;
-		float* dq = dqkv + (b * T + ti) * 3 * C + h * hs;
-		for (int t2 = 0; t2 <= ti; t2++) {
-			const float* k = qkv + (b * T + t2) * 3 * C + C + h * hs;
-			float dpre = da[t2];
-			for (int i = 0; i < hs; i++) dq[i] += dpre * k[i];
-		}
-	}
-}
-
-// Per key position t2 (after attention_backward_query has filled datt):
-// dk[t2] += Σ_{ti ≥ t2} datt[ti][t2]·q[ti], dv[t2] += Σ_{ti ≥ t2} att[ti][t2]·dOut[ti].
-extern "C" __global__ void attention_backward_keyvalue(float* dqkv, const float* datt, const float* dOut,
-		const float* qkv, const float* att, int B, int T, int C, int H) {
-	int hs = C / H;
-	long long total = (long long)B * H * T;
-	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
-		int t2 = (int)(idx % T);
-		long long bh = idx / T;
-		int h = (int)(bh % H);
-		long long b = bh / H;
-		float* dk = dqkv + (b * T + t2) * 3 * C + C + h * hs;
-		float* dv = dqkv + (b * T + t2) * 3 * C + 2 * C + h * hs;
-		for (int ti = t2; ti < T; ti++) {
-			float dpre = datt[(bh * T + ti) * T + t2];
-			float w = att[(bh * T + ti) * T + t2];
-			const float* q = qkv + (b * T + ti) * 3 * C + h * hs;
-			const float* g = dOut + (b * T + ti) * C + h * hs;
-			for (int i = 0; i < hs; i++) {
-				dk[i] += dpre * q[i];
-				dv[i] += w * g[i];
-			}
-		}
-	}
-}
-
 // ---- softmax and cross-entropy ----
 
 // One warp per row: logits become probabilities in place, and the lane that
@@ -343,10 +236,12 @@ extern "C" __global__ void cross_entropy_backward(float* dLogits, const float* p
 		dLogits[idx] = d;
 	}
 }
-// ---- grouped-query attention ----
+
+// ---- causal grouped-query self-attention ----
 //
 // qkv is (B·T)×W with W = (H+2·KV)·hd, rows [q (H heads) | k (KV) | v (KV)];
 // query head h reads key/value head h/(H/KV). out and dOut are (B·T)×(H·hd).
+// att is B·H·T·T. Multi-head attention (GPT's) is the case KV = H.
 
 extern "C" __global__ void gqattention_forward(float* out, float* att, const float* qkv,
 		int B, int T, int H, int KV, int hd, float scale) {

@@ -184,6 +184,26 @@ func gqaLayout(heads, kvHeads, hd int) (w, kOff, vOff, rep int) {
 	return (heads + 2*kvHeads) * hd, heads * hd, (heads + kvHeads) * hd, heads / kvHeads
 }
 
+// causalSoftmax turns the scores a[:ti+1] of query position ti, whose
+// maximum is maxv, into probabilities in place, and zeroes the masked rest
+// of the row.
+func causalSoftmax(a []float32, ti int, maxv float32) {
+	var sum float32
+	for t2 := 0; t2 <= ti; t2++ {
+		e := float32(math.Exp(float64(a[t2] - maxv)))
+		a[t2] = e
+		sum += e
+	}
+	inv := 1 / sum
+	for t2 := range a {
+		if t2 <= ti {
+			a[t2] *= inv
+		} else {
+			a[t2] = 0
+		}
+	}
+}
+
 // gqAttentionLoops is grouped-query attention in scalar loops. Each
 // (sequence, query head) pair is independent.
 func gqAttentionLoops(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
@@ -208,20 +228,7 @@ func gqAttentionLoops(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
 					a[t2] = dot
 					maxv = max(maxv, dot)
 				}
-				var sum float32
-				for t2 := 0; t2 <= ti; t2++ {
-					e := float32(math.Exp(float64(a[t2] - maxv)))
-					a[t2] = e
-					sum += e
-				}
-				inv := 1 / sum
-				for t2 := 0; t2 < t; t2++ {
-					if t2 <= ti {
-						a[t2] *= inv
-					} else {
-						a[t2] = 0
-					}
-				}
+				causalSoftmax(a, ti, maxv)
 				o := out[(bi*t+ti)*c+h*hd : (bi*t+ti)*c+(h+1)*hd]
 				clear(o)
 				for t2 := 0; t2 <= ti; t2++ {

@@ -122,11 +122,7 @@ func TestLayerNorm(t *testing.T) {
 	be.LayerNormBackward(dIn, dW, dB, g, in, w, mean, rstd, rows, cols)
 	loss := func() float64 {
 		be.LayerNorm(out, mean, rstd, in, w, b, rows, cols)
-		var s float64
-		for i := range out {
-			s += float64(out[i]) * float64(g[i])
-		}
-		return s
+		return dotLoss(out, g)
 	}
 	checkGrad(t, "layernorm input", in, dIn, loss)
 	checkGrad(t, "layernorm weight", w, dW, loss)
@@ -171,11 +167,7 @@ func TestGELU(t *testing.T) {
 	be.GELUBackward(dIn, in, g)
 	checkGrad(t, "gelu", in, dIn, func() float64 {
 		be.GELU(out, in)
-		var s float64
-		for i := range out {
-			s += float64(out[i]) * float64(g[i])
-		}
-		return s
+		return dotLoss(out, g)
 	})
 }
 
@@ -224,11 +216,7 @@ func TestAttention(t *testing.T) {
 	be.AttentionBackward(dqkv, datt, g, qkv, att, b, tt, c, heads)
 	checkGrad(t, "attention qkv", qkv, dqkv, func() float64 {
 		be.Attention(out, att, qkv, b, tt, c, heads)
-		var s float64
-		for i := range out {
-			s += float64(out[i]) * float64(g[i])
-		}
-		return s
+		return dotLoss(out, g)
 	})
 }
 

@@ -19,14 +19,27 @@ func gqaScale(op string, b, t, heads, kvHeads, hd int) float32 {
 // GQAttention implements Backend.
 func (c *CUDA) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
 	scale := gqaScale("GQAttention", b, t, heads, kvHeads, hd)
+	c.gqAttention("GQAttention", out, att, qkv, b, t, heads, kvHeads, hd, scale)
+}
+
+// GQAttentionBackward implements Backend. datt is scratch: the device keeps
+// its own, and the host slice is left as it was.
+func (c *CUDA) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
+	scale := gqaScale("GQAttentionBackward", b, t, heads, kvHeads, hd)
+	c.gqAttentionBackward("GQAttentionBackward", dqkv, datt, dOut, qkv, att, b, t, heads, kvHeads, hd, scale)
+}
+
+// gqAttention checks the sizes and runs the forward kernel for op (the shape
+// and scale already checked).
+func (c *CUDA) gqAttention(op string, out, att, qkv []float32, b, t, heads, kvHeads, hd int, scale float32) {
 	nqkv, nout, natt := b*t*(heads+2*kvHeads)*hd, b*t*heads*hd, b*heads*t*t
-	need("GQAttention", "qkv", len(qkv), nqkv)
-	need("GQAttention", "out", len(out), nout)
-	need("GQAttention", "att", len(att), natt)
+	need(op, "qkv", len(qkv), nqkv)
+	need(op, "out", len(out), nout)
+	need(op, "att", len(att), natt)
 	if b == 0 || t == 0 {
 		return
 	}
-	c.run("GQAttention", func(x *cudaCall) {
+	c.run(op, func(x *cudaCall) {
 		dqkv, dOut, dAtt := x.in(0, qkv[:nqkv]), x.out(1, nout), x.out(2, natt)
 		x.launch(kGQAttentionForward, gridFor(b*heads*t), dOut, dAtt, dqkv, b, t, heads, kvHeads, hd, scale)
 		x.back(out[:nout], dOut)
@@ -34,20 +47,17 @@ func (c *CUDA) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int
 	})
 }
 
-// GQAttentionBackward implements Backend. datt is scratch: the device keeps
-// its own, and the host slice is left as it was.
-func (c *CUDA) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
-	scale := gqaScale("GQAttentionBackward", b, t, heads, kvHeads, hd)
+// gqAttentionBackward checks the sizes and runs the two backward kernels for
+// op (the shape and scale already checked).
+func (c *CUDA) gqAttentionBackward(op string, dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int, scale float32) {
 	nqkv, nout, natt := b*t*(heads+2*kvHeads)*hd, b*t*heads*hd, b*heads*t*t
-	need("GQAttentionBackward", "dqkv", len(dqkv), nqkv)
-	need("GQAttentionBackward", "qkv", len(qkv), nqkv)
-	need("GQAttentionBackward", "dOut", len(dOut), nout)
-	need("GQAttentionBackward", "att", len(att), natt)
-	need("GQAttentionBackward", "datt", len(datt), natt)
+	needs(op, nqkv, "dqkv qkv", dqkv, qkv)
+	need(op, "dOut", len(dOut), nout)
+	needs(op, natt, "att datt", att, datt)
 	if b == 0 || t == 0 {
 		return
 	}
-	c.run("GQAttentionBackward", func(x *cudaCall) {
+	c.run(op, func(x *cudaCall) {
 		ddqkv, ddatt, ddOut := x.in(0, dqkv[:nqkv]), x.out(1, natt), x.in(2, dOut[:nout])
 		dx, da := x.in(3, qkv[:nqkv]), x.in(4, att[:natt])
 		x.launch(kGQAttentionBackwardQuery, gridFor(b*heads*t), ddqkv, ddatt, ddOut, dx, da, b, t, heads, kvHeads, hd, scale)
@@ -59,8 +69,7 @@ func (c *CUDA) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, h
 // RMSNorm implements Backend.
 func (c *CUDA) RMSNorm(out, rstd, in, weight []float32, rows, cols int, eps float32) {
 	n := rows * cols
-	need("RMSNorm", "out", len(out), n)
-	need("RMSNorm", "in", len(in), n)
+	needs("RMSNorm", n, "out in", out, in)
 	need("RMSNorm", "rstd", len(rstd), rows)
 	need("RMSNorm", "weight", len(weight), cols)
 	if rows == 0 || cols == 0 {
@@ -78,11 +87,8 @@ func (c *CUDA) RMSNorm(out, rstd, in, weight []float32, rows, cols int, eps floa
 // RMSNormBackward implements Backend.
 func (c *CUDA) RMSNormBackward(dIn, dWeight, dOut, in, weight, rstd []float32, rows, cols int) {
 	n := rows * cols
-	need("RMSNormBackward", "dIn", len(dIn), n)
-	need("RMSNormBackward", "dOut", len(dOut), n)
-	need("RMSNormBackward", "in", len(in), n)
-	need("RMSNormBackward", "dWeight", len(dWeight), cols)
-	need("RMSNormBackward", "weight", len(weight), cols)
+	needs("RMSNormBackward", n, "dIn dOut in", dIn, dOut, in)
+	needs("RMSNormBackward", cols, "dWeight weight", dWeight, weight)
 	need("RMSNormBackward", "rstd", len(rstd), rows)
 	if rows == 0 || cols == 0 {
 		return
@@ -138,8 +144,7 @@ func (c *CUDA) SwiGLU(out, gateUp []float32, rows, n int) {
 
 // SwiGLUBackward implements Backend.
 func (c *CUDA) SwiGLUBackward(dGateUp, gateUp, dOut []float32, rows, n int) {
-	need("SwiGLUBackward", "dGateUp", len(dGateUp), 2*rows*n)
-	need("SwiGLUBackward", "gateUp", len(gateUp), 2*rows*n)
+	needs("SwiGLUBackward", 2*rows*n, "dGateUp gateUp", dGateUp, gateUp)
 	need("SwiGLUBackward", "dOut", len(dOut), rows*n)
 	if rows == 0 || n == 0 {
 		return

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/psyche-go/psyche/trainer/internal/modeltest"
 	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
@@ -58,18 +59,10 @@ func BenchmarkStep(b *testing.B) {
 				b.Fatal(err)
 			}
 			const bs, t = 4, 128
-			in, tg := batch(rand.New(rand.NewPCG(1, 1)), bs, t, bc.cfg.Vocab)
+			in, tg := modeltest.Batch(rand.New(rand.NewPCG(1, 1)), bs, t, bc.cfg.Vocab)
 			mm := matmulRate(m.Backend(), bs*t, bc.cfg.Width, 2*bc.cfg.Intermediate)
 			b.ResetTimer()
-			for b.Loop() {
-				if _, err := m.Forward(in, tg, bs, t); err != nil {
-					b.Fatal(err)
-				}
-				m.ZeroGrad()
-				if err := m.Backward(); err != nil {
-					b.Fatal(err)
-				}
-			}
+			modeltest.Steps(b, m, in, tg, bs, t)
 			sec := b.Elapsed().Seconds() / float64(b.N)
 			// Measured again after the steps, in case the machine got
 			// quieter: the fraction is against the best seen.

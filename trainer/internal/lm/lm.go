@@ -1,0 +1,107 @@
+// Package lm holds what the language models (trainer/gpt, trainer/llama)
+// share: parameter buffers split into tensors, their initialisation, the
+// checks on a batch and the mean of the per-token losses.
+package lm
+
+import (
+	"fmt"
+	"math/rand/v2"
+)
+
+// Size is the number of elements of a tensor of the given shape.
+func Size(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// Split points each dst[i] at the next Size(shapes[i]) elements of buf (with
+// the capacity cut to the length) and returns the views, in order.
+func Split(buf []float32, shapes [][]int, dst []*[]float32) [][]float32 {
+	var all [][]float32
+	off := 0
+	for i, s := range shapes {
+		n := Size(s)
+		*dst[i] = buf[off : off+n : off+n]
+		all = append(all, *dst[i])
+		off += n
+	}
+	return all
+}
+
+// Normal fills v with draws from N(0, std²) taken from r, in order.
+func Normal(r *rand.Rand, v []float32, std float64) {
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * std)
+	}
+}
+
+// Ones fills v with 1.
+func Ones(v []float32) {
+	for i := range v {
+		v[i] = 1
+	}
+}
+
+// CheckBatch checks a batch of b sequences of t tokens for a model of the
+// given context and vocabulary: inputs must be b·t token ids below vocab and
+// targets nil or as many, below vocab too. Errors start with pkg.
+func CheckBatch(pkg string, inputs, targets []uint32, b, t, context, vocab int) error {
+	if b <= 0 || t <= 0 || t > context {
+		return fmt.Errorf("%s: batch %d×%d does not fit a context of %d", pkg, b, t, context)
+	}
+	if len(inputs) != b*t || (targets != nil && len(targets) != b*t) {
+		return fmt.Errorf("%s: %d inputs and %d targets for a batch of %d×%d", pkg, len(inputs), len(targets), b, t)
+	}
+	for _, tok := range inputs {
+		if int(tok) >= vocab {
+			return fmt.Errorf("%s: token %d outside the vocabulary of %d", pkg, tok, vocab)
+		}
+	}
+	for _, tok := range targets {
+		if int(tok) >= vocab {
+			return fmt.Errorf("%s: target %d outside the vocabulary of %d", pkg, tok, vocab)
+		}
+	}
+	return nil
+}
+
+// MeanLoss is the mean of the per-token losses, summed in float64.
+func MeanLoss(losses []float32) float32 {
+	var sum float64
+	for _, l := range losses {
+		sum += float64(l)
+	}
+	return float32(sum / float64(len(losses)))
+}
+
+// Buffers are a model's parameters and gradients, each one buffer, and the
+// tensors they split into. A model embeds them.
+type Buffers struct {
+	Params  []float32 // all parameters, in the model's tensor order
+	Grads   []float32 // all gradients, same layout
+	pTensor [][]float32
+	gTensor [][]float32
+}
+
+// NewBuffers allocates n parameters and n zero gradients and splits each
+// with views, which returns the model's named views and the tensors in
+// order; it returns the buffers and the named views of both.
+func NewBuffers[P any](n int, views func([]float32) (P, [][]float32)) (b Buffers, p, g P) {
+	b.Params = make([]float32, n)
+	b.Grads = make([]float32, n)
+	p, b.pTensor = views(b.Params)
+	g, b.gTensor = views(b.Grads)
+	return b, p, g
+}
+
+// Tensors returns the parameter tensors (views into Params), in order.
+func (b *Buffers) Tensors() [][]float32 { return b.pTensor }
+
+// GradTensors returns the gradient tensors (views into Grads), in order.
+func (b *Buffers) GradTensors() [][]float32 { return b.gTensor }
+
+// ZeroGrad clears the gradients.
+func (b *Buffers) ZeroGrad() { clear(b.Grads) }

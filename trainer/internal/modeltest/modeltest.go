@@ -1,0 +1,164 @@
+// Package modeltest holds the tests the language models (trainer/gpt,
+// trainer/llama) share: the finite-difference gradient check, the rejection
+// of bad batches, a few SGD steps that must lower the loss, and the training
+// step their benchmarks time.
+package modeltest
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// Model is what Check needs of a model.
+type Model interface {
+	Forward(inputs, targets []uint32, b, t int) (float32, error)
+	ZeroGrad()
+	Backward() error
+	Tensors() [][]float32     // parameter tensors, views into the parameters
+	GradTensors() [][]float32 // gradient tensors, same order
+}
+
+// Batch draws b·t random inputs and targets below vocab.
+func Batch(r *rand.Rand, b, t, vocab int) (in, tg []uint32) {
+	in, tg = make([]uint32, b*t), make([]uint32, b*t)
+	for i := range in {
+		in[i] = uint32(r.IntN(vocab))
+		tg[i] = uint32(r.IntN(vocab))
+	}
+	return in, tg
+}
+
+// GradientCheck compares the analytic gradient of every parameter tensor of m with
+// central finite differences, along a random ±1 direction over the whole
+// tensor (a large, robust signal) and on its largest-gradient coordinate.
+// params are m's parameters (all of them, one buffer), which it first
+// perturbs beyond the default init so that every path carries signal; specs
+// are the tensors' specs, in Tensors order, and name names one; vocab is the
+// model's vocabulary.
+func GradientCheck[S any](t testing.TB, m Model, params []float32, specs []S, name func(S) string, vocab int) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(2, 2))
+	for i := range params {
+		params[i] += float32(r.NormFloat64() * 0.3)
+	}
+	in, tg := Batch(r, 2, 5, vocab)
+	loss := func() float64 {
+		l, err := m.Forward(in, tg, 2, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(l)
+	}
+	loss()
+	m.ZeroGrad()
+	if err := m.Backward(); err != nil {
+		t.Fatal(err)
+	}
+	var gTensors [][]float32
+	for _, g := range m.GradTensors() {
+		gTensors = append(gTensors, append([]float32(nil), g...))
+	}
+	const h = 1e-3
+	for ti, spec := range specs {
+		x := m.Tensors()[ti]
+		g := gTensors[ti]
+		// directional derivative
+		u := make([]float32, len(x))
+		var dot float64
+		for i := range u {
+			u[i] = float32(1 - 2*r.IntN(2))
+			dot += float64(u[i]) * float64(g[i])
+		}
+		orig := append([]float32(nil), x...)
+		for i := range x {
+			x[i] = orig[i] + h*u[i]
+		}
+		up := loss()
+		for i := range x {
+			x[i] = orig[i] - h*u[i]
+		}
+		down := loss()
+		copy(x, orig)
+		num := (up - down) / (2 * h)
+		if d := math.Abs(num - dot); d > 1e-3+2e-2*math.Abs(num) {
+			t.Errorf("%s: directional derivative analytic %.6f, numeric %.6f", name(spec), dot, num)
+		}
+		// largest coordinate
+		best := 0
+		for i := range g {
+			if math.Abs(float64(g[i])) > math.Abs(float64(g[best])) {
+				best = i
+			}
+		}
+		x[best] = orig[best] + 1e-2
+		up = loss()
+		x[best] = orig[best] - 1e-2
+		down = loss()
+		x[best] = orig[best]
+		num = (up - down) / 2e-2
+		if d := math.Abs(num - float64(g[best])); d > 1e-3+2e-2*math.Abs(num) {
+			t.Errorf("%s[%d]: analytic %.6f, numeric %.6f", name(spec), best, g[best], num)
+		}
+	}
+}
+
+// RejectsBadInput checks that m's Forward refuses batches that do not fit a
+// model of context 6 and vocabulary 11 (the tests' tiny configs), and that
+// Backward refuses to run before a forward pass.
+func RejectsBadInput(t testing.TB, m Model) {
+	t.Helper()
+	for _, tc := range []struct {
+		in, tg []uint32
+		b, t   int
+	}{
+		{make([]uint32, 7), nil, 1, 7},          // longer than the context
+		{make([]uint32, 3), nil, 1, 4},          // wrong count
+		{[]uint32{0, 99}, nil, 1, 2},            // token outside the vocabulary
+		{[]uint32{0, 1}, []uint32{0, 11}, 1, 2}, // target outside the vocabulary
+	} {
+		if _, err := m.Forward(tc.in, tc.tg, tc.b, tc.t); err == nil {
+			t.Errorf("accepted %+v", tc)
+		}
+	}
+	if err := m.Backward(); err == nil {
+		t.Error("backward without a forward pass")
+	}
+}
+
+// Steps runs b.Loop over training steps of m on one batch of bs sequences of
+// t tokens: forward, ZeroGrad, backward.
+func Steps(b *testing.B, m Model, in, tg []uint32, bs, t int) {
+	for b.Loop() {
+		if _, err := m.Forward(in, tg, bs, t); err != nil {
+			b.Fatal(err)
+		}
+		m.ZeroGrad()
+		if err := m.Backward(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TrainingLowersTheLoss takes a few AdamW-free SGD steps of m on one batch
+// (params and grads are its parameter and gradient buffers, vocab its
+// vocabulary): a working backward pass must drive the loss down.
+func TrainingLowersTheLoss(t testing.TB, m Model, params, grads []float32, vocab int) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(4, 4))
+	in, tg := Batch(r, 4, 6, vocab)
+	first, _ := m.Forward(in, tg, 4, 6)
+	var last float32
+	for i := 0; i < 100; i++ {
+		l, _ := m.Forward(in, tg, 4, 6)
+		last = l
+		m.ZeroGrad()
+		_ = m.Backward()
+		for j := range params {
+			params[j] -= 0.5 * grads[j]
+		}
+	}
+	if last > first*0.7 {
+		t.Fatalf("loss %.3f -> %.3f", first, last)
+	}
+}

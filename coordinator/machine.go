@@ -138,7 +138,12 @@ func (s *Coordinator) Tick(now, seed uint64) (bool, error) {
 			changed = true
 		}
 	case RoundWitness:
-		if s.timedOut(now, s.Config.RoundWitnessTime) {
+		// The witness window is slack for late witnesses: with every
+		// witness in, nobody is late, and the round ends at this tick.
+		// The seed still comes from the tick, never from a witness
+		// report (see endRound for why that gives the last witness no
+		// new say in it).
+		if s.timedOut(now, s.Config.RoundWitnessTime) || s.witnessesIn(s.CurrentRound()) {
 			s.endRound(now, seed)
 			changed = true
 		}
@@ -237,7 +242,31 @@ func (s *Coordinator) startRoundTrain(now, seed uint64) {
 	s.setState(RoundTrain, now)
 }
 
-// endRound closes the current round when its witness time is over.
+// endRound closes the current round when its witness time is over, or at
+// the first tick after every witness is in.
+//
+// Ending as soon as the witnesses are in gives the last witness no new say
+// in the seed this tick draws (next_round_seed, round h+2's). Nothing in a
+// witness report feeds the seed: the backend draws it when the tick runs (the
+// server from its random source; the program from the tick's slot, its
+// clock, the account key and the nonce). All the last witness chooses is
+// when its report lands, and it chose that before too: the witness window
+// began at its report, so the report's time fixed the second the round
+// would end, and delaying it by up to max_round_train_time picked among as
+// many candidate ticks as it does now. What ends is only the wait of a
+// fixed window after that choice; the tick that follows is the same
+// "anyone may tick, the first tick wins" race as every other transition.
+//
+// Health checks stay sound: a health check names the previous round, and
+// the coordinator judges it against the previous round as it stands when the
+// check lands; one that lands after this round has ended is refused (its
+// proof is for the round that ended, or the client is healthy in the new
+// previous round), never wrongly accepted. A client that stays dead misses the next round
+// too, so its health score fails again there and the next round's
+// witnesses check it anew, against the new previous round; a late or
+// refused check only delays the drop by a round. When a witness is dead
+// the round waits for max_round_train_time and then the full witness
+// window, as before.
 func (s *Coordinator) endRound(now, seed uint64) {
 	e := &s.Epoch
 	e.FirstRound = false

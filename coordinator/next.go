@@ -25,7 +25,7 @@ func (s *Coordinator) NextRound() (r Round, trainers []Pubkey, ok bool) {
 
 // DueAt is the earliest time (unix seconds) at which Tick changes the run
 // by a timeout alone, or now when a condition already makes it change (a
-// warmup below min_clients); ok is false when no tick can change it until an
+// warmup below min_clients, every witness of the round in); ok is false when no tick can change it until an
 // instruction does (halted, or waiting for members that are not there). A
 // backend that ticks at DueAt, and again after each instruction, ticks no
 // later than one that ticks on a fixed interval; the timeouts themselves are
@@ -53,6 +53,9 @@ func (s *Coordinator) DueAt(now uint64) (at uint64, ok bool) {
 		}
 		return timeout(s.Config.MaxRoundTrainTime), true
 	case RoundWitness:
+		if s.witnessesIn(s.CurrentRound()) {
+			return now, true
+		}
 		return timeout(s.Config.RoundWitnessTime), true
 	case Cooldown:
 		if s.Epoch.Checkpointed {

@@ -791,7 +791,10 @@ static uint64_t tick(struct psy_account *s, uint64_t now, uint64_t seed, int *ch
 		}
 		break;
 	case ST_ROUND_WITNESS:
-		if (timed_out(s, now, s->config.round_witness_time)) {
+		/* The witness window is slack for late witnesses: with every
+		 * witness in the round ends at this tick (see Tick and endRound
+		 * in coordinator/machine.go for why the seed stays safe). */
+		if (timed_out(s, now, s->config.round_witness_time) || witnesses_in(s, cur_round(s))) {
 			end_round(s, now, seed);
 			ch = 1;
 		}

@@ -255,8 +255,10 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 		m.applyDue(&rd)
 		if s.RunState == coordinator.RoundTrain {
 			m.train(&rd)
-			m.healthChecks(&rd)
 		}
+		// In either phase: a round whose witnesses are all in ends at once,
+		// so a node may never see its RoundTrain.
+		m.healthChecks(&rd)
 		m.trainAhead(&rd)
 		m.maybeWitness(&rd)
 	case coordinator.Cooldown:
@@ -769,7 +771,10 @@ func (m *machine) witness(rd *Ready, warmup bool) {
 
 // healthChecks reports, once per round, the clients that a quorum of the
 // previous round's witnesses did not see. Only that round's witnesses report,
-// and the coordinator checks every claim against the blooms itself.
+// and the coordinator checks every claim against the blooms itself. A check
+// that lands after its round ended is refused; it is not retried, because the
+// next round computes its checks anew: a client that stays dead is missing
+// from that round's blooms too, and the next round's witnesses name it.
 func (m *machine) healthChecks(rd *Ready) {
 	s := m.snap
 	prev := s.PreviousRound()

@@ -150,7 +150,7 @@ func (h *history) observeView(s *coordinator.Coordinator) {
 	case coordinator.RoundTrain:
 		timeout(c.MaxRoundTrainTime, "witnessing (or early, once every witness reported)")
 	case coordinator.RoundWitness:
-		timeout(c.RoundWitnessTime, "the next round, or cooldown")
+		timeout(c.RoundWitnessTime, "the next round, or cooldown (at the next tick once every witness reported)")
 	case coordinator.Cooldown:
 		timeout(c.CooldownTime, "the next epoch (or early, once a checkpoint is recorded)")
 	}

@@ -348,6 +348,12 @@ func (n *Node) Run(ctx context.Context) error {
 				ended = n.cfg.clock.Work()
 				n.observe(s.State)
 				rd = n.m.snapshot(s.State)
+				if n.cfg.ticking && !rd.Tick {
+					// A transition that an instruction made due (the
+					// last witness report is in: the round ends at the
+					// next tick) is ticked now, not at the next check.
+					rd.Tick = n.m.turnToTick(uint64(n.cfg.clock.Now().Unix()))
+				}
 			case a := <-anns:
 				ended = n.cfg.clock.Work()
 				rd = n.m.announced(a)

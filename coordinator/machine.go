@@ -251,22 +251,23 @@ func (s *Coordinator) startRoundTrain(now, seed uint64) {
 // server from its random source; the program from the tick's slot, its
 // clock, the account key and the nonce). All the last witness chooses is
 // when its report lands, and it chose that before too: the witness window
-// began at its report, so the report's time fixed the second the round
-// would end, and delaying it by up to max_round_train_time picked among as
-// many candidate ticks as it does now. What ends is only the wait of a
-// fixed window after that choice; the tick that follows is the same
-// "anyone may tick, the first tick wins" race as every other transition.
+// began at its report, so the report's time fixed when the round would end,
+// and delaying the report (up to max_round_train_time) already picked among
+// candidate ticks, one per second or slot of delay. What is gone is only a
+// fixed wait after that choice; the tick that follows is the same "anyone
+// may tick, the first tick wins" race as every other transition.
 //
 // Health checks stay sound: a health check names the previous round, and
 // the coordinator judges it against the previous round as it stands when the
-// check lands; one that lands after this round has ended is refused (its
-// proof is for the round that ended, or the client is healthy in the new
-// previous round), never wrongly accepted. A client that stays dead misses the next round
-// too, so its health score fails again there and the next round's
-// witnesses check it anew, against the new previous round; a late or
-// refused check only delays the drop by a round. When a witness is dead
-// the round waits for max_round_train_time and then the full witness
-// window, as before.
+// check lands. One that lands after this round ended is judged against the
+// round that just ended: its proof, drawn from the old round's seed, is
+// refused unless it happens to match, and then it drops the client only if
+// that round's witnesses did not see it either. A client that stays dead
+// misses the next round too, so its health score fails again there and that
+// round's witnesses check it anew (a trainer computes its checks afresh each
+// round); a late or refused check only delays the drop by a round. When a
+// witness is dead the round waits for max_round_train_time and then the
+// full witness window, as before.
 func (s *Coordinator) endRound(now, seed uint64) {
 	e := &s.Epoch
 	e.FirstRound = false

@@ -69,7 +69,7 @@ func assignments(from, to uint32, trainers ...coordinator.ClientID) []p2p.Assign
 
 func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 	alice, mallory := clientIDOf("alice"), clientIDOf("mallory")
-	ids := []coordinator.ClientID{alice, clientIDOf("carol"), mallory}
+	ids := []coordinator.ClientID{alice, clientIDOf("carol"), mallory, clientIDOf("mallet")}
 	a := startNode(t, "alice", WithReannounceInterval(0))
 	reg := prometheus.NewRegistry()
 	c := startNode(t, "carol", WithMetrics(NewMetrics(reg)))
@@ -131,37 +131,65 @@ func TestValidatorRejectsForgedReplayedUnassigned(t *testing.T) {
 	forged.Trainer = alice
 	forgedBytes := sign(forged) // Sign puts mallory's p2p key in; put alice's back
 	copy(forgedBytes[2+len(testRun)+54:], alice.P2P[:])
-	cases := []struct {
+	type badCase struct {
 		name   string
 		data   []byte
 		reason string
+	}
+	// Two rejections cost a peer 80 points, exactly the graylist threshold
+	// (a peer is graylisted below it); a third graylists it, after which
+	// gossipsub drops its messages before validating them. Which of a
+	// burst's messages come in before that depends on how they are batched
+	// on the wire, so each rogue sends at most two that are rejected (the
+	// others are ignored, which costs nothing), and the rest come from a
+	// second rogue.
+	mallet := startRogue(t, "mallet")
+	for _, nd := range []*testNode{a, c} {
+		if err := nd.host.Connect(ctx, mallet.addrs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 60*time.Second, "mesh with the second rogue", func() bool {
+		return len(mallet.topic.ListPeers()) == 2
+	})
+	batches := []struct {
+		from  *rogue
+		cases []badCase
 	}{
-		{"forged signature", forgedBytes, "bad_signature"},
-		{"replay of alice's message", honestBytes, "replayed"},
-		{"unassigned batch", sign(own(10, 0, testRun)), "not_assigned"},
-		{"another run", sign(own(10, 1, "other-run")), "wrong_run"},
-		{"stale step", sign(own(7, 1, testRun)), "step_window"},
-		{"future step", sign(own(12, 1, testRun)), "step_window"},
-		{"oversize", make([]byte, p2p.MaxAnnouncementSize+1), "oversize"},
-		{"garbage", []byte{1, 2, 3}, "malformed"},
+		{m, []badCase{
+			{"forged signature", forgedBytes, "bad_signature"},
+			{"replay of alice's message", honestBytes, "replayed"},
+			{"unassigned batch", sign(own(10, 0, testRun)), "not_assigned"},
+			{"another run", sign(own(10, 1, "other-run")), "wrong_run"},
+			{"stale step", sign(own(7, 1, testRun)), "step_window"},
+			{"future step", sign(own(12, 1, testRun)), "step_window"},
+		}},
+		{mallet, []badCase{
+			{"oversize", make([]byte, p2p.MaxAnnouncementSize+1), "oversize"},
+			{"garbage", []byte{1, 2, 3}, "malformed"},
+		}},
+		// Mallory's third rejection graylists her (checked below).
+		{m, []badCase{{"garbage again", []byte{1, 2, 3, 4}, "malformed"}}},
 	}
 	want := map[string]uint64{}
-	for _, tc := range cases {
-		if err := m.topic.Publish(ctx, tc.data); err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		want[tc.reason]++
-	}
-	for _, nd := range []*testNode{a, c} {
-		eventually(t, 60*time.Second, nd.name+" refusing every bad announcement", func() bool {
-			got := nd.Stats().Rejected
-			for r, n := range want {
-				if got[r] < n {
-					return false
-				}
+	for _, b := range batches {
+		for _, tc := range b.cases {
+			if err := b.from.topic.Publish(ctx, tc.data); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
 			}
-			return true
-		})
+			want[tc.reason]++
+		}
+		for _, nd := range []*testNode{a, c} {
+			eventually(t, 60*time.Second, nd.name+" refusing every bad announcement", func() bool {
+				got := nd.Stats().Rejected
+				for r, n := range want {
+					if got[r] < n {
+						return false
+					}
+				}
+				return true
+			})
+		}
 	}
 	for r, n := range want {
 		if got := gathered(t, reg, "psyche_p2p_announcements_rejected_total", "reason", r); got < float64(n) {

@@ -99,7 +99,7 @@ func (d *DeMo) aggregate(dst [][]float32, frames []*Frame, emit func(dst []float
 				clear(tile)
 				c.tile(tile, frames, i, t)
 				p.dct.inverse(tile, tmp)
-				signs(tile)
+				d.opts.Update.direction(tile)
 				at := p.origin(t)
 				for r := 0; r < p.th; r++ {
 					emit(out, at+r*p.cols, tile[r*p.tw:(r+1)*p.tw])

@@ -17,6 +17,7 @@ type Options struct {
 	WeightDecay  float32     // decoupled weight decay, applied as θ *= 1 − lr·wd
 	ClipGradNorm float32     // clip the global gradient norm to this (0: off)
 	Aggregation  Aggregation // how Apply combines the peers' results (zero value: AggregateRobust)
+	Update       UpdateRule  // how Apply turns the decoded aggregate into a step (zero value: UpdateSign)
 	Workers      int         // goroutines for compression and aggregation (0: 1)
 }
 
@@ -29,7 +30,8 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 // residual keeps what was not sent, using the unquantized values); q is
 // transmitted. Applying a set of results combines every peer's q into dense
 // tiles (Options.Aggregation: by default a robust rule, or Psyche's average
-// of duplicate indices), inverts the DCT, takes the sign, and updates
+// of duplicate indices), inverts the DCT, takes the sign (or, with
+// Options.Update = UpdateRMS, scales each tile to unit RMS), and updates
 // θ ← θ·(1 − lr·wd) − lr·sign.
 //
 // The momentum is kept in the DCT domain, tile by tile. The DCT is orthonormal
@@ -42,6 +44,9 @@ type DeMo struct {
 	delta       [][]float32 // per tensor, tile-major: tile t at [t*tileSize, (t+1)*tileSize)
 	backup      [][]float32 // parameters saved by Speculate
 	speculating bool
+	// UpdateAdam's moments, the decoded aggregate's buffer, steps taken
+	adamM, adamV, adamA [][]float32
+	adamT               int
 }
 
 // NewDeMo returns a zero optimizer state for tensors of the given shapes.
@@ -54,6 +59,9 @@ func NewDeMo(shapes [][]int, o Options) (*DeMo, error) {
 	}
 	if o.Aggregation >= numAggregations {
 		return nil, fmt.Errorf("distro: unknown aggregation %d (want one of %v)", o.Aggregation, AggregationNames())
+	}
+	if o.Update >= numUpdateRules {
+		return nil, fmt.Errorf("distro: unknown update rule %d (want one of %v)", o.Update, UpdateRuleNames())
 	}
 	d := &DeMo{opts: o}
 	for _, s := range shapes {
@@ -201,15 +209,23 @@ func (d *DeMo) Check(f *Frame) error {
 
 // Aggregate writes to out the update direction of a set of results: for every
 // tile, the frames' coefficients combined by the run's aggregation rule,
-// inverse DCT, sign (−1, 0 or +1). The result is the same, bit for bit,
+// inverse DCT, sign (−1, 0 or +1; under the experimental update rules, the
+// tile scaled to unit RMS, clamped, or raw for UpdateAdam). The result is the same, bit for bit,
 // whatever the order of frames.
 func (d *DeMo) Aggregate(out [][]float32, frames []*Frame) error {
 	return d.aggregate(out, frames, func(dst []float32, at int, dir []float32) { copy(dst[at:], dir) })
 }
 
 // Apply updates params with a set of results (the consensus results of a
-// round, in any order): θ ← θ·(1 − lr·wd) − lr·sign(aggregate).
+// round, in any order): θ ← θ·(1 − lr·wd) − lr·sign(aggregate) (or the
+// run's Options.Update instead of sign).
 func (d *DeMo) Apply(params [][]float32, frames []*Frame, lr float32) error {
+	if d.opts.Update == UpdateAdam {
+		if err := d.checkTensors("parameter", params); err != nil {
+			return err
+		}
+		return d.applyAdam(params, frames, lr)
+	}
 	keep := 1 - lr*d.opts.WeightDecay
 	return d.aggregate(params, frames, func(dst []float32, at int, dir []float32) {
 		row := dst[at : at+len(dir)]

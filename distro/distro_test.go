@@ -295,6 +295,10 @@ func TestDistroConvergesOnAQuadratic(t *testing.T) {
 }
 
 func testConvergesOnAQuadratic(t *testing.T, rule Aggregation) {
+	testConvergesOnAQuadraticWith(t, rule, UpdateSign)
+}
+
+func testConvergesOnAQuadraticWith(t *testing.T, rule Aggregation, update UpdateRule) {
 	r := rand.New(rand.NewPCG(11, 12))
 	shapes := [][]int{{32, 32}, {48}}
 	target := randomTensors(r, shapes, 1)
@@ -308,7 +312,7 @@ func testConvergesOnAQuadratic(t *testing.T, rule Aggregation) {
 	dist := func() float64 { return relErrTensors(params, target) }
 	start := dist()
 	const peers, steps = 4, 400
-	opts := Options{Chunk: 8, TopK: 8, Quantize1Bit: true, Decay: 0.9, Aggregation: rule}
+	opts := Options{Chunk: 8, TopK: 8, Quantize1Bit: true, Decay: 0.9, Aggregation: rule, Update: update}
 	var opt [peers]*DeMo
 	for p := range opt {
 		opt[p], _ = NewDeMo(shapes, opts)

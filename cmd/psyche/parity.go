@@ -34,7 +34,7 @@ tokens is held out for validation.`,
 		&cli.IntFlag{Name: "layers", Value: 2, Usage: "transformer blocks", Category: "MODEL"},
 		&cli.IntFlag{Name: "heads", Value: 4, Usage: "attention heads", Category: "MODEL"},
 		&cli.Float64Flag{Name: "adam-lr", Value: 3e-3, Usage: "peak AdamW learning rate", Category: "OPTIMIZER"},
-		&cli.Float64Flag{Name: "distro-lr", Value: 4e-3, Usage: "peak DisTrO learning rate", Category: "OPTIMIZER"},
+		&cli.Float64Flag{Name: "distro-lr", Usage: "peak DisTrO learning rate (0: 0.256/width, which measured best at widths 64 and 128 and near best at 384: sign descent wants a rate that falls with the width)", Category: "OPTIMIZER"},
 		&cli.Float64Flag{Name: "decay", Value: 0.97, Usage: "DisTrO momentum decay (compression_decay)", Category: "OPTIMIZER"},
 		&cli.IntFlag{Name: "chunk", Value: 64, Usage: "DisTrO compression_chunk", Category: "OPTIMIZER"},
 		&cli.IntFlag{Name: "topk", Value: 16, Usage: "DisTrO compression_topk", Category: "OPTIMIZER"},
@@ -42,6 +42,9 @@ tokens is held out for validation.`,
 		&cli.Float64Flag{Name: "clip", Value: 1, Usage: "DisTrO clip_grad_norm, like AdamW's (0: off)", Category: "OPTIMIZER"},
 		&cli.Float64Flag{Name: "weight-decay", Usage: "DisTrO weight_decay", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "aggregation", Value: distro.AggregateRobust.String(), Usage: "how the peers' results combine: " + strings.Join(distro.AggregationNames(), ", ") + " (as a run's model.optimizer.aggregation)", Category: "OPTIMIZER"},
+		&cli.Float64Flag{Name: "embed-lr-scale", Value: 1, Usage: "experiment: DisTrO lr multiplier of the embeddings (wte, wpe)", Category: "OPTIMIZER"},
+		&cli.Float64Flag{Name: "vector-lr-scale", Value: 1, Usage: "experiment: DisTrO lr multiplier of layer norms and biases", Category: "OPTIMIZER"},
+		&cli.StringFlag{Name: "update", Value: distro.UpdateSign.String(), Usage: "how the decoded aggregate becomes a step: " + strings.Join(distro.UpdateRuleNames(), ", ") + " (as a run's model.optimizer.update)", Category: "OPTIMIZER"},
 		&cli.BoolFlag{Name: "rice", Value: true, Usage: "send indices as Rice codes of their gaps (--rice=false: DESIGN.md's fixed widths)", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "data", Usage: "token file (default: the embedded Opticks text)", Category: "DATA"},
 		&cli.IntFlag{Name: "token-size", Value: 2, Usage: "bytes per token of --data (2 or 4)", Category: "DATA"},
@@ -85,18 +88,27 @@ func runParity(c *cli.Context) error {
 	if !ok {
 		return fmt.Errorf("--aggregation %q: want one of %s", c.String("aggregation"), strings.Join(distro.AggregationNames(), ", "))
 	}
+	upd, ok := distro.ParseUpdateRule(c.String("update"))
+	if !ok {
+		return fmt.Errorf("--update %q: want one of %s", c.String("update"), strings.Join(distro.UpdateRuleNames(), ", "))
+	}
+	distroLR := c.Float64("distro-lr")
+	if distroLR == 0 {
+		distroLR = parity.DefaultDistroLR(c.Int("width"))
+	}
 	cfg := parity.Config{
 		Model:  gpt.Config{Vocab: vocab, Context: seqLen, Width: c.Int("width"), Layers: c.Int("layers"), Heads: c.Int("heads")},
 		SeqLen: seqLen, Batch: c.Int("batch"), Peers: c.Int("peers"), Steps: c.Int("steps"),
 		WarmupSteps: max(1, c.Int("steps")/15),
-		AdamLR:      float32(c.Float64("adam-lr")), DistroLR: float32(c.Float64("distro-lr")),
+		AdamLR:      float32(c.Float64("adam-lr")), DistroLR: float32(distroLR),
 		Distro: distro.Options{Chunk: c.Int("chunk"), TopK: c.Int("topk"), Quantize1Bit: c.Bool("one-bit"),
-			RiceIndices: c.Bool("rice"), ClipGradNorm: float32(c.Float64("clip")), WeightDecay: float32(c.Float64("weight-decay")), Decay: float32(c.Float64("decay")), Aggregation: agg, Workers: 2},
+			RiceIndices: c.Bool("rice"), ClipGradNorm: float32(c.Float64("clip")), WeightDecay: float32(c.Float64("weight-decay")), Decay: float32(c.Float64("decay")), Aggregation: agg, Update: upd, Workers: 2},
+		EmbedLRScale: float32(c.Float64("embed-lr-scale")), VectorLRScale: float32(c.Float64("vector-lr-scale")),
 		EvalEvery: c.Int("eval-every"), EvalSeqs: min(c.Int("eval-seqs"), int(val.NumSequences())), Seed: c.Uint64("seed"),
 	}
 	out := c.App.Writer
-	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, %d DisTrO peers (chunk %d, top-k %d, 1-bit %v, Rice-coded indices %v, clip %g, aggregation %s)\n",
-		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.Peers, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit, cfg.Distro.RiceIndices, cfg.Distro.ClipGradNorm, cfg.Distro.Aggregation)
+	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, AdamW lr %g, %d DisTrO peers (lr %g, chunk %d, top-k %d, 1-bit %v, Rice-coded indices %v, clip %g, weight decay %g, aggregation %s, update %s)\n",
+		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.AdamLR, cfg.Peers, cfg.DistroLR, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit, cfg.Distro.RiceIndices, cfg.Distro.ClipGradNorm, cfg.Distro.WeightDecay, cfg.Distro.Aggregation, cfg.Distro.Update)
 	res, err := parity.Run(ctx, cfg, train, val, out)
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -36,10 +37,22 @@ type Config struct {
 	AdamLR      float32 // peak learning rate of AdamW
 	DistroLR    float32 // peak learning rate of DisTrO
 	Distro      distro.Options
-	EvalEvery   int // steps between validation evaluations
-	EvalSeqs    int // validation sequences per evaluation
-	Seed        uint64
+	// DisTrO learning-rate multipliers of the embeddings (wte, wpe) and of
+	// the vectors (layer norms, biases); 0 means 1. An experiment of this
+	// command only: a run has one learning rate for every tensor.
+	EmbedLRScale, VectorLRScale float32
+	EvalEvery                   int // steps between validation evaluations
+	EvalSeqs                    int // validation sequences per evaluation
+	Seed                        uint64
 }
+
+// DefaultDistroLR is the peak DisTrO learning rate psyche parity uses for a
+// model of the given width: 0.256/width (4e-3 at width 64, 2e-3 at 128,
+// 6.7e-4 at 384). Sign descent moves every parameter by the rate, so the
+// change of a layer's output grows with its fan-in: the best rate measured
+// fell from 4e-3 at width 64 to 2e-3 at 128 and to about 5e-4–1e-3 at 384
+// (README, "DisTrO vs AdamW").
+func DefaultDistroLR(width int) float64 { return 0.256 / float64(max(1, width)) }
 
 // Row is one evaluation point.
 type Row struct {
@@ -166,6 +179,8 @@ func Run(ctx context.Context, cfg Config, train, val Sequences, progress io.Writ
 	}
 	res := &Result{Params: cfg.Model.NumParams(), Backend: adam.Backend().Name(),
 		DenseBytes: 4 * float64(cfg.Model.NumParams())}
+	groups := lrGroups(&cfg)
+	before := make([][]float32, len(groups))
 	tr := &loader{src: train, seqLen: cfg.SeqLen}
 	vl := &loader{src: val, seqLen: cfg.SeqLen}
 	share := cfg.Batch / cfg.Peers
@@ -222,7 +237,7 @@ func Run(ctx context.Context, cfg Config, train, val Sequences, progress io.Writ
 				return nil, err
 			}
 		}
-		if err := peers[0].Apply(dmodel.Tensors(), frames, lr); err != nil {
+		if err := applyGrouped(&cfg, peers[0], dmodel.Tensors(), frames, lr, groups, before); err != nil {
 			return nil, err
 		}
 		distroTime += time.Since(start)
@@ -252,6 +267,50 @@ func Run(ctx context.Context, cfg Config, train, val Sequences, progress io.Writ
 	res.DistroGFLOPs = flops * res.DistroTokensPerSec / 1e9
 	res.MatmulGFLOPs = MatmulGFLOPs(adam.Backend())
 	return res, nil
+}
+
+// lrGroups is each tensor's learning-rate multiplier (Config.EmbedLRScale,
+// VectorLRScale), in Specs order.
+func lrGroups(cfg *Config) []float32 {
+	scale := func(s float32) float32 {
+		if s == 0 {
+			return 1
+		}
+		return s
+	}
+	var out []float32
+	for _, s := range cfg.Model.Specs() {
+		switch {
+		case s.Name == "wte" || s.Name == "wpe":
+			out = append(out, scale(cfg.EmbedLRScale))
+		case strings.HasPrefix(s.Name, "ln") || strings.HasSuffix(s.Name, ".bias"):
+			out = append(out, scale(cfg.VectorLRScale))
+		default:
+			out = append(out, 1)
+		}
+	}
+	return out
+}
+
+// applyGrouped applies the round and then scales each tensor's change by its
+// group's multiplier (before is scratch, one slice per tensor).
+func applyGrouped(cfg *Config, d *distro.DeMo, params [][]float32, frames []*distro.Frame, lr float32, groups []float32, before [][]float32) error {
+	for i, m := range groups {
+		if m != 1 {
+			before[i] = append(before[i][:0], params[i]...)
+		}
+	}
+	if err := d.Apply(params, frames, lr); err != nil {
+		return err
+	}
+	for i, m := range groups {
+		if m != 1 {
+			for j, b := range before[i] {
+				params[i][j] = b + m*(params[i][j]-b)
+			}
+		}
+	}
+	return nil
 }
 
 // MatmulGFLOPs measures the backend's Gemm on 512×512 matrices.

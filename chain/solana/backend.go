@@ -24,6 +24,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	sol "github.com/gagliardetto/solana-go"
@@ -118,7 +119,27 @@ func WithConfirmTimeout(d time.Duration) Option {
 type Backend struct {
 	cfg     config
 	clients []*rpc.Client
+
+	mu       sync.Mutex
+	accounts map[string]sol.PublicKey // run id -> coordinator account, as its instance named it
+	bh       blockhashCache
 }
+
+// blockhashCache keeps a recent blockhash for blockhashReuse, so that a
+// send is not one more RPC round trip behind getLatestBlockhash (a blockhash
+// stays valid for ~150 slots, a minute). Two identical messages under one
+// blockhash would be one transaction (the same signature: the second is
+// refused as already processed), so the signatures sent under it are kept
+// and a repeat takes a fresh blockhash.
+type blockhashCache struct {
+	hash    sol.Hash
+	fetched time.Time
+	sent    map[sol.Signature]bool
+}
+
+// blockhashReuse is how long a fetched blockhash is reused: far inside its
+// validity, so a send that is retried or waits a while still lands.
+const blockhashReuse = 10 * time.Second
 
 var _ chain.Backend = (*Backend)(nil)
 
@@ -136,7 +157,7 @@ func New(opts ...Option) (*Backend, error) {
 	if len(cfg.wss) == 0 {
 		return nil, errors.New("solana: no websocket endpoint given")
 	}
-	b := &Backend{cfg: cfg}
+	b := &Backend{cfg: cfg, accounts: map[string]sol.PublicKey{}}
 	for _, u := range cfg.rpcs {
 		b.clients = append(b.clients, rpc.New(u))
 	}
@@ -292,12 +313,11 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 			system.NewTransferInstruction(small, sender, instance).Build())
 	default:
 		var err error
-		if instance, account, err = b.coordinatorAccount(ctx, runID); err != nil {
+		var snap chain.Snapshot
+		if instance, account, snap, err = b.current(ctx, runID); err != nil {
 			return chain.Receipt{}, err
 		}
-		if snap, err := b.snapshotOf(ctx, account); err == nil {
-			before, beforeNonce = snap.State.RunState, snap.Nonce()
-		}
+		before, beforeNonce = snap.State.RunState, snap.Nonce()
 	}
 	keys := abi.Keys{Instance: coordinator.Pubkey(instance), Coordinator: coordinator.Pubkey(account), Sender: coordinator.Pubkey(sender)}
 	if coSigner != nil {
@@ -318,6 +338,9 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 		return chain.Receipt{}, err
 	}
 	if _, free := ix.(*coordinator.FreeCoordinator); free {
+		b.mu.Lock()
+		delete(b.accounts, runID)
+		b.mu.Unlock()
 		return chain.Receipt{Changed: true, From: before, To: before}, nil
 	}
 	snap, err := b.snapshotOf(ctx, account)
@@ -332,45 +355,93 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 	return chain.Receipt{Changed: changed, From: before, To: snap.State.RunState, Nonce: snap.Nonce()}, nil
 }
 
+// current is a run's instance, coordinator account and state for Send. The
+// coordinator account a run's instance names is remembered (asking the
+// instance first is one more serial RPC round trip per instruction); a run
+// freed and created again under the same id has a new account, and the old
+// one is gone, so a remembered account that is not there is looked up again.
+func (b *Backend) current(ctx context.Context, runID string) (instance, account sol.PublicKey, snap chain.Snapshot, err error) {
+	if instance, err = b.Instance(runID); err != nil {
+		return
+	}
+	b.mu.Lock()
+	account, ok := b.accounts[runID]
+	b.mu.Unlock()
+	if ok {
+		snap, err = b.snapshotOf(ctx, account)
+		if err == nil || !(errors.Is(err, chain.ErrRunNotFound) || errors.Is(err, ErrWrongOwner)) {
+			return
+		}
+	}
+	if instance, account, err = b.coordinatorAccount(ctx, runID); err != nil {
+		return
+	}
+	if snap, err = b.snapshotOf(ctx, account); err != nil {
+		return
+	}
+	b.mu.Lock()
+	b.accounts[runID] = account
+	b.mu.Unlock()
+	return
+}
+
 func key(s chain.Signer) sol.PublicKey { p := s.Public(); return sol.PublicKeyFromBytes(p[:]) }
 
 // submit signs, sends (with preflight, so program errors come back at once)
 // and waits for confirmation.
 func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, signers map[sol.PublicKey]chain.Signer, ixs []sol.Instruction) error {
-	var bh *rpc.GetLatestBlockhashResult
-	if err := b.call(ctx, func(c *rpc.Client) error {
-		var err error
-		bh, err = c.GetLatestBlockhash(ctx, rpc.CommitmentConfirmed)
-		return err
-	}); err != nil {
-		return err
-	}
-	tx, err := sol.NewTransaction(ixs, bh.Value.Blockhash, sol.TransactionPayer(payer))
-	if err != nil {
-		return fmt.Errorf("solana: building %s: %w", what, err)
-	}
-	msg, err := tx.Message.MarshalBinary()
-	if err != nil {
-		return fmt.Errorf("solana: encoding %s: %w", what, err)
-	}
-	for _, k := range tx.Message.Signers() {
-		s, ok := signers[k]
-		if !ok {
-			return fmt.Errorf("solana: %s needs a signature of %s", what, k)
-		}
-		tx.Signatures = append(tx.Signatures, sol.SignatureFromBytes(s.Sign(msg)))
-	}
 	var sig sol.Signature
-	err = b.call(ctx, func(c *rpc.Client) error {
-		var err error
-		sig, err = c.SendTransactionWithOpts(ctx, tx, rpc.TransactionOpts{PreflightCommitment: rpc.CommitmentConfirmed})
-		return err
-	})
-	if err != nil {
-		return programError(what, err)
+	for fresh := false; ; fresh = true {
+		bh, err := b.blockhash(ctx, fresh)
+		if err != nil {
+			return err
+		}
+		tx, err := sol.NewTransaction(ixs, bh, sol.TransactionPayer(payer))
+		if err != nil {
+			return fmt.Errorf("solana: building %s: %w", what, err)
+		}
+		msg, err := tx.Message.MarshalBinary()
+		if err != nil {
+			return fmt.Errorf("solana: encoding %s: %w", what, err)
+		}
+		for _, k := range tx.Message.Signers() {
+			s, ok := signers[k]
+			if !ok {
+				return fmt.Errorf("solana: %s needs a signature of %s", what, k)
+			}
+			tx.Signatures = append(tx.Signatures, sol.SignatureFromBytes(s.Sign(msg)))
+		}
+		if !b.claim(bh, tx.Signatures[0]) {
+			// The same message under this blockhash was sent before.
+			if fresh {
+				// The node has not produced a new one yet: wait a slot's time.
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		err = b.call(ctx, func(c *rpc.Client) error {
+			var err error
+			sig, err = c.SendTransactionWithOpts(ctx, tx, rpc.TransactionOpts{PreflightCommitment: rpc.CommitmentConfirmed})
+			return err
+		})
+		if err != nil && !fresh && strings.Contains(err.Error(), "BlockhashNotFound") {
+			continue // the reused blockhash expired after all (a node restarted, slots sped up)
+		}
+		if err != nil {
+			return programError(what, err)
+		}
+		break
 	}
+	// A short fixed interval first: a confirmation comes within a slot or
+	// two (at once on the local validator, which executes on receipt), and a
+	// doubling wait would add up to half of itself after it. Then back off.
 	deadline := time.Now().Add(b.cfg.confirm)
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+	fast := time.Now().Add(3 * time.Second)
+	for wait := 50 * time.Millisecond; ; {
 		var st *rpc.GetSignatureStatusesResult
 		err := b.call(ctx, func(c *rpc.Client) error {
 			var err error
@@ -397,7 +468,50 @@ func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, 
 			return ctx.Err()
 		case <-time.After(wait):
 		}
+		if time.Now().After(fast) {
+			wait = min(2*wait, time.Second)
+		}
 	}
+}
+
+// blockhash is a recent blockhash: the cached one while it is younger than
+// blockhashReuse, unless fresh asks for the node's latest.
+func (b *Backend) blockhash(ctx context.Context, fresh bool) (sol.Hash, error) {
+	b.mu.Lock()
+	c := b.bh
+	b.mu.Unlock()
+	if !fresh && !c.fetched.IsZero() && time.Since(c.fetched) < blockhashReuse {
+		return c.hash, nil
+	}
+	var bh *rpc.GetLatestBlockhashResult
+	if err := b.call(ctx, func(c *rpc.Client) error {
+		var err error
+		bh, err = c.GetLatestBlockhash(ctx, rpc.CommitmentConfirmed)
+		return err
+	}); err != nil {
+		return sol.Hash{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if bh.Value.Blockhash != b.bh.hash {
+		b.bh = blockhashCache{hash: bh.Value.Blockhash, fetched: time.Now(), sent: map[sol.Signature]bool{}}
+	}
+	return bh.Value.Blockhash, nil
+}
+
+// claim records a transaction's signature under blockhash bh; false means
+// it was sent before (identical message and blockhash).
+func (b *Backend) claim(bh sol.Hash, sig sol.Signature) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.bh.hash != bh {
+		return true // not the cached one (a newer one replaced it meanwhile)
+	}
+	if b.bh.sent[sig] {
+		return false
+	}
+	b.bh.sent[sig] = true
+	return true
 }
 
 var (

@@ -369,8 +369,10 @@ func TestSubscriptionEndsWhenFreed(t *testing.T) {
 // TestRepeatedInstructionAndRecreatedRun covers what the backend remembers
 // between sends: a reused blockhash must not turn the same instruction sent
 // twice by the same signer into one transaction (identical message, identical
-// signature), and a run freed and created again under its id has a new
-// coordinator account that the next send must find.
+// signature), a run freed and created again under its id has a new
+// coordinator account that the next send must find, and an instruction sent
+// without a preflight simulation (tick, witness) is still refused with the
+// coordinator's error.
 func TestRepeatedInstructionAndRecreatedRun(t *testing.T) {
 	v := startValidator(t)
 	b := newBackend(t, v)
@@ -398,6 +400,15 @@ func TestRepeatedInstructionAndRecreatedRun(t *testing.T) {
 				t.Fatalf("run %d, update %d: nonce %d after %d: the update did not execute", round, i, r.Nonce, last)
 			}
 			last = r.Nonce
+		}
+		// Ticks and witness reports go without a preflight simulation: a
+		// refusal still comes back as the coordinator's error.
+		var ce *coordinator.Error
+		if _, err := b.Send(ctx, run, admin, nil, &coordinator.Tick{}); !errors.Is(err, coordinator.ErrHalted) {
+			t.Fatalf("run %d: a tick on a halted run: %v", round, err)
+		}
+		if _, err := b.Send(ctx, run, admin, nil, &coordinator.WitnessRound{}); !errors.As(err, &ce) {
+			t.Fatalf("run %d: a witness report of no client: %v, not a coordinator error", round, err)
 		}
 		if _, err := b.Send(ctx, run, admin, nil, &coordinator.FreeCoordinator{}); err != nil {
 			t.Fatal(err)

@@ -205,10 +205,20 @@ func (b *Backend) Instance(runID string) (sol.PublicKey, error) {
 }
 
 func (b *Backend) accountData(ctx context.Context, key sol.PublicKey) ([]byte, sol.PublicKey, error) {
+	return b.accountSlice(ctx, key, nil)
+}
+
+// accountSlice is accountData of the first head bytes only (all with nil).
+func (b *Backend) accountSlice(ctx context.Context, key sol.PublicKey, head *uint64) ([]byte, sol.PublicKey, error) {
 	var res *rpc.GetAccountInfoResult
+	opts := &rpc.GetAccountInfoOpts{Encoding: sol.EncodingBase64, Commitment: rpc.CommitmentConfirmed}
+	if head != nil {
+		zero := uint64(0)
+		opts.DataSlice = &rpc.DataSlice{Offset: &zero, Length: head}
+	}
 	err := b.call(ctx, func(c *rpc.Client) error {
 		var err error
-		res, err = c.GetAccountInfoWithOpts(ctx, key, &rpc.GetAccountInfoOpts{Encoding: sol.EncodingBase64, Commitment: rpc.CommitmentConfirmed})
+		res, err = c.GetAccountInfoWithOpts(ctx, key, opts)
 		return err
 	})
 	if errors.Is(err, rpc.ErrNotFound) || (err == nil && (res == nil || res.Value == nil)) {
@@ -249,6 +259,28 @@ func (b *Backend) Snapshot(ctx context.Context, runID string) (chain.Snapshot, e
 		return chain.Snapshot{}, err
 	}
 	return b.snapshotOf(ctx, account)
+}
+
+// headOf is the nonce and run state of a coordinator account, read from
+// the account's first coordinator.AccountHeadSize bytes: a receipt needs no
+// more, and the whole account is ~160 KB of base64 JSON for the node to
+// encode and this process to decode, twice per instruction.
+func (b *Backend) headOf(ctx context.Context, account sol.PublicKey) (nonce uint64, state coordinator.RunState, err error) {
+	n := uint64(coordinator.AccountHeadSize)
+	data, owner, err := b.accountSlice(ctx, account, &n)
+	if errors.Is(err, rpc.ErrNotFound) {
+		return 0, 0, fmt.Errorf("%w: coordinator account %s", chain.ErrRunNotFound, account)
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	if owner != b.cfg.program {
+		return 0, 0, fmt.Errorf("%w: coordinator account %s is owned by %s", ErrWrongOwner, account, owner)
+	}
+	if nonce, state, err = coordinator.DecodeAccountHead(data); err != nil {
+		return 0, 0, fmt.Errorf("solana: coordinator account %s: %w", account, err)
+	}
+	return nonce, state, nil
 }
 
 func (b *Backend) snapshotOf(ctx context.Context, account sol.PublicKey) (chain.Snapshot, error) {
@@ -314,11 +346,9 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 			system.NewTransferInstruction(small, sender, instance).Build())
 	default:
 		var err error
-		var snap chain.Snapshot
-		if instance, account, snap, err = b.current(ctx, runID); err != nil {
+		if instance, account, beforeNonce, before, err = b.current(ctx, runID); err != nil {
 			return chain.Receipt{}, err
 		}
-		before, beforeNonce = snap.State.RunState, snap.Nonce()
 	}
 	keys := abi.Keys{Instance: coordinator.Pubkey(instance), Coordinator: coordinator.Pubkey(account), Sender: coordinator.Pubkey(sender)}
 	if coSigner != nil {
@@ -352,7 +382,7 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 		b.mu.Unlock()
 		return chain.Receipt{Changed: true, From: before, To: before}, nil
 	}
-	snap, err := b.snapshotOf(ctx, account)
+	nonce, state, err := b.headOf(ctx, account)
 	if err != nil {
 		return chain.Receipt{}, err
 	}
@@ -360,16 +390,17 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 	// instruction changed nothing (a program older than the NothingDue
 	// error let a tick with nothing due succeed). A changed one may include
 	// someone else's instruction landing in between.
-	changed := beforeNonce == 0 || snap.Nonce() != beforeNonce
-	return chain.Receipt{Changed: changed, From: before, To: snap.State.RunState, Nonce: snap.Nonce()}, nil
+	changed := beforeNonce == 0 || nonce != beforeNonce
+	return chain.Receipt{Changed: changed, From: before, To: state, Nonce: nonce}, nil
 }
 
-// current is a run's instance, coordinator account and state for Send. The
-// coordinator account a run's instance names is remembered (asking the
+// current is a run's instance and coordinator account for Send, with the
+// account's nonce and run state before the instruction (nonce 0: unknown).
+// The coordinator account a run's instance names is remembered (asking the
 // instance first is one more serial RPC round trip per instruction); a run
 // freed and created again under the same id has a new account, and the old
 // one is gone, so a remembered account that is not there is looked up again.
-func (b *Backend) current(ctx context.Context, runID string) (instance, account sol.PublicKey, snap chain.Snapshot, err error) {
+func (b *Backend) current(ctx context.Context, runID string) (instance, account sol.PublicKey, nonce uint64, state coordinator.RunState, err error) {
 	if instance, err = b.Instance(runID); err != nil {
 		return
 	}
@@ -377,20 +408,25 @@ func (b *Backend) current(ctx context.Context, runID string) (instance, account 
 	account, ok := b.accounts[runID]
 	b.mu.Unlock()
 	if ok {
-		snap, err = b.snapshotOf(ctx, account)
-		if err == nil || !(errors.Is(err, chain.ErrRunNotFound) || errors.Is(err, ErrWrongOwner)) {
+		nonce, state, err = b.headOf(ctx, account)
+		if err == nil {
 			return
+		}
+		if !errors.Is(err, chain.ErrRunNotFound) && !errors.Is(err, ErrWrongOwner) {
+			return instance, account, 0, 0, nil // unknown, as below
 		}
 	}
 	if instance, account, err = b.coordinatorAccount(ctx, runID); err != nil {
 		return
 	}
-	if snap, err = b.snapshotOf(ctx, account); err != nil {
-		return
-	}
 	b.mu.Lock()
 	b.accounts[runID] = account
 	b.mu.Unlock()
+	if nonce, state, err = b.headOf(ctx, account); err != nil {
+		// The instruction goes ahead; the program checks the account. The
+		// receipt then reports the state after it as changed.
+		return instance, account, 0, 0, nil
+	}
 	return
 }
 

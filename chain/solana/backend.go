@@ -471,7 +471,7 @@ func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, 
 		}
 		err = b.call(ctx, func(c *rpc.Client) error {
 			var err error
-			sig, err = c.SendTransactionWithOpts(ctx, tx, rpc.TransactionOpts{PreflightCommitment: rpc.CommitmentConfirmed, SkipPreflight: skipPreflight[what]})
+			sig, err = c.SendTransactionWithOpts(ctx, tx, rpc.TransactionOpts{PreflightCommitment: rpc.CommitmentConfirmed})
 			return err
 		})
 		if err != nil && !fresh && strings.Contains(err.Error(), "BlockhashNotFound") {
@@ -520,14 +520,6 @@ func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, 
 		}
 	}
 }
-
-// skipPreflight names the instructions sent without a preflight simulation:
-// those on every round's critical path, which trainers send and which are
-// seldom refused. The simulation runs the program once more before the node
-// executes it (on the local validator it was about half of a send's
-// latency); without it a refused instruction still comes back, as the
-// transaction's status error, but on a real cluster it pays its fee.
-var skipPreflight = map[string]bool{(*coordinator.WitnessRound)(nil).Name(): true, (*coordinator.Tick)(nil).Name(): true}
 
 // blockhash is a recent blockhash: the cached one while it is younger than
 // blockhashReuse, unless fresh asks for the node's latest.

@@ -370,9 +370,8 @@ func TestSubscriptionEndsWhenFreed(t *testing.T) {
 // between sends: a reused blockhash must not turn the same instruction sent
 // twice by the same signer into one transaction (identical message, identical
 // signature), a run freed and created again under its id has a new
-// coordinator account that the next send must find, and an instruction sent
-// without a preflight simulation (tick, witness) is still refused with the
-// coordinator's error.
+// coordinator account that the next send must find, and a refused tick or
+// witness report still comes back as the coordinator's error.
 func TestRepeatedInstructionAndRecreatedRun(t *testing.T) {
 	v := startValidator(t)
 	b := newBackend(t, v)
@@ -401,8 +400,7 @@ func TestRepeatedInstructionAndRecreatedRun(t *testing.T) {
 			}
 			last = r.Nonce
 		}
-		// Ticks and witness reports go without a preflight simulation: a
-		// refusal still comes back as the coordinator's error.
+		// Refusals come back as the coordinator's errors.
 		var ce *coordinator.Error
 		if _, err := b.Send(ctx, run, admin, nil, &coordinator.Tick{}); !errors.Is(err, coordinator.ErrHalted) {
 			t.Fatalf("run %d: a tick on a halted run: %v", round, err)

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 )
 
@@ -96,6 +97,45 @@ func DecodeAccount(buf []byte) (*Coordinator, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// AccountHeadSize is the length of an account's head: the bytes
+// DecodeAccountHead reads (discriminator, version, nonce, ..., run_state).
+// A client that needs only those (the Solana backend, for a receipt) asks
+// for this slice of the account instead of all AccountSize bytes.
+var AccountHeadSize = headOffsets["run_state"] + 1
+
+// headOffsets are the offsets of the fields DecodeAccountHead reads, from
+// the layout itself.
+var headOffsets = func() map[string]int {
+	fields, err := LayoutTable()
+	if err != nil {
+		panic(err)
+	}
+	m := map[string]int{}
+	for _, f := range fields {
+		switch f.Name {
+		case "version", "nonce", "run_state":
+			m[f.Name] = f.Offset
+		}
+	}
+	return m
+}()
+
+// DecodeAccountHead reads the nonce and run state from the first
+// AccountHeadSize bytes of an account (or all of it), checking the
+// discriminator and version as DecodeAccount does.
+func DecodeAccountHead(buf []byte) (nonce uint64, state RunState, err error) {
+	if len(buf) < AccountHeadSize {
+		return 0, 0, fmt.Errorf("%w: account head is %d bytes, want %d", ErrWrongSize, len(buf), AccountHeadSize)
+	}
+	if !bytes.Equal(buf[:len(AccountDiscriminator)], AccountDiscriminator[:]) {
+		return 0, 0, fmt.Errorf("%w: got %x", ErrWrongDiscriminator, buf[:len(AccountDiscriminator)])
+	}
+	if v := binary.LittleEndian.Uint32(buf[headOffsets["version"]:]); v != AccountVersion {
+		return 0, 0, fmt.Errorf("%w: account has version %d, this build reads %d", ErrWrongVersion, v, AccountVersion)
+	}
+	return binary.LittleEndian.Uint64(buf[headOffsets["nonce"]:]), RunState(buf[headOffsets["run_state"]]), nil
 }
 
 // DecodeAccountInto is DecodeAccount into an existing value (which is

@@ -206,3 +206,19 @@ func TestREADMEAccountSize(t *testing.T) {
 		t.Fatalf("README.md does not say %q", want)
 	}
 }
+
+func TestDecodeAccountHead(t *testing.T) {
+	s := &Coordinator{Nonce: 0x0102030405060708, RunState: RoundWitness}
+	full := s.MarshalAccount()
+	nonce, st, err := DecodeAccountHead(full[:AccountHeadSize])
+	if err != nil || nonce != s.Nonce || st != s.RunState {
+		t.Fatalf("head: nonce %x state %v err %v", nonce, st, err)
+	}
+	if _, _, err := DecodeAccountHead(full[:AccountHeadSize-1]); !errors.Is(err, ErrWrongSize) {
+		t.Fatalf("short head: %v", err)
+	}
+	full[0] ^= 1
+	if _, _, err := DecodeAccountHead(full); !errors.Is(err, ErrWrongDiscriminator) {
+		t.Fatalf("bad discriminator: %v", err)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	sol "github.com/gagliardetto/solana-go"
@@ -118,7 +119,27 @@ func WithConfirmTimeout(d time.Duration) Option {
 type Backend struct {
 	cfg     config
 	clients []*rpc.Client
+
+	mu       sync.Mutex
+	accounts map[string]sol.PublicKey // run id -> coordinator account, as its instance named it
+	bh       blockhashCache
 }
+
+// blockhashCache keeps a recent blockhash for blockhashReuse, so that a
+// send is not one more RPC round trip behind getLatestBlockhash (a blockhash
+// stays valid for ~150 slots, a minute). Two identical messages under one
+// blockhash would be one transaction (the same signature: the second is
+// refused as already processed), so the signatures sent under it are kept
+// and a repeat takes a fresh blockhash.
+type blockhashCache struct {
+	hash    sol.Hash
+	fetched time.Time
+	sent    map[sol.Signature]bool
+}
+
+// blockhashReuse is how long a fetched blockhash is reused: far inside its
+// validity, so a send that is retried or waits a while still lands.
+const blockhashReuse = 10 * time.Second
 
 var _ chain.Backend = (*Backend)(nil)
 
@@ -136,7 +157,7 @@ func New(opts ...Option) (*Backend, error) {
 	if len(cfg.wss) == 0 {
 		return nil, errors.New("solana: no websocket endpoint given")
 	}
-	b := &Backend{cfg: cfg}
+	b := &Backend{cfg: cfg, accounts: map[string]sol.PublicKey{}}
 	for _, u := range cfg.rpcs {
 		b.clients = append(b.clients, rpc.New(u))
 	}
@@ -184,10 +205,20 @@ func (b *Backend) Instance(runID string) (sol.PublicKey, error) {
 }
 
 func (b *Backend) accountData(ctx context.Context, key sol.PublicKey) ([]byte, sol.PublicKey, error) {
+	return b.accountSlice(ctx, key, nil)
+}
+
+// accountSlice is accountData of the first head bytes only (all with nil).
+func (b *Backend) accountSlice(ctx context.Context, key sol.PublicKey, head *uint64) ([]byte, sol.PublicKey, error) {
 	var res *rpc.GetAccountInfoResult
+	opts := &rpc.GetAccountInfoOpts{Encoding: sol.EncodingBase64, Commitment: rpc.CommitmentConfirmed}
+	if head != nil {
+		zero := uint64(0)
+		opts.DataSlice = &rpc.DataSlice{Offset: &zero, Length: head}
+	}
 	err := b.call(ctx, func(c *rpc.Client) error {
 		var err error
-		res, err = c.GetAccountInfoWithOpts(ctx, key, &rpc.GetAccountInfoOpts{Encoding: sol.EncodingBase64, Commitment: rpc.CommitmentConfirmed})
+		res, err = c.GetAccountInfoWithOpts(ctx, key, opts)
 		return err
 	})
 	if errors.Is(err, rpc.ErrNotFound) || (err == nil && (res == nil || res.Value == nil)) {
@@ -230,6 +261,28 @@ func (b *Backend) Snapshot(ctx context.Context, runID string) (chain.Snapshot, e
 	return b.snapshotOf(ctx, account)
 }
 
+// headOf is the nonce and run state of a coordinator account, read from
+// the account's first coordinator.AccountHeadSize bytes: a receipt needs no
+// more, and the whole account is ~160 KB of base64 JSON for the node to
+// encode and this process to decode, twice per instruction.
+func (b *Backend) headOf(ctx context.Context, account sol.PublicKey) (nonce uint64, state coordinator.RunState, err error) {
+	n := uint64(coordinator.AccountHeadSize)
+	data, owner, err := b.accountSlice(ctx, account, &n)
+	if errors.Is(err, rpc.ErrNotFound) {
+		return 0, 0, fmt.Errorf("%w: coordinator account %s", chain.ErrRunNotFound, account)
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	if owner != b.cfg.program {
+		return 0, 0, fmt.Errorf("%w: coordinator account %s is owned by %s", ErrWrongOwner, account, owner)
+	}
+	if nonce, state, err = coordinator.DecodeAccountHead(data); err != nil {
+		return 0, 0, fmt.Errorf("solana: coordinator account %s: %w", account, err)
+	}
+	return nonce, state, nil
+}
+
 func (b *Backend) snapshotOf(ctx context.Context, account sol.PublicKey) (chain.Snapshot, error) {
 	data, owner, err := b.accountData(ctx, account)
 	if errors.Is(err, rpc.ErrNotFound) {
@@ -257,6 +310,7 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 	var beforeNonce uint64 // 0: unknown
 	sender := key(signer)
 	data := coordinator.EncodeInstruction(ix)
+	t0 := time.Now() // phase timings for the debug log: where an instruction's latency goes
 	switch ix.(type) {
 	case *coordinator.InitCoordinator:
 		var err error
@@ -292,11 +346,8 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 			system.NewTransferInstruction(small, sender, instance).Build())
 	default:
 		var err error
-		if instance, account, err = b.coordinatorAccount(ctx, runID); err != nil {
+		if instance, account, beforeNonce, before, err = b.current(ctx, runID); err != nil {
 			return chain.Receipt{}, err
-		}
-		if snap, err := b.snapshotOf(ctx, account); err == nil {
-			before, beforeNonce = snap.State.RunState, snap.Nonce()
 		}
 	}
 	keys := abi.Keys{Instance: coordinator.Pubkey(instance), Coordinator: coordinator.Pubkey(account), Sender: coordinator.Pubkey(sender)}
@@ -314,13 +365,24 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 		metas = append(metas, sol.NewAccountMeta(sol.PublicKeyFromBytes(a.Key[:]), a.Writable, a.Signer))
 	}
 	ixs = append(ixs, sol.NewInstruction(b.cfg.program, metas, data))
-	if err := b.submit(ctx, ix.Name(), sender, signers, ixs); err != nil {
+	t1 := time.Now()
+	sent, err := b.submit(ctx, ix.Name(), sender, signers, ixs)
+	if err != nil {
 		return chain.Receipt{}, err
 	}
+	t2 := time.Now()
+	defer func() {
+		b.cfg.log.Debug("solana send", "ix", ix.Name(), "before", t1.Sub(t0).Round(time.Millisecond),
+			"send", sent.Sub(t1).Round(time.Millisecond), "confirm", t2.Sub(sent).Round(time.Millisecond),
+			"after", time.Since(t2).Round(time.Millisecond))
+	}()
 	if _, free := ix.(*coordinator.FreeCoordinator); free {
+		b.mu.Lock()
+		delete(b.accounts, runID)
+		b.mu.Unlock()
 		return chain.Receipt{Changed: true, From: before, To: before}, nil
 	}
-	snap, err := b.snapshotOf(ctx, account)
+	nonce, state, err := b.headOf(ctx, account)
 	if err != nil {
 		return chain.Receipt{}, err
 	}
@@ -328,49 +390,105 @@ func (b *Backend) Send(ctx context.Context, runID string, signer, coSigner chain
 	// instruction changed nothing (a program older than the NothingDue
 	// error let a tick with nothing due succeed). A changed one may include
 	// someone else's instruction landing in between.
-	changed := beforeNonce == 0 || snap.Nonce() != beforeNonce
-	return chain.Receipt{Changed: changed, From: before, To: snap.State.RunState, Nonce: snap.Nonce()}, nil
+	changed := beforeNonce == 0 || nonce != beforeNonce
+	return chain.Receipt{Changed: changed, From: before, To: state, Nonce: nonce}, nil
+}
+
+// current is a run's instance and coordinator account for Send, with the
+// account's nonce and run state before the instruction (nonce 0: unknown).
+// The coordinator account a run's instance names is remembered (asking the
+// instance first is one more serial RPC round trip per instruction); a run
+// freed and created again under the same id has a new account, and the old
+// one is gone, so a remembered account that is not there is looked up again.
+func (b *Backend) current(ctx context.Context, runID string) (instance, account sol.PublicKey, nonce uint64, state coordinator.RunState, err error) {
+	if instance, err = b.Instance(runID); err != nil {
+		return
+	}
+	b.mu.Lock()
+	account, ok := b.accounts[runID]
+	b.mu.Unlock()
+	if ok {
+		nonce, state, err = b.headOf(ctx, account)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, chain.ErrRunNotFound) && !errors.Is(err, ErrWrongOwner) {
+			return instance, account, 0, 0, nil // unknown, as below
+		}
+	}
+	if instance, account, err = b.coordinatorAccount(ctx, runID); err != nil {
+		return
+	}
+	b.mu.Lock()
+	b.accounts[runID] = account
+	b.mu.Unlock()
+	if nonce, state, err = b.headOf(ctx, account); err != nil {
+		// The instruction goes ahead; the program checks the account. The
+		// receipt then reports the state after it as changed.
+		return instance, account, 0, 0, nil
+	}
+	return
 }
 
 func key(s chain.Signer) sol.PublicKey { p := s.Public(); return sol.PublicKeyFromBytes(p[:]) }
 
 // submit signs, sends (with preflight, so program errors come back at once)
 // and waits for confirmation.
-func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, signers map[sol.PublicKey]chain.Signer, ixs []sol.Instruction) error {
-	var bh *rpc.GetLatestBlockhashResult
-	if err := b.call(ctx, func(c *rpc.Client) error {
-		var err error
-		bh, err = c.GetLatestBlockhash(ctx, rpc.CommitmentConfirmed)
-		return err
-	}); err != nil {
-		return err
-	}
-	tx, err := sol.NewTransaction(ixs, bh.Value.Blockhash, sol.TransactionPayer(payer))
-	if err != nil {
-		return fmt.Errorf("solana: building %s: %w", what, err)
-	}
-	msg, err := tx.Message.MarshalBinary()
-	if err != nil {
-		return fmt.Errorf("solana: encoding %s: %w", what, err)
-	}
-	for _, k := range tx.Message.Signers() {
-		s, ok := signers[k]
-		if !ok {
-			return fmt.Errorf("solana: %s needs a signature of %s", what, k)
-		}
-		tx.Signatures = append(tx.Signatures, sol.SignatureFromBytes(s.Sign(msg)))
-	}
+// It returns when the node accepted the transaction, for the debug log.
+func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, signers map[sol.PublicKey]chain.Signer, ixs []sol.Instruction) (sent time.Time, err error) {
 	var sig sol.Signature
-	err = b.call(ctx, func(c *rpc.Client) error {
-		var err error
-		sig, err = c.SendTransactionWithOpts(ctx, tx, rpc.TransactionOpts{PreflightCommitment: rpc.CommitmentConfirmed})
-		return err
-	})
-	if err != nil {
-		return programError(what, err)
+	for fresh := false; ; fresh = true {
+		bh, err := b.blockhash(ctx, fresh)
+		if err != nil {
+			return sent, err
+		}
+		tx, err := sol.NewTransaction(ixs, bh, sol.TransactionPayer(payer))
+		if err != nil {
+			return sent, fmt.Errorf("solana: building %s: %w", what, err)
+		}
+		msg, err := tx.Message.MarshalBinary()
+		if err != nil {
+			return sent, fmt.Errorf("solana: encoding %s: %w", what, err)
+		}
+		for _, k := range tx.Message.Signers() {
+			s, ok := signers[k]
+			if !ok {
+				return sent, fmt.Errorf("solana: %s needs a signature of %s", what, k)
+			}
+			tx.Signatures = append(tx.Signatures, sol.SignatureFromBytes(s.Sign(msg)))
+		}
+		if !b.claim(bh, tx.Signatures[0]) {
+			// The same message under this blockhash was sent before.
+			if fresh {
+				// The node has not produced a new one yet: wait a slot's time.
+				select {
+				case <-ctx.Done():
+					return sent, ctx.Err()
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		err = b.call(ctx, func(c *rpc.Client) error {
+			var err error
+			sig, err = c.SendTransactionWithOpts(ctx, tx, rpc.TransactionOpts{PreflightCommitment: rpc.CommitmentConfirmed})
+			return err
+		})
+		if err != nil && !fresh && strings.Contains(err.Error(), "BlockhashNotFound") {
+			continue // the reused blockhash expired after all (a node restarted, slots sped up)
+		}
+		if err != nil {
+			return sent, programError(what, err)
+		}
+		break
 	}
+	sent = time.Now()
+	// A short fixed interval first: a confirmation comes within a slot or
+	// two (at once on the local validator, which executes on receipt), and a
+	// doubling wait would add up to half of itself after it. Then back off.
 	deadline := time.Now().Add(b.cfg.confirm)
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+	fast := time.Now().Add(3 * time.Second)
+	for wait := 50 * time.Millisecond; ; {
 		var st *rpc.GetSignatureStatusesResult
 		err := b.call(ctx, func(c *rpc.Client) error {
 			var err error
@@ -378,26 +496,69 @@ func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, 
 			return err
 		})
 		if err != nil {
-			return err
+			return sent, err
 		}
 		if len(st.Value) == 1 && st.Value[0] != nil {
 			s := st.Value[0]
 			if s.Err != nil {
-				return programError(what, fmt.Errorf("%v", jsonOf(s.Err)))
+				return sent, programError(what, fmt.Errorf("%v", jsonOf(s.Err)))
 			}
 			if s.ConfirmationStatus == rpc.ConfirmationStatusConfirmed || s.ConfirmationStatus == rpc.ConfirmationStatusFinalized {
-				return nil
+				return sent, nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %s %s", ErrNotConfirmed, what, sig)
+			return sent, fmt.Errorf("%w: %s %s", ErrNotConfirmed, what, sig)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return sent, ctx.Err()
 		case <-time.After(wait):
 		}
+		if time.Now().After(fast) {
+			wait = min(2*wait, time.Second)
+		}
 	}
+}
+
+// blockhash is a recent blockhash: the cached one while it is younger than
+// blockhashReuse, unless fresh asks for the node's latest.
+func (b *Backend) blockhash(ctx context.Context, fresh bool) (sol.Hash, error) {
+	b.mu.Lock()
+	c := b.bh
+	b.mu.Unlock()
+	if !fresh && !c.fetched.IsZero() && time.Since(c.fetched) < blockhashReuse {
+		return c.hash, nil
+	}
+	var bh *rpc.GetLatestBlockhashResult
+	if err := b.call(ctx, func(c *rpc.Client) error {
+		var err error
+		bh, err = c.GetLatestBlockhash(ctx, rpc.CommitmentConfirmed)
+		return err
+	}); err != nil {
+		return sol.Hash{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if bh.Value.Blockhash != b.bh.hash {
+		b.bh = blockhashCache{hash: bh.Value.Blockhash, fetched: time.Now(), sent: map[sol.Signature]bool{}}
+	}
+	return bh.Value.Blockhash, nil
+}
+
+// claim records a transaction's signature under blockhash bh; false means
+// it was sent before (identical message and blockhash).
+func (b *Backend) claim(bh sol.Hash, sig sol.Signature) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.bh.hash != bh {
+		return true // not the cached one (a newer one replaced it meanwhile)
+	}
+	if b.bh.sent[sig] {
+		return false
+	}
+	b.bh.sent[sig] = true
+	return true
 }
 
 var (

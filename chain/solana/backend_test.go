@@ -365,3 +365,51 @@ func TestSubscriptionEndsWhenFreed(t *testing.T) {
 		t.Fatalf("%d warnings: the stream broke instead of ending", warns.n)
 	}
 }
+
+// TestRepeatedInstructionAndRecreatedRun covers what the backend remembers
+// between sends: a reused blockhash must not turn the same instruction sent
+// twice by the same signer into one transaction (identical message, identical
+// signature), a run freed and created again under its id has a new
+// coordinator account that the next send must find, and a refused tick or
+// witness report still comes back as the coordinator's error.
+func TestRepeatedInstructionAndRecreatedRun(t *testing.T) {
+	v := startValidator(t)
+	b := newBackend(t, v)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := backendtest.Key("repeat-admin")
+	if err := b.Airdrop(ctx, admin.Public(), 10_000_000_000); err != nil {
+		t.Fatal(err)
+	}
+	run := runName(t, v, "repeat")
+	id, _ := coordinator.ParseRunID(run)
+	var m coordinator.Metadata
+	_ = coordinator.SetFixedString(m.Name[:], "same")
+	for round := range 2 {
+		if _, err := b.Send(ctx, run, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
+			t.Fatalf("init %d: %v", round, err)
+		}
+		var last uint64
+		for i := range 3 {
+			r, err := b.Send(ctx, run, admin, nil, &coordinator.Update{Metadata: &m})
+			if err != nil {
+				t.Fatalf("run %d, update %d: %v", round, i, err)
+			}
+			if r.Nonce <= last {
+				t.Fatalf("run %d, update %d: nonce %d after %d: the update did not execute", round, i, r.Nonce, last)
+			}
+			last = r.Nonce
+		}
+		// Refusals come back as the coordinator's errors.
+		var ce *coordinator.Error
+		if _, err := b.Send(ctx, run, admin, nil, &coordinator.Tick{}); !errors.Is(err, coordinator.ErrHalted) {
+			t.Fatalf("run %d: a tick on a halted run: %v", round, err)
+		}
+		if _, err := b.Send(ctx, run, admin, nil, &coordinator.WitnessRound{}); !errors.As(err, &ce) {
+			t.Fatalf("run %d: a witness report of no client: %v, not a coordinator error", round, err)
+		}
+		if _, err := b.Send(ctx, run, admin, nil, &coordinator.FreeCoordinator{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

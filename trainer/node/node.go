@@ -541,6 +541,7 @@ func (n *Node) sendTick(ctx context.Context, ev events) {
 }
 
 func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
+	start := time.Now() // the loop waits for the send: its latency is part of the round's
 	if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, ix); err != nil {
 		if ctx.Err() == nil {
 			n.cfg.log.Warn("instruction refused", "ix", ix.Name(), "err", err)
@@ -551,7 +552,7 @@ func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
 	case *coordinator.WitnessRound, *coordinator.WarmupWitness:
 		n.cfg.metrics.WitnessReports.Inc()
 	}
-	n.cfg.log.Info("sent", "ix", ix.Name())
+	n.cfg.log.Info("sent", "ix", ix.Name(), "took", time.Since(start).Round(time.Millisecond))
 }
 
 // pullResult is a pull's answer; done ends the work it counts as.

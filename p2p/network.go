@@ -100,6 +100,9 @@ type Stats struct {
 	Accepted    uint64 // announcements accepted by the validator (gossip and pull)
 	Delivered   uint64 // announcements handed to the trainer (including those then dropped)
 	Dropped     uint64 // announcements lost because Announcements() was not drained
+	// Early counts announcements for the next round that came before this
+	// node's view of the run reached it, kept and judged once it did.
+	Early uint64
 	// Rejected counts refused announcements by reason: bad_signature,
 	// wrong_run, step_window, not_assigned, oversize, malformed, replayed.
 	Rejected         map[string]uint64

@@ -260,6 +260,9 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 		return pubsub.ValidationAccept
 	}
 	a, err := n.check(m.Data)
+	if err != nil && n.holdEarly(a, m.Data, from, err) {
+		return pubsub.ValidationIgnore
+	}
 	if err != nil {
 		n.reject(err, from)
 		if errors.As(err, new(signedMalformed)) && n.markSeen(&a) {
@@ -277,6 +280,84 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 	n.m.Accepted.Inc()
 	m.ValidatorData = a
 	return pubsub.ValidationAccept
+}
+
+// An announcement for the step after this node's can come before the
+// coordinator snapshot that starts that round does: its trainer saw the
+// round start first (snapshots reach trainers at different times), trained
+// and published at once. Its batch is then not in this node's assignments
+// yet. Ignoring it would cost this node the result until a pull (a second,
+// and the round waits for this node's witness report), so the validator
+// keeps it, signed and from a client of the epoch, until SetAssignments
+// installs the next view, and judges it then. It is not relayed meanwhile
+// (flood publishing has already sent it to every peer of its trainer).
+type earlyAnnouncement struct {
+	a    p2p.Announcement
+	raw  []byte
+	from peer.ID
+}
+
+// At most this many early announcements are kept per trainer and in all: an
+// honest trainer has one result per round, and a liar fills only its own
+// share.
+const (
+	maxEarlyPerTrainer = 4
+	maxEarly           = 1024
+)
+
+// holdEarly keeps a for the next view if err says only that its batch is
+// not assigned yet at the step after this node's, and reports whether it
+// did. a's signature has been verified (check verifies it before the view).
+func (n *Node) holdEarly(a p2p.Announcement, raw []byte, from peer.ID, err error) bool {
+	if !errors.Is(err, p2p.ErrNotAssigned) || errors.As(err, new(signedMalformed)) || a.Step != n.step.Load()+1 {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if id, ok := n.clients[a.Trainer.P2P]; !ok || id != a.Trainer {
+		return false
+	}
+	k := nonceKey{a.Trainer.P2P, a.Nonce}
+	if _, dup := n.early[k]; dup {
+		return true
+	}
+	if len(n.early) >= maxEarly || n.earlyPer[a.Trainer.P2P] >= maxEarlyPerTrainer {
+		return false
+	}
+	n.early[k] = earlyAnnouncement{a: a, raw: raw, from: from}
+	n.earlyPer[a.Trainer.P2P]++
+	n.m.Early.Inc()
+	return true
+}
+
+// releaseEarly judges the early announcements against the view just
+// installed: it delivers those that pass, keeps those still a step ahead,
+// and refuses the rest as the validator would have.
+func (n *Node) releaseEarly() {
+	n.mu.Lock()
+	if len(n.early) == 0 {
+		n.mu.Unlock()
+		return
+	}
+	pending := n.early
+	n.early, n.earlyPer = map[nonceKey]earlyAnnouncement{}, map[coordinator.Pubkey]int{}
+	n.mu.Unlock()
+	for _, e := range pending {
+		err := n.checkView(&e.a)
+		switch {
+		case err == nil:
+			if !n.markSeen(&e.a) {
+				continue // it came again meanwhile, or by a pull
+			}
+			n.m.Accepted.Inc()
+			if n.hold(&e.a, e.raw) {
+				n.handOver(e.a)
+			}
+		case n.holdEarly(e.a, e.raw, e.from, err):
+		default:
+			n.reject(err, e.from)
+		}
+	}
 }
 
 // hold keeps an accepted announcement for pullers and reports whether the

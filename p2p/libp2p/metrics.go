@@ -18,6 +18,7 @@ type Metrics struct {
 	Rejected    *prometheus.CounterVec // label "reason": bad_signature, wrong_run, step_window, not_assigned, oversize, malformed, replayed
 	Delivered   prometheus.Counter     // announcements handed to the trainer (including those then dropped)
 	Dropped     prometheus.Counter     // announcements lost to a full Announcements channel
+	Early       prometheus.Counter     // announcements kept until the view reached their round (holdEarly)
 
 	BlobsFetched     prometheus.Counter
 	BlobBytes        prometheus.Counter   // payload bytes fetched
@@ -48,6 +49,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Rejected:         vec("announcements_rejected_total", "Announcements refused, by reason.", "reason"),
 		Delivered:        counter("announcements_delivered_total", "Peers' announcements handed to the trainer."),
 		Dropped:          counter("announcements_dropped_total", "Announcements lost because the trainer did not take them in time."),
+		Early:            counter("announcements_early_total", "Announcements for the next round kept until this node's view of the run reached it."),
 		BlobsFetched:     counter("blobs_fetched_total", "Result blobs fetched and verified."),
 		BlobBytes:        counter("blob_bytes_total", "Bytes of result blobs fetched."),
 		FetchSeconds:     prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "psyche", Subsystem: "p2p", Name: "fetch_seconds", Help: "Time to fetch a result blob, end to end.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
@@ -62,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Reported: vec("peers_reported_total", "Peer misconduct the trainer found (a bad result, equivocation), by kind.", "why"),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.Reannounced, m.Accepted, m.Rejected, m.Delivered, m.Dropped, m.BlobsFetched,
+		reg.MustRegister(m.Published, m.Reannounced, m.Accepted, m.Rejected, m.Delivered, m.Dropped, m.Early, m.BlobsFetched,
 			m.BlobBytes, m.FetchSeconds, m.FetchRetries, m.FetchFailures, m.CheckpointBlocks, m.PeerErrors, m.BlocksFrom, m.Peers, m.Paths, m.Reported)
 	}
 	return m
@@ -80,7 +82,7 @@ func WithMetrics(m *Metrics) Option {
 func (m *Metrics) stats() p2p.Stats {
 	u := func(c prometheus.Metric) uint64 { return uint64(promread.Value(c)) }
 	s := p2p.Stats{Published: u(m.Published), Reannounced: u(m.Reannounced), Accepted: u(m.Accepted), Delivered: u(m.Delivered),
-		Dropped: u(m.Dropped), BlobsFetched: u(m.BlobsFetched), FetchRetries: u(m.FetchRetries), FetchFailures: u(m.FetchFailures),
+		Dropped: u(m.Dropped), Early: u(m.Early), BlobsFetched: u(m.BlobsFetched), FetchRetries: u(m.FetchRetries), FetchFailures: u(m.FetchFailures),
 		CheckpointBlocks: u(m.CheckpointBlocks), Rejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{},
 		BlocksFrom: map[coordinator.Pubkey]uint64{}}
 	for r, v := range promread.ByLabel(m.Rejected, "reason") {

@@ -75,8 +75,10 @@ type Node struct {
 	ckptRefs     []coordinator.Hash
 	offered      *checkpointOffer // what joiners are told to fetch
 	refs         map[coordinator.Hash]int
-	reports      map[peer.ID]*misconduct // ReportPeer
-	rejectLogged map[rejectKey]bool      // (peer, reason) pairs already logged as warnings
+	reports      map[peer.ID]*misconduct        // ReportPeer
+	rejectLogged map[rejectKey]bool             // (peer, reason) pairs already logged as warnings
+	early        map[nonceKey]earlyAnnouncement // a step ahead of the view (holdEarly)
+	earlyPer     map[coordinator.Pubkey]int     // early announcements per trainer
 
 	disc   *discovery
 	relays *relays
@@ -170,6 +172,7 @@ func New(opts ...Option) (*Node, error) {
 		cfg: cfg, log: cfg.logger.With("peer", id.String()), m: cfg.metrics, key: key, signer: cfg.signer,
 		host: h, gate: gate, out: make(chan p2p.Announcement, 4096),
 		clients: map[coordinator.Pubkey]coordinator.ClientID{}, seen: map[nonceKey]uint32{},
+		early: map[nonceKey]earlyAnnouncement{}, earlyPer: map[coordinator.Pubkey]int{},
 		delivered: map[deliveryKey]struct{}{}, held: map[uint32][][]byte{}, heldKeys: map[deliveryKey]struct{}{},
 		own: map[deliveryKey]p2p.Announcement{}, stepRefs: map[uint32][]coordinator.Hash{},
 		refs: map[coordinator.Hash]int{}, reports: map[peer.ID]*misconduct{}, rejectLogged: map[rejectKey]bool{},
@@ -419,6 +422,7 @@ func (n *Node) SetAssignments(as []p2p.Assignment) {
 	n.mu.Lock()
 	n.assignments = m
 	n.mu.Unlock()
+	n.releaseEarly()
 }
 
 // SetStep sets the coordinator's current step: the validator accepts

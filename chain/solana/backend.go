@@ -25,9 +25,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	sol "github.com/gagliardetto/solana-go"
+	computebudget "github.com/gagliardetto/solana-go/programs/compute-budget"
 	"github.com/gagliardetto/solana-go/programs/system"
 	"github.com/gagliardetto/solana-go/rpc"
 	"github.com/gagliardetto/solana-go/rpc/jsonrpc"
@@ -123,6 +125,7 @@ type Backend struct {
 	mu       sync.Mutex
 	accounts map[string]sol.PublicKey // run id -> coordinator account, as its instance named it
 	bh       blockhashCache
+	repeats  atomic.Uint32 // uniqueLimit's counter
 }
 
 // blockhashCache keeps a recent blockhash for blockhashReuse, so that a
@@ -130,7 +133,7 @@ type Backend struct {
 // stays valid for ~150 slots, a minute). Two identical messages under one
 // blockhash would be one transaction (the same signature: the second is
 // refused as already processed), so the signatures sent under it are kept
-// and a repeat takes a fresh blockhash.
+// and a repeat is made unique (uniqueLimit).
 type blockhashCache struct {
 	hash    sol.Hash
 	fetched time.Time
@@ -437,12 +440,16 @@ func key(s chain.Signer) sol.PublicKey { p := s.Public(); return sol.PublicKeyFr
 // It returns when the node accepted the transaction, for the debug log.
 func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, signers map[sol.PublicKey]chain.Signer, ixs []sol.Instruction) (sent time.Time, err error) {
 	var sig sol.Signature
-	for fresh := false; ; fresh = true {
+	msgIxs := ixs
+	for fresh, tries := false, 0; ; tries++ {
+		if tries == 8 {
+			return sent, fmt.Errorf("solana: %s: no unique message after %d tries", what, tries)
+		}
 		bh, err := b.blockhash(ctx, fresh)
 		if err != nil {
 			return sent, err
 		}
-		tx, err := sol.NewTransaction(ixs, bh, sol.TransactionPayer(payer))
+		tx, err := sol.NewTransaction(msgIxs, bh, sol.TransactionPayer(payer))
 		if err != nil {
 			return sent, fmt.Errorf("solana: building %s: %w", what, err)
 		}
@@ -458,15 +465,12 @@ func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, 
 			tx.Signatures = append(tx.Signatures, sol.SignatureFromBytes(s.Sign(msg)))
 		}
 		if !b.claim(bh, tx.Signatures[0]) {
-			// The same message under this blockhash was sent before.
-			if fresh {
-				// The node has not produced a new one yet: wait a slot's time.
-				select {
-				case <-ctx.Done():
-					return sent, ctx.Err()
-				case <-time.After(100 * time.Millisecond):
-				}
-			}
+			// The same message under this blockhash was sent before: a
+			// repeated instruction (a tick carries no data of its own).
+			// A compute-unit limit that differs from every earlier one
+			// makes it a new transaction at once; the next blockhash would
+			// take up to a slot.
+			msgIxs = append([]sol.Instruction{b.uniqueLimit()}, ixs...)
 			continue
 		}
 		err = b.call(ctx, func(c *rpc.Client) error {
@@ -475,6 +479,7 @@ func (b *Backend) submit(ctx context.Context, what string, payer sol.PublicKey, 
 			return err
 		})
 		if err != nil && !fresh && strings.Contains(err.Error(), "BlockhashNotFound") {
+			fresh = true
 			continue // the reused blockhash expired after all (a node restarted, slots sped up)
 		}
 		if err != nil {
@@ -544,6 +549,17 @@ func (b *Backend) blockhash(ctx context.Context, fresh bool) (sol.Hash, error) {
 		b.bh = blockhashCache{hash: bh.Value.Blockhash, fetched: time.Now(), sent: map[sol.Signature]bool{}}
 	}
 	return bh.Value.Blockhash, nil
+}
+
+// uniqueLimit is a compute-budget instruction that sets the transaction's
+// compute-unit limit to one no earlier call of this backend gave (within
+// 2^16 calls): the most a transaction may use, less a counter. Without a
+// unit price it costs nothing, and the limit stays far above what any
+// coordinator instruction uses.
+func (b *Backend) uniqueLimit() sol.Instruction {
+	const maxUnits = 1_400_000
+	n := b.repeats.Add(1)
+	return computebudget.NewSetComputeUnitLimitInstruction(maxUnits - uint32(n%(1<<16))).Build()
 }
 
 // claim records a transaction's signature under blockhash bh; false means

@@ -635,28 +635,63 @@ const server = http.createServer((req, res) => {
 const wss = new WebSocketServer({ noServer: true, maxPayload: 1 << 20 });
 let nextSubscription = 1;
 
+// An account's rendering as a commit left it, shared by every subscription
+// that asks for it in the same encoding: a coordinator account is ~160 KB,
+// ~213 KB in base64, and rendering it once per subscriber per commit was
+// most of this process's time in a training run (four trainers and a
+// ticker each subscribe). Keyed by the commit event, so a new commit starts
+// afresh.
+let renderedEvent = null;
+let rendered = new Map();
+function renderedAccount(ev, address, account, cfg) {
+  if (renderedEvent !== ev) {
+    renderedEvent = ev;
+    rendered = new Map();
+  }
+  const k = `${address} ${cfg.encoding}`;
+  let r = rendered.get(k);
+  if (!r) {
+    const text = stringify(encodeAccount(account() ?? DEFAULT_ACCOUNT, cfg));
+    // The UTF-8 bytes too: sending a string makes the websocket measure
+    // and encode it again for every subscriber.
+    r = { text, bytes: Buffer.from(text, "utf8") };
+    rendered.set(k, r);
+  }
+  return r;
+}
+
 wss.on("connection", (sock) => {
   const subs = new Map(); // id -> { kind, ... }
   const send = (obj) => sock.readyState === sock.OPEN && sock.send(stringify(obj));
   const notify = (method, id, result) => send({ jsonrpc: "2.0", method, params: { result, subscription: id } });
+  // notifyRendered is notify with a value already rendered (renderedAccount),
+  // wrapped in before and after (JSON text) when it is part of one.
+  const notifyRendered = (method, id, value, before = "", after = "") =>
+    sock.readyState === sock.OPEN &&
+    sock.send(
+      Buffer.concat([
+        Buffer.from(`{"jsonrpc":"2.0","method":${stringify(method)},"params":{"result":{"context":${stringify(context())},"value":${before}`),
+        value.bytes,
+        Buffer.from(`${after}},"subscription":${stringify(id)}}}`),
+      ]),
+      { binary: false },
+    );
 
   const off = chain.on((ev) => {
     for (const [id, s] of subs) {
       if (s.kind === "account" && ev.kind === "commit") {
-        const value = encodeAccount(chain.account(s.address) ?? DEFAULT_ACCOUNT, s.cfg);
-        const text = stringify(value);
-        if (text !== s.last) {
-          s.last = text;
-          notify("accountNotification", id, { context: context(), value });
+        const r = renderedAccount(ev, s.address, () => chain.account(s.address), s.cfg);
+        if (r.text !== s.last) {
+          s.last = r.text;
+          notifyRendered("accountNotification", id, r);
         }
       } else if (s.kind === "program" && ev.kind === "commit") {
         for (const [pubkey, a] of chain.programAccounts(s.program)) {
           if (!filterMatches(s.filters, a.data)) continue;
-          const account = encodeAccount(a, s.cfg);
-          const text = stringify(account);
-          if (s.last.get(pubkey) !== text) {
-            s.last.set(pubkey, text);
-            notify("programNotification", id, { context: context(), value: { pubkey, account } });
+          const r = renderedAccount(ev, pubkey, () => a, s.cfg);
+          if (s.last.get(pubkey) !== r.text) {
+            s.last.set(pubkey, r.text);
+            notifyRendered("programNotification", id, r, `{"pubkey":${stringify(pubkey)},"account":`, "}");
           }
         }
       } else if (s.kind === "logs" && ev.kind === "commit" && ev.tx) {

@@ -193,6 +193,9 @@ type Node struct {
 	id      coordinator.ClientID
 	model   runmodel.Model
 	fetches fetchQueue
+	// sends carries instructions to the sender goroutine (Run starts it),
+	// in the order the machine asked for them.
+	sends chan outgoing
 	// badPeers are the trainers whose bad results were logged as warnings.
 	badPeers map[coordinator.Pubkey]bool
 	// peerWait is when this node first failed to load the epoch's model
@@ -289,6 +292,26 @@ func (n *Node) Run(ctx context.Context) error {
 		return err
 	}
 	defer n.finishAhead() // nothing uses the model after Run
+	// Instructions go out from a goroutine of their own, one at a time in
+	// the order asked: a send waits for the backend to confirm it (a
+	// transaction's confirmation on Solana, the state file's fsync on the
+	// server), tens of milliseconds in which the loop would otherwise not
+	// take the snapshot that starts the next round, or a fetched result.
+	n.sends = make(chan outgoing, 256)
+	sender := make(chan struct{})
+	go func() {
+		defer close(sender)
+		for o := range n.sends {
+			n.send(ctx, o.ix)
+			o.done()
+		}
+	}()
+	defer func() {
+		// What was asked is sent (or fails with ctx) before Run returns: a
+		// node that leaves still says what it witnessed.
+		close(n.sends)
+		<-sender
+	}()
 	ev := events{fetched: make(chan fetchResult, 16), pulled: make(chan pullResult, 1), ticked: make(chan func(), 1)}
 	anns := n.net.Announcements()
 	tick, stopTick := n.cfg.clock.Ticker(time.Second)
@@ -477,7 +500,12 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 		next = append(next, n.m.trainedResult(ann, frame, st))
 	}
 	for _, ix := range rd.Send {
-		n.send(ctx, ix)
+		o := outgoing{ix: ix, done: n.cfg.clock.Work()} // until it is sent
+		select {
+		case n.sends <- o:
+		case <-ctx.Done():
+			o.done()
+		}
 	}
 	n.fetches.waiting = append(n.fetches.waiting, rd.Fetch...)
 	n.startFetches(ctx, ev)
@@ -540,8 +568,15 @@ func (n *Node) sendTick(ctx context.Context, ev events) {
 	}()
 }
 
+// outgoing is an instruction on its way to the sender; done ends the work
+// it counts as.
+type outgoing struct {
+	ix   coordinator.Instruction
+	done func()
+}
+
 func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
-	start := time.Now() // the loop waits for the send: its latency is part of the round's
+	start := time.Now() // a send's latency is part of the round's
 	if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, ix); err != nil {
 		if ctx.Err() == nil {
 			n.cfg.log.Warn("instruction refused", "ix", ix.Name(), "err", err)

@@ -259,9 +259,19 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 		}
 		return pubsub.ValidationAccept
 	}
+	view := n.views.Load() // the view check judges by, or a later one
 	a, err := n.check(m.Data)
-	if err != nil && n.holdEarly(a, m.Data, from, err) {
-		return pubsub.ValidationIgnore
+	for tries := 0; err != nil && tries < 3; tries++ {
+		r := n.holdEarly(a, m.Data, from, err, view)
+		if r == earlyKept {
+			return pubsub.ValidationIgnore
+		}
+		if r != earlyViewMoved {
+			break
+		}
+		// SetAssignments ran meanwhile: judge it by the new view.
+		view = n.views.Load()
+		a, err = n.check(m.Data)
 	}
 	if err != nil {
 		n.reject(err, from)
@@ -305,29 +315,44 @@ const (
 	maxEarly           = 1024
 )
 
+// holdEarly's answers.
+const (
+	earlyNo        = iota // not an early announcement: refuse it
+	earlyKept             // kept until the view moves
+	earlyViewMoved        // the view moved since view: check it again
+)
+
 // holdEarly keeps a for the next view if err says only that its batch is
-// not assigned yet at the step after this node's, and reports whether it
-// did. a's signature has been verified (check verifies it before the view).
-func (n *Node) holdEarly(a p2p.Announcement, raw []byte, from peer.ID, err error) bool {
-	if !errors.Is(err, p2p.ErrNotAssigned) || errors.As(err, new(signedMalformed)) || a.Step != n.step.Load()+1 {
-		return false
+// not assigned yet at the step after this node's, and says what it did.
+// view is the view (n.views) read before the check that found err: a view
+// installed since may assign the batch already, so nothing is kept then. a's
+// signature has been verified (check verifies it before the view).
+func (n *Node) holdEarly(a p2p.Announcement, raw []byte, from peer.ID, err error, view uint64) int {
+	if !errors.Is(err, p2p.ErrNotAssigned) || errors.As(err, new(signedMalformed)) {
+		return earlyNo
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.views.Load() != view {
+		return earlyViewMoved
+	}
+	if a.Step != n.step.Load()+1 {
+		return earlyNo
+	}
 	if id, ok := n.clients[a.Trainer.P2P]; !ok || id != a.Trainer {
-		return false
+		return earlyNo
 	}
 	k := nonceKey{a.Trainer.P2P, a.Nonce}
 	if _, dup := n.early[k]; dup {
-		return true
+		return earlyKept
 	}
 	if len(n.early) >= maxEarly || n.earlyPer[a.Trainer.P2P] >= maxEarlyPerTrainer {
-		return false
+		return earlyNo
 	}
 	n.early[k] = earlyAnnouncement{a: a, raw: raw, from: from}
 	n.earlyPer[a.Trainer.P2P]++
 	n.m.Early.Inc()
-	return true
+	return earlyKept
 }
 
 // releaseEarly judges the early announcements against the view just
@@ -339,7 +364,7 @@ func (n *Node) releaseEarly() {
 		n.mu.Unlock()
 		return
 	}
-	pending := n.early
+	pending, view := n.early, n.views.Load()
 	n.early, n.earlyPer = map[nonceKey]earlyAnnouncement{}, map[coordinator.Pubkey]int{}
 	n.mu.Unlock()
 	for _, e := range pending {
@@ -353,7 +378,7 @@ func (n *Node) releaseEarly() {
 			if n.hold(&e.a, e.raw) {
 				n.handOver(e.a)
 			}
-		case n.holdEarly(e.a, e.raw, e.from, err):
+		case n.holdEarly(e.a, e.raw, e.from, err, view) == earlyKept:
 		default:
 			n.reject(err, e.from)
 		}

@@ -59,6 +59,7 @@ type Node struct {
 	out    chan p2p.Announcement
 
 	step       atomic.Uint32
+	views      atomic.Uint64 // SetAssignments calls: the version of the validator's view (holdEarly)
 	nonce      atomic.Uint64
 	maxPayload atomic.Int64 // SetMaxPayload
 
@@ -421,6 +422,7 @@ func (n *Node) SetAssignments(as []p2p.Assignment) {
 	m := p2p.IndexAssignments(as)
 	n.mu.Lock()
 	n.assignments = m
+	n.views.Add(1)
 	n.mu.Unlock()
 	n.releaseEarly()
 }

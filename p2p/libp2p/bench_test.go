@@ -104,8 +104,9 @@ func TestBenchReport(t *testing.T) {
 			var times, refs, ratios, cpus, faulted []time.Duration
 			for range *benchRounds {
 				step++
+				payloads := roundPayloads(cluster, step, size)
 				u0 := usage()
-				d := runRound(t, cluster, step, size)
+				d := runRoundOf(t, cluster, step, payloads)
 				u1 := usage()
 				if t.Failed() {
 					t.FailNow()

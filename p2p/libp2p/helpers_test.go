@@ -166,16 +166,23 @@ func randomBytes(seed uint64, n int) []byte {
 // have announced, falling back to Pull when gossip is slow.
 func collect(ctx context.Context, nd *testNode, step uint32, want int) ([]p2p.Announcement, error) {
 	var got []p2p.Announcement
+	err := collectEach(ctx, nd, step, want, func(a p2p.Announcement) { got = append(got, a) })
+	return got, err
+}
+
+// collectEach is collect that hands each trainer's first announcement to
+// each as it arrives.
+func collectEach(ctx context.Context, nd *testNode, step uint32, want int, each func(p2p.Announcement)) error {
 	seen := map[coordinator.Pubkey]bool{}
 	add := func(a p2p.Announcement) {
 		if a.Step == step && !seen[a.Trainer.P2P] {
 			seen[a.Trainer.P2P] = true
-			got = append(got, a)
+			each(a)
 		}
 	}
 	pull := time.NewTicker(time.Second)
 	defer pull.Stop()
-	for len(got) < want {
+	for len(seen) < want {
 		select {
 		case a := <-nd.Announcements():
 			add(a)
@@ -185,10 +192,10 @@ func collect(ctx context.Context, nd *testNode, step uint32, want int) ([]p2p.An
 				add(a)
 			}
 		case <-ctx.Done():
-			return got, fmt.Errorf("%s: %d of %d announcements for step %d: %w", nd.name, len(got), want, step, ctx.Err())
+			return fmt.Errorf("%s: %d of %d announcements for step %d: %w", nd.name, len(seen), want, step, ctx.Err())
 		}
 	}
-	return got, nil
+	return nil
 }
 
 // fetchAll fetches every announcement concurrently.

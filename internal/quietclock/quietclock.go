@@ -9,6 +9,12 @@
 // loaded machine still ends by its witnesses, and an epoch of N seconds
 // holds the same number of steps on a fast machine and a slow one.
 //
+// A run that never waits (its rounds end as soon as their results are in,
+// back to back) would never see its clock move, and so never end an epoch:
+// SetBusyLimit lets the clock move a step after that much real time without
+// an advance even while work is in progress. Timeouts can then race compute
+// again, but only in a run that has not waited for the whole limit.
+//
 // The settle period covers what no Work marks: a message in flight between
 // two parts (a gossip announcement, a snapshot on its way to a subscriber).
 // Missing one costs one extra step of virtual time, which a run's timeouts
@@ -27,9 +33,13 @@ type Clock struct {
 	now     time.Time
 	busy    int
 	changed time.Time // real time of the last change in busy, or of the last advance
-	tickers map[*ticker]struct{}
-	hooks   []func(time.Time)
-	kick    chan struct{} // wakes Run when work ends
+	// advanced is the real time of the last advance (or of New); busyLimit
+	// is SetBusyLimit's (0: none).
+	advanced  time.Time
+	busyLimit time.Duration
+	tickers   map[*ticker]struct{}
+	hooks     []func(time.Time)
+	kick      chan struct{} // wakes Run when work ends
 }
 
 type ticker struct {
@@ -40,7 +50,7 @@ type ticker struct {
 
 // New returns a clock that reads start until it is advanced.
 func New(start time.Time) *Clock {
-	return &Clock{now: start, changed: time.Now(), tickers: map[*ticker]struct{}{}, kick: make(chan struct{}, 1)}
+	return &Clock{now: start, changed: time.Now(), advanced: time.Now(), tickers: map[*ticker]struct{}{}, kick: make(chan struct{}, 1)}
 }
 
 // Now is the virtual time.
@@ -98,6 +108,15 @@ func (c *Clock) OnAdvance(f func(now time.Time)) {
 	c.hooks = append(c.hooks, f)
 }
 
+// SetBusyLimit makes Run advance the clock once d of real time has passed
+// since the last advance, whether or not work is in progress (0, the
+// default: only when quiet).
+func (c *Clock) SetBusyLimit(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.busyLimit = d
+}
+
 // Advance moves the clock forward by d, then runs the hooks and fires the
 // tickers that are due.
 func (c *Clock) Advance(d time.Duration) {
@@ -105,6 +124,7 @@ func (c *Clock) Advance(d time.Duration) {
 	defer done()
 	c.mu.Lock()
 	c.now = c.now.Add(d)
+	c.advanced = time.Now()
 	now := c.now
 	hooks := append([]func(time.Time){}, c.hooks...)
 	c.mu.Unlock()
@@ -126,18 +146,21 @@ func (c *Clock) Advance(d time.Duration) {
 }
 
 // quietFor reports how long (real time) no work has been in progress, or 0
-// while some is.
-func (c *Clock) quietFor() time.Duration {
+// while some is, and whether the busy limit has passed since the last
+// advance.
+func (c *Clock) quietFor() (time.Duration, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	overdue := c.busyLimit > 0 && time.Since(c.advanced) >= c.busyLimit
 	if c.busy > 0 {
-		return 0
+		return 0, overdue
 	}
-	return time.Since(c.changed)
+	return time.Since(c.changed), overdue
 }
 
 // Run advances the clock by step each time no work has been in progress for
-// settle (real time), until ctx ends. It returns ctx's error.
+// settle (real time), or the busy limit has passed since the last advance,
+// until ctx ends. It returns ctx's error.
 func (c *Clock) Run(ctx context.Context, step, settle time.Duration) error {
 	timer := time.NewTimer(settle)
 	defer timer.Stop()
@@ -148,8 +171,8 @@ func (c *Clock) Run(ctx context.Context, step, settle time.Duration) error {
 		case <-c.kick:
 		case <-timer.C:
 		}
-		quiet := c.quietFor()
-		if quiet >= settle {
+		quiet, overdue := c.quietFor()
+		if quiet >= settle || overdue {
 			c.Advance(step)
 			quiet = 0
 		}

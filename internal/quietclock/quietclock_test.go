@@ -101,6 +101,29 @@ func TestRunWaitsForWork(t *testing.T) {
 	wg.Wait()
 }
 
+// TestBusyLimitMovesABusyClock: with a busy limit, work that never ends
+// does not stop the clock for good. The test waits for the advances (events),
+// however long the machine takes to get there.
+func TestBusyLimitMovesABusyClock(t *testing.T) {
+	c := New(t0)
+	c.SetBusyLimit(10 * time.Millisecond)
+	advanced := make(chan time.Time, 100)
+	c.OnAdvance(func(now time.Time) { advanced <- now })
+	done := c.Work() // never quiet until the end
+	defer done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = c.Run(ctx, time.Second, time.Millisecond) })
+	for i := 1; i <= 3; i++ {
+		if got := <-advanced; !got.Equal(t0.Add(time.Duration(i) * time.Second)) {
+			t.Fatalf("advance %d to %v, want %ds", i, got.Sub(t0), i)
+		}
+	}
+	cancel()
+	wg.Wait()
+}
+
 // TestHookWorkDelaysTheNextAdvance: work a hook starts (a server tick that
 // publishes a state) holds the clock until it ends.
 func TestHookWorkDelaysTheNextAdvance(t *testing.T) {

@@ -41,6 +41,17 @@ func runRoundOf(t testing.TB, nodes []*testNode, step uint32, payloads map[coord
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(nodes)*len(nodes))
+	// What each node fetched, compared with what was published once the
+	// round is timed: a trainer decodes its results rather than comparing
+	// them with a copy it could not have, so the comparison is no part of
+	// the round.
+	type fetched struct {
+		by, from string
+		want     []byte
+		got      []byte
+	}
+	var mu sync.Mutex
+	var results []fetched
 	for i, nd := range nodes {
 		wg.Add(1)
 		go func() {
@@ -60,9 +71,11 @@ func runRoundOf(t testing.TB, nodes []*testNode, step uint32, payloads map[coord
 					got, err := nd.Fetch(ctx, a)
 					if err != nil {
 						errs <- fmt.Errorf("%s fetch from %x: %w", nd.name, a.Trainer.P2P[:4], err)
-					} else if !bytes.Equal(got, payloads[a.Trainer.P2P]) {
-						errs <- fmt.Errorf("%s: payload from %x differs", nd.name, a.Trainer.P2P[:4])
+						return
 					}
+					mu.Lock()
+					results = append(results, fetched{nd.name, fmt.Sprintf("%x", a.Trainer.P2P[:4]), payloads[a.Trainer.P2P], got})
+					mu.Unlock()
 				}()
 			})
 			fetches.Wait()
@@ -72,11 +85,20 @@ func runRoundOf(t testing.TB, nodes []*testNode, step uint32, payloads map[coord
 		}()
 	}
 	wg.Wait()
+	d := time.Since(start)
 	close(errs)
 	for err := range errs {
 		t.Error(err)
 	}
-	return time.Since(start)
+	for _, r := range results {
+		if !bytes.Equal(r.got, r.want) {
+			t.Errorf("%s: payload from %s differs", r.by, r.from)
+		}
+	}
+	if want := len(nodes) * (len(nodes) - 1); len(results) != want && !t.Failed() {
+		t.Errorf("%d payloads fetched, want %d", len(results), want)
+	}
+	return d
 }
 
 func TestAllToAllRounds(t *testing.T) {

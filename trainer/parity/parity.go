@@ -41,9 +41,16 @@ type Config struct {
 	// the vectors (layer norms, biases); 0 means 1. An experiment of this
 	// command only: a run has one learning rate for every tensor.
 	EmbedLRScale, VectorLRScale float32
-	EvalEvery                   int // steps between validation evaluations
-	EvalSeqs                    int // validation sequences per evaluation
-	Seed                        uint64
+	// PeakMomentumLR folds gradients into DisTrO's momentum at the peak rate
+	// on every step instead of the scheduled one (DeMo's δ ← β·δ + lr·g);
+	// the step still moves by the scheduled rate. An experiment of this
+	// command only: with the rate inside the momentum, a decaying schedule
+	// lets the residual of earlier, larger-rate steps outweigh new
+	// gradients, so the direction lags during the decay.
+	PeakMomentumLR bool
+	EvalEvery      int // steps between validation evaluations
+	EvalSeqs       int // validation sequences per evaluation
+	Seed           uint64
 }
 
 // DefaultDistroLR is the peak DisTrO learning rate psyche parity uses for a
@@ -224,7 +231,11 @@ func Run(ctx context.Context, cfg Config, train, val Sequences, progress io.Writ
 			if err := dmodel.Backward(); err != nil {
 				return nil, err
 			}
-			f, err := peers[p].Step(dmodel.GradTensors(), lr)
+			mlr := lr
+			if cfg.PeakMomentumLR {
+				mlr = cfg.DistroLR
+			}
+			f, err := peers[p].Step(dmodel.GradTensors(), mlr)
 			if err != nil {
 				return nil, err
 			}

@@ -43,7 +43,7 @@ tokens is held out for validation.`,
 		&cli.Float64Flag{Name: "weight-decay", Usage: "DisTrO weight_decay", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "aggregation", Value: distro.AggregateRobust.String(), Usage: "how the peers' results combine: " + strings.Join(distro.AggregationNames(), ", ") + " (as a run's model.optimizer.aggregation)", Category: "OPTIMIZER"},
 		&cli.Float64Flag{Name: "embed-lr-scale", Value: 1, Usage: "experiment: DisTrO lr multiplier of the embeddings (wte, wpe)", Category: "OPTIMIZER"},
-		&cli.BoolFlag{Name: "peak-momentum-lr", Usage: "experiment: fold gradients into DisTrO's momentum at the peak rate, not the scheduled one (the step still follows the schedule)", Category: "OPTIMIZER"},
+		&cli.StringFlag{Name: "momentum-lr", Value: "scheduled", Usage: "experiment: the rate DisTrO folds gradients into its momentum at: scheduled (DeMo's), peak, or held (scheduled during the warmup, then the peak); the step always follows the schedule", Category: "OPTIMIZER"},
 		&cli.Float64Flag{Name: "vector-lr-scale", Value: 1, Usage: "experiment: DisTrO lr multiplier of layer norms and biases", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "update", Value: distro.UpdateSign.String(), Usage: "how the decoded aggregate becomes a step: " + strings.Join(distro.UpdateRuleNames(), ", ") + " (an experiment: a run always uses sign)", Category: "OPTIMIZER"},
 		&cli.BoolFlag{Name: "rice", Value: true, Usage: "send indices as Rice codes of their gaps (--rice=false: DESIGN.md's fixed widths)", Category: "OPTIMIZER"},
@@ -93,6 +93,10 @@ func runParity(c *cli.Context) error {
 	if !ok {
 		return fmt.Errorf("--update %q: want one of %s", c.String("update"), strings.Join(distro.UpdateRuleNames(), ", "))
 	}
+	mlr, err := parity.ParseMomentumLR(c.String("momentum-lr"))
+	if err != nil {
+		return fmt.Errorf("--momentum-lr: %w", err)
+	}
 	distroLR := c.Float64("distro-lr")
 	if distroLR == 0 {
 		distroLR = parity.DefaultDistroLR(c.Int("width"))
@@ -105,12 +109,12 @@ func runParity(c *cli.Context) error {
 		Distro: distro.Options{Chunk: c.Int("chunk"), TopK: c.Int("topk"), Quantize1Bit: c.Bool("one-bit"),
 			RiceIndices: c.Bool("rice"), ClipGradNorm: float32(c.Float64("clip")), WeightDecay: float32(c.Float64("weight-decay")), Decay: float32(c.Float64("decay")), Aggregation: agg, Update: upd, Workers: 2},
 		EmbedLRScale: float32(c.Float64("embed-lr-scale")), VectorLRScale: float32(c.Float64("vector-lr-scale")),
-		PeakMomentumLR: c.Bool("peak-momentum-lr"),
-		EvalEvery:      c.Int("eval-every"), EvalSeqs: min(c.Int("eval-seqs"), int(val.NumSequences())), Seed: c.Uint64("seed"),
+		MomentumLR: mlr,
+		EvalEvery:  c.Int("eval-every"), EvalSeqs: min(c.Int("eval-seqs"), int(val.NumSequences())), Seed: c.Uint64("seed"),
 	}
 	out := c.App.Writer
-	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, AdamW lr %g, %d DisTrO peers (lr %g, chunk %d, top-k %d, 1-bit %v, Rice-coded indices %v, clip %g, weight decay %g, aggregation %s, update %s)\n",
-		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.AdamLR, cfg.Peers, cfg.DistroLR, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit, cfg.Distro.RiceIndices, cfg.Distro.ClipGradNorm, cfg.Distro.WeightDecay, cfg.Distro.Aggregation, cfg.Distro.Update)
+	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, AdamW lr %g, %d DisTrO peers (lr %g, chunk %d, top-k %d, 1-bit %v, Rice-coded indices %v, clip %g, weight decay %g, aggregation %s, update %s, momentum rate %s)\n",
+		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.AdamLR, cfg.Peers, cfg.DistroLR, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit, cfg.Distro.RiceIndices, cfg.Distro.ClipGradNorm, cfg.Distro.WeightDecay, cfg.Distro.Aggregation, cfg.Distro.Update, cfg.MomentumLR)
 	res, err := parity.Run(ctx, cfg, train, val, out)
 	if err != nil {
 		return err

@@ -126,14 +126,14 @@ func TestBenchReport(t *testing.T) {
 				step++
 				payloads := roundPayloads(cluster, step, size)
 				u0 := usage()
-				d := runRoundOf(t, cluster, step, payloads)
-				u1 := usage()
+				d, u1 := runRoundOf(t, cluster, step, payloads)
 				if t.Failed() {
 					t.FailNow()
 				}
+				u1b := usage()
 				ref := tcpCopy(t, moved)
 				u2 := usage()
-				return measured{d, ref, ratio(d, ref), ratio(u1.cpu-u0.cpu, u2.cpu-u1.cpu), time.Duration(100 * (u1.faulted - u0.faulted) / int64(moved)), u2.cpu - u1.cpu}
+				return measured{d, ref, ratio(d, ref), ratio(u1.cpu-u0.cpu, u2.cpu-u1b.cpu), time.Duration(100 * (u1.faulted - u0.faulted) / int64(moved)), u2.cpu - u1b.cpu}
 			}
 			cold := round()
 			for w, last := 1, cold; w < *benchWarmup && last.faulted >= 5; w++ {

@@ -17,7 +17,8 @@ import (
 // and check everyone else's. It returns how long the slowest node took.
 func runRound(t testing.TB, nodes []*testNode, step uint32, size int) time.Duration {
 	t.Helper()
-	return runRoundOf(t, nodes, step, roundPayloads(nodes, step, size))
+	d, _ := runRoundOf(t, nodes, step, roundPayloads(nodes, step, size))
+	return d
 }
 
 // roundPayloads are the results the nodes publish at step, by p2p key.
@@ -30,8 +31,9 @@ func roundPayloads(nodes []*testNode, step uint32, size int) map[coordinator.Pub
 }
 
 // runRoundOf is runRound with the payloads made beforehand (the benchmark
-// keeps making them out of the CPU time it measures).
-func runRoundOf(t testing.TB, nodes []*testNode, step uint32, payloads map[coordinator.Pubkey][]byte) time.Duration {
+// keeps making them out of the CPU time it measures). It also returns the
+// process's usage when the round ended, before the payloads are compared.
+func runRoundOf(t testing.TB, nodes []*testNode, step uint32, payloads map[coordinator.Pubkey][]byte) (time.Duration, resources) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -85,7 +87,7 @@ func runRoundOf(t testing.TB, nodes []*testNode, step uint32, payloads map[coord
 		}()
 	}
 	wg.Wait()
-	d := time.Since(start)
+	d, used := time.Since(start), usage()
 	close(errs)
 	for err := range errs {
 		t.Error(err)
@@ -98,7 +100,7 @@ func runRoundOf(t testing.TB, nodes []*testNode, step uint32, payloads map[coord
 	if want := len(nodes) * (len(nodes) - 1); len(results) != want && !t.Failed() {
 		t.Errorf("%d payloads fetched, want %d", len(results), want)
 	}
-	return d
+	return d, used
 }
 
 func TestAllToAllRounds(t *testing.T) {

@@ -41,16 +41,16 @@ type Config struct {
 	// the vectors (layer norms, biases); 0 means 1. An experiment of this
 	// command only: a run has one learning rate for every tensor.
 	EmbedLRScale, VectorLRScale float32
-	// PeakMomentumLR folds gradients into DisTrO's momentum at the peak rate
-	// on every step instead of the scheduled one (DeMo's δ ← β·δ + lr·g);
-	// the step still moves by the scheduled rate. An experiment of this
-	// command only: with the rate inside the momentum, a decaying schedule
-	// lets the residual of earlier, larger-rate steps outweigh new
-	// gradients, so the direction lags during the decay.
-	PeakMomentumLR bool
-	EvalEvery      int // steps between validation evaluations
-	EvalSeqs       int // validation sequences per evaluation
-	Seed           uint64
+	// MomentumLR is the rate at which DisTrO folds gradients into its
+	// momentum (DeMo's δ ← β·δ + lr·g); the step always moves by the
+	// scheduled rate. An experiment of this command only: with the
+	// scheduled rate inside the momentum, a decaying schedule lets the
+	// residual of earlier, larger-rate steps outweigh new gradients, so the
+	// direction lags during the decay.
+	MomentumLR MomentumLR
+	EvalEvery  int // steps between validation evaluations
+	EvalSeqs   int // validation sequences per evaluation
+	Seed       uint64
 }
 
 // DefaultDistroLR is the peak DisTrO learning rate psyche parity uses for a
@@ -110,6 +110,48 @@ func (c *Config) lr(peak float32, step int) float32 {
 	s := coordinator.LRSchedule{Kind: coordinator.LRCosine, BaseLR: peak, FinalLR: peak / 10,
 		WarmupSteps: uint32(c.WarmupSteps), DecaySteps: uint32(max(1, c.Steps-c.WarmupSteps))}
 	return schedule.LR(s, uint32(step+1))
+}
+
+// MomentumLR says which rate scales the gradients DisTrO folds into its
+// momentum.
+type MomentumLR uint8
+
+const (
+	// MomentumScheduled is DeMo's: the scheduled rate of the step.
+	MomentumScheduled MomentumLR = iota
+	// MomentumPeak is the peak rate on every step.
+	MomentumPeak
+	// MomentumHeld is the scheduled rate during the warmup, then the peak:
+	// the weight of new gradients never falls.
+	MomentumHeld
+)
+
+var momentumLRNames = [...]string{"scheduled", "peak", "held"}
+
+// ParseMomentumLR returns the MomentumLR a flag names.
+func ParseMomentumLR(name string) (MomentumLR, error) {
+	for i, n := range momentumLRNames {
+		if n == name {
+			return MomentumLR(i), nil
+		}
+	}
+	return 0, fmt.Errorf("parity: momentum rate %q is none of %v", name, momentumLRNames[:])
+}
+
+func (m MomentumLR) String() string {
+	if int(m) < len(momentumLRNames) {
+		return momentumLRNames[m]
+	}
+	return fmt.Sprintf("MomentumLR(%d)", uint8(m))
+}
+
+// momentumLR is the rate DisTrO folds step's gradients into its momentum at.
+func (c *Config) momentumLR(step int) float32 {
+	switch {
+	case c.MomentumLR == MomentumPeak, c.MomentumLR == MomentumHeld && step >= c.WarmupSteps:
+		return c.DistroLR
+	}
+	return c.lr(c.DistroLR, step)
 }
 
 // loader turns sequence indices into model batches.
@@ -231,11 +273,7 @@ func Run(ctx context.Context, cfg Config, train, val Sequences, progress io.Writ
 			if err := dmodel.Backward(); err != nil {
 				return nil, err
 			}
-			mlr := lr
-			if cfg.PeakMomentumLR {
-				mlr = cfg.DistroLR
-			}
-			f, err := peers[p].Step(dmodel.GradTensors(), mlr)
+			f, err := peers[p].Step(dmodel.GradTensors(), cfg.momentumLR(step))
 			if err != nil {
 				return nil, err
 			}

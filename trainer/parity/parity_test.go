@@ -96,3 +96,36 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+func TestMomentumLR(t *testing.T) {
+	cfg := Config{Steps: 100, WarmupSteps: 10, DistroLR: 0.02}
+	for _, tc := range []struct {
+		rule MomentumLR
+		step int
+		want float32
+	}{
+		{MomentumScheduled, 4, cfg.lr(0.02, 4)},
+		{MomentumScheduled, 60, cfg.lr(0.02, 60)},
+		{MomentumPeak, 4, 0.02},
+		{MomentumPeak, 60, 0.02},
+		{MomentumHeld, 4, cfg.lr(0.02, 4)},
+		{MomentumHeld, 60, 0.02},
+	} {
+		cfg.MomentumLR = tc.rule
+		if got := cfg.momentumLR(tc.step); got != tc.want {
+			t.Errorf("%v at step %d: %g, want %g", tc.rule, tc.step, got, tc.want)
+		}
+	}
+	if cfg.lr(0.02, 4) >= 0.02 || cfg.lr(0.02, 60) >= 0.02 {
+		t.Fatal("the schedule should be below the peak at steps 4 and 60")
+	}
+	for _, name := range []string{"scheduled", "peak", "held"} {
+		m, err := ParseMomentumLR(name)
+		if err != nil || m.String() != name {
+			t.Errorf("ParseMomentumLR(%q) = %v, %v", name, m, err)
+		}
+	}
+	if _, err := ParseMomentumLR("fast"); err == nil {
+		t.Error(`ParseMomentumLR("fast") succeeded`)
+	}
+}

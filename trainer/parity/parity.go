@@ -124,9 +124,13 @@ const (
 	// MomentumHeld is the scheduled rate during the warmup, then the peak:
 	// the weight of new gradients never falls.
 	MomentumHeld
+	// MomentumSquared is the scheduled rate times its fraction of the peak:
+	// new gradients lose weight against the residual faster than the step
+	// shrinks.
+	MomentumSquared
 )
 
-var momentumLRNames = [...]string{"scheduled", "peak", "held"}
+var momentumLRNames = [...]string{"scheduled", "peak", "held", "squared"}
 
 // ParseMomentumLR returns the MomentumLR a flag names.
 func ParseMomentumLR(name string) (MomentumLR, error) {
@@ -150,6 +154,9 @@ func (c *Config) momentumLR(step int) float32 {
 	switch {
 	case c.MomentumLR == MomentumPeak, c.MomentumLR == MomentumHeld && step >= c.WarmupSteps:
 		return c.DistroLR
+	case c.MomentumLR == MomentumSquared:
+		lr := c.lr(c.DistroLR, step)
+		return lr * lr / c.DistroLR
 	}
 	return c.lr(c.DistroLR, step)
 }

@@ -110,6 +110,7 @@ func TestMomentumLR(t *testing.T) {
 		{MomentumPeak, 60, 0.02},
 		{MomentumHeld, 4, cfg.lr(0.02, 4)},
 		{MomentumHeld, 60, 0.02},
+		{MomentumSquared, 60, cfg.lr(0.02, 60) * cfg.lr(0.02, 60) / 0.02},
 	} {
 		cfg.MomentumLR = tc.rule
 		if got := cfg.momentumLR(tc.step); got != tc.want {
@@ -119,7 +120,7 @@ func TestMomentumLR(t *testing.T) {
 	if cfg.lr(0.02, 4) >= 0.02 || cfg.lr(0.02, 60) >= 0.02 {
 		t.Fatal("the schedule should be below the peak at steps 4 and 60")
 	}
-	for _, name := range []string{"scheduled", "peak", "held"} {
+	for _, name := range []string{"scheduled", "peak", "held", "squared"} {
 		m, err := ParseMomentumLR(name)
 		if err != nil || m.String() != name {
 			t.Errorf("ParseMomentumLR(%q) = %v, %v", name, m, err)

@@ -36,7 +36,11 @@ type Config struct {
 	WarmupSteps int     // linear learning-rate warmup, then cosine decay to 10%
 	AdamLR      float32 // peak learning rate of AdamW
 	DistroLR    float32 // peak learning rate of DisTrO
-	Distro      distro.Options
+	// DistroFinalLR is DisTrO's rate at the last step as a fraction of its
+	// peak (nil: a tenth, as AdamW's). A run sets the same with its
+	// schedule's final rate.
+	DistroFinalLR *float32
+	Distro        distro.Options
 	// DisTrO learning-rate multipliers of the embeddings (wte, wpe) and of
 	// the vectors (layer norms, biases); 0 means 1. An experiment of this
 	// command only: a run has one learning rate for every tensor.
@@ -107,7 +111,20 @@ func (c *Config) validate() error {
 // lr is the rate of 0-based step: linear warmup, then cosine decay to a
 // tenth of the peak at the last step.
 func (c *Config) lr(peak float32, step int) float32 {
-	s := coordinator.LRSchedule{Kind: coordinator.LRCosine, BaseLR: peak, FinalLR: peak / 10,
+	return c.lrTo(peak, peak/10, step)
+}
+
+// distroLR is DisTrO's rate at step: as lr, decaying to
+// DistroFinalLR·peak when that is set.
+func (c *Config) distroLR(step int) float32 {
+	if c.DistroFinalLR != nil {
+		return c.lrTo(c.DistroLR, c.DistroLR**c.DistroFinalLR, step)
+	}
+	return c.lr(c.DistroLR, step)
+}
+
+func (c *Config) lrTo(peak, final float32, step int) float32 {
+	s := coordinator.LRSchedule{Kind: coordinator.LRCosine, BaseLR: peak, FinalLR: final,
 		WarmupSteps: uint32(c.WarmupSteps), DecaySteps: uint32(max(1, c.Steps-c.WarmupSteps))}
 	return schedule.LR(s, uint32(step+1))
 }
@@ -155,10 +172,10 @@ func (c *Config) momentumLR(step int) float32 {
 	case c.MomentumLR == MomentumPeak, c.MomentumLR == MomentumHeld && step >= c.WarmupSteps:
 		return c.DistroLR
 	case c.MomentumLR == MomentumSquared:
-		lr := c.lr(c.DistroLR, step)
+		lr := c.distroLR(step)
 		return lr * lr / c.DistroLR
 	}
-	return c.lr(c.DistroLR, step)
+	return c.distroLR(step)
 }
 
 // loader turns sequence indices into model batches.
@@ -269,7 +286,7 @@ func Run(ctx context.Context, cfg Config, train, val Sequences, progress io.Writ
 
 		// (b) DisTrO: each peer trains on its share and sends an encoded frame.
 		start = time.Now()
-		lr := cfg.lr(cfg.DistroLR, step)
+		lr := cfg.distroLR(step)
 		frames := make([]*distro.Frame, cfg.Peers)
 		for p := range peers {
 			lo, hi := p*share*cfg.SeqLen, (p+1)*share*cfg.SeqLen

@@ -126,6 +126,16 @@ func TestMomentumLR(t *testing.T) {
 			t.Errorf("ParseMomentumLR(%q) = %v, %v", name, m, err)
 		}
 	}
+	zero, half := float32(0), float32(0.5)
+	for _, tc := range []struct {
+		final *float32
+		want  float32
+	}{{nil, cfg.lr(0.02, 99)}, {&zero, 0}, {&half, 0.01}} {
+		cfg.DistroFinalLR = tc.final
+		if got := cfg.distroLR(99); math.Abs(float64(got-tc.want)) > 1e-9 {
+			t.Errorf("final rate %v: %g at the last step, want %g", tc.final, got, tc.want)
+		}
+	}
 	if _, err := ParseMomentumLR("fast"); err == nil {
 		t.Error(`ParseMomentumLR("fast") succeeded`)
 	}

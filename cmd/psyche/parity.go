@@ -43,7 +43,8 @@ tokens is held out for validation.`,
 		&cli.Float64Flag{Name: "weight-decay", Usage: "DisTrO weight_decay", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "aggregation", Value: distro.AggregateRobust.String(), Usage: "how the peers' results combine: " + strings.Join(distro.AggregationNames(), ", ") + " (as a run's model.optimizer.aggregation)", Category: "OPTIMIZER"},
 		&cli.Float64Flag{Name: "embed-lr-scale", Value: 1, Usage: "experiment: DisTrO lr multiplier of the embeddings (wte, wpe)", Category: "OPTIMIZER"},
-		&cli.Float64Flag{Name: "distro-final-lr", Value: 0.1, Usage: "DisTrO's rate at the last step as a fraction of its peak (AdamW's is 0.1; a run sets the rate itself as [model.lr] final)", Category: "OPTIMIZER"},
+		&cli.Float64Flag{Name: "adam-final-lr", Value: 0.1, Usage: "AdamW's rate at the last step as a fraction of its peak", Category: "OPTIMIZER"},
+		&cli.Float64Flag{Name: "distro-final-lr", Value: 0.1, Usage: "DisTrO's rate at the last step as a fraction of its peak (a run sets the rate itself as [model.lr] final)", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "momentum-lr", Value: "scheduled", Usage: "experiment: the rate DisTrO folds gradients into its momentum at: scheduled (DeMo's), peak, held (scheduled during the warmup, then the peak), or squared (scheduled times its fraction of the peak); the step always follows the schedule", Category: "OPTIMIZER"},
 		&cli.Float64Flag{Name: "vector-lr-scale", Value: 1, Usage: "experiment: DisTrO lr multiplier of layer norms and biases", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "update", Value: distro.UpdateSign.String(), Usage: "how the decoded aggregate becomes a step: " + strings.Join(distro.UpdateRuleNames(), ", ") + " (an experiment: a run always uses sign)", Category: "OPTIMIZER"},
@@ -98,9 +99,12 @@ func runParity(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--momentum-lr: %w", err)
 	}
-	finalLR := float32(c.Float64("distro-final-lr"))
-	if !(finalLR >= 0 && finalLR <= 1) {
-		return fmt.Errorf("--distro-final-lr %g: want a fraction of the peak in [0, 1]", finalLR)
+	var finals [2]float32
+	for i, name := range []string{"adam-final-lr", "distro-final-lr"} {
+		finals[i] = float32(c.Float64(name))
+		if !(finals[i] >= 0 && finals[i] <= 1) {
+			return fmt.Errorf("--%s %g: want a fraction of the peak in [0, 1]", name, finals[i])
+		}
 	}
 	distroLR := c.Float64("distro-lr")
 	if distroLR == 0 {
@@ -114,12 +118,12 @@ func runParity(c *cli.Context) error {
 		Distro: distro.Options{Chunk: c.Int("chunk"), TopK: c.Int("topk"), Quantize1Bit: c.Bool("one-bit"),
 			RiceIndices: c.Bool("rice"), ClipGradNorm: float32(c.Float64("clip")), WeightDecay: float32(c.Float64("weight-decay")), Decay: float32(c.Float64("decay")), Aggregation: agg, Update: upd, Workers: 2},
 		EmbedLRScale: float32(c.Float64("embed-lr-scale")), VectorLRScale: float32(c.Float64("vector-lr-scale")),
-		MomentumLR: mlr, DistroFinalLR: &finalLR,
+		MomentumLR: mlr, AdamFinalLR: &finals[0], DistroFinalLR: &finals[1],
 		EvalEvery: c.Int("eval-every"), EvalSeqs: min(c.Int("eval-seqs"), int(val.NumSequences())), Seed: c.Uint64("seed"),
 	}
 	out := c.App.Writer
-	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, AdamW lr %g, %d DisTrO peers (lr %g, chunk %d, top-k %d, 1-bit %v, Rice-coded indices %v, clip %g, weight decay %g, aggregation %s, update %s, momentum rate %s, final rate ×%g)\n",
-		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.AdamLR, cfg.Peers, cfg.DistroLR, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit, cfg.Distro.RiceIndices, cfg.Distro.ClipGradNorm, cfg.Distro.WeightDecay, cfg.Distro.Aggregation, cfg.Distro.Update, cfg.MomentumLR, finalLR)
+	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, AdamW lr %g (final ×%g), %d DisTrO peers (lr %g, chunk %d, top-k %d, 1-bit %v, Rice-coded indices %v, clip %g, weight decay %g, aggregation %s, update %s, momentum rate %s, final rate ×%g)\n",
+		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.AdamLR, finals[0], cfg.Peers, cfg.DistroLR, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit, cfg.Distro.RiceIndices, cfg.Distro.ClipGradNorm, cfg.Distro.WeightDecay, cfg.Distro.Aggregation, cfg.Distro.Update, cfg.MomentumLR, finals[1])
 	res, err := parity.Run(ctx, cfg, train, val, out)
 	if err != nil {
 		return err

@@ -36,11 +36,11 @@ type Config struct {
 	WarmupSteps int     // linear learning-rate warmup, then cosine decay to 10%
 	AdamLR      float32 // peak learning rate of AdamW
 	DistroLR    float32 // peak learning rate of DisTrO
-	// DistroFinalLR is DisTrO's rate at the last step as a fraction of its
-	// peak (nil: a tenth, as AdamW's). A run sets the same with its
-	// schedule's final rate.
-	DistroFinalLR *float32
-	Distro        distro.Options
+	// AdamFinalLR and DistroFinalLR are each optimizer's rate at the last
+	// step as a fraction of its peak (nil: a tenth). A run sets the same
+	// with its schedule's final rate.
+	AdamFinalLR, DistroFinalLR *float32
+	Distro                     distro.Options
 	// DisTrO learning-rate multipliers of the embeddings (wte, wpe) and of
 	// the vectors (layer norms, biases); 0 means 1. An experiment of this
 	// command only: a run has one learning rate for every tensor.
@@ -121,6 +121,15 @@ func (c *Config) distroLR(step int) float32 {
 		return c.lrTo(c.DistroLR, c.DistroLR**c.DistroFinalLR, step)
 	}
 	return c.lr(c.DistroLR, step)
+}
+
+// adamLR is AdamW's rate at step: as lr, decaying to AdamFinalLR·peak when
+// that is set.
+func (c *Config) adamLR(step int) float32 {
+	if c.AdamFinalLR != nil {
+		return c.lrTo(c.AdamLR, c.AdamLR**c.AdamFinalLR, step)
+	}
+	return c.lr(c.AdamLR, step)
 }
 
 func (c *Config) lrTo(peak, final float32, step int) float32 {
@@ -279,7 +288,7 @@ func Run(ctx context.Context, cfg Config, train, val Sequences, progress io.Writ
 		if err := adam.Backward(); err != nil {
 			return nil, err
 		}
-		if err := adamw.Step(adam.Tensors(), adam.GradTensors(), cfg.lr(cfg.AdamLR, step)); err != nil {
+		if err := adamw.Step(adam.Tensors(), adam.GradTensors(), cfg.adamLR(step)); err != nil {
 			return nil, err
 		}
 		adamTime += time.Since(start)

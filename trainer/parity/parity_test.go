@@ -131,9 +131,12 @@ func TestMomentumLR(t *testing.T) {
 		final *float32
 		want  float32
 	}{{nil, cfg.lr(0.02, 99)}, {&zero, 0}, {&half, 0.01}} {
-		cfg.DistroFinalLR = tc.final
+		cfg.DistroFinalLR, cfg.AdamLR, cfg.AdamFinalLR = tc.final, 0.02, tc.final
 		if got := cfg.distroLR(99); math.Abs(float64(got-tc.want)) > 1e-9 {
-			t.Errorf("final rate %v: %g at the last step, want %g", tc.final, got, tc.want)
+			t.Errorf("final rate %v: DisTrO's %g at the last step, want %g", tc.final, got, tc.want)
+		}
+		if got := cfg.adamLR(99); math.Abs(float64(got-tc.want)) > 1e-9 {
+			t.Errorf("final rate %v: AdamW's %g at the last step, want %g", tc.final, got, tc.want)
 		}
 	}
 	if _, err := ParseMomentumLR("fast"); err == nil {

@@ -78,13 +78,6 @@ epochs end. The tests use it.`,
 // trainers, or a snapshot on its way to them, on a loaded machine.
 const virtualSettle = 100 * time.Millisecond
 
-// virtualBusyLimit is how long (real time) a --virtual-time run's clock
-// stands still at most: rounds that end as soon as their witnesses are in
-// follow each other with no wait at all once results travel fast, and an
-// epoch must still end. At 2 s a virtual second, a round's 5 s training limit
-// (6 s epochs) is 10 s of real time, beyond what a round takes under -race.
-const virtualBusyLimit = 2 * time.Second
-
 // localnetModel is the model localnet trains without --run: about 120k
 // parameters.
 var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}
@@ -205,7 +198,6 @@ func localnet(c *cli.Context) error {
 	}
 	if lb.clock != nil {
 		fmt.Fprintln(out, "localnet: virtual time: the run's clock moves only while every trainer waits")
-		lb.clock.SetBusyLimit(virtualBusyLimit)
 		go func() { _ = lb.clock.Run(runCtx, time.Second, virtualSettle) }()
 	}
 
@@ -236,7 +228,19 @@ func localnet(c *cli.Context) error {
 		honest = slices.DeleteFunc(slices.Clone(honest), func(t *localTrainer) bool { return t == trainers[n-1] })
 	}
 	start := time.Now()
-	last, rounds, err := followLocalRun(ctx, runCtx, out, lb.backend, runID, epochs, trainers, errs, drop)
+	onStep := drop
+	if lb.clock != nil {
+		// Rounds that end as soon as their witnesses are in follow each
+		// other with no wait at all, so the clock would never move and no
+		// epoch would end: each round that saw no advance costs a virtual
+		// second when the next begins (an event, never a measure of real
+		// time, so a slow machine plays the same rounds).
+		onStep = func(s *coordinator.Coordinator) {
+			lb.clock.Progressed()
+			drop(s)
+		}
+	}
+	last, rounds, err := followLocalRun(ctx, runCtx, out, lb.backend, runID, epochs, trainers, errs, onStep)
 	if err != nil {
 		return err
 	}

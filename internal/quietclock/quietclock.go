@@ -10,10 +10,11 @@
 // holds the same number of steps on a fast machine and a slow one.
 //
 // A run that never waits (its rounds end as soon as their results are in,
-// back to back) would never see its clock move, and so never end an epoch:
-// SetBusyLimit lets the clock move a step after that much real time without
-// an advance even while work is in progress. Timeouts can then race compute
-// again, but only in a run that has not waited for the whole limit.
+// back to back) would never see its clock move, and so never end an epoch.
+// The driver reports each new round with Progressed: a round during which
+// the clock did not move costs one step when the next one starts. So an
+// epoch of N seconds holds at most about N back-to-back rounds however long
+// their compute takes, and no timeout races compute.
 //
 // The settle period covers what no Work marks: a message in flight between
 // two parts (a gossip announcement, a snapshot on its way to a subscriber).
@@ -33,13 +34,15 @@ type Clock struct {
 	now     time.Time
 	busy    int
 	changed time.Time // real time of the last change in busy, or of the last advance
-	// advanced is the real time of the last advance (or of New); busyLimit
-	// is SetBusyLimit's (0: none).
-	advanced  time.Time
-	busyLimit time.Duration
-	tickers   map[*ticker]struct{}
-	hooks     []func(time.Time)
-	kick      chan struct{} // wakes Run when work ends
+	// advances counts them; sinceRound is its value when the current round
+	// began (Progressed), and owed says that the round before it ended
+	// without one, so Run advances as soon as it looks.
+	advances   uint64
+	sinceRound uint64
+	owed       bool
+	tickers    map[*ticker]struct{}
+	hooks      []func(time.Time)
+	kick       chan struct{} // wakes Run when work ends
 }
 
 type ticker struct {
@@ -50,7 +53,7 @@ type ticker struct {
 
 // New returns a clock that reads start until it is advanced.
 func New(start time.Time) *Clock {
-	return &Clock{now: start, changed: time.Now(), advanced: time.Now(), tickers: map[*ticker]struct{}{}, kick: make(chan struct{}, 1)}
+	return &Clock{now: start, changed: time.Now(), tickers: map[*ticker]struct{}{}, kick: make(chan struct{}, 1)}
 }
 
 // Now is the virtual time.
@@ -108,13 +111,23 @@ func (c *Clock) OnAdvance(f func(now time.Time)) {
 	c.hooks = append(c.hooks, f)
 }
 
-// SetBusyLimit makes Run advance the clock once d of real time has passed
-// since the last advance, whether or not work is in progress (0, the
-// default: only when quiet).
-func (c *Clock) SetBusyLimit(d time.Duration) {
+// Progressed reports that the watched run began a new round. If the clock
+// has not moved since the previous round began, that round is charged one
+// step now (Run advances at once, work in progress or not); the new round
+// starts with no advance to its name either way.
+func (c *Clock) Progressed() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.busyLimit = d
+	if c.advances == c.sinceRound && !c.owed {
+		c.owed = true
+		c.sinceRound = c.advances + 1 // the owed advance is the old round's
+	} else {
+		c.sinceRound = c.advances
+	}
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Advance moves the clock forward by d, then runs the hooks and fires the
@@ -124,7 +137,8 @@ func (c *Clock) Advance(d time.Duration) {
 	defer done()
 	c.mu.Lock()
 	c.now = c.now.Add(d)
-	c.advanced = time.Now()
+	c.advances++
+	c.owed = false
 	now := c.now
 	hooks := append([]func(time.Time){}, c.hooks...)
 	c.mu.Unlock()
@@ -146,21 +160,19 @@ func (c *Clock) Advance(d time.Duration) {
 }
 
 // quietFor reports how long (real time) no work has been in progress, or 0
-// while some is, and whether the busy limit has passed since the last
-// advance.
+// while some is, and whether a round is owed an advance (Progressed).
 func (c *Clock) quietFor() (time.Duration, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	overdue := c.busyLimit > 0 && time.Since(c.advanced) >= c.busyLimit
 	if c.busy > 0 {
-		return 0, overdue
+		return 0, c.owed
 	}
-	return time.Since(c.changed), overdue
+	return time.Since(c.changed), c.owed
 }
 
 // Run advances the clock by step each time no work has been in progress for
-// settle (real time), or the busy limit has passed since the last advance,
-// until ctx ends. It returns ctx's error.
+// settle (real time), and at once for a round that is owed one
+// (Progressed), until ctx ends. It returns ctx's error.
 func (c *Clock) Run(ctx context.Context, step, settle time.Duration) error {
 	timer := time.NewTimer(settle)
 	defer timer.Stop()

@@ -101,12 +101,12 @@ func TestRunWaitsForWork(t *testing.T) {
 	wg.Wait()
 }
 
-// TestBusyLimitMovesABusyClock: with a busy limit, work that never ends
-// does not stop the clock for good. The test waits for the advances (events),
+// TestProgressMovesABusyClock: work that never ends does not stop the clock
+// for good: each round that passed without an advance is charged one when
+// the next begins, and only then. The test waits for the advances (events),
 // however long the machine takes to get there.
-func TestBusyLimitMovesABusyClock(t *testing.T) {
+func TestProgressMovesABusyClock(t *testing.T) {
 	c := New(t0)
-	c.SetBusyLimit(10 * time.Millisecond)
 	advanced := make(chan time.Time, 100)
 	c.OnAdvance(func(now time.Time) { advanced <- now })
 	done := c.Work() // never quiet until the end
@@ -116,12 +116,40 @@ func TestBusyLimitMovesABusyClock(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = c.Run(ctx, time.Second, time.Millisecond) })
 	for i := 1; i <= 3; i++ {
+		c.Progressed() // round i begins; round i-1 (or the start) saw no advance
 		if got := <-advanced; !got.Equal(t0.Add(time.Duration(i) * time.Second)) {
 			t.Fatalf("advance %d to %v, want %ds", i, got.Sub(t0), i)
 		}
 	}
 	cancel()
 	wg.Wait()
+}
+
+// TestProgressOwesNothingAfterAnAdvance: a round during which the clock
+// moved (here by hand) is charged nothing when the next begins.
+func TestProgressOwesNothingAfterAnAdvance(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		advances int // during the round, before the next one begins
+		owed     bool
+	}{
+		{"no advance", 0, true},
+		{"one advance", 1, false},
+		{"two advances", 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(t0)
+			c.Progressed() // the first round begins; the start owes one
+			c.Advance(time.Second)
+			for range tc.advances {
+				c.Advance(time.Second)
+			}
+			c.Progressed()
+			if _, owed := c.quietFor(); owed != tc.owed {
+				t.Fatalf("owed %v, want %v", owed, tc.owed)
+			}
+		})
+	}
 }
 
 // TestHookWorkDelaysTheNextAdvance: work a hook starts (a server tick that

@@ -53,8 +53,8 @@ With --virtual-time the run's clock (the server's, or the validator's Clock sysv
 moves a second only once the backend and every trainer have had nothing to do for
 a moment: timeouts then measure waiting, never computing, so an epoch holds the
 same number of steps on a slow or busy machine as on a fast one. A run that never
-waits (rounds back to back) still moves a second per 2 s of real time, so that its
-epochs end. The tests use it.`,
+waits (rounds back to back) still spends a second on each round during which its
+clock did not move, so that its epochs end. The tests use it.`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},

@@ -14,10 +14,11 @@ import (
 // small on purpose (gossip caps messages at 1 MiB and every node relays every
 // message); the payload itself moves over bitswap, named by Blob.
 //
-// Encoding version 1, all integers little-endian:
+// Encoding version 2 (version 1 named blocks by sha2-256; see BlockDigest),
+// all integers little-endian:
 //
 //	offset      size   field
-//	0           1      version (1)
+//	0           1      version (2)
 //	1           1      run id length L (≤ 32)
 //	2           L      run id
 //	2+L         4      step
@@ -28,7 +29,7 @@ import (
 //	86+L        32     commitment
 //	118+L       8      payload size in bytes
 //	126+L       2      block count K (= ceil(size / BlockSize))
-//	128+L       32·K   sha256 of each raw block, in payload order
+//	128+L       32·K   BlockDigest of each raw block, in payload order
 //	128+L+32K   8      nonce
 //	136+L+32K   64     ed25519 signature over "psyche/announcement/v1" ‖ bytes [0, 136+L+32K)
 //
@@ -38,7 +39,7 @@ import (
 // else recognisable as one.
 
 const (
-	announcementVersion = 1
+	announcementVersion = 2
 	// BlockSize is the largest raw block moved by bitswap. Payloads are cut
 	// into blocks of exactly this size (the last one shorter).
 	BlockSize = 1 << 20
@@ -84,7 +85,7 @@ func Commitment(step uint32, batch BatchRange, payload []byte) coordinator.Hash 
 
 // CommitmentOf is the commitment of a payload given its blocks: sha256 over
 // a domain tag, le32(step), le64(batch start), le64(batch end), le64(payload
-// size) and the sha256 of each block in order (BlockDigests). Witnesses put
+// size) and the digest of each block in order (BlockDigests). Witnesses put
 // it in their broadcast bloom, so it must be the same on every node.
 //
 // It covers the block digests rather than the payload itself: the digests
@@ -99,7 +100,7 @@ func CommitmentOf(step uint32, batch BatchRange, ref BlobRef) coordinator.Hash {
 	binary.LittleEndian.PutUint64(b[4:], batch.Start)
 	binary.LittleEndian.PutUint64(b[12:], batch.End)
 	binary.LittleEndian.PutUint64(b[20:], ref.Size)
-	h.Write([]byte("psyche/commitment/v2"))
+	h.Write([]byte("psyche/commitment/v3"))
 	h.Write(b[:])
 	for _, d := range ref.Blocks {
 		h.Write(d[:])
@@ -110,11 +111,11 @@ func CommitmentOf(step uint32, batch BatchRange, ref BlobRef) coordinator.Hash {
 }
 
 // BlockDigests cuts data into blocks of BlockSize bytes (the last may be
-// shorter) and returns each block's sha256: a BlobRef's Blocks.
+// shorter) and returns each block's digest: a BlobRef's Blocks.
 func BlockDigests(data []byte) []coordinator.Hash {
 	var hs []coordinator.Hash
 	for off := 0; off < len(data); off += BlockSize {
-		hs = append(hs, sha256.Sum256(data[off:min(off+BlockSize, len(data))]))
+		hs = append(hs, BlockDigest(data[off:min(off+BlockSize, len(data))]))
 	}
 	return hs
 }

@@ -1,7 +1,6 @@
 package p2p
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -18,12 +17,13 @@ import (
 // to it for whatever the stream did not deliver (a peer that is slow, stops
 // mid-blob, does not hold a block or sends a wrong one).
 //
-// Protocol id BlobProtocol. The requester writes one request and closes its
-// write side; the responder writes one frame per requested block, in request
-// order, and closes. Encoding version 1, little-endian:
+// Protocol id BlobProtocol (its /1 named blocks by sha2-256, /2 by
+// BlockDigest; the bytes are the same). The requester writes one request and
+// closes its write side; the responder writes one frame per requested block,
+// in request order, and closes. Encoding version 1, little-endian:
 //
 //	request:  0 u8 version (1) | 1 u16 count K (1 ≤ K ≤ MaxBlobBlocks)
-//	          | 3 K × ( 32 sha256 of the block | u32 length N (1 ≤ N ≤ BlockSize) )
+//	          | 3 K × ( 32 BlockDigest of the block | u32 length N (1 ≤ N ≤ BlockSize) )
 //	response: K × ( u8 status | N block bytes when status is 1 )
 //
 // Status 1 (BlockHere) is followed by exactly the requested N bytes; status
@@ -33,7 +33,7 @@ import (
 // the signed announcement, never from the responder.
 
 // BlobProtocol is the libp2p protocol id of the blob stream.
-const BlobProtocol = "/psyche/blob/1"
+const BlobProtocol = "/psyche/blob/2"
 
 const (
 	blobVersion = 1
@@ -166,12 +166,12 @@ func ReadBlobBlock(r io.Reader, want BlockWant, dst []byte) (held bool, err erro
 }
 
 // VerifyBlock checks that data is the block want names: its length and its
-// sha256.
+// digest (BlockDigest).
 func VerifyBlock(want BlockWant, data []byte) error {
 	if len(data) != int(want.Len) {
 		return fmt.Errorf("%w: %d bytes, want %d", ErrBlockMismatch, len(data), want.Len)
 	}
-	if sha256.Sum256(data) != want.Hash {
+	if BlockDigest(data) != want.Hash {
 		return fmt.Errorf("%w: %x", ErrBlockMismatch, want.Hash[:8])
 	}
 	return nil

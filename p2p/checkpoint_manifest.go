@@ -1,7 +1,6 @@
 package p2p
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -12,26 +11,27 @@ import (
 // The checkpoint manifest: what a node shares so that a joiner can fetch the
 // model from peers. It lists every parameter tensor with the raw blocks that
 // hold its bytes. The manifest is itself stored as one raw block, so its id
-// (the sha256 of its encoding) is all a joiner needs to start, and every byte
-// it then receives is checked against a digest that chains back to that id.
+// (the BlockDigest of its encoding) is all a joiner needs to start, and every
+// byte it then receives is checked against a digest that chains back to that
+// id.
 //
-// Encoding version 1, little-endian:
+// Encoding version 2 (version 1 named blocks by sha2-256), little-endian:
 //
-//	0    u8   version (1)
+//	0    u8   version (2)
 //	1    u32  tensor count T (≤ MaxCheckpointTensors)
 //	then T × (
 //	     u16  name length | name bytes (UTF-8, ≤ 1024)
 //	     u8   dtype length | dtype bytes (e.g. "F32", "BF16"; ≤ 16)
 //	     u8   rank R (≤ 8) | R × u64 dims
 //	     u64  size in bytes
-//	     u32  block count K (= ceil(size / BlockSize)) | K × 32 sha256 of each raw block
+//	     u32  block count K (= ceil(size / BlockSize)) | K × 32 BlockDigest of each raw block
 //	)
 //
 // The whole encoding must fit one block (1 MiB): about 30,000 blocks, a
 // 30 GiB model, which is far beyond what this system trains.
 
 const (
-	manifestVersion      = 1
+	manifestVersion      = 2
 	MaxCheckpointTensors = 1 << 16
 	maxTensorName        = 1024
 	maxDTypeLen          = 16
@@ -97,17 +97,17 @@ type CheckpointManifest struct {
 	Tensors []TensorEntry
 }
 
-// ID is the manifest's identifier: the sha256 of its encoding, which is also
-// the digest of the raw block it is stored in.
+// ID is the manifest's identifier: the BlockDigest of its encoding, which is
+// also the name of the raw block it is stored in.
 func (m *CheckpointManifest) ID() (coordinator.Hash, error) {
 	b, err := m.MarshalBinary()
 	if err != nil {
 		return coordinator.Hash{}, err
 	}
-	return sha256.Sum256(b), nil
+	return BlockDigest(b), nil
 }
 
-// MarshalBinary encodes m in version 1.
+// MarshalBinary encodes m in version 2.
 func (m *CheckpointManifest) MarshalBinary() ([]byte, error) {
 	if len(m.Tensors) > MaxCheckpointTensors {
 		return nil, fmt.Errorf("%w: %d tensors", ErrOversize, len(m.Tensors))
@@ -154,7 +154,7 @@ func (t *TensorEntry) check() error {
 }
 
 // DecodeCheckpointManifest parses a manifest fetched from a peer. The caller
-// checks that its sha256 is the id it asked for.
+// checks that its BlockDigest is the id it asked for.
 func DecodeCheckpointManifest(b []byte) (CheckpointManifest, error) {
 	var m CheckpointManifest
 	if len(b) > BlockSize {

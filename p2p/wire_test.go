@@ -5,12 +5,14 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math/rand/v2"
 	"reflect"
 	"testing"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"lukechampine.com/blake3"
 )
 
 func sampleAnnouncement(t testing.TB) Announcement {
@@ -41,7 +43,7 @@ func TestAnnouncementLayout(t *testing.T) {
 		field string
 		ok    bool
 	}{
-		{"version", b[0] == 1},
+		{"version", b[0] == 2},
 		{"run id length", int(b[1]) == L},
 		{"run id", string(b[2:2+L]) == a.RunID},
 		{"step", le32(b[2+L:]) == a.Step},
@@ -89,7 +91,7 @@ func TestAnnouncementRoundTripAndTamper(t *testing.T) {
 		}
 	}
 	for name, c := range map[string][]byte{
-		"truncated": b[:len(b)-1], "trailing": append(bytes.Clone(b), 0), "version": append([]byte{2}, b[1:]...),
+		"truncated": b[:len(b)-1], "trailing": append(bytes.Clone(b), 0), "version 1 (sha2-256 block names)": append([]byte{1}, b[1:]...), "version 3": append([]byte{3}, b[1:]...),
 	} {
 		if _, err := DecodeAnnouncement(c); err == nil {
 			t.Errorf("%s: decoded", name)
@@ -150,6 +152,12 @@ func TestCheckpointManifestRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, m) {
 		t.Fatalf("round trip: %+v", got)
+	}
+	if b[0] != 2 {
+		t.Errorf("version byte %d, want 2", b[0])
+	}
+	if _, err := DecodeCheckpointManifest(append([]byte{1}, b[1:]...)); !errors.Is(err, ErrVersion) {
+		t.Errorf("a version 1 manifest (sha2-256 block names): %v", err)
 	}
 	bad := m
 	bad.Tensors = []TensorEntry{{Name: "x", Blob: BlobRef{Size: 5}}}
@@ -548,5 +556,43 @@ func TestCommitmentCoversTheBlockList(t *testing.T) {
 		if d == c {
 			t.Errorf("a different %s, the same commitment", name)
 		}
+	}
+}
+
+// BlockDigest is BLAKE3 as its specification defines it: the published
+// test vectors (input byte i is i mod 251) pin the hash, so that a change of
+// library or a wrong mode (keyed, derive-key) cannot pass unnoticed.
+func TestBlockDigestIsBLAKE3(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want string
+	}{
+		{0, "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"},
+		{1, "2d3adedff11b61f14c886e35afa036736dcd87a74d27b5c1510225d0f592e213"},
+		{1024, "42214739f095a406f3fc83deb889744ac00df831c10daa55189b5d121c855af7"},
+		{1025, "d00278ae47eb27b34faecf67b4fe263f82d5412916c1ffd97c8cb7fb814b8444"},
+	} {
+		in := make([]byte, c.n)
+		for i := range in {
+			in[i] = byte(i % 251)
+		}
+		got := BlockDigest(in)
+		if hex.EncodeToString(got[:]) != c.want {
+			t.Errorf("%d bytes: %x, want %s", c.n, got, c.want)
+		}
+	}
+	// The tree walk agrees with the library's own hash at every shape: one
+	// chunk, partial SIMD groups, uneven right subtrees, a whole block.
+	for _, n := range []int{1023, 1024 + 1, 16 << 10, 16<<10 + 1, 17 << 10, 31<<10 + 5, 64 << 10, 100_000, 555_555, BlockSize - 1, BlockSize} {
+		in := randomBytes(uint64(n), n)
+		if got, want := BlockDigest(in), blake3.Sum256(in); got != want {
+			t.Errorf("%d bytes: %x, the library's Sum256 %x", n, got, want)
+		}
+	}
+	// BlockDigests cuts at BlockSize and names each piece alone.
+	data := randomBytes(9, 2*BlockSize+7)
+	hs := BlockDigests(data)
+	if len(hs) != 3 || hs[0] != BlockDigest(data[:BlockSize]) || hs[2] != BlockDigest(data[2*BlockSize:]) {
+		t.Errorf("BlockDigests: %d digests, not the blocks'", len(hs))
 	}
 }

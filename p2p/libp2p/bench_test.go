@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
-	"crypto/sha256"
 	"flag"
 	"fmt"
 	"io"
@@ -51,7 +50,7 @@ var (
 // "floor" is the CPU that moving these bytes cannot avoid, over the TCP
 // copy's: the TCP copy itself (every byte crosses loopback once), sealing
 // and opening every byte with AES-128-GCM in TLS records, and hashing every
-// received byte (sha2-256, the block digest), each measured here on warm
+// received byte (BLAKE3, the block digest), each measured here on warm
 // buffers. A round's CPU ratio can approach it, not beat it; on a machine
 // whose cores the round fills, its wall-clock ratio follows the CPU ratio.
 // Off unless -p2p.bench is given.
@@ -218,7 +217,7 @@ func tcpCopy(t testing.TB, n int) time.Duration {
 
 // essentialCPU is the CPU that moving n bytes between two nodes costs
 // beyond their TCP copy: AES-GCM sealing and opening in 16 KiB records
-// (TLS's largest) and a sha2-256 digest of every 1 MiB block, measured on
+// (TLS's largest) and the digest (BLAKE3) of every 1 MiB block, measured on
 // warm buffers.
 func essentialCPU(t testing.TB, n int) time.Duration {
 	u0 := usage()
@@ -243,7 +242,7 @@ func essentialCPU(t testing.TB, n int) time.Duration {
 		}
 	}
 	for done := 0; done < n; done += p2p.BlockSize {
-		sha256.Sum256(src)
+		p2p.BlockDigest(src)
 	}
 	return usage().cpu - u0.cpu
 }

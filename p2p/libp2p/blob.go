@@ -2,7 +2,6 @@ package libp2p
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
@@ -28,9 +27,9 @@ import (
 // chunks) is deleted only when the last one lets go.
 
 func cidOf(h coordinator.Hash) cid.Cid {
-	mh, err := multihash.Encode(h[:], multihash.SHA2_256)
+	mh, err := multihash.Encode(h[:], p2p.BlockHashCode)
 	if err != nil {
-		panic(err) // a 32-byte sha2-256 digest always encodes
+		panic(err) // a 32-byte digest of a registered hash always encodes
 	}
 	return cid.NewCidV1(cid.Raw, mh)
 }
@@ -159,7 +158,7 @@ func (n *Node) assemble(ctx context.Context, ref p2p.BlobRef) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if sha256.Sum256(b.RawData()) != h {
+		if p2p.BlockDigest(b.RawData()) != h {
 			return nil, fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
 		}
 		if want := p2p.BlockLen(ref.Size, i); len(b.RawData()) != want {
@@ -189,7 +188,7 @@ func (n *Node) fill(ctx context.Context, ref p2p.BlobRef, idx []int, out []byte,
 		if want := p2p.BlockLen(ref.Size, i); len(b.RawData()) != want {
 			return fmt.Errorf("%w: block %d has %d bytes, the announced size needs %d", p2p.ErrCommitmentMismatch, i, len(b.RawData()), want)
 		}
-		if sha256.Sum256(b.RawData()) != h {
+		if p2p.BlockDigest(b.RawData()) != h {
 			return fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
 		}
 		copy(out[i*p2p.BlockSize:], b.RawData())

@@ -377,3 +377,19 @@ func TestWatchedReaderGivesUpOnAStalledPeer(t *testing.T) {
 		t.Fatalf("a read after the stall: %v, want errStalled", err)
 	}
 }
+
+// A block's CID is what bitswap checks a received block against: it hashes
+// the bytes with the hash the CID names (go-multihash's registry, not our
+// BlockDigest) and compares. The two must agree, and a changed byte must
+// not.
+func TestCIDNamesTheBlockDigest(t *testing.T) {
+	data := randomBytes(5, p2p.BlockSize)
+	c := cidOf(p2p.BlockDigest(data))
+	if got, err := c.Prefix().Sum(data); err != nil || !got.Equals(c) {
+		t.Fatalf("bitswap's check of the block: %v, %v; want %v", got, err, c)
+	}
+	data[len(data)/2] ^= 1
+	if got, err := c.Prefix().Sum(data); err != nil || got.Equals(c) {
+		t.Fatalf("a changed byte still matches (%v)", err)
+	}
+}

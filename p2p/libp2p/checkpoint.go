@@ -2,7 +2,6 @@ package libp2p
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"sync"
@@ -109,7 +108,7 @@ func (n *Node) dialAll(ctx context.Context, peers []coordinator.Pubkey, what str
 	}
 }
 
-// blockGetter returns a block whose sha256 is h.
+// blockGetter returns a block whose BlockDigest is h.
 type blockGetter func(ctx context.Context, h coordinator.Hash) ([]byte, error)
 
 // verifiedBlocks gets blocks from the local store or, over one bitswap
@@ -119,7 +118,7 @@ type blockGetter func(ctx context.Context, h coordinator.Hash) ([]byte, error)
 func (n *Node) verifiedBlocks(ctx context.Context) blockGetter {
 	sess := n.bs.NewSession(ctx)
 	return func(ctx context.Context, h coordinator.Hash) ([]byte, error) {
-		if b, err := n.bstore.Get(ctx, cidOf(h)); err == nil && sha256.Sum256(b.RawData()) == h {
+		if b, err := n.bstore.Get(ctx, cidOf(h)); err == nil && p2p.BlockDigest(b.RawData()) == h {
 			return b.RawData(), nil
 		}
 		var data []byte
@@ -128,7 +127,7 @@ func (n *Node) verifiedBlocks(ctx context.Context) blockGetter {
 			if err != nil {
 				return false, err
 			}
-			if sha256.Sum256(b.RawData()) != h {
+			if p2p.BlockDigest(b.RawData()) != h {
 				return false, fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
 			}
 			if err := n.bstore.Put(ctx, b); err != nil {

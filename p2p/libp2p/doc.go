@@ -38,7 +38,7 @@
 // # Checkpoints
 //
 // ShareCheckpoint stores a model as blocks per tensor plus a manifest block;
-// the manifest's id (its sha256) names the checkpoint. FetchCheckpoint gets
+// the manifest's id (its BlockDigest) names the checkpoint. FetchCheckpoint gets
 // the manifest, then every block with a bounded number of requests in flight
 // over one bitswap session (which spreads the wants over the peers that have
 // the blocks), verifies each block, and retries failed requests, so a peer

@@ -139,11 +139,18 @@ func New(opts ...Option) (*Node, error) {
 		gate.addBootstrap(ai.ID)
 	}
 	tracer := &punchTracer{}
+	rm, err := resourceManager()
+	if err != nil {
+		return nil, err
+	}
 	hostOpts := []golibp2p.Option{
+		rm,
 		golibp2p.Identity(lk),
 		golibp2p.ListenAddrStrings(cfg.listen...),
 		golibp2p.Transport(tcp.NewTCPTransport),
 		golibp2p.Transport(quic.NewTransport),
+		muxer(),
+		security(),
 		golibp2p.ConnectionGater(gate),
 		// NAT traversal: learn whether we are reachable (AutoNAT v2, asking
 		// peers to dial back), keep a reservation on a relay while we are

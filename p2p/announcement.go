@@ -57,7 +57,7 @@ type BatchRange struct {
 	Start, End uint64
 }
 
-// BlobRef names a payload stored as raw CIDv1 sha2-256 blocks: its size and
+// BlobRef names a payload stored as raw CIDv1 BLAKE3 blocks: its size and
 // the digest of every block in order.
 type BlobRef struct {
 	Size   uint64

@@ -16,7 +16,7 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 )
 
-// Blobs are payloads cut into raw CIDv1 sha2-256 blocks of at most
+// Blobs are payloads cut into raw CIDv1 BLAKE3 blocks of at most
 // BlockSize bytes and moved with bitswap by CID list. Raw blocks and a flat
 // list beat a UnixFS DAG here (~4× on loopback, DESIGN.md §7), and the list
 // already travels in the signed announcement.

@@ -5,7 +5,7 @@
 //
 // # Shape of a round
 //
-// A trainer Publishes its result: the payload is cut into raw CIDv1 sha2-256
+// A trainer Publishes its result: the payload is cut into raw CIDv1 BLAKE3
 // blocks of at most 1 MiB (BlockSize) held in an in-memory blockstore served
 // by bitswap, and a small signed Announcement (run, step, batch, trainer,
 // commitment, block digests, nonce) goes out on the run's gossipsub topic.

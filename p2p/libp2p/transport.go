@@ -107,12 +107,15 @@ func (c *batchedConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// Close sends what is batched, then lets TLS send its closing alert
-// straight through and close the socket.
+// Close lets TLS send its closing alert straight through and close the
+// socket. A Close during a Write must not wait for it (a peer that stopped
+// reading would hold the Write until its deadline): crypto/tls then closes
+// the socket at once, which ends the Write, and sends no alert.
 func (c *batchedConn) Close() error {
-	c.mu.Lock()
-	c.raw.stop()
-	c.mu.Unlock()
+	if c.mu.TryLock() {
+		c.raw.stop()
+		c.mu.Unlock()
+	}
 	return c.SecureConn.Close()
 }
 

@@ -3,11 +3,16 @@ package libp2p
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"errors"
 	"io"
 	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	golibp2p "github.com/libp2p/go-libp2p"
+	ic "github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
@@ -178,4 +183,76 @@ func equalInts(a, b []int) bool {
 		}
 	}
 	return true
+}
+
+// armedConn reports its first write after it is armed.
+type armedConn struct {
+	net.Conn
+	armed   atomic.Bool
+	writing chan struct{}
+	once    sync.Once
+}
+
+func (c *armedConn) Write(p []byte) (int, error) {
+	if c.armed.Load() {
+		c.once.Do(func() { close(c.writing) })
+	}
+	return c.Conn.Write(p)
+}
+
+// A peer that stops reading must not make Close wait: Close during a Write
+// stuck on the socket closes at once and ends the Write with an error.
+// net.Pipe has no buffer, so the Write blocks until the peer reads, which
+// it never does after the handshake.
+func TestBatchedTLSCloseDuringAStuckWrite(t *testing.T) {
+	keyOf := func() (ic.PrivKey, peer.ID) {
+		k, _, err := ic.GenerateEd25519Key(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := peer.IDFromPrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k, id
+	}
+	ck, _ := keyOf()
+	sk, sid := keyOf()
+	client, err := newBatchedTLS(libp2ptls.ID, ck, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := libp2ptls.New(libp2ptls.ID, sk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, sp := net.Pipe()
+	defer sp.Close()
+	ctx := context.Background()
+	served := make(chan error, 1)
+	go func() {
+		_, err := server.SecureInbound(ctx, sp, "")
+		served <- err
+	}()
+	raw := &armedConn{Conn: cp, writing: make(chan struct{})}
+	sc, err := client.SecureOutbound(ctx, raw, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	raw.armed.Store(true)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := sc.Write(make([]byte, 1<<20))
+		wrote <- err
+	}()
+	<-raw.writing // the Write is on the socket, which nobody reads
+	if err := sc.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		t.Logf("close: %v", err)
+	}
+	if err := <-wrote; err == nil {
+		t.Fatal("the stuck Write succeeded after Close")
+	}
 }

@@ -3,6 +3,11 @@
 // announcer, bitswap as the fallback), P2P checkpoints and
 // the epoch allowlist.
 //
+// The host speaks go-libp2p's protocols with settings for bulk data
+// (transport.go): TLS whose records reach the socket in batches, yamux with
+// 256 KiB frames, and gossip messages without gossipsub's own signature (an
+// announcement carries its trainer's).
+//
 // # Shape of a round
 //
 // A trainer Publishes its result: the payload is cut into raw CIDv1 BLAKE3

@@ -43,14 +43,15 @@ type proc struct {
 	mu   sync.Mutex
 	out  strings.Builder // stdout and stderr, interleaved
 	done chan struct{}
-	line chan string // stdout lines until the first is read (addresses)
+	line chan string   // stdout lines until the first is read (addresses)
+	grew chan struct{} // a line was added to out since the last receive
 }
 
 func startProc(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), asCLI+"=1")
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), line: make(chan string, 64)}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), line: make(chan string, 64), grew: make(chan struct{}, 1)}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +72,10 @@ func startProc(t *testing.T, name string, args ...string) *proc {
 			p.mu.Lock()
 			p.out.WriteString(sc.Text() + "\n")
 			p.mu.Unlock()
+			select {
+			case p.grew <- struct{}{}:
+			default:
+			}
 			if lines != nil {
 				select {
 				case lines <- sc.Text():
@@ -120,6 +125,33 @@ func (p *proc) waitLine(t *testing.T, re *regexp.Regexp) []string {
 			t.Fatalf("%s exited before printing %v:\n%s", p.name, re, p.output())
 		case <-guard:
 			t.Fatalf("%s printed no line matching %v", p.name, re)
+		}
+	}
+}
+
+// waitLog returns the first of the process's JSON log records with message
+// msg that match accepts, waiting for it as the process writes (a hang guard
+// bounds the wait; the record is an event, not a time).
+func (p *proc) waitLog(t *testing.T, msg string, accept func(map[string]any) bool) map[string]any {
+	t.Helper()
+	guard := time.After(3 * time.Minute)
+	for {
+		for _, r := range logRecords(p.output(), msg) {
+			if accept(r) {
+				return r
+			}
+		}
+		select {
+		case <-p.grew:
+		case <-p.done:
+			for _, r := range logRecords(p.output(), msg) {
+				if accept(r) {
+					return r
+				}
+			}
+			t.Fatalf("%s exited without logging %q", p.name, msg)
+		case <-guard:
+			t.Fatalf("%s logged no %q", p.name, msg)
 		}
 	}
 }
@@ -344,6 +376,14 @@ func flowAcrossProcesses(t *testing.T, fb flowBackend) {
 	after := trainEpoch(before.Progress.Epoch)
 	if after.Progress.Step <= stepAtKill {
 		t.Fatalf("no step trained after the restart (step %d, was %d)", after.Progress.Step, stepAtKill)
+	}
+	// The run pauses when the epoch's last round ends, which a trainer may
+	// not have applied yet: stop each one only once it has shared the
+	// epoch's model (what is checked below).
+	for _, p := range procs {
+		p.waitLog(t, "model shared with joiners", func(r map[string]any) bool {
+			return fmt.Sprint(r["epoch"]) == fmt.Sprint(after.Progress.Epoch)
+		})
 	}
 	for _, p := range procs {
 		p.signal(syscall.SIGTERM)

@@ -244,11 +244,19 @@ func (l *loader) take(file string, ck *checkpoint.Checkpoint, expect map[string]
 		if err != nil {
 			return fmt.Errorf("%w: %s: tensor %q has shape %v, config.json's model needs %v", ErrHFMismatch, file, name, shape, t.Shape)
 		}
+		// A NaN or infinite weight is a damaged file, not a starting point:
+		// the first forward pass would turn every loss into NaN, rounds
+		// later and far from the cause.
+		if i := slices.IndexFunc(data, notFinite); i >= 0 {
+			return fmt.Errorf("%w: %s: tensor %q holds %v at index %d", ErrHFMismatch, file, name, data[i], i)
+		}
 		copy(t.Data, data)
 		l.filled[name] = file
 	}
 	return nil
 }
+
+func notFinite(v float32) bool { return math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) }
 
 // result is the loaded model, or nil and finish's error.
 func (l *loader) result(where string) (*Model, error) {

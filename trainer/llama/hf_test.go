@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"math"
@@ -196,6 +197,16 @@ func TestHFRejects(t *testing.T) {
 			ErrHFMismatch, []string{"model.safetensors", "is F32 but config.json's torch_dtype is bfloat16"}},
 		{"tied head differs", strings.Replace(string(cfgJSON), `"tie_word_embeddings": false`, `"tie_word_embeddings": true`, 1), tensors,
 			ErrHFMismatch, []string{`"lm_head.weight"`, "not a copy"}},
+		{"NaN weight", string(cfgJSON), edit(tensors, func(ts []checkpoint.Tensor) []checkpoint.Tensor {
+			ts[2].Data = slices.Clone(ts[2].Data)
+			ts[2].Data[5] = float32(math.NaN())
+			return ts
+		}), ErrHFMismatch, []string{"model.safetensors", fmt.Sprintf("tensor %q holds NaN at index 5", tensors[2].Name)}},
+		{"infinite weight", string(cfgJSON), edit(tensors, func(ts []checkpoint.Tensor) []checkpoint.Tensor {
+			ts[0].Data = slices.Clone(ts[0].Data)
+			ts[0].Data[0] = float32(math.Inf(-1))
+			return ts
+		}), ErrHFMismatch, []string{"model.safetensors", `tensor "model.embed_tokens.weight" holds -Inf at index 0`}},
 		{"model type", strings.Replace(string(cfgJSON), `"llama"`, `"mistral"`, 1), tensors,
 			ErrHFConfig, []string{"config.json", `model_type "mistral"`}},
 		{"rope scaling", strings.Replace(string(cfgJSON), `"model_type"`, `"rope_scaling": {"rope_type": "llama3"}, "model_type"`, 1), tensors,
@@ -315,7 +326,7 @@ func FuzzLoadHF(f *testing.F) {
 		}
 		for _, tn := range m.CheckpointTensors() {
 			d, err := ck.Tensor(tn.Name, tn.Shape)
-			if err != nil || !slices.Equal(d, tn.Data) {
+			if err != nil || !slices.EqualFunc(d, tn.Data, func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }) {
 				t.Fatalf("tensor %s differs from the file (%v)", tn.Name, err)
 			}
 		}

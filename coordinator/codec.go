@@ -339,7 +339,7 @@ func (c *cursor) model(m *Model) {
 		c.u16("compression_topk", &o.CompressionTopK)
 		c.u16("compression_chunk", &o.CompressionChunk)
 		c.u8("aggregation", (*uint8)(&o.Aggregation))
-		c.pad(1)
+		c.u8("normalization", (*uint8)(&o.Normalization))
 		c.f32("clip_grad_norm", &o.ClipGradNorm)
 		c.f32("weight_decay", &o.WeightDecay)
 		c.f32("compression_decay", &o.CompressionDecay)

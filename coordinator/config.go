@@ -185,6 +185,7 @@ func (m *Model) Validate() error {
 		rule(o.CompressionTopK > 0 && uint32(o.CompressionTopK) <= uint32(o.CompressionChunk)*uint32(o.CompressionChunk),
 			"distro compression_topk (%d) must be in [1, chunk^2]", o.CompressionTopK)
 		rule(o.Aggregation < numAggregations, "distro aggregation %d is unknown (0 = robust, 1 = mean, 2 = clipped-mean)", o.Aggregation)
+		rule(o.Normalization < numNormalizations, "distro normalization %d is unknown (0 = rms, 1 = none)", o.Normalization)
 	default:
 		rule(false, "optimizer kind %d is unknown (1 = AdamW, 2 = DisTrO)", o.Kind)
 	}

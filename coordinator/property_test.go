@@ -367,6 +367,7 @@ func TestModelRules(t *testing.T) {
 		{"decay", func(m *Model) { m.Optimizer.CompressionDecay = 1 }, "compression_decay"},
 		{"topk", func(m *Model) { m.Optimizer.CompressionTopK = 65 }, "compression_topk"},
 		{"aggregation", func(m *Model) { m.Optimizer.Aggregation = numAggregations }, "aggregation 3 is unknown"},
+		{"normalization", func(m *Model) { m.Optimizer.Normalization = numNormalizations }, "normalization 2 is unknown"},
 		{"adamw", func(m *Model) { m.Optimizer.Kind = OptimizerAdamW; m.Optimizer.Beta1 = 0.9; m.Optimizer.Beta2 = 0.95 }, "epsilon"},
 		{"gpt kv heads", func(m *Model) { m.NKVHeads = 4 }, "Llama fields"},
 		{"gpt tied", func(m *Model) { m.TiedHead = true }, "Llama fields"},

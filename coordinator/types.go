@@ -358,17 +358,44 @@ func (a Aggregation) String() string {
 	return "Aggregation(?)"
 }
 
+// Normalization is what a DisTrO trainer folds into its momentum: each
+// gradient coefficient as it is, or divided by its own running RMS. It is
+// not consensus in the way Aggregation is (a trainer's compression is its
+// own, and every result decodes and aggregates the same either way), but
+// it is the run's optimizer, so the run's model names it. The zero value is
+// RMS, the default, so an account written before the field existed, where
+// its byte was padding, gets it.
+type Normalization uint8
+
+const (
+	// NormalizationRMS: each coefficient of the gradient's DCT divided by
+	// the root of its running mean square (decay 0.95) before the momentum.
+	NormalizationRMS Normalization = iota
+	// NormalizationNone: DeMo's raw gradient.
+	NormalizationNone
+	numNormalizations
+)
+
+var normalizationNames = [...]string{"Rms", "None"}
+
+func (n Normalization) String() string {
+	if n < numNormalizations {
+		return normalizationNames[n]
+	}
+	return "Normalization(?)"
+}
+
 // Optimizer holds the hyper-parameters of either optimizer; Kind says which
 // fields apply (AdamW: Beta1, Beta2, Epsilon, WeightDecay, ClipGradNorm;
 // DisTrO: ClipGradNorm, WeightDecay, CompressionDecay, TopK, Chunk,
-// Quantize1Bit, Aggregation).
+// Quantize1Bit, Aggregation, Normalization).
 type Optimizer struct {
 	Kind             OptimizerKind
 	Quantize1Bit     bool
 	CompressionTopK  uint16
 	CompressionChunk uint16
-	Aggregation      Aggregation // one of the two bytes that were padding here: no offset moved
-	_                [1]byte
+	Aggregation      Aggregation   // one of the two bytes that were padding here: no offset moved
+	Normalization    Normalization // the other one
 	ClipGradNorm     float32
 	WeightDecay      float32
 	CompressionDecay float32

@@ -34,32 +34,36 @@ func reportThroughput(b *testing.B, params int) {
 	b.ReportMetric(float64(params)*float64(b.N)/b.Elapsed().Seconds()/1e6, "Mparams/s")
 }
 
+// BenchmarkCompress is one DeMo step; norm=true adds NormalizeRMS (compare
+// its Mparams/s with norm=false's in the same run).
 func BenchmarkCompress(b *testing.B) {
 	g := benchGrad()
 	for _, k := range []int{4, 32} {
 		for _, q := range []bool{true, false} {
 			for _, w := range benchWorkers() {
-				b.Run(fmt.Sprintf("topk=%d/1bit=%v/workers=%d", k, q, w), func(b *testing.B) {
-					d, err := NewDeMo([][]int{{benchDim, benchDim}}, Options{Chunk: 64, TopK: k, Quantize1Bit: q, Decay: 0.999, Workers: w})
-					if err != nil {
-						b.Fatal(err)
-					}
-					var f *Frame
-					for b.Loop() {
-						if f, err = d.Step([][]float32{g}, 1e-3); err != nil {
+				for _, norm := range []bool{false, true} {
+					b.Run(fmt.Sprintf("topk=%d/1bit=%v/workers=%d/norm=%v", k, q, w, norm), func(b *testing.B) {
+						d, err := NewDeMo([][]int{{benchDim, benchDim}}, Options{Chunk: 64, TopK: k, Quantize1Bit: q, Decay: 0.999, Workers: w, NormalizeRMS: norm})
+						if err != nil {
 							b.Fatal(err)
 						}
-					}
-					reportThroughput(b, benchDim*benchDim)
-					size := float64(f.WireSize())
-					b.ReportMetric(size/(benchDim*benchDim), "wire-B/param")
-					b.ReportMetric(4*benchDim*benchDim/size, "x-vs-fp32")
-					b.ReportMetric(2*benchDim*benchDim/size, "x-vs-bf16")
-					for i := range f.Tensors {
-						f.Tensors[i].RiceIndices = true
-					}
-					b.ReportMetric(2*benchDim*benchDim/float64(f.WireSize()), "x-vs-bf16-rice")
-				})
+						var f *Frame
+						for b.Loop() {
+							if f, err = d.Step([][]float32{g}, 1e-3); err != nil {
+								b.Fatal(err)
+							}
+						}
+						reportThroughput(b, benchDim*benchDim)
+						size := float64(f.WireSize())
+						b.ReportMetric(size/(benchDim*benchDim), "wire-B/param")
+						b.ReportMetric(4*benchDim*benchDim/size, "x-vs-fp32")
+						b.ReportMetric(2*benchDim*benchDim/size, "x-vs-bf16")
+						for i := range f.Tensors {
+							f.Tensors[i].RiceIndices = true
+						}
+						b.ReportMetric(2*benchDim*benchDim/float64(f.WireSize()), "x-vs-bf16-rice")
+					})
+				}
 			}
 		}
 	}

@@ -18,7 +18,11 @@ type Options struct {
 	ClipGradNorm float32     // clip the global gradient norm to this (0: off)
 	Aggregation  Aggregation // how Apply combines the peers' results (zero value: AggregateRobust)
 	Update       UpdateRule  // how Apply turns the decoded aggregate into a step (zero value: UpdateSign)
-	Workers      int         // goroutines for compression and aggregation (0: 1)
+	// NormalizeRMS divides each gradient coefficient, in the DCT domain,
+	// by the root of its own running mean square before it enters the
+	// momentum (see normalizeTile). false is DeMo's raw gradient.
+	NormalizeRMS bool
+	Workers      int // goroutines for compression and aggregation (0: 1)
 }
 
 // ErrNonFinite reports a gradient with NaN or Inf in it.
@@ -26,13 +30,14 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 
 // DeMo is one trainer's DisTrO optimizer state (decoupled momentum).
 //
-// A step is: δ ← β·δ + lr·g; q = TopK(DCT(δ)) per tile; δ −= IDCT(q) (the
-// residual keeps what was not sent, using the unquantized values); q is
-// transmitted. Applying a set of results combines every peer's q into dense
-// tiles (Options.Aggregation: by default a robust rule, or Psyche's average
-// of duplicate indices), inverts the DCT, takes the sign (or, with
-// Options.Update = UpdateRMS, scales each tile to unit RMS), and updates
-// θ ← θ·(1 − lr·wd) − lr·sign.
+// A step is: δ ← β·δ + lr·g; q = TopK(DCT(δ)) per tile (with
+// Options.NormalizeRMS, each coefficient of DCT(g) is first divided by its
+// own running RMS); δ −= IDCT(q) (the residual keeps what was not sent,
+// using the unquantized values); q is transmitted. Applying a set of
+// results combines every peer's q into dense tiles (Options.Aggregation: by
+// default a robust rule, or Psyche's average of duplicate indices), inverts
+// the DCT, takes the sign (or, with Options.Update = UpdateRMS, scales each
+// tile to unit RMS), and updates θ ← θ·(1 − lr·wd) − lr·sign.
 //
 // The momentum is kept in the DCT domain, tile by tile. The DCT is orthonormal
 // and linear, so DCT(β·δ + lr·g) = β·DCT(δ) + lr·DCT(g) and subtracting
@@ -47,6 +52,10 @@ type DeMo struct {
 	// UpdateAdam's moments, the decoded aggregate's buffer, steps taken
 	adamM, adamV, adamA [][]float32
 	adamT               int
+	// NormalizeRMS's running mean squares (per tensor, tile-major like
+	// delta) and the steps they have seen, for the bias correction
+	meanSq [][]float32
+	steps  int
 }
 
 // NewDeMo returns a zero optimizer state for tensors of the given shapes.
@@ -71,6 +80,9 @@ func NewDeMo(shapes [][]int, o Options) (*DeMo, error) {
 		}
 		d.plans = append(d.plans, p)
 		d.delta = append(d.delta, make([]float32, p.params))
+		if o.NormalizeRMS {
+			d.meanSq = append(d.meanSq, make([]float32, p.params))
+		}
 	}
 	return d, nil
 }
@@ -130,11 +142,16 @@ func (d *DeMo) Step(grads [][]float32, lr float32) (*Frame, error) {
 		}
 	}
 	f := &Frame{Tensors: make([]Tensor, len(d.plans))}
+	d.steps++
 	for i, p := range d.plans {
 		t := &f.Tensors[i]
 		*t = Tensor{Shape: append([]int(nil), p.shape...), TileH: p.th, TileW: p.tw, K: p.k, Quantized: d.opts.Quantize1Bit, RiceIndices: d.opts.RiceIndices,
 			Indices: make([]uint32, p.tiles()*p.k), Values: make([]float32, p.tiles()*p.k)}
-		d.compressTensor(p, d.delta[i], grads[i], t, scale)
+		var meanSq []float32
+		if d.meanSq != nil {
+			meanSq = d.meanSq[i]
+		}
+		d.compressTensor(p, d.delta[i], meanSq, grads[i], t, scale)
 	}
 	return f, nil
 }
@@ -148,16 +165,21 @@ func allFinite(v []float32) bool {
 	return true
 }
 
-// compressTensor runs the step on every tile of one tensor.
-func (d *DeMo) compressTensor(p *tensorPlan, delta, g []float32, out *Tensor, scale float32) {
+// compressTensor runs the step on every tile of one tensor. meanSq is nil
+// unless the gradient is normalized.
+func (d *DeMo) compressTensor(p *tensorPlan, delta, meanSq, g []float32, out *Tensor, scale float32) {
 	ts, k := p.tileSize(), p.k
 	beta := d.opts.Decay
+	unbias := float32(1 / (1 - math.Pow(normBeta, float64(d.steps))))
 	parallel(d.opts.Workers, p.tiles(), func(lo, hi int) {
 		tile, tmp := make([]float32, ts), make([]float32, ts)
 		mag := make([]uint32, k)
 		for t := lo; t < hi; t++ {
 			p.gather(tile, g, t)
 			p.dct.forward(tile, tmp)
+			if meanSq != nil {
+				normalizeTile(tile, meanSq[t*ts:(t+1)*ts], unbias)
+			}
 			m := delta[t*ts : (t+1)*ts]
 			momentum(m, tile, beta, scale)
 			idx := out.Indices[t*k : (t+1)*k]
@@ -173,6 +195,37 @@ func (d *DeMo) compressTensor(p *tensorPlan, delta, g []float32, out *Tensor, sc
 			}
 		}
 	})
+}
+
+// The constants of NormalizeRMS, chosen by experiment (README, "DisTrO vs
+// AdamW"): the decay of the mean squares is AdamW's β2, and a coefficient's
+// divisor never falls below normFloor times the tile's typical one, so a
+// coefficient that has been near zero is not amplified into noise.
+const (
+	normBeta  = 0.95
+	normFloor = 0.1
+)
+
+// normalizeTile folds one tile's gradient coefficients c into their running
+// mean squares v and divides each by the root of its own (bias-corrected by
+// unbias = 1/(1 − β^steps), as Adam's second moment), plus normFloor times
+// the root of the tile's mean. Top-k then picks the coefficients whose
+// momentum is large against their own scale, not the largest raw ones: the
+// low frequencies, whose raw gradients are largest, no longer take every
+// slot. A tile whose coefficients have all been exactly zero stays zero.
+func normalizeTile(c, v []float32, unbias float32) {
+	// The running squares are computed in float64: those of small
+	// gradients lose bits, or vanish, in float32 (only what is kept
+	// between steps is rounded to it).
+	var sums [4]float64
+	meanSquare(v[:len(c)], c, normBeta, 1-normBeta, &sums)
+	total := (sums[0] + sums[1]) + (sums[2] + sums[3])
+	floor := float32(normFloor * math.Sqrt(total/float64(len(c))*float64(unbias)))
+	if floor == 0 { // every coefficient is, and has been, zero (or below float32's range)
+		clear(c)
+		return
+	}
+	rmsDivide(c, v, unbias, floor) // every divisor is at least floor > 0
 }
 
 // signs replaces each value by its sign: −1, 0 or +1 (branch-free: the

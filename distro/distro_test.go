@@ -384,3 +384,94 @@ func TestSigns(t *testing.T) {
 		t.Fatalf("got %v, want %v", v, want)
 	}
 }
+
+// TestNormalizeTile checks the RMS normalization against a direct float64
+// computation over a few steps, and that tiles of zeros stay zeros.
+func TestNormalizeTile(t *testing.T) {
+	steps := [][]float32{
+		{3, -4, 0, 0.5, 1e-3, -2},
+		{3, 4, 0, -0.5, 1e-3, 0},
+		{-6, 0, 0, 0.25, 2e-3, 1},
+	}
+	for _, tc := range []struct {
+		name  string
+		scale float32
+	}{{"unit", 1}, {"tiny", 1e-15}, {"huge", 1e15}, {"zeros", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := make([]float32, len(steps[0]))
+			want := make([]float64, len(v))
+			for s, raw := range steps {
+				unbias := 1 / (1 - math.Pow(normBeta, float64(s+1)))
+				c := make([]float32, len(raw))
+				var sum float64
+				for j, x := range raw {
+					c[j] = x * tc.scale
+					want[j] = normBeta*want[j] + (1-normBeta)*float64(c[j])*float64(c[j])
+					sum += want[j]
+				}
+				in := slices.Clone(c)
+				normalizeTile(c, v, float32(unbias))
+				floor := normFloor * math.Sqrt(sum/float64(len(c))*unbias)
+				for j, x := range in {
+					exp := 0.0
+					if den := math.Sqrt(want[j]*unbias) + floor; den > 0 {
+						exp = float64(x) / den
+					}
+					if math.IsNaN(float64(c[j])) || math.Abs(float64(c[j])-exp) > 1e-5*max(1, math.Abs(exp)) {
+						t.Fatalf("step %d coefficient %d: %g, want %g", s, j, c[j], exp)
+					}
+				}
+			}
+		})
+	}
+	// The first step divides each coefficient by nearly its own magnitude.
+	c, v := []float32{8, -0.001}, make([]float32, 2)
+	normalizeTile(c, v, 1/(1-normBeta))
+	if !(c[0] > 0.9 && c[0] < 1 && c[1] < -0.001/(0.001+0.1*8/math.Sqrt2)*0.99) {
+		t.Fatalf("first step: %v", c)
+	}
+}
+
+// TestNormalizedStepSendsConsistentCoefficients: a tile whose lowest
+// frequency flips between ±100 every step (noise) and whose eighth is +1
+// every step (signal). Raw momentum sends the loud coefficient every step
+// and never the signal; normalized, each counts against its own scale, and
+// the consistent one is sent within three steps.
+func TestNormalizedStepSendsConsistentCoefficients(t *testing.T) {
+	for _, normalize := range []bool{false, true} {
+		d, err := NewDeMo([][]int{{64}}, Options{Chunk: 64, TopK: 1, Quantize1Bit: true, Decay: 0.9, NormalizeRMS: normalize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sentAt := 0
+		for step := 1; step <= 10 && sentAt == 0; step++ {
+			c, tmp := make([]float32, 64), make([]float32, 64)
+			c[0], c[7] = 100, 1
+			if step%2 == 0 {
+				c[0] = -100
+			}
+			d.plans[0].dct.inverse(c, tmp) // the gradient whose DCT is c
+			f, err := d.Step([][]float32{c}, 0.01)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Tensors[0].Indices[0] == 7 {
+				sentAt = step
+			}
+		}
+		if normalize && (sentAt == 0 || sentAt > 3) || !normalize && sentAt != 0 {
+			t.Errorf("normalize %v: the consistent coefficient was first sent at step %d (0: never in 10)", normalize, sentAt)
+		}
+	}
+}
+
+// TestNormalizedZeroGradient: a zero gradient (a tensor no token reached)
+// keeps a zero, finite momentum under NormalizeRMS, and its tiles still
+// send k coefficients.
+func TestNormalizedZeroGradient(t *testing.T) {
+	d, _ := NewDeMo([][]int{{16, 16}}, Options{Chunk: 16, TopK: 4, Quantize1Bit: true, Decay: 0.9, NormalizeRMS: true})
+	f, err := d.Step([][]float32{make([]float32, 256)}, 0.01)
+	if err != nil || !allFinite(d.delta[0]) || slices.ContainsFunc(d.delta[0], func(x float32) bool { return x != 0 }) || len(f.Tensors[0].Indices) != 4 {
+		t.Fatalf("zero gradient: %v, momentum %v", err, d.delta[0][:8])
+	}
+}

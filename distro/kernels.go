@@ -54,6 +54,28 @@ func momentumGo(m, c []float32, beta, scale float32) {
 	}
 }
 
+// meanSquareGo folds c² into the running mean squares v, in float64 (m =
+// β·v + w·c·c with w = 1 − β, kept in v as float32), and adds each m to
+// sums[j mod 4]: four partial sums, so the vector kernel's lanes and this
+// loop add in the same order.
+func meanSquareGo(v, c []float32, beta, w float64, sums *[4]float64) {
+	c = c[:len(v)]
+	for j := range v {
+		x := float64(c[j])
+		m := beta*float64(v[j]) + w*x*x
+		v[j] = float32(m)
+		sums[j%4] += m
+	}
+}
+
+// rmsDivideGo computes c = c / (√(v·unbias) + floor), in float32.
+func rmsDivideGo(c, v []float32, unbias, floor float32) {
+	v = v[:len(c)]
+	for j, x := range c {
+		c[j] = x / (float32(math.Sqrt(float64(v[j]*unbias))) + floor)
+	}
+}
+
 func nextAboveGo(v []float32, from int, thr uint32) int {
 	for i := from; i < len(v); i++ {
 		if math.Float32bits(v[i])&^(1<<31) > thr {

@@ -33,6 +33,12 @@ func axpyAVX2(dst *float32, c float32, x *float32, n int)
 //go:noescape
 func momentumAVX2(m, c *float32, n int, beta, scale float32)
 
+//go:noescape
+func meanSquareAVX2(v, c *float32, n int, beta, w float64, sums *[4]float64)
+
+//go:noescape
+func rmsDivideAVX2(c, v *float32, n int, unbias, floor float32)
+
 // Each wrapper checks lengths in Go (so the assembly never reads or writes
 // out of bounds) and falls back to the Go loop without AVX2.
 
@@ -84,6 +90,29 @@ func momentum(m, c []float32, beta, scale float32) {
 	}
 	_ = c[n-1]
 	momentumAVX2(&m[0], &c[0], n, beta, scale)
+}
+
+// meanSquare runs the kernel on whole groups of four (one vector of
+// float64s); the rest continue the same lanes in Go.
+func meanSquare(v, c []float32, beta, w float64, sums *[4]float64) {
+	n := len(v) &^ 3
+	if !hasAVX2 || n == 0 {
+		meanSquareGo(v, c, beta, w, sums)
+		return
+	}
+	_ = c[len(v)-1]
+	meanSquareAVX2(&v[0], &c[0], n, beta, w, sums)
+	meanSquareGo(v[n:], c[n:], beta, w, sums)
+}
+
+func rmsDivide(c, v []float32, unbias, floor float32) {
+	n := len(c)
+	if !hasAVX2 || n == 0 {
+		rmsDivideGo(c, v, unbias, floor)
+		return
+	}
+	_ = v[n-1]
+	rmsDivideAVX2(&c[0], &v[0], n, unbias, floor)
 }
 
 //go:noescape

@@ -192,6 +192,75 @@ modone:
 	VZEROUPPER
 	RET
 
+// func meanSquareAVX2(v, c *float32, n int, beta, w float64, sums *[4]float64)
+// per group of four, in float64: m = beta*v + (w*c)*c; v = float32(m);
+// sums += m (lane by lane). n is a multiple of 4.
+TEXT ·meanSquareAVX2(SB), NOSPLIT, $0-48
+	MOVQ v+0(FP), DI
+	MOVQ c+8(FP), AX
+	MOVQ n+16(FP), CX
+	VBROADCASTSD beta+24(FP), Y6
+	VBROADCASTSD w+32(FP), Y7
+	MOVQ sums+40(FP), BX
+	VMOVUPD (BX), Y5
+	XORQ DX, DX
+ms4:
+	CMPQ CX, $4
+	JLT msdone
+	VCVTPS2PD (DI)(DX*4), Y0
+	VCVTPS2PD (AX)(DX*4), Y1
+	VMULPD Y6, Y0, Y0
+	VMULPD Y7, Y1, Y2
+	VMULPD Y1, Y2, Y2
+	VADDPD Y2, Y0, Y0
+	VADDPD Y0, Y5, Y5
+	VCVTPD2PSY Y0, X0
+	VMOVUPS X0, (DI)(DX*4)
+	ADDQ $4, DX
+	SUBQ $4, CX
+	JMP ms4
+msdone:
+	VMOVUPD Y5, (BX)
+	VZEROUPPER
+	RET
+
+// func rmsDivideAVX2(c, v *float32, n int, unbias, floor float32)
+// c = c / (sqrt(v*unbias) + floor)
+TEXT ·rmsDivideAVX2(SB), NOSPLIT, $0-32
+	MOVQ c+0(FP), DI
+	MOVQ v+8(FP), AX
+	MOVQ n+16(FP), CX
+	VBROADCASTSS unbias+24(FP), Y6
+	VBROADCASTSS floor+28(FP), Y7
+	XORQ DX, DX
+rd8:
+	CMPQ CX, $8
+	JLT rd1
+	VMULPS (AX)(DX*4), Y6, Y0
+	VSQRTPS Y0, Y0
+	VADDPS Y7, Y0, Y0
+	VMOVUPS (DI)(DX*4), Y1
+	VDIVPS Y0, Y1, Y1
+	VMOVUPS Y1, (DI)(DX*4)
+	ADDQ $8, DX
+	SUBQ $8, CX
+	JMP rd8
+rd1:
+	TESTQ CX, CX
+	JEQ rddone
+	VMULSS (AX)(DX*4), X6, X0
+	VSQRTSS X0, X0, X0
+	VADDSS X7, X0, X0
+	VMOVSS (DI)(DX*4), X1
+	VDIVSS X0, X1, X1
+	VMOVSS X1, (DI)(DX*4)
+	INCQ DX
+	DECQ CX
+	JMP rd1
+rddone:
+	VZEROUPPER
+	RET
+
 // func nextAboveAVX2(v *float32, n int, from int, thr uint32) int
 // The first i >= from with (bits(v[i]) & 0x7fffffff) > thr, or n.
 TEXT ·nextAboveAVX2(SB), NOSPLIT, $0-40

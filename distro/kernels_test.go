@@ -46,6 +46,24 @@ func TestKernelsMatchGo(t *testing.T) {
 		if !slices.Equal(u1, u2) {
 			t.Fatalf("momentum n=%d", n)
 		}
+		w1, w2 := slices.Clone(a), slices.Clone(a)
+		for i := range w1 { // mean squares are never negative
+			w1[i] *= w1[i]
+			w2[i] = w1[i]
+		}
+		var s1, s2 [4]float64
+		meanSquare(w1, b, 0.95, 1-0.95, &s1)
+		meanSquareGo(w2, b, 0.95, 1-0.95, &s2)
+		if !slices.Equal(w1, w2) || s1 != s2 {
+			t.Fatalf("meanSquare n=%d", n)
+		}
+		copy(u1, b)
+		copy(u2, b)
+		rmsDivide(u1, w1, 1.5, 0.01)
+		rmsDivideGo(u2, w2, 1.5, 0.01)
+		if !slices.Equal(u1, u2) {
+			t.Fatalf("rmsDivide n=%d", n)
+		}
 		for from := 0; from <= n; from++ {
 			thr := math.Float32bits(0.5)
 			if got, want := nextAbove(a, from, thr), nextAboveGo(a, from, thr); got != want {

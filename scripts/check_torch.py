@@ -134,6 +134,50 @@ def demo_step(param, grad, scale, run):
     return param * (1 - lr * wd) - lr * direction
 
 
+NORM_BETA, NORM_FLOOR = 0.95, 0.1  # distro's normBeta and normFloor
+
+
+def tiles_of(t, run):
+    """The tiles of t (outer, tile rows, tile cols, th, tw) and the inverse."""
+    shape = t.shape
+    rows = shape[-2] if len(shape) >= 2 else 1
+    cols = shape[-1]
+    th, tw = largest_divisor(rows, run["Chunk"]), largest_divisor(cols, run["Chunk"])
+    tiled = t.reshape(-1, rows // th, th, cols // tw, tw).permute(0, 1, 3, 2, 4)
+    return tiled, th, tw, lambda x: x.permute(0, 1, 3, 2, 4).reshape(shape)
+
+
+def demo_two_normalized(param, grads, scales, run):
+    """Two DisTrO steps with normalized gradients, the second one's result
+    applied with the mean rule: each DCT coefficient c of a gradient is
+    divided by sqrt(v*u) + floor, where v is the running mean square of c
+    (decay NORM_BETA), u = 1/(1 - NORM_BETA^step) corrects its bias, and
+    floor is NORM_FLOOR times the root of the tile's mean of v*u; the
+    momentum is decay*m + scale*(that); top-k is sent and removed."""
+    v = m = None
+    for step, (g, scale) in enumerate(zip(grads, scales), start=1):
+        tiled, th, tw, untile = tiles_of(g.double(), run)
+        dh, dw = dct_matrix(th).double(), dct_matrix(tw).double()
+        coef = (dh @ tiled @ dw.T).reshape(*tiled.shape[:3], th * tw)
+        v = (1 - NORM_BETA) * coef**2 if v is None else NORM_BETA * v + (1 - NORM_BETA) * coef**2
+        u = 1 / (1 - NORM_BETA**step)
+        floor = NORM_FLOOR * (v.mean(dim=-1, keepdim=True) * u).sqrt()
+        normed = coef / ((v * u).sqrt() + floor)
+        m = scale * normed if m is None else run["Decay"] * m + scale * normed
+        k = min(run["TopK"], th * tw)
+        idx = m.abs().topk(k, dim=-1).indices
+        kept = torch.zeros_like(m).scatter(-1, idx, m.gather(-1, idx))
+        m = m - kept
+    direction = torch.sign(dh.T @ kept.reshape(*tiled.shape[:3], th, tw) @ dw)
+    lr, wd = run["LR"], run["WeightDecay"]
+    return param * (1 - lr * wd) - lr * untile(direction).float()
+
+
+def clip_scale(grads, run):
+    norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+    return run["LR"] * (run["Clip"] / norm if run["Clip"] > 0 and norm > run["Clip"] else 1.0)
+
+
 def err(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
@@ -183,6 +227,15 @@ def main(d):
         # An update is ±lr (or 0): a different sign would differ by 2·lr.
         flips += int(((have - want).abs() > run["LR"]).sum())
         results.append(("distro " + s, err(have, want)))
+
+    # Two steps with normalized gradients, the second one applied.
+    grads2 = [got["distro.grad2." + s] for s in run["DistroSpecs"]]
+    scales = [clip_scale(grads, run), clip_scale(grads2, run)]
+    for s, g1, g2 in zip(run["DistroSpecs"], grads, grads2):
+        want = demo_two_normalized(got["distro.param." + s], [g1, g2], scales, run)
+        have = got["distro.norm.after." + s]
+        flips += int(((have - want).abs() > run["LR"]).sum())
+        results.append(("distro normalized, 2 steps " + s, err(have, want)))
 
     worst = max(e for _, e in results)
     print(f"config: kv_heads={cfg['num_key_value_heads']}/{cfg['num_attention_heads']} tied={cfg['tie_word_embeddings']}")

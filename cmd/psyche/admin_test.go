@@ -206,6 +206,8 @@ func TestRunFileErrors(t *testing.T) {
 		{"enum.toml", "[model]\narchitecture = \"rnn\"\n[model.lr]\nschedule = \"step\"\n", []string{"model.architecture = \"rnn\"", "model.lr.schedule = \"step\""}},
 		{"aggregation.toml", "[model.optimizer]\naggregation = \"median\"\n",
 			[]string{`model.optimizer.aggregation = "median": want one of clipped-mean, mean, robust`}},
+		{"normalize.toml", "[model.optimizer]\nnormalize = \"adam\"\n",
+			[]string{`model.optimizer.normalize = "adam": want one of none, rms`}},
 		{"sources.toml", "[model]\ndata = \"builtin:shakespeare\"\n[model.checkpoint]\nurl = \"seed:one\"\n",
 			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file:// and http(s):// are): "seed:one"`,
 				`model.data = "builtin:shakespeare": no such built-in corpus (the built-in ones are builtin:opticks)`}},
@@ -267,8 +269,6 @@ func TestKeygenRefusesToOverwrite(t *testing.T) {
 	}
 }
 
-// TestRunFileAggregation: model.optimizer.aggregation names the rule, and a
-// run file that leaves it out gets the robust one (the zero value).
 // TestRunFileLlama: examples/llama-bytes-run.toml's model fields reach the
 // coordinator's model, and edits of them break the coordinator's rules with
 // errors that name them.
@@ -301,35 +301,6 @@ func TestRunFileLlama(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), w) {
 				t.Errorf("%s: error %v lacks %q", tc.to, err, w)
 			}
-		}
-	}
-}
-
-func TestRunFileAggregation(t *testing.T) {
-	example, err := os.ReadFile(tinyRun)
-	if err != nil {
-		t.Fatal(err)
-	}
-	line := regexp.MustCompile(`(?m)^aggregation = "robust".*$`)
-	if !line.Match(example) {
-		t.Fatal("examples/tiny-run.toml has no aggregation line")
-	}
-	for value, want := range map[string]coordinator.Aggregation{"": coordinator.AggregationRobust,
-		"robust": coordinator.AggregationRobust, "mean": coordinator.AggregationMean, "clipped-mean": coordinator.AggregationClippedMean} {
-		repl := ""
-		if value != "" {
-			repl = "aggregation = \"" + value + "\""
-		}
-		p := filepath.Join(t.TempDir(), "run.toml")
-		if err := os.WriteFile(p, line.ReplaceAll(example, []byte(repl)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		u, err := loadRunFile(p)
-		if err != nil {
-			t.Fatalf("aggregation %q: %v", value, err)
-		}
-		if got := u.Model.Optimizer.Aggregation; got != want {
-			t.Errorf("aggregation %q: %s, want %s", value, got, want)
 		}
 	}
 }
@@ -387,5 +358,49 @@ func TestServerCreators(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunFileOptimizerEnums: model.optimizer.aggregation and .normalize
+// name their rule, and a run file that leaves one out gets its zero value
+// (robust, rms).
+func TestRunFileOptimizerEnums(t *testing.T) {
+	example, err := os.ReadFile(tinyRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key, example string
+		want         map[string]uint8
+		got          func(*coordinator.Optimizer) uint8
+	}{
+		{"aggregation", "robust", map[string]uint8{"": uint8(coordinator.AggregationRobust), "robust": uint8(coordinator.AggregationRobust),
+			"mean": uint8(coordinator.AggregationMean), "clipped-mean": uint8(coordinator.AggregationClippedMean)},
+			func(o *coordinator.Optimizer) uint8 { return uint8(o.Aggregation) }},
+		{"normalize", "rms", map[string]uint8{"": uint8(coordinator.NormalizationRMS), "rms": uint8(coordinator.NormalizationRMS),
+			"none": uint8(coordinator.NormalizationNone)},
+			func(o *coordinator.Optimizer) uint8 { return uint8(o.Normalization) }},
+	} {
+		line := regexp.MustCompile(`(?m)^` + tc.key + ` = "` + tc.example + `".*$`)
+		if !line.Match(example) {
+			t.Fatalf("examples/tiny-run.toml has no %s line", tc.key)
+		}
+		for value, want := range tc.want {
+			repl := ""
+			if value != "" {
+				repl = tc.key + ` = "` + value + `"`
+			}
+			p := filepath.Join(t.TempDir(), "run.toml")
+			if err := os.WriteFile(p, line.ReplaceAll(example, []byte(repl)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			u, err := loadRunFile(p)
+			if err != nil {
+				t.Fatalf("%s %q: %v", tc.key, value, err)
+			}
+			if got := tc.got(&u.Model.Optimizer); got != want {
+				t.Errorf("%s %q: %d, want %d", tc.key, value, got, want)
+			}
+		}
 	}
 }

@@ -48,6 +48,7 @@ tokens is held out for validation.`,
 		&cli.StringFlag{Name: "momentum-lr", Value: "scheduled", Usage: "experiment: the rate DisTrO folds gradients into its momentum at: scheduled (DeMo's), peak, held (scheduled during the warmup, then the peak), or squared (scheduled times its fraction of the peak); the step always follows the schedule", Category: "OPTIMIZER"},
 		&cli.Float64Flag{Name: "vector-lr-scale", Value: 1, Usage: "experiment: DisTrO lr multiplier of layer norms and biases", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "update", Value: distro.UpdateSign.String(), Usage: "how the decoded aggregate becomes a step: " + strings.Join(distro.UpdateRuleNames(), ", ") + " (an experiment: a run always uses sign)", Category: "OPTIMIZER"},
+		&cli.BoolFlag{Name: "normalize", Value: true, Usage: "divide each gradient coefficient by its own running RMS before DisTrO's momentum (as a run's model.optimizer.normalize = \"rms\"; --normalize=false: DeMo's raw gradients)", Category: "OPTIMIZER"},
 		&cli.BoolFlag{Name: "rice", Value: true, Usage: "send indices as Rice codes of their gaps (--rice=false: DESIGN.md's fixed widths)", Category: "OPTIMIZER"},
 		&cli.StringFlag{Name: "data", Usage: "token file (default: the embedded Opticks text)", Category: "DATA"},
 		&cli.IntFlag{Name: "token-size", Value: 2, Usage: "bytes per token of --data (2 or 4)", Category: "DATA"},
@@ -116,14 +117,14 @@ func runParity(c *cli.Context) error {
 		WarmupSteps: max(1, c.Int("steps")/15),
 		AdamLR:      float32(c.Float64("adam-lr")), DistroLR: float32(distroLR),
 		Distro: distro.Options{Chunk: c.Int("chunk"), TopK: c.Int("topk"), Quantize1Bit: c.Bool("one-bit"),
-			RiceIndices: c.Bool("rice"), ClipGradNorm: float32(c.Float64("clip")), WeightDecay: float32(c.Float64("weight-decay")), Decay: float32(c.Float64("decay")), Aggregation: agg, Update: upd, Workers: 2},
+			RiceIndices: c.Bool("rice"), ClipGradNorm: float32(c.Float64("clip")), WeightDecay: float32(c.Float64("weight-decay")), Decay: float32(c.Float64("decay")), Aggregation: agg, Update: upd, NormalizeRMS: c.Bool("normalize"), Workers: 2},
 		EmbedLRScale: float32(c.Float64("embed-lr-scale")), VectorLRScale: float32(c.Float64("vector-lr-scale")),
 		MomentumLR: mlr, AdamFinalLR: &finals[0], DistroFinalLR: &finals[1],
 		EvalEvery: c.Int("eval-every"), EvalSeqs: min(c.Int("eval-seqs"), int(val.NumSequences())), Seed: c.Uint64("seed"),
 	}
 	out := c.App.Writer
-	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, AdamW lr %g (final ×%g), %d DisTrO peers (lr %g, chunk %d, top-k %d, 1-bit %v, Rice-coded indices %v, clip %g, weight decay %g, aggregation %s, update %s, momentum rate %s, final rate ×%g)\n",
-		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.AdamLR, finals[0], cfg.Peers, cfg.DistroLR, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit, cfg.Distro.RiceIndices, cfg.Distro.ClipGradNorm, cfg.Distro.WeightDecay, cfg.Distro.Aggregation, cfg.Distro.Update, cfg.MomentumLR, finals[1])
+	fmt.Fprintf(out, "parity: %d-parameter model, %d steps of %d×%d tokens, AdamW lr %g (final ×%g), %d DisTrO peers (lr %g, chunk %d, top-k %d, 1-bit %v, Rice-coded indices %v, clip %g, weight decay %g, normalized %v, aggregation %s, update %s, momentum rate %s, final rate ×%g)\n",
+		cfg.Model.NumParams(), cfg.Steps, cfg.Batch, seqLen, cfg.AdamLR, finals[0], cfg.Peers, cfg.DistroLR, cfg.Distro.Chunk, cfg.Distro.TopK, cfg.Distro.Quantize1Bit, cfg.Distro.RiceIndices, cfg.Distro.ClipGradNorm, cfg.Distro.WeightDecay, cfg.Distro.NormalizeRMS, cfg.Distro.Aggregation, cfg.Distro.Update, cfg.MomentumLR, finals[1])
 	res, err := parity.Run(ctx, cfg, train, val, out)
 	if err != nil {
 		return err

@@ -75,6 +75,7 @@ type runFile struct {
 			CompressionChunk uint64  `toml:"compression_chunk"`
 			Quantize1Bit     bool    `toml:"quantize_1bit"`
 			Aggregation      string  `toml:"aggregation"`
+			Normalize        string  `toml:"normalize"`
 			Beta1            float64 `toml:"beta1"`
 			Beta2            float64 `toml:"beta2"`
 			Epsilon          float64 `toml:"epsilon"`
@@ -88,6 +89,10 @@ type runFile struct {
 // aggregationNames are the run file's names of the aggregation rules.
 var aggregationNames = map[string]uint8{"robust": uint8(coordinator.AggregationRobust),
 	"mean": uint8(coordinator.AggregationMean), "clipped-mean": uint8(coordinator.AggregationClippedMean)}
+
+// normalizationNames are the run file's names of DisTrO's gradient
+// normalizations.
+var normalizationNames = map[string]uint8{"rms": uint8(coordinator.NormalizationRMS), "none": uint8(coordinator.NormalizationNone)}
 
 // loadRunFile reads a run file into an update instruction (sections that are
 // absent are left out of the update). Unknown keys and values that do not fit
@@ -174,6 +179,10 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 		// Left out, the aggregation is the zero value: the robust rule.
 		if m.Optimizer.Aggregation != "" {
 			choose("model.optimizer.aggregation", m.Optimizer.Aggregation, aggregationNames, (*uint8)(&cm.Optimizer.Aggregation))
+		}
+		// Left out, the normalization is the zero value: rms.
+		if m.Optimizer.Normalize != "" {
+			choose("model.optimizer.normalize", m.Optimizer.Normalize, normalizationNames, (*uint8)(&cm.Optimizer.Normalization))
 		}
 		text("model.checkpoint.url", cm.Checkpoint.Source.URL[:], m.Checkpoint.URL)
 		text("model.checkpoint.revision", cm.Checkpoint.Source.Revision[:], m.Checkpoint.Revision)

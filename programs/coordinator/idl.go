@@ -28,8 +28,8 @@ import (
 // Go blank field becomes an explicit "_padding" byte array, an option is a
 // tag byte then the value, and the small enums with names in Go (RunState,
 // ClientState, CheckpointKind, Architecture, DataKind, LRScheduleKind,
-// OptimizerKind, Aggregation: every uint8 type with a String method) are
-// Borsh enums, which are one tag byte.
+// OptimizerKind, Aggregation, Normalization: every uint8 type with a String
+// method) are Borsh enums, which are one tag byte.
 func IDL() ([]byte, error) {
 	b := &idlBuilder{defs: map[string]idlTypeDef{}}
 	// The version follows the account's: the layout is the ABI.

@@ -65,6 +65,7 @@ func randomModel(rng *rand.Rand) coord.Model {
 		m.Optimizer = coord.Optimizer{Kind: coord.OptimizerAdamW, Beta1: 0.9, Beta2: 0.95, Epsilon: 1e-8, WeightDecay: 0.1}
 	}
 	m.Optimizer.Aggregation = coord.Aggregation(rng.IntN(3)) // AdamW ignores it, whatever it holds
+	m.Optimizer.Normalization = coord.Normalization(rng.IntN(2))
 	if rng.IntN(3) == 0 {
 		m.Architecture = coord.ArchLlama
 		m.NKVHeads, m.IntermediateSize, m.RopeTheta, m.TiedHead = uint32(1+rng.IntN(2)*3)%5, 96, 10000, rng.IntN(2) == 0
@@ -78,7 +79,7 @@ func randomModel(rng *rand.Rand) coord.Model {
 		m.MaxSeqLen = 0xffffffff
 	}
 	if rng.IntN(6) == 0 { // break one rule
-		switch rng.IntN(12) {
+		switch rng.IntN(13) {
 		case 0:
 			m.Checkpoint.Kind = coord.CheckpointKind(rng.IntN(8))
 		case 1:
@@ -123,6 +124,8 @@ func randomModel(rng *rand.Rand) coord.Model {
 			if rng.IntN(2) == 0 {
 				m.IntermediateSize = 0
 			}
+		case 11:
+			m.Optimizer.Normalization = coord.Normalization(2 + rng.IntN(254)) // unknown to both
 		default:
 			m.Optimizer.CompressionTopK = 65
 		}

@@ -165,7 +165,7 @@ const model = {
     compressionTopk: 4,
     compressionChunk: 8,
     aggregation: { robust: {} },
-    padding: zeros(1),
+    normalization: { rms: {} },
     clipGradNorm: 0,
     weightDecay: 0,
     compressionDecay: 0.999,

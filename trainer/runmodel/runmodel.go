@@ -68,9 +68,12 @@ func Distro(m *coordinator.Model, workers int) (distro.Options, error) {
 	if !ok {
 		return distro.Options{}, fmt.Errorf("%w: aggregation %d is unknown to this build", ErrOptimizer, o.Aggregation)
 	}
+	if o.Normalization >= 2 {
+		return distro.Options{}, fmt.Errorf("%w: normalization %d is unknown to this build", ErrOptimizer, o.Normalization)
+	}
 	return distro.Options{Chunk: int(o.CompressionChunk), TopK: int(o.CompressionTopK), Quantize1Bit: o.Quantize1Bit,
 		RiceIndices: true, Decay: o.CompressionDecay, WeightDecay: o.WeightDecay, ClipGradNorm: o.ClipGradNorm,
-		Aggregation: agg, Workers: workers}, nil
+		Aggregation: agg, NormalizeRMS: o.Normalization == coordinator.NormalizationRMS, Workers: workers}, nil
 }
 
 // aggregations maps the coordinator's aggregation rules to DisTrO's (named

@@ -70,7 +70,7 @@ func TestGPTRejects(t *testing.T) {
 func TestDistro(t *testing.T) {
 	m := runModel()
 	got, err := Distro(&m, 3)
-	want := distro.Options{Chunk: 64, TopK: 12, Quantize1Bit: true, RiceIndices: true, Decay: 0.97, WeightDecay: 0.1, ClipGradNorm: 1, Workers: 3}
+	want := distro.Options{Chunk: 64, TopK: 12, Quantize1Bit: true, RiceIndices: true, Decay: 0.97, WeightDecay: 0.1, ClipGradNorm: 1, NormalizeRMS: true, Workers: 3}
 	if err != nil || got != want {
 		t.Fatalf("Distro = %+v, %v; want %+v", got, err, want)
 	}
@@ -110,6 +110,26 @@ func TestDistroAggregation(t *testing.T) {
 	m.Optimizer.Aggregation = 3
 	if _, err := Distro(&m, 1); !errors.Is(err, ErrOptimizer) {
 		t.Errorf("an unknown aggregation: %v, want ErrOptimizer", err)
+	}
+}
+
+// TestDistroNormalization: the run's normalization reaches the optimizer,
+// the zero value (every model written before the field) being rms.
+func TestDistroNormalization(t *testing.T) {
+	for from, want := range map[coordinator.Normalization]bool{coordinator.NormalizationRMS: true, coordinator.NormalizationNone: false} {
+		m := runModel()
+		m.Optimizer.Normalization = from
+		if got, err := Distro(&m, 1); err != nil || got.NormalizeRMS != want {
+			t.Errorf("%s: Distro = %v, %v; want %v", from, got.NormalizeRMS, err, want)
+		}
+	}
+	if coordinator.NormalizationRMS != 0 {
+		t.Error("rms must be the zero value: models that name none get it")
+	}
+	m := runModel()
+	m.Optimizer.Normalization = 2
+	if _, err := Distro(&m, 1); !errors.Is(err, ErrOptimizer) {
+		t.Errorf("an unknown normalization: %v, want ErrOptimizer", err)
 	}
 }
 

@@ -269,7 +269,7 @@ static void rd_model(struct rd *r, struct psy_model *m)
 	rd_u16(r, &m->compression_topk);
 	rd_u16(r, &m->compression_chunk);
 	rd_u8(r, &m->aggregation);
-	rd_pad(r, 1);
+	rd_u8(r, &m->normalization);
 	rd_u32(r, &m->clip_grad_norm);
 	rd_u32(r, &m->weight_decay);
 	rd_u32(r, &m->compression_decay);
@@ -365,7 +365,7 @@ static uint64_t check_account(const struct psy_account *s)
 		if (s->pad0[i] | s->pad1[i])
 			return ERR_MALFORMED;
 	const struct psy_model *m = &s->model;
-	if (s->config.pad | m->pad0 | m->pad2[0] | m->pad2[1] | m->pad2[2] | m->pad3 | (m->quantize_1bit > 1) |
+	if (s->config.pad | m->pad0 | m->pad2[0] | m->pad2[1] | m->pad2[2] | (m->quantize_1bit > 1) |
 	    m->pad4[0] | m->pad4[1] | m->pad4[2] | (m->tied_head > 1))
 		return ERR_MALFORMED;
 	for (int i = 0; i < 7; i++)
@@ -435,7 +435,7 @@ static int model_valid(const struct psy_model *m)
 	else if (m->optimizer_kind == 2)
 		ok = ok && unit32(m->compression_decay) && m->compression_chunk > 0 && m->compression_topk > 0 &&
 		     (uint32_t)m->compression_topk <= (uint32_t)m->compression_chunk * (uint32_t)m->compression_chunk &&
-		     m->aggregation < 3; /* robust, mean, clipped-mean */
+		     m->aggregation < 3 /* robust, mean, clipped-mean */ && m->normalization < 2; /* rms, none */
 	else
 		ok = 0;
 	return ok;

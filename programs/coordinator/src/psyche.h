@@ -237,7 +237,7 @@ struct psy_model {
 	uint16_t compression_topk;
 	uint16_t compression_chunk;
 	uint8_t aggregation; /* coordinator.Aggregation: 0 robust, 1 mean, 2 clipped-mean (was padding) */
-	uint8_t pad3;
+	uint8_t normalization; /* coordinator.Normalization: 0 rms, 1 none (was padding) */
 	uint32_t clip_grad_norm; /* f32 bits */
 	uint32_t weight_decay;
 	uint32_t compression_decay;
@@ -283,7 +283,7 @@ _Static_assert(PSY_OFF(metadata) == 136 && PSY_OFF(config) == 344 && PSY_OFF(con
 _Static_assert(PSY_OFF(model) == 416 && PSY_OFF(model.n_kv_heads) == 440 && PSY_OFF(model.tied_head) == 452 &&
 	       PSY_OFF(model.checkpoint_kind) == 456 && PSY_OFF(model.checkpoint.url) == 464, "model");
 _Static_assert(PSY_OFF(model.data_location) == 624 && PSY_OFF(model.lr_kind) == 752 && PSY_OFF(model.optimizer_kind) == 776, "model");
-_Static_assert(PSY_OFF(model.aggregation) == 782 && PSY_OFF(model.clip_grad_norm) == 784, "optimizer");
+_Static_assert(PSY_OFF(model.aggregation) == 782 && PSY_OFF(model.normalization) == 783 && PSY_OFF(model.clip_grad_norm) == 784, "optimizer");
 _Static_assert(PSY_OFF(model.epsilon) == 804 && PSY_OFF(progress) == 808, "progress");
 _Static_assert(PSY_OFF(epoch.rounds) == 824 && sizeof(struct psy_witness) == 704 && sizeof(struct psy_round) == 22552, "rounds");
 _Static_assert(PSY_OFF(epoch.rounds[0].data_index) == 23352 && PSY_OFF(epoch.rounds[0].witnesses_len) == 23374, "round");

@@ -143,6 +143,11 @@ func write(dir string, kv int, tied bool, seed uint64) error {
 	if err != nil {
 		return err
 	}
+	distroStart := append([]float32(nil), m.Params...)
+	g1 := make([][]float32, len(m.GradTensors()))
+	for i, g := range m.GradTensors() {
+		g1[i] = append([]float32(nil), g...)
+	}
 	for i, s := range cfg.Specs() {
 		rn.DistroSpecs = append(rn.DistroSpecs, s.Name)
 		rn.DistroShapes = append(rn.DistroShapes, s.Shape)
@@ -158,6 +163,44 @@ func write(dir string, kv int, tied bool, seed uint64) error {
 	}
 	for i, s := range cfg.Specs() {
 		add("distro.after."+s.Name, s.Shape, m.Tensors()[i])
+	}
+
+	// Two steps of DisTrO with normalized gradients (the run default): the
+	// first from the gradient above, the second from the same tokens with
+	// other targets; only the second result is applied, to the starting
+	// parameters, so the first step's running squares and residual are
+	// what is checked.
+	nopt, err := distro.NewDeMo(m.Shapes(), distro.Options{Chunk: rn.Chunk, TopK: rn.TopK, Decay: rn.Decay,
+		WeightDecay: rn.WeightDecay, ClipGradNorm: rn.Clip, Aggregation: distro.AggregateMean, NormalizeRMS: true, Workers: 1})
+	if err != nil {
+		return err
+	}
+	if _, err := nopt.Step(g1, rn.LR); err != nil {
+		return err
+	}
+	copy(m.Params, distroStart)
+	for i := range tg2 {
+		tg2[i] = uint32(r.IntN(cfg.Vocab))
+	}
+	if _, err := m.Forward(in2, tg2, cfg.Vocab/rn.T, rn.T); err != nil {
+		return err
+	}
+	m.ZeroGrad()
+	if err := m.Backward(); err != nil {
+		return err
+	}
+	for i, s := range cfg.Specs() {
+		add("distro.grad2."+s.Name, s.Shape, m.GradTensors()[i])
+	}
+	frame, err = nopt.Step(m.GradTensors(), rn.LR)
+	if err != nil {
+		return err
+	}
+	if err := nopt.Apply(m.Tensors(), []*distro.Frame{frame}, rn.LR); err != nil {
+		return err
+	}
+	for i, s := range cfg.Specs() {
+		add("distro.norm.after."+s.Name, s.Shape, m.Tensors()[i])
 	}
 	if err := checkpoint.Save(ctx, filepath.Join(dir, "go.safetensors"), out, nil); err != nil {
 		return err

@@ -3,14 +3,24 @@ package distro
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 )
+
+// requireVectorEnv, set to 1, turns "this CPU has no AVX2" from a skip into a
+// failure: scripts/test sets it so that the vector kernels are always checked,
+// on a CPU without AVX2 under an emulator that has it.
+const requireVectorEnv = "DISTRO_REQUIRE_VECTOR_KERNELS"
 
 // TestKernelsMatchGo checks the vector kernels bit for bit against the plain
 // Go loops, for lengths around the vector width.
 func TestKernelsMatchGo(t *testing.T) {
 	if !vectorKernels || !hasAVX2 {
+		if os.Getenv(requireVectorEnv) == "1" {
+			t.Fatalf("%s=1 but the vector kernels cannot run here (vector kernels built: %v, CPU and OS have AVX2: %v)",
+				requireVectorEnv, vectorKernels, hasAVX2)
+		}
 		t.Skip("no vector kernels on this machine")
 	}
 	r := rand.New(rand.NewPCG(1, 1))

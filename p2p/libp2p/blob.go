@@ -330,11 +330,16 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 	return nil, err
 }
 
+// errAttemptTimedOut ends a fetch attempt that outlived its timeout.
+var errAttemptTimedOut = errors.New("p2p: fetch attempt timed out")
+
 // retrying runs attempt until it succeeds, at most 1 + WithFetchRetries
 // times, with a doubling backoff between tries and timeout on each.
 // An attempt that reports its failure final ends the retries with that
 // error; ctx ending ends them with ctx's. Running out of tries is
 // ErrFetchFailed wrapping the last error. Failures count in the stats.
+// The timeout runs on the node's clock, as the stall timer does, so that a
+// test can hold it still while a loaded machine is slow.
 func (n *Node) retrying(ctx context.Context, timeout time.Duration, attempt func(ctx context.Context) (final bool, err error)) error {
 	backoff := n.cfg.retryBackoff
 	var lastErr error
@@ -346,9 +351,14 @@ func (n *Node) retrying(ctx context.Context, timeout time.Duration, attempt func
 			}
 			backoff *= 2
 		}
-		actx, cancel := context.WithTimeout(ctx, timeout)
+		actx, cancel := context.WithCancelCause(ctx)
+		stop := n.cfg.clock.AfterFunc(timeout, func() { cancel(errAttemptTimedOut) })
 		final, err := attempt(actx)
-		cancel()
+		stop()
+		if err != nil && errors.Is(context.Cause(actx), errAttemptTimedOut) {
+			err = fmt.Errorf("%w after %v: %w", errAttemptTimedOut, timeout, err)
+		}
+		cancel(nil)
 		if err == nil {
 			return nil
 		}

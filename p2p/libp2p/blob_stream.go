@@ -28,8 +28,8 @@ import (
 // minimum fetch rate allows.
 var errStalled = errors.New("p2p: peer too slow, stream abandoned")
 
-// clock is the time the blob stream's stall timer runs on: the real one,
-// or a controlled one in tests.
+// clock is the time the blob stream's stall timer and each fetch attempt's
+// timeout run on: the real one, or a controlled one in tests.
 type clock interface {
 	// AfterFunc runs f after d, unless stop is called first (stop reports
 	// whether it was in time).

@@ -86,6 +86,32 @@ func (c *fakeClock) state(t *fakeTimer) (time.Duration, bool) {
 	return t.at - c.now, t.done
 }
 
+// elapsed is how far the clock has moved.
+func (c *fakeClock) elapsed() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// advanceToNext moves the clock to the earliest timer still armed and runs
+// the timers due then. It reports false, moving nothing, if none is armed.
+func (c *fakeClock) advanceToNext() bool {
+	c.mu.Lock()
+	next, any := time.Duration(0), false
+	for _, t := range c.timers {
+		if !t.done && (!any || t.at < next) {
+			next, any = t.at, true
+		}
+	}
+	d := next - c.now
+	c.mu.Unlock()
+	if !any {
+		return false
+	}
+	c.advance(max(d, 0))
+	return true
+}
+
 // advance moves the clock by d and runs the timers that came due.
 func (c *fakeClock) advance(d time.Duration) {
 	c.mu.Lock()

@@ -3,6 +3,7 @@ package libp2p
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -122,22 +123,37 @@ func TestAllToAllRounds(t *testing.T) {
 // A node killed while others fetch its blob must not hold up the exchange of
 // everyone else's, and the fetch of its own blob must end (from a peer that
 // already has it, or with ErrFetchFailed) rather than hang.
+//
+// Every node's stall timers and attempt timeouts run on one clock the test
+// holds still while the live blobs move, so a loaded machine can make them
+// slow but never make them time out. Only then does the test move the clock,
+// from one armed timer to the next, until every fetch of the victim's blob
+// has ended: by its attempts timing out, within the time they are allowed.
 func TestKilledNodeDoesNotStall(t *testing.T) {
-	// The victim's fetch can only end by its attempts timing out, so they
-	// are short; live 1 MiB fetches get the same attempts, so each is
-	// allowed 5 s (milliseconds when quiet) and three tries: a loaded
-	// machine running -race must not fail them.
-	nodes := startCluster(t, 5, WithFetchTimeout(5*time.Second), WithFetchRetries(2, 50*time.Millisecond),
-		WithMinFetchRate(16<<20, time.Second))
+	const (
+		fetchTimeout = 5 * time.Second
+		retries      = 2
+		minRate      = 16 << 20
+		victimSize   = 16 << 20 // long enough to be cut mid-transfer
+	)
+	// A clock per node: each node's fetch of the victim's blob is timed on
+	// its own, as it would be on its own machine.
+	clocks := make([]*fakeClock, 5)
+	nodes := startClusterEach(t, 5, func(i int) []Option {
+		clocks[i] = newFakeClock()
+		return []Option{withClock(clocks[i]), WithFetchTimeout(fetchTimeout), WithFetchRetries(retries, 50*time.Millisecond),
+			WithMinFetchRate(minRate, time.Second)}
+	})
 	victim, live := nodes[4], nodes[:4]
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	// A hang guard only: nothing here waits for it.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	payloads := map[coordinator.Pubkey][]byte{}
 	for i, nd := range nodes {
 		nd.SetStep(1)
 		size := 1 << 20
 		if nd == victim {
-			size = 16 << 20 // long enough to be cut mid-transfer
+			size = victimSize
 		}
 		payloads[nd.ID()] = randomBytes(uint64(i), size)
 		if _, err := nd.Publish(ctx, 1, p2p.BatchRange{Start: uint64(i), End: uint64(i) + 1}, payloads[nd.ID()]); err != nil {
@@ -166,34 +182,72 @@ func TestKilledNodeDoesNotStall(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	start := time.Now()
-	var wg sync.WaitGroup
+	var liveDone sync.WaitGroup
+	victimEnded := make([]chan struct{}, len(live))
 	for i, nd := range live {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got, errs := fetchAll(ctx, nd, anns[i])
-			for k, a := range anns[i] {
+		victimEnded[i] = make(chan struct{})
+		for _, a := range anns[i] {
+			fromVictim := a.Trainer.P2P == victim.ID()
+			if !fromVictim {
+				liveDone.Add(1)
+			}
+			go func() {
+				if fromVictim {
+					defer close(victimEnded[i])
+				} else {
+					defer liveDone.Done()
+				}
+				got, err := nd.Fetch(ctx, a)
 				switch {
-				case a.Trainer.P2P == victim.ID():
-					if errs[k] == nil && !bytes.Equal(got[k], payloads[a.Trainer.P2P]) {
+				case fromVictim:
+					if err == nil && !bytes.Equal(got, payloads[a.Trainer.P2P]) {
 						t.Errorf("%s: victim's payload differs", nd.name)
 					}
-				case errs[k] != nil:
-					t.Errorf("%s: fetch from a live node failed: %v", nd.name, errs[k])
-				case !bytes.Equal(got[k], payloads[a.Trainer.P2P]):
+					if err != nil && !errors.Is(err, p2p.ErrFetchFailed) {
+						t.Errorf("%s: the fetch of the victim's blob ended with %v, want its attempts to run out (%v)", nd.name, err, p2p.ErrFetchFailed)
+					}
+				case err != nil:
+					t.Errorf("%s: fetch from a live node failed: %v", nd.name, err)
+				case !bytes.Equal(got, payloads[a.Trainer.P2P]):
 					t.Errorf("%s: payload differs", nd.name)
 				}
-			}
-		}()
+			}()
+		}
 	}
-	wg.Wait()
+	liveDone.Wait()
 	<-killed
-	// Three attempts of 5s (plus 1s for 16 MiB at 16 MiB/s) and two
-	// backoffs bound a fetch whose source died; the context's 120 s is
-	// what a stalled round would run into.
-	if d := time.Since(start); d > 60*time.Second {
-		t.Errorf("exchange took %v with a dead node", d)
+	if ctx.Err() != nil {
+		t.Fatal("the hang guard ran out before the live blobs moved")
+	}
+	// Three attempts, each of the fetch timeout plus the blob at the
+	// minimum rate, bound a fetch whose source died.
+	attempt := fetchTimeout + time.Duration(float64(victimSize)/minRate*float64(time.Second))
+	bound := (retries + 1) * attempt
+	for i, nd := range live {
+		clk := clocks[i]
+		for ended := false; !ended; {
+			select {
+			case <-victimEnded[i]:
+				ended = true
+			case <-ctx.Done():
+				t.Fatalf("%s: the fetch of the victim's blob did not end; its clock stands at %v", nd.name, clk.elapsed())
+			default:
+				if !clk.advanceToNext() {
+					// Nothing armed: the fetch is between attempts (its
+					// backoff is real time) or has just ended.
+					select {
+					case <-victimEnded[i]:
+						ended = true
+					case <-clk.armed:
+					case <-ctx.Done():
+					}
+				}
+			}
+		}
+		t.Logf("%s: the fetch of the victim's blob ended after %v on its clock (at most %v)", nd.name, clk.elapsed(), bound)
+		if got := clk.elapsed(); got > bound {
+			t.Errorf("%s: the fetch of the victim's blob ended after %v on its clock, want at most %v", nd.name, got, bound)
+		}
 	}
 }
 

@@ -84,12 +84,18 @@ func startNodeWith(t testing.TB, name string, opts ...Option) *testNode {
 // and waits until every node sees every other on the topic.
 func startCluster(t testing.TB, n int, opts ...Option) []*testNode {
 	t.Helper()
+	return startClusterEach(t, n, func(int) []Option { return opts })
+}
+
+// startClusterEach is startCluster with node i's options from opts(i).
+func startClusterEach(t testing.TB, n int, opts func(i int) []Option) []*testNode {
+	t.Helper()
 	var ids []coordinator.ClientID
 	var nodes []*testNode
 	for i := range n {
 		name := fmt.Sprintf("n%d", i)
 		ids = append(ids, clientIDOf(name))
-		nodes = append(nodes, startNode(t, name, opts...))
+		nodes = append(nodes, startNode(t, name, opts(i)...))
 	}
 	for _, nd := range nodes {
 		nd.SetClients(ids)

@@ -191,7 +191,8 @@ func WithMinFetchRate(bytesPerSecond int64, stall time.Duration) Option {
 	}
 }
 
-// withClock sets the clock of the blob stream's stall timer (tests).
+// withClock sets the clock of the blob stream's stall timer and of the fetch
+// attempts' timeouts (tests).
 func withClock(k clock) Option {
 	return func(c *config) error {
 		c.clock = k

@@ -60,7 +60,9 @@ let browser;
 let failed = false;
 let closing = false;
 try {
-  browser = await chromium.launch({ executablePath: chromiumPath, args: ["--no-sandbox"] });
+  // --disable-dev-shm-usage: a container's /dev/shm may be 64 MiB, too small
+  // for chromium's shared memory; /tmp serves on any machine.
+  browser = await chromium.launch({ executablePath: chromiumPath, args: ["--no-sandbox", "--disable-dev-shm-usage"] });
   const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
   page.setDefaultTimeout(left());
   page.on("pageerror", (e) => { console.error("page error:", e); failed = true; });

@@ -354,6 +354,13 @@ var shardName = regexp.MustCompile(`^[A-Za-z0-9_.-]+\.safetensors$`)
 // mismatched tensor is an error naming the file and the tensor, returned
 // before the model is used.
 func LoadHF(ctx context.Context, d Dir, be kernels.Backend) (*Model, error) {
+	return LoadHFChecked(ctx, d, be, nil)
+}
+
+// LoadHFChecked is LoadHF that calls accept (unless nil) with config.json's
+// model before anything is allocated for it, and stops with its error: a
+// directory from elsewhere may describe a model of any size.
+func LoadHFChecked(ctx context.Context, d Dir, be kernels.Backend, accept func(Config) error) (*Model, error) {
 	cb, err := readSmall(ctx, d, HFConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("llama: %s: %w", d, err)
@@ -361,6 +368,11 @@ func LoadHF(ctx context.Context, d Dir, be kernels.Backend) (*Model, error) {
 	cfg, dtype, err := ParseHFConfig(d.String()+"/"+HFConfigFile, cb)
 	if err != nil {
 		return nil, err
+	}
+	if accept != nil {
+		if err := accept(cfg); err != nil {
+			return nil, fmt.Errorf("llama: %s/%s: %w", d, HFConfigFile, err)
+		}
 	}
 	m, err := New(cfg, 0, be)
 	if err != nil {

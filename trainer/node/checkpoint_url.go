@@ -21,21 +21,26 @@ import (
 // http(s):// URL read with range requests (the data provider's HTTP source,
 // with its retries), streamed into the decoder, which accepts no more
 // tensor bytes than the run's model has.
+//
+// A checkpoint whose config (config.json, or a checkpoint file's psyche.model
+// metadata) is not cfg is refused before its model is allocated: whoever
+// recorded the URL may have put any size there.
 func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config) (runmodel.Model, error) {
 	src, err := runmodel.ParseSource(url)
 	if err != nil {
 		return nil, err
 	}
+	accept := func(c runmodel.Config) error { return runmodel.Compare(c, cfg) }
 	switch src.Kind {
 	case runmodel.FromSeed:
 		return runmodel.New(cfg, src.Seed, n.cfg.kernels)
 	case runmodel.FromFile:
-		return runmodel.Load(ctx, src.Path, n.cfg.kernels)
+		return runmodel.LoadChecked(ctx, src.Path, n.cfg.kernels, accept)
 	}
 	// runmodel.FromHTTP. A Llama run's URL that does not name a
 	// .safetensors file is a Hugging Face directory.
 	if cfg.Arch == coordinator.ArchLlama && !strings.HasSuffix(strings.SplitN(url, "?", 2)[0], ".safetensors") {
-		return llama.LoadHF(ctx, llama.HTTPDir{URL: url, Opts: n.cfg.dataOpts}, n.cfg.kernels)
+		return runmodel.LoadHFChecked(ctx, llama.HTTPDir{URL: url, Opts: n.cfg.dataOpts}, n.cfg.kernels, accept)
 	}
 	hs, err := data.NewHTTPSource(url, n.cfg.dataOpts...)
 	if err != nil {
@@ -51,7 +56,7 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config) (ru
 	if err != nil {
 		return nil, err
 	}
-	return runmodel.FromCheckpoint(ck, n.cfg.kernels)
+	return runmodel.FromCheckpointChecked(ck, n.cfg.kernels, accept)
 }
 
 // sourceReader reads a data source front to back.

@@ -41,6 +41,18 @@ func TestLoadCheckpointURL(t *testing.T) {
 	if err := other.Save(context.Background(), filepath.Join(dir, "bigger.safetensors"), nil); err != nil {
 		t.Fatal(err)
 	}
+	// A checkpoint file whose metadata describes a GPT of about a
+	// terabyte and holds no weights: its few bytes pass the run's size
+	// limit, and the model it describes must be refused before it is
+	// allocated.
+	hugeMeta, err := checkpoint.WithModelConfig(nil, checkpoint.ModelConfig{Architecture: checkpoint.ArchGPT,
+		VocabSize: 1 << 20, MaxSeqLen: 1 << 16, DModel: 1 << 16, NLayers: 1000, NHeads: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkpoint.Save(context.Background(), filepath.Join(dir, "huge.safetensors"), nil, hugeMeta); err != nil {
+		t.Fatal(err)
+	}
 	raw, _ := os.ReadFile(path)
 	mux := http.NewServeMux()
 	mux.Handle("/files/", http.StripPrefix("/files/", http.FileServer(http.Dir(dir)))) // ranges supported
@@ -61,6 +73,8 @@ func TestLoadCheckpointURL(t *testing.T) {
 		{"missing", srv.URL + "/files/none.safetensors", data.ErrNotFound},
 		{"truncated", srv.URL + "/short", checkpoint.ErrMalformed}, // the header names bytes past the end
 		{"more tensor bytes than the run's model", srv.URL + "/files/bigger.safetensors", checkpoint.ErrTooLarge},
+		{"a terabyte model's metadata over http", srv.URL + "/files/huge.safetensors", runmodel.ErrMismatch},
+		{"a terabyte model's metadata on this machine", "file://" + filepath.Join(dir, "huge.safetensors"), runmodel.ErrMismatch},
 	} {
 		got, err := n.loadURL(context.Background(), tc.url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg})
 		switch {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -38,6 +39,17 @@ func TestLoadLlamaCheckpointDirectory(t *testing.T) {
 	if err := other.SaveHF(ctx, filepath.Join(root, "other"), llama.HFOptions{DType: "BF16"}); err != nil {
 		t.Fatal(err)
 	}
+	// A config.json that describes a model of about a terabyte (the shape
+	// only: no weights): refused before anything is allocated for it.
+	huge := filepath.Join(root, "huge")
+	if err := os.MkdirAll(huge, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(huge, llama.HFConfigFile), []byte(`{"model_type": "llama", "vocab_size": 128256,
+		"max_position_embeddings": 131072, "hidden_size": 65536, "num_hidden_layers": 400, "num_attention_heads": 512,
+		"num_key_value_heads": 64, "intermediate_size": 131072}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	srv := httptest.NewServer(http.FileServer(http.Dir(root)))
 	defer srv.Close()
 	rev := runmodel.Revision(want)
@@ -49,6 +61,8 @@ func TestLoadLlamaCheckpointDirectory(t *testing.T) {
 		{"seed", "seed:5", rev, ""},
 		{"another shape", srv.URL + "/other", "", "n_kv_heads is 4 in the model, 2 in the run"},
 		{"no checkpoint there", srv.URL + "/none", "", "config.json: file does not exist"},
+		{"a terabyte model over http", srv.URL + "/huge", "", "d_model is 65536 in the model, 16 in the run"},
+		{"a terabyte model on this machine", "file://" + huge, "", "n_layers is 400 in the model, 1 in the run"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &coordinator.Coordinator{}

@@ -122,15 +122,48 @@ func New(c Config, seed uint64, be kernels.Backend) (Model, error) {
 	return nil, fmt.Errorf("%w: %d", ErrArchitecture, c.Arch)
 }
 
+// Accept vets the config a checkpoint describes before anything is
+// allocated for its model: a checkpoint from elsewhere (a URL an elected
+// checkpointer recorded) may describe any size, and a trainer allocates only
+// for the run's model (Compare). Nil accepts every config.
+type Accept func(Config) error
+
+func (a Accept) check(c Config) error {
+	if a == nil {
+		return nil
+	}
+	return a(c)
+}
+
 // FromCheckpoint builds the model a decoded checkpoint file describes (its
 // psyche.model metadata names the architecture).
 func FromCheckpoint(ck *checkpoint.Checkpoint, be kernels.Backend) (Model, error) {
+	return FromCheckpointChecked(ck, be, nil)
+}
+
+// FromCheckpointChecked is FromCheckpoint that asks accept about the
+// checkpoint's config before building its model.
+func FromCheckpointChecked(ck *checkpoint.Checkpoint, be kernels.Backend, accept Accept) (Model, error) {
 	mc, err := ck.ModelConfig()
 	if err != nil {
 		return nil, err
 	}
 	if mc.Architecture == checkpoint.ArchLlama {
+		c, err := llama.ConfigFromCheckpoint(mc)
+		if err != nil {
+			return nil, err
+		}
+		if err := accept.check(Config{Arch: coordinator.ArchLlama, Llama: c}); err != nil {
+			return nil, err
+		}
 		return llama.FromCheckpoint(ck, be)
+	}
+	c, err := gpt.ConfigFromCheckpoint(mc)
+	if err != nil {
+		return nil, err
+	}
+	if err := accept.check(Config{Arch: coordinator.ArchGPT, GPT: c}); err != nil {
+		return nil, err
 	}
 	return gpt.FromCheckpoint(ck, be)
 }
@@ -138,16 +171,30 @@ func FromCheckpoint(ck *checkpoint.Checkpoint, be kernels.Backend) (Model, error
 // Load builds the model at path: a checkpoint file of either architecture
 // or a Hugging Face Llama directory.
 func Load(ctx context.Context, path string, be kernels.Backend) (Model, error) {
+	return LoadChecked(ctx, path, be, nil)
+}
+
+// LoadChecked is Load that asks accept about the checkpoint's config before
+// building its model.
+func LoadChecked(ctx context.Context, path string, be kernels.Backend, accept Accept) (Model, error) {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return llama.LoadHF(ctx, llama.LocalDir(path), be)
+		return LoadHFChecked(ctx, llama.LocalDir(path), be, accept)
 	}
 	ck, err := checkpoint.Load(path)
 	if err != nil {
 		return nil, err
 	}
-	m, err := FromCheckpoint(ck, be)
+	m, err := FromCheckpointChecked(ck, be, accept)
 	if errors.Is(err, checkpoint.ErrNoModelConfig) {
 		return nil, fmt.Errorf("runmodel: %s: %w (a Hugging Face checkpoint is loaded from its directory, with config.json)", path, err)
 	}
 	return m, err
+}
+
+// LoadHFChecked loads a Hugging Face Llama directory, asking accept about
+// its config.json before building the model.
+func LoadHFChecked(ctx context.Context, d llama.Dir, be kernels.Backend, accept Accept) (*llama.Model, error) {
+	return llama.LoadHFChecked(ctx, d, be, func(c llama.Config) error {
+		return accept.check(Config{Arch: coordinator.ArchLlama, Llama: c})
+	})
 }

@@ -90,32 +90,18 @@ func Check(c Config, m *coordinator.Model) error {
 	if c.Arch != m.Architecture {
 		return fmt.Errorf("%w: architecture is %d in the model, %d in the run", ErrMismatch, c.Arch, m.Architecture)
 	}
-	if c.Arch == coordinator.ArchLlama {
-		return checkLlama(c.Llama, m)
-	}
-	want, err := GPT(m)
+	want, err := ModelConfig(m)
 	if err != nil {
 		return err
 	}
-	c2 := c.GPT
-	var errs []error
-	diff := func(field string, got, want int) {
-		if got != want {
-			errs = append(errs, fmt.Errorf("%w: %s is %d in the model, %d in the run", ErrMismatch, field, got, want))
-		}
-	}
-	diff("vocab_size", c2.Vocab, want.Vocab)
-	diff("max_seq_len", c2.Context, want.Context)
-	diff("d_model", c2.Width, want.Width)
-	diff("n_layers", c2.Layers, want.Layers)
-	diff("n_heads", c2.Heads, want.Heads)
-	return errors.Join(errs...)
+	return Compare(c, want)
 }
 
-func checkLlama(c llama.Config, m *coordinator.Model) error {
-	want, err := Llama(m)
-	if err != nil {
-		return err
+// Compare reports whether a model's config c is the run's config want,
+// wrapping ErrMismatch with every field that differs (named as in run files).
+func Compare(c, want Config) error {
+	if c.Arch != want.Arch {
+		return fmt.Errorf("%w: architecture is %d in the model, %d in the run", ErrMismatch, c.Arch, want.Arch)
 	}
 	var errs []error
 	diff := func(field string, got, want any) {
@@ -123,19 +109,29 @@ func checkLlama(c llama.Config, m *coordinator.Model) error {
 			errs = append(errs, fmt.Errorf("%w: %s is %v in the model, %v in the run", ErrMismatch, field, got, want))
 		}
 	}
-	diff("vocab_size", c.Vocab, want.Vocab)
-	diff("max_seq_len", c.Context, want.Context)
-	diff("d_model", c.Width, want.Width)
-	diff("n_layers", c.Layers, want.Layers)
-	diff("n_heads", c.Heads, want.Heads)
-	diff("n_kv_heads", c.KVHeads, want.KVHeads)
-	diff("intermediate_size", c.Intermediate, want.Intermediate)
-	diff("rope_theta", c.RopeTheta, want.RopeTheta)
-	diff("tied_head", c.TiedHead, want.TiedHead)
+	if c.Arch != coordinator.ArchLlama {
+		g, w := c.GPT, want.GPT
+		diff("vocab_size", g.Vocab, w.Vocab)
+		diff("max_seq_len", g.Context, w.Context)
+		diff("d_model", g.Width, w.Width)
+		diff("n_layers", g.Layers, w.Layers)
+		diff("n_heads", g.Heads, w.Heads)
+		return errors.Join(errs...)
+	}
+	l, w := c.Llama, want.Llama
+	diff("vocab_size", l.Vocab, w.Vocab)
+	diff("max_seq_len", l.Context, w.Context)
+	diff("d_model", l.Width, w.Width)
+	diff("n_layers", l.Layers, w.Layers)
+	diff("n_heads", l.Heads, w.Heads)
+	diff("n_kv_heads", l.KVHeads, w.KVHeads)
+	diff("intermediate_size", l.Intermediate, w.Intermediate)
+	diff("rope_theta", l.RopeTheta, w.RopeTheta)
+	diff("tied_head", l.TiedHead, w.TiedHead)
 	// A run has no ε field and trains with the default; a checkpoint made
 	// with another would compute something else.
-	if c.NormEps != 0 && c.NormEps != llama.DefaultNormEps {
-		errs = append(errs, fmt.Errorf("%w: rms_norm_eps is %g in the model; runs train with %g", ErrMismatch, c.NormEps, llama.DefaultNormEps))
+	if l.NormEps != 0 && l.NormEps != llama.DefaultNormEps {
+		errs = append(errs, fmt.Errorf("%w: rms_norm_eps is %g in the model; runs train with %g", ErrMismatch, l.NormEps, llama.DefaultNormEps))
 	}
 	return errors.Join(errs...)
 }

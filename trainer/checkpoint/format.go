@@ -35,6 +35,17 @@ const (
 // train, while it stops a hostile length from allocating gigabytes.
 const DefaultMaxHeaderSize = 100 << 20
 
+// HeaderLimit is the largest header a checkpoint of a model with layers
+// transformer blocks needs, for a reader that knows which model it expects
+// (Limits.MaxHeaderSize): 64 KiB of metadata, and 1 KiB for each of up to 16
+// tensors per block (Hugging Face layouts store one per projection and
+// norm) and 8 more (embeddings, final norm, head). An entry takes ~120
+// bytes, so the bound is generous for real files, while a hostile header is
+// refused from its length alone, before it is read.
+func HeaderLimit(layers int) int64 {
+	return 64<<10 + (16*int64(max(layers, 0))+8)<<10
+}
+
 // dtype describes one element type a file may hold.
 type dtype struct {
 	size   int

@@ -379,8 +379,10 @@ func LoadHFChecked(ctx context.Context, d Dir, be kernels.Backend, accept func(C
 		return nil, err
 	}
 	l := newLoader(m, dtype)
-	// The tensors cannot hold more bytes than the model has F32 values.
-	lim := checkpoint.Limits{MaxDataSize: 4*int64(cfg.NumParams()) + 4*int64(cfg.Vocab*cfg.Width)}
+	// The tensors cannot hold more bytes than the model has F32 values,
+	// and their header no more than the model's tensors need.
+	lim := checkpoint.Limits{MaxDataSize: 4*int64(cfg.NumParams()) + 4*int64(cfg.Vocab*cfg.Width),
+		MaxHeaderSize: checkpoint.HeaderLimit(cfg.Layers)}
 	readFile := func(name string, expect map[string]bool) error {
 		r, size, err := d.Open(ctx, name)
 		if err != nil {

@@ -216,6 +216,15 @@ func TestHFRejects(t *testing.T) {
 		{"heads", strings.Replace(string(cfgJSON), `"num_key_value_heads": 2`, `"num_key_value_heads": 3`, 1), tensors,
 			ErrHFConfig, []string{"config.json", "kv heads (3)"}},
 		{"not json", "{", tensors, ErrHFConfig, []string{"config.json"}},
+		// A header far larger than this model's tensors need (the attack
+		// was 95 MiB of empty tensors: 5 GB allocated before a name was
+		// checked) is refused from its length, before it is read.
+		{"header larger than the model needs", string(cfgJSON), edit(tensors, func(ts []checkpoint.Tensor) []checkpoint.Tensor {
+			for i := range 4000 {
+				ts = append(ts, checkpoint.Tensor{Name: fmt.Sprintf("model.layers.%d.empty", i), Shape: []int{0}})
+			}
+			return ts
+		}), checkpoint.ErrTooLarge, []string{"model.safetensors", "header length", fmt.Sprintf("limit of %d bytes", checkpoint.HeaderLimit(tiny.Layers))}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

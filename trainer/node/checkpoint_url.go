@@ -51,7 +51,7 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config) (ru
 	if err != nil {
 		return nil, err
 	}
-	lim := checkpoint.Limits{MaxDataSize: 4 * int64(cfg.NumParams())}
+	lim := checkpoint.Limits{MaxDataSize: 4 * int64(cfg.NumParams()), MaxHeaderSize: checkpoint.HeaderLimit(cfg.Layers())}
 	ck, err := lim.Read(bufio.NewReaderSize(&sourceReader{ctx: ctx, src: hs, size: size}, 4<<20), size)
 	if err != nil {
 		return nil, err

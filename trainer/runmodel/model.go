@@ -54,6 +54,14 @@ func (c Config) NumParams() int {
 	return c.GPT.NumParams()
 }
 
+// Layers is the number of transformer blocks.
+func (c Config) Layers() int {
+	if c.Arch == coordinator.ArchLlama {
+		return c.Llama.Layers
+	}
+	return c.GPT.Layers
+}
+
 // Context is the longest sequence the model takes.
 func (c Config) Context() int {
 	if c.Arch == coordinator.ArchLlama {

@@ -295,7 +295,7 @@ func (d memDir) Open(_ context.Context, name string) (io.ReadCloser, int64, erro
 
 func (d memDir) String() string { return "mem" }
 
-// FuzzLoadHF feeds LoadHF (the production reader, with its limits) a
+// FuzzLoadHF feeds LoadHFChecked (the production reader, with its limits) a
 // config.json and a model.safetensors from outside: it must never panic,
 // must reject with one of its errors or the safetensors reader's, and a
 // model it accepts must hold exactly the file's tensors.
@@ -316,15 +316,20 @@ func FuzzLoadHF(f *testing.F) {
 		f.Add(cfg, b[:len(b)/2])
 	}
 	f.Add([]byte(`{"model_type":"llama","vocab_size":1,"hidden_size":2,"intermediate_size":1,"num_hidden_layers":1,"num_attention_heads":1,"max_position_embeddings":1}`), []byte{8, 0, 0, 0, 0, 0, 0, 0, '{', '}', ' ', ' ', ' ', ' ', ' ', ' '})
-	f.Fuzz(func(t *testing.T, cfg, st []byte) {
-		// Keep the fuzzer to models of a few MB: the reader's own limits
-		// scale with the config, which is the point being tested.
-		if c, _, err := ParseHFConfig("config.json", cfg); err == nil && c.NumParams() > 1<<20 {
-			t.Skip()
+	// As a trainer does, the reader asks before it allocates: here it
+	// accepts models of up to a few MB (a trainer, only the run's), so a
+	// config of any size is fed and must be refused before allocation.
+	errTooBig := errors.New("more parameters than the fuzzer's run allows")
+	accept := func(c Config) error {
+		if c.NumParams() > 1<<20 {
+			return errTooBig
 		}
-		m, err := LoadHF(ctx, memDir{HFConfigFile: cfg, HFSingleFile: st}, nil)
+		return nil
+	}
+	f.Fuzz(func(t *testing.T, cfg, st []byte) {
+		m, err := LoadHFChecked(ctx, memDir{HFConfigFile: cfg, HFSingleFile: st}, nil, accept)
 		if err != nil {
-			if !errors.Is(err, ErrHFConfig) && !errors.Is(err, ErrHFMismatch) && !errors.Is(err, checkpoint.ErrMalformed) && !errors.Is(err, fs.ErrNotExist) {
+			if !errors.Is(err, ErrHFConfig) && !errors.Is(err, ErrHFMismatch) && !errors.Is(err, checkpoint.ErrMalformed) && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, errTooBig) {
 				t.Fatalf("unexpected error kind: %v", err)
 			}
 			return

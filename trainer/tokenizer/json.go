@@ -94,6 +94,9 @@ func decodeFile(b []byte) (*fileJSON, error) {
 	if len(b) > MaxFileBytes {
 		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(b), MaxFileBytes)
 	}
+	if err := precheck(b); err != nil {
+		return nil, err
+	}
 	var f fileJSON
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if err := dec.Decode(&f); err != nil {

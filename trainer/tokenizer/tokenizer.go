@@ -122,6 +122,9 @@ func Parse(b []byte) (*Tokenizer, error) {
 		if t.normalize, err = parseNormalizer(*f.Normalizer, "normalizer", 0); err != nil {
 			return nil, err
 		}
+		if g := replaceGrowth(t.normalize); g > MaxNormalizerGrowth {
+			return nil, fieldError(ErrTooLarge, "normalizer", "its Replace steps can make a text %.3g times longer, the limit is %d", g, MaxNormalizerGrowth)
+		}
 	}
 	if f.PreTokenizer != nil {
 		if t.pre, err = parsePreTokenizer(*f.PreTokenizer, "pre_tokenizer", 0); err != nil {
@@ -151,6 +154,19 @@ func Parse(b []byte) (*Tokenizer, error) {
 		}
 	}
 	return t, nil
+}
+
+// replaceGrowth is how many times longer the Replace steps among steps can
+// make a text, at most: each replaces a pattern of len(from) bytes by
+// len(to), so it multiplies a length by at most len(to)/len(from).
+func replaceGrowth(steps []normStep) float64 {
+	g := 1.0
+	for _, s := range steps {
+		if s.isReplace && len(s.to) > len(s.from) {
+			g *= float64(len(s.to)) / float64(len(s.from))
+		}
+	}
+	return g
 }
 
 func parseNormalizer(n normalizerJSON, field string, depth int) ([]normStep, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -223,6 +224,39 @@ func TestParseErrors(t *testing.T) {
 			m["normalizer"] = n
 		}, ErrTooLarge, "normalizer"},
 		{"no model", func(m map[string]any) { delete(m, "model") }, ErrMalformed, "model"},
+		// Four Replaces of "e" by 1,000 "e" (an 8 KB file) would make one
+		// "e" a terabyte long: refused from the steps themselves.
+		{"Replace that grows a text", func(m map[string]any) {
+			var steps []any
+			for range 4 {
+				steps = append(steps, map[string]any{"type": "Replace", "pattern": map[string]any{"String": "e"}, "content": strings.Repeat("e", 1000)})
+			}
+			m["normalizer"] = map[string]any{"type": "Sequence", "normalizers": steps}
+		}, ErrTooLarge, "normalizer"},
+		// More merges or tokens than the limits are refused as the
+		// count passes the limit, before the file is decoded (a 250 MiB
+		// list of merges held more than 3.5 GB before).
+		{"too many merges", func(m map[string]any) {
+			merges := make([]any, MaxMerges+1)
+			for i := range merges {
+				merges[i] = "Ġ t"
+			}
+			m["model"].(map[string]any)["merges"] = merges
+		}, ErrTooLarge, "model.merges"},
+		{"too many tokens", func(m map[string]any) {
+			vocab := make(map[string]any, MaxVocabSize+1)
+			for i := range MaxVocabSize + 1 {
+				vocab[strconv.Itoa(i)] = i
+			}
+			m["model"].(map[string]any)["vocab"] = vocab
+		}, ErrTooLarge, "model.vocab"},
+		{"too many added tokens", func(m map[string]any) {
+			added := make([]any, MaxAddedTokens+1)
+			for i := range added {
+				added[i] = map[string]any{"id": 0, "content": "x"}
+			}
+			m["added_tokens"] = added
+		}, ErrTooLarge, "added_tokens"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -370,5 +404,32 @@ func TestAddedTokenOptions(t *testing.T) {
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("%s: Encode(%q) = %v, %v; want %v", tc.option, tc.text, got, err, tc.want)
 		}
+	}
+}
+
+// precheck, the walk before the decode, is what refuses an oversized list:
+// the decode itself would hold every entry first. It accepts the real files.
+func TestPrecheckRefusesBeforeDecoding(t *testing.T) {
+	b, err := os.ReadFile("testdata/tiny-bytelevel.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := precheck(b); err != nil {
+		t.Fatalf("a valid file: %v", err)
+	}
+	merges := strings.Repeat(`"Ġ t",`, MaxMerges) + `"Ġ t"`
+	for _, tc := range []struct{ name, json, field string }{
+		{"merges", `{"model": {"type": "BPE", "vocab": {}, "merges": [` + merges + `]}}`, "model.merges"},
+		{"merges as pairs", `{"model": {"merges": [` + strings.Repeat(`["a","b"],`, MaxMerges) + `["a","b"]]}}`, "model.merges"},
+		{"added tokens", `{"added_tokens": [` + strings.Repeat(`{},`, MaxAddedTokens) + `{}], "model": {}}`, "added_tokens"},
+		{"nesting", strings.Repeat("[", maxJSONDepth+1), "nested deeper"},
+	} {
+		if err := precheck([]byte(tc.json)); !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrMalformed) || err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: precheck = %v, want a refusal naming %s", tc.name, err, tc.field)
+		}
+	}
+	// Counted lists elsewhere in the file are not the model's.
+	if err := precheck([]byte(`{"other": {"merges": [` + merges + `]}, "model": {}}`)); err != nil {
+		t.Errorf("a list outside model: %v", err)
 	}
 }

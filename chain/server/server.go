@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/httpserve"
 )
 
 // run is one coordinator, its incarnation and its replay table. Its mutex
@@ -103,6 +104,7 @@ type config struct {
 	slowWrite               time.Duration // an event write that takes longer drops the stream
 
 	readTimeout, writeTimeout, idleTimeout time.Duration
+	maxConns                               int // WithMaxConns
 
 	routes []func(*http.ServeMux) // more endpoints (WithRoutes)
 	page   http.Handler           // WithPage (explorer.go)
@@ -121,6 +123,7 @@ const (
 	DefaultReadTimeout        = 30 * time.Second
 	DefaultWriteTimeout       = 30 * time.Second
 	DefaultIdleTimeout        = 2 * time.Minute
+	DefaultMaxConns           = 4096
 )
 
 // WithCreators lets only these keys create runs (none: nobody may). Without
@@ -206,6 +209,19 @@ func WithHTTPTimeouts(read, write, idle time.Duration) Option {
 			return fmt.Errorf("server: HTTP timeouts %v, %v, %v must be positive", read, write, idle)
 		}
 		c.readTimeout, c.writeTimeout, c.idleTimeout = read, write, idle
+		return nil
+	}
+}
+
+// WithMaxConns caps the HTTP connections open at once (default
+// DefaultMaxConns): past it, new ones wait to be accepted until one closes,
+// so strangers cannot hold a goroutine and buffers each without bound.
+func WithMaxConns(n int) Option {
+	return func(c *config) error {
+		if n <= 0 {
+			return fmt.Errorf("server: connection cap %d must be positive", n)
+		}
+		c.maxConns = n
 		return nil
 	}
 }
@@ -350,7 +366,8 @@ func New(dir string, opts ...Option) (*Server, error) {
 	cfg := config{log: slog.New(slog.DiscardHandler), interval: time.Second, now: time.Now, seed: randomSeed,
 		window: DefaultRequestWindow, anyCreator: true, quota: DefaultCreatorQuota,
 		maxSubs: DefaultMaxSubscribers, maxSubsPerAddr: DefaultMaxSubscribersAddr, slowWrite: DefaultSlowSubscriber,
-		readTimeout: DefaultReadTimeout, writeTimeout: DefaultWriteTimeout, idleTimeout: DefaultIdleTimeout}
+		readTimeout: DefaultReadTimeout, writeTimeout: DefaultWriteTimeout, idleTimeout: DefaultIdleTimeout,
+		maxConns: DefaultMaxConns}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err
@@ -934,11 +951,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // Serve runs the HTTP API on l and ticks every run on the configured
 // interval until ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: min(10*time.Second, s.cfg.readTimeout),
-		ReadTimeout: s.cfg.readTimeout, WriteTimeout: s.cfg.writeTimeout, IdleTimeout: s.cfg.idleTimeout,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
+	lim := httpserve.Limits{ReadHeader: min(10*time.Second, s.cfg.readTimeout), Read: s.cfg.readTimeout,
+		Write: s.cfg.writeTimeout, Idle: s.cfg.idleTimeout, MaxConns: s.cfg.maxConns}
+	hs := lim.Server(s.Handler(), ctx)
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(l) }()
+	go func() { errc <- hs.Serve(lim.Listener(l)) }()
 	t := time.NewTimer(s.untilDue())
 	defer t.Stop()
 	s.cfg.log.Info("server listening", "addr", l.Addr().String(), "dir", s.dir, "server", hex.EncodeToString(s.id[:]))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/explorer"
+	"github.com/psyche-go/psyche/internal/httpserve"
 	"github.com/urfave/cli/v2"
 )
 
@@ -64,21 +64,12 @@ func runExplorerCommand(c *cli.Context) error {
 
 // serveExplorer serves ex's page on l and follows src until ctx ends.
 func serveExplorer(ctx context.Context, l net.Listener, ex *explorer.Explorer, src explorer.Source, log *slog.Logger) error {
-	hs := &http.Server{Handler: ex.Handler(), ReadHeaderTimeout: 10 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(l) }()
 	go func() { _ = ex.Run(ctx, src) }()
-	select {
-	case <-ctx.Done():
-		shutdown, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = hs.Shutdown(shutdown)
-		return nil
-	case err := <-errc:
+	if err := httpserve.Defaults.Serve(ctx, l, ex.Handler(), 2*time.Second); err != nil {
 		log.Error("explorer stopped", "err", err)
 		return fmt.Errorf("explorer: %w", err)
 	}
+	return nil
 }
 
 // serverSource follows a server's runs in process.

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/psyche-go/psyche/internal/httpserve"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -29,11 +31,10 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (n
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
+	// A scraper needs one connection: a small cap keeps strangers who find
+	// the port from holding many.
+	lim := httpserve.Defaults
+	lim.MaxConns = 64
+	go func() { _ = lim.Serve(ctx, l, mux, time.Second) }()
 	return l.Addr(), nil
 }

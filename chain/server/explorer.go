@@ -70,8 +70,8 @@ func (s *Server) Subscribe(ctx context.Context, runID string) (<-chan chain.Snap
 	return out, nil
 }
 
-// inProcess is the address in-process subscribers count under in the
-// per-address stream limit.
+// inProcess is the address of in-process subscribers (the built-in
+// explorer): the stream limits do not count them (subscribe).
 const inProcess = "in-process"
 
 // decodeEvent reads back an account from the events stream's encoding

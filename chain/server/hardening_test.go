@@ -567,6 +567,31 @@ func TestSubscriberLimits(t *testing.T) {
 			t.Fatalf("stream %d refused with %s", i, body)
 		}
 	}
+	// The server's own page follows every run in process whatever
+	// strangers hold: the caps are full, and it subscribes to more runs
+	// than one address may (B14: with 1,018 anonymous streams or 100+ runs
+	// its runs showed "unknown").
+	ctx, cancel := context.WithCancel(context.Background())
+	for i := range 4 {
+		id := fmt.Sprintf("page%d", i)
+		pid, _ := coordinator.ParseRunID(id)
+		if _, err := NewClient(hs.URL, nil).Send(ctx, id, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: pid}); err != nil {
+			t.Fatal(err)
+		}
+		snaps, err := s.Subscribe(ctx, id)
+		if err != nil {
+			t.Fatalf("the page's subscription to run %d while strangers hold every stream: %v", i, err)
+		}
+		if snap := <-snaps; snap.State == nil {
+			t.Fatalf("run %d: no state", i)
+		}
+	}
+	if resp, err := openStream(t, hs.URL, "sse", two); err != nil || resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a stranger's stream once the page subscribed: %v %v, want still 429", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	cancel()
 	open[0].Body.Close()
 	open = open[1:]
 	waitGauge(t, "subscribers", func() float64 { return promread.Value(m.Subscribers) }, 2)

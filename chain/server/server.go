@@ -782,19 +782,26 @@ func (s *Server) subscribe(id, addr string) (*subscriber, func(), *Failure, int)
 	if f != nil {
 		return nil, nil, f, st
 	}
+	// The caps are for strangers' streams. The server's own page (the
+	// built-in explorer) follows every run in process, one stream a run: it
+	// is bounded by the runs, and counting it would let anonymous streams
+	// (or a hundred runs under one "address") blind the page.
+	counted := addr != inProcess
 	s.smu.Lock()
-	if s.subsTotal >= s.cfg.maxSubs {
+	if counted && s.subsTotal >= s.cfg.maxSubs {
 		s.smu.Unlock()
 		f, st := refuse("TooManySubscribers", fmt.Sprintf("the server holds %d streams", s.cfg.maxSubs))
 		return nil, nil, f, st
 	}
-	if s.subsByAddr[addr] >= s.cfg.maxSubsPerAddr {
+	if counted && s.subsByAddr[addr] >= s.cfg.maxSubsPerAddr {
 		s.smu.Unlock()
 		f, st := refuse("TooManySubscribers", fmt.Sprintf("%s holds %d streams", addr, s.cfg.maxSubsPerAddr))
 		return nil, nil, f, st
 	}
-	s.subsTotal++
-	s.subsByAddr[addr]++
+	if counted {
+		s.subsTotal++
+		s.subsByAddr[addr]++
+	}
 	s.smu.Unlock()
 	sub := &subscriber{ch: make(chan []byte, 1), addr: addr}
 	r.mu.Lock()
@@ -813,6 +820,9 @@ func (s *Server) subscribe(id, addr string) (*subscriber, func(), *Failure, int)
 			r.mu.Lock()
 			delete(r.subs, sub)
 			r.mu.Unlock()
+			if !counted {
+				return
+			}
 			s.smu.Lock()
 			s.subsTotal--
 			if s.subsByAddr[addr]--; s.subsByAddr[addr] <= 0 {

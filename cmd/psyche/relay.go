@@ -33,7 +33,7 @@ func runRelay(c *cli.Context) error {
 		return err
 	}
 	b, err := libp2p.NewBootstrap(libp2p.WithKeyFile(c.String("p2p-key")), libp2p.WithListenAddrs(c.StringSlice("listen")...),
-		libp2p.WithLogger(logger(c)), libp2p.WithRelayService())
+		libp2p.WithLogger(logger(c)), libp2p.WithOpenRelay())
 	if err != nil {
 		return err
 	}
@@ -44,7 +44,8 @@ func runRelay(c *cli.Context) error {
 			return err
 		}
 		// No members list: this relay does not follow the runs' state, so it
-		// relays for anyone within its resource limits.
+		// is an open one (WithOpenRelay), for anyone within its resource
+		// limits.
 		runs[id] = nil
 	}
 	b.SetRuns(runs)

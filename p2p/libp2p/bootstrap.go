@@ -35,7 +35,8 @@ type Bootstrap struct {
 
 	mu      sync.Mutex
 	dhts    map[string]*dht.IpfsDHT
-	members map[peer.ID]bool // the runs' clients and joiners (nil: anyone, see SetRuns)
+	members map[peer.ID]bool // the runs' clients and joiners: who may use the relay
+	open    bool             // WithOpenRelay: anyone may
 }
 
 // NewBootstrap starts a bootstrap host. It takes WithKey or WithKeyFile
@@ -50,7 +51,8 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Bootstrap{log: cfg.logger, relay: cfg.relayService, dhts: map[string]*dht.IpfsDHT{}}
+	b := &Bootstrap{log: cfg.logger, relay: cfg.relayService || cfg.openRelay, open: cfg.openRelay,
+		dhts: map[string]*dht.IpfsDHT{}, members: map[peer.ID]bool{}}
 	hostOpts := []golibp2p.Option{
 		golibp2p.Identity(lk),
 		golibp2p.ListenAddrStrings(cfg.listen...),
@@ -60,7 +62,7 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 		golibp2p.EnableAutoNATv2(),
 		golibp2p.DisableMetrics(),
 	}
-	if cfg.relayService {
+	if b.relay {
 		// Results and checkpoints must move when the relay is the only path,
 		// so circuits carry no data or time limit (a limited circuit would
 		// also make bitswap and gossip refuse it); who may use the relay is
@@ -83,13 +85,12 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 
 // SetRuns sets the runs whose DHTs the host serves, each with the p2p keys
 // of its clients and joiners. With a relay, only those peers may hold a
-// reservation or open a circuit. A nil members list for every run (psyche
-// relay, which does not follow the runs) leaves the relay open to anyone,
-// within its resource limits.
+// reservation or open a circuit: with no runs, or runs with no members,
+// nobody may. (Only a relay made WithOpenRelay serves anyone.)
 func (b *Bootstrap) SetRuns(runs map[string][]coordinator.Pubkey) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var members map[peer.ID]bool
+	members := map[peer.ID]bool{}
 	for id, keys := range runs {
 		if _, ok := b.dhts[id]; !ok {
 			d, err := dht.New(b.host, dht.Mode(dht.ModeServer), dht.ProtocolPrefix(DHTPrefix(id)),
@@ -100,9 +101,6 @@ func (b *Bootstrap) SetRuns(runs map[string][]coordinator.Pubkey) {
 			}
 			b.dhts[id] = d
 			b.log.Debug("serving the run's DHT", "run", id)
-		}
-		if keys != nil && members == nil {
-			members = map[peer.ID]bool{}
 		}
 		for _, k := range keys {
 			if p, err := peerIDOf(k); err == nil {
@@ -123,7 +121,7 @@ func (b *Bootstrap) SetRuns(runs map[string][]coordinator.Pubkey) {
 func (b *Bootstrap) member(p peer.ID) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.members == nil || b.members[p]
+	return b.open || b.members[p]
 }
 
 // relayACL admits the runs' members to the relay.

@@ -113,11 +113,40 @@ func TestRelayedWhenTheOnlyPath(t *testing.T) {
 	}
 }
 
-// The relay of a server refuses peers that are not members of its runs.
+// The relay of a server refuses peers that are not members of its runs,
+// also when it has no runs (B8: a nil member list meant anyone, and a
+// stranger reserved a slot and relayed 64 MiB through a server with no
+// runs); only an open relay (psyche relay) serves anyone.
 func TestRelayRefusesStrangers(t *testing.T) {
 	b := startBootstrap(t, true, clientIDOf("m1"))
-	if !b.member(peerIDMust(t, clientIDOf("m1").P2P)) || b.member(peerIDMust(t, clientIDOf("stranger").P2P)) {
+	m1, stranger := peerIDMust(t, clientIDOf("m1").P2P), peerIDMust(t, clientIDOf("stranger").P2P)
+	if !b.member(m1) || b.member(stranger) {
 		t.Error("membership does not follow SetRuns")
+	}
+	for _, tc := range []struct {
+		name string
+		runs map[string][]coordinator.Pubkey
+	}{
+		{"no runs", map[string][]coordinator.Pubkey{}},
+		{"nil runs", nil},
+		{"a run without members", map[string][]coordinator.Pubkey{testRun: nil}},
+	} {
+		b.SetRuns(tc.runs)
+		if b.member(m1) || b.member(stranger) {
+			t.Errorf("%s: the relay serves a peer that is no member", tc.name)
+		}
+		if acl := (relayACL{b}); acl.AllowReserve(stranger, nil) || acl.AllowConnect(stranger, nil, m1) {
+			t.Errorf("%s: the relay's ACL admits a stranger", tc.name)
+		}
+	}
+	open, err := NewBootstrap(WithKey(testKey("open")), loopback(), WithOpenRelay())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	open.SetRuns(map[string][]coordinator.Pubkey{testRun: nil})
+	if !open.Relay() || !open.member(stranger) {
+		t.Error("an open relay refuses a stranger")
 	}
 	if !strings.HasPrefix(string(DHTPrefix(testRun)), "/psyche/run/") {
 		t.Errorf("DHT prefix %q", DHTPrefix(testRun))

@@ -42,6 +42,7 @@ type config struct {
 	ckptConcurrency int
 	ckptProgress    func(done, total int)
 	relayService    bool
+	openRelay       bool
 	signer          coordinator.Pubkey
 	metrics         *Metrics
 	set             map[string]bool
@@ -133,6 +134,18 @@ func WithRelayService() Option {
 	return func(c *config) error {
 		c.relayService = true
 		return c.once("relay service")
+	}
+}
+
+// WithOpenRelay makes a Bootstrap host a circuit relay for anyone, within
+// the relay's reservation and circuit counts, whatever runs it is told
+// about: for psyche relay, which does not follow the runs' state, so cannot
+// know their members. A server's relay (WithRelayService) serves only its
+// runs' members.
+func WithOpenRelay() Option {
+	return func(c *config) error {
+		c.openRelay = true
+		return c.once("open relay")
 	}
 }
 

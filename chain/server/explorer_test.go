@@ -18,10 +18,11 @@ import (
 // TestExplorerHooks: the page is served at GET paths the API does not
 // claim (never for a POST, never instead of the API); runs are listed over
 // HTTP; Subscribe in process delivers the current state, then each change,
-// and ends when the run is freed.
+// and ends when the run is freed, which WithOnFree's function hears of.
 func TestExplorerHooks(t *testing.T) {
 	page := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "the page") })
-	s, err := New(t.TempDir(), WithPage(page))
+	var freed []string
+	s, err := New(t.TempDir(), WithPage(page), WithOnFree(func(id string) { freed = append(freed, id) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +86,9 @@ func TestExplorerHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range snaps { // closed once the run is freed
+	}
+	if len(freed) != 1 || freed[0] != "watched" {
+		t.Errorf("WithOnFree heard of %v, want [watched]", freed)
 	}
 	down := NewClient("http://127.0.0.1:1", nil)
 	if _, err := down.Runs(ctx); err == nil {

@@ -104,7 +104,8 @@ type config struct {
 	slowWrite               time.Duration // an event write that takes longer drops the stream
 
 	readTimeout, writeTimeout, idleTimeout time.Duration
-	maxConns                               int // WithMaxConns
+	maxConns                               int             // WithMaxConns
+	onFree                                 func(id string) // WithOnFree (nil: nothing to do)
 
 	routes []func(*http.ServeMux) // more endpoints (WithRoutes)
 	page   http.Handler           // WithPage (explorer.go)
@@ -222,6 +223,19 @@ func WithMaxConns(n int) Option {
 			return fmt.Errorf("server: connection cap %d must be positive", n)
 		}
 		c.maxConns = n
+		return nil
+	}
+}
+
+// WithOnFree sets a function called with a run's id once the run is freed
+// (after its tombstone is written): where other services keep state beside
+// the run (the federated service), this is when it goes.
+func WithOnFree(f func(id string)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return errors.New("server: WithOnFree: nil function")
+		}
+		c.onFree = f
 		return nil
 	}
 }
@@ -736,6 +750,9 @@ func (s *Server) freeRun(id string, r *run, res *coordinator.Result) (*Result, *
 		delete(r.subs, sub)
 	}
 	s.cfg.log.Info("run freed", "run", id, "incarnation", r.incarnation)
+	if s.cfg.onFree != nil {
+		s.cfg.onFree(id)
+	}
 	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: r.state.Nonce, Incarnation: r.incarnation}, nil, http.StatusOK
 }
 

@@ -207,7 +207,7 @@ func runServer(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	s, err = server.New(c.String("dir"), append(opts, fed)...)
+	s, err = server.New(c.String("dir"), append(opts, fed...)...)
 	if err != nil {
 		return err
 	}

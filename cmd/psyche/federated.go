@@ -171,14 +171,15 @@ func printFederated(w io.Writer, in *federated.Info) {
 
 // mountFederated builds the federated service for psyche server: its state
 // lives in <dir>/federated, and it reads the runs from the server that
-// *srv will hold once it exists (before it serves).
-func mountFederated(dir string, log *slog.Logger, reg prometheus.Registerer, srv **server.Server) (server.Option, error) {
+// *srv will hold once it exists (before it serves); a freed run's state
+// goes with it.
+func mountFederated(dir string, log *slog.Logger, reg prometheus.Registerer, srv **server.Server) ([]server.Option, error) {
 	fed, err := fedserver.New(filepath.Join(dir, "federated"), func(id string) ([]byte, bool) { return (*srv).Account(id) },
 		fedserver.WithLogger(log), fedserver.WithMetrics(fedserver.NewMetrics(reg)))
 	if err != nil {
 		return nil, err
 	}
-	return server.WithRoutes(fed.Routes), nil
+	return []server.Option{server.WithRoutes(fed.Routes), server.WithOnFree(fed.Forget)}, nil
 }
 
 // dpNoiseFor is the central noise multiplier that spends target ε over

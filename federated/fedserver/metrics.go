@@ -8,6 +8,9 @@ type Metrics struct {
 	Round    *prometheus.GaugeVec   // by run
 	Buffered *prometheus.GaugeVec   // by run
 	Epsilon  *prometheus.GaugeVec   // central ε so far, by run (absent without DP)
+	// Quarantined counts the runs whose state file could not be read at
+	// start: served to nobody, never overwritten.
+	Quarantined prometheus.Gauge
 }
 
 // NewMetrics returns the metrics, registered with reg (nil: not registered).
@@ -21,9 +24,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Round:    prometheus.NewGaugeVec(opts("round", "The model's round (aggregations done)."), []string{"run"}),
 		Buffered: prometheus.NewGaugeVec(opts("buffered", "Updates waiting in the buffer."), []string{"run"}),
 		Epsilon:  prometheus.NewGaugeVec(opts("epsilon", "Central differential privacy spent so far (ε at the run's δ)."), []string{"run"}),
+		Quarantined: prometheus.NewGauge(opts("quarantined_runs",
+			"Federated runs whose state file could not be trusted at start: not served, left as they are.")),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Updates, m.Round, m.Buffered, m.Epsilon)
+		reg.MustRegister(m.Updates, m.Round, m.Buffered, m.Epsilon, m.Quarantined)
 	}
 	return m
 }

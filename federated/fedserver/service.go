@@ -48,6 +48,10 @@ type Service struct {
 
 	mu   sync.Mutex
 	runs map[string]*run
+	// quarantined are the runs whose state file could not be read or
+	// trusted at start: refused (503) and never overwritten, so that the
+	// operator can restore or remove the file; the other runs are served.
+	quarantined map[string]error
 }
 
 // Option configures a Service.
@@ -83,7 +87,7 @@ const fileExt = ".fed"
 // every federated run there; accounts reads the coordinators.
 func New(dir string, accounts Accounts, opts ...Option) (*Service, error) {
 	s := &Service{dir: dir, accounts: accounts, log: slog.New(slog.DiscardHandler), noise: randomSeed,
-		maxWait: 20 * time.Second, runs: map[string]*run{}}
+		maxWait: 20 * time.Second, runs: map[string]*run{}, quarantined: map[string]error{}}
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
@@ -104,24 +108,77 @@ func New(dir string, accounts Accounts, opts ...Option) (*Service, error) {
 		if e.IsDir() || !strings.HasSuffix(name, fileExt) || strings.HasPrefix(name, ".") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			return nil, fmt.Errorf("fedserver: %w", err)
-		}
-		st, err := federated.DecodeState(b)
-		if err != nil {
-			return nil, fmt.Errorf("fedserver: %s: %w", filepath.Join(dir, name), err)
-		}
-		m, err := federated.Restore(st)
-		if err != nil {
-			return nil, fmt.Errorf("fedserver: %s: %w", filepath.Join(dir, name), err)
-		}
 		id := strings.TrimSuffix(name, fileExt)
+		st, m, err := load(filepath.Join(dir, name))
+		if err != nil {
+			s.quarantined[id] = err
+			s.log.Error("federated run quarantined: its file is left as it is and the run is not served; restore the file or remove it",
+				"run", id, "file", filepath.Join(dir, name), "err", err)
+			continue
+		}
 		s.runs[id] = &run{m: m, changed: make(chan struct{})}
 		s.observe(id, st)
 		s.log.Info("loaded federated run", "run", id, "round", st.Round, "buffered", len(st.Buffer))
 	}
+	s.metrics.Quarantined.Set(float64(len(s.quarantined)))
 	return s, nil
+}
+
+// load reads a run's state file.
+func load(path string) (*federated.State, *federated.Machine, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fedserver: %w", err)
+	}
+	st, err := federated.DecodeState(b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fedserver: %s: %w", path, err)
+	}
+	m, err := federated.Restore(st)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fedserver: %s: %w", path, err)
+	}
+	return st, m, nil
+}
+
+// Quarantined lists the quarantined runs and why.
+func (s *Service) Quarantined() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]string, len(s.quarantined))
+	for id, err := range s.quarantined {
+		out[id] = err.Error()
+	}
+	return out
+}
+
+// quarantine answers a request for a quarantined run (true), or says the
+// run is not quarantined (false).
+func (s *Service) quarantine(w http.ResponseWriter, id string) bool {
+	s.mu.Lock()
+	err, bad := s.quarantined[id]
+	s.mu.Unlock()
+	if bad {
+		fail(w, http.StatusServiceUnavailable, "Quarantined", fmt.Errorf("fedserver: run %q is quarantined: its state file cannot be trusted (%v); restore or remove %s", id, err, s.path(id)))
+	}
+	return bad
+}
+
+// Forget drops a run's federated state and removes its file (not a
+// quarantined one's, which is the operator's to restore or remove): the
+// server calls it when the coordinator run is freed (server.WithOnFree).
+func (s *Service) Forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.runs[id] == nil {
+		return
+	}
+	delete(s.runs, id)
+	if err := os.Remove(s.path(id)); err != nil && !os.IsNotExist(err) {
+		s.log.Error("removing the federated state of a freed run failed", "run", id, "err", err)
+		return
+	}
+	s.log.Info("federated state of a freed run removed", "run", id)
 }
 
 func (s *Service) path(id string) string { return filepath.Join(s.dir, id+fileExt) }
@@ -158,9 +215,15 @@ func (s *Service) run(id string) *run {
 }
 
 // current is the run's federated state if it belongs to the coordinator run
-// acct (nil if acct is nil): a state left by a run that was freed is
-// forgotten (and its file removed) when its id is asked for again.
+// acct (nil if acct is nil: no such run, or one the server does not serve).
+// A state left by a run that was freed belongs to no live run and is not
+// served; readers never remove it (the run may only be quarantined by the
+// server): Forget does when the run is freed, and a new run's first config
+// replaces it.
 func (s *Service) current(id string, acct *coordinator.Coordinator) *run {
+	if acct == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fr := s.runs[id]
@@ -170,16 +233,10 @@ func (s *Service) current(id string, acct *coordinator.Coordinator) *run {
 	fr.mu.Lock()
 	owner := fr.m.State().Owner
 	fr.mu.Unlock()
-	if acct != nil && owner == acct.MainAuthority {
-		return fr
-	}
-	if err := os.Remove(s.path(id)); err != nil && !os.IsNotExist(err) {
-		s.log.Error("removing the federated state of a freed run failed", "run", id, "err", err)
+	if owner != acct.MainAuthority {
 		return nil
 	}
-	delete(s.runs, id)
-	s.log.Info("federated state of a freed run forgotten", "run", id)
-	return nil
+	return fr
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -208,9 +265,11 @@ func (s *Service) handleRequest(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	id := r.RunIDString()
+	if s.quarantine(w, id) {
+		return
+	}
 	acct, ok := s.account(id)
 	if !ok {
-		s.current(id, nil)
 		fail(w, http.StatusNotFound, "RunNotFound", fmt.Errorf("fedserver: no run %q", id))
 		return
 	}
@@ -265,10 +324,11 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		fail(w, http.StatusBadRequest, "Config", fmt.Errorf("%w: secure aggregation sums dense updates; this run's optimizer is distro (top-k indices would leak): use adamw", federated.ErrConfig))
 		return
 	}
-	s.current(id, acct)
+	fr := s.current(id, acct)
 	s.mu.Lock()
-	fr := s.runs[id]
 	if fr == nil {
+		// No state, or a freed run's under the same id: the first config
+		// of this run starts it afresh (and replaces that file).
 		// The first config starts the run from the coordinator's model.
 		params, err := initialModel(acct)
 		if err != nil {
@@ -423,6 +483,9 @@ func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coo
 
 func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
 	id := req.PathValue("id")
+	if s.quarantine(w, id) {
+		return
+	}
 	acct, ok := s.account(id)
 	if !ok {
 		acct = nil
@@ -440,6 +503,9 @@ func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
 
 func (s *Service) handleModel(w http.ResponseWriter, req *http.Request) {
 	id := req.PathValue("id")
+	if s.quarantine(w, id) {
+		return
+	}
 	acct, ok := s.account(id)
 	if !ok {
 		acct = nil

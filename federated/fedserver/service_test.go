@@ -1,6 +1,7 @@
 package fedserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -8,8 +9,10 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -58,7 +61,7 @@ func newAccounts(t *testing.T, authority coordinator.Pubkey) *accounts {
 func (a *accounts) get(id string) ([]byte, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if id != "fed" {
+	if id != "fed" || a.c == nil {
 		return nil, false
 	}
 	return a.c.MarshalAccount(), true
@@ -335,13 +338,16 @@ func TestDistroCompressedUpdates(t *testing.T) {
 	t.Logf("a frame of %d bytes (request) for %d parameters moved %d of them", sent, info.Params, moved)
 }
 
-// TestFreedRunIsForgotten: a run freed and created again under the same id
-// by another authority does not inherit the old run's federated state.
+// TestFreedRunIsForgotten: the state of a run that was freed is not served
+// to the run created again under its id by someone else, and nobody's read
+// removes it (B5: an anonymous GET deleted the file of a run the server had
+// only quarantined); the new run's first config replaces it, and Forget
+// (the server's WithOnFree) removes it when the run is freed.
 func TestFreedRunIsForgotten(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	acc := newAccounts(t, newSigner("admin").Public())
-	_, url := serve(t, dir, acc)
+	svc, url := serve(t, dir, acc)
 	cfg := &federated.Config{Capacity: 1, RoundDuration: 1}
 	info, err := fedclient.New(url, "fed", newSigner("admin")).Configure(ctx, cfg)
 	if err != nil {
@@ -351,18 +357,89 @@ func TestFreedRunIsForgotten(t *testing.T) {
 	if res, _, err := a.Push(ctx, 0, 1, ones(info.Params, 1)); err != nil || res.Round != 1 {
 		t.Fatal(res, err)
 	}
+	file := filepath.Join(dir, "fed"+fileExt)
+	before, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
 	acc.mu.Lock()
 	acc.c.MainAuthority = newSigner("someone else").Public()
 	acc.mu.Unlock()
 	if _, err := a.Info(ctx); err == nil {
 		t.Fatal("the old run's state was served for the new run")
 	}
-	if files, _ := filepath.Glob(filepath.Join(dir, "*.fed")); len(files) != 0 {
-		t.Fatalf("state files left: %v", files)
+	if _, _, err := a.Model(ctx, -1); err == nil {
+		t.Fatal("the old run's model was served for the new run")
 	}
+	acc.mu.Lock()
+	acc.c = nil // the server does not serve the run (freed, or quarantined there)
+	acc.mu.Unlock()
+	if _, err := a.Info(ctx); err == nil {
+		t.Fatal("state served for a run the server does not serve")
+	}
+	if after, err := os.ReadFile(file); err != nil || !bytes.Equal(after, before) {
+		t.Fatalf("a reader changed or removed the state file: %v", err)
+	}
+	acc.mu.Lock()
+	acc.c = newAccounts(t, newSigner("someone else").Public()).c
+	acc.mu.Unlock()
 	in, err := fedclient.New(url, "fed", newSigner("someone else")).Configure(ctx, cfg)
 	if err != nil || in.Round != 0 || in.Contributions != 0 {
 		t.Fatalf("the new run: %+v %v", in, err)
+	}
+	if after, _ := os.ReadFile(file); bytes.Equal(after, before) {
+		t.Fatal("the new run's config did not replace the old state file")
+	}
+	svc.Forget("fed")
+	if files, _ := filepath.Glob(filepath.Join(dir, "*"+fileExt)); len(files) != 0 {
+		t.Fatalf("state files left after Forget: %v", files)
+	}
+}
+
+// TestCorruptStateIsQuarantined: one flipped byte in a run's state file
+// quarantines that run alone (B4: the whole server refused to start): the
+// service starts, the run is refused with 503 naming the file, and the file
+// is left as it is; its authority's config does not overwrite it.
+func TestCorruptStateIsQuarantined(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	_, url := serve(t, dir, acc)
+	cfg := &federated.Config{Capacity: 2, RoundDuration: 1}
+	if _, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "fed"+fileExt)
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(file, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Another run's file beside it, empty: quarantined on its own.
+	if err := os.WriteFile(filepath.Join(dir, "other"+fileExt), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	svc, url := serve(t, dir, acc)
+	if q := svc.Quarantined(); len(q) != 2 || q["fed"] == "" {
+		t.Fatalf("quarantined: %v", q)
+	}
+	c := fedclient.New(url, "fed", admin)
+	for what, call := range map[string]func() error{
+		"info":   func() error { _, err := c.Info(ctx); return err },
+		"model":  func() error { _, _, err := c.Model(ctx, -1); return err },
+		"config": func() error { _, err := c.Configure(ctx, cfg); return err },
+		"push":   func() error { _, _, err := c.Push(ctx, 0, 1, ones(10, 1)); return err },
+	} {
+		if err := call(); err == nil || !strings.Contains(err.Error(), "Quarantined: fedserver: run \"fed\" is quarantined") {
+			t.Errorf("%s of a quarantined run: %v, want Quarantined", what, err)
+		}
+	}
+	if after, err := os.ReadFile(file); err != nil || !bytes.Equal(after, b) {
+		t.Fatalf("the quarantined file changed: %v", err)
 	}
 }
 

@@ -21,8 +21,8 @@ import (
 // and ends when the run is freed, which WithOnFree's function hears of.
 func TestExplorerHooks(t *testing.T) {
 	page := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "the page") })
-	var freed []string
-	s, err := New(t.TempDir(), WithPage(page), WithOnFree(func(id string) { freed = append(freed, id) }))
+	freed := make(chan string, 2)
+	s, err := New(t.TempDir(), WithPage(page), WithOnFree(func(id string) { freed <- id }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,8 +87,8 @@ func TestExplorerHooks(t *testing.T) {
 	}
 	for range snaps { // closed once the run is freed
 	}
-	if len(freed) != 1 || freed[0] != "watched" {
-		t.Errorf("WithOnFree heard of %v, want [watched]", freed)
+	if id := <-freed; id != "watched" || len(freed) != 0 {
+		t.Errorf("WithOnFree heard of %q (and %d more), want watched once", id, len(freed))
 	}
 	down := NewClient("http://127.0.0.1:1", nil)
 	if _, err := down.Runs(ctx); err == nil {

@@ -159,20 +159,27 @@ func (m *Machine) Advance() { m.ready = Ready{} }
 // HasReady reports whether there is anything to do.
 func (m *Machine) HasReady() bool { return m.ready.Persist || len(m.ready.Aggregated) > 0 }
 
-// Step applies one message. A refusal is an error and changes nothing but
-// the replay table (which is persisted, so a refused request cannot be
-// replayed either).
+// Step applies one message. A refusal is an error and changes nothing, not
+// even the replay table: a stranger's refused requests cost no state and no
+// write (2,000 refused pushes from fresh keys used to add an entry each and
+// rewrite the whole state every time). A refused request presented again is
+// judged again on the state then; if it is accepted then, it is its
+// signer's own, once, as its sequence number is recorded on acceptance.
 func (m *Machine) Step(msg Msg) error {
 	switch msg := msg.(type) {
 	case Push:
-		if err := m.replay(msg.Client, msg.Seq); err != nil {
+		if err := m.checkSeq(msg.Client, msg.Seq); err != nil {
 			return err
 		}
-		return m.push(msg)
+		if err := m.push(msg); err != nil {
+			return err
+		}
+		m.recordSeq(msg.Client, msg.Seq)
+		return nil
 	case SumPush:
 		return m.sumPush(msg)
 	case Configure:
-		if err := m.replay(msg.Signer, msg.Seq); err != nil {
+		if err := m.checkSeq(msg.Signer, msg.Seq); err != nil {
 			return err
 		}
 		if err := msg.Config.Validate(); err != nil {
@@ -186,6 +193,7 @@ func (m *Machine) Step(msg Msg) error {
 			old.Capacity != msg.Config.Capacity || old.LocalNoiseMultiplier != msg.Config.LocalNoiseMultiplier || old.Delta != msg.Config.Delta {
 			m.s.PrivacyFrom = m.s.Round
 		}
+		m.recordSeq(msg.Signer, msg.Seq)
 		m.s.Config = msg.Config
 		m.maybeAggregate([32]byte{})
 		return nil
@@ -194,13 +202,18 @@ func (m *Machine) Step(msg Msg) error {
 	}
 }
 
-func (m *Machine) replay(who coordinator.Pubkey, seq uint64) error {
+// checkSeq refuses a sequence number its signer has used (or passed).
+func (m *Machine) checkSeq(who coordinator.Pubkey, seq uint64) error {
 	if seq <= m.s.Seqs[who] {
 		return ErrReplay
 	}
+	return nil
+}
+
+// recordSeq records an accepted request's sequence number.
+func (m *Machine) recordSeq(who coordinator.Pubkey, seq uint64) {
 	m.s.Seqs[who] = seq
 	m.ready.Persist = true
-	return nil
 }
 
 func (m *Machine) sumPush(p SumPush) error {

@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -498,5 +499,37 @@ func TestSecAggRoundAbortedByRestart(t *testing.T) {
 	cancel()
 	if err := <-stuck; err == nil {
 		t.Fatal("the round on the old server completed")
+	}
+}
+
+// TestRefusalsWriteNothing: updates refused from fresh keys leave the state
+// file as it was (B3: each added 40 bytes and rewrote the whole state, 249
+// MiB written for 327 KiB sent).
+func TestRefusalsWriteNothing(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	acc := newAccounts(t, newSigner("admin").Public())
+	_, url := serve(t, dir, acc)
+	info, err := fedclient.New(url, "fed", newSigner("admin")).Configure(ctx, &federated.Config{Capacity: 2, RoundDuration: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "fed"+fileExt)
+	before, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		c := fedclient.New(url, "fed", newSigner(fmt.Sprint("stranger", i)))
+		if _, _, err := c.Push(ctx, 0, 1, ones(info.Params+1, 1)); err == nil {
+			t.Fatal("an update of the wrong shape was accepted")
+		}
+	}
+	after, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
+		t.Fatalf("refusals rewrote the state: %d bytes at %v, was %d at %v", after.Size(), after.ModTime(), before.Size(), before.ModTime())
 	}
 }

@@ -49,6 +49,19 @@ const (
 	MaxParams        = 1 << 24 // values in a model or update (64 MiB of float32)
 	MaxCapacity      = 1024
 	MaxRoundDuration = 1 << 20
+	// MaxUpdateValue bounds every value of an update, clipped or not. An
+	// update is a change of weights of order one; a value past 10⁴ is no
+	// training step but a push towards float32's overflow (two rounds of
+	// 3.4·10³⁸ made a weight +Inf). Combined by any rule, updates so
+	// bounded move a weight by at most ServerLR·10⁴ a round.
+	MaxUpdateValue = 1e4
+	// MaxServerLR bounds ServerLR.
+	MaxServerLR = 100
+	// DefaultClip is the run file's clip when its [federated] section
+	// leaves it out: it bounds what one client moves the model in a round
+	// (an honest update of a small model measures ~1–5), and clip = 0 must
+	// be asked for.
+	DefaultClip = 10
 )
 
 // Config is a federated run's settings (the run file's [federated]
@@ -137,6 +150,9 @@ func (c *Config) Validate() error {
 		if !(v >= 0) || math.IsInf(float64(v), 0) {
 			bad("%s = %v: want a finite number ≥ 0", name, v)
 		}
+	}
+	if c.ServerLR > MaxServerLR {
+		bad("server_lr = %v: want at most %d", c.ServerLR, MaxServerLR)
 	}
 	if (c.NoiseMultiplier > 0 || c.LocalNoiseMultiplier > 0) && c.Clip == 0 {
 		bad("noise needs clip > 0: the noise is scaled to the clipping bound")

@@ -41,6 +41,10 @@ func DescribeReady(r Ready, name func(coordinator.Pubkey) string) string {
 		for i, c := range a.Clients {
 			names[i] = name(c)
 		}
+		if a.Dropped {
+			parts = append(parts, fmt.Sprintf("dropped the step from %s at round %d (it would make the model non-finite)", strings.Join(names, " "), a.Round))
+			continue
+		}
 		parts = append(parts, fmt.Sprintf("aggregated round %d from %s (step norm %.4g)", a.Round, strings.Join(names, " "), a.Norm))
 	}
 	if len(parts) == 0 {

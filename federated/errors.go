@@ -9,6 +9,7 @@ var (
 	ErrConfig    = errors.New("federated: bad config")
 	ErrShape     = errors.New("federated: update of the wrong shape")
 	ErrNonFinite = errors.New("federated: update holds a NaN or an infinity")
+	ErrTooLarge  = errors.New("federated: update value past the bound an update can have (MaxUpdateValue)")
 	ErrDuplicate = errors.New("federated: this client already has an update in the buffer for this round")
 	ErrReplay    = errors.New("federated: sequence number already used (replayed or out of order)")
 	ErrFinished  = errors.New("federated: the run has done all its rounds")

@@ -102,6 +102,9 @@ type Aggregated struct {
 	Clients []coordinator.Pubkey
 	// Norm is the L2 norm of the step applied to the model.
 	Norm float64
+	// Dropped: the step would have made the model non-finite, so it was
+	// not applied (Round is the unchanged round; the updates are gone).
+	Dropped bool
 }
 
 // Ready is what the driver must do after Step, in order: persist the state
@@ -258,6 +261,9 @@ func (m *Machine) push(p Push) error {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
 			return ErrNonFinite
 		}
+		if math.Abs(float64(v)) > MaxUpdateValue {
+			return fmt.Errorf("%w: %g", ErrTooLarge, v)
+		}
 	}
 	for _, u := range s.Buffer {
 		if u.Client == p.Client && u.Base == p.Base {
@@ -283,19 +289,29 @@ func (m *Machine) maybeAggregate(noise [32]byte) {
 	m.apply(step, clients)
 }
 
-// apply adds an aggregated step to the model and bumps the round.
+// apply adds an aggregated step to the model and bumps the round. A step
+// that would leave a weight NaN or infinite is dropped instead (the model
+// and round stay, Aggregated.Dropped says so): a non-finite model is never
+// stored or served, whatever the updates were.
 func (m *Machine) apply(step []float32, clients []coordinator.Pubkey) {
 	s := m.s
 	lr := s.Config.ServerLR
 	if lr == 0 {
 		lr = 1
 	}
+	next := make([]float32, len(s.Model))
 	var norm float64
 	for i, v := range step {
 		d := lr * v
-		s.Model[i] += d
+		next[i] = s.Model[i] + d
+		if math.IsNaN(float64(next[i])) || math.IsInf(float64(next[i]), 0) {
+			m.ready.Persist = true
+			m.ready.Aggregated = append(m.ready.Aggregated, Aggregated{Round: s.Round, Updates: len(clients), Clients: clients, Dropped: true})
+			return
+		}
 		norm += float64(d) * float64(d)
 	}
+	s.Model = next
 	a := Aggregated{Round: s.Round + 1, Updates: len(clients), Norm: math.Sqrt(norm), Clients: clients}
 	s.Round++
 	s.Contributions += uint64(len(clients))

@@ -57,12 +57,17 @@ func loadFederated(path string) (*federated.Config, error) {
 			} `toml:"optimizer"`
 		} `toml:"model"`
 	}
-	if _, err := toml.DecodeFile(path, &f); err != nil {
+	md, err := toml.DecodeFile(path, &f)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	s := f.Federated
 	if s == nil {
 		return nil, nil
+	}
+	if !md.IsDefined("federated", "clip") {
+		// Clipping is on unless the run file turns it off (clip = 0).
+		s.Clip = federated.DefaultClip
 	}
 	if s.Mode != "federated" {
 		return nil, fmt.Errorf("%s: federated.mode = %q: the only mode is \"federated\"", path, s.Mode)

@@ -26,17 +26,28 @@ func TestFederatedSection(t *testing.T) {
 		err     string
 	}{
 		{name: "example", check: func(t *testing.T, c *federated.Config) {
-			if c.Capacity != 3 || c.RoundDuration != 10 || c.Aggregation != federated.Mean || c.SecAgg {
+			if c.Capacity != 3 || c.RoundDuration != 10 || c.Aggregation != federated.Mean || c.SecAgg || c.Clip != 10 {
 				t.Fatalf("%+v", c)
 			}
 		}},
+		{name: "clip left out", replace: []string{"\nclip = 10.0", "\n"}, check: func(t *testing.T, c *federated.Config) {
+			if c.Clip != federated.DefaultClip {
+				t.Fatalf("clip %v, want the default %v", c.Clip, federated.DefaultClip)
+			}
+		}},
+		{name: "clip turned off", replace: []string{"\nclip = 10.0", "\nclip = 0"}, check: func(t *testing.T, c *federated.Config) {
+			if c.Clip != 0 {
+				t.Fatalf("clip %v, want 0", c.Clip)
+			}
+		}},
+		{name: "server_lr bound", replace: []string{"server_lr = 1.0 ", "server_lr = 1000.0 "}, err: "server_lr = 1000: want at most 100"},
 		{name: "robust from the model section", replace: []string{`aggregation = "mean"`, `aggregation = "robust"`},
 			check: func(t *testing.T, c *federated.Config) {
 				if c.Aggregation != federated.Median {
 					t.Fatalf("aggregation %v", c.Aggregation)
 				}
 			}},
-		{name: "target epsilon", replace: []string{"rounds = 0 ", "rounds = 20 ", "clip = 0.0", "clip = 1.0", "\nnoise_multiplier = 0.0", "\ntarget_epsilon = 8.0"},
+		{name: "target epsilon", replace: []string{"rounds = 0 ", "rounds = 20 ", "clip = 10.0", "clip = 1.0", "\nnoise_multiplier = 0.0", "\ntarget_epsilon = 8.0"},
 			check: func(t *testing.T, c *federated.Config) {
 				eps, _, _ := dp.Accountant{Q: 1, Sigma: float64(c.NoiseMultiplier)}.Spent(20, 1e-5)
 				if math.Abs(eps-8) > 0.01 {
@@ -45,8 +56,8 @@ func TestFederatedSection(t *testing.T) {
 			}},
 		{name: "target epsilon needs rounds", replace: []string{"\nnoise_multiplier = 0.0", "\ntarget_epsilon = 8.0"}, err: "needs rounds > 0"},
 		{name: "mode", replace: []string{`mode = "federated"`, `mode = "decentralized"`}, err: `federated.mode = "decentralized"`},
-		{name: "secagg needs clip", replace: []string{"secagg = false", "secagg = true", "secagg_threshold = 0 ", "secagg_threshold = 2 "}, err: "secure aggregation needs clip > 0"},
-		{name: "noise needs clip", replace: []string{"\nnoise_multiplier = 0.0", "\nnoise_multiplier = 1.0"}, err: "noise needs clip > 0"},
+		{name: "secagg needs clip", replace: []string{"secagg = false", "secagg = true", "secagg_threshold = 0 ", "secagg_threshold = 2 ", "clip = 10.0", "clip = 0.0"}, err: "secure aggregation needs clip > 0"},
+		{name: "noise needs clip", replace: []string{"\nnoise_multiplier = 0.0", "\nnoise_multiplier = 1.0", "clip = 10.0", "clip = 0.0"}, err: "noise needs clip > 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			text := strings.NewReplacer(tc.replace...).Replace(string(example))

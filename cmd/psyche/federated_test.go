@@ -264,7 +264,7 @@ func TestSecAggAcrossProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := strings.NewReplacer("capacity = 3 ", "capacity = 4 ", "clip = 0.0", "clip = 5.0", "secagg = false", "secagg = true",
+	run := strings.NewReplacer("capacity = 3 ", "capacity = 4 ", "clip = 10.0", "clip = 5.0", "secagg = false", "secagg = true",
 		"secagg_threshold = 0 ", "secagg_threshold = 3 ", "secagg_timeout = 0 ", "secagg_timeout = 1 ").Replace(string(example))
 	runFile := filepath.Join(dir, "run.toml")
 	if err := os.WriteFile(runFile, []byte(run), 0o644); err != nil {

@@ -300,6 +300,10 @@ func (s *Service) step(id string, fr *run, msg federated.Msg) (stepErr error, st
 	fr.m.Advance()
 	st := fr.m.State()
 	for _, a := range rd.Aggregated {
+		if a.Dropped {
+			s.log.Error("a federated step that would make the model non-finite was dropped", "run", id, "round", a.Round, "updates", a.Updates)
+			continue
+		}
 		s.log.Info("federated round aggregated", "run", id, "round", a.Round, "updates", a.Updates, "step_norm", a.Norm)
 	}
 	if len(rd.Aggregated) > 0 {
@@ -417,7 +421,8 @@ func failureName(err error) string {
 		return "Stale"
 	case errors.Is(err, federated.ErrReplay):
 		return "Replay"
-	case errors.Is(err, federated.ErrShape), errors.Is(err, federated.ErrNonFinite), errors.Is(err, federated.ErrEncoding):
+	case errors.Is(err, federated.ErrShape), errors.Is(err, federated.ErrNonFinite), errors.Is(err, federated.ErrEncoding),
+		errors.Is(err, federated.ErrTooLarge):
 		return "Shape"
 	case errors.Is(err, federated.ErrFinished):
 		return "Finished"

@@ -86,24 +86,65 @@ func EncodeRequest(kind Kind, runID string, seq uint64, payload []byte, s Signer
 	return append(b, s.Sign(msg)...), nil
 }
 
+// RequestHeaderSize is the size of a request's header: what a server reads
+// first (PeekRequest) to know the run and the payload's size before it
+// reads, or allocates for, the rest.
+const RequestHeaderSize = requestHeaderSize
+
+// RequestHead is what a request's header says, unverified: the signature
+// covers it, but is checked only once the whole request is read.
+type RequestHead struct {
+	Kind       Kind
+	RunID      string
+	PayloadLen int
+}
+
+// Rest is how many bytes follow the header: the payload and the signature.
+func (h RequestHead) Rest() int { return h.PayloadLen + requestSigSize }
+
+// PeekRequest reads a request's header (its first RequestHeaderSize bytes).
+func PeekRequest(b []byte) (RequestHead, error) {
+	if len(b) < requestHeaderSize {
+		return RequestHead{}, fmt.Errorf("%w: request of %d bytes", ErrMalformed, len(b))
+	}
+	if string(b[:4]) != requestMagic || b[4] != RequestVersion || b[6] != 0 || b[7] != 0 {
+		return RequestHead{}, fmt.Errorf("%w: not a version %d request", ErrMalformed, RequestVersion)
+	}
+	h := RequestHead{Kind: Kind(b[5]), RunID: coordinator.FixedString(b[8:40])}
+	if h.Kind < KindUpdate || h.Kind > KindSecAggReveal {
+		return RequestHead{}, fmt.Errorf("%w: request kind %d", ErrMalformed, h.Kind)
+	}
+	n := binary.LittleEndian.Uint32(b[48:])
+	if n > MaxPayload {
+		return RequestHead{}, fmt.Errorf("%w: payload of %d bytes (at most %d)", ErrMalformed, n, MaxPayload)
+	}
+	h.PayloadLen = int(n)
+	return h, nil
+}
+
+// MaxPayloadFor is the largest payload a request of kind may carry to a run
+// whose model has params values: a config's size; otherwise a dense update
+// or masked input of the model (4 bytes a value) and the largest secure
+// aggregation message of a round (255 clients' shares) beside it.
+func MaxPayloadFor(kind Kind, params int) int {
+	if kind == KindConfig {
+		return ConfigSize
+	}
+	return 64<<10 + 4*params
+}
+
 // DecodeRequest parses a request and verifies its signature.
 func DecodeRequest(b []byte) (*Request, error) {
 	if len(b) < requestHeaderSize+requestSigSize {
 		return nil, fmt.Errorf("%w: request of %d bytes", ErrMalformed, len(b))
 	}
-	if string(b[:4]) != requestMagic || b[4] != RequestVersion || b[6] != 0 || b[7] != 0 {
-		return nil, fmt.Errorf("%w: not a version %d request", ErrMalformed, RequestVersion)
+	h, err := PeekRequest(b)
+	if err != nil {
+		return nil, err
 	}
-	r := &Request{Kind: Kind(b[5]), Sequence: binary.LittleEndian.Uint64(b[40:])}
-	if r.Kind < KindUpdate || r.Kind > KindSecAggReveal {
-		return nil, fmt.Errorf("%w: request kind %d", ErrMalformed, r.Kind)
-	}
+	r := &Request{Kind: h.Kind, Sequence: binary.LittleEndian.Uint64(b[40:])}
 	copy(r.RunID[:], b[8:40])
-	n := binary.LittleEndian.Uint32(b[48:])
-	if n > MaxPayload {
-		return nil, fmt.Errorf("%w: payload of %d bytes (at most %d)", ErrMalformed, n, MaxPayload)
-	}
-	end := requestHeaderSize + int(n)
+	end := requestHeaderSize + h.PayloadLen
 	if len(b) != end+requestSigSize {
 		return nil, fmt.Errorf("%w: %d bytes, want %d", ErrMalformed, len(b), end+requestSigSize)
 	}

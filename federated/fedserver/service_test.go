@@ -1,13 +1,16 @@
 package fedserver
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
@@ -531,5 +535,63 @@ func TestRefusalsWriteNothing(t *testing.T) {
 	}
 	if after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
 		t.Fatalf("refusals rewrote the state: %d bytes at %v, was %d at %v", after.Size(), after.ModTime(), before.Size(), before.ModTime())
+	}
+}
+
+// TestBodyBoundedByTheRun: a request whose header declares a payload larger
+// than the run's model allows is refused from the header alone, before the
+// body is read or allocated for (B6: bodies were read whole, up to 64 MiB,
+// before the run or the signature was looked at); so is one to a run that
+// is not federated. The client here sends the header and nothing more.
+func TestBodyBoundedByTheRun(t *testing.T) {
+	ctx := context.Background()
+	acc := newAccounts(t, newSigner("admin").Public())
+	_, url := serve(t, t.TempDir(), acc)
+	info, err := fedclient.New(url, "fed", newSigner("admin")).Configure(ctx, &federated.Config{Capacity: 2, RoundDuration: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A real request's header, with its payload length raised.
+	req, err := federated.EncodeRequest(federated.KindUpdate, "fed", 1, make([]byte, 8), newSigner("stranger"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		run     string
+		payload int
+		status  int
+	}{
+		{"64 MiB to a small run", "fed", 64 << 20, http.StatusRequestEntityTooLarge},
+		{"just past the run's bound", "fed", federated.MaxPayloadFor(federated.KindUpdate, info.Params) + 1, http.StatusRequestEntityTooLarge},
+		{"a run that does not exist", "nope", 1 << 20, http.StatusNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			head := slices.Clone(req[:federated.RequestHeaderSize])
+			copy(head[8:40], make([]byte, 32))
+			copy(head[8:40], tc.run)
+			binary.LittleEndian.PutUint32(head[48:], uint32(tc.payload))
+			conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(30 * time.Second)) // a hang guard: the answer takes milliseconds
+			// Connection: close, so that net/http does not drain a small
+			// body before it answers (it would wait for bytes never sent).
+			fmt.Fprintf(conn, "POST /v1/federated HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n", len(head)+tc.payload+96)
+			if _, err := conn.Write(head); err != nil {
+				t.Fatal(err)
+			}
+			// Nothing more is sent: the answer must come from the header.
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("HTTP %d, want %d", resp.StatusCode, tc.status)
+			}
+		})
 	}
 }

@@ -89,6 +89,9 @@ type SumPush struct {
 	Base    uint64
 	Mean    []float32
 	Noise   [32]byte
+	// Quantum is the fixed-point step the round's sum was encoded with
+	// (2^-F): what the mean's norm may pass Clip by through rounding.
+	Quantum float64
 }
 
 func (Push) isMsg()      {}
@@ -232,6 +235,13 @@ func (m *Machine) sumPush(p SumPush) error {
 		return fmt.Errorf("%w: %d values, the model has %d", ErrShape, len(p.Mean), len(s.Model))
 	case len(p.Clients) < int(s.Config.SecAggThreshold):
 		return fmt.Errorf("%w: %d clients, threshold %d", ErrShape, len(p.Clients), s.Config.SecAggThreshold)
+	}
+	// The server cannot see one masked input, but the mean of updates each
+	// clipped to Clip has a norm of at most Clip: a larger one means some
+	// input was no clipped update (three strangers with random inputs once
+	// made a step of norm 3,669 with clip 1), and the round is refused.
+	if n, bound := l2(p.Mean), float64(s.Config.Clip)+p.Quantum*math.Sqrt(float64(len(p.Mean))); n > bound {
+		return fmt.Errorf("%w: its norm %.4g exceeds clip %g, so some input was not a clipped update", ErrNotClipped, n, s.Config.Clip)
 	}
 	step := slices.Clone(p.Mean)
 	if s.Config.NoiseMultiplier > 0 {

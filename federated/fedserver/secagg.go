@@ -3,6 +3,7 @@ package fedserver
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -100,7 +101,8 @@ func (s *Service) finish(id string, fr *run, sa *saRound) error {
 	for i, sid := range sa.survivors {
 		clients[i] = sa.pubs[sid]
 	}
-	stepErr, storeErr := s.step(id, fr, federated.SumPush{Clients: clients, Base: sa.base, Mean: mean, Noise: s.noise()})
+	stepErr, storeErr := s.step(id, fr, federated.SumPush{Clients: clients, Base: sa.base, Mean: mean, Noise: s.noise(),
+		Quantum: math.Ldexp(1, -sa.f)})
 	if storeErr != nil {
 		return storeErr
 	}

@@ -49,7 +49,7 @@ type accounts struct {
 	c  *coordinator.Coordinator
 }
 
-func newAccounts(t *testing.T, authority coordinator.Pubkey) *accounts {
+func newAccounts(t testing.TB, authority coordinator.Pubkey) *accounts {
 	c := new(coordinator.Coordinator)
 	c.MainAuthority = authority
 	if err := coordinator.SetFixedString(c.RunID[:], "fed"); err != nil {

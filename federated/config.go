@@ -55,6 +55,10 @@ const (
 	// 3.4·10³⁸ made a weight +Inf). Combined by any rule, updates so
 	// bounded move a weight by at most ServerLR·10⁴ a round.
 	MaxUpdateValue = 1e4
+	// MaxMembers bounds a run's members (its replay table): an open run
+	// (no join authority) takes this many keys, whoever holds them; a run
+	// with a join authority, only those it signed for.
+	MaxMembers = 1 << 16
 	// MaxServerLR bounds ServerLR.
 	MaxServerLR = 100
 	// DefaultClip is the run file's clip when its [federated] section

@@ -11,6 +11,8 @@ var (
 	ErrNonFinite  = errors.New("federated: update holds a NaN or an infinity")
 	ErrTooLarge   = errors.New("federated: update value past the bound an update can have (MaxUpdateValue)")
 	ErrNotClipped = errors.New("federated: a secure aggregation round's mean is larger than clipped updates allow")
+	ErrNotMember  = errors.New("federated: not a member of the run: join it first (psyche join --local-data joins by itself; a run with a join authority needs its --join-token)")
+	ErrFull       = errors.New("federated: the run has as many members as it takes")
 	ErrDuplicate  = errors.New("federated: this client already has an update in the buffer for this round")
 	ErrReplay     = errors.New("federated: sequence number already used (replayed or out of order)")
 	ErrFinished   = errors.New("federated: the run has done all its rounds")

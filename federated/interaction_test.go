@@ -17,7 +17,9 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 
 // TestTranscripts replays testdata/*.txt. Commands:
 //
-//	new capacity=2 staleness=0 agg=mean clip=0 noise=0 lr=1 rounds=0 model=0,0,0
+//	new capacity=2 staleness=0 agg=mean clip=0 noise=0 lr=1 rounds=0 model=0,0,0 members=a,b
+//	                                          (members: clients that joined before, sequence 0)
+//	join client=a seq=1
 //	push client=a seq=1 base=0 steps=1 delta=1,2,3 seed=0
 //	config signer=admin seq=1 capacity=1 ...   (the keys of new, without model)
 //	sumpush clients=a,b base=0 mean=1,2,3 seed=0   (a secure aggregation round's mean)
@@ -118,8 +120,15 @@ func (h *harness) run(t *testing.T, cmd string) string {
 		if err != nil {
 			return "error: " + err.Error()
 		}
+		if ms, ok := args["members"]; ok {
+			for _, n := range strings.Split(ms, ",") {
+				h.m.s.Seqs[h.key(n)] = 0
+			}
+		}
 		h.m.Advance()
 		return Describe(h.m.State(), h.name)
+	case "join":
+		err = h.m.Step(Join{Client: h.key(args["client"]), Seq: u("seq")})
 	case "push":
 		steps := uint64(1)
 		if _, ok := args["steps"]; ok {

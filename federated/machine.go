@@ -32,8 +32,9 @@ type State struct {
 	PrivacyFrom uint64
 	Model       []float32
 	Buffer      []Update
-	// Seqs is the last sequence number used by each signer (replay
-	// protection, as the server's own requests have).
+	// Seqs is the run's members (clients that joined, and whoever
+	// configured it), each with the last sequence number it used (replay
+	// protection, as the server's own requests have). Only members push.
 	Seqs map[coordinator.Pubkey]uint64
 	// Owner is the authority of the coordinator run this state belongs to
 	// (the driver's: a run freed and created again by someone else under
@@ -94,9 +95,24 @@ type SumPush struct {
 	Quantum float64
 }
 
+// Join makes Client a member of the run. The driver has checked that it may
+// join (where the run has a join authority, that the authority signed for
+// it); the machine bounds the members (MaxMembers).
+type Join struct {
+	Client coordinator.Pubkey
+	Seq    uint64
+}
+
 func (Push) isMsg()      {}
 func (Configure) isMsg() {}
 func (SumPush) isMsg()   {}
+func (Join) isMsg()      {}
+
+// IsMember reports whether k joined the run (or configured it).
+func (s *State) IsMember(k coordinator.Pubkey) bool {
+	_, ok := s.Seqs[k]
+	return ok
+}
 
 // Aggregated describes one aggregation.
 type Aggregated struct {
@@ -173,7 +189,19 @@ func (m *Machine) HasReady() bool { return m.ready.Persist || len(m.ready.Aggreg
 // signer's own, once, as its sequence number is recorded on acceptance.
 func (m *Machine) Step(msg Msg) error {
 	switch msg := msg.(type) {
+	case Join:
+		if err := m.checkSeq(msg.Client, msg.Seq); err != nil {
+			return err
+		}
+		if !m.s.IsMember(msg.Client) && len(m.s.Seqs) >= MaxMembers {
+			return fmt.Errorf("%w: %d", ErrFull, MaxMembers)
+		}
+		m.recordSeq(msg.Client, msg.Seq)
+		return nil
 	case Push:
+		if !m.s.IsMember(msg.Client) {
+			return ErrNotMember
+		}
 		if err := m.checkSeq(msg.Client, msg.Seq); err != nil {
 			return err
 		}
@@ -235,6 +263,11 @@ func (m *Machine) sumPush(p SumPush) error {
 		return fmt.Errorf("%w: %d values, the model has %d", ErrShape, len(p.Mean), len(s.Model))
 	case len(p.Clients) < int(s.Config.SecAggThreshold):
 		return fmt.Errorf("%w: %d clients, threshold %d", ErrShape, len(p.Clients), s.Config.SecAggThreshold)
+	}
+	for _, c := range p.Clients {
+		if !s.IsMember(c) {
+			return fmt.Errorf("%w: %s took part in the secure aggregation round", ErrNotMember, c)
+		}
 	}
 	// The server cannot see one masked input, but the mean of updates each
 	// clipped to Clip has a norm of at most Clip: a larger one means some

@@ -17,7 +17,7 @@ import (
 //	4       1     version (RequestVersion)
 //	5       1     kind: 1 update (wire_update.go), 2 config (wire_config.go), 3-6 a secure
 //	              aggregation round's advertise, shares, masked input and reveal
-//	              (federated/secagg's wire_messages.go)
+//	              (federated/secagg's wire_messages.go), 7 join (wire_join.go)
 //	6       2     reserved, 0
 //	8       32    run id, zero-padded
 //	40      8     sequence: strictly increasing per signer and run (replay protection)
@@ -47,6 +47,7 @@ const (
 	KindSecAggShares    Kind = 4
 	KindSecAggMasked    Kind = 5
 	KindSecAggReveal    Kind = 6
+	KindJoin            Kind = 7
 )
 
 // Signer signs requests (chain.Keypair is one).
@@ -111,7 +112,7 @@ func PeekRequest(b []byte) (RequestHead, error) {
 		return RequestHead{}, fmt.Errorf("%w: not a version %d request", ErrMalformed, RequestVersion)
 	}
 	h := RequestHead{Kind: Kind(b[5]), RunID: coordinator.FixedString(b[8:40])}
-	if h.Kind < KindUpdate || h.Kind > KindSecAggReveal {
+	if h.Kind < KindUpdate || h.Kind > KindJoin {
 		return RequestHead{}, fmt.Errorf("%w: request kind %d", ErrMalformed, h.Kind)
 	}
 	n := binary.LittleEndian.Uint32(b[48:])
@@ -127,8 +128,11 @@ func PeekRequest(b []byte) (RequestHead, error) {
 // or masked input of the model (4 bytes a value) and the largest secure
 // aggregation message of a round (255 clients' shares) beside it.
 func MaxPayloadFor(kind Kind, params int) int {
-	if kind == KindConfig {
+	switch kind {
+	case KindConfig:
 		return ConfigSize
+	case KindJoin:
+		return JoinTokenSize
 	}
 	return 64<<10 + 4*params
 }

@@ -26,15 +26,17 @@ import (
 //	92      4     model size n (1..MaxParams)
 //	96      4n    model, float32
 //	then    32    owner: the coordinator run's authority (State.Owner)
-//	then    4     replay entries k, then k × (public key 32, last sequence 8), sorted by key
+//	then    4     members k (the replay table: clients that joined and whoever configured the run),
+//	              then k × (public key 32, last sequence 8), sorted by key
 //	then    4     buffered updates m (≤ MaxCapacity), then m × (client 32, base 8, steps 4, n × float32)
 //	end-32  32    SHA-256 of everything before it
 
 const (
 	StateVersion = 1
 	stateMagic   = "PSFS"
-	// maxReplay bounds the replay table a state file may hold.
-	maxReplay = 1 << 20
+	// maxReplay bounds the replay table a state file may hold: the members
+	// and the authorities that configured the run.
+	maxReplay = MaxMembers + 64
 )
 
 // EncodeState encodes s.

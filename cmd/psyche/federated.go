@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -198,6 +199,14 @@ func joinFederated(c *cli.Context, signer *chain.Keypair) error {
 	if len(c.StringSlice("rpc")) > 0 {
 		return errors.New("--local-data joins a federated run, which lives on the server backend (--server, not --rpc)")
 	}
+	// A malformed token is refused before anything else is done.
+	var token []byte
+	if t := c.String("join-token"); t != "" {
+		var err error
+		if token, err = hex.DecodeString(t); err != nil || len(token) != federated.JoinTokenSize {
+			return fmt.Errorf("--join-token: want the %d hex characters psyche federated-token prints", 2*federated.JoinTokenSize)
+		}
+	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	l, err := lockKey("key", c.String("key"))
@@ -234,7 +243,7 @@ func joinFederated(c *cli.Context, signer *chain.Keypair) error {
 		return err
 	}
 	client := fedclient.New(c.String("server"), run, signer)
-	opts := fedclient.Options{Rounds: uint64(c.Int("rounds")), Log: log,
+	opts := fedclient.Options{Rounds: uint64(c.Int("rounds")), Log: log, JoinToken: token,
 		OnRound: func(r fedclient.Round) {
 			fmt.Fprintf(c.App.Writer, "federated round %d heldout loss %.4f train loss %.4f sent %d stale %v\n",
 				r.Round, r.HeldoutLoss, r.TrainLoss, r.Sent, r.Stale)
@@ -248,4 +257,33 @@ func joinFederated(c *cli.Context, signer *chain.Keypair) error {
 	log.Info("joining a federated run", "run", run, "address", signer.Public().String(), "local_data", d.Path,
 		"train_tokens", len(d.Train), "heldout_tokens", len(d.Heldout))
 	return fedclient.Participate(ctx, client, t, opts)
+}
+
+// federatedTokenCommand is how a federated run's join authority lets a
+// client in: it signs a token for the client's key, which the client passes
+// to psyche join --join-token (a trainer's join_run is co-signed instead).
+var federatedTokenCommand = &cli.Command{
+	Name:  "federated-token",
+	Usage: "as a federated run's join authority, print the token that lets one client's key join it (psyche join --local-data --join-token)",
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "authority-key", Value: defaultKeyPath(), Usage: "the run's join authority's key file", Category: "IDENTITY"},
+		&cli.StringFlag{Name: "run-id", Required: true, Usage: "the federated run", Category: "RUN"},
+		&cli.StringFlag{Name: "client", Required: true, Usage: "the client's address (psyche keygen prints it)", Category: "RUN"},
+	},
+	Action: func(c *cli.Context) error {
+		k, err := chain.LoadKeypair(c.String("authority-key"))
+		if err != nil {
+			return fmt.Errorf("--authority-key: %w", err)
+		}
+		client, err := coordinator.ParsePubkey(c.String("client"))
+		if err != nil {
+			return fmt.Errorf("--client: %w", err)
+		}
+		token, err := federated.JoinToken(k, c.String("run-id"), client)
+		if err != nil {
+			return fmt.Errorf("--run-id: %w", err)
+		}
+		fmt.Fprintln(c.App.Writer, hex.EncodeToString(token))
+		return nil
+	},
 }

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"encoding/hex"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/dp"
 )
@@ -83,5 +85,46 @@ func TestFederatedSection(t *testing.T) {
 			}
 			tc.check(t, c)
 		})
+	}
+}
+
+// TestFederatedToken: the join authority's token, as psyche federated-token
+// prints it, is what the service accepts for that key in that run and no
+// other; psyche join refuses a token that is not one.
+func TestFederatedToken(t *testing.T) {
+	dir := t.TempDir()
+	authority, client := filepath.Join(dir, "authority.json"), filepath.Join(dir, "client.json")
+	for _, k := range []string{authority, client} {
+		var out, errb strings.Builder
+		if code := run([]string{"psyche", "keygen", "--out", k}, &out, &errb); code != 0 {
+			t.Fatalf("keygen: %s", errb.String())
+		}
+	}
+	ak, err := chain.LoadKeypair(authority)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := chain.LoadKeypair(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errb strings.Builder
+	if code := run([]string{"psyche", "federated-token", "--authority-key", authority, "--run-id", "fed", "--client", ck.Public().String()}, &out, &errb); code != 0 {
+		t.Fatalf("federated-token: %s", errb.String())
+	}
+	token, err := hex.DecodeString(strings.TrimSpace(out.String()))
+	if err != nil {
+		t.Fatalf("%q: %v", out.String(), err)
+	}
+	if !federated.VerifyJoinToken(ak.Public(), "fed", ck.Public(), token) {
+		t.Fatal("the printed token does not verify")
+	}
+	if federated.VerifyJoinToken(ak.Public(), "other", ck.Public(), token) || federated.VerifyJoinToken(ak.Public(), "fed", ak.Public(), token) {
+		t.Fatal("the token verifies for another run or key")
+	}
+	errb.Reset()
+	if code := run([]string{"psyche", "join", "--key", client, "--run-id", "fed", "--server", "http://127.0.0.1:1", "--local-data", authority,
+		"--join-token", "abc"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "--join-token") {
+		t.Fatalf("a malformed token: exit %d, %s", code, errb.String())
 	}
 }

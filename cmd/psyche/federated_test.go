@@ -137,7 +137,11 @@ func TestFederatedAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := fedclient.New(url, "fed", lateKey)
-	info, err := late.Info(ctx)
+	zeroes := make([]float32, 1)
+	if _, _, err := late.Push(ctx, 0, 1, zeroes); !errors.Is(err, federated.ErrNotMember) {
+		t.Fatalf("an update before joining: %v, want %v", err, federated.ErrNotMember)
+	}
+	info, err := late.Join(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

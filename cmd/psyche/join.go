@@ -37,6 +37,7 @@ var joinCommand = &cli.Command{
 		&cli.StringFlag{Name: "local-data", Usage: "join a federated run (its run file has a [federated] section) as a client that trains on this text file of its own, which never leaves the machine", Category: "FEDERATED"},
 		&cli.IntFlag{Name: "rounds", Usage: "with --local-data: leave once the server's model reaches this round (0: when the run finishes)", Category: "FEDERATED"},
 		&cli.IntFlag{Name: "batch", Value: 4, Usage: "with --local-data: sequences per local training step", Category: "FEDERATED"},
+		&cli.StringFlag{Name: "join-token", Usage: "with --local-data, for a run with a join authority: the authority's token for this key (psyche federated-token)", Category: "FEDERATED"},
 		&cli.BoolFlag{Name: "tick", Usage: "send tick transactions when the run's timers say a transition is due (default: on with --rpc, where no server ticks the run)", Category: "RUN"},
 	},
 	Action: join,

@@ -20,6 +20,11 @@ import (
 // ErrPaused means the run is paused: updates are refused until it resumes.
 var ErrPaused = errors.New("fedclient: the run is paused")
 
+// ErrRefused means the server refused to let this key join the run (a run
+// with a join authority and no token for the key, or a full run): trying
+// again does not help.
+var ErrRefused = errors.New("fedclient: joining the run was refused")
+
 // ErrNoRound means no new round arrived while the server waited (ask again).
 var ErrNoRound = errors.New("fedclient: no new round yet")
 
@@ -63,6 +68,10 @@ func decodeFailure(resp *http.Response) error {
 		return fmt.Errorf("%w: %s", ErrAborted, f.Error)
 	case "Duplicate":
 		return fmt.Errorf("%w (%s)", federated.ErrDuplicate, f.Error)
+	case "NotMember":
+		return fmt.Errorf("%w (%s)", federated.ErrNotMember, f.Error)
+	case "Forbidden", "Full":
+		return fmt.Errorf("%w: %s", ErrRefused, f.Error)
 	case "Finished":
 		return fmt.Errorf("%w (%s)", federated.ErrFinished, f.Error)
 	}
@@ -171,6 +180,17 @@ func (c *Client) PushFrame(ctx context.Context, base uint64, steps uint32, frame
 		return nil, n, err
 	}
 	return &res, n, nil
+}
+
+// Join makes the signer a member of the run, which it must be to push:
+// token is the join authority's (federated.JoinToken), nil for a run
+// without one.
+func (c *Client) Join(ctx context.Context, token []byte) (*federated.Info, error) {
+	var in federated.Info
+	if _, err := c.post(ctx, federated.KindJoin, token, &in); err != nil {
+		return nil, err
+	}
+	return &in, nil
 }
 
 // Configure sets the run's federated config (the signer must be the run's

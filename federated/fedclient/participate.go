@@ -32,6 +32,9 @@ type Options struct {
 	OnRound func(Round)
 	// SecAgg stops the client mid-round in tests.
 	SecAgg SecAggHooks
+	// JoinToken is the run's join authority's token for this client's key
+	// (federated.JoinToken); nil for a run without a join authority.
+	JoinToken []byte
 	// Distro, for a run whose optimizer is DisTrO, compresses each update
 	// into a frame (its momentum is the error feedback: what a round's
 	// frame leaves out is sent later); fedserver.FederatedDistro builds it.
@@ -59,6 +62,7 @@ func Participate(ctx context.Context, c *Client, t *Trainer, o Options) error {
 	}
 	after := int64(-1)
 	failures := 0
+	joined := false
 	retry := func(what string, err error) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -70,6 +74,20 @@ func Participate(ctx context.Context, c *Client, t *Trainer, o Options) error {
 		return wait(backoff(failures))
 	}
 	for {
+		if !joined {
+			// Only members push: join first (again, should the server
+			// say this key is no member).
+			if _, err := c.Join(ctx, o.JoinToken); err != nil {
+				if errors.Is(err, ErrRefused) {
+					return err
+				}
+				if err := retry("joining the run", err); err != nil {
+					return err
+				}
+				continue
+			}
+			joined = true
+		}
 		info, err := c.Info(ctx)
 		if err != nil {
 			if err := retry("asking for the run's state", err); err != nil {
@@ -206,6 +224,14 @@ func Participate(ctx context.Context, c *Client, t *Trainer, o Options) error {
 				if err := wait(time.Second); err != nil {
 					return err
 				}
+				continue
+			case errors.Is(err, federated.ErrNotMember):
+				log.Warn("the server does not know this key as a member; joining again", "round", round)
+				joined = false
+				if _, err := c.Join(ctx, o.JoinToken); err != nil {
+					return err
+				}
+				joined = true
 				continue
 			default:
 				if err := retry("pushing the update", err); err != nil {

@@ -132,6 +132,13 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 		refuse(http.StatusConflict, "Shape", fmt.Errorf("fedserver: run %q does not use secure aggregation", id))
 		return
 	}
+	// Only members take part: strangers' keys cannot take a round's slots
+	// (three fresh keys once held every slot, and the honest client waited
+	// out the round with 409 Busy).
+	if !st.IsMember(r.Signer) {
+		refuse(http.StatusForbidden, "NotMember", federated.ErrNotMember)
+		return
+	}
 	stale := func(base uint64) bool {
 		if base == st.Round {
 			return false

@@ -353,6 +353,8 @@ func (s *Service) handleRequest(w http.ResponseWriter, req *http.Request) {
 		s.configure(w, id, acct, r)
 	case federated.KindUpdate:
 		s.update(w, id, acct, r)
+	case federated.KindJoin:
+		s.join(w, id, acct, r)
 	default:
 		s.secaggRequest(w, id, acct, r)
 	}
@@ -507,8 +509,39 @@ func failureName(err error) string {
 		return "Future"
 	case errors.Is(err, federated.ErrConfig):
 		return "Config"
+	case errors.Is(err, federated.ErrNotMember):
+		return "NotMember"
+	case errors.Is(err, federated.ErrFull):
+		return "Full"
 	}
 	return "Error"
+}
+
+// join makes the signer a member of the run: anyone, where the run has no
+// join authority (up to federated.MaxMembers); otherwise only a key the
+// authority signed a join token for.
+func (s *Service) join(w http.ResponseWriter, id string, acct *coordinator.Coordinator, r *federated.Request) {
+	fr := s.current(id, acct)
+	if fr == nil {
+		fail(w, http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: run %q is not federated (its run file has no [federated] section)", id))
+		return
+	}
+	if ja := acct.JoinAuthority; !ja.IsZero() && !federated.VerifyJoinToken(ja, id, r.Signer, r.Payload) {
+		fail(w, http.StatusForbidden, "Forbidden", fmt.Errorf("fedserver: run %q has a join authority (%s): joining takes its token for your key %s (psyche federated-token, then psyche join --join-token)",
+			id, ja, r.Signer))
+		return
+	}
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	stepErr, storeErr := s.step(id, fr, federated.Join{Client: r.Signer, Seq: r.Sequence})
+	switch {
+	case storeErr != nil:
+		fail(w, http.StatusInternalServerError, "Storage", storeErr)
+	case stepErr != nil:
+		fail(w, http.StatusConflict, failureName(stepErr), stepErr)
+	default:
+		writeJSON(w, http.StatusOK, federated.InfoOf(id, fr.m.State(), halted(acct)))
+	}
 }
 
 func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coordinator, r *federated.Request) {
@@ -554,8 +587,12 @@ func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coo
 		fail(w, http.StatusInternalServerError, outcome, storeErr)
 	case stepErr != nil:
 		outcome = failureName(stepErr)
-		s.log.Info("federated update refused", "run", id, "client", r.Signer.String(), "reason", outcome, "base", u.Base, "round", st.Round)
-		writeJSON(w, http.StatusConflict, &federated.Failure{Name: outcome, Error: stepErr.Error(), Round: st.Round})
+		status := http.StatusConflict
+		if errors.Is(stepErr, federated.ErrNotMember) {
+			status = http.StatusForbidden
+		}
+		s.log.Debug("federated update refused", "run", id, "client", r.Signer.String(), "reason", outcome, "base", u.Base, "round", st.Round)
+		writeJSON(w, status, &federated.Failure{Name: outcome, Error: stepErr.Error(), Round: st.Round})
 	default:
 		writeJSON(w, http.StatusOK, &federated.PushResult{Round: st.Round, Buffered: len(st.Buffer), Capacity: st.Config.Capacity})
 	}

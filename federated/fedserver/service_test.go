@@ -90,6 +90,17 @@ func serve(t *testing.T, dir string, acc *accounts) (*Service, string) {
 	return svc, hs.URL
 }
 
+// join is a client of the run at url named name, once it has joined (only
+// members push).
+func join(t testing.TB, url, name string) *fedclient.Client {
+	t.Helper()
+	c := fedclient.New(url, "fed", newSigner(name))
+	if _, err := c.Join(context.Background(), nil); err != nil {
+		t.Fatalf("%s joining: %v", name, err)
+	}
+	return c
+}
+
 func ones(n int, v float32) []float32 {
 	d := make([]float32, n)
 	for i := range d {
@@ -123,6 +134,10 @@ func TestFederatedService(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := info.Params
+	if _, _, err := a.Push(ctx, 0, 1, ones(n, 1)); !errors.Is(err, federated.ErrNotMember) {
+		t.Fatalf("an update from a key that never joined: %v, want %v", err, federated.ErrNotMember)
+	}
+	a, b, c = join(t, url, "a"), join(t, url, "b"), join(t, url, "c")
 	if n != (gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2}).NumParams() {
 		t.Fatalf("the run's model has %d values", n)
 	}
@@ -234,7 +249,7 @@ func TestSecureAggregationWithADropout(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := fedclient.New(url, "fed", newSigner(string(rune('a'+i))))
+			c := join(t, url, string(rune('a'+i)))
 			var hooks fedclient.SecAggHooks
 			if i == 3 {
 				hooks.AfterShares = func() error { return errors.New("gone") }
@@ -289,7 +304,7 @@ func TestDistroCompressedUpdates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := fedclient.New(url, "fed", newSigner("a"))
+	c := join(t, url, "a")
 	if _, _, err := c.Push(ctx, 0, 1, ones(info.Params, 1)); !errors.Is(err, federated.ErrEncoding) && err == nil {
 		t.Fatal("a dense update was taken by a DisTrO run")
 	}
@@ -358,7 +373,7 @@ func TestFreedRunIsForgotten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := fedclient.New(url, "fed", newSigner("a"))
+	a := join(t, url, "a")
 	if res, _, err := a.Push(ctx, 0, 1, ones(info.Params, 1)); err != nil || res.Round != 1 {
 		t.Fatal(res, err)
 	}
@@ -462,6 +477,10 @@ func TestSecAggRoundAbortedByRestart(t *testing.T) {
 	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// They join the first server; the restarted one knows them.
+	for _, name := range []string{"a", "b", "c"} {
+		join(t, url, name)
 	}
 	// Client a advertises on the first server and waits for the others.
 	stuck := make(chan error, 1)
@@ -593,5 +612,51 @@ func TestBodyBoundedByTheRun(t *testing.T) {
 				t.Fatalf("HTTP %d, want %d", resp.StatusCode, tc.status)
 			}
 		})
+	}
+}
+
+// TestJoinAuthority: only members push (B1: updates from fresh keys were
+// accepted, also in a run whose join authority had refused their join_run).
+// In a run with a join authority, joining takes the authority's token for
+// the key; a secure aggregation round admits members only (B7: three fresh
+// keys took every slot of a round).
+func TestJoinAuthority(t *testing.T) {
+	ctx := context.Background()
+	admin, gate := newSigner("admin"), newSigner("gate")
+	acc := newAccounts(t, admin.Public())
+	acc.c.JoinAuthority = gate.Public()
+	_, url := serve(t, t.TempDir(), acc)
+	info, err := fedclient.New(url, "fed", admin).Configure(ctx, &federated.Config{Capacity: 3, RoundDuration: 1, Clip: 1,
+		SecAgg: true, SecAggThreshold: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger := fedclient.New(url, "fed", newSigner("stranger"))
+	someoneElses, err := federated.JoinToken(gate, "fed", newSigner("friend").Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := federated.JoinToken(newSigner("not the gate"), "fed", newSigner("stranger").Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, token := range map[string][]byte{"no token": nil, "another key's token": someoneElses, "a token not the authority's": forged} {
+		if _, err := stranger.Join(ctx, token); !errors.Is(err, fedclient.ErrRefused) {
+			t.Errorf("%s: join %v, want %v", name, err, fedclient.ErrRefused)
+		}
+	}
+	if _, err := stranger.SecAggRound(ctx, 0, ones(info.Params, 0.001), 1, 2, 0, fedclient.SecAggHooks{}); !errors.Is(err, federated.ErrNotMember) {
+		t.Fatalf("a stranger's secure aggregation round: %v, want %v", err, federated.ErrNotMember)
+	}
+	token, err := federated.JoinToken(gate, "fed", newSigner("friend").Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	friend := fedclient.New(url, "fed", newSigner("friend"))
+	if _, err := friend.Join(ctx, token); err != nil {
+		t.Fatalf("joining with the authority's token: %v", err)
+	}
+	if _, err := friend.Join(ctx, token); err != nil {
+		t.Fatalf("joining again: %v", err)
 	}
 }

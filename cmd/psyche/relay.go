@@ -22,6 +22,8 @@ var relayCommand = &cli.Command{
 		&cli.StringSliceFlag{Name: "listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/7601", "/ip4/0.0.0.0/udp/7601/quic-v1"), Usage: "listen addresses (multiaddrs); a fixed port, so that its address can go into run instructions", Category: "P2P"},
 		&cli.StringFlag{Name: "p2p-key", Value: filepath.Join(filepath.Dir(defaultKeyPath()), "relay.p2p.key"), Usage: "the relay's identity key (created if missing)", Category: "P2P"},
 		&cli.StringSliceFlag{Name: "run-id", Usage: "a run whose DHT to serve, so that its trainers can bootstrap from here (repeatable)", Category: "RUN"},
+		&cli.IntFlag{Name: "max-reservations", Value: 4096, Usage: "peers the relay serves at once: it is open to anyone, so this is its bound", Category: "P2P"},
+		&cli.IntFlag{Name: "max-reservations-per-ip", Value: 256, Usage: "peers from one IP address the relay serves at once", Category: "P2P"},
 	},
 	Action: runRelay,
 }
@@ -33,7 +35,8 @@ func runRelay(c *cli.Context) error {
 		return err
 	}
 	b, err := libp2p.NewBootstrap(libp2p.WithKeyFile(c.String("p2p-key")), libp2p.WithListenAddrs(c.StringSlice("listen")...),
-		libp2p.WithLogger(logger(c)), libp2p.WithOpenRelay())
+		libp2p.WithLogger(logger(c)), libp2p.WithOpenRelay(),
+		libp2p.WithRelayReservations(c.Int("max-reservations"), c.Int("max-reservations-per-ip")))
 	if err != nil {
 		return err
 	}

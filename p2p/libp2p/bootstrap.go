@@ -72,7 +72,7 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 		// reachable; whoever runs a relay says it is (trainers must be able
 		// to dial it), and AutoNAT cannot confirm it on a private range.
 		hostOpts = append(hostOpts, golibp2p.ForceReachabilityPublic(),
-			golibp2p.EnableRelayService(relayv2.WithInfiniteLimits(), relayv2.WithACL(relayACL{b}), relayv2.WithResources(relayResources())))
+			golibp2p.EnableRelayService(relayv2.WithInfiniteLimits(), relayv2.WithACL(relayACL{b}), relayv2.WithResources(relayResources(cfg))))
 	}
 	h, err := golibp2p.New(hostOpts...)
 	if err != nil {
@@ -134,11 +134,17 @@ func (a relayACL) AllowConnect(src peer.ID, _ ma.Multiaddr, dest peer.ID) bool {
 
 // relayResources are libp2p's defaults with room for a whole run: up to
 // 256 clients per run may hold a reservation, several runs share a server.
-func relayResources() relayv2.Resources {
+// WithRelayReservations changes them (an open relay's bound: its operator's
+// setting).
+func relayResources(c *config) relayv2.Resources {
 	r := relayv2.DefaultResources()
 	r.MaxReservations = 4096
 	r.MaxReservationsPerIP = 256 // many trainers behind one NAT, or on one machine
 	r.MaxReservationsPerASN = 4096
+	if c.relayReservations > 0 {
+		r.MaxReservations, r.MaxReservationsPerASN = c.relayReservations, c.relayReservations
+		r.MaxReservationsPerIP = min(c.relayReservationsPerIP, c.relayReservations)
+	}
 	r.Limit = nil
 	return r
 }

@@ -148,6 +148,17 @@ func TestRelayRefusesStrangers(t *testing.T) {
 	if !open.Relay() || !open.member(stranger) {
 		t.Error("an open relay refuses a stranger")
 	}
+	// Its operator's bound: the reservations it holds at once.
+	c, err := applyOptions([]Option{WithRelayReservations(10, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := relayResources(c); r.MaxReservations != 10 || r.MaxReservationsPerIP != 2 || r.MaxReservationsPerASN != 10 {
+		t.Errorf("resources %+v", r)
+	}
+	if _, err := applyOptions([]Option{WithRelayReservations(0, 2)}); err == nil {
+		t.Error("no reservations at all was accepted")
+	}
 	if !strings.HasPrefix(string(DHTPrefix(testRun)), "/psyche/run/") {
 		t.Errorf("DHT prefix %q", DHTPrefix(testRun))
 	}

@@ -43,6 +43,8 @@ type config struct {
 	ckptProgress    func(done, total int)
 	relayService    bool
 	openRelay       bool
+	// WithRelayReservations (0: the defaults)
+	relayReservations, relayReservationsPerIP int
 	signer          coordinator.Pubkey
 	metrics         *Metrics
 	set             map[string]bool
@@ -146,6 +148,19 @@ func WithOpenRelay() Option {
 	return func(c *config) error {
 		c.openRelay = true
 		return c.once("open relay")
+	}
+}
+
+// WithRelayReservations bounds a relay's reservations: total in all, perIP
+// from one IP address (defaults 4,096 and 256). It is how an open relay's
+// operator limits who it serves (WithOpenRelay).
+func WithRelayReservations(total, perIP int) Option {
+	return func(c *config) error {
+		if total <= 0 || perIP <= 0 {
+			return fmt.Errorf("%w: relay reservations %d, %d per IP", p2p.ErrConfig, total, perIP)
+		}
+		c.relayReservations, c.relayReservationsPerIP = total, perIP
+		return c.once("relay reservations")
 	}
 }
 

@@ -45,9 +45,9 @@ type config struct {
 	openRelay       bool
 	// WithRelayReservations (0: the defaults)
 	relayReservations, relayReservationsPerIP int
-	signer          coordinator.Pubkey
-	metrics         *Metrics
-	set             map[string]bool
+	signer                                    coordinator.Pubkey
+	metrics                                   *Metrics
+	set                                       map[string]bool
 }
 
 func (c *config) once(name string) error {

@@ -4,7 +4,9 @@
 // acknowledging it, and counts metrics. The run itself (its model shape,
 // authority and pause state) is the coordinator account the server holds.
 //
-//	POST /v1/federated                      a signed request (federated.EncodeRequest): an update, or a config from the run's authority
+//	POST /v1/federated                      a signed request (federated.EncodeRequest): a join, an update (members only),
+//	                                        or a config from the run's authority; the header is read first and the
+//	                                        rest only if the run exists and the payload fits its model
 //	GET  /v1/runs/{id}/federated            federated.Info (JSON)
 //	GET  /v1/runs/{id}/federated/model      the model (federated.EncodeModel); ?after=R waits (up to 20 s) for a round past R
 //	GET  /v1/runs/{id}/federated/secagg     ?base=R&phase=keys|inbox|survivors|done&id=N: a secure aggregation phase's
@@ -15,5 +17,9 @@
 // before has answered or at the run's secagg_timeout with at least the
 // threshold; its state is in memory only (a restart aborts the round, and
 // its clients start it again), and each message is taken once per round
-// (the phase rules refuse a replay).
+// (the phase rules refuse a replay). Only members take part in one.
+//
+// A state file that cannot be read at start quarantines its run alone (503
+// Quarantined; the file is left as it is); no request removes a state file:
+// Forget does, when the server frees the run.
 package fedserver

@@ -55,7 +55,7 @@ const (
 	// 3.4·10³⁸ made a weight +Inf). Combined by any rule, updates so
 	// bounded move a weight by at most ServerLR·10⁴ a round.
 	MaxUpdateValue = 1e4
-	// MaxMembers bounds a run's members (its replay table): an open run
+	// MaxMembers bounds a run's members: an open run
 	// (no join authority) takes this many keys, whoever holds them; a run
 	// with a join authority, only those it signed for.
 	MaxMembers = 1 << 16

@@ -116,7 +116,7 @@ func FuzzDecodeConfig(f *testing.F) {
 func sampleState() *State {
 	a, b := newTestSigner("a").Public(), newTestSigner("b").Public()
 	return &State{Config: Config{Capacity: 3, RoundDuration: 2, Clip: 1, NoiseMultiplier: 0.5}, Round: 4, Contributions: 12,
-		Model: []float32{1, 2, 3}, Seqs: map[coordinator.Pubkey]uint64{a: 5, b: 9},
+		Model: []float32{1, 2, 3}, Seqs: map[coordinator.Pubkey]uint64{a: 5, b: 9}, Members: map[coordinator.Pubkey]bool{a: true, b: true},
 		Buffer: []Update{{Client: a, Base: 4, Steps: 2, Delta: []float32{0.5, 0, -1}}}}
 }
 
@@ -127,8 +127,21 @@ func TestStateRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if Describe(got, nil) != Describe(s, nil) || got.Seqs[newTestSigner("b").Public()] != 9 || !slices.Equal(got.Model, s.Model) {
+	if Describe(got, nil) != Describe(s, nil) || got.Seqs[newTestSigner("b").Public()] != 9 || !slices.Equal(got.Model, s.Model) ||
+		!got.IsMember(newTestSigner("a").Public()) || len(got.Members) != 2 {
 		t.Fatalf("round trip:\n%s\nwant\n%s", Describe(got, nil), Describe(s, nil))
+	}
+	// A version 1 file (no members section) still reads: its replay table
+	// stays, and it has no members (its clients join again).
+	v1 := slices.Clone(b[:len(b)-32-4-32*len(s.Members)])
+	v1[4] = 1
+	sum := sha256.Sum256(v1)
+	old, err := DecodeState(append(v1, sum[:]...))
+	if err != nil {
+		t.Fatalf("a version 1 file: %v", err)
+	}
+	if len(old.Members) != 0 || old.Seqs[newTestSigner("b").Public()] != 9 {
+		t.Fatalf("a version 1 file: %d members, replay %v", len(old.Members), old.Seqs)
 	}
 	b[len(b)/2] ^= 1
 	if _, err := DecodeState(b); err == nil {
@@ -146,8 +159,14 @@ func FuzzDecodeState(f *testing.F) {
 		if _, err := Restore(s); err != nil {
 			t.Fatalf("decoded a state that cannot be restored: %v", err)
 		}
-		if again := EncodeState(s); !bytes.Equal(again, b) {
+		again := EncodeState(s)
+		if b[4] == StateVersion && !bytes.Equal(again, b) {
 			t.Fatalf("round trip differs")
+		}
+		// A version 1 file is rewritten as the current version, which
+		// then reads back the same.
+		if s2, err := DecodeState(again); err != nil || !bytes.Equal(EncodeState(s2), again) {
+			t.Fatalf("the re-encoded state does not round trip: %v", err)
 		}
 	})
 }

@@ -18,7 +18,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 // TestTranscripts replays testdata/*.txt. Commands:
 //
 //	new capacity=2 staleness=0 agg=mean clip=0 noise=0 lr=1 rounds=0 model=0,0,0 members=a,b
-//	                                          (members: clients that joined before, sequence 0)
+//	                                          (members: clients that joined before)
 //	join client=a seq=1
 //	push client=a seq=1 base=0 steps=1 delta=1,2,3 seed=0
 //	config signer=admin seq=1 capacity=1 ...   (the keys of new, without model)
@@ -122,7 +122,7 @@ func (h *harness) run(t *testing.T, cmd string) string {
 		}
 		if ms, ok := args["members"]; ok {
 			for _, n := range strings.Split(ms, ",") {
-				h.m.s.Seqs[h.key(n)] = 0
+				h.m.s.Members[h.key(n)] = true
 			}
 		}
 		h.m.Advance()

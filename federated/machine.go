@@ -2,6 +2,7 @@ package federated
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -32,10 +33,11 @@ type State struct {
 	PrivacyFrom uint64
 	Model       []float32
 	Buffer      []Update
-	// Seqs is the run's members (clients that joined, and whoever
-	// configured it), each with the last sequence number it used (replay
-	// protection, as the server's own requests have). Only members push.
+	// Seqs is the last sequence number used by each signer whose request
+	// was accepted (replay protection, as the server's own requests have).
 	Seqs map[coordinator.Pubkey]uint64
+	// Members are the clients that joined the run: only they push.
+	Members map[coordinator.Pubkey]bool
 	// Owner is the authority of the coordinator run this state belongs to
 	// (the driver's: a run freed and created again by someone else under
 	// the same id does not inherit it).
@@ -52,6 +54,7 @@ func (s *State) Clone() *State {
 	for k, v := range s.Seqs {
 		c.Seqs[k] = v
 	}
+	c.Members = maps.Clone(s.Members)
 	return &c
 }
 
@@ -110,8 +113,7 @@ func (Join) isMsg()      {}
 
 // IsMember reports whether k joined the run (or configured it).
 func (s *State) IsMember(k coordinator.Pubkey) bool {
-	_, ok := s.Seqs[k]
-	return ok
+	return s.Members[k]
 }
 
 // Aggregated describes one aggregation.
@@ -149,7 +151,8 @@ func New(cfg Config, model []float32) (*Machine, error) {
 	if len(model) == 0 || len(model) > MaxParams {
 		return nil, fmt.Errorf("%w: a model of %d values (1..%d)", ErrShape, len(model), MaxParams)
 	}
-	return &Machine{s: &State{Config: cfg, Model: slices.Clone(model), Seqs: map[coordinator.Pubkey]uint64{}},
+	return &Machine{s: &State{Config: cfg, Model: slices.Clone(model), Seqs: map[coordinator.Pubkey]uint64{},
+		Members: map[coordinator.Pubkey]bool{}},
 		ready: Ready{Persist: true}}, nil
 }
 
@@ -162,6 +165,9 @@ func Restore(s *State) (*Machine, error) {
 		if len(u.Delta) != len(s.Model) {
 			return nil, fmt.Errorf("%w: a buffered update has %d values, the model %d", ErrShape, len(u.Delta), len(s.Model))
 		}
+	}
+	if s.Members == nil {
+		s.Members = map[coordinator.Pubkey]bool{}
 	}
 	if s.Seqs == nil {
 		s.Seqs = map[coordinator.Pubkey]uint64{}
@@ -193,9 +199,10 @@ func (m *Machine) Step(msg Msg) error {
 		if err := m.checkSeq(msg.Client, msg.Seq); err != nil {
 			return err
 		}
-		if !m.s.IsMember(msg.Client) && len(m.s.Seqs) >= MaxMembers {
+		if !m.s.IsMember(msg.Client) && len(m.s.Members) >= MaxMembers {
 			return fmt.Errorf("%w: %d", ErrFull, MaxMembers)
 		}
+		m.s.Members[msg.Client] = true
 		m.recordSeq(msg.Client, msg.Seq)
 		return nil
 	case Push:

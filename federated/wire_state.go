@@ -26,23 +26,23 @@ import (
 //	92      4     model size n (1..MaxParams)
 //	96      4n    model, float32
 //	then    32    owner: the coordinator run's authority (State.Owner)
-//	then    4     members k (the replay table: clients that joined and whoever configured the run),
-//	              then k × (public key 32, last sequence 8), sorted by key
+//	then    4     replay entries k, then k × (public key 32, last sequence 8), sorted by key
 //	then    4     buffered updates m (≤ MaxCapacity), then m × (client 32, base 8, steps 4, n × float32)
+//	then    4     members j (≤ MaxMembers), then j × public key 32, sorted (version 2; a version 1
+//	              file has none: its clients join again, which fedclient does when told it is no member)
 //	end-32  32    SHA-256 of everything before it
 
 const (
-	StateVersion = 1
+	StateVersion = 2
 	stateMagic   = "PSFS"
-	// maxReplay bounds the replay table a state file may hold: the members
-	// and the authorities that configured the run.
-	maxReplay = MaxMembers + 64
+	// maxReplay bounds the replay table a state file may hold.
+	maxReplay = 1 << 20
 )
 
 // EncodeState encodes s.
 func EncodeState(s *State) []byte {
 	n := len(s.Model)
-	b := make([]byte, 0, 96+4*n+32+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+32)
+	b := make([]byte, 0, 96+4*n+32+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+4+32*len(s.Members)+32)
 	b = append(b, stateMagic...)
 	b = append(b, StateVersion, 0, 0, 0)
 	b = append(b, EncodeConfig(&s.Config)...)
@@ -68,6 +68,15 @@ func EncodeState(s *State) []byte {
 		b = binary.LittleEndian.AppendUint64(b, u.Base)
 		b = binary.LittleEndian.AppendUint32(b, u.Steps)
 		b = appendFloats(b, u.Delta)
+	}
+	members := make([]coordinator.Pubkey, 0, len(s.Members))
+	for k := range s.Members {
+		members = append(members, k)
+	}
+	sort.Slice(members, func(i, j int) bool { return bytes.Compare(members[i][:], members[j][:]) < 0 })
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(members)))
+	for _, k := range members {
+		b = append(b, k[:]...)
 	}
 	sum := sha256.Sum256(b)
 	return append(b, sum[:]...)
@@ -125,9 +134,10 @@ func (r *reader) floats(n int) []float32 {
 
 // DecodeState decodes a state file, checking its checksum and its config.
 func DecodeState(b []byte) (*State, error) {
-	if len(b) < 96+32 || string(b[:4]) != stateMagic || b[4] != StateVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
-		return nil, fmt.Errorf("%w: not a version %d federated state file", ErrMalformed, StateVersion)
+	if len(b) < 96+32 || string(b[:4]) != stateMagic || (b[4] != 1 && b[4] != StateVersion) || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+		return nil, fmt.Errorf("%w: not a version 1 or %d federated state file", ErrMalformed, StateVersion)
 	}
+	version := b[4]
 	body := b[:len(b)-32]
 	if sum := sha256.Sum256(body); !bytes.Equal(sum[:], b[len(b)-32:]) {
 		return nil, fmt.Errorf("%w: state file checksum mismatch (a torn or corrupted file)", ErrMalformed)
@@ -137,7 +147,8 @@ func DecodeState(b []byte) (*State, error) {
 		return nil, err
 	}
 	r := &reader{b: body[8+ConfigSize:]}
-	s := &State{Config: *cfg, Round: r.u64(), Contributions: r.u64(), PrivacyFrom: r.u64(), Seqs: map[coordinator.Pubkey]uint64{}}
+	s := &State{Config: *cfg, Round: r.u64(), Contributions: r.u64(), PrivacyFrom: r.u64(), Seqs: map[coordinator.Pubkey]uint64{},
+		Members: map[coordinator.Pubkey]bool{}}
 	if r.err == nil && s.PrivacyFrom > s.Round {
 		return nil, fmt.Errorf("%w: privacy-from round %d past round %d", ErrMalformed, s.PrivacyFrom, s.Round)
 	}
@@ -176,6 +187,26 @@ func DecodeState(b []byte) (*State, error) {
 		u.Base, u.Steps = r.u64(), r.u32()
 		u.Delta = r.floats(n)
 		s.Buffer = append(s.Buffer, u)
+	}
+	if version >= 2 {
+		j := int(r.u32())
+		if r.err == nil && j > MaxMembers {
+			return nil, fmt.Errorf("%w: %d members", ErrMalformed, j)
+		}
+		prev = nil
+		for i := 0; i < j && r.err == nil; i++ {
+			key := r.take(32)
+			if r.err != nil {
+				break
+			}
+			if prev != nil && bytes.Compare(prev, key) >= 0 {
+				return nil, fmt.Errorf("%w: members out of order", ErrMalformed)
+			}
+			prev = key
+			var pk coordinator.Pubkey
+			copy(pk[:], key)
+			s.Members[pk] = true
+		}
 	}
 	if r.err != nil {
 		return nil, r.err

@@ -212,6 +212,11 @@ func TestRunFileErrors(t *testing.T) {
 			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file:// and http(s):// are): "seed:one"`,
 				`model.data = "builtin:shakespeare": no such built-in corpus (the built-in ones are builtin:opticks)`}},
 		{"llama-range.toml", "[model]\nn_kv_heads = 5000000000\n", []string{"model.n_kv_heads = 5000000000 does not fit"}},
+		// TOML's decoder wrapped these into 2⁶⁴−n: an epoch of 584 billion
+		// years was accepted, the others "did not fit".
+		{"negative.toml", "[config]\nepoch_time = -5\ntotal_steps = -1\n[model]\nd_model = -64\n[federated]\ncapacity = -3\n",
+			[]string{"config.epoch_time = -5: must not be negative", "config.total_steps = -1: must not be negative",
+				"model.d_model = -64: must not be negative", "federated.capacity = -3: must not be negative"}},
 	} {
 		_, err := loadRunFile(write(tc.name, tc.content))
 		if err == nil {

@@ -58,6 +58,9 @@ func loadFederated(path string) (*federated.Config, error) {
 			} `toml:"optimizer"`
 		} `toml:"model"`
 	}
+	if err := refuseNegative(path); err != nil {
+		return nil, err
+	}
 	md, err := toml.DecodeFile(path, &f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)

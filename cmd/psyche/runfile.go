@@ -99,6 +99,9 @@ var normalizationNames = map[string]uint8{"rms": uint8(coordinator.Normalization
 // their fields are errors; the coordinator's own rules are checked too, and
 // every violation is reported.
 func loadRunFile(path string) (*coordinator.Update, error) {
+	if err := refuseNegative(path); err != nil {
+		return nil, err
+	}
 	var f runFile
 	md, err := toml.DecodeFile(path, &f)
 	if err != nil {
@@ -222,4 +225,50 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 		return nil, fmt.Errorf("%s:\n%w", path, err)
 	}
 	return u, nil
+}
+
+// refuseNegative names every negative integer in a run file. No key of a
+// run file is a signed integer, and the TOML decoder would wrap -5 into an
+// unsigned field as 2⁶⁴−5 (an epoch_time of 584 billion years, accepted).
+func refuseNegative(path string) error {
+	var raw map[string]any
+	if _, err := toml.DecodeFile(path, &raw); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	var errs []error
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			keys := make([]string, 0, len(v))
+			for k := range v {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				name := k
+				if prefix != "" {
+					name = prefix + "." + k
+				}
+				walk(name, v[k])
+			}
+		case []any:
+			for i, x := range v {
+				walk(fmt.Sprintf("%s[%d]", prefix, i), x)
+			}
+		case []map[string]any:
+			for i, x := range v {
+				walk(fmt.Sprintf("%s[%d]", prefix, i), x)
+			}
+		case int64:
+			if v < 0 {
+				errs = append(errs, fmt.Errorf("%s = %d: must not be negative", prefix, v))
+			}
+		}
+	}
+	walk("", raw)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }

@@ -387,6 +387,17 @@ func tick(c *cli.Context) error {
 		}
 		r, err := b.Send(ctx, c.String("run-id"), k, nil, &coordinator.Tick{})
 		switch {
+		case errors.Is(err, coordinator.ErrHalted):
+			// Nothing will ever be due until someone else acts: an error,
+			// with what to do.
+			state := coordinator.Paused
+			if snap, serr := b.Snapshot(ctx, c.String("run-id")); serr == nil {
+				state = snap.State.RunState
+			}
+			if state == coordinator.Finished {
+				return fmt.Errorf("tick: run %q is finished: it has nothing left to advance", c.String("run-id"))
+			}
+			return fmt.Errorf("tick: run %q is %s: nothing advances until its authority resumes it (psyche set-paused --resume)", c.String("run-id"), state)
 		case errors.Is(err, coordinator.ErrNothingDue):
 			// Refused by the coordinator (on chain: in preflight, so no fee
 			// was paid); say in which state it waits.
@@ -395,8 +406,11 @@ func tick(c *cli.Context) error {
 				state = snap.State.RunState.String()
 			}
 			fmt.Fprintf(c.App.Writer, "tick: nothing to do (%s)\n", state)
+		case err != nil && c.Int("count") == 1:
+			return fmt.Errorf("tick: %w", err)
 		case err != nil:
-			fmt.Fprintf(c.App.Writer, "tick: %v\n", err)
+			// One of many ticks: say so and go on (a server restarting).
+			fmt.Fprintf(c.App.ErrWriter, "tick: %v\n", err)
 		case r.Changed:
 			fmt.Fprintf(c.App.Writer, "tick: %s -> %s (nonce %d)\n", r.From, r.To, r.Nonce)
 		default:

@@ -110,6 +110,11 @@ func adminFlow(t *testing.T, b chain.Backend, backendArgs []string, runID string
 	if _, errs, code := as("bob", "set-paused", "--resume"); code == 0 || !strings.Contains(errs, "main authority") {
 		t.Fatalf("resume by bob: %d %s", code, errs)
 	}
+	// A run still paused has nothing to tick: an error that says what to
+	// do (it exited 0 with "run is halted").
+	if _, errs, code := as("alice", "tick"); code == 0 || !strings.Contains(errs, "psyche set-paused --resume") {
+		t.Fatalf("tick of a paused run: %d %s", code, errs)
+	}
 	if out, errs, code := as("admin", "set-paused", "--resume"); code != 0 || !strings.Contains(out, "WaitingForMembers") {
 		t.Fatalf("resume: %d %s %s", code, out, errs)
 	}

@@ -414,3 +414,25 @@ func TestRunFileOptimizerEnums(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownCommandAndVersion: a mistyped command names the nearest one
+// (urfave/cli said "No help topic for 'jion'"), an unknown one says so, and
+// --version answers.
+func TestUnknownCommandAndVersion(t *testing.T) {
+	for _, tc := range []struct{ arg, want string }{
+		{"jion", `"jion" is not a psyche command; did you mean "join"?`},
+		{"stauts", `did you mean "status"?`},
+		{"localnte", `did you mean "localnet"?`},
+		{"frobnicate", `"frobnicate" is not a psyche command (psyche --help lists them)`},
+	} {
+		if _, errs, code := psyche(t, tc.arg); code == 0 || !strings.Contains(errs, tc.want) {
+			t.Errorf("psyche %s: exit %d, %q; want %q", tc.arg, code, errs, tc.want)
+		}
+	}
+	if out, errs, code := psyche(t, "--version"); code != 0 || !strings.HasPrefix(out, "psyche version ") || !strings.Contains(out, "go1.") {
+		t.Errorf("--version: exit %d, %q %q", code, out, errs)
+	}
+	if got := editDistance("jion", "join"); got != 1 {
+		t.Errorf("editDistance(jion, join) = %d, want 1 (a swap)", got)
+	}
+}

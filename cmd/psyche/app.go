@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -39,6 +40,19 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		},
 		ExitErrHandler: func(*cli.Context, error) {
 			// run() reports errors; the default handler would os.Exit.
+		},
+		Version: version(),
+		// Without a command: the help. With one that does not exist: the
+		// nearest that does (urfave/cli said "No help topic for 'jion'").
+		Action: func(c *cli.Context) error {
+			if !c.Args().Present() {
+				return cli.ShowAppHelp(c)
+			}
+			name := c.Args().First()
+			if near := nearestCommand(c.App, name); near != "" {
+				return fmt.Errorf("%q is not a psyche command; did you mean %q? (psyche --help lists them)", name, near)
+			}
+			return fmt.Errorf("%q is not a psyche command (psyche --help lists them)", name)
 		},
 	}
 	withSolanaFlags(app.Commands)
@@ -136,3 +150,69 @@ func loggerTo(c *cli.Context, w io.Writer) *slog.Logger {
 
 // listen opens a TCP listener.
 func listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+
+// version is the build's: the module version and, for a build from a git
+// checkout, the commit (and whether it had uncommitted changes).
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = ", modified"
+			}
+		}
+	}
+	if rev != "" {
+		v += fmt.Sprintf(" (commit %.12s%s)", rev, modified)
+	}
+	return v + ", " + bi.GoVersion
+}
+
+// nearestCommand is the command whose name (or alias) is closest to name,
+// at most two edits away; "" if none is.
+func nearestCommand(app *cli.App, name string) string {
+	best, bestD := "", 3
+	for _, cmd := range app.Commands {
+		for _, n := range cmd.Names() {
+			if d := editDistance(name, n); d < bestD {
+				best, bestD = cmd.Name, d
+			}
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in runes,
+// counting a swap of two neighbours as one edit ("jion" is one from "join").
+func editDistance(a, b string) int {
+	x, y := []rune(a), []rune(b)
+	d := make([][]int, len(x)+1)
+	for i := range d {
+		d[i] = make([]int, len(y)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(x); i++ {
+		for j := 1; j <= len(y); j++ {
+			cost := 1
+			if x[i-1] == y[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && x[i-1] == y[j-2] && x[i-2] == y[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(x)][len(y)]
+}

@@ -183,7 +183,14 @@ func (c *Client) post(ctx context.Context, body []byte, ix coordinator.Instructi
 // across the network.
 func (f *Failure) asError() error {
 	if e := coordinator.ErrorFromCode(f.Code); e != nil {
-		return fmt.Errorf("%w (%s)", e, strings.TrimPrefix(f.Error, e.Error()+": "))
+		// The failure's text is the error's own, perhaps with a detail
+		// after it: only a detail is added (the text said everything
+		// twice: "already initialized (coordinator: … already initialized)").
+		detail := strings.TrimPrefix(strings.TrimPrefix(f.Error, e.Error()), ": ")
+		if detail == "" {
+			return e
+		}
+		return fmt.Errorf("%w (%s)", e, detail)
 	}
 	if f.Name == "RunNotFound" {
 		return fmt.Errorf("%w: %s", chain.ErrRunNotFound, f.Error)

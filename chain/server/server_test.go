@@ -512,3 +512,22 @@ func TestTicksWhenDue(t *testing.T) {
 		t.Fatalf("the tick at the due second did not start the warmup: %v %v", snap, err)
 	}
 }
+
+// TestFailureAsError: a coordinator error comes back across the network as
+// itself (errors.Is), its text once, and a detail the server added after
+// it in parentheses (the CLI printed "coordinator is already initialized
+// (coordinator: coordinator is already initialized)").
+func TestFailureAsError(t *testing.T) {
+	e := coordinator.ErrAlreadyInitialized
+	for _, tc := range []struct {
+		text, want string
+	}{
+		{e.Error(), e.Error()},
+		{e.Error() + ": run r", e.Error() + " (run r)"},
+	} {
+		got := (&Failure{Code: e.Code, Name: e.Name, Error: tc.text}).asError()
+		if !errors.Is(got, e) || got.Error() != tc.want {
+			t.Errorf("%q: %q, want %q", tc.text, got, tc.want)
+		}
+	}
+}

@@ -436,3 +436,24 @@ func TestUnknownCommandAndVersion(t *testing.T) {
 		t.Errorf("editDistance(jion, join) = %d, want 1 (a swap)", got)
 	}
 }
+
+// TestNobodyListens: a command pointed at an address where no server runs
+// says what to do, not only "connection refused".
+func TestNobodyListens(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // a port nothing listens on
+	key := filepath.Join(t.TempDir(), "id.json")
+	if _, errs, code := psyche(t, "keygen", "--out", key); code != 0 {
+		t.Fatal(errs)
+	}
+	for _, args := range [][]string{{"status", "--run-id", "x"}, {"tick", "--run-id", "x", "--key", key}} {
+		_, errs, code := psyche(t, append(args, "--server", "http://"+addr)...)
+		if code == 0 || !strings.Contains(errs, "nothing listens at that address: start `psyche server` there") {
+			t.Errorf("%v: exit %d, %s", args, code, errs)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package explorer
 
 import (
 	"cmp"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 	"slices"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -133,6 +134,13 @@ func (h *history) observeView(s *coordinator.Coordinator) {
 	v.Name = coordinator.FixedString(s.Metadata.Name[:])
 	v.Description = coordinator.FixedString(s.Metadata.Description[:])
 	v.Parameters = s.Metadata.NumParameters
+	if v.Parameters == 0 {
+		// The run file's metadata may leave it out: the model the run
+		// describes says it (a GPT of 120,576 parameters showed 0).
+		if mc, err := runmodel.ModelConfig(&s.Model); err == nil {
+			v.Parameters = uint64(mc.NumParams())
+		}
+	}
 	v.State, v.PendingPause, v.StateStart = s.RunState.String(), s.PendingPause, s.RunStateStart
 	v.Epoch, v.Step, v.TotalSteps, v.LastStep = s.Progress.Epoch, s.Progress.Step, s.Config.TotalSteps, s.Epoch.LastStep
 	v.MinClients, v.InitMin, v.Nonce = int(s.Config.MinClients), int(s.Config.InitMinClients), s.Nonce

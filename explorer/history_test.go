@@ -9,6 +9,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 func pub(b byte) coordinator.Pubkey {
@@ -190,5 +192,24 @@ func TestPeerIDIsLibp2ps(t *testing.T) {
 		if got := PeerID(coordinator.Pubkey(key)); got != want.String() {
 			t.Errorf("PeerID = %s, libp2p says %s", got, want)
 		}
+	}
+}
+
+// TestParametersFromTheModel: a run whose metadata leaves num_parameters
+// out shows its model's count (a 120,576-parameter GPT showed 0); one that
+// sets it shows that.
+func TestParametersFromTheModel(t *testing.T) {
+	s := trainingRun()
+	cfg := gpt.Config{Vocab: 256, Context: 64, Width: 32, Layers: 2, Heads: 2}
+	runmodel.SetGPT(&s.Model, cfg)
+	h := newHistory("demo")
+	h.observe(s)
+	if got, want := h.view.Parameters, uint64(cfg.NumParams()); got != want {
+		t.Errorf("parameters %d, want the model's %d", got, want)
+	}
+	s.Metadata.NumParameters, s.Nonce = 42, s.Nonce+1
+	h.observe(s)
+	if h.view.Parameters != 42 {
+		t.Errorf("parameters %d, want the metadata's 42", h.view.Parameters)
 	}
 }

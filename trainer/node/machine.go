@@ -232,7 +232,11 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 		rd.Done = "the run is finished"
 	case coordinator.WaitingForMembers:
 		if m.epochs > 0 && m.trained >= m.epochs {
-			rd.Done = fmt.Sprintf("trained the %d epochs asked for", m.epochs)
+			unit := "epochs"
+			if m.epochs == 1 {
+				unit = "epoch"
+			}
+			rd.Done = fmt.Sprintf("trained the %d %s asked for", m.epochs, unit)
 			break
 		}
 		if _, pending := s.PendingIndex(m.id.Signer); !pending && !book.joined {

@@ -578,8 +578,16 @@ type outgoing struct {
 func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
 	start := time.Now() // a send's latency is part of the round's
 	if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, ix); err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() != nil {
+			return
+		}
+		// A refusal is the coordinator's answer; anything else (a server
+		// that is down, a lost connection) never reached it.
+		var refusal *coordinator.Error
+		if errors.As(err, &refusal) {
 			n.cfg.log.Warn("instruction refused", "ix", ix.Name(), "err", err)
+		} else {
+			n.cfg.log.Warn("instruction not delivered", "ix", ix.Name(), "err", err)
 		}
 		return
 	}

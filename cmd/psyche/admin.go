@@ -172,6 +172,18 @@ func runServer(c *cli.Context) error {
 		return err
 	}
 	opts = append(opts, creators)
+	// The address first: a server that cannot bind it stops before it
+	// writes anything (its identity and p2p key were left behind).
+	l, err := listen(c.String("listen"))
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	served := false
+	defer func() {
+		if !served {
+			l.Close()
+		}
+	}()
 	if c.Bool("p2p") {
 		if err := os.MkdirAll(c.String("dir"), 0o755); err != nil {
 			return err
@@ -219,11 +231,8 @@ func runServer(c *cli.Context) error {
 		}
 		fmt.Fprintf(c.App.Writer, "metrics: http://%s/metrics\n", at)
 	}
-	l, err := listen(c.String("listen"))
-	if err != nil {
-		return err
-	}
 	fmt.Fprintf(c.App.Writer, "server listening on http://%s (state in %s)\nexplorer: http://%[1]s/\n", l.Addr(), c.String("dir"))
+	served = true
 	return s.Serve(ctx, l)
 }
 

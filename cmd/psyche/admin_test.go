@@ -457,3 +457,21 @@ func TestNobodyListens(t *testing.T) {
 		}
 	}
 }
+
+// TestServerThatCannotBindWritesNothing: a server whose address is taken
+// stops before it writes its identity or p2p key into --dir.
+func TestServerThatCannotBindWritesNothing(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := filepath.Join(t.TempDir(), "server")
+	_, errs, code := psyche(t, "server", "--dir", dir, "--listen", l.Addr().String(), "--creators", "any")
+	if code == 0 || !strings.Contains(errs, "--listen") || !strings.Contains(errs, "address already in use") {
+		t.Fatalf("exit %d, %s", code, errs)
+	}
+	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+		t.Fatalf("%s holds %d files after the failed start", dir, len(entries))
+	}
+}

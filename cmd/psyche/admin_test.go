@@ -475,3 +475,22 @@ func TestServerThatCannotBindWritesNothing(t *testing.T) {
 		t.Fatalf("%s holds %d files after the failed start", dir, len(entries))
 	}
 }
+
+// TestLocalnetFailureLeavesNoTempDir: a localnet that fails (here: its
+// explorer's address is taken) removes the temporary directory it made.
+func TestLocalnetFailureLeavesNoTempDir(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, errs, code := psyche(t, "localnet", "--explorer-addr", l.Addr().String(), "--epochs", "1")
+	if code == 0 || !strings.Contains(errs, "address already in use") {
+		t.Fatalf("localnet with its explorer's address taken: exit %d, %s", code, errs)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "psyche-localnet-*")); len(left) > 0 {
+		t.Fatalf("left behind: %v (%s)", left, errs)
+	}
+}

@@ -136,7 +136,7 @@ func localnetRunFile(c *cli.Context) (*coordinator.Model, uint64, int, error) {
 // flags, prepare the data and the initial model, start the backend, create
 // the run, start the trainers, follow the run until enough epochs have
 // passed, then stop everything and summarize.
-func localnet(c *cli.Context) error {
+func localnet(c *cli.Context) (err error) {
 	n, epochs := c.Int("trainers"), c.Int("epochs")
 	if err := checkLocalnetFlags(c); err != nil {
 		return err
@@ -151,6 +151,15 @@ func localnet(c *cli.Context) error {
 	dir, err := localnetDir(c.String("dir"))
 	if err != nil {
 		return err
+	}
+	if c.String("dir") == "" {
+		// A directory of our own that a failed run leaves nothing useful
+		// in (one that ends well keeps it: the summary names its files).
+		defer func() {
+			if err != nil {
+				_ = os.RemoveAll(dir)
+			}
+		}()
 	}
 	model, seed, perTrainer, err := localnetRunModel(c)
 	if err != nil {

@@ -192,18 +192,19 @@ func sampleStates(t testing.TB) []*Coordinator {
 	return out
 }
 
-// TestREADMEAccountSize keeps the README's figure for the account size in
-// step with the layout: an account created at a wrong size is refused with
-// WrongSize, so a stale figure misleads whoever creates one by hand.
-func TestREADMEAccountSize(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// TestDocsAccountSize keeps the documented figure for the account size in
+// step with the layout (docs/architecture.md): an account created at a
+// wrong size is refused with WrongSize, so a stale figure misleads whoever
+// creates one by hand.
+func TestDocsAccountSize(t *testing.T) {
+	doc, err := os.ReadFile("../docs/architecture.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := fmt.Sprint(AccountSize)
 	want := "The account is " + n[:len(n)-3] + "," + n[len(n)-3:] + " bytes"
-	if !strings.Contains(string(readme), want) {
-		t.Fatalf("README.md does not say %q", want)
+	if !strings.Contains(string(doc), want) {
+		t.Fatalf("docs/architecture.md does not say %q", want)
 	}
 }
 

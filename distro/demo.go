@@ -197,7 +197,7 @@ func (d *DeMo) compressTensor(p *tensorPlan, delta, meanSq, g []float32, out *Te
 	})
 }
 
-// The constants of NormalizeRMS, chosen by experiment (README, "DisTrO vs
+// The constants of NormalizeRMS, chosen by experiment (docs/benchmarks.md, "DisTrO vs
 // AdamW"): the decay of the mean squares is AdamW's β2, and a coefficient's
 // divisor never falls below normFloor times the tile's typical one, so a
 // coefficient that has been near zero is not amplified into noise.

@@ -10,7 +10,7 @@ import (
 // Aggregation it would be consensus (every trainer must use the same rule),
 // but runs have no field for it: a run's trainers always use UpdateSign,
 // DeMo's rule, and the others are experiments of psyche parity (--update),
-// which found none of them better than sign (README, "DisTrO vs AdamW").
+// which found none of them better than sign (docs/benchmarks.md, "DisTrO vs AdamW").
 // The stateless rules read only the aggregate, which every trainer of a
 // round computes bit for bit the same; UpdateAdam keeps state.
 type UpdateRule uint8

@@ -62,7 +62,7 @@ type Config struct {
 // 6.7e-4 at 384). Sign descent moves every parameter by the rate, so the
 // change of a layer's output grows with its fan-in: the best rate measured
 // fell from 4e-3 at width 64 to 2e-3 at 128 and to about 5e-4–1e-3 at 384
-// (README, "DisTrO vs AdamW").
+// (docs/benchmarks.md, "DisTrO vs AdamW").
 func DefaultDistroLR(width int) float64 { return 0.256 / float64(max(1, width)) }
 
 // Row is one evaluation point.

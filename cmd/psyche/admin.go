@@ -511,7 +511,8 @@ func viewOf(s *coordinator.Coordinator) statusView {
 		Epoch: s.Progress.Epoch, Step: s.Progress.Step, Nonce: s.Nonce, PendingPause: s.PendingPause,
 		Clients: []clientView{}, Pending: []string{}, Exited: []clientView{}}
 	client := func(cl coordinator.Client) clientView {
-		return clientView{Address: cl.ID.Signer.String(), P2P: cl.ID.P2P.String(), State: clientLabel(s, cl), Height: cl.ExitedHeight}
+		// The p2p id as libp2p, the logs and the explorer print it.
+		return clientView{Address: cl.ID.Signer.String(), P2P: explorer.PeerID(cl.ID.P2P), State: clientLabel(s, cl), Height: cl.ExitedHeight}
 	}
 	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
 		v.Clients = append(v.Clients, client(cl))

@@ -19,6 +19,7 @@ import (
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/explorer"
 )
 
 type testClock struct {
@@ -492,5 +493,18 @@ func TestLocalnetFailureLeavesNoTempDir(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(tmp, "psyche-localnet-*")); len(left) > 0 {
 		t.Fatalf("left behind: %v (%s)", left, errs)
+	}
+}
+
+// TestStatusP2PIDs: status prints a client's p2p identity as libp2p, the
+// trainers' logs and the explorer do ("12D3KooW…"), not as base58 of the
+// raw key.
+func TestStatusP2PIDs(t *testing.T) {
+	s := &coordinator.Coordinator{RunState: coordinator.RoundTrain}
+	s.Epoch.ClientsLen = 1
+	s.Epoch.Clients[0] = coordinator.Client{ID: coordinator.ClientID{Signer: coordinator.Pubkey{1}, P2P: coordinator.Pubkey{2}}}
+	v := viewOf(s)
+	if len(v.Clients) != 1 || !strings.HasPrefix(v.Clients[0].P2P, "12D3KooW") || v.Clients[0].P2P != explorer.PeerID(coordinator.Pubkey{2}) {
+		t.Fatalf("clients %+v", v.Clients)
 	}
 }

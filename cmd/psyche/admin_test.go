@@ -189,6 +189,18 @@ func TestAdminFlowOnTheServerBackend(t *testing.T) {
 	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "nope"); code == 0 || !strings.Contains(errs, "not found") {
 		t.Fatalf("status of a missing run: %d %s", code, errs)
 	}
+	// Alice's key is a client of the epoch under the p2p identity its join
+	// gave; a trainer on the same key with another p2p key (another machine)
+	// is told so at once (it looped on "no peer offers a checkpoint"). The
+	// context only stops a trainer that would wrongly start.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var jout, jerr bytes.Buffer
+	code = runContext(ctx, []string{"psyche", "join", "--server", url, "--run-id", "cli", "--key", keys["alice"],
+		"--data-dir", filepath.Join(t.TempDir(), "data"), "--listen", "/ip4/127.0.0.1/tcp/0", "--mdns=false"}, &jout, &jerr)
+	if code == 0 || !strings.Contains(jerr.String(), "is a client of run \"cli\"'s current epoch under another p2p identity (12D3KooW") {
+		t.Fatalf("join on a key in use: exit %d, %s", code, jerr.String())
+	}
 }
 
 func TestRunFileErrors(t *testing.T) {

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/explorer"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -77,6 +80,11 @@ func join(c *cli.Context) error {
 	}
 	key, err := libp2p.LoadOrCreateKey(p2pKey)
 	if err != nil {
+		return err
+	}
+	var p2pPub coordinator.Pubkey
+	copy(p2pPub[:], key.Public().(ed25519.PublicKey))
+	if err := keyInUse(ctx, b, c.String("run-id"), signer.Public(), p2pPub, log); err != nil {
 		return err
 	}
 	reg := newRegistry()
@@ -241,4 +249,28 @@ func isTerminal(w any) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// keyInUse refuses a key that the run's current epoch holds under another
+// p2p identity: another trainer is using it (each join would replace the
+// other's identity, and this one would wait for a model no peer offers it).
+// A pending join under another identity is only warned about: it may be a
+// trainer of this key that crashed.
+func keyInUse(ctx context.Context, b chain.Backend, runID string, signer, p2p coordinator.Pubkey, log *slog.Logger) error {
+	snap, err := b.Snapshot(ctx, runID)
+	if err != nil {
+		return nil // the node reports an unreachable backend or a missing run itself
+	}
+	s := snap.State
+	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
+		if cl.ID.Signer == signer && cl.ID.P2P != p2p && s.RunState != coordinator.WaitingForMembers {
+			return fmt.Errorf("the key %s is a client of run %q's current epoch under another p2p identity (%s): another trainer is using this key (each needs its own: psyche keygen --out FILE), or an earlier trainer of yours with another p2p key; if it is gone, this one can join when the epoch ends",
+				signer, runID, explorer.PeerID(cl.ID.P2P))
+		}
+	}
+	if i, ok := s.PendingIndex(signer); ok && s.Pending[i].P2P != p2p {
+		log.Warn("this key has joined the run's next epoch under another p2p identity: if another trainer uses the key, the two will replace each other's join (each trainer needs its own key)",
+			"other_p2p", explorer.PeerID(s.Pending[i].P2P))
+	}
+	return nil
 }

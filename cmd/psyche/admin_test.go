@@ -520,3 +520,43 @@ func TestStatusP2PIDs(t *testing.T) {
 		t.Fatalf("clients %+v", v.Clients)
 	}
 }
+
+// TestJoinNamesMissingData: a trainer that cannot read the run's local data
+// file says so before it joins, naming model.data and where a relative path
+// is read from (it failed only after joining, without either).
+func TestJoinNamesMissingData(t *testing.T) {
+	url, _ := startServer(t)
+	dir := t.TempDir()
+	admin, trainer := filepath.Join(dir, "admin.json"), filepath.Join(dir, "trainer.json")
+	for _, k := range []string{admin, trainer} {
+		if _, errs, code := psyche(t, "keygen", "--out", k); code != 0 {
+			t.Fatal(errs)
+		}
+	}
+	tiny, err := os.ReadFile(filepath.Join("..", "..", "examples", "tiny-run.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runFile := filepath.Join(dir, "run.toml")
+	text := strings.Replace(string(tiny), `data = "builtin:opticks"`, `data = "no/such/corpus.tokens"`, 1)
+	if text == string(tiny) {
+		t.Fatal("examples/tiny-run.toml changed: its data line was not found")
+	}
+	if err := os.WriteFile(runFile, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"init-coordinator"}, {"update", "--config", runFile}} {
+		if _, errs, code := psyche(t, append(args, "--server", url, "--key", admin, "--run-id", "nodata")...); code != 0 {
+			t.Fatalf("%v: %s", args, errs)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // stops a trainer that would wrongly start
+	defer cancel()
+	var out, errb bytes.Buffer
+	code := runContext(ctx, []string{"psyche", "join", "--server", url, "--run-id", "nodata", "--key", trainer,
+		"--data-dir", filepath.Join(dir, "data"), "--listen", "/ip4/127.0.0.1/tcp/0", "--mdns=false"}, &out, &errb)
+	if code == 0 || !strings.Contains(errb.String(), `the run's model.data is "no/such/corpus.tokens", which this trainer cannot read`) ||
+		!strings.Contains(errb.String(), "a relative path is read from the trainer's working directory") {
+		t.Fatalf("join: exit %d, %s", code, errb.String())
+	}
+}

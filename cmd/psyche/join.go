@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/explorer"
+	"github.com/psyche-go/psyche/trainer/data"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -271,6 +272,24 @@ func keyInUse(ctx context.Context, b chain.Backend, runID string, signer, p2p co
 	if i, ok := s.PendingIndex(signer); ok && s.Pending[i].P2P != p2p {
 		log.Warn("this key has joined the run's next epoch under another p2p identity: if another trainer uses the key, the two will replace each other's join (each trainer needs its own key)",
 			"other_p2p", explorer.PeerID(s.Pending[i].P2P))
+	}
+	return localData(coordinator.FixedString(s.Model.DataLocation[:]))
+}
+
+// localData checks, before the trainer joins, that a run whose data is a
+// file on each trainer's machine finds it on this one (it failed only after
+// joining, without naming model.data).
+func localData(loc string) error {
+	path := loc
+	if p, ok := strings.CutPrefix(loc, "file://"); ok {
+		path = p
+	} else if loc == "" || strings.HasPrefix(loc, data.BuiltinPrefix) || strings.Contains(loc, "://") {
+		return nil
+	}
+	if _, err := os.Stat(path); err != nil {
+		wd, _ := os.Getwd()
+		return fmt.Errorf("the run's model.data is %q, which this trainer cannot read: %w (each trainer reads it on its own machine; a relative path is read from the trainer's working directory, %s)",
+			loc, err, wd)
 	}
 	return nil
 }

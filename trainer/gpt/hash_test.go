@@ -65,7 +65,7 @@ func TestHash(t *testing.T) {
 // variates would fail here before it made trainers refuse each other's
 // runs).
 func TestNewIsDeterministic(t *testing.T) {
-	a, _ := New(tiny, 1, kernels.Go{})
+	a, _ := New(tiny, 1, kernels.OnHost(kernels.Go{}))
 	b, _ := New(tiny, 1, kernels.Default())
 	if !slices.Equal(a.Params, b.Params) {
 		t.Fatalf("seed 1 draws other weights on %s than on %s", kernels.Default().Name(), kernels.Go{}.Name())

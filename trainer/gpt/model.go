@@ -88,20 +88,40 @@ func (c Config) views(buf []float32) (params, [][]float32) {
 	return p, all
 }
 
+// tparams are params as the backend keeps them.
+type tparams struct {
+	wte, wpe                   kernels.Tensor
+	ln1w, ln1b, qkvw, qkvb     kernels.Tensor
+	projw, projb, ln2w, ln2b   kernels.Tensor
+	fcw, fcb, fcprojw, fcprojb kernels.Tensor
+	lnfw, lnfb                 kernels.Tensor
+}
+
+func (c Config) tviews(buf kernels.Tensor) tparams {
+	var p tparams
+	lm.SplitTensor(buf, c.shapes(), []*kernels.Tensor{&p.wte, &p.wpe, &p.ln1w, &p.ln1b, &p.qkvw, &p.qkvb, &p.projw, &p.projb,
+		&p.ln2w, &p.ln2b, &p.fcw, &p.fcb, &p.fcprojw, &p.fcprojb, &p.lnfw, &p.lnfb})
+	return p
+}
+
 // Model is a GPT with its parameters, gradients and the activations of the
 // last forward pass (sized for batches of up to B sequences of T tokens).
 type Model struct {
 	Config
 	be kernels.Backend
 
-	lm.Buffers // Params and Grads, Specs order
-	p, g       params
+	lm.Buffers         // Params and Grads, Specs order
+	p, g       params  // views of Params and Grads
+	dp, dg     tparams // the same on the backend
 
 	b, t int
 	act  activations
 	grad activations
 	// inputs and targets of the last forward pass
 	inputs, targets []uint32
+	positions       []uint32  // each token's position in its sequence
+	losses          []float32 // host copy of act.losses
+	logits          []float32 // host copy of act.logits, made by Logits
 }
 
 // New returns a model with GPT-2 style initial weights drawn from seed:
@@ -115,7 +135,8 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 		be = kernels.Default()
 	}
 	m := &Model{Config: c, be: be}
-	m.Buffers, m.p, m.g = lm.NewBuffers(c.NumParams(), c.views)
+	m.Buffers, m.p, m.g = lm.NewBuffers(be, c.NumParams(), c.views)
+	m.dp, m.dg = c.tviews(m.ParamsOnBackend()), c.tviews(m.GradsOnBackend())
 	r := rand.New(rand.NewPCG(seed, 0x677074))
 	normal := func(v []float32, std float64) { lm.Normal(r, v, std) }
 	ones := lm.Ones

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/psyche-go/psyche/trainer/internal/modeltest"
+	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
 var tiny = Config{Vocab: 11, Context: 6, Width: 8, Layers: 2, Heads: 2}
@@ -40,4 +41,20 @@ func TestConfigValidate(t *testing.T) {
 func TestTrainingLowersTheLoss(t *testing.T) {
 	m, _ := New(tiny, 3, nil)
 	modeltest.TrainingLowersTheLoss(t, m, m.Params, m.Grads, tiny.Vocab)
+}
+
+// TestSameApart checks the copies between host buffers and a backend that
+// keeps its tensors elsewhere (as the GPU does), on the CPU.
+func TestSameApart(t *testing.T) {
+	h, _ := New(tiny, 4, kernels.OnHost(kernels.Go{}))
+	a, _ := New(tiny, 4, kernels.Apart(kernels.Go{}))
+	modeltest.SameApart(t, h, a, tiny.Vocab)
+}
+
+// TestBackendMatchesGo compares the whole model on the binary's backend
+// (the GPU's with -tags cuda) with the pure-Go one.
+func TestBackendMatchesGo(t *testing.T) {
+	d, _ := New(tiny, 4, nil)
+	g, _ := New(tiny, 4, kernels.OnHost(kernels.Go{}))
+	modeltest.MatchesGo(t, d, g, tiny.Vocab, 1e-4)
 }

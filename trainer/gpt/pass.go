@@ -4,32 +4,36 @@ import (
 	"fmt"
 
 	"github.com/psyche-go/psyche/trainer/internal/lm"
+	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
-// layerActs are one block's activations (or their gradients).
+// layerActs are one block's activations (or their gradients), as the
+// backend keeps them.
 type layerActs struct {
-	ln1, ln1Mean, ln1Rstd []float32
-	qkv, atty, att        []float32
-	attproj, resid2       []float32
-	ln2, ln2Mean, ln2Rstd []float32
-	fch, fchGelu, fcproj  []float32
-	resid3                []float32
+	ln1, ln1Mean, ln1Rstd kernels.Tensor
+	qkv, atty, att        kernels.Tensor
+	attproj, resid2       kernels.Tensor
+	ln2, ln2Mean, ln2Rstd kernels.Tensor
+	fch, fchGelu, fcproj  kernels.Tensor
+	resid3                kernels.Tensor
 }
 
 type activations struct {
-	encoded []float32
+	arena   *lm.Arena
+	encoded kernels.Tensor
 	layers  []layerActs
-	lnf     []float32
-	lnfMean []float32
-	lnfRstd []float32
-	logits  []float32 // probabilities after the forward pass
-	losses  []float32
+	lnf     kernels.Tensor
+	lnfMean kernels.Tensor
+	lnfRstd kernels.Tensor
+	logits  kernels.Tensor // probabilities after the forward pass
+	losses  kernels.Tensor
 }
 
-func (c Config) newActivations(b, t int, stats bool) activations {
+func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activations {
 	C, BT := c.Width, b*t
-	f := func(n int) []float32 { return make([]float32, n) }
-	a := activations{encoded: f(BT * C), lnf: f(BT * C), logits: f(BT * c.Vocab)}
+	ar := lm.NewArena(be)
+	f := ar.Alloc
+	a := activations{arena: ar, encoded: f(BT * C), lnf: f(BT * C), logits: f(BT * c.Vocab)}
 	if stats {
 		a.lnfMean, a.lnfRstd, a.losses = f(BT), f(BT), f(BT)
 	}
@@ -50,37 +54,40 @@ func (m *Model) ensure(b, t int) {
 	if m.b == b && m.t == t {
 		return
 	}
+	if m.act.arena != nil {
+		m.act.arena.Free()
+		m.grad.arena.Free()
+	}
 	m.b, m.t = b, t
-	m.act = m.Config.newActivations(b, t, true)
-	m.grad = m.Config.newActivations(b, t, false)
+	m.act = m.Config.newActivations(m.be, b, t, true)
+	m.grad = m.Config.newActivations(m.be, b, t, false)
+	m.losses = make([]float32, b*t)
+	m.positions = make([]uint32, b*t)
+	for i := range m.positions {
+		m.positions[i] = uint32(i % t)
+	}
+	m.logits = nil
 }
 
 // matmul computes out = in·wᵀ + bias for rows rows: in is rows×ic, w is oc×ic.
-func (m *Model) matmul(out, in, w, bias []float32, rows, ic, oc int) {
+func (m *Model) matmul(out, in, w, bias kernels.Tensor, rows, ic, oc int) {
 	m.be.Gemm(false, true, rows, oc, ic, 1, in, ic, w, ic, 0, out, oc)
-	if bias != nil {
-		for r := 0; r < rows; r++ {
-			row := out[r*oc : (r+1)*oc]
-			for i := range row {
-				row[i] += bias[i]
-			}
-		}
+	if bias.Len() > 0 {
+		m.be.AddBias(out, bias, rows, oc)
 	}
 }
 
 // matmulBackward accumulates dIn += dOut·w, dW += dOutᵀ·in, dBias += Σ dOut.
-func (m *Model) matmulBackward(dIn, dW, dBias, dOut, in, w []float32, rows, ic, oc int) {
+func (m *Model) matmulBackward(dIn, dW, dBias, dOut, in, w kernels.Tensor, rows, ic, oc int) {
 	m.be.Gemm(false, false, rows, ic, oc, 1, dOut, oc, w, ic, 1, dIn, ic)
 	m.be.Gemm(true, false, oc, ic, rows, 1, dOut, oc, in, ic, 1, dW, ic)
-	if dBias != nil {
-		for r := 0; r < rows; r++ {
-			row := dOut[r*oc : (r+1)*oc]
-			for i, v := range row {
-				dBias[i] += v
-			}
-		}
+	if dBias.Len() > 0 {
+		m.be.BiasBackward(dBias, dOut, rows, oc)
 	}
 }
+
+// per is layer l's part of a stacked tensor of per-layer size n.
+func per(v kernels.Tensor, l, n int) kernels.Tensor { return v.Slice(l*n, (l+1)*n) }
 
 // Forward runs b sequences of t tokens (inputs, b·t token ids) and, if
 // targets is not nil, returns the mean cross-entropy loss of predicting
@@ -90,49 +97,53 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 		return 0, err
 	}
 	m.ensure(b, t)
+	m.ToBackend()
 	m.inputs, m.targets = inputs, targets
+	m.logits = nil
 	C, BT, L := m.Width, b*t, m.Layers
-	p, a := &m.p, &m.act
+	p, a := &m.dp, &m.act
 
-	for i, tok := range inputs { // token + position embedding
-		pos := i % t
-		row := a.encoded[i*C : (i+1)*C]
-		te, pe := p.wte[int(tok)*C:(int(tok)+1)*C], p.wpe[pos*C:(pos+1)*C]
-		for j := range row {
-			row[j] = te[j] + pe[j]
-		}
-	}
+	// token + position embedding
+	m.be.Embed(a.encoded, p.wte, inputs, C, false)
+	m.be.Embed(a.encoded, p.wpe, m.positions, C, true)
 	resid := a.encoded
 	for l := 0; l < L; l++ {
 		la := &a.layers[l]
-		m.be.LayerNorm(la.ln1, la.ln1Mean, la.ln1Rstd, resid, p.ln1w[l*C:(l+1)*C], p.ln1b[l*C:(l+1)*C], BT, C)
-		m.matmul(la.qkv, la.ln1, p.qkvw[l*3*C*C:(l+1)*3*C*C], p.qkvb[l*3*C:(l+1)*3*C], BT, C, 3*C)
+		m.be.LayerNorm(la.ln1, la.ln1Mean, la.ln1Rstd, resid, per(p.ln1w, l, C), per(p.ln1b, l, C), BT, C)
+		m.matmul(la.qkv, la.ln1, per(p.qkvw, l, 3*C*C), per(p.qkvb, l, 3*C), BT, C, 3*C)
 		m.be.Attention(la.atty, la.att, la.qkv, b, t, C, m.Heads)
-		m.matmul(la.attproj, la.atty, p.projw[l*C*C:(l+1)*C*C], p.projb[l*C:(l+1)*C], BT, C, C)
-		for i := range la.resid2 {
-			la.resid2[i] = resid[i] + la.attproj[i]
-		}
-		m.be.LayerNorm(la.ln2, la.ln2Mean, la.ln2Rstd, la.resid2, p.ln2w[l*C:(l+1)*C], p.ln2b[l*C:(l+1)*C], BT, C)
-		m.matmul(la.fch, la.ln2, p.fcw[l*4*C*C:(l+1)*4*C*C], p.fcb[l*4*C:(l+1)*4*C], BT, C, 4*C)
+		m.matmul(la.attproj, la.atty, per(p.projw, l, C*C), per(p.projb, l, C), BT, C, C)
+		m.be.Add(la.resid2, resid, la.attproj)
+		m.be.LayerNorm(la.ln2, la.ln2Mean, la.ln2Rstd, la.resid2, per(p.ln2w, l, C), per(p.ln2b, l, C), BT, C)
+		m.matmul(la.fch, la.ln2, per(p.fcw, l, 4*C*C), per(p.fcb, l, 4*C), BT, C, 4*C)
 		m.be.GELU(la.fchGelu, la.fch)
-		m.matmul(la.fcproj, la.fchGelu, p.fcprojw[l*4*C*C:(l+1)*4*C*C], p.fcprojb[l*C:(l+1)*C], BT, 4*C, C)
-		for i := range la.resid3 {
-			la.resid3[i] = la.resid2[i] + la.fcproj[i]
-		}
+		m.matmul(la.fcproj, la.fchGelu, per(p.fcprojw, l, 4*C*C), per(p.fcprojb, l, C), BT, 4*C, C)
+		m.be.Add(la.resid3, la.resid2, la.fcproj)
 		resid = la.resid3
 	}
 	m.be.LayerNorm(a.lnf, a.lnfMean, a.lnfRstd, resid, p.lnfw, p.lnfb, BT, C)
-	m.matmul(a.logits, a.lnf, p.wte, nil, BT, C, m.Vocab)
+	m.matmul(a.logits, a.lnf, p.wte, kernels.Tensor{}, BT, C, m.Vocab)
 	if targets == nil {
 		return 0, nil
 	}
 	m.be.SoftmaxCrossEntropy(a.losses, a.logits, targets, BT, m.Vocab)
-	return lm.MeanLoss(a.losses), nil
+	m.be.Download(m.losses, a.losses)
+	return lm.MeanLoss(m.losses), nil
 }
 
 // Logits returns the output of the last Forward without targets (b·t rows of
-// vocab logits).
-func (m *Model) Logits() []float32 { return m.act.logits }
+// vocab logits). On a device backend it is a host copy, made on the first
+// call after a Forward.
+func (m *Model) Logits() []float32 {
+	if kernels.InHostMemory(m.be) {
+		return m.act.logits.Host()
+	}
+	if m.logits == nil {
+		m.logits = make([]float32, m.act.logits.Len())
+		m.be.Download(m.logits, m.act.logits)
+	}
+	return m.logits
+}
 
 // Backward adds the gradient of the mean loss of the last Forward (which must
 // have had targets) to Grads.
@@ -142,11 +153,12 @@ func (m *Model) Backward() error {
 	}
 	b, t := m.b, m.t
 	C, BT, L := m.Width, b*t, m.Layers
-	p, g, a, d := &m.p, &m.g, &m.act, &m.grad
-	clearActs(d)
+	p, g, a, d := &m.dp, &m.dg, &m.act, &m.grad
+	m.BeforeBackward()
+	d.arena.Zero()
 
 	m.be.CrossEntropyBackward(d.logits, a.logits, m.targets, BT, m.Vocab, 1/float32(BT))
-	m.matmulBackward(d.lnf, g.wte, nil, d.logits, a.lnf, p.wte, BT, C, m.Vocab)
+	m.matmulBackward(d.lnf, g.wte, kernels.Tensor{}, d.logits, a.lnf, p.wte, BT, C, m.Vocab)
 	lastResid := a.encoded
 	dLast := d.encoded
 	if L > 0 {
@@ -161,46 +173,22 @@ func (m *Model) Backward() error {
 			resid, dResid = a.layers[l-1].resid3, d.layers[l-1].resid3
 		}
 		// resid3 = resid2 + fcproj
-		for i, v := range dl.resid3 {
-			dl.resid2[i] += v
-			dl.fcproj[i] += v
-		}
-		m.matmulBackward(dl.fchGelu, g.fcprojw[l*4*C*C:(l+1)*4*C*C], g.fcprojb[l*C:(l+1)*C], dl.fcproj, la.fchGelu, p.fcprojw[l*4*C*C:(l+1)*4*C*C], BT, 4*C, C)
+		m.be.Accumulate(dl.resid3, dl.resid2, dl.fcproj)
+		m.matmulBackward(dl.fchGelu, per(g.fcprojw, l, 4*C*C), per(g.fcprojb, l, C), dl.fcproj, la.fchGelu, per(p.fcprojw, l, 4*C*C), BT, 4*C, C)
 		m.be.GELUBackward(dl.fch, la.fch, dl.fchGelu)
-		m.matmulBackward(dl.ln2, g.fcw[l*4*C*C:(l+1)*4*C*C], g.fcb[l*4*C:(l+1)*4*C], dl.fch, la.ln2, p.fcw[l*4*C*C:(l+1)*4*C*C], BT, C, 4*C)
-		m.be.LayerNormBackward(dl.resid2, g.ln2w[l*C:(l+1)*C], g.ln2b[l*C:(l+1)*C], dl.ln2, la.resid2, p.ln2w[l*C:(l+1)*C], la.ln2Mean, la.ln2Rstd, BT, C)
+		m.matmulBackward(dl.ln2, per(g.fcw, l, 4*C*C), per(g.fcb, l, 4*C), dl.fch, la.ln2, per(p.fcw, l, 4*C*C), BT, C, 4*C)
+		m.be.LayerNormBackward(dl.resid2, per(g.ln2w, l, C), per(g.ln2b, l, C), dl.ln2, la.resid2, per(p.ln2w, l, C), la.ln2Mean, la.ln2Rstd, BT, C)
 		// resid2 = resid + attproj
-		for i, v := range dl.resid2 {
-			dResid[i] += v
-			dl.attproj[i] += v
-		}
-		m.matmulBackward(dl.atty, g.projw[l*C*C:(l+1)*C*C], g.projb[l*C:(l+1)*C], dl.attproj, la.atty, p.projw[l*C*C:(l+1)*C*C], BT, C, C)
+		m.be.Accumulate(dl.resid2, dResid, dl.attproj)
+		m.matmulBackward(dl.atty, per(g.projw, l, C*C), per(g.projb, l, C), dl.attproj, la.atty, per(p.projw, l, C*C), BT, C, C)
 		m.be.AttentionBackward(dl.qkv, dl.att, dl.atty, la.qkv, la.att, b, t, C, m.Heads)
-		m.matmulBackward(dl.ln1, g.qkvw[l*3*C*C:(l+1)*3*C*C], g.qkvb[l*3*C:(l+1)*3*C], dl.qkv, la.ln1, p.qkvw[l*3*C*C:(l+1)*3*C*C], BT, C, 3*C)
-		m.be.LayerNormBackward(dResid, g.ln1w[l*C:(l+1)*C], g.ln1b[l*C:(l+1)*C], dl.ln1, resid, p.ln1w[l*C:(l+1)*C], la.ln1Mean, la.ln1Rstd, BT, C)
+		m.matmulBackward(dl.ln1, per(g.qkvw, l, 3*C*C), per(g.qkvb, l, 3*C), dl.qkv, la.ln1, per(p.qkvw, l, 3*C*C), BT, C, 3*C)
+		m.be.LayerNormBackward(dResid, per(g.ln1w, l, C), per(g.ln1b, l, C), dl.ln1, resid, per(p.ln1w, l, C), la.ln1Mean, la.ln1Rstd, BT, C)
 	}
-	for i, tok := range m.inputs {
-		pos := i % t
-		row := d.encoded[i*C : (i+1)*C]
-		te, pe := g.wte[int(tok)*C:(int(tok)+1)*C], g.wpe[pos*C:(pos+1)*C]
-		for j, v := range row {
-			te[j] += v
-			pe[j] += v
-		}
-	}
+	m.be.EmbedBackward(g.wte, d.encoded, m.inputs, C)
+	m.be.EmbedBackward(g.wpe, d.encoded, m.positions, C)
+	m.FromBackend()
 	return nil
-}
-
-func clearActs(a *activations) {
-	clear(a.encoded)
-	clear(a.lnf)
-	clear(a.logits)
-	for l := range a.layers {
-		la := &a.layers[l]
-		for _, s := range [][]float32{la.ln1, la.qkv, la.atty, la.att, la.attproj, la.resid2, la.ln2, la.fch, la.fchGelu, la.fcproj, la.resid3} {
-			clear(s)
-		}
-	}
 }
 
 // FLOPsPerToken estimates the floating-point operations of one forward and

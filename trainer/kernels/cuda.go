@@ -6,31 +6,41 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"strings"
 	"sync"
 	"unsafe"
 )
 
-// CUDA is the GPU backend (-tags cuda): matrix products by cuBLAS Sgemm,
-// everything else by the CUDA C kernels of cudaSource, compiled at run time
-// by NVRTC and launched through the CUDA driver API (gorgonia.org/cu).
-//
-// The interface keeps tensors in host memory, so every call copies its inputs
-// to the device, runs, and copies its outputs back; the device buffers are
-// kept between calls and only grown. A buffer the interface accumulates into
-// (+=) is copied in as well as out.
+// CUDA is the GPU backend (-tags cuda): tensors in device memory, matrix
+// products by cuBLAS (float32, or bfloat16 tensor cores with float32 sums:
+// WithPrecision), everything else by the CUDA C kernels of cudaSource,
+// compiled at run time by NVRTC and launched through the CUDA driver API
+// (gorgonia.org/cu). Nothing crosses to the host but what Upload and
+// Download move and the small per-call inputs (token ids, targets, the
+// rotary table).
 //
 // Threading: a CUDA context is current per OS thread, so each CUDA value owns
 // one goroutine locked to its OS thread (runtime.LockOSThread), on which the
 // device's primary context is made current once and every driver, NVRTC and
 // cuBLAS call is made. Methods send their work to that goroutine over a
-// channel and wait for it, so a CUDA value is safe for concurrent use; calls
-// run one at a time, in arrival order. The CUDA state (context, cuBLAS handle,
-// module, buffers) is touched only by that goroutine.
+// channel, so a CUDA value is safe for concurrent use; calls run one at a
+// time, in arrival order. Kernel launches and products do not wait for the
+// worker (the channel is buffered and the GPU queues them anyway): the host
+// runs ahead, and only Alloc, Free, Download and Upload wait. The CUDA state
+// (context, cuBLAS handle, module, scratch buffers) is touched only by that
+// goroutine.
 //
 // Failures of the device (and misuse that the Go backend would answer with an
-// index-out-of-range panic) panic, since the interface has no error returns.
+// index-out-of-range panic) panic, since the interface has no error returns:
+// at once for misuse, and for a failure on the worker at the next call that
+// waits for it, naming the operation that failed.
 type CUDA struct {
+	*cudaShared
+	compute   cublasCompute
+	precision Precision
+}
+
+// cudaShared is what the views of one device (WithPrecision) share.
+type cudaShared struct {
 	jobs   chan cudaJob
 	mu     sync.RWMutex // held for reading while sending on jobs, for writing by Close
 	closed bool
@@ -40,14 +50,15 @@ type CUDA struct {
 var _ Backend = (*CUDA)(nil)
 
 type cudaJob struct {
+	op   string
 	fn   func(*cudaCall)
-	done chan error
+	done chan error // nil: nobody waits
 }
 
 // NewCUDA opens device 0 (the first of CUDA_VISIBLE_DEVICES), compiles the
 // kernels for it with NVRTC and creates a cuBLAS handle.
 func NewCUDA() (*CUDA, error) {
-	jobs := make(chan cudaJob)
+	jobs := make(chan cudaJob, 1024)
 	ready := make(chan error, 1)
 	var device string
 	go func() {
@@ -62,16 +73,19 @@ func NewCUDA() (*CUDA, error) {
 		}
 		device = drv.describe()
 		ready <- nil
-		w := &cudaWorker{drv: drv}
+		w := &cudaWorker{drv: drv, rope: map[ropeKey]devPtr{}}
 		for j := range jobs {
-			j.done <- w.run(j.fn)
+			err := w.run(j.op, j.fn)
+			if j.done != nil {
+				j.done <- err
+			}
 		}
 		w.release()
 	}()
 	if err := <-ready; err != nil {
 		return nil, fmt.Errorf("kernels: opening the CUDA backend: %w", err)
 	}
-	return &CUDA{jobs: jobs, device: device}, nil
+	return &CUDA{cudaShared: &cudaShared{jobs: jobs, device: device}, compute: computeFP32, precision: FP32}, nil
 }
 
 var (
@@ -96,9 +110,10 @@ func (*CUDA) Name() string { return "cuda" }
 // Device describes the GPU and the PTX target the kernels were compiled for.
 func (c *CUDA) Device() string { return c.device }
 
-// Close frees the device memory, the cuBLAS handle and the module, releases
-// the context and ends the worker goroutine. Calls after Close panic.
-func (c *CUDA) Close() error {
+// Close frees the scratch memory, the cuBLAS handle and the module, releases
+// the context and ends the worker goroutine (tensors not yet freed go with
+// the context). Calls after Close panic.
+func (c *cudaShared) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
@@ -108,46 +123,69 @@ func (c *CUDA) Close() error {
 	return nil
 }
 
-// run executes fn on the worker goroutine and panics with op's name if it
-// failed.
-func (c *CUDA) run(op string, fn func(*cudaCall)) {
+// run executes fn on the worker goroutine, waits for it, and panics with the
+// error of the first operation that failed since the last wait (this one
+// or one queued before it).
+func (c *cudaShared) run(op string, fn func(*cudaCall)) {
 	done := make(chan error, 1)
-	c.mu.RLock()
-	if c.closed {
-		c.mu.RUnlock()
-		panic("kernels: cuda " + op + " called after Close")
-	}
-	c.jobs <- cudaJob{fn: fn, done: done}
-	c.mu.RUnlock()
+	c.send(cudaJob{op: op, fn: fn, done: done})
 	if err := <-done; err != nil {
-		panic(fmt.Sprintf("kernels: cuda %s: %v", op, err))
+		panic(fmt.Sprintf("kernels: cuda %v", err))
 	}
 }
 
-// cudaSlots is the number of cached device buffers: the most tensors one
-// call moves (LayerNormBackward's eight).
-const cudaSlots = 8
+// queue sends fn to the worker without waiting; a failure is reported by the
+// next run.
+func (c *cudaShared) queue(op string, fn func(*cudaCall)) { c.send(cudaJob{op: op, fn: fn}) }
+
+func (c *cudaShared) send(j cudaJob) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		panic("kernels: cuda " + j.op + " called after Close")
+	}
+	c.jobs <- j
+}
+
+// cudaSlots is the number of cached scratch buffers: the most small
+// host inputs (ids, targets) one call moves.
+const cudaSlots = 2
 
 type cudaBuf struct {
 	ptr  devPtr
 	size int64
 }
 
+type ropeKey struct {
+	t, hd int
+	theta float32
+}
+
 // cudaWorker is the state owned by the worker goroutine.
 type cudaWorker struct {
 	drv  *cudaDriver
 	bufs [cudaSlots]cudaBuf
+	rope map[ropeKey]devPtr // rotary cos/sin tables, made once per shape
+	err  error              // the first failure since the last wait
 }
 
-func (w *cudaWorker) run(fn func(*cudaCall)) (err error) {
+func (w *cudaWorker) run(op string, fn func(*cudaCall)) (err error) {
 	call := &cudaCall{w: w}
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("panic on the CUDA worker: %v", r)
+	if w.err == nil {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					call.err = fmt.Errorf("panic on the CUDA worker: %v", r)
+				}
+			}()
+			fn(call)
+		}()
+		if call.err != nil {
+			w.err = fmt.Errorf("%s: %w", op, call.err)
 		}
-	}()
-	fn(call)
-	return call.err
+	}
+	err, w.err = w.err, nil
+	return err
 }
 
 func (w *cudaWorker) release() {
@@ -156,6 +194,9 @@ func (w *cudaWorker) release() {
 			_ = w.drv.free(w.bufs[i].ptr)
 			w.bufs[i] = cudaBuf{}
 		}
+	}
+	for _, p := range w.rope {
+		_ = w.drv.free(p)
 	}
 	w.drv.close()
 }
@@ -174,7 +215,7 @@ func (x *cudaCall) fail(what string, err error) {
 	}
 }
 
-// buf returns slot's device buffer, grown to at least bytes.
+// buf returns slot's scratch buffer, grown to at least bytes.
 func (x *cudaCall) buf(slot int, bytes int64) devPtr {
 	if x.err != nil {
 		return 0
@@ -202,32 +243,13 @@ func (x *cudaCall) buf(slot int, bytes int64) devPtr {
 	return p
 }
 
-// out returns slot's buffer sized for n float32s, without copying anything in.
-func (x *cudaCall) out(slot, n int) devPtr { return x.buf(slot, 4*int64(n)) }
-
-// in copies h into slot's buffer.
-func (x *cudaCall) in(slot int, h []float32) devPtr {
-	p := x.out(slot, len(h))
-	if x.err == nil && len(h) > 0 {
-		x.fail("copying to the device", x.w.drv.htod(p, unsafe.Pointer(&h[0]), 4*int64(len(h))))
-	}
-	return p
-}
-
-// inU32 copies h into slot's buffer.
+// inU32 copies h into slot's scratch buffer.
 func (x *cudaCall) inU32(slot int, h []uint32) devPtr {
 	p := x.buf(slot, 4*int64(len(h)))
 	if x.err == nil && len(h) > 0 {
 		x.fail("copying to the device", x.w.drv.htod(p, unsafe.Pointer(&h[0]), 4*int64(len(h))))
 	}
 	return p
-}
-
-// back copies len(h) float32s from d into h.
-func (x *cudaCall) back(h []float32, d devPtr) {
-	if x.err == nil && len(h) > 0 {
-		x.fail("copying from the device", x.w.drv.dtoh(unsafe.Pointer(&h[0]), d, 4*int64(len(h))))
-	}
 }
 
 // launch runs kernel k on grid blocks of cudaBlock threads. Arguments are
@@ -274,16 +296,14 @@ func need(op, name string, s int, n int) {
 	}
 }
 
-// needs is need for tensors that must all hold n elements, in order, named
-// by the space-separated names.
-func needs(op string, n int, names string, ts ...[]float32) {
-	fields := strings.Fields(names)
-	if len(fields) != len(ts) {
-		panic(fmt.Sprintf("kernels: cuda %s: %d names for %d tensors", op, len(fields), len(ts)))
+// dev is t's device address, after checking that t is a device tensor of at
+// least n values.
+func dev(op, name string, t Tensor, n int) devPtr {
+	if t.host != nil {
+		panic(fmt.Sprintf("kernels: cuda %s: %s is a host tensor", op, name))
 	}
-	for i, name := range fields {
-		need(op, name, len(ts[i]), n)
-	}
+	need(op, name, t.n, n)
+	return devPtr(t.dev)
 }
 
 // extent is how many elements a rows×cols row-major matrix with row stride ld
@@ -295,12 +315,172 @@ func extent(rows, cols, ld int) int {
 	return (rows-1)*ld + cols
 }
 
-// Gemm implements Backend with cuBLAS Sgemm. cuBLAS is column-major, and a
+// Alloc implements Backend.
+func (c *CUDA) Alloc(n int) Tensor {
+	if n < 0 {
+		panic(fmt.Sprintf("kernels: cuda Alloc of %d values", n))
+	}
+	if n == 0 {
+		return Tensor{}
+	}
+	var p devPtr
+	c.run("Alloc", func(x *cudaCall) {
+		var err error
+		if p, err = x.w.drv.alloc(4 * int64(n)); err != nil {
+			x.fail(fmt.Sprintf("allocating %d MiB of device memory", (4*int64(n)+1<<20-1)>>20), err)
+			return
+		}
+		x.fail("clearing", x.w.drv.memsetZero(p, int64(n)))
+	})
+	return Tensor{dev: uint64(p), n: n}
+}
+
+// Free implements Backend.
+func (c *CUDA) Free(t Tensor) {
+	if t.n == 0 {
+		return
+	}
+	p := dev("Free", "t", t, 0)
+	c.run("Free", func(x *cudaCall) { x.fail("freeing device memory", x.w.drv.free(p)) })
+}
+
+// Upload implements Backend.
+func (c *CUDA) Upload(dst Tensor, src []float32) {
+	p := dev("Upload", "dst", dst, len(src))
+	if len(src) == 0 {
+		return
+	}
+	c.run("Upload", func(x *cudaCall) {
+		x.fail("copying to the device", x.w.drv.htod(p, unsafe.Pointer(&src[0]), 4*int64(len(src))))
+	})
+}
+
+// Download implements Backend.
+func (c *CUDA) Download(dst []float32, src Tensor) {
+	p := dev("Download", "src", src, len(dst))
+	if len(dst) == 0 {
+		return
+	}
+	c.run("Download", func(x *cudaCall) {
+		x.fail("copying from the device", x.w.drv.dtoh(unsafe.Pointer(&dst[0]), p, 4*int64(len(dst))))
+	})
+}
+
+// Zero implements Backend.
+func (c *CUDA) Zero(t Tensor) {
+	if t.n == 0 {
+		return
+	}
+	p, n := dev("Zero", "t", t, 0), int64(t.n)
+	c.queue("Zero", func(x *cudaCall) { x.fail("clearing", x.w.drv.memsetZero(p, n)) })
+}
+
+// Add implements Backend.
+func (c *CUDA) Add(out, a, b Tensor) {
+	n := out.n
+	po, pa, pb := dev("Add", "out", out, n), dev("Add", "a", a, n), dev("Add", "b", b, n)
+	if n == 0 {
+		return
+	}
+	c.queue("Add", func(x *cudaCall) { x.launch(kAdd, gridFor(n), po, pa, pb, n) })
+}
+
+// Accumulate implements Backend.
+func (c *CUDA) Accumulate(src Tensor, dsts ...Tensor) {
+	n := src.n
+	ps := dev("Accumulate", "src", src, n)
+	ds := make([]devPtr, len(dsts))
+	for i, d := range dsts {
+		if d.n != n {
+			panic(fmt.Sprintf("kernels: cuda Accumulate: %d values into %d", n, d.n))
+		}
+		ds[i] = dev("Accumulate", "dst", d, n)
+	}
+	if n == 0 {
+		return
+	}
+	c.queue("Accumulate", func(x *cudaCall) {
+		for len(ds) >= 2 {
+			x.launch(kAccumulate2, gridFor(n), ds[0], ds[1], ps, n)
+			ds = ds[2:]
+		}
+		if len(ds) == 1 {
+			x.launch(kAccumulate2, gridFor(n), ds[0], devPtr(0), ps, n)
+		}
+	})
+}
+
+// AddBias implements Backend.
+func (c *CUDA) AddBias(out, bias Tensor, rows, cols int) {
+	po, pb := dev("AddBias", "out", out, rows*cols), dev("AddBias", "bias", bias, cols)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	c.queue("AddBias", func(x *cudaCall) { x.launch(kAddBias, gridFor(rows*cols), po, pb, rows, cols) })
+}
+
+// BiasBackward implements Backend.
+func (c *CUDA) BiasBackward(dBias, dOut Tensor, rows, cols int) {
+	pb, po := dev("BiasBackward", "dBias", dBias, cols), dev("BiasBackward", "dOut", dOut, rows*cols)
+	if rows == 0 || cols == 0 {
+		return
+	}
+	c.queue("BiasBackward", func(x *cudaCall) { x.launch(kBiasBackward, gridFor(cols), pb, po, rows, cols) })
+}
+
+func checkIDs(op string, ids []uint32, table Tensor, cols int) {
+	if cols <= 0 {
+		panic(fmt.Sprintf("kernels: cuda %s: %d columns", op, cols))
+	}
+	rows := table.n / cols
+	for i, id := range ids {
+		if int(id) >= rows {
+			panic(fmt.Sprintf("kernels: cuda %s: id %d of row %d is outside the table of %d rows", op, id, i, rows))
+		}
+	}
+}
+
+// Embed implements Backend.
+func (c *CUDA) Embed(out, table Tensor, ids []uint32, cols int, add bool) {
+	checkIDs("Embed", ids, table, cols)
+	n := len(ids)
+	po, pt := dev("Embed", "out", out, n*cols), dev("Embed", "table", table, 0)
+	if n == 0 {
+		return
+	}
+	ids = append([]uint32(nil), ids...) // the caller may reuse its slice before the worker reads it
+	flag := 0
+	if add {
+		flag = 1
+	}
+	c.queue("Embed", func(x *cudaCall) {
+		pi := x.inU32(0, ids)
+		x.launch(kEmbed, gridFor(n*cols), po, pt, pi, n, cols, flag)
+	})
+}
+
+// EmbedBackward implements Backend: one thread per column, summing rows in
+// index order, so repeated ids add up the same way every time.
+func (c *CUDA) EmbedBackward(dTable, dOut Tensor, ids []uint32, cols int) {
+	checkIDs("EmbedBackward", ids, dTable, cols)
+	n := len(ids)
+	pt, po := dev("EmbedBackward", "dTable", dTable, 0), dev("EmbedBackward", "dOut", dOut, n*cols)
+	if n == 0 {
+		return
+	}
+	ids = append([]uint32(nil), ids...)
+	c.queue("EmbedBackward", func(x *cudaCall) {
+		pi := x.inU32(0, ids)
+		x.launch(kEmbedBackward, gridFor(cols), pt, po, pi, n, cols)
+	})
+}
+
+// Gemm implements Backend with cublasGemmEx. cuBLAS is column-major, and a
 // row-major matrix with row stride ld is its transpose in column-major order
 // with leading dimension ld; so the row-major C = op(A)·op(B) is computed as
 // the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands and m, n swapped, the
 // transpose flags kept.
-func (c *CUDA) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, cm []float32, ldc int) {
+func (c *CUDA) Gemm(transA, transB bool, m, n, k int, alpha float32, a Tensor, lda int, b Tensor, ldb int, beta float32, cm Tensor, ldc int) {
 	if m < 0 || n < 0 || k < 0 {
 		panic(fmt.Sprintf("kernels: cuda Gemm: negative size %d×%d×%d", m, n, k))
 	}
@@ -315,95 +495,66 @@ func (c *CUDA) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32
 	if lda < max(1, ac) || ldb < max(1, bc) || ldc < max(1, n) {
 		panic(fmt.Sprintf("kernels: cuda Gemm: bad strides lda=%d ldb=%d ldc=%d for %d×%d·%d×%d", lda, ldb, ldc, ar, ac, br, bc))
 	}
-	ea, eb, ec := extent(ar, ac, lda), extent(br, bc, ldb), extent(m, n, ldc)
-	need("Gemm", "a", len(a), ea)
-	need("Gemm", "b", len(b), eb)
-	need("Gemm", "c", len(cm), ec)
+	da := dev("Gemm", "a", a, extent(ar, ac, lda))
+	db := dev("Gemm", "b", b, extent(br, bc, ldb))
+	dc := dev("Gemm", "c", cm, extent(m, n, ldc))
 	if m == 0 || n == 0 {
 		return
 	}
-	c.run("Gemm", func(x *cudaCall) {
-		da := x.in(0, a[:ea])
-		db := x.in(1, b[:eb])
-		var dc devPtr
-		if beta == 0 && ldc == n {
-			dc = x.out(2, ec) // C is not read, and every element is written
-		} else {
-			dc = x.in(2, cm[:ec]) // read by beta, or gaps between rows to keep
-		}
-		if x.err == nil {
-			x.fail("cublasSgemm", x.w.drv.sgemm(transB, transA, n, m, k, alpha, db, ldb, da, lda, beta, dc, ldc))
-		}
-		x.back(cm[:ec], dc)
+	compute := c.compute
+	c.queue("Gemm", func(x *cudaCall) {
+		x.fail("cublasGemmEx", x.w.drv.blas.gemm(transB, transA, n, m, k, alpha, db, ldb, da, lda, beta, dc, ldc, compute))
 	})
 }
 
 // LayerNorm implements Backend.
-func (c *CUDA) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols int) {
+func (c *CUDA) LayerNorm(out, mean, rstd, in, weight, bias Tensor, rows, cols int) {
+	const op = "LayerNorm"
 	n := rows * cols
-	needs("LayerNorm", n, "out in", out, in)
-	needs("LayerNorm", rows, "mean rstd", mean, rstd)
-	needs("LayerNorm", cols, "weight bias", weight, bias)
+	dOut, dMean, dRstd := dev(op, "out", out, n), dev(op, "mean", mean, rows), dev(op, "rstd", rstd, rows)
+	dIn, dW, dB := dev(op, "in", in, n), dev(op, "weight", weight, cols), dev(op, "bias", bias, cols)
 	if rows == 0 || cols == 0 {
 		return
 	}
-	c.run("LayerNorm", func(x *cudaCall) {
-		dIn, dW, dB := x.in(0, in[:n]), x.in(1, weight[:cols]), x.in(2, bias[:cols])
-		dOut, dMean, dRstd := x.out(3, n), x.out(4, rows), x.out(5, rows)
+	c.queue(op, func(x *cudaCall) {
 		x.launch(kLayerNormForward, gridForRows(rows), dOut, dMean, dRstd, dIn, dW, dB, rows, cols)
-		x.back(out[:n], dOut)
-		x.back(mean[:rows], dMean)
-		x.back(rstd[:rows], dRstd)
 	})
 }
 
 // LayerNormBackward implements Backend.
-func (c *CUDA) LayerNormBackward(dIn, dWeight, dBias, dOut, in, weight, mean, rstd []float32, rows, cols int) {
+func (c *CUDA) LayerNormBackward(dIn, dWeight, dBias, dOut, in, weight, mean, rstd Tensor, rows, cols int) {
+	const op = "LayerNormBackward"
 	n := rows * cols
-	needs("LayerNormBackward", n, "dIn dOut in", dIn, dOut, in)
-	needs("LayerNormBackward", cols, "dWeight dBias weight", dWeight, dBias, weight)
-	needs("LayerNormBackward", rows, "mean rstd", mean, rstd)
+	ddIn, ddW, ddB := dev(op, "dIn", dIn, n), dev(op, "dWeight", dWeight, cols), dev(op, "dBias", dBias, cols)
+	ddOut, dx, dw := dev(op, "dOut", dOut, n), dev(op, "in", in, n), dev(op, "weight", weight, cols)
+	dMean, dRstd := dev(op, "mean", mean, rows), dev(op, "rstd", rstd, rows)
 	if rows == 0 || cols == 0 {
 		return
 	}
-	c.run("LayerNormBackward", func(x *cudaCall) {
-		ddIn, ddW, ddB := x.in(0, dIn[:n]), x.in(1, dWeight[:cols]), x.in(2, dBias[:cols])
-		ddOut, dx, dw := x.in(3, dOut[:n]), x.in(4, in[:n]), x.in(5, weight[:cols])
-		dMean, dRstd := x.in(6, mean[:rows]), x.in(7, rstd[:rows])
+	c.queue(op, func(x *cudaCall) {
 		x.launch(kLayerNormBackwardInput, gridForRows(rows), ddIn, ddOut, dx, dw, dMean, dRstd, rows, cols)
 		x.launch(kLayerNormBackwardParams, gridFor(cols), ddW, ddB, ddOut, dx, dMean, dRstd, rows, cols)
-		x.back(dIn[:n], ddIn)
-		x.back(dWeight[:cols], ddW)
-		x.back(dBias[:cols], ddB)
 	})
 }
 
 // GELU implements Backend.
-func (c *CUDA) GELU(out, in []float32) {
-	n := len(in)
-	need("GELU", "out", len(out), n)
+func (c *CUDA) GELU(out, in Tensor) {
+	n := in.n
+	dOut, dIn := dev("GELU", "out", out, n), dev("GELU", "in", in, n)
 	if n == 0 {
 		return
 	}
-	c.run("GELU", func(x *cudaCall) {
-		dIn, dOut := x.in(0, in), x.out(1, n)
-		x.launch(kGELUForward, gridFor(n), dOut, dIn, n)
-		x.back(out[:n], dOut)
-	})
+	c.queue("GELU", func(x *cudaCall) { x.launch(kGELUForward, gridFor(n), dOut, dIn, n) })
 }
 
 // GELUBackward implements Backend.
-func (c *CUDA) GELUBackward(dIn, in, dOut []float32) {
-	n := len(in)
-	needs("GELUBackward", n, "dIn dOut", dIn, dOut)
+func (c *CUDA) GELUBackward(dIn, in, dOut Tensor) {
+	n := in.n
+	ddIn, dx, ddOut := dev("GELUBackward", "dIn", dIn, n), dev("GELUBackward", "in", in, n), dev("GELUBackward", "dOut", dOut, n)
 	if n == 0 {
 		return
 	}
-	c.run("GELUBackward", func(x *cudaCall) {
-		ddIn, dx, ddOut := x.in(0, dIn[:n]), x.in(1, in), x.in(2, dOut[:n])
-		x.launch(kGELUBackward, gridFor(n), ddIn, dx, ddOut, n)
-		x.back(dIn[:n], ddIn)
-	})
+	c.queue("GELUBackward", func(x *cudaCall) { x.launch(kGELUBackward, gridFor(n), ddIn, dx, ddOut, n) })
 }
 
 // attentionScale checks the shape and returns 1/√(head size), as the Go
@@ -417,21 +568,21 @@ func attentionScale(op string, b, t, c, heads int) float32 {
 
 // Attention implements Backend: grouped-query attention with one query head
 // per key/value head, as the Go backend computes it.
-func (c *CUDA) Attention(out, att, qkv []float32, b, t, ch, heads int) {
+func (c *CUDA) Attention(out, att, qkv Tensor, b, t, ch, heads int) {
 	scale := attentionScale("Attention", b, t, ch, heads)
 	if ch == 0 {
-		need("Attention", "att", len(att), b*heads*t*t)
+		need("Attention", "att", att.n, b*heads*t*t)
 		return
 	}
 	c.gqAttention("Attention", out, att, qkv, b, t, heads, heads, ch/heads, scale)
 }
 
-// AttentionBackward implements Backend, as Attention does. datt is scratch:
-// the device keeps its own, and the host slice is left as it was.
-func (c *CUDA) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, ch, heads int) {
+// AttentionBackward implements Backend, as Attention does.
+func (c *CUDA) AttentionBackward(dqkv, datt, dOut, qkv, att Tensor, b, t, ch, heads int) {
 	scale := attentionScale("AttentionBackward", b, t, ch, heads)
 	if ch == 0 {
-		needs("AttentionBackward", b*heads*t*t, "att datt", att, datt)
+		need("AttentionBackward", "att", att.n, b*heads*t*t)
+		need("AttentionBackward", "datt", datt.n, b*heads*t*t)
 		return
 	}
 	c.gqAttentionBackward("AttentionBackward", dqkv, datt, dOut, qkv, att, b, t, heads, heads, ch/heads, scale)
@@ -447,36 +598,61 @@ func checkTargets(op string, targets []uint32, rows, vocab int) {
 }
 
 // SoftmaxCrossEntropy implements Backend.
-func (c *CUDA) SoftmaxCrossEntropy(losses, logits []float32, targets []uint32, rows, vocab int) {
+func (c *CUDA) SoftmaxCrossEntropy(losses, logits Tensor, targets []uint32, rows, vocab int) {
+	const op = "SoftmaxCrossEntropy"
 	n := rows * vocab
-	need("SoftmaxCrossEntropy", "logits", len(logits), n)
-	need("SoftmaxCrossEntropy", "losses", len(losses), rows)
-	checkTargets("SoftmaxCrossEntropy", targets, rows, vocab)
+	dLogits, dLosses := dev(op, "logits", logits, n), dev(op, "losses", losses, rows)
+	checkTargets(op, targets, rows, vocab)
 	if rows == 0 {
 		return
 	}
 	if vocab == 0 {
 		panic("kernels: cuda SoftmaxCrossEntropy: empty vocabulary")
 	}
-	c.run("SoftmaxCrossEntropy", func(x *cudaCall) {
-		dLogits, dTargets, dLosses := x.in(0, logits[:n]), x.inU32(1, targets[:rows]), x.out(2, rows)
+	targets = append([]uint32(nil), targets[:rows]...)
+	c.queue(op, func(x *cudaCall) {
+		dTargets := x.inU32(1, targets)
 		x.launch(kSoftmaxCrossEntropy, gridForRows(rows), dLosses, dLogits, dTargets, rows, vocab)
-		x.back(logits[:n], dLogits)
-		x.back(losses[:rows], dLosses)
 	})
 }
 
 // CrossEntropyBackward implements Backend.
-func (c *CUDA) CrossEntropyBackward(dLogits, probs []float32, targets []uint32, rows, vocab int, scale float32) {
+func (c *CUDA) CrossEntropyBackward(dLogits, probs Tensor, targets []uint32, rows, vocab int, scale float32) {
+	const op = "CrossEntropyBackward"
 	n := rows * vocab
-	needs("CrossEntropyBackward", n, "dLogits probs", dLogits, probs)
-	checkTargets("CrossEntropyBackward", targets, rows, vocab)
+	dd, dProbs := dev(op, "dLogits", dLogits, n), dev(op, "probs", probs, n)
+	checkTargets(op, targets, rows, vocab)
 	if n == 0 {
 		return
 	}
-	c.run("CrossEntropyBackward", func(x *cudaCall) {
-		dProbs, dTargets, dd := x.in(0, probs[:n]), x.inU32(1, targets[:rows]), x.out(2, n)
+	targets = append([]uint32(nil), targets[:rows]...)
+	c.queue(op, func(x *cudaCall) {
+		dTargets := x.inU32(1, targets)
 		x.launch(kCrossEntropyBackward, gridFor(n), dd, dProbs, dTargets, rows, vocab, scale)
-		x.back(dLogits[:n], dd)
 	})
+}
+
+// Precision is the arithmetic of c's matrix products.
+func (c *CUDA) Precision() Precision { return c.precision }
+
+// withPrecision is c's device with its products at p; both share the
+// device, its worker and its tensors.
+func (c *CUDA) withPrecision(p Precision) Backend {
+	v := *c
+	v.precision, v.compute = FP32, computeFP32
+	if p == BF16 {
+		v.precision, v.compute = BF16, computeBF16
+	}
+	return &v
+}
+
+// Memory reports the device's free and total memory in bytes, after the
+// work queued before it.
+func (c *cudaShared) Memory() (free, total int64) {
+	c.run("Memory", func(x *cudaCall) {
+		var err error
+		free, total, err = x.w.drv.memInfo()
+		x.fail("reading the device's memory", err)
+	})
+	return free, total
 }

@@ -8,14 +8,12 @@ import (
 	"strings"
 	"unsafe"
 
-	"gonum.org/v1/gonum/blas"
 	"gorgonia.org/cu"
-	cublas "gorgonia.org/cu/blas"
 	"gorgonia.org/cu/nvrtc"
 )
 
-// This file is the only one that talks to the CUDA libraries (through
-// gorgonia.org/cu: the driver API, cuBLAS and NVRTC). Every method of
+// This file talks to the CUDA driver API and NVRTC (through
+// gorgonia.org/cu); cuda_cublas.go to cuBLAS. Every method of
 // cudaDriver must be called on the goroutine that opened it, which is locked
 // to its OS thread with the device's primary context current (see CUDA).
 //
@@ -30,7 +28,7 @@ type cudaDriver struct {
 	dev     cu.Device
 	ctx     cu.CUContext
 	ctxHeld bool
-	blas    *cublas.Standard
+	blas    *cublasHandle
 	mod     cu.Module
 	modHeld bool
 	fns     [numCUDAKernels]cu.Function
@@ -96,15 +94,6 @@ func openCUDADriver(ordinal int) (d *cudaDriver, err error) {
 	d.desc = fmt.Sprintf("%s (compute capability %d.%d), kernels compiled by NVRTC %s for %s, driver %s",
 		name, major, minor, nvrtcVersion(), arch, driverVersion())
 	return d, nil
-}
-
-func newCublas() (h *cublas.Standard, err error) {
-	defer func() {
-		if r := recover(); r != nil { // cublas.New panics when cublasCreate fails
-			h, err = nil, fmt.Errorf("creating the cuBLAS handle: %v", r)
-		}
-	}()
-	return cublas.New(), nil
 }
 
 // compileCUDASource compiles cudaSource to PTX for the virtual architecture
@@ -178,7 +167,7 @@ func (d *cudaDriver) describe() string { return d.desc }
 // backend is done with, or after a failed open).
 func (d *cudaDriver) close() {
 	if d.blas != nil {
-		_ = d.blas.Close()
+		d.blas.close()
 		d.blas = nil
 	}
 	if d.modHeld {
@@ -220,29 +209,9 @@ func (d *cudaDriver) launch(k cudaKernel, grid, block int, params []uint64) erro
 	return d.fns[k].Launch(grid, 1, 1, block, 1, 1, 0, cu.NoStream, ptrs)
 }
 
-// devFloats is a []float32 whose data pointer is the device address p: the
-// form in which gorgonia.org/cu/blas takes device operands (it passes &s[0]
-// to cuBLAS). The slice must never be indexed from Go; p is outside the Go
-// heap, so the garbage collector ignores it.
-func devFloats(p devPtr) []float32 {
-	h := struct {
-		data    uintptr
-		len, cp int
-	}{uintptr(p), 1, 1}
-	return *(*[]float32)(unsafe.Pointer(&h))
+// memsetZero queues clearing n float32s at p.
+func (d *cudaDriver) memsetZero(p devPtr, n int64) error {
+	return cu.MemsetD32(cu.DevicePtr(p), 0, n)
 }
 
-func transposeIf(t bool) blas.Transpose {
-	if t {
-		return blas.Trans
-	}
-	return blas.NoTrans
-}
-
-// sgemm is cublasSgemm, column-major, on device operands, with alpha and beta
-// passed from the host.
-func (d *cudaDriver) sgemm(transA, transB bool, m, n, k int, alpha float32, a devPtr, lda int, b devPtr, ldb int, beta float32, c devPtr, ldc int) error {
-	d.blas.Sgemm(transposeIf(transA), transposeIf(transB), m, n, k, alpha, devFloats(a), lda, devFloats(b), ldb, beta, devFloats(c), ldc)
-	// The handle keeps its first error and ignores every later call.
-	return d.blas.Err()
-}
+func (d *cudaDriver) memInfo() (free, total int64, err error) { return cu.MemInfo() }

@@ -22,6 +22,12 @@ const (
 	kRoPE
 	kSwiGLUForward
 	kSwiGLUBackward
+	kAdd
+	kAccumulate2
+	kAddBias
+	kBiasBackward
+	kEmbed
+	kEmbedBackward
 	numCUDAKernels
 )
 
@@ -44,6 +50,12 @@ var cudaKernelNames = [numCUDAKernels]string{
 	kRoPE:                        "rope",
 	kSwiGLUForward:               "swiglu_forward",
 	kSwiGLUBackward:              "swiglu_backward",
+	kAdd:                         "add",
+	kAccumulate2:                 "accumulate2",
+	kAddBias:                     "add_bias",
+	kBiasBackward:                "bias_backward",
+	kEmbed:                       "embed",
+	kEmbedBackward:               "embed_backward",
 }
 
 // cudaBlock is the block size of every launch (a multiple of the warp size:
@@ -74,7 +86,11 @@ const cudaBlock = 256
 //   - rmsnorm_backward_params: one thread per column; rope: one thread per
 //     (row, head, pair) with the angle from a cos/sin table the host
 //     computes (so both backends rotate by the same float32 values);
-//     swiglu_*: one thread per element.
+//     swiglu_*: one thread per element;
+//   - add, accumulate2, add_bias, embed: one thread per element;
+//     bias_backward and embed_backward: one thread per column, summing rows
+//     in order (no atomics, so repeated token ids sum the same way every
+//     time).
 //
 // Sizes are int; offsets into tensors are computed in long long.
 const cudaSource = `
@@ -430,6 +446,49 @@ extern "C" __global__ void swiglu_backward(float* dGateUp, const float* gateUp, 
 		float sg = sigmoidf_(g), d = dOut[idx];
 		dGateUp[r * 2 * n + i] += d * u * sg * (1.0f + g * (1.0f - sg));
 		dGateUp[r * 2 * n + n + i] += d * g * sg;
+	}
+}
+
+// ---- residual stream, biases, embeddings ----
+
+extern "C" __global__ void add(float* out, const float* a, const float* b, int n) {
+	for (long long i = global_thread(); i < n; i += global_threads()) out[i] = a[i] + b[i];
+}
+
+// d0 += src and, when d1 is not null, d1 += src.
+extern "C" __global__ void accumulate2(float* d0, float* d1, const float* src, int n) {
+	for (long long i = global_thread(); i < n; i += global_threads()) {
+		float v = src[i];
+		d0[i] += v;
+		if (d1) d1[i] += v;
+	}
+}
+
+extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int cols) {
+	long long n = (long long)rows * cols;
+	for (long long i = global_thread(); i < n; i += global_threads()) out[i] += bias[i % cols];
+}
+
+extern "C" __global__ void bias_backward(float* dBias, const float* dOut, int rows, int cols) {
+	for (long long j = global_thread(); j < cols; j += global_threads()) {
+		float s = 0;
+		for (int r = 0; r < rows; r++) s += dOut[(long long)r * cols + j];
+		dBias[j] += s;
+	}
+}
+
+extern "C" __global__ void embed(float* out, const float* table, const unsigned int* ids, int rows, int cols, int add) {
+	long long n = (long long)rows * cols;
+	for (long long i = global_thread(); i < n; i += global_threads()) {
+		long long r = i / cols, j = i % cols;
+		float v = table[(long long)ids[r] * cols + j];
+		out[i] = add ? out[i] + v : v;
+	}
+}
+
+extern "C" __global__ void embed_backward(float* dTable, const float* dOut, const unsigned int* ids, int rows, int cols) {
+	for (long long j = global_thread(); j < cols; j += global_threads()) {
+		for (int r = 0; r < rows; r++) dTable[(long long)ids[r] * cols + j] += dOut[(long long)r * cols + j];
 	}
 }
 `

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -16,14 +17,16 @@ import (
 // math on small shapes), check that accumulating outputs accumulate and that
 // results repeat bit for bit. They need a GPU.
 
-func cudaBackend(t *testing.T) *CUDA {
+// cudaBackend is the GPU's kernels over host slices (each call copies
+// through the device), to compare with the Go backend's.
+func cudaBackend(t *testing.T) Host {
 	t.Helper()
 	c, ok := Default().(*CUDA)
 	if !ok {
 		t.Fatalf("default backend is %T", Default())
 	}
 	t.Logf("device: %s", c.Device())
-	return c
+	return Slices(c)
 }
 
 // closeTo fails unless got matches want to tol relative to want's largest
@@ -89,7 +92,7 @@ func TestCUDALayerNormMatchesGo(t *testing.T) {
 	r := rand.New(rand.NewPCG(12, 12))
 	rows, cols := 301, 97
 	in, w, b := randVec(r, rows*cols), randVec(r, cols), randVec(r, cols)
-	fwd := func(be Backend) (out, mean, rstd []float32) {
+	fwd := func(be Host) (out, mean, rstd []float32) {
 		out, mean, rstd = make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
 		be.LayerNorm(out, mean, rstd, in, w, b, rows, cols)
 		return
@@ -103,7 +106,7 @@ func TestCUDALayerNormMatchesGo(t *testing.T) {
 
 	dOut := randVec(r, rows*cols)
 	dIn0, dW0, dB0 := randVec(r, rows*cols), randVec(r, cols), randVec(r, cols) // accumulated into
-	bwd := func(be Backend) (dIn, dW, dB []float32) {
+	bwd := func(be Host) (dIn, dW, dB []float32) {
 		dIn, dW, dB = slices.Clone(dIn0), slices.Clone(dW0), slices.Clone(dB0)
 		be.LayerNormBackward(dIn, dW, dB, dOut, in, w, gMean, gRstd, rows, cols)
 		return
@@ -136,7 +139,7 @@ func TestCUDAAttentionMatchesGo(t *testing.T) {
 	r := rand.New(rand.NewPCG(14, 14))
 	b, tt, ch, heads := 3, 70, 48, 4
 	qkv := randVec(r, b*tt*3*ch)
-	fwd := func(be Backend) (out, att []float32) {
+	fwd := func(be Host) (out, att []float32) {
 		out, att = make([]float32, b*tt*ch), randVec(r, b*heads*tt*tt) // att fully overwritten
 		be.Attention(out, att, qkv, b, tt, ch, heads)
 		return
@@ -148,7 +151,7 @@ func TestCUDAAttentionMatchesGo(t *testing.T) {
 	deterministic(t, "attention", func() []float32 { o, _ := fwd(c); return o })
 
 	dOut, dqkv0 := randVec(r, len(gOut)), randVec(r, len(qkv))
-	bwd := func(be Backend) []float32 {
+	bwd := func(be Host) []float32 {
 		dqkv := slices.Clone(dqkv0)
 		be.AttentionBackward(dqkv, make([]float32, len(gAtt)), dOut, qkv, gAtt, b, tt, ch, heads)
 		return dqkv
@@ -169,7 +172,7 @@ func TestCUDACrossEntropyMatchesGo(t *testing.T) {
 	for i := range targets {
 		targets[i] = uint32(r.IntN(vocab))
 	}
-	fwd := func(be Backend) (probs, losses []float32) {
+	fwd := func(be Host) (probs, losses []float32) {
 		probs, losses = slices.Clone(logits), make([]float32, rows)
 		be.SoftmaxCrossEntropy(losses, probs, targets, rows, vocab)
 		return
@@ -241,7 +244,7 @@ func TestCUDAClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	in, out := []float32{-1, 0, 1}, make([]float32, 3)
-	c.GELU(out, in)
+	Slices(c).GELU(out, in)
 	if out[2] < 0.8 || out[2] > 0.9 {
 		t.Fatalf("gelu(1) = %g", out[2])
 	}
@@ -253,7 +256,7 @@ func TestCUDAClose(t *testing.T) {
 			t.Fatal("no panic after Close")
 		}
 	}()
-	c.GELU(out, in)
+	Slices(c).GELU(out, in)
 }
 
 func BenchmarkCUDALayerNorm(b *testing.B) {
@@ -261,11 +264,127 @@ func BenchmarkCUDALayerNorm(b *testing.B) {
 	if !ok {
 		b.Skip("not the CUDA backend")
 	}
-	r := rand.New(rand.NewPCG(17, 17))
 	rows, cols := 4096, 768
-	in, w, bias := randVec(r, rows*cols), randVec(r, cols), randVec(r, cols)
-	out, mean, rstd := make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
+	in, w, bias := c.Alloc(rows*cols), c.Alloc(cols), c.Alloc(cols)
+	out, mean, rstd := c.Alloc(rows*cols), c.Alloc(rows), c.Alloc(rows)
+	one := make([]float32, 1)
 	for b.Loop() {
 		c.LayerNorm(out, mean, rstd, in, w, bias, rows, cols)
+		c.Download(one, mean) // waits for the kernel
 	}
+}
+
+// TestCUDATensorOps checks the memory and residual-stream operations the
+// models use on the device against the host backend's, bit for bit where
+// the arithmetic is the same (copies, sums of two, sums in the same order).
+func TestCUDATensorOps(t *testing.T) {
+	c := Default().(*CUDA)
+	h := OnHost(Go{})
+	r := rand.New(rand.NewPCG(19, 19))
+	rows, cols, vocab := 37, 300, 11
+	both := func(v []float32) (Tensor, Tensor) {
+		d := c.Alloc(len(v))
+		c.Upload(d, v)
+		return HostTensor(slices.Clone(v)), d
+	}
+	same := func(what string, ht, dt Tensor) {
+		t.Helper()
+		got := make([]float32, dt.Len())
+		c.Download(got, dt)
+		for i, w := range ht.Host() {
+			if math.Float32bits(got[i]) != math.Float32bits(w) {
+				t.Fatalf("%s[%d] = %g on the GPU, %g on the host", what, i, got[i], w)
+			}
+		}
+	}
+	z := c.Alloc(1000)
+	same("alloc", HostTensor(make([]float32, 1000)), z)
+	ha, da := both(randVec(r, rows*cols))
+	hb, db := both(randVec(r, rows*cols))
+	ho, do := both(make([]float32, rows*cols))
+	h.Add(ho, ha, hb)
+	c.Add(do, da, db)
+	same("add", ho, do)
+	h.Accumulate(ha, ho, hb)
+	c.Accumulate(da, do, db)
+	same("accumulate dst 0", ho, do)
+	same("accumulate dst 1", hb, db)
+	h.Accumulate(hb, ho)
+	c.Accumulate(db, do)
+	same("accumulate one", ho, do)
+	hbias, dbias := both(randVec(r, cols))
+	h.AddBias(ho, hbias, rows, cols)
+	c.AddBias(do, dbias, rows, cols)
+	same("add bias", ho, do)
+	h.BiasBackward(hbias, ha, rows, cols)
+	c.BiasBackward(dbias, da, rows, cols)
+	got := make([]float32, cols)
+	c.Download(got, dbias)
+	closeTo(t, "bias backward", got, hbias.Host(), 1e-5)
+	ids := make([]uint32, rows)
+	for i := range ids {
+		ids[i] = uint32(r.IntN(vocab)) // repeats: summed in order
+	}
+	htab, dtab := both(randVec(r, vocab*cols))
+	h.Embed(ho, htab, ids, cols, false)
+	c.Embed(do, dtab, ids, cols, false)
+	same("embed", ho, do)
+	h.Embed(ho, htab, ids, cols, true)
+	c.Embed(do, dtab, ids, cols, true)
+	same("embed add", ho, do)
+	h.EmbedBackward(htab, ha, ids, cols)
+	c.EmbedBackward(dtab, da, ids, cols)
+	same("embed backward", htab, dtab)
+	c.Zero(do.Slice(10, 20))
+	clear(ho.Host()[10:20])
+	same("zero", ho, do)
+	for _, d := range []Tensor{z, da, db, do, dbias, dtab} {
+		c.Free(d)
+	}
+}
+
+// TestCUDABF16Gemm checks the bfloat16 products against float32: inputs
+// rounded to 8 bits of mantissa, sums in float32, so about 2⁻⁸ relative to
+// the magnitude of the terms.
+func TestCUDABF16Gemm(t *testing.T) {
+	c := Default().(*CUDA)
+	bf, p := WithPrecision(c, BF16)
+	if p != BF16 {
+		t.Fatalf("precision %s", p)
+	}
+	r := rand.New(rand.NewPCG(20, 20))
+	m, n, k := 128, 96, 256
+	a, b := randVec(r, m*k), randVec(r, n*k)
+	want := make([]float32, m*n)
+	Go{}.Gemm(false, true, m, n, k, 1, a, k, b, k, 0, want, n)
+	got := make([]float32, m*n)
+	Slices(bf).Gemm(false, true, m, n, k, 1, a, k, b, k, 0, got, n)
+	closeTo(t, "bf16 gemm", got, want, 3e-2)
+	var differs bool
+	for i := range got {
+		differs = differs || got[i] != want[i]
+	}
+	if !differs {
+		t.Fatal("bf16 products equal float32's exactly: the precision was not applied")
+	}
+}
+
+// TestCUDAFailureIsReported queues a kernel that cannot launch and checks
+// that the next call that waits reports it, naming the operation.
+func TestCUDAFailureIsReported(t *testing.T) {
+	c, err := NewCUDA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	x := c.Alloc(4)
+	// A product whose sizes do not fit a C int cannot be passed to cuBLAS.
+	c.queue("Bogus", func(w *cudaCall) { w.launch(kAdd, 1, devPtr(x.dev), devPtr(x.dev), devPtr(x.dev), 1<<40) })
+	defer func() {
+		r := recover()
+		if r == nil || !strings.Contains(fmt.Sprint(r), "Bogus") {
+			t.Fatalf("recovered %v, want the failure of Bogus", r)
+		}
+	}()
+	c.Download(make([]float32, 4), x)
 }

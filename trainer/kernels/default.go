@@ -2,4 +2,4 @@
 
 package kernels
 
-func defaultBackend() Backend { return Go{} }
+func defaultBackend() Backend { return OnHost(Go{}) }

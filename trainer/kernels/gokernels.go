@@ -13,7 +13,7 @@ import (
 // parallel over rows (or attention heads) with goroutines.
 type Go struct{}
 
-// Name implements Backend.
+// Name implements Host.
 func (Go) Name() string { return "go" }
 
 func transpose(t bool) blas.Transpose {
@@ -23,7 +23,7 @@ func transpose(t bool) blas.Transpose {
 	return blas.NoTrans
 }
 
-// Gemm implements Backend with gonum's pure-Go BLAS.
+// Gemm implements Host with gonum's pure-Go BLAS.
 func (Go) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	gonum.Implementation{}.Sgemm(transpose(transA), transpose(transB), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
@@ -63,7 +63,7 @@ func parallel(n, grain int, fn func(lo, hi int)) {
 
 const layerNormEps = 1e-5
 
-// LayerNorm implements Backend.
+// LayerNorm implements Host.
 func (Go) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols int) {
 	parallel(rows, chunkRows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
@@ -89,7 +89,7 @@ func (Go) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols int)
 	})
 }
 
-// LayerNormBackward implements Backend.
+// LayerNormBackward implements Host.
 func (Go) LayerNormBackward(dIn, dWeight, dBias, dOut, in, weight, mean, rstd []float32, rows, cols int) {
 	chunks := (rows + chunkRows - 1) / chunkRows
 	dw := make([]float32, chunks*cols)
@@ -128,7 +128,7 @@ func (Go) LayerNormBackward(dIn, dWeight, dBias, dOut, in, weight, mean, rstd []
 
 var geluScale = float32(math.Sqrt(2 / math.Pi))
 
-// GELU implements Backend.
+// GELU implements Host.
 func (Go) GELU(out, in []float32) {
 	parallel(len(in), 4096, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -138,7 +138,7 @@ func (Go) GELU(out, in []float32) {
 	})
 }
 
-// GELUBackward implements Backend.
+// GELUBackward implements Host.
 func (Go) GELUBackward(dIn, in, dOut []float32) {
 	parallel(len(in), 4096, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -154,7 +154,7 @@ func (Go) GELUBackward(dIn, in, dOut []float32) {
 
 func tanh32(x float32) float32 { return float32(math.Tanh(float64(x))) }
 
-// Attention implements Backend: multi-head attention is grouped-query
+// Attention implements Host: multi-head attention is grouped-query
 // attention with one query head per key/value head, here computed by the
 // scalar loops (gqAttentionLoops) that GPT has always used, so its results
 // stay what they were bit for bit.
@@ -162,17 +162,17 @@ func (Go) Attention(out, att, qkv []float32, b, t, c, heads int) {
 	gqAttentionLoops(out, att, qkv, b, t, heads, heads, c/heads)
 }
 
-// AttentionBackward implements Backend.
+// AttentionBackward implements Host.
 func (Go) AttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, c, heads int) {
 	gqAttentionBackwardLoops(dqkv, datt, dOut, qkv, att, b, t, heads, heads, c/heads)
 }
 
-// GQAttention implements Backend with matrix products (gqAttentionGemm).
+// GQAttention implements Host with matrix products (gqAttentionGemm).
 func (be Go) GQAttention(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
 	gqAttentionGemm(be.Gemm, out, att, qkv, b, t, heads, kvHeads, hd)
 }
 
-// GQAttentionBackward implements Backend with matrix products.
+// GQAttentionBackward implements Host with matrix products.
 func (be Go) GQAttentionBackward(dqkv, datt, dOut, qkv, att []float32, b, t, heads, kvHeads, hd int) {
 	gqAttentionBackwardGemm(be.Gemm, dqkv, datt, dOut, qkv, att, b, t, heads, kvHeads, hd)
 }
@@ -293,7 +293,7 @@ func gqAttentionBackwardLoops(dqkv, datt, dOut, qkv, att []float32, b, t, heads,
 	})
 }
 
-// SoftmaxCrossEntropy implements Backend.
+// SoftmaxCrossEntropy implements Host.
 func (Go) SoftmaxCrossEntropy(losses, logits []float32, targets []uint32, rows, vocab int) {
 	parallel(rows, chunkRows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
@@ -317,7 +317,7 @@ func (Go) SoftmaxCrossEntropy(losses, logits []float32, targets []uint32, rows, 
 	})
 }
 
-// CrossEntropyBackward implements Backend.
+// CrossEntropyBackward implements Host.
 func (Go) CrossEntropyBackward(dLogits, probs []float32, targets []uint32, rows, vocab int, scale float32) {
 	parallel(rows, chunkRows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {

@@ -38,7 +38,7 @@ func TestBackendName(t *testing.T) {
 }
 
 func TestGemm(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, tc := range []struct {
 		m, n, k     int
@@ -91,7 +91,7 @@ func TestGemm(t *testing.T) {
 }
 
 func TestLayerNorm(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(2, 2))
 	rows, cols := 37, 48
 	in, w, b := randVec(r, rows*cols), randVec(r, cols), randVec(r, cols)
@@ -149,7 +149,7 @@ func checkGrad(t *testing.T, name string, x, grad []float32, loss func() float64
 }
 
 func TestGELU(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(3, 3))
 	in := randVec(r, 1000)
 	out := make([]float32, len(in))
@@ -172,7 +172,7 @@ func TestGELU(t *testing.T) {
 }
 
 func TestAttention(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(4, 4))
 	b, tt, c, heads := 2, 5, 8, 2
 	hs := c / heads
@@ -221,7 +221,7 @@ func TestAttention(t *testing.T) {
 }
 
 func TestSoftmaxCrossEntropy(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(5, 5))
 	rows, vocab := 9, 31
 	logits := randVec(r, rows*vocab)
@@ -260,7 +260,7 @@ func TestSoftmaxCrossEntropy(t *testing.T) {
 // BenchmarkGemm reports the matmul rate of this build, the number the
 // trainer's achieved GFLOP/s is compared with.
 func BenchmarkGemm(b *testing.B) {
-	be := Default()
+	be := Slices(Default())
 	n := 512
 	r := rand.New(rand.NewPCG(6, 6))
 	x, y, z := randVec(r, n*n), randVec(r, n*n), make([]float32, n*n)

@@ -16,7 +16,7 @@ func TestCUDAGQAttentionMatchesGo(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 21))
 	b, tt, heads, kv, hd := 3, 70, 8, 2, 16
 	qkv := randVec(r, b*tt*(heads+2*kv)*hd)
-	fwd := func(be Backend) (out, att []float32) {
+	fwd := func(be Host) (out, att []float32) {
 		out, att = make([]float32, b*tt*heads*hd), randVec(r, b*heads*tt*tt)
 		be.GQAttention(out, att, qkv, b, tt, heads, kv, hd)
 		return
@@ -26,7 +26,7 @@ func TestCUDAGQAttentionMatchesGo(t *testing.T) {
 	closeTo(t, "out", cOut, gOut, 1e-5)
 	closeTo(t, "att", cAtt, gAtt, 1e-5)
 	dOut, dqkv0 := randVec(r, len(gOut)), randVec(r, len(qkv))
-	bwd := func(be Backend) []float32 {
+	bwd := func(be Host) []float32 {
 		dqkv := slices.Clone(dqkv0)
 		be.GQAttentionBackward(dqkv, make([]float32, len(gAtt)), dOut, qkv, gAtt, b, tt, heads, kv, hd)
 		return dqkv
@@ -40,7 +40,7 @@ func TestCUDARMSNormMatchesGo(t *testing.T) {
 	r := rand.New(rand.NewPCG(22, 22))
 	rows, cols := 300, 200
 	in, w := randVec(r, rows*cols), randVec(r, cols)
-	fwd := func(be Backend) (out, rstd []float32) {
+	fwd := func(be Host) (out, rstd []float32) {
 		out, rstd = make([]float32, rows*cols), make([]float32, rows)
 		be.RMSNorm(out, rstd, in, w, rows, cols, 1e-5)
 		return
@@ -50,7 +50,7 @@ func TestCUDARMSNormMatchesGo(t *testing.T) {
 	closeTo(t, "out", cOut, gOut, 1e-5)
 	closeTo(t, "rstd", cRstd, gRstd, 1e-5)
 	dOut, dIn0, dW0 := randVec(r, rows*cols), randVec(r, rows*cols), randVec(r, cols)
-	bwd := func(be Backend) []float32 {
+	bwd := func(be Host) []float32 {
 		dIn, dW := slices.Clone(dIn0), slices.Clone(dW0)
 		be.RMSNormBackward(dIn, dW, dOut, in, w, gRstd, rows, cols)
 		return append(dIn, dW...)

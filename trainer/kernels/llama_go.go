@@ -2,7 +2,7 @@ package kernels
 
 import "math"
 
-// RMSNorm implements Backend. The mean square is summed in float64, as
+// RMSNorm implements Host. The mean square is summed in float64, as
 // LayerNorm's moments are, so long rows lose no precision.
 func (Go) RMSNorm(out, rstd, in, weight []float32, rows, cols int, eps float32) {
 	parallel(rows, chunkRows, func(lo, hi int) {
@@ -22,7 +22,7 @@ func (Go) RMSNorm(out, rstd, in, weight []float32, rows, cols int, eps float32) 
 	})
 }
 
-// RMSNormBackward implements Backend. With y = w·x·s and s = (mean(x²)+eps)^−½,
+// RMSNormBackward implements Host. With y = w·x·s and s = (mean(x²)+eps)^−½,
 // dx = s·w·dy − x·s³·mean(w·dy·x) and dw = Σ_rows dy·x·s. Per-chunk partial
 // sums of dw are added in chunk order, so the result does not depend on the
 // number of cores.
@@ -71,7 +71,7 @@ func ropeTable(t, hd int, theta float32) (cos, sin []float32) {
 	return cos, sin
 }
 
-// RoPE implements Backend.
+// RoPE implements Host.
 func (Go) RoPE(x []float32, b, t, stride, heads, hd int, theta float32, inverse bool) {
 	cos, sin := ropeTable(t, hd, theta)
 	half := hd / 2
@@ -98,7 +98,7 @@ func (Go) RoPE(x []float32, b, t, stride, heads, hd int, theta float32, inverse 
 
 func sigmoid32(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
 
-// SwiGLU implements Backend.
+// SwiGLU implements Host.
 func (Go) SwiGLU(out, gateUp []float32, rows, n int) {
 	parallel(rows, chunkRows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
@@ -110,7 +110,7 @@ func (Go) SwiGLU(out, gateUp []float32, rows, n int) {
 	})
 }
 
-// SwiGLUBackward implements Backend: d gate = dOut·up·σ(g)·(1 + g·(1−σ(g))),
+// SwiGLUBackward implements Host: d gate = dOut·up·σ(g)·(1 + g·(1−σ(g))),
 // d up = dOut·silu(g).
 func (Go) SwiGLUBackward(dGateUp, gateUp, dOut []float32, rows, n int) {
 	parallel(rows, chunkRows, func(lo, hi int) {

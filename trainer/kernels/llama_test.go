@@ -17,7 +17,7 @@ func dotLoss(out, g []float32) float64 {
 }
 
 func TestRMSNorm(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(5, 5))
 	rows, cols := 37, 48
 	const eps = 1e-5
@@ -50,7 +50,7 @@ func TestRMSNorm(t *testing.T) {
 }
 
 func TestRoPE(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(6, 6))
 	b, tt, heads, hd, stride := 2, 7, 3, 8, 3*8+5 // 5 values per row past the heads stay put
 	const theta = 500000
@@ -97,7 +97,7 @@ func TestRoPE(t *testing.T) {
 }
 
 func TestSwiGLU(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(7, 7))
 	rows, n := 19, 24
 	gu := randVec(r, rows*2*n)
@@ -129,7 +129,7 @@ func TestSwiGLU(t *testing.T) {
 }
 
 func TestGQAttention(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(8, 8))
 	for _, tc := range []struct{ b, t, heads, kv, hd int }{
 		{2, 5, 4, 2, 4}, {1, 6, 6, 1, 2}, {2, 4, 3, 3, 4},
@@ -189,7 +189,7 @@ func TestGQAttention(t *testing.T) {
 }
 
 func BenchmarkRMSNorm(b *testing.B) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(1, 1))
 	rows, cols := 1024, 512
 	in, w := randVec(r, rows*cols), randVec(r, cols)
@@ -201,7 +201,7 @@ func BenchmarkRMSNorm(b *testing.B) {
 }
 
 func BenchmarkGQAttention(b *testing.B) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(1, 1))
 	bs, t, heads, kv, hd := 4, 128, 8, 2, 64
 	qkv := randVec(r, bs*t*(heads+2*kv)*hd)
@@ -215,7 +215,7 @@ func BenchmarkGQAttention(b *testing.B) {
 // GQAttention runs on the CPU) and the scalar loops (GPT's Attention) agree
 // on a shape with many rows per head and several groups.
 func TestGQAttentionGemmMatchesLoops(t *testing.T) {
-	be := Default()
+	be := Slices(Default())
 	r := rand.New(rand.NewPCG(9, 9))
 	b, tt, heads, kv, hd := 2, 40, 6, 2, 16
 	qkv := randVec(r, b*tt*(heads+2*kv)*hd)

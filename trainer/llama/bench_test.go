@@ -24,28 +24,10 @@ var benchConfigs = []struct {
 // matmulRate measures the backend's Gemm in GFLOP/s on the step's largest
 // product shape (the MLP's input projection: b·t rows, width in, 2·I out),
 // so a step's rate can be given as a fraction of what the matrix products
-// alone reach on this machine, in this run. It is the best of three
-// trials of at least 200 ms each: on a shared machine the best is the
-// closest to what the hardware does, which makes the fraction conservative.
+// alone reach on this machine, in this run: the best of three trials of at
+// least 200 ms each, which makes the fraction conservative.
 func matmulRate(be kernels.Backend, rows, in, out int) float64 {
-	r := rand.New(rand.NewPCG(2, 2))
-	a, w, c := make([]float32, rows*in), make([]float32, out*in), make([]float32, rows*out)
-	for i := range a {
-		a[i] = float32(r.NormFloat64())
-	}
-	for i := range w {
-		w[i] = float32(r.NormFloat64())
-	}
-	be.Gemm(false, true, rows, out, in, 1, a, in, w, in, 0, c, out) // warm up
-	best := 0.0
-	for trial := 0; trial < 3; trial++ {
-		reps, start := 0, time.Now()
-		for ; reps == 0 || time.Since(start) < 200*time.Millisecond; reps++ {
-			be.Gemm(false, true, rows, out, in, 1, a, in, w, in, 0, c, out)
-		}
-		best = max(best, 2*float64(rows*in*out)*float64(reps)/time.Since(start).Seconds()/1e9)
-	}
-	return best
+	return kernels.GemmRate(be, rows, in, out, 3, 200*time.Millisecond)
 }
 
 // BenchmarkStep is one forward and backward pass over 4 sequences of 128

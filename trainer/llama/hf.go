@@ -154,18 +154,18 @@ func (m *Model) hfTensors(p params) []checkpoint.Tensor {
 	out := []checkpoint.Tensor{{Name: "model.embed_tokens.weight", Shape: []int{m.Vocab, C}, Data: p.embed}}
 	for l := 0; l < m.Layers; l++ {
 		pre := "model.layers." + strconv.Itoa(l) + "."
-		qkv, gu := layer(p.qkv, l, W*C), layer(p.gateUp, l, 2*I*C)
+		qkv, gu := hostLayer(p.qkv, l, W*C), hostLayer(p.gateUp, l, 2*I*C)
 		q, k := m.Heads*hd, m.KVHeads*hd
 		out = append(out,
-			checkpoint.Tensor{Name: pre + "input_layernorm.weight", Shape: []int{C}, Data: layer(p.attnNorm, l, C)},
+			checkpoint.Tensor{Name: pre + "input_layernorm.weight", Shape: []int{C}, Data: hostLayer(p.attnNorm, l, C)},
 			checkpoint.Tensor{Name: pre + "self_attn.q_proj.weight", Shape: []int{q, C}, Data: qkv[:q*C]},
 			checkpoint.Tensor{Name: pre + "self_attn.k_proj.weight", Shape: []int{k, C}, Data: qkv[q*C : (q+k)*C]},
 			checkpoint.Tensor{Name: pre + "self_attn.v_proj.weight", Shape: []int{k, C}, Data: qkv[(q+k)*C:]},
-			checkpoint.Tensor{Name: pre + "self_attn.o_proj.weight", Shape: []int{C, C}, Data: layer(p.o, l, C*C)},
-			checkpoint.Tensor{Name: pre + "post_attention_layernorm.weight", Shape: []int{C}, Data: layer(p.mlpNorm, l, C)},
+			checkpoint.Tensor{Name: pre + "self_attn.o_proj.weight", Shape: []int{C, C}, Data: hostLayer(p.o, l, C*C)},
+			checkpoint.Tensor{Name: pre + "post_attention_layernorm.weight", Shape: []int{C}, Data: hostLayer(p.mlpNorm, l, C)},
 			checkpoint.Tensor{Name: pre + "mlp.gate_proj.weight", Shape: []int{I, C}, Data: gu[:I*C]},
 			checkpoint.Tensor{Name: pre + "mlp.up_proj.weight", Shape: []int{I, C}, Data: gu[I*C:]},
-			checkpoint.Tensor{Name: pre + "mlp.down_proj.weight", Shape: []int{C, I}, Data: layer(p.down, l, C*I)},
+			checkpoint.Tensor{Name: pre + "mlp.down_proj.weight", Shape: []int{C, I}, Data: hostLayer(p.down, l, C*I)},
 		)
 	}
 	out = append(out, checkpoint.Tensor{Name: "model.norm.weight", Shape: []int{C}, Data: p.norm})

@@ -119,12 +119,29 @@ type Model struct {
 	Config
 	be kernels.Backend
 
-	lm.Buffers // Params and Grads, Specs order
-	p, g       params
+	lm.Buffers         // Params and Grads, Specs order
+	p, g       params  // views of Params and Grads
+	dp, dg     tparams // the same on the backend
 
 	b, t            int
 	act, grad       activations
 	inputs, targets []uint32
+	losses          []float32 // host copy of act.losses
+	logits          []float32 // host copy of act.logits, made by Logits
+}
+
+// tparams are params as the backend keeps them.
+type tparams struct {
+	embed, attnNorm, qkv, o, mlpNorm, gateUp, down, norm, head kernels.Tensor
+}
+
+func (c Config) tviews(buf kernels.Tensor) tparams {
+	var p tparams
+	lm.SplitTensor(buf, c.shapes(), []*kernels.Tensor{&p.embed, &p.attnNorm, &p.qkv, &p.o, &p.mlpNorm, &p.gateUp, &p.down, &p.norm, &p.head})
+	if c.TiedHead {
+		p.head = p.embed
+	}
+	return p
 }
 
 // New returns a model with initial weights drawn from seed: N(0, 0.02) for
@@ -140,7 +157,8 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 		be = kernels.Default()
 	}
 	m := &Model{Config: c, be: be}
-	m.Buffers, m.p, m.g = lm.NewBuffers(c.NumParams(), c.views)
+	m.Buffers, m.p, m.g = lm.NewBuffers(be, c.NumParams(), c.views)
+	m.dp, m.dg = c.tviews(m.ParamsOnBackend()), c.tviews(m.GradsOnBackend())
 	r := rand.New(rand.NewPCG(seed, 0x6c6c616d61))
 	normal := func(v []float32, std float64) { lm.Normal(r, v, std) }
 	ones := lm.Ones

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/psyche-go/psyche/trainer/internal/modeltest"
+	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
 // tiny has grouped-query attention (two query heads per key/value head) and
@@ -76,4 +77,24 @@ func TestConfigValidate(t *testing.T) {
 func TestTrainingLowersTheLoss(t *testing.T) {
 	m, _ := New(tiny, 3, nil)
 	modeltest.TrainingLowersTheLoss(t, m, m.Params, m.Grads, tiny.Vocab)
+}
+
+// TestSameApart checks the copies between host buffers and a backend that
+// keeps its tensors elsewhere (as the GPU does), on the CPU.
+func TestSameApart(t *testing.T) {
+	for _, c := range []Config{tiny, tinyTied} {
+		h, _ := New(c, 4, kernels.OnHost(kernels.Go{}))
+		a, _ := New(c, 4, kernels.Apart(kernels.Go{}))
+		modeltest.SameApart(t, h, a, c.Vocab)
+	}
+}
+
+// TestBackendMatchesGo compares the whole model on the binary's backend
+// (the GPU's with -tags cuda) with the pure-Go one.
+func TestBackendMatchesGo(t *testing.T) {
+	for _, c := range []Config{tiny, tinyTied} {
+		d, _ := New(c, 4, nil)
+		g, _ := New(c, 4, kernels.OnHost(kernels.Go{}))
+		modeltest.MatchesGo(t, d, g, c.Vocab, 1e-4)
+	}
 }

@@ -4,32 +4,36 @@ import (
 	"fmt"
 
 	"github.com/psyche-go/psyche/trainer/internal/lm"
+	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
-// layerActs are one block's activations (or their gradients). qkv holds the
-// projections after the rotary embedding (what attention read).
+// layerActs are one block's activations (or their gradients), as the
+// backend keeps them. qkv holds the projections after the rotary embedding
+// (what attention read).
 type layerActs struct {
-	norm1, norm1Rstd []float32
-	qkv, atty, att   []float32
-	attproj, resid2  []float32
-	norm2, norm2Rstd []float32
-	gateUp, swiglu   []float32
-	down, resid3     []float32
+	norm1, norm1Rstd kernels.Tensor
+	qkv, atty, att   kernels.Tensor
+	attproj, resid2  kernels.Tensor
+	norm2, norm2Rstd kernels.Tensor
+	gateUp, swiglu   kernels.Tensor
+	down, resid3     kernels.Tensor
 }
 
 type activations struct {
-	encoded  []float32
+	arena    *lm.Arena
+	encoded  kernels.Tensor
 	layers   []layerActs
-	norm     []float32
-	normRstd []float32
-	logits   []float32 // probabilities after a forward pass with targets
-	losses   []float32
+	norm     kernels.Tensor
+	normRstd kernels.Tensor
+	logits   kernels.Tensor // probabilities after a forward pass with targets
+	losses   kernels.Tensor
 }
 
-func (c Config) newActivations(b, t int, stats bool) activations {
+func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activations {
 	C, BT, I := c.Width, b*t, c.Intermediate
-	f := func(n int) []float32 { return make([]float32, n) }
-	a := activations{encoded: f(BT * C), norm: f(BT * C), logits: f(BT * c.Vocab)}
+	ar := lm.NewArena(be)
+	f := ar.Alloc
+	a := activations{arena: ar, encoded: f(BT * C), norm: f(BT * C), logits: f(BT * c.Vocab)}
 	if stats {
 		a.normRstd, a.losses = f(BT), f(BT)
 	}
@@ -49,24 +53,30 @@ func (m *Model) ensure(b, t int) {
 	if m.b == b && m.t == t {
 		return
 	}
+	if m.act.arena != nil {
+		m.act.arena.Free()
+		m.grad.arena.Free()
+	}
 	m.b, m.t = b, t
-	m.act = m.Config.newActivations(b, t, true)
-	m.grad = m.Config.newActivations(b, t, false)
+	m.act = m.Config.newActivations(m.be, b, t, true)
+	m.grad = m.Config.newActivations(m.be, b, t, false)
+	m.losses = make([]float32, b*t)
+	m.logits = nil
 }
 
 // matmul computes out = in·wᵀ: in is rows×ic, w is oc×ic.
-func (m *Model) matmul(out, in, w []float32, rows, ic, oc int) {
+func (m *Model) matmul(out, in, w kernels.Tensor, rows, ic, oc int) {
 	m.be.Gemm(false, true, rows, oc, ic, 1, in, ic, w, ic, 0, out, oc)
 }
 
 // matmulBackward accumulates dIn += dOut·w and dW += dOutᵀ·in.
-func (m *Model) matmulBackward(dIn, dW, dOut, in, w []float32, rows, ic, oc int) {
+func (m *Model) matmulBackward(dIn, dW, dOut, in, w kernels.Tensor, rows, ic, oc int) {
 	m.be.Gemm(false, false, rows, ic, oc, 1, dOut, oc, w, ic, 1, dIn, ic)
 	m.be.Gemm(true, false, oc, ic, rows, 1, dOut, oc, in, ic, 1, dW, ic)
 }
 
-// layer slices layer l's part of a stacked tensor of per-layer size n.
-func layer(v []float32, l, n int) []float32 { return v[l*n : (l+1)*n] }
+// layer is layer l's part of a stacked tensor of per-layer size n.
+func layer(v kernels.Tensor, l, n int) kernels.Tensor { return v.Slice(l*n, (l+1)*n) }
 
 // Forward runs b sequences of t tokens (inputs, b·t token ids) and, if
 // targets is not nil, returns the mean cross-entropy loss of predicting
@@ -76,13 +86,13 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 		return 0, err
 	}
 	m.ensure(b, t)
+	m.ToBackend()
 	m.inputs, m.targets = inputs, targets
+	m.logits = nil
 	C, BT, I, W, hd := m.Width, b*t, m.Intermediate, m.qkvRows(), m.HeadDim()
-	p, a, eps := &m.p, &m.act, m.eps()
+	p, a, eps := &m.dp, &m.act, m.eps()
 
-	for i, tok := range inputs {
-		copy(a.encoded[i*C:(i+1)*C], p.embed[int(tok)*C:(int(tok)+1)*C])
-	}
+	m.be.Embed(a.encoded, p.embed, inputs, C, false)
 	resid := a.encoded
 	for l := 0; l < m.Layers; l++ {
 		la := &a.layers[l]
@@ -92,16 +102,12 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 		m.be.RoPE(la.qkv, b, t, W, m.Heads+m.KVHeads, hd, m.RopeTheta, false)
 		m.be.GQAttention(la.atty, la.att, la.qkv, b, t, m.Heads, m.KVHeads, hd)
 		m.matmul(la.attproj, la.atty, layer(p.o, l, C*C), BT, C, C)
-		for i := range la.resid2 {
-			la.resid2[i] = resid[i] + la.attproj[i]
-		}
+		m.be.Add(la.resid2, resid, la.attproj)
 		m.be.RMSNorm(la.norm2, la.norm2Rstd, la.resid2, layer(p.mlpNorm, l, C), BT, C, eps)
 		m.matmul(la.gateUp, la.norm2, layer(p.gateUp, l, 2*I*C), BT, C, 2*I)
 		m.be.SwiGLU(la.swiglu, la.gateUp, BT, I)
 		m.matmul(la.down, la.swiglu, layer(p.down, l, C*I), BT, I, C)
-		for i := range la.resid3 {
-			la.resid3[i] = la.resid2[i] + la.down[i]
-		}
+		m.be.Add(la.resid3, la.resid2, la.down)
 		resid = la.resid3
 	}
 	m.be.RMSNorm(a.norm, a.normRstd, resid, p.norm, BT, C, eps)
@@ -110,12 +116,23 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 		return 0, nil
 	}
 	m.be.SoftmaxCrossEntropy(a.losses, a.logits, targets, BT, m.Vocab)
-	return lm.MeanLoss(a.losses), nil
+	m.be.Download(m.losses, a.losses)
+	return lm.MeanLoss(m.losses), nil
 }
 
 // Logits returns the output of the last Forward without targets (b·t rows of
-// vocab logits); after a Forward with targets it holds probabilities.
-func (m *Model) Logits() []float32 { return m.act.logits }
+// vocab logits); after a Forward with targets it holds probabilities. On a
+// device backend it is a host copy, made on the first call after a Forward.
+func (m *Model) Logits() []float32 {
+	if kernels.InHostMemory(m.be) {
+		return m.act.logits.Host()
+	}
+	if m.logits == nil {
+		m.logits = make([]float32, m.act.logits.Len())
+		m.be.Download(m.logits, m.act.logits)
+	}
+	return m.logits
+}
 
 // Backward adds the gradient of the mean loss of the last Forward (which must
 // have had targets) to Grads.
@@ -125,8 +142,9 @@ func (m *Model) Backward() error {
 	}
 	b, t := m.b, m.t
 	C, BT, I, W, hd, L := m.Width, b*t, m.Intermediate, m.qkvRows(), m.HeadDim(), m.Layers
-	p, g, a, d := &m.p, &m.g, &m.act, &m.grad
-	clearActs(d)
+	p, g, a, d := &m.dp, &m.dg, &m.act, &m.grad
+	m.BeforeBackward()
+	d.arena.Zero()
 
 	m.be.CrossEntropyBackward(d.logits, a.logits, m.targets, BT, m.Vocab, 1/float32(BT))
 	m.matmulBackward(d.norm, g.head, d.logits, a.norm, p.head, BT, C, m.Vocab)
@@ -139,19 +157,13 @@ func (m *Model) Backward() error {
 			resid, dResid = a.layers[l-1].resid3, d.layers[l-1].resid3
 		}
 		// resid3 = resid2 + down
-		for i, v := range dl.resid3 {
-			dl.resid2[i] += v
-			dl.down[i] += v
-		}
+		m.be.Accumulate(dl.resid3, dl.resid2, dl.down)
 		m.matmulBackward(dl.swiglu, layer(g.down, l, C*I), dl.down, la.swiglu, layer(p.down, l, C*I), BT, I, C)
 		m.be.SwiGLUBackward(dl.gateUp, la.gateUp, dl.swiglu, BT, I)
 		m.matmulBackward(dl.norm2, layer(g.gateUp, l, 2*I*C), dl.gateUp, la.norm2, layer(p.gateUp, l, 2*I*C), BT, C, 2*I)
 		m.be.RMSNormBackward(dl.resid2, layer(g.mlpNorm, l, C), dl.norm2, la.resid2, layer(p.mlpNorm, l, C), la.norm2Rstd, BT, C)
 		// resid2 = resid + attproj
-		for i, v := range dl.resid2 {
-			dResid[i] += v
-			dl.attproj[i] += v
-		}
+		m.be.Accumulate(dl.resid2, dResid, dl.attproj)
 		m.matmulBackward(dl.atty, layer(g.o, l, C*C), dl.attproj, la.atty, layer(p.o, l, C*C), BT, C, C)
 		m.be.GQAttentionBackward(dl.qkv, dl.att, dl.atty, la.qkv, la.att, b, t, m.Heads, m.KVHeads, hd)
 		// The gradient with respect to the projections before the rotation
@@ -160,25 +172,9 @@ func (m *Model) Backward() error {
 		m.matmulBackward(dl.norm1, layer(g.qkv, l, W*C), dl.qkv, la.norm1, layer(p.qkv, l, W*C), BT, C, W)
 		m.be.RMSNormBackward(dResid, layer(g.attnNorm, l, C), dl.norm1, resid, layer(p.attnNorm, l, C), la.norm1Rstd, BT, C)
 	}
-	for i, tok := range m.inputs {
-		row, ge := d.encoded[i*C:(i+1)*C], g.embed[int(tok)*C:(int(tok)+1)*C]
-		for j, v := range row {
-			ge[j] += v
-		}
-	}
+	m.be.EmbedBackward(g.embed, d.encoded, m.inputs, C)
+	m.FromBackend()
 	return nil
-}
-
-func clearActs(a *activations) {
-	clear(a.encoded)
-	clear(a.norm)
-	clear(a.logits)
-	for l := range a.layers {
-		la := &a.layers[l]
-		for _, s := range [][]float32{la.norm1, la.qkv, la.atty, la.att, la.attproj, la.resid2, la.norm2, la.gateUp, la.swiglu, la.down, la.resid3} {
-			clear(s)
-		}
-	}
 }
 
 // FLOPsPerToken estimates the floating-point operations of one forward and
@@ -190,3 +186,6 @@ func (c Config) FLOPsPerToken(t int) float64 {
 	attention := 6 * L * float64(t) * C
 	return matmul + attention
 }
+
+// hostLayer is layer l's part of a stacked host buffer of per-layer size n.
+func hostLayer(v []float32, l, n int) []float32 { return v[l*n : (l+1)*n] }

@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -397,20 +396,7 @@ func applyGrouped(cfg *Config, d *distro.DeMo, params [][]float32, frames []*dis
 
 // MatmulGFLOPs measures the backend's Gemm on 512×512 matrices.
 func MatmulGFLOPs(be kernels.Backend) float64 {
-	const n = 512
-	r := rand.New(rand.NewPCG(1, 1))
-	a, b, c := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
-	for i := range a {
-		a[i], b[i] = float32(r.NormFloat64()), float32(r.NormFloat64())
-	}
-	be.Gemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n) // warm up
-	start := time.Now()
-	reps := 0
-	for time.Since(start) < 300*time.Millisecond {
-		be.Gemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n)
-		reps++
-	}
-	return 2 * n * n * n * float64(reps) / time.Since(start).Seconds() / 1e9
+	return kernels.GemmRate(be, 512, 512, 512, 1, 300*time.Millisecond)
 }
 
 // Print writes the result table.

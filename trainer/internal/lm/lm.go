@@ -6,6 +6,8 @@ package lm
 import (
 	"fmt"
 	"math/rand/v2"
+
+	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
 // Size is the number of elements of a tensor of the given shape.
@@ -77,23 +79,44 @@ func MeanLoss(losses []float32) float32 {
 	return float32(sum / float64(len(losses)))
 }
 
-// Buffers are a model's parameters and gradients, each one buffer, and the
-// tensors they split into. A model embeds them.
+// Buffers are a model's parameters and gradients, each one buffer in host
+// memory and the tensors they split into, and the same two buffers as the
+// model's backend keeps them (on a host backend, the same memory). A model
+// embeds them.
+//
+// The host buffers are what the optimizers, checkpoints and the P2P
+// exchange read and write; the backend's are what the kernels use. They
+// meet twice a step: Forward uploads the parameters (ToBackend), and
+// Backward downloads the gradients (FromBackend). On a host backend both
+// are nothing.
 type Buffers struct {
 	Params  []float32 // all parameters, in the model's tensor order
 	Grads   []float32 // all gradients, same layout
 	pTensor [][]float32
 	gTensor [][]float32
+
+	be         kernels.Backend
+	onHost     bool
+	dp, dg     kernels.Tensor // Params and Grads on the backend
+	gradsClean bool           // dg holds zeros (ZeroGrad since the last Backward)
 }
 
-// NewBuffers allocates n parameters and n zero gradients and splits each
-// with views, which returns the model's named views and the tensors in
-// order; it returns the buffers and the named views of both.
-func NewBuffers[P any](n int, views func([]float32) (P, [][]float32)) (b Buffers, p, g P) {
+// NewBuffers allocates n parameters and n zero gradients, on the host and
+// on be, and splits each host buffer with views, which returns the model's
+// named views and the tensors in order; it returns the buffers and the named
+// views of both.
+func NewBuffers[P any](be kernels.Backend, n int, views func([]float32) (P, [][]float32)) (b Buffers, p, g P) {
 	b.Params = make([]float32, n)
 	b.Grads = make([]float32, n)
 	p, b.pTensor = views(b.Params)
 	g, b.gTensor = views(b.Grads)
+	b.be, b.onHost = be, kernels.InHostMemory(be)
+	if b.onHost {
+		b.dp, b.dg = kernels.HostTensor(b.Params), kernels.HostTensor(b.Grads)
+	} else {
+		b.dp, b.dg = be.Alloc(n), be.Alloc(n)
+	}
+	b.gradsClean = true
 	return b, p, g
 }
 
@@ -104,4 +127,87 @@ func (b *Buffers) Tensors() [][]float32 { return b.pTensor }
 func (b *Buffers) GradTensors() [][]float32 { return b.gTensor }
 
 // ZeroGrad clears the gradients.
-func (b *Buffers) ZeroGrad() { clear(b.Grads) }
+func (b *Buffers) ZeroGrad() {
+	clear(b.Grads)
+	if !b.onHost {
+		b.be.Zero(b.dg)
+	}
+	b.gradsClean = true
+}
+
+// ParamsOnBackend and GradsOnBackend are the whole buffers as the backend
+// keeps them, for the model to cut its views from.
+func (b *Buffers) ParamsOnBackend() kernels.Tensor { return b.dp }
+
+// GradsOnBackend: see ParamsOnBackend.
+func (b *Buffers) GradsOnBackend() kernels.Tensor { return b.dg }
+
+// ToBackend copies the host parameters to the backend, before a forward
+// pass: whoever changed them (an optimizer, a checkpoint load, a test)
+// did so in host memory.
+func (b *Buffers) ToBackend() {
+	if !b.onHost {
+		b.be.Upload(b.dp, b.Params)
+	}
+}
+
+// BeforeBackward makes the backend's gradients what the host's are, so that
+// a backward pass accumulates onto them: nothing to do when they were
+// cleared since (the usual step) or live in host memory.
+func (b *Buffers) BeforeBackward() {
+	if !b.onHost && !b.gradsClean {
+		b.be.Upload(b.dg, b.Grads)
+	}
+}
+
+// FromBackend copies the gradients a backward pass left on the backend to
+// the host.
+func (b *Buffers) FromBackend() {
+	if !b.onHost {
+		b.be.Download(b.Grads, b.dg)
+	}
+	b.gradsClean = false
+}
+
+// SplitTensor cuts t into consecutive views of the given shapes, pointing
+// each dst[i] at one, as Split does for host buffers.
+func SplitTensor(t kernels.Tensor, shapes [][]int, dst []*kernels.Tensor) {
+	off := 0
+	for i, s := range shapes {
+		n := Size(s)
+		*dst[i] = t.Slice(off, off+n)
+		off += n
+	}
+}
+
+// Arena allocates a model's activations on its backend and gives them all
+// back at once, when the batch shape changes.
+type Arena struct {
+	be  kernels.Backend
+	all []kernels.Tensor
+}
+
+// NewArena returns an empty arena on be.
+func NewArena(be kernels.Backend) *Arena { return &Arena{be: be} }
+
+// Alloc returns n zero values, freed with the arena.
+func (a *Arena) Alloc(n int) kernels.Tensor {
+	t := a.be.Alloc(n)
+	a.all = append(a.all, t)
+	return t
+}
+
+// Zero clears every tensor allocated here.
+func (a *Arena) Zero() {
+	for _, t := range a.all {
+		a.be.Zero(t)
+	}
+}
+
+// Free gives every tensor back; the arena can be used again.
+func (a *Arena) Free() {
+	for _, t := range a.all {
+		a.be.Free(t)
+	}
+	a.all = nil
+}

@@ -162,3 +162,121 @@ func TrainingLowersTheLoss(t testing.TB, m Model, params, grads []float32, vocab
 		t.Fatalf("loss %.3f -> %.3f", first, last)
 	}
 }
+
+// Logits is a model that shows its last forward pass's output.
+type Logits interface {
+	Model
+	Logits() []float32
+}
+
+// SameApart trains two models, equal but for the backend (host is on a
+// host backend, apart on kernels.Apart over the same kernels, which keeps
+// its tensors in memory of its own, as a GPU does), and requires every
+// loss, gradient, logit and parameter to be the same bit for bit: the
+// copies between the host's buffers and the backend's are made when they
+// must be. The steps change parameters and gradients in host memory between
+// passes, as the optimizers do, and accumulate two backward passes without
+// clearing.
+func SameApart(t testing.TB, host, apart Logits, vocab int) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(5, 5))
+	for step := 0; step < 4; step++ {
+		in, tg := Batch(r, 2, 5, vocab)
+		var losses [2]float32
+		for i, m := range []Logits{host, apart} {
+			l, err := m.Forward(in, tg, 2, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			losses[i] = l
+			if step != 2 {
+				m.ZeroGrad()
+			} else {
+				// Gradients changed on the host before a backward pass
+				// that accumulates onto them.
+				for _, g := range m.GradTensors() {
+					for j := range g {
+						g[j] = 0.5 * g[j]
+					}
+				}
+			}
+			if err := m.Backward(); err != nil {
+				t.Fatal(err)
+			}
+			if step == 1 { // a second pass, accumulated
+				if err := m.Backward(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if losses[0] != losses[1] {
+			t.Fatalf("step %d: loss %v on the host backend, %v apart", step, losses[0], losses[1])
+		}
+		hg, ag := host.GradTensors(), apart.GradTensors()
+		hp, ap := host.Tensors(), apart.Tensors()
+		for i := range hg {
+			for j := range hg[i] {
+				if hg[i][j] != ag[i][j] {
+					t.Fatalf("step %d: gradient %d[%d] %v on the host backend, %v apart", step, i, j, hg[i][j], ag[i][j])
+				}
+				// An SGD step, in host memory.
+				hp[i][j] -= 0.1 * hg[i][j]
+				ap[i][j] -= 0.1 * ag[i][j]
+			}
+		}
+	}
+	// Logits of a pass without targets.
+	in, _ := Batch(r, 1, 4, vocab)
+	for _, m := range []Logits{host, apart} {
+		if _, err := m.Forward(in, nil, 1, 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hl, al := host.Logits(), apart.Logits()
+	if len(hl) != len(al) || len(hl) == 0 {
+		t.Fatalf("logits: %d values on the host backend, %d apart", len(hl), len(al))
+	}
+	for i := range hl {
+		if hl[i] != al[i] {
+			t.Fatalf("logit %d: %v on the host backend, %v apart", i, hl[i], al[i])
+		}
+	}
+}
+
+// MatchesGo runs one forward and backward pass of two models, equal but
+// for the backend (m on the binary's default, goModel on the pure-Go one),
+// and requires the loss and every gradient to agree within what float32
+// sums in another order (or bf16 products) give: loss to 1e-4 relative,
+// each gradient tensor to tol of its largest magnitude. On the CPU builds
+// the two are the same kernels; on the GPU this checks the whole model.
+func MatchesGo(t testing.TB, m, goModel Model, vocab int, tol float64) {
+	t.Helper()
+	in, tg := Batch(rand.New(rand.NewPCG(6, 6)), 3, 5, vocab)
+	var losses [2]float32
+	for i, x := range []Model{m, goModel} {
+		l, err := x.Forward(in, tg, 3, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		losses[i] = l
+		x.ZeroGrad()
+		if err := x.Backward(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := math.Abs(float64(losses[0] - losses[1])); d > 1e-4*math.Abs(float64(losses[1])) {
+		t.Fatalf("loss %v, the Go backend's %v", losses[0], losses[1])
+	}
+	got, want := m.GradTensors(), goModel.GradTensors()
+	for i := range want {
+		scale := 1e-12
+		for _, v := range want[i] {
+			scale = math.Max(scale, math.Abs(float64(v)))
+		}
+		for j, v := range want[i] {
+			if d := math.Abs(float64(got[i][j] - v)); !(d <= tol*scale) {
+				t.Fatalf("gradient %d[%d] = %g, the Go backend's %g (largest %g)", i, j, got[i][j], v, scale)
+			}
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/internal/filelock"
 	"github.com/psyche-go/psyche/p2p/libp2p"
+	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/psyche-go/psyche/trainer/start"
 	"github.com/urfave/cli/v2"
@@ -37,6 +38,7 @@ var joinCommand = &cli.Command{
 		&cli.StringFlag{Name: "data-dir", Value: defaultDataDir(), Usage: "where the trainer keeps its files: checkpoints go in <data-dir>/<run-id>/<address, first 8 characters>/checkpoints", Category: "RUN"},
 		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
+		precisionFlag,
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
 		&cli.StringFlag{Name: "local-data", Usage: "join a federated run (its run file has a [federated] section) as a client that trains on this text file of its own, which never leaves the machine", Category: "FEDERATED"},
 		&cli.IntFlag{Name: "rounds", Usage: "with --local-data: leave once the server's model reaches this round (0: when the run finishes)", Category: "FEDERATED"},
@@ -104,6 +106,11 @@ func join(c *cli.Context) error {
 	opts := []node.Option{node.WithPeers(c.StringSlice("peer")...),
 		node.WithCheckpointDir(ckptDir), node.WithLogger(log), node.WithEpochs(c.Int("epochs")),
 		node.WithMetrics(node.NewMetrics(reg))}
+	prec, err := precision(c)
+	if err != nil {
+		return err
+	}
+	opts = append(opts, node.WithPrecision(prec))
 	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
 		opts = append(opts, node.WithTicking())
 	}
@@ -292,4 +299,16 @@ func localData(loc string) error {
 			loc, err, wd)
 	}
 	return nil
+}
+
+// precisionFlag chooses the arithmetic of a trainer's matrix products.
+var precisionFlag = &cli.StringFlag{Name: "precision", Value: "fp32", Category: "RUN",
+	Usage: "matrix products: fp32, or bf16 (inputs rounded to bfloat16, sums in float32: the GPU's tensor cores; a CPU build computes fp32 and says so)"}
+
+func precision(c *cli.Context) (kernels.Precision, error) {
+	p, err := kernels.ParsePrecision(c.String("precision"))
+	if err != nil {
+		return "", fmt.Errorf("--precision: %w", err)
+	}
+	return p, nil
 }

@@ -58,6 +58,7 @@ clock did not move, so that its epochs end. The tests use it.`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
+		precisionFlag,
 		&cli.IntFlag{Name: "epoch-time", Value: 20, Usage: "target epoch length in seconds", Category: "RUN"},
 		&cli.StringFlag{Name: "dir", Usage: "working directory for state, data and checkpoints (default: a new temporary one)", Category: "RUN"},
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
@@ -218,7 +219,11 @@ func localnet(c *cli.Context) (err error) {
 			return err
 		}
 	}
-	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, bad, lb.nodeOpts...)
+	prec, err := precision(c)
+	if err != nil {
+		return err
+	}
+	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, bad, append(lb.nodeOpts, node.WithPrecision(prec))...)
 	if err != nil {
 		return err
 	}

@@ -75,9 +75,12 @@ func NewCUDA() (*CUDA, error) {
 		ready <- nil
 		w := &cudaWorker{drv: drv, rope: map[ropeKey]devPtr{}}
 		for j := range jobs {
-			err := w.run(j.op, j.fn)
+			w.run(j.op, j.fn)
+			// A queued job's failure waits for the next job that
+			// someone waits for.
 			if j.done != nil {
-				j.done <- err
+				j.done <- w.err
+				w.err = nil
 			}
 		}
 		w.release()
@@ -169,23 +172,24 @@ type cudaWorker struct {
 	err  error              // the first failure since the last wait
 }
 
-func (w *cudaWorker) run(op string, fn func(*cudaCall)) (err error) {
-	call := &cudaCall{w: w}
-	if w.err == nil {
-		func() {
-			defer func() {
-				if r := recover(); r != nil {
-					call.err = fmt.Errorf("panic on the CUDA worker: %v", r)
-				}
-			}()
-			fn(call)
-		}()
-		if call.err != nil {
-			w.err = fmt.Errorf("%s: %w", op, call.err)
-		}
+// run runs fn unless an earlier job failed since the last wait (then what
+// it would do may depend on what failed), keeping the first failure in err.
+func (w *cudaWorker) run(op string, fn func(*cudaCall)) {
+	if w.err != nil {
+		return
 	}
-	err, w.err = w.err, nil
-	return err
+	call := &cudaCall{w: w}
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				call.err = fmt.Errorf("panic on the CUDA worker: %v", r)
+			}
+		}()
+		fn(call)
+	}()
+	if call.err != nil {
+		w.err = fmt.Errorf("%s: %w", op, call.err)
+	}
 }
 
 func (w *cudaWorker) release() {

@@ -19,6 +19,16 @@ static int psyche_gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k, fl
 		&beta, (void*)c, CUDA_R_32F, ldc, (cublasComputeType_t)compute, CUBLAS_GEMM_DEFAULT);
 }
 
+// psyche_gemm_batched is psyche_gemm over count products whose operands
+// start stride values apart.
+static int psyche_gemm_batched(cublasHandle_t h, int ta, int tb, int m, int n, int k, float alpha,
+		unsigned long long a, int lda, long long sa, unsigned long long b, int ldb, long long sb, float beta,
+		unsigned long long c, int ldc, long long sc, int count, int compute) {
+	return (int)cublasGemmStridedBatchedEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+		&alpha, (const void*)a, CUDA_R_32F, lda, sa, (const void*)b, CUDA_R_32F, ldb, sb,
+		&beta, (void*)c, CUDA_R_32F, ldc, sc, count, (cublasComputeType_t)compute, CUBLAS_GEMM_DEFAULT);
+}
+
 static int psyche_cublas_create(cublasHandle_t* h) { return (int)cublasCreate(h); }
 static int psyche_cublas_destroy(cublasHandle_t h) { return (int)cublasDestroy(h); }
 */
@@ -69,6 +79,34 @@ func (b *cublasHandle) gemm(transA, transB bool, m, n, k int, alpha float32, a d
 		C.ulonglong(a), C.int(lda), C.ulonglong(bm), C.int(ldb), C.float(beta), C.ulonglong(c), C.int(ldc), C.int(compute))
 	if st != 0 {
 		return fmt.Errorf("cublasGemmEx: cublasStatus %d", int(st))
+	}
+	return nil
+}
+
+// strided is one operand of a batched product on the device: its first
+// matrix, its row stride (row-major) and the distance in values from one
+// matrix to the next.
+type strided struct {
+	p      devPtr
+	ld     int
+	stride int64
+}
+
+// gemmBatched computes, for i < count, the row-major
+// C_i = alpha·op(A_i)·op(B_i) + beta·C_i (op(A) m×k, op(B) k×n), as Gemm
+// turns row-major into cuBLAS's column-major: operands and m, n swapped.
+func (b *cublasHandle) gemmBatched(transA, transB bool, m, n, k int, alpha float32, a, bm strided, beta float32, c strided, count int, compute cublasCompute) error {
+	flag := func(t bool) C.int {
+		if t {
+			return 1
+		}
+		return 0
+	}
+	st := C.psyche_gemm_batched(b.h, flag(transB), flag(transA), C.int(n), C.int(m), C.int(k), C.float(alpha),
+		C.ulonglong(bm.p), C.int(bm.ld), C.longlong(bm.stride), C.ulonglong(a.p), C.int(a.ld), C.longlong(a.stride),
+		C.float(beta), C.ulonglong(c.p), C.int(c.ld), C.longlong(c.stride), C.int(count), C.int(compute))
+	if st != 0 {
+		return fmt.Errorf("cublasGemmStridedBatchedEx: cublasStatus %d", int(st))
 	}
 	return nil
 }

@@ -13,9 +13,8 @@ const (
 	kGELUBackward
 	kSoftmaxCrossEntropy
 	kCrossEntropyBackward
-	kGQAttentionForward
-	kGQAttentionBackwardQuery
-	kGQAttentionBackwardKeyValue
+	kCausalSoftmax
+	kCausalSoftmaxBackward
 	kRMSNormForward
 	kRMSNormBackwardInput
 	kRMSNormBackwardParams
@@ -34,28 +33,27 @@ const (
 // cudaKernelNames are the extern "C" names of the kernels in cudaSource, in
 // cudaKernel order.
 var cudaKernelNames = [numCUDAKernels]string{
-	kLayerNormForward:            "layernorm_forward",
-	kLayerNormBackwardInput:      "layernorm_backward_input",
-	kLayerNormBackwardParams:     "layernorm_backward_params",
-	kGELUForward:                 "gelu_forward",
-	kGELUBackward:                "gelu_backward",
-	kSoftmaxCrossEntropy:         "softmax_cross_entropy",
-	kCrossEntropyBackward:        "cross_entropy_backward",
-	kGQAttentionForward:          "gqattention_forward",
-	kGQAttentionBackwardQuery:    "gqattention_backward_query",
-	kGQAttentionBackwardKeyValue: "gqattention_backward_keyvalue",
-	kRMSNormForward:              "rmsnorm_forward",
-	kRMSNormBackwardInput:        "rmsnorm_backward_input",
-	kRMSNormBackwardParams:       "rmsnorm_backward_params",
-	kRoPE:                        "rope",
-	kSwiGLUForward:               "swiglu_forward",
-	kSwiGLUBackward:              "swiglu_backward",
-	kAdd:                         "add",
-	kAccumulate2:                 "accumulate2",
-	kAddBias:                     "add_bias",
-	kBiasBackward:                "bias_backward",
-	kEmbed:                       "embed",
-	kEmbedBackward:               "embed_backward",
+	kLayerNormForward:        "layernorm_forward",
+	kLayerNormBackwardInput:  "layernorm_backward_input",
+	kLayerNormBackwardParams: "layernorm_backward_params",
+	kGELUForward:             "gelu_forward",
+	kGELUBackward:            "gelu_backward",
+	kSoftmaxCrossEntropy:     "softmax_cross_entropy",
+	kCrossEntropyBackward:    "cross_entropy_backward",
+	kCausalSoftmax:           "causal_softmax",
+	kCausalSoftmaxBackward:   "causal_softmax_backward",
+	kRMSNormForward:          "rmsnorm_forward",
+	kRMSNormBackwardInput:    "rmsnorm_backward_input",
+	kRMSNormBackwardParams:   "rmsnorm_backward_params",
+	kRoPE:                    "rope",
+	kSwiGLUForward:           "swiglu_forward",
+	kSwiGLUBackward:          "swiglu_backward",
+	kAdd:                     "add",
+	kAccumulate2:             "accumulate2",
+	kAddBias:                 "add_bias",
+	kBiasBackward:            "bias_backward",
+	kEmbed:                   "embed",
+	kEmbedBackward:           "embed_backward",
 }
 
 // cudaBlock is the block size of every launch (a multiple of the warp size:
@@ -75,14 +73,9 @@ const cudaBlock = 256
 //     warp shuffles, so results are deterministic; every lane of a warp
 //     follows the same control flow, as __shfl_xor_sync with a full mask
 //     requires;
-//   - attention (grouped-query; multi-head attention is its case KV = H, as
-//     in the Go backend): one thread per (sequence, query head, position).
-//     The backward pass is two kernels so that no two threads write the same
-//     element: the first (per query position) writes the softmax gradient
-//     into datt and accumulates dq; the second, per (sequence, key/value
-//     head, key position), reads it and accumulates dk and dv, summing over
-//     the group's query heads in order and over query positions in the same
-//     order as the Go backend;
+//   - attention's row-wise parts (causal_softmax and its backward; the
+//     products are cuBLAS's, see llama_cuda.go): one warp per row of the
+//     t×t probabilities;
 //   - rmsnorm_backward_params: one thread per column; rope: one thread per
 //     (row, head, pair) with the angle from a cos/sin table the host
 //     computes (so both backends rotate by the same float32 values);
@@ -253,108 +246,41 @@ extern "C" __global__ void cross_entropy_backward(float* dLogits, const float* p
 	}
 }
 
-// ---- causal grouped-query self-attention ----
-//
-// qkv is (B·T)×W with W = (H+2·KV)·hd, rows [q (H heads) | k (KV) | v (KV)];
-// query head h reads key/value head h/(H/KV). out and dOut are (B·T)×(H·hd).
-// att is B·H·T·T. Multi-head attention (GPT's) is the case KV = H.
+// ---- attention: the row-wise parts (the products are cuBLAS's) ----
 
-extern "C" __global__ void gqattention_forward(float* out, float* att, const float* qkv,
-		int B, int T, int H, int KV, int hd, float scale) {
-	int W = (H + 2 * KV) * hd, C = H * hd, rep = H / KV;
-	long long total = (long long)B * H * T;
-	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
-		int ti = (int)(idx % T);
-		long long bh = idx / T;
-		int h = (int)(bh % H);
-		long long b = bh / H;
-		int kh = h / rep;
-		const float* q = qkv + (b * T + ti) * W + h * hd;
-		float* a = att + (bh * T + ti) * T;
+// Row ti (of rows rows of T; ti = row mod T): softmax over [0, ti], zero
+// beyond (the causal mask), in place.
+extern "C" __global__ void causal_softmax(float* att, int rows, int T) {
+	int lane = threadIdx.x & 31;
+	for (long long row = global_thread() >> 5; row < rows; row += global_threads() >> 5) {
+		float* x = att + row * T;
+		int ti = (int)(row % T);
 		float maxv = -__int_as_float(0x7f800000);
-		for (int t2 = 0; t2 <= ti; t2++) {
-			const float* k = qkv + (b * T + t2) * W + C + kh * hd;
-			float dot = 0;
-			for (int i = 0; i < hd; i++) dot += q[i] * k[i];
-			dot *= scale;
-			a[t2] = dot;
-			maxv = fmaxf(maxv, dot);
-		}
+		for (int i = lane; i <= ti; i += 32) maxv = fmaxf(maxv, x[i]);
+		maxv = warp_max_f(maxv);
 		float sum = 0;
-		for (int t2 = 0; t2 <= ti; t2++) {
-			float e = expf(a[t2] - maxv);
-			a[t2] = e;
+		for (int i = lane; i <= ti; i += 32) {
+			float e = expf(x[i] - maxv);
+			x[i] = e;
 			sum += e;
 		}
+		sum = warp_sum_f(sum);
 		float inv = 1.0f / sum;
-		for (int t2 = 0; t2 < T; t2++) a[t2] = t2 <= ti ? a[t2] * inv : 0.0f;
-		float* o = out + (b * T + ti) * C + h * hd;
-		for (int i = 0; i < hd; i++) o[i] = 0;
-		for (int t2 = 0; t2 <= ti; t2++) {
-			const float* v = qkv + (b * T + t2) * W + C + KV * hd + kh * hd;
-			float w = a[t2];
-			for (int i = 0; i < hd; i++) o[i] += w * v[i];
-		}
+		for (int i = lane; i < T; i += 32) x[i] = i <= ti ? x[i] * inv : 0.0f;
 	}
 }
 
-extern "C" __global__ void gqattention_backward_query(float* dqkv, float* datt, const float* dOut,
-		const float* qkv, const float* att, int B, int T, int H, int KV, int hd, float scale) {
-	int W = (H + 2 * KV) * hd, C = H * hd, rep = H / KV;
-	long long total = (long long)B * H * T;
-	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
-		int ti = (int)(idx % T);
-		long long bh = idx / T;
-		int h = (int)(bh % H);
-		long long b = bh / H;
-		int kh = h / rep;
-		const float* a = att + (bh * T + ti) * T;
-		float* da = datt + (bh * T + ti) * T;
-		const float* g = dOut + (b * T + ti) * C + h * hd;
-		for (int t2 = 0; t2 <= ti; t2++) {
-			const float* v = qkv + (b * T + t2) * W + C + KV * hd + kh * hd;
-			float dot = 0;
-			for (int i = 0; i < hd; i++) dot += v[i] * g[i];
-			da[t2] = dot;
-		}
+// datt holds dP; it becomes dS = P ⊙ (dP − Σ P ⊙ dP)·scale, row by row.
+extern "C" __global__ void causal_softmax_backward(float* datt, const float* att, int rows, int T, float scale) {
+	int lane = threadIdx.x & 31;
+	for (long long row = global_thread() >> 5; row < rows; row += global_threads() >> 5) {
+		float* d = datt + row * T;
+		const float* p = att + row * T;
+		int ti = (int)(row % T);
 		float s = 0;
-		for (int t2 = 0; t2 <= ti; t2++) s += a[t2] * da[t2];
-		for (int t2 = 0; t2 <= ti; t2++) da[t2] = a[t2] * (da[t2] - s) * scale;
-		float* dq = dqkv + (b * T + ti) * W + h * hd;
-		for (int t2 = 0; t2 <= ti; t2++) {
-			const float* k = qkv + (b * T + t2) * W + C + kh * hd;
-			float dpre = da[t2];
-			for (int i = 0; i < hd; i++) dq[i] += dpre * k[i];
-		}
-	}
-}
-
-// Per (sequence, key/value head, key position t2): the group's query heads
-// in order, each over ti ≥ t2.
-extern "C" __global__ void gqattention_backward_keyvalue(float* dqkv, const float* datt, const float* dOut,
-		const float* qkv, const float* att, int B, int T, int H, int KV, int hd) {
-	int W = (H + 2 * KV) * hd, C = H * hd, rep = H / KV;
-	long long total = (long long)B * KV * T;
-	for (long long idx = global_thread(); idx < total; idx += global_threads()) {
-		int t2 = (int)(idx % T);
-		long long bk = idx / T;
-		int kh = (int)(bk % KV);
-		long long b = bk / KV;
-		float* dk = dqkv + (b * T + t2) * W + C + kh * hd;
-		float* dv = dqkv + (b * T + t2) * W + C + KV * hd + kh * hd;
-		for (int h = kh * rep; h < (kh + 1) * rep; h++) {
-			long long bh = b * H + h;
-			for (int ti = t2; ti < T; ti++) {
-				float dpre = datt[(bh * T + ti) * T + t2];
-				float w = att[(bh * T + ti) * T + t2];
-				const float* q = qkv + (b * T + ti) * W + h * hd;
-				const float* g = dOut + (b * T + ti) * C + h * hd;
-				for (int i = 0; i < hd; i++) {
-					dk[i] += dpre * q[i];
-					dv[i] += w * g[i];
-				}
-			}
-		}
+		for (int i = lane; i <= ti; i += 32) s += p[i] * d[i];
+		s = warp_sum_f(s);
+		for (int i = lane; i < T; i += 32) d[i] = i <= ti ? p[i] * (d[i] - s) * scale : 0.0f;
 	}
 }
 

@@ -29,7 +29,33 @@ func (c *CUDA) GQAttentionBackward(dqkv, datt, dOut, qkv, att Tensor, b, t, head
 	c.gqAttentionBackward("GQAttentionBackward", dqkv, datt, dOut, qkv, att, b, t, heads, kvHeads, hd, scale)
 }
 
-// gqAttention checks the sizes and queues the forward kernel for op (the
+// cudaAttn runs attention's steps (attention_batched.go) on the device:
+// cuBLAS batched products and the causal softmax kernels.
+type cudaAttn struct {
+	x       *cudaCall
+	ptr     [numAttnTensors]devPtr
+	compute cublasCompute
+}
+
+func (a *cudaAttn) operand(o attnOperand) strided {
+	return strided{a.ptr[o.t] + devPtr(4*o.off), o.ld, o.stride}
+}
+
+func (a *cudaAttn) gemm(transA, transB bool, m, n, k int, alpha float32, x, y attnOperand, beta float32, z attnOperand, count int) {
+	if a.x.err == nil {
+		a.x.fail("attention product", a.x.w.drv.blas.gemmBatched(transA, transB, m, n, k, alpha, a.operand(x), a.operand(y), beta, a.operand(z), count, a.compute))
+	}
+}
+
+func (a *cudaAttn) softmax(rows, t int) {
+	a.x.launch(kCausalSoftmax, gridForRows(rows), a.ptr[tAtt], rows, t)
+}
+
+func (a *cudaAttn) softmaxBackward(rows, t int, scale float32) {
+	a.x.launch(kCausalSoftmaxBackward, gridForRows(rows), a.ptr[tDAtt], a.ptr[tAtt], rows, t, scale)
+}
+
+// gqAttention checks the sizes and queues the forward pass for op (the
 // shape and scale already checked).
 func (c *CUDA) gqAttention(op string, out, att, qkv Tensor, b, t, heads, kvHeads, hd int, scale float32) {
 	nqkv, nout, natt := b*t*(heads+2*kvHeads)*hd, b*t*heads*hd, b*heads*t*t
@@ -37,13 +63,16 @@ func (c *CUDA) gqAttention(op string, out, att, qkv Tensor, b, t, heads, kvHeads
 	if b == 0 || t == 0 {
 		return
 	}
+	l, compute := newAttnLayout(b, t, heads, kvHeads, hd), c.compute
 	c.queue(op, func(x *cudaCall) {
-		x.launch(kGQAttentionForward, gridFor(b*heads*t), dOut, dAtt, dqkv, b, t, heads, kvHeads, hd, scale)
+		a := &cudaAttn{x: x, compute: compute}
+		a.ptr[tQKV], a.ptr[tOut], a.ptr[tAtt] = dqkv, dOut, dAtt
+		attentionForward(a, l, scale)
 	})
 }
 
-// gqAttentionBackward checks the sizes and queues the two backward kernels
-// for op (the shape and scale already checked).
+// gqAttentionBackward checks the sizes and queues the backward pass for op
+// (the shape and scale already checked).
 func (c *CUDA) gqAttentionBackward(op string, dqkv, datt, dOut, qkv, att Tensor, b, t, heads, kvHeads, hd int, scale float32) {
 	nqkv, nout, natt := b*t*(heads+2*kvHeads)*hd, b*t*heads*hd, b*heads*t*t
 	ddqkv, ddatt, ddOut := dev(op, "dqkv", dqkv, nqkv), dev(op, "datt", datt, natt), dev(op, "dOut", dOut, nout)
@@ -51,9 +80,11 @@ func (c *CUDA) gqAttentionBackward(op string, dqkv, datt, dOut, qkv, att Tensor,
 	if b == 0 || t == 0 {
 		return
 	}
+	l, compute := newAttnLayout(b, t, heads, kvHeads, hd), c.compute
 	c.queue(op, func(x *cudaCall) {
-		x.launch(kGQAttentionBackwardQuery, gridFor(b*heads*t), ddqkv, ddatt, ddOut, dx, da, b, t, heads, kvHeads, hd, scale)
-		x.launch(kGQAttentionBackwardKeyValue, gridFor(b*kvHeads*t), ddqkv, ddatt, ddOut, dx, da, b, t, heads, kvHeads, hd)
+		a := &cudaAttn{x: x, compute: compute}
+		a.ptr[tQKV], a.ptr[tAtt], a.ptr[tDQKV], a.ptr[tDOut], a.ptr[tDAtt] = dx, da, ddqkv, ddOut, ddatt
+		attentionBackward(a, l, scale)
 	})
 }
 

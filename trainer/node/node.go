@@ -63,6 +63,7 @@ type Progress struct {
 type config struct {
 	log            *slog.Logger
 	kernels        kernels.Backend
+	precision      kernels.Precision
 	checkpoints    string
 	peers          []string
 	checkpointWait time.Duration
@@ -106,6 +107,16 @@ type Option func(*config) error
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error { c.log = l; return nil }
+}
+
+// WithPrecision sets the arithmetic of the matrix products (default
+// kernels.FP32); a backend that cannot compute at it (the CPU backends, for
+// bf16) computes in float32, and the node's first log line says so.
+func WithPrecision(p kernels.Precision) Option {
+	return func(c *config) error {
+		c.precision = p
+		return nil
+	}
 }
 
 // WithKernels sets the kernels backend (default: kernels.Default()).
@@ -223,6 +234,10 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 	if cfg.kernels == nil {
 		cfg.kernels = kernels.Default()
 	}
+	if cfg.precision != "" {
+		cfg.kernels, _ = kernels.WithPrecision(cfg.kernels, cfg.precision)
+	}
+	logKernels(cfg.log, cfg.kernels, cfg.precision)
 	if cfg.metrics == nil {
 		cfg.metrics = NewMetrics(nil)
 	}
@@ -702,4 +717,21 @@ func (n *Node) connectPeers(ctx context.Context) {
 		}
 		cancel()
 	}
+}
+
+// logKernels says what the node computes on: the backend, its device, the
+// precision of its products (and the one asked for, when it differs) and
+// the device's free memory.
+func logKernels(log *slog.Logger, be kernels.Backend, asked kernels.Precision) {
+	attrs := []any{"backend", be.Name(), "precision", kernels.PrecisionOf(be)}
+	if asked != "" && asked != kernels.PrecisionOf(be) {
+		attrs = append(attrs, "asked", asked)
+	}
+	if d, ok := be.(interface{ Device() string }); ok {
+		attrs = append(attrs, "device", d.Device())
+	}
+	if free, total, ok := kernels.DeviceMemory(be); ok {
+		attrs = append(attrs, "free_memory", fmt.Sprintf("%.1f of %.1f GiB", float64(free)/(1<<30), float64(total)/(1<<30)))
+	}
+	log.Info("kernels", attrs...)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/internal/modeltest"
 	"github.com/psyche-go/psyche/trainer/kernels"
 )
@@ -97,4 +98,22 @@ func TestBackendMatchesGo(t *testing.T) {
 		g, _ := New(c, 4, kernels.OnHost(kernels.Go{}))
 		modeltest.MatchesGo(t, d, g, c.Vocab, 1e-4)
 	}
+}
+
+// TestChunkedHead runs the output layer three rows at a time (a 15-token
+// batch: chunks of 3) against all at once.
+func TestChunkedHead(t *testing.T) {
+	old := lm.MaxHeadValues
+	defer func() { lm.MaxHeadValues = old }()
+	lm.MaxHeadValues = 3 * tinyTied.Vocab
+	chunked, _ := New(tinyTied, 4, kernels.OnHost(kernels.Go{}))
+	if _, err := chunked.Forward(make([]uint32, 15), make([]uint32, 15), 3, 5); err != nil {
+		t.Fatal(err)
+	}
+	if n := chunked.act.logits.Len(); n != 3*tinyTied.Vocab {
+		t.Fatalf("logits scratch of %d values, want 3 rows of %d", n, tinyTied.Vocab)
+	}
+	lm.MaxHeadValues = old
+	whole, _ := New(tinyTied, 4, kernels.OnHost(kernels.Go{}))
+	modeltest.ChunkedHead(t, chunked, whole, tinyTied.Vocab)
 }

@@ -25,7 +25,8 @@ type activations struct {
 	layers   []layerActs
 	norm     kernels.Tensor
 	normRstd kernels.Tensor
-	logits   kernels.Tensor // probabilities after a forward pass with targets
+	logits   kernels.Tensor // a chunk of the output layer's rows (lm.HeadRows), scratch
+	full     kernels.Tensor // all b·t rows of logits, made by the first Forward without targets
 	losses   kernels.Tensor
 }
 
@@ -33,12 +34,26 @@ func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activat
 	C, BT, I := c.Width, b*t, c.Intermediate
 	ar := lm.NewArena(be)
 	f := ar.Alloc
-	a := activations{arena: ar, encoded: f(BT * C), norm: f(BT * C), logits: f(BT * c.Vocab)}
+	a := activations{arena: ar, encoded: f(BT * C), norm: f(BT * C)}
 	if stats {
 		a.normRstd, a.losses = f(BT), f(BT)
+		a.logits = f(lm.HeadRows(c.Vocab, BT) * c.Vocab)
+	}
+	// The attention probabilities are kept per layer for the backward
+	// pass; their gradient is scratch within one layer's backward, so the
+	// gradients' layers share one (a 1B model at 2048 tokens: 8.6 GB less).
+	var sharedAtt kernels.Tensor
+	if !stats {
+		sharedAtt = f(b * c.Heads * t * t)
+	}
+	att := func() kernels.Tensor {
+		if stats {
+			return f(b * c.Heads * t * t)
+		}
+		return sharedAtt
 	}
 	for l := 0; l < c.Layers; l++ {
-		la := layerActs{norm1: f(BT * C), qkv: f(BT * c.qkvRows()), atty: f(BT * C), att: f(b * c.Heads * t * t),
+		la := layerActs{norm1: f(BT * C), qkv: f(BT * c.qkvRows()), atty: f(BT * C), att: att(),
 			attproj: f(BT * C), resid2: f(BT * C), norm2: f(BT * C), gateUp: f(BT * 2 * I), swiglu: f(BT * I),
 			down: f(BT * C), resid3: f(BT * C)}
 		if stats {
@@ -111,25 +126,28 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 		resid = la.resid3
 	}
 	m.be.RMSNorm(a.norm, a.normRstd, resid, p.norm, BT, C, eps)
-	m.matmul(a.logits, a.norm, p.head, BT, C, m.Vocab)
 	if targets == nil {
+		if a.full.Len() == 0 {
+			a.full = a.arena.Alloc(BT * m.Vocab)
+		}
+		m.matmul(a.full, a.norm, p.head, BT, C, m.Vocab)
 		return 0, nil
 	}
-	m.be.SoftmaxCrossEntropy(a.losses, a.logits, targets, BT, m.Vocab)
+	lm.HeadLoss(m.be, a.losses, a.logits, a.norm, p.head, targets, BT, C, m.Vocab)
 	m.be.Download(m.losses, a.losses)
 	return lm.MeanLoss(m.losses), nil
 }
 
 // Logits returns the output of the last Forward without targets (b·t rows of
-// vocab logits); after a Forward with targets it holds probabilities. On a
-// device backend it is a host copy, made on the first call after a Forward.
+// vocab logits). On a device backend it is a host copy, made on the first
+// call after a Forward.
 func (m *Model) Logits() []float32 {
 	if kernels.InHostMemory(m.be) {
-		return m.act.logits.Host()
+		return m.act.full.Host()
 	}
 	if m.logits == nil {
-		m.logits = make([]float32, m.act.logits.Len())
-		m.be.Download(m.logits, m.act.logits)
+		m.logits = make([]float32, m.act.full.Len())
+		m.be.Download(m.logits, m.act.full)
 	}
 	return m.logits
 }
@@ -146,8 +164,7 @@ func (m *Model) Backward() error {
 	m.BeforeBackward()
 	d.arena.Zero()
 
-	m.be.CrossEntropyBackward(d.logits, a.logits, m.targets, BT, m.Vocab, 1/float32(BT))
-	m.matmulBackward(d.norm, g.head, d.logits, a.norm, p.head, BT, C, m.Vocab)
+	lm.HeadBackward(m.be, d.norm, g.head, a.losses, a.logits, a.norm, p.head, m.targets, BT, C, m.Vocab, 1/float32(BT))
 	last, dLast := a.layers[L-1].resid3, d.layers[L-1].resid3
 	m.be.RMSNormBackward(dLast, g.norm, d.norm, last, p.norm, a.normRstd, BT, C)
 	for l := L - 1; l >= 0; l-- {

@@ -211,3 +211,48 @@ func (a *Arena) Free() {
 	}
 	a.all = nil
 }
+
+// HeadRows is how many rows of logits the output layer computes at a time:
+// as many as keep a chunk within 16 Mi values (64 MiB) and at most rows. A
+// 128k-token vocabulary at 16k tokens a step would otherwise hold 8 GiB of
+// logits (and their gradient); chunked, it holds 64 MiB and computes each
+// chunk's logits twice (forward for the loss, backward for the gradient),
+// one more product of the head's size.
+func HeadRows(vocab, rows int) int {
+	return max(1, min(rows, MaxHeadValues/max(1, vocab)))
+}
+
+// MaxHeadValues is the most logits HeadRows lets a chunk hold; tests lower
+// it to make tiny models compute in several chunks.
+var MaxHeadValues = 16 << 20
+
+// HeadLoss computes the output layer's loss chunk by chunk: for rows rows
+// of in (width wide) and the head w (vocab×width), each row's cross-entropy
+// against its target into losses; the chunks are as many rows as scratch
+// holds (HeadRows(vocab, rows) when the model sized it).
+func HeadLoss(be kernels.Backend, losses, scratch, in, w kernels.Tensor, targets []uint32, rows, width, vocab int) {
+	chunk := scratch.Len() / vocab
+	for lo := 0; lo < rows; lo += chunk {
+		n := min(chunk, rows-lo)
+		logits := scratch.Slice(0, n*vocab)
+		be.Gemm(false, true, n, vocab, width, 1, in.Slice(lo*width, (lo+n)*width), width, w, width, 0, logits, vocab)
+		be.SoftmaxCrossEntropy(losses.Slice(lo, lo+n), logits, targets[lo:lo+n], n, vocab)
+	}
+}
+
+// HeadBackward adds the gradient of scale·Σ losses (HeadLoss's) to dIn and
+// dW, recomputing each chunk's probabilities; losses is scratch of rows
+// values.
+func HeadBackward(be kernels.Backend, dIn, dW, losses, scratch, in, w kernels.Tensor, targets []uint32, rows, width, vocab int, scale float32) {
+	chunk := scratch.Len() / vocab
+	for lo := 0; lo < rows; lo += chunk {
+		n := min(chunk, rows-lo)
+		logits, x := scratch.Slice(0, n*vocab), in.Slice(lo*width, (lo+n)*width)
+		be.Gemm(false, true, n, vocab, width, 1, x, width, w, width, 0, logits, vocab)
+		be.SoftmaxCrossEntropy(losses.Slice(lo, lo+n), logits, targets[lo:lo+n], n, vocab)
+		// The logits' gradient, in place over the probabilities.
+		be.CrossEntropyBackward(logits, logits, targets[lo:lo+n], n, vocab, scale)
+		be.Gemm(false, false, n, width, vocab, 1, logits, vocab, w, width, 1, dIn.Slice(lo*width, (lo+n)*width), width)
+		be.Gemm(true, false, vocab, width, n, 1, logits, vocab, x, width, 1, dW, width)
+	}
+}

@@ -280,3 +280,12 @@ func MatchesGo(t testing.TB, m, goModel Model, vocab int, tol float64) {
 		}
 	}
 }
+
+// ChunkedHead compares a model whose output layer computes its logits a
+// few rows at a time (lm.MaxHeadValues lowered to chunkValues before
+// chunked was made) with one that computes them all at once (whole): same
+// loss and gradients up to the order of float32 sums.
+func ChunkedHead(t testing.TB, chunked, whole Model, vocab int) {
+	t.Helper()
+	MatchesGo(t, chunked, whole, vocab, 1e-5)
+}

@@ -213,3 +213,14 @@ func DeviceMemory(be Backend) (free, total int64, ok bool) {
 	}
 	return 0, 0, false
 }
+
+// Pin asks be to page-lock h, a long-lived host buffer that Upload and
+// Download will move often, for faster transfers; it does nothing on a
+// backend that has no use for it. An error means h works as before, only
+// slower to move.
+func Pin(be Backend, h []float32) error {
+	if p, ok := be.(interface{ Pin([]float32) error }); ok {
+		return p.Pin(h)
+	}
+	return nil
+}

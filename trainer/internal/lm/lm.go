@@ -115,6 +115,11 @@ func NewBuffers[P any](be kernels.Backend, n int, views func([]float32) (P, [][]
 		b.dp, b.dg = kernels.HostTensor(b.Params), kernels.HostTensor(b.Grads)
 	} else {
 		b.dp, b.dg = be.Alloc(n), be.Alloc(n)
+		// Both cross to the device every step: page-locked, they cross
+		// several times faster. Without it (the system's limit on locked
+		// memory, say) they still cross.
+		_ = kernels.Pin(be, b.Params)
+		_ = kernels.Pin(be, b.Grads)
 	}
 	b.gradsClean = true
 	return b, p, g

@@ -62,15 +62,50 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	return app
 }
 
-// envName is the environment variable of a flag: PSYCHE_ and the flag's
-// name in upper case with dashes as underscores.
-func envName(f cli.Flag) string {
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(f.Names()[0], "-", "_"))
+// flagEnv is the environment variable of flag f of the command at path
+// (its names from the top, empty for the global flags): PSYCHE_ and the
+// flag's name in upper case with dashes as underscores, when every flag of
+// that name in the whole tree is the one flag (shared by the commands that
+// take it: --server, --key, --run-id, --precision), so the variable means
+// one thing; where commands define flags of the same name that mean
+// different things (--listen: a host:port for the server, multiaddrs for
+// join), the command's path comes first: PSYCHE_SERVER_LISTEN,
+// PSYCHE_JOIN_LISTEN.
+func flagEnv(path []string, f cli.Flag, shared bool) string {
+	upper := func(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "-", "_")) }
+	name := upper(f.Names()[0])
+	if shared || len(path) == 0 {
+		return envPrefix + name
+	}
+	parts := make([]string, len(path))
+	for i, p := range path {
+		parts[i] = upper(p)
+	}
+	return envPrefix + strings.Join(parts, "_") + "_" + name
 }
 
-func deriveEnvVars(cmd *cli.Command) {
+// walkFlags calls fn on every flag of cmd and its subcommands, with the
+// path of the command that takes it.
+func walkFlags(cmd *cli.Command, path []string, fn func(path []string, f cli.Flag)) {
 	for _, f := range cmd.Flags {
-		env := envName(f)
+		fn(path, f)
+	}
+	for _, sub := range cmd.Subcommands {
+		walkFlags(sub, append(append([]string(nil), path...), sub.Name), fn)
+	}
+}
+
+func deriveEnvVars(root *cli.Command) {
+	flags := map[string]map[cli.Flag]bool{} // flag name → the distinct flags of that name
+	walkFlags(root, nil, func(_ []string, f cli.Flag) {
+		n := f.Names()[0]
+		if flags[n] == nil {
+			flags[n] = map[cli.Flag]bool{}
+		}
+		flags[n][f] = true
+	})
+	walkFlags(root, nil, func(path []string, f cli.Flag) {
+		env := flagEnv(path, f, len(flags[f.Names()[0]]) == 1)
 		switch f := f.(type) {
 		case *cli.IntFlag:
 			f.EnvVars = []string{env}
@@ -89,25 +124,19 @@ func deriveEnvVars(cmd *cli.Command) {
 		default:
 			panic(fmt.Sprintf("psyche: flag --%s has a type without an environment variable", f.Names()[0]))
 		}
-	}
-	for _, sub := range cmd.Subcommands {
-		deriveEnvVars(sub)
-	}
+	})
 }
 
 // knownEnv lists every variable a flag reads.
 func knownEnv(app *cli.App) map[string]bool {
 	known := map[string]bool{}
-	var walk func(cmds []*cli.Command)
-	walk = func(cmds []*cli.Command) {
-		for _, c := range cmds {
-			for _, f := range c.Flags {
-				known[envName(f)] = true
+	walkFlags(&cli.Command{Flags: app.Flags, Subcommands: app.Commands}, nil, func(_ []string, f cli.Flag) {
+		if e, ok := f.(interface{ GetEnvVars() []string }); ok {
+			for _, v := range e.GetEnvVars() {
+				known[v] = true
 			}
-			walk(c.Subcommands)
 		}
-	}
-	walk(append([]*cli.Command{{Flags: app.Flags}}, app.Commands...))
+	})
 	return known
 }
 

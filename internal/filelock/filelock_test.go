@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -116,5 +118,110 @@ func TestUnwritableDirectory(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "missing", "x.lock")
 	if _, err := TryLock(path); err == nil || errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), path) {
 		t.Fatalf("got %v, want an error naming %s", err, path)
+	}
+}
+
+func TestUnlockRemovesTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "id.json.lock")
+	l, err := TryLock(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("lock file after Unlock: %v, want it gone", err)
+	}
+}
+
+// TestRemovedFileIsNotTheLock: a file opened before its holder removed it
+// (Unlock) is not the lock any more.
+func TestRemovedFileIsNotTheLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "id.json.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if !stillAt(f, path) {
+		t.Fatal("a file just opened is not at its path")
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if stillAt(f, path) {
+		t.Fatal("a removed file is still taken for the one at its path")
+	}
+}
+
+// TestOneHolderAtATime has goroutines (each lock its own open file, as
+// separate processes have) take and release the lock in a loop and checks
+// that no two ever hold it at once, with Unlock removing the file between.
+func TestOneHolderAtATime(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "id.json.lock")
+	var holders, most, taken atomic.Int32
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 300; i++ {
+				l, err := TryLock(path)
+				if err != nil {
+					if !errors.Is(err, ErrLocked) {
+						t.Error(err)
+						return
+					}
+					continue
+				}
+				n := holders.Add(1)
+				for {
+					m := most.Load()
+					if n <= m || most.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				taken.Add(1)
+				holders.Add(-1)
+				if err := l.Unlock(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if most.Load() != 1 || taken.Load() == 0 {
+		t.Fatalf("at most %d holders at once (want 1), %d locks taken", most.Load(), taken.Load())
+	}
+}
+
+// TestUnlockBetweenOpenAndLock: B opens the lock file, A unlocks (removing
+// it), B locks what it opened. B must end up holding the lock on the file at
+// path, so that C, coming after, is refused.
+func TestUnlockBetweenOpenAndLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "id.json.lock")
+	a, err := TryLock(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beforeLock = func() {
+		beforeLock = nil
+		if err := a.Unlock(); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { beforeLock = nil }()
+	b, err := TryLock(path)
+	if err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	defer b.Unlock()
+	if c, err := TryLock(path); !errors.Is(err, ErrLocked) {
+		if c != nil {
+			c.Unlock()
+		}
+		t.Fatalf("C while B holds the lock: %v, want ErrLocked", err)
 	}
 }

@@ -87,6 +87,18 @@ var adminCommands = []*cli.Command{
 		Action: setPaused,
 	},
 	{
+		Name:  "free-coordinator",
+		Usage: "remove a run that is paused or finished, so that its run id can be created again (the main authority)",
+		Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag},
+		Action: func(c *cli.Context) error {
+			err := send(c, &coordinator.FreeCoordinator{})
+			if errors.Is(err, coordinator.ErrNotHalted) {
+				return fmt.Errorf("%w: pause it first (psyche set-paused --run-id %s; it pauses when its epoch ends)", err, c.String("run-id"))
+			}
+			return err
+		},
+	},
+	{
 		Name:  "tick",
 		Usage: "advance a run's state machine",
 		Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag,
@@ -357,13 +369,24 @@ func update(c *cli.Context) error {
 		return err
 	}
 	if err := send(c, u); err != nil || fed == nil {
-		return err
+		return finishedHint(c, err)
 	}
 	return configureFederated(c, fed)
 }
 
 func setPaused(c *cli.Context) error {
-	return send(c, &coordinator.SetPaused{Paused: !c.Bool("resume")})
+	return finishedHint(c, send(c, &coordinator.SetPaused{Paused: !c.Bool("resume")}))
+}
+
+// finishedHint adds to a refusal because the run is finished what can be
+// done instead: nothing changes a finished run, but it can be removed and
+// created again under the same id.
+func finishedHint(c *cli.Context, err error) error {
+	if errors.Is(err, coordinator.ErrFinished) {
+		id := c.String("run-id")
+		return fmt.Errorf("%w; to train again under this id, remove it (psyche free-coordinator --run-id %s) and create it anew (psyche init-coordinator --run-id %[2]s)", err, id)
+	}
+	return err
 }
 
 func recordCheckpoint(c *cli.Context) error {
@@ -587,7 +610,10 @@ func printStatus(w io.Writer, v statusView) {
 		}
 	}
 	if len(v.Exited) > 0 {
-		fmt.Fprintf(w, "exited (%d):\n", len(v.Exited))
+		// The coordinator's Exited list: the members of the epoch before
+		// this one and the clients removed during this one. Its labels say
+		// where each is now (a member who stayed on is Healthy above too).
+		fmt.Fprintf(w, "last epoch's members and this epoch's removals (%d):\n", len(v.Exited))
 		for _, cl := range v.Exited {
 			fmt.Fprintf(w, "  %-44s %s\n", cl.Address, clientStatus(cl))
 		}

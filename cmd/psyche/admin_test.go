@@ -560,3 +560,49 @@ func TestJoinNamesMissingData(t *testing.T) {
 		t.Fatalf("join: exit %d, %s", code, errb.String())
 	}
 }
+
+// TestFreeCoordinator removes a halted run and creates it again under the
+// same id; a run in an epoch, or another key, is refused with what to do.
+func TestFreeCoordinator(t *testing.T) {
+	url, clock := startServer(t)
+	b := server.NewClient(url, nil)
+	keys, as := adminFlow(t, b, []string{"--server", url}, "again", func(*chain.Keypair) {})
+	if _, errs, code := as("alice", "free-coordinator"); code == 0 || !strings.Contains(errs, "main authority") {
+		t.Fatalf("free by alice: %d %s", code, errs)
+	}
+	if err := joinAs(b, "again", keys["carol"], 3); err != nil {
+		t.Fatal(err)
+	}
+	clock.add(3 * time.Second)
+	if out, errs, code := as("bob", "tick"); code != 0 || !strings.Contains(out, "-> Warmup") {
+		t.Fatalf("tick: %d %s %s", code, out, errs)
+	}
+	if _, errs, code := as("admin", "free-coordinator"); code == 0 || !strings.Contains(errs, "pause it first (psyche set-paused --run-id again") {
+		t.Fatalf("free during an epoch: %d %s", code, errs)
+	}
+	// A pause asked for during an epoch takes effect when the epoch ends:
+	// with nobody training, the clock and ticks get it there.
+	if out, errs, code := as("admin", "set-paused"); code != 0 {
+		t.Fatalf("pause: %d %s %s", code, out, errs)
+	}
+	for i := 0; i < 100; i++ {
+		snap, err := b.Snapshot(context.Background(), "again")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snap.State.RunState.Halted() {
+			break
+		}
+		clock.add(5 * time.Second)
+		as("bob", "tick")
+	}
+	if out, errs, code := as("admin", "free-coordinator"); code != 0 || !strings.Contains(out, "free_coordinator: ok") {
+		t.Fatalf("free: %d %s %s", code, out, errs)
+	}
+	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "again"); code == 0 || !strings.Contains(errs, "not found") {
+		t.Fatalf("status of a freed run: %d %s", code, errs)
+	}
+	if out, errs, code := as("admin", "init-coordinator"); code != 0 || !strings.Contains(out, "init_coordinator: ok") {
+		t.Fatalf("init again: %d %s %s", code, out, errs)
+	}
+}

@@ -172,9 +172,12 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 func logger(c *cli.Context) *slog.Logger { return loggerTo(c, c.App.ErrWriter) }
 
 // loggerTo is logger writing to w.
-func loggerTo(c *cli.Context, w io.Writer) *slog.Logger {
+func loggerTo(c *cli.Context, w io.Writer) *slog.Logger { return loggerAt(c, w, c.String("log-level")) }
+
+// loggerAt is loggerTo at the level named levelName.
+func loggerAt(c *cli.Context, w io.Writer, levelName string) *slog.Logger {
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+	if err := level.UnmarshalText([]byte(levelName)); err != nil {
 		level = slog.LevelInfo
 	}
 	opts := &slog.HandlerOptions{Level: level}

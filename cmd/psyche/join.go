@@ -79,7 +79,15 @@ func join(c *cli.Context) error {
 	status := &statusLine{term: c.App.Writer}
 	log := logger(c)
 	if interactive {
-		log = loggerTo(c, status.LogWriter(c.App.ErrWriter))
+		// Every round logs a few INFO lines; on a terminal they would bury
+		// the progress line, which says what they say. So there, unless
+		// --log-level asks otherwise, only warnings and errors print.
+		level := c.String("log-level")
+		if !c.IsSet("log-level") {
+			level = "warn"
+			fmt.Fprintln(c.App.Writer, "logging warnings and errors above the progress line (--log-level info for every round)")
+		}
+		log = loggerAt(c, status.LogWriter(c.App.ErrWriter), level)
 	}
 	key, err := libp2p.LoadOrCreateKey(p2pKey)
 	if err != nil {
@@ -111,6 +119,12 @@ func join(c *cli.Context) error {
 		return err
 	}
 	opts = append(opts, node.WithPrecision(prec))
+	be, got := kernels.WithPrecision(kernels.Default(), prec)
+	note := ""
+	if got != prec {
+		note = fmt.Sprintf(" (%s asked: this backend computes in %s)", prec, got)
+	}
+	fmt.Fprintf(c.App.Writer, "kernels: %s%s\n", kernels.Describe(be), note)
 	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
 		opts = append(opts, node.WithTicking())
 	}
@@ -126,13 +140,14 @@ func join(c *cli.Context) error {
 		opts = append(opts, bad...)
 	}
 	var pn *libp2p.Node
+	var rate stepRate
 	nd, pn, err := start.Trainer(ctx, c.String("run-id"), b, signer, p2pOpts, append(opts,
 		node.WithProgress(func(p node.Progress) {
 			if !interactive || time.Since(last) < 200*time.Millisecond {
 				return
 			}
 			last = time.Now()
-			status.Set(joinStatus(p, len(pn.Peers())))
+			status.Set(joinStatus(p, len(pn.Peers()), rate.eta(last, p.Step, p.TotalSteps)))
 		}))...)
 	if err != nil {
 		return err
@@ -238,14 +253,43 @@ func lockKey(what, path string) (*filelock.Lock, error) {
 }
 
 // joinStatus is the live progress line; the loss appears once a batch has
-// been trained (before that there is none to show).
-func joinStatus(p node.Progress, peers int) string {
+// been trained (before that there is none to show), the run's total steps
+// once the node has seen its config, and eta once the steps' rate is known.
+func joinStatus(p node.Progress, peers int, eta time.Duration) string {
 	loss := "-"
 	if p.Tokens > 0 {
 		loss = fmt.Sprintf("%.3f", p.Loss)
 	}
-	return fmt.Sprintf("%-17s epoch %d step %d loss %s tokens %d peers %d sent %s received %s",
-		p.State, p.Epoch, p.Step, loss, p.Tokens, peers, bytesString(p.Sent), bytesString(p.Received))
+	step := fmt.Sprint(p.Step)
+	if p.TotalSteps > 0 {
+		step = fmt.Sprintf("%d/%d", p.Step, p.TotalSteps)
+	}
+	left := ""
+	if eta > 0 {
+		left = " eta " + eta.Round(time.Second).String()
+	}
+	return fmt.Sprintf("%-17s epoch %d step %s%s loss %s tokens %d peers %d sent %s received %s",
+		p.State, p.Epoch, step, left, loss, p.Tokens, peers, bytesString(p.Sent), bytesString(p.Received))
+}
+
+// stepRate estimates the time to a run's last step from the steps seen
+// since it started watching (or since the step went back: a restart).
+type stepRate struct {
+	since time.Time
+	from  uint32
+}
+
+// eta is the time left at the rate since the first observation; 0 until
+// steps have advanced, or when the total is unknown or reached.
+func (r *stepRate) eta(now time.Time, step, total uint32) time.Duration {
+	if r.since.IsZero() || step < r.from {
+		r.since, r.from = now, step
+	}
+	if total <= step || step == r.from {
+		return 0
+	}
+	per := now.Sub(r.since) / time.Duration(step-r.from)
+	return per * time.Duration(total-step)
 }
 
 // isTerminal reports whether w is a character device (a terminal), where a

@@ -259,7 +259,7 @@ func flowAcrossProcesses(t *testing.T, fb flowBackend) {
 		t.Fatal(err)
 	}
 	cfg := strings.NewReplacer("warmup_time = 10", "warmup_time = 600", "cooldown_time = 10", "cooldown_time = 600",
-		"max_round_train_time = 20", "max_round_train_time = 600", "epoch_time = 120", "epoch_time = 3600",
+		"max_round_train_time = 20", "max_round_train_time = 600", "epoch_time = 30 ", "epoch_time = 3600 ",
 		"round_witness_time = 3", "round_witness_time = 1", "waiting_for_members_extra_time = 2",
 		"waiting_for_members_extra_time = 1").Replace(string(tiny))
 	runFile := filepath.Join(dir, "run.toml")

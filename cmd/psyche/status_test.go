@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/node"
@@ -65,13 +66,37 @@ func render(b string) []string {
 }
 
 func TestJoinStatusShowsNoLossBeforeTraining(t *testing.T) {
-	before := joinStatus(node.Progress{State: coordinator.Warmup, Epoch: 0, Step: 1}, 2)
+	before := joinStatus(node.Progress{State: coordinator.Warmup, Epoch: 0, Step: 1}, 2, 0)
 	if !strings.Contains(before, "loss -") || strings.Contains(before, "0.000") {
 		t.Errorf("before any batch: %q", before)
 	}
-	after := joinStatus(node.Progress{State: coordinator.RoundTrain, Step: 3, Loss: 4.25, Tokens: 512}, 2)
+	after := joinStatus(node.Progress{State: coordinator.RoundTrain, Step: 3, Loss: 4.25, Tokens: 512}, 2, 0)
 	if !strings.Contains(after, "loss 4.250") || !strings.Contains(after, "tokens 512") {
 		t.Errorf("after training: %q", after)
+	}
+}
+
+// TestJoinStatusShowsTotalAndETA: the progress line says how far the run
+// is and, once steps advance, when it will end.
+func TestJoinStatusShowsTotalAndETA(t *testing.T) {
+	var r stepRate
+	t0 := time.Unix(1000, 0)
+	if eta := r.eta(t0, 10, 110); eta != 0 {
+		t.Fatalf("eta from one observation: %v", eta)
+	}
+	eta := r.eta(t0.Add(20*time.Second), 20, 110) // 2 s a step, 90 to go
+	if eta != 180*time.Second {
+		t.Fatalf("eta %v, want 3m0s", eta)
+	}
+	line := joinStatus(node.Progress{State: coordinator.RoundTrain, Step: 20, TotalSteps: 110, Tokens: 1}, 1, eta)
+	if !strings.Contains(line, "step 20/110 eta 3m0s") {
+		t.Errorf("progress line %q", line)
+	}
+	if eta := r.eta(t0.Add(30*time.Second), 5, 110); eta != 0 { // a restart: the step went back
+		t.Errorf("eta right after a restart: %v", eta)
+	}
+	if eta := r.eta(t0.Add(40*time.Second), 110, 110); eta != 0 {
+		t.Errorf("eta at the end: %v", eta)
 	}
 }
 

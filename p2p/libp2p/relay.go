@@ -2,6 +2,7 @@ package libp2p
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -115,7 +116,7 @@ func (n *Node) keepReservation(ctx context.Context, ai peer.AddrInfo) {
 			if err != nil {
 				renewAt = time.Time{}
 				if n.relays.set(ai.ID, time.Time{}, false) || !warned {
-					n.log.Warn("no reservation on a relay; trying again (direct connections and other relays still work)", "relay", ai.ID.String(), "err", err)
+					n.log.Warn("no reservation on a relay; trying again (direct connections and other relays still work)", "relay", ai.ID.String(), "err", reservationError(err))
 					warned = true
 				}
 				select {
@@ -138,4 +139,23 @@ func (n *Node) keepReservation(ctx context.Context, ai peer.AddrInfo) {
 		case <-t.C:
 		}
 	}
+}
+
+// reservationError words a failed reservation: go-libp2p's
+// ReservationError prints its inner error even when there is none
+// ("err: %!s(<nil>)"), so a refusal is said as the relay's status and
+// reason, and other failures as themselves.
+func reservationError(err error) string {
+	var re client.ReservationError
+	if !errors.As(err, &re) {
+		return err.Error()
+	}
+	msg := "the relay answered " + re.Status.String()
+	if re.Reason != "" {
+		msg += " (" + re.Reason + ")"
+	}
+	if inner := errors.Unwrap(re); inner != nil {
+		msg += ": " + inner.Error()
+	}
+	return msg
 }

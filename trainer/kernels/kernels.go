@@ -224,3 +224,17 @@ func Pin(be Backend, h []float32) error {
 	}
 	return nil
 }
+
+// Describe says in one line what be computes on: its name, device, the
+// precision of its products and the device's free memory.
+func Describe(be Backend) string {
+	s := be.Name()
+	if d, ok := be.(interface{ Device() string }); ok {
+		s += " on " + d.Device()
+	}
+	s += ", " + string(PrecisionOf(be)) + " products"
+	if free, total, ok := DeviceMemory(be); ok {
+		s += fmt.Sprintf(", %.1f of %.1f GiB free", float64(free)/(1<<30), float64(total)/(1<<30))
+	}
+	return s
+}

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
@@ -45,15 +46,16 @@ import (
 // Progress is what the node reports after each thing it does (for a progress
 // display or metrics).
 type Progress struct {
-	State     coordinator.RunState
-	Epoch     uint32
-	Step      uint32
-	Loss      float32 // loss of the last trained batch
-	Tokens    uint64  // tokens trained by this node
-	Sent      uint64  // result bytes published
-	Received  uint64  // result bytes fetched
-	Applied   uint64  // rounds applied
-	Witnessed uint64  // witness reports sent
+	State      coordinator.RunState
+	Epoch      uint32
+	Step       uint32
+	TotalSteps uint32  // the run's (0 until the node has seen its config)
+	Loss       float32 // loss of the last trained batch
+	Tokens     uint64  // tokens trained by this node
+	Sent       uint64  // result bytes published
+	Received   uint64  // result bytes fetched
+	Applied    uint64  // rounds applied
+	Witnessed  uint64  // witness reports sent
 	// Compute is the time spent training batches (forward, backward,
 	// compression) and applying rounds: what the node would spend alone.
 	// The rest of a round is coordination and networking.
@@ -218,6 +220,9 @@ type Node struct {
 	opt     *distro.DeMo
 	data    *data.Provider
 	dataLoc string
+	// totalSteps is the run's, for Progress (written by the Run loop, read
+	// by report from the same goroutine or a caller's).
+	totalSteps atomic.Uint32
 	// ahead is the gradient being trained ahead, or held, for the next
 	// round (TrainWork.Ahead); only the Run loop reads or replaces it.
 	ahead *aheadRun
@@ -295,7 +300,9 @@ func randomKey() uint64 {
 
 func (n *Node) report() {
 	if n.cfg.progress != nil {
-		n.cfg.progress(n.cfg.metrics.progress())
+		p := n.cfg.metrics.progress()
+		p.TotalSteps = n.totalSteps.Load()
+		n.cfg.progress(p)
 	}
 }
 
@@ -483,6 +490,7 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 	n.cfg.metrics.State.Set(float64(s.RunState))
 	n.cfg.metrics.Epoch.Set(float64(s.Progress.Epoch))
 	n.cfg.metrics.Step.Set(float64(s.Progress.Step))
+	n.totalSteps.Store(s.Config.TotalSteps)
 }
 
 // do carries out one Ready in field order. It returns the Readies the

@@ -266,8 +266,34 @@ func localnet(c *cli.Context) (err error) {
 	if err := summarize(out, last, files.initial, honest, files.heldOut, time.Since(start)); err != nil {
 		return err
 	}
+	if ctx.Err() != nil && last != nil {
+		// Interrupted: the trainers' weights are newer than the last
+		// recorded checkpoint (which may still be the seed): keep them.
+		if err := saveInterrupted(out, dir, runID, last, honest); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(out, "peak heap: %s\n", bytesString(heap()))
 	rounds.report(out, len(trainers))
+	if c.String("dir") == "" {
+		fmt.Fprintf(out, "files kept in %s (remove it when done with them)\n", dir)
+	}
+	return nil
+}
+
+// saveInterrupted writes the first honest trainer's model, the run's
+// weights when it was interrupted, beside the run's other files and says
+// where.
+func saveInterrupted(out io.Writer, dir, runID string, s *coordinator.Coordinator, trainers []*localTrainer) error {
+	m := trainers[0].node.Model()
+	if m == nil {
+		return nil
+	}
+	path := filepath.Join(dir, fmt.Sprintf("%s-interrupted-step%d.safetensors", runID, s.Progress.Step))
+	if err := m.Save(context.Background(), path, map[string]string{"run": runID, "step": fmt.Sprint(s.Progress.Step)}); err != nil {
+		return fmt.Errorf("saving the weights at the interruption: %w", err)
+	}
+	fmt.Fprintf(out, "weights at the interruption: %s (newer than the checkpoint above)\n", path)
 	return nil
 }
 
@@ -754,7 +780,11 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 		fmt.Fprintf(w, "results sent: %s (dense fp32 gradients would be %s: %.0fx more)\n", bytesString(sent), bytesString(dense), float64(dense)/float64(sent))
 	}
 	url := coordinator.FixedString(s.Model.Checkpoint.Source.URL[:])
-	fmt.Fprintf(w, "checkpoint: %s (%s)\n", strings.TrimPrefix(url, "file://"), s.Model.Checkpoint.Kind)
+	note := ""
+	if strings.HasPrefix(url, "seed:") {
+		note = ", the run's start: no epoch has ended"
+	}
+	fmt.Fprintf(w, "checkpoint: %s (%s%s)\n", strings.TrimPrefix(url, "file://"), s.Model.Checkpoint.Kind, note)
 	return nil
 }
 

@@ -8,9 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // TestLocalnetTrains runs the README's main command for one short epoch: a
@@ -298,5 +300,62 @@ func TestExplorerCommandNeedsRunIDsOnSolana(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "--rpc needs --run-id") {
 		t.Errorf("unclear error %q", errb.String())
+	}
+}
+
+// cancelOn is a writer that cancels once what was written contains want.
+type cancelOn struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	want   string
+	cancel context.CancelFunc
+}
+
+func (w *cancelOn) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.want) {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+func (w *cancelOn) String() string { w.mu.Lock(); defer w.mu.Unlock(); return w.buf.String() }
+
+// TestInterruptedLocalnetKeepsItsWeights interrupts a run inside its first
+// epoch (no checkpoint recorded yet: the run's checkpoint is still the
+// seed) and checks that the trained weights are saved and named.
+func TestInterruptedLocalnetKeepsItsWeights(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &cancelOn{want: "step   4  ", cancel: cancel}
+	var errb bytes.Buffer
+	dir := t.TempDir()
+	code := runContext(ctx, []string{"psyche", "--log-level", "debug", "localnet", "--virtual-time", "--trainers", "2",
+		"--epochs", "3", "--epoch-time", "600", "--dir", dir}, out, &errb)
+	got := out.String()
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, tail(errb.String(), 50), got)
+	}
+	for _, want := range []string{"interrupted", "seed:1 (Hub, the run's start: no epoch has ended)", "weights at the interruption: "} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("output lacks %q:\n%s", want, got)
+		}
+	}
+	path := strings.Fields(got[strings.Index(got, "weights at the interruption: "):])[4]
+	m, err := runmodel.Load(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, err := runmodel.New(runmodel.ConfigOf(m), 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Hash() == start.Hash() {
+		t.Fatal("the saved weights are the seed's: nothing trained was kept")
 	}
 }

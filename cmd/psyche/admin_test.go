@@ -247,7 +247,7 @@ func TestRunFileErrors(t *testing.T) {
 			}
 		}
 	}
-	for _, p := range []string{"tiny-run.toml", "run.toml", "llama-bytes-run.toml", "llama-run.toml"} {
+	for _, p := range []string{"tiny-run.toml", "run.toml", "llama-bytes-run.toml", "llama-run.toml", "llama-1b-run.toml"} {
 		if _, err := loadRunFile(filepath.Join("..", "..", "examples", p)); err != nil {
 			t.Errorf("examples/%s: %v", p, err)
 		}

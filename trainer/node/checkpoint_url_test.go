@@ -152,3 +152,103 @@ func TestLoadChecksRevision(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartOnSeparateMachines: after a full restart the run's recorded
+// checkpoint is a file on the disk of the trainer that wrote it. That
+// trainer loads it and offers it; one that cannot read the path waits (a
+// retryable error naming the URL) and then takes the offer, checked against
+// the recorded hash; an offer of another model is refused and retried.
+func TestRestartOnSeparateMachines(t *testing.T) {
+	cfg := gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2}
+	recorded, _ := gpt.New(cfg, 5, nil)
+	path := filepath.Join(t.TempDir(), "a", "checkpoint.safetensors")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := recorded.Save(context.Background(), path, nil); err != nil {
+		t.Fatal(err)
+	}
+	url := "file://" + path
+	hidden := path + ".elsewhere" // where B's machine "has" it: nowhere it looks
+	hide := func() {
+		if err := os.Rename(path, hidden); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unhide := func() {
+		if err := os.Rename(hidden, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	hub := memnet.NewHub()
+	trainer := func(name string) (*Node, coordinator.ClientID) {
+		key := sha256.Sum256([]byte("p2p " + name))
+		signer := coordinator.Pubkey{name[0]}
+		net := hub.Join("run", ed25519.NewKeyFromSeed(key[:]), signer)
+		return &Node{cfg: config{log: slog.New(slog.DiscardHandler), workers: 1}, net: net},
+			coordinator.ClientID{Signer: signer, P2P: net.ID()}
+	}
+	a, idA := trainer("A")
+	b, idB := trainer("B")
+	c, idC := trainer("C")
+	d, idD := trainer("D")
+	connect := func(x, y *Node) {
+		if err := x.net.Connect(context.Background(), y.net.(*memnet.Node).Addrs()[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect(b, a)
+	connect(d, c)
+	state := func(holders ...coordinator.ClientID) *coordinator.Coordinator {
+		s := &coordinator.Coordinator{}
+		s.Model = coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
+			Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64}}
+		runmodel.SetGPT(&s.Model, cfg)
+		s.Model.Checkpoint.Kind = coordinator.CheckpointHub // what a full restart falls back to
+		_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], url)
+		_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], runmodel.Revision(recorded))
+		_ = coordinator.SetFixedString(s.Model.DataLocation[:], "builtin:opticks")
+		s.Progress.Epoch = 3
+		// The previous epoch's members, back for this one: they hold its
+		// checkpoint (or, restarted, can be asked for it).
+		for i, id := range holders {
+			s.Epoch.Clients[i] = coordinator.Client{ID: id, State: coordinator.Healthy}
+			s.Epoch.Exited[i] = coordinator.Client{ID: id, State: coordinator.Healthy}
+		}
+		s.Epoch.ClientsLen, s.Epoch.ExitedLen = uint16(len(holders)), uint16(len(holders))
+		return s
+	}
+	s := state(idA, idB)
+
+	// B first, before A has loaded: nothing to read here, nobody offers.
+	hide()
+	err := b.load(context.Background(), s, false)
+	if !errors.Is(err, errLoadLater) || !strings.Contains(err.Error(), url) || !strings.Contains(err.Error(), "cannot be read here") {
+		t.Fatalf("B before any offer: %v, want a retryable error naming %s", err, url)
+	}
+	// A holds the file, loads it and offers it.
+	unhide()
+	if err := a.load(context.Background(), s, false); err != nil {
+		t.Fatalf("A: %v", err)
+	}
+	// B still cannot read it, and now takes A's offer.
+	hide()
+	if err := b.load(context.Background(), s, false); err != nil {
+		t.Fatalf("B after A's offer: %v", err)
+	}
+	if !slices.Equal(paramsOf(b.model), recorded.Params) {
+		t.Fatal("B trains other weights than the recorded checkpoint")
+	}
+
+	// C offers another model as this epoch's: D, who cannot read the file
+	// either, refuses it by the recorded hash and tries again later.
+	other, _ := gpt.New(cfg, 6, nil)
+	if _, err := c.net.ShareCheckpoint(context.Background(), 3, modelTensors(other)); err != nil {
+		t.Fatal(err)
+	}
+	err = d.load(context.Background(), state(idC, idD), false)
+	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.model != nil {
+		t.Fatalf("D offered another model: %v (model kept: %v), want a retryable revision error", err, d.model != nil)
+	}
+}

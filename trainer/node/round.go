@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"time"
@@ -35,6 +36,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 	if !keep {
 		var model runmodel.Model
 		var from string
+		offered := false // the recorded checkpoint, as another trainer offered it
 		url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 		fromURL := m.Checkpoint.Kind != coordinator.CheckpointP2P
 		if !fromURL {
@@ -57,9 +59,25 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		if fromURL {
 			var err error
 			if model, err = n.loadURL(ctx, url, cfg); err != nil {
-				return fmt.Errorf("node: loading the model from %s: %w", url, err)
+				if !unreadableHere(err) {
+					return fmt.Errorf("node: loading the model from %s: %w", url, err)
+				}
+				// On separate machines a file:// checkpoint is on the disk of
+				// the trainer that wrote it: that trainer loads it and offers
+				// it (below), so this one waits for the offer rather than
+				// leaving the run.
+				n.cfg.log.Warn("cannot read the run's recorded checkpoint on this machine; waiting for a trainer that holds it to offer it",
+					"url", url, "why", err)
+				peer, perr := n.loadFromPeers(ctx, s, cfg)
+				if perr != nil {
+					return fmt.Errorf("%w: the recorded checkpoint %s cannot be read here (%w), and no trainer offers it yet (%w)", errLoadLater, url, err, perr)
+				}
+				// What it offers must be the recorded checkpoint: its hash is
+				// checked below like the file's would be.
+				model, from, offered = peer, "a trainer holding "+url, true
+			} else {
+				from = url
 			}
-			from = url
 		}
 		if err := runmodel.Check(runmodel.ConfigOf(model), m); err != nil {
 			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
@@ -74,7 +92,20 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			// the recorded one.
 			rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
 			if err := runmodel.CheckRevision(model, url, rev); err != nil {
+				if offered {
+					// Another trainer's word, not this machine's file: a
+					// later offer may be the right one.
+					return fmt.Errorf("%w: the model offered as %s: %w", errLoadLater, url, err)
+				}
 				return fmt.Errorf("node: %w: refusing to train", err)
+			}
+			// Offer a file checkpoint to the epoch's other trainers: after
+			// a full restart on separate machines, this may be the only one
+			// that can read the recorded URL (its own file).
+			if src, err := runmodel.ParseSource(url); err == nil && src.Kind == runmodel.FromFile {
+				if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, modelTensors(model)); err != nil {
+					n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
+				}
 			}
 		}
 		n.model = model
@@ -321,4 +352,11 @@ func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 		return
 	}
 	n.cfg.log.Info("checkpoint recorded", "path", path, "revision", rev)
+}
+
+// unreadableHere says whether a checkpoint URL failed because this machine
+// cannot read it (a file:// path that is not on this disk, or not readable
+// by this user), which another trainer's offer can make up for.
+func unreadableHere(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)
 }

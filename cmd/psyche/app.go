@@ -25,7 +25,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Usage:     "train one neural network together over the internet",
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  append([]*cli.Command{localnetCommand, joinCommand, generateCommand, initModelCommand, dataCommand, parityCommand, validatorCommand, relayCommand, explorerCommand, federatedTokenCommand}, adminCommands...),
+		Commands:  append([]*cli.Command{localnetCommand, joinCommand, generateCommand, exportCommand, initModelCommand, dataCommand, parityCommand, validatorCommand, relayCommand, explorerCommand, federatedTokenCommand}, adminCommands...),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json", Category: "LOGGING"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "log level: debug, info, warn or error", Category: "LOGGING"},

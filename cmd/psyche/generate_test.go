@@ -9,6 +9,8 @@ import (
 
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // TestGenerate trains a tiny byte GPT on a repeating text until it knows
@@ -76,5 +78,34 @@ func TestGenerate(t *testing.T) {
 	}
 	if _, errs, code := psyche(t, "generate", "--model", bigPath, "--prompt", "x"); code == 0 || !strings.Contains(errs, "--tokenizer") {
 		t.Fatalf("a 300-token model without a tokenizer: %d %s", code, errs)
+	}
+}
+
+// TestExportHF writes a GPT and a Llama checkpoint as Hugging Face
+// directories and reads them back: the same models.
+func TestExportHF(t *testing.T) {
+	g, _ := gpt.New(gpt.Config{Vocab: 64, Context: 8, Width: 16, Layers: 2, Heads: 2}, 3, nil)
+	l, _ := llama.New(llama.Config{Vocab: 64, Context: 8, Width: 16, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 24, RopeTheta: 10000, TiedHead: true}, 3, nil)
+	dir := t.TempDir()
+	for name, m := range map[string]runmodel.Model{"gpt": g, "llama": l} {
+		file := filepath.Join(dir, name+".safetensors")
+		if err := m.Save(context.Background(), file, nil); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(dir, name+"-hf")
+		stdout, errs, code := psyche(t, "export", "--to", "hf", "--model", file, "--out", out)
+		if code != 0 || !strings.Contains(stdout, runmodel.Revision(m)) {
+			t.Fatalf("%s: export: %d %s %s", name, code, stdout, errs)
+		}
+		back, err := runmodel.Load(context.Background(), out, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if back.Hash() != m.Hash() {
+			t.Fatalf("%s: the exported directory holds another model", name)
+		}
+	}
+	if _, errs, code := psyche(t, "export", "--to", "onnx", "--model", "x", "--out", "y"); code == 0 || !strings.Contains(errs, "hf") {
+		t.Fatalf("--to onnx: %d %s", code, errs)
 	}
 }

@@ -3,8 +3,10 @@ package gpt
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/psyche-go/psyche/trainer/checkpoint"
@@ -39,5 +41,61 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	}
 	if _, err := Load(bare, nil); !errors.Is(err, checkpoint.ErrNoModelConfig) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestHFRoundTrip writes a model as a Hugging Face GPT-2 directory and
+// reads it back: the same weights, GPT-2's names and Conv1D shapes, and
+// configs this model does not compute refused by name.
+func TestHFRoundTrip(t *testing.T) {
+	cfg := Config{Vocab: 50, Context: 8, Width: 12, Layers: 2, Heads: 3}
+	m, err := New(cfg, 7, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range m.Params { // biases and norms off their initial values too
+		m.Params[i] += float32(i%7) * 0.01
+	}
+	dir := t.TempDir()
+	if err := m.SaveHF(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if !IsHFDir(dir) {
+		t.Fatal("IsHFDir: false for a GPT-2 directory")
+	}
+	back, err := LoadHF(dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Config != cfg || !slices.Equal(back.Params, m.Params) {
+		t.Fatal("the directory read back holds another model")
+	}
+	ck, err := checkpoint.Load(filepath.Join(dir, HFModelFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// c_attn.weight is in×out: row i of it is column i of our qkv weight.
+	w, err := ck.Tensor("transformer.h.1.attn.c_attn.weight", []int{12, 36})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := m.p.qkvw[36*12:] // layer 1, 36×12
+	if w[2*36+5] != ours[5*12+2] {
+		t.Fatal("c_attn.weight is not the transpose of the qkv weight")
+	}
+	raw, _ := os.ReadFile(filepath.Join(dir, HFConfigFile))
+	for _, tc := range []struct{ from, to, want string }{
+		{`"gelu_new"`, `"relu"`, "activation_function"},
+		{`"model_type": "gpt2"`, `"model_type": "llama"`, "model_type"},
+		{`"layer_norm_epsilon": 0.00001`, `"layer_norm_epsilon": 0.000001`, "layer_norm_epsilon"},
+		{`"tie_word_embeddings": true`, `"tie_word_embeddings": false`, "tie_word_embeddings"},
+	} {
+		bad := strings.Replace(string(raw), tc.from, tc.to, 1)
+		if bad == string(raw) {
+			t.Fatalf("config.json has no %s", tc.from)
+		}
+		if _, err := ParseHFConfig("config.json", []byte(bad)); !errors.Is(err, ErrHFConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v", tc.to, err)
+		}
 	}
 }

@@ -177,7 +177,7 @@ func FromCheckpointChecked(ck *checkpoint.Checkpoint, be kernels.Backend, accept
 }
 
 // Load builds the model at path: a checkpoint file of either architecture
-// or a Hugging Face Llama directory.
+// or a Hugging Face directory (GPT-2 or Llama).
 func Load(ctx context.Context, path string, be kernels.Backend) (Model, error) {
 	return LoadChecked(ctx, path, be, nil)
 }
@@ -186,6 +186,11 @@ func Load(ctx context.Context, path string, be kernels.Backend) (Model, error) {
 // building its model.
 func LoadChecked(ctx context.Context, path string, be kernels.Backend, accept Accept) (Model, error) {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		if gpt.IsHFDir(path) {
+			return gpt.LoadHF(path, be, func(c gpt.Config) error {
+				return accept.check(Config{Arch: coordinator.ArchGPT, GPT: c})
+			})
+		}
 		return LoadHFChecked(ctx, llama.LocalDir(path), be, accept)
 	}
 	ck, err := checkpoint.Load(path)

@@ -59,10 +59,11 @@ func FixedRuns(b chain.Backend, ids ...string) Source {
 }
 
 type config struct {
-	log     *slog.Logger
-	now     func() time.Time
-	refresh time.Duration
-	retry   time.Duration
+	log        *slog.Logger
+	now        func() time.Time
+	refresh    time.Duration
+	retry      time.Duration
+	historyDir string
 }
 
 // Option configures an Explorer.
@@ -91,6 +92,20 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
+// WithHistoryDir keeps each run's per-step history (losses, rates,
+// witnesses: the last MaxPoints steps) in files under dir, so that an
+// explorer started again (the server's, after a restart) shows a run from
+// its first step rather than from the restart (default: memory only).
+func WithHistoryDir(dir string) Option {
+	return func(c *config) error {
+		if dir == "" {
+			return errors.New("explorer: empty history directory")
+		}
+		c.historyDir = dir
+		return nil
+	}
+}
+
 // WithRefresh sets how often the run list is asked for again (default 2s;
 // suggested 1s in process, a few seconds over a network).
 func WithRefresh(d time.Duration) Option {
@@ -106,6 +121,8 @@ func WithRefresh(d time.Duration) Option {
 // Explorer follows runs and serves the page (Handler).
 type Explorer struct {
 	cfg config
+
+	store *pointStore // nil: memory only
 
 	mu      sync.Mutex
 	runs    map[string]*runState
@@ -129,7 +146,42 @@ func New(opts ...Option) (*Explorer, error) {
 			return nil, err
 		}
 	}
-	return &Explorer{cfg: cfg, runs: map[string]*runState{}, lsubs: map[chan struct{}]struct{}{}}, nil
+	e := &Explorer{cfg: cfg, runs: map[string]*runState{}, lsubs: map[chan struct{}]struct{}{}}
+	if cfg.historyDir != "" {
+		var err error
+		if e.store, err = newPointStore(cfg.historyDir); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// newRun starts following run id's history: what the store kept of it, if
+// anything. Callers hold e.mu.
+func (e *Explorer) newRun(id string) *runState {
+	r := &runState{h: newHistory(id), subs: map[chan struct{}]struct{}{}}
+	if e.store != nil {
+		points, err := e.store.load(id)
+		if err != nil {
+			e.cfg.log.Warn("reading a run's kept history", "run", id, "err", err)
+		}
+		if len(points) > 0 {
+			r.h.restore(points)
+		}
+	}
+	e.runs[id] = r
+	return r
+}
+
+// keep writes run id's changed points to the store. Callers hold e.mu.
+func (e *Explorer) keep(id string, r *runState) {
+	changed := r.h.takeChanged()
+	if e.store == nil || len(changed) == 0 {
+		return
+	}
+	if err := e.store.save(id, changed, r.h.points); err != nil {
+		e.cfg.log.Warn("keeping a run's history", "run", id, "err", err)
+	}
 }
 
 // Run follows src's runs until ctx ends: it lists them every refresh
@@ -177,8 +229,7 @@ func (e *Explorer) setList(ctx context.Context, src Source, ids []string, err er
 	for _, id := range ids {
 		r, ok := e.runs[id]
 		if !ok {
-			r = &runState{h: newHistory(id), subs: map[chan struct{}]struct{}{}}
-			e.runs[id] = r
+			r = e.newRun(id)
 			changed = true
 		}
 		if !r.following {
@@ -224,6 +275,7 @@ func (e *Explorer) observe(id string, s chain.Snapshot) {
 	}
 	before := r.h.summary()
 	if r.h.observe(s.State) {
+		e.keep(id, r)
 		r.notify()
 		if r.h.summary() != before {
 			e.listChanged()
@@ -266,10 +318,10 @@ func (e *Explorer) RecordHeldOut(runID string, step, epoch uint32, loss float64)
 	defer e.mu.Unlock()
 	r := e.runs[runID]
 	if r == nil {
-		r = &runState{h: newHistory(runID), subs: map[chan struct{}]struct{}{}}
-		e.runs[runID] = r // the run is listed (and followed) once the source lists it
+		r = e.newRun(runID) // the run is listed (and followed) once the source lists it
 	}
 	r.h.heldOut(step, epoch, loss)
+	e.keep(runID, r)
 	r.notify()
 }
 

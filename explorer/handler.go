@@ -2,11 +2,14 @@ package explorer
 
 import (
 	"embed"
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -113,6 +116,20 @@ func (e *Explorer) Handler() http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, u)
+	})
+	mux.HandleFunc("GET /api/runs/{id}/history.csv", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := runID(w, r)
+		if !ok {
+			return
+		}
+		u, _, ok := e.update(id, 0)
+		if !ok {
+			notFound(w, id)
+			return
+		}
+		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", id+"-history.csv"))
+		_ = WriteHistoryCSV(w, u.Points)
 	})
 	mux.HandleFunc("GET /api/runs/{id}/events", lim.limited(func(w http.ResponseWriter, r *http.Request) {
 		id, ok := runID(w, r)
@@ -229,4 +246,25 @@ func stream(w http.ResponseWriter, r *http.Request, ch <-chan struct{}, next fun
 			flusher.Flush()
 		}
 	}
+}
+
+// WriteHistoryCSV writes points as CSV with a header line: step, epoch,
+// loss, held_out, tokens_per_sec, bytes_sent, witnesses, quorum, trainers;
+// a value not measured at a step is an empty field.
+func WriteHistoryCSV(w io.Writer, points []Point) error {
+	cw := csv.NewWriter(w)
+	opt := func(v *float64) string {
+		if v == nil {
+			return ""
+		}
+		return strconv.FormatFloat(*v, 'g', -1, 64)
+	}
+	_ = cw.Write([]string{"step", "epoch", "loss", "held_out", "tokens_per_sec", "bytes_sent", "witnesses", "quorum", "trainers"})
+	for _, p := range points {
+		_ = cw.Write([]string{strconv.FormatUint(uint64(p.Step), 10), strconv.FormatUint(uint64(p.Epoch), 10),
+			opt(p.Loss), opt(p.HeldOut), opt(p.TokensPerSec), opt(p.BytesSent),
+			strconv.Itoa(p.Witnesses), strconv.Itoa(p.Quorum), strconv.Itoa(p.Trainers)})
+	}
+	cw.Flush()
+	return cw.Error()
 }

@@ -102,7 +102,8 @@ type View struct {
 type history struct {
 	view    View
 	seen    bool
-	points  []Point // by step, ascending
+	points  []Point // by step, ascending; at most MaxPoints, the latest
+	changed []Point // points made or changed since takeChanged, for a store
 	rev     uint64  // bumped on every change; points carry the rev of their last change
 	clients map[coordinator.Pubkey]*Client
 	order   []coordinator.Pubkey // first seen first
@@ -335,10 +336,46 @@ func (h *history) foldRound(s *coordinator.Coordinator, r *coordinator.Round, rd
 		}
 		p.rev = h.rev
 		h.points[i] = p
+		h.changed = append(h.changed, p)
 		return
 	}
 	p.rev = h.rev
+	h.insert(i, p)
+}
+
+// MaxPoints is the most steps a run's history keeps (the latest): about
+// 10 MB of memory and 15 MB of store at the most, whatever the run's length.
+const MaxPoints = 100_000
+
+// insert puts p at index i of the points, dropping the oldest beyond
+// MaxPoints.
+func (h *history) insert(i int, p Point) {
 	h.points = slices.Insert(h.points, i, p)
+	h.changed = append(h.changed, p)
+	if over := len(h.points) - MaxPoints; over > 0 {
+		h.points = slices.Delete(h.points, 0, over)
+	}
+}
+
+// takeChanged returns the points made or changed since the last call.
+func (h *history) takeChanged() []Point {
+	c := h.changed
+	h.changed = nil
+	return c
+}
+
+// restore puts points a store kept (by step, ascending) into an empty
+// history, as changed before any snapshot (so every watcher's first update
+// has them).
+func (h *history) restore(points []Point) {
+	h.rev++
+	for i := range points {
+		points[i].rev = h.rev
+	}
+	if over := len(points) - MaxPoints; over > 0 {
+		points = points[over:]
+	}
+	h.points = points
 }
 
 func samePoint(a, b Point) bool {
@@ -358,6 +395,10 @@ func (h *history) heldOut(step, epoch uint32, loss float64) {
 	}
 	h.points[i].HeldOut = ptr(loss)
 	h.points[i].rev = h.rev
+	h.changed = append(h.changed, h.points[i])
+	if over := len(h.points) - MaxPoints; over > 0 {
+		h.points = slices.Delete(h.points, 0, over)
+	}
 }
 
 func (h *history) observeCheckpoint(s *coordinator.Coordinator) {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -107,9 +109,11 @@ var adminCommands = []*cli.Command{
 		Action: tick,
 	},
 	{
-		Name:   "status",
-		Usage:  "show a run",
-		Flags:  []cli.Flag{serverFlag, runIDFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON", Category: "OUTPUT"}},
+		Name:  "status",
+		Usage: "show a run",
+		Flags: []cli.Flag{serverFlag, runIDFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON", Category: "OUTPUT"},
+			&cli.BoolFlag{Name: "history", Usage: "print the run's per-step history as CSV (step, epoch, loss, held-out loss, tokens/s, bytes, witnesses), as the server's explorer keeps it", Category: "OUTPUT"},
+			&cli.StringFlag{Name: "explorer", Usage: "with --history: the explorer to ask (default: the --server; for a Solana run, a psyche explorer's URL)", Category: "OUTPUT"}},
 		Action: status,
 	},
 	{
@@ -221,7 +225,10 @@ func runServer(c *cli.Context) error {
 		return errors.New("--relay needs the p2p host (--p2p)")
 	}
 	// The run explorer's page is served at "/" beside the API.
-	ex, err := explorer.New(explorer.WithLogger(logger(c)), explorer.WithRefresh(time.Second))
+	// Each run's per-step history is kept with the runs' state, so the page
+	// (and psyche status --history) still has it after a restart.
+	ex, err := explorer.New(explorer.WithLogger(logger(c)), explorer.WithRefresh(time.Second),
+		explorer.WithHistoryDir(filepath.Join(c.String("dir"), "history")))
 	if err != nil {
 		return err
 	}
@@ -558,6 +565,9 @@ func viewOf(s *coordinator.Coordinator) statusView {
 }
 
 func status(c *cli.Context) error {
+	if c.Bool("history") {
+		return printHistory(c)
+	}
 	b, _, err := backend(c, false)
 	if err != nil {
 		return err
@@ -627,4 +637,32 @@ func clientStatus(cl clientView) string {
 		return cl.State
 	}
 	return fmt.Sprintf("%s at round %d", cl.State, cl.Height)
+}
+
+// printHistory copies the run's history CSV from the explorer (the
+// server's own, by default) to stdout.
+func printHistory(c *cli.Context) error {
+	base := c.String("explorer")
+	if base == "" {
+		if len(c.StringSlice("rpc")) > 0 {
+			return errors.New("--history: a Solana run's history is kept by a psyche explorer: pass its URL with --explorer")
+		}
+		base = c.String("server")
+	}
+	u := strings.TrimRight(base, "/") + "/api/runs/" + url.PathEscape(c.String("run-id")) + "/history.csv"
+	req, err := http.NewRequestWithContext(c.Context, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("--history: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("--history: %s answered %s: %s", u, resp.Status, strings.TrimSpace(string(b)))
+	}
+	_, err = io.Copy(c.App.Writer, resp.Body)
+	return err
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -605,4 +606,60 @@ func TestFreeCoordinator(t *testing.T) {
 	if out, errs, code := as("admin", "init-coordinator"); code != 0 || !strings.Contains(out, "init_coordinator: ok") {
 		t.Fatalf("init again: %d %s %s", code, out, errs)
 	}
+}
+
+// TestStatusHistory: psyche server keeps its explorer's history in its
+// directory, and status --history prints it as CSV from the server.
+func TestStatusHistory(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "admin.json")
+	if _, errs, code := psyche(t, "keygen", "--out", key); code != 0 {
+		t.Fatal(errs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &cancelOn{want: "explorer: http://", cancel: func() {}}
+	done := make(chan int, 1)
+	go func() {
+		done <- runContext(ctx, []string{"psyche", "server", "--dir", filepath.Join(dir, "server"), "--listen", "127.0.0.1:0",
+			"--creators", key, "--p2p=false"}, out, io.Discard)
+	}()
+	var url string
+	for url == "" {
+		select {
+		case code := <-done:
+			t.Fatalf("the server exited (%d): %s", code, out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if i := strings.Index(out.String(), "explorer: "); i >= 0 && strings.Contains(out.String()[i:], "\n") {
+			url = strings.TrimSuffix(strings.Fields(out.String()[i:])[1], "/")
+		}
+	}
+	if _, errs, code := psyche(t, "init-coordinator", "--server", url, "--key", key, "--run-id", "hist"); code != 0 {
+		t.Fatal(errs)
+	}
+	// The explorer lists the run within a refresh; until then it is not found.
+	var got string
+	for i := 0; ; i++ {
+		o, errs, code := psyche(t, "status", "--server", url, "--run-id", "hist", "--history")
+		if code == 0 {
+			got = o
+			break
+		}
+		if i > 500 || !strings.Contains(errs, "404") {
+			t.Fatalf("status --history: %d %s", code, errs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.HasPrefix(got, "step,epoch,loss,held_out,tokens_per_sec,bytes_sent,witnesses,quorum,trainers\n") {
+		t.Fatalf("status --history: %q", got)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "server", "history")); err != nil || !fi.IsDir() {
+		t.Fatalf("the server keeps no history directory: %v", err)
+	}
+	if _, errs, code := psyche(t, "status", "--rpc", "http://127.0.0.1:1", "--run-id", "hist", "--history"); code == 0 || !strings.Contains(errs, "--explorer") {
+		t.Fatalf("status --history of a Solana run without --explorer: %d %s", code, errs)
+	}
+	cancel()
+	<-done
 }

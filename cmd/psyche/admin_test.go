@@ -3,10 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"

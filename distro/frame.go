@@ -1,6 +1,7 @@
 package distro
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -535,4 +536,48 @@ func (f *Frame) WireSize() int {
 		}
 	}
 	return size
+}
+
+// Fingerprint is what f says without its magnitudes: for each tensor its
+// shape and tiling, the coefficient indices it carries and the sign of each
+// value, hashed. Two frames with one fingerprint point every parameter the
+// same way; a frame scaled by any positive factor keeps its fingerprint. Two
+// trainers on different data (or one trainer on two steps) do not produce
+// the same one: witnesses use it to catch a result copied from another
+// trainer, or replayed from an earlier step (see trainer/node).
+func (f *Frame) Fingerprint() [32]byte {
+	h := sha256.New()
+	var b [8]byte
+	put := func(v uint64) {
+		binary.LittleEndian.PutUint64(b[:], v)
+		h.Write(b[:])
+	}
+	put(uint64(len(f.Tensors)))
+	for _, t := range f.Tensors {
+		put(uint64(len(t.Shape)))
+		for _, d := range t.Shape {
+			put(uint64(d))
+		}
+		put(uint64(t.TileH))
+		put(uint64(t.TileW))
+		put(uint64(t.K))
+		put(uint64(len(t.Indices)))
+		for _, i := range t.Indices {
+			binary.LittleEndian.PutUint32(b[:4], i)
+			h.Write(b[:4])
+		}
+		var signs byte
+		for j, v := range t.Values {
+			if v < 0 {
+				signs |= 1 << (j % 8)
+			}
+			if j%8 == 7 || j == len(t.Values)-1 {
+				h.Write([]byte{signs})
+				signs = 0
+			}
+		}
+	}
+	var out [32]byte
+	copy(out[:], h.Sum(nil))
+	return out
 }

@@ -259,3 +259,32 @@ func FuzzDecodeFrame(f *testing.F) {
 		}
 	})
 }
+
+// TestFingerprint: magnitudes do not change a frame's fingerprint; an index
+// or a sign does.
+func TestFingerprint(t *testing.T) {
+	base := func() *Frame {
+		return &Frame{Tensors: []Tensor{{Shape: []int{4, 4}, TileH: 4, TileW: 4, K: 3,
+			Indices: []uint32{1, 5, 9}, Values: []float32{0.5, -0.25, 2}}}}
+	}
+	f := base()
+	scaled := base()
+	for i := range scaled.Tensors[0].Values {
+		scaled.Tensors[0].Values[i] *= 7
+	}
+	if f.Fingerprint() != scaled.Fingerprint() {
+		t.Fatal("a scaled copy has another fingerprint")
+	}
+	for name, mut := range map[string]func(*Frame){
+		"an index":  func(g *Frame) { g.Tensors[0].Indices[2] = 10 },
+		"a sign":    func(g *Frame) { g.Tensors[0].Values[0] = -0.5 },
+		"the shape": func(g *Frame) { g.Tensors[0].Shape = []int{2, 8} },
+		"a tensor":  func(g *Frame) { g.Tensors = append(g.Tensors, g.Tensors[0]) },
+	} {
+		g := base()
+		mut(g)
+		if g.Fingerprint() == f.Fingerprint() {
+			t.Errorf("changing %s kept the fingerprint", name)
+		}
+	}
+}

@@ -22,7 +22,8 @@ import (
 // such option.
 
 // Adversaries are the attacks WithAdversary knows.
-var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "repeat-blocks", "oversize", "bogus-checkpoint"}
+var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "repeat-blocks", "oversize", "bogus-checkpoint",
+	"copycat", "stale", "lazy-zero"}
 
 // WithAdversary makes the node publish, instead of its result:
 //   - huge: float values of ±1e30 against its own signs (a float frame, which
@@ -36,7 +37,13 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "
 //     a block listed twice is malformed);
 //   - oversize: its result padded to 4 MiB, more than any result of the model;
 //   - bogus-checkpoint: it trains and publishes honestly, but offers joiners
-//     of the next epoch a model of random weights.
+//     of the next epoch a model of random weights;
+//   - copycat: a free rider: another trainer's result of an earlier step as
+//     its own, its values rescaled by 1.5 in a float run (its own when it
+//     has none to copy);
+//   - stale: its first result, again every step;
+//   - lazy-zero: a result of its shape with every value zero (no training
+//     would give it).
 func WithAdversary(kind string) (Option, error) {
 	r := rand.New(rand.NewPCG(uint64(len(kind)), 0x5eed))
 	frameAttack := func(mutate func(*distro.Frame)) Option {
@@ -126,6 +133,51 @@ func WithAdversary(kind string) (Option, error) {
 			}
 			return nil
 		}, nil
+	case "copycat":
+		return func(c *config) error {
+			c.freeRide = func(own []byte, others []*distro.Frame) []byte {
+				if len(others) == 0 {
+					return own
+				}
+				f := others[0]
+				cp := &distro.Frame{Tensors: slices.Clone(f.Tensors)}
+				for i := range cp.Tensors {
+					t := &cp.Tensors[i]
+					t.Values = slices.Clone(t.Values)
+					if t.Quantized {
+						continue // signs only: the copy is the original's
+					}
+					for j := range t.Values {
+						t.Values[j] *= 1.5
+					}
+				}
+				b, err := cp.MarshalBinary()
+				if err != nil {
+					return own
+				}
+				return b
+			}
+			return nil
+		}, nil
+	case "stale":
+		return func(c *config) error {
+			var first []byte
+			c.corrupt = func(payload []byte) []byte {
+				if first == nil {
+					first = slices.Clone(payload)
+				}
+				return first
+			}
+			return nil
+		}, nil
+	case "lazy-zero":
+		return frameAttack(func(f *distro.Frame) {
+			for i := range f.Tensors {
+				t := &f.Tensors[i]
+				t.Quantized = false
+				clear(t.Values)
+			}
+		}), nil
 	case "equivocate":
 		return func(c *config) error {
 			c.publish = equivocatingPublish

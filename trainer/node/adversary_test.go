@@ -73,3 +73,41 @@ func TestBogusCheckpointLosesTheVote(t *testing.T) {
 	c.stopAll(0, 1, 2, 3, 4)
 	c.sameWeights(0, 1, 2, 4)
 }
+
+// TestFreeRidersAreDropped: a trainer that sends a copy of another's result
+// (rescaled), its own first result again, or zeros does no work of its own:
+// honest witnesses leave it out of their reports, the next round's health
+// checks drop it within the epoch, and the honest trainers end it with the
+// same weights.
+func TestFreeRidersAreDropped(t *testing.T) {
+	for _, kind := range []string{"copycat", "stale", "lazy-zero"} {
+		t.Run(kind, func(t *testing.T) {
+			bad, err := node.WithAdversary(kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 12 }, func(i int) []node.Option {
+				if i == 3 {
+					return []node.Option{bad}
+				}
+				return nil
+			})
+			rogue := c.nodes[3].ID()
+			dropped := false
+			c.waitFor("the end of the first epoch", func(s *coordinator.Coordinator) bool {
+				for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
+					dropped = dropped || (e.ID == rogue && e.State == coordinator.Dropped)
+				}
+				for _, e := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
+					dropped = dropped || (e.ID == rogue && e.State == coordinator.Dropped)
+				}
+				return s.RunState == coordinator.WaitingForMembers && s.Progress.Epoch == 1
+			})
+			if !dropped {
+				t.Errorf("the %s trainer was not dropped in the epoch", kind)
+			}
+			c.stopAll(0, 1, 2, 3)
+			c.sameWeights(0, 1, 2)
+		})
+	}
+}

@@ -24,18 +24,24 @@ type machine struct {
 	ticking bool // send ticks when a transition is due (WithTicking)
 	newKey  func() uint64
 
-	snap      *coordinator.Coordinator
-	results   map[uint32]map[uint64]*result // step → batch start → first verified result
-	claims    map[uint32]map[uint64]*claim  // step → batch start → what its trainer announced
-	fetching  map[coordinator.Hash]bool
-	rejected  map[coordinator.Hash]bool // results that failed their checks: never fetched again
-	rounds    map[uint32]*roundState    // by step
-	book      epochBook                 // what this node has done in the current epoch
-	prev      epochBook                 // and in the one before
-	trained   int                       // epochs this node has ended as a client
-	lastBatch trainStats                // the last trained batch: loss and rates, reported in witness metadata
-	pulling   bool                      // a pull is in flight
-	diverged  bool                      // a round was applied without every consensus result
+	snap     *coordinator.Coordinator
+	results  map[uint32]map[uint64]*result // step → batch start → first verified result
+	claims   map[uint32]map[uint64]*claim  // step → batch start → what its trainer announced
+	fetching map[coordinator.Hash]bool
+	rejected map[coordinator.Hash]bool // results that failed their checks: never fetched again
+	// prints are the fingerprints (distro.Frame.Fingerprint) of the results
+	// of the last printWindow steps, with who sent each first and when: a
+	// result that says what another trainer's said (a copy, even rescaled)
+	// or what its own trainer's said at an earlier step (a replay) did no
+	// work of its own and is refused.
+	prints    map[[32]byte]printSeen
+	rounds    map[uint32]*roundState // by step
+	book      epochBook              // what this node has done in the current epoch
+	prev      epochBook              // and in the one before
+	trained   int                    // epochs this node has ended as a client
+	lastBatch trainStats             // the last trained batch: loss and rates, reported in witness metadata
+	pulling   bool                   // a pull is in flight
+	diverged  bool                   // a round was applied without every consensus result
 	// ahead is the gradient trained ahead for the next round (TrainWork.Ahead),
 	// valid until the model changes (an apply or a load clears it).
 	ahead *TrainWork
@@ -91,6 +97,57 @@ type result struct {
 	frame *distro.Frame
 }
 
+// othersResults are the frames of other trainers' results of the latest
+// step before step that has any, by batch: what a free-riding adversary
+// copies (see adversary.go).
+func (m *machine) othersResults(step uint32) []*distro.Frame {
+	var batches map[uint64]*result
+	for back := uint32(1); back <= 4 && back <= step && len(batches) == 0; back++ {
+		batches = m.results[step-back]
+	}
+	starts := make([]uint64, 0, len(batches))
+	for b, r := range batches {
+		if r.ann.Trainer != m.id && r.frame != nil {
+			starts = append(starts, b)
+		}
+	}
+	slices.Sort(starts)
+	out := make([]*distro.Frame, len(starts))
+	for i, b := range starts {
+		out[i] = batches[b].frame
+	}
+	return out
+}
+
+// printSeen is who sent a result fingerprint first, and at which step.
+type printSeen struct {
+	signer coordinator.Pubkey
+	step   uint32
+}
+
+// printWindow is how many steps of fingerprints a node keeps: a replay of a
+// result older than that is not caught (it is as stale as a result can be
+// and still in memory anywhere).
+const printWindow = 64
+
+// copied records f's fingerprint for a's trainer and step and reports
+// whether the same one was seen before from another trainer, or from this
+// one at another step. The first sender keeps it: a copier must have
+// fetched the original before it could announce the copy, so every witness
+// sees the original first unless the two arrive within one fetch of each
+// other.
+func (m *machine) copied(a p2p.Announcement, f *distro.Frame) bool {
+	if f == nil {
+		return false
+	}
+	fp := f.Fingerprint()
+	if seen, ok := m.prints[fp]; ok {
+		return seen.signer != a.Trainer.Signer || seen.step != a.Step
+	}
+	m.prints[fp] = printSeen{signer: a.Trainer.Signer, step: a.Step}
+	return false
+}
+
 type roundState struct {
 	trained, witnessed, applied, checked bool
 	// done: this node's training of the round is published (or it had no
@@ -143,6 +200,17 @@ type Ready struct {
 	// Report lists peers (p2p keys) caught equivocating: the driver tells
 	// the network, which then trusts them less (gossip scoring).
 	Report []coordinator.Pubkey
+	// Refused lists results refused for what they say rather than for how
+	// they were sent (a copy of another trainer's, a replay): the driver
+	// logs and counts them.
+	Refused []RefusedResult
+}
+
+// RefusedResult is one result refused by the witness rules.
+type RefusedResult struct {
+	Trainer coordinator.ClientID
+	Step    uint32
+	Why     string
 }
 
 // SaveWork names the checkpoint to save.
@@ -193,7 +261,7 @@ type ApplyWork struct {
 func newMachine(id coordinator.ClientID, epochs int, ticking bool, newKey func() uint64) *machine {
 	return &machine{id: id, epochs: epochs, ticking: ticking, newKey: newKey,
 		results: map[uint32]map[uint64]*result{}, claims: map[uint32]map[uint64]*claim{}, fetching: map[coordinator.Hash]bool{},
-		rejected: map[coordinator.Hash]bool{}, rounds: map[uint32]*roundState{}}
+		rejected: map[coordinator.Hash]bool{}, rounds: map[uint32]*roundState{}, prints: map[[32]byte]printSeen{}}
 }
 
 func (m *machine) round(step uint32) *roundState {
@@ -444,6 +512,19 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 	if m.equivocated(a.Step, a.Batch.Start) {
 		return rd // fetched before the conflicting announcement came: discarded
 	}
+	if m.copied(a, f) {
+		// Another trainer's result, or its own from an earlier step: no work
+		// of this batch. Treated as a result that failed its checks: left
+		// out of this node's witness report (so dropped by the next round's
+		// health checks) and of what it applies.
+		m.rejected[a.Commitment] = true
+		if c := m.claims[a.Step][a.Batch.Start]; c != nil && c.first == a.Commitment && c.trainer == a.Trainer.Signer {
+			c.refused = true
+		}
+		rd.Refused = append(rd.Refused, RefusedResult{Trainer: a.Trainer, Step: a.Step, Why: "a copy or a replay of a result seen before"})
+		m.progress(&rd)
+		return rd
+	}
 	m.store(a, f)
 	m.progress(&rd)
 	return rd
@@ -463,6 +544,7 @@ type trainStats struct {
 // trainedResult takes this node's own published result. The round before
 // it may now be applied, and then the next round trained ahead.
 func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, st trainStats) Ready {
+	m.copied(a, f) // its fingerprint, so that a copy of it is caught
 	m.store(a, f)
 	m.lastBatch = st
 	m.round(a.Step).done = true
@@ -592,6 +674,11 @@ func (m *machine) forget() {
 	for st := range m.claims {
 		if rs := m.rounds[st]; st+4 < step && (rs == nil || rs.due == nil) {
 			delete(m.claims, st)
+		}
+	}
+	for fp, seen := range m.prints {
+		if seen.step+printWindow < step {
+			delete(m.prints, fp)
 		}
 	}
 	for st, rs := range m.rounds {

@@ -132,7 +132,7 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	if again := m.snapshot(r.snap()); again.Train != nil {
 		t.Fatal("trained the same round twice")
 	}
-	frame := &distro.Frame{}
+	frame := distinctFrame(0)
 	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), frame, trainStats{loss: 2.5, tokensPerSec: 100, bytesPerSec: 50})
 
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())
@@ -165,7 +165,7 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	// its checks, so its batch is settled (no honest witness will vouch for
 	// it) and an elected witness reports at once, leaving trainer 2 out,
 	// instead of waiting for the training limit.
-	rd = m.fetched(anns[0], frame, nil, false)
+	rd = m.fetched(anns[0], distinctFrame(1), nil, false)
 	proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0)
 	if !proof.IsWitness {
 		if len(rd.Send) != 0 {
@@ -357,5 +357,54 @@ func TestMachineOutvotedVersion(t *testing.T) {
 	}
 	if m.outvoted(&round, res, trainer) {
 		t.Fatal("v1 is outvoted though every witness that counted the trainer voted for it")
+	}
+}
+
+// TestMachineRefusesCopies: a result that says what another trainer's
+// already said (here rescaled) is no work of its own: refused, reported, and
+// left out of the witness report; so is a trainer's replay of its own
+// earlier result.
+func TestMachineRefusesCopies(t *testing.T) {
+	r := newRun(t)
+	m := toTraining(t, r)
+	rd := m.snapshot(r.snap())
+	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), trainStats{})
+	ranges := r.s.RoundAssignment(r.s.CurrentRound())
+	ann := func(i int) p2p.Announcement {
+		return announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count})
+	}
+	original := &distro.Frame{Tensors: []distro.Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1, 6}, Values: []float32{0.5, -2}}}}
+	scaled := &distro.Frame{Tensors: []distro.Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1, 6}, Values: []float32{5, -20}}}}
+	for i := 1; i < 3; i++ {
+		m.announced(ann(i))
+	}
+	if got := m.fetched(ann(1), original, nil, false); len(got.Refused) != 0 {
+		t.Fatalf("the original was refused: %+v", got.Refused)
+	}
+	got := m.fetched(ann(2), scaled, nil, false)
+	if len(got.Refused) != 1 || got.Refused[0].Trainer != r.ids[2] || got.Refused[0].Step != 1 {
+		t.Fatalf("the rescaled copy: refused %+v, want trainer 2 at step 1", got.Refused)
+	}
+	if again := m.announced(ann(2)); len(again.Fetch) != 0 {
+		t.Fatal("a refused copy was fetched again")
+	}
+	if proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0); proof.IsWitness {
+		if len(got.Send) != 1 {
+			t.Fatalf("want the witness report once the copy settled its batch, got %+v", got.Send)
+		}
+		w := got.Send[0].(*coordinator.WitnessRound).Report
+		for i := 0; i < 3; i++ {
+			if in := w.Participants.Has(w.Key, coordinator.ParticipantMember(r.ids[i].Signer)); in != (i != 2) {
+				t.Errorf("trainer %d in the participant bloom: %v", i, in)
+			}
+		}
+	}
+	// A replay: trainer 1 sends at a later step what it sent at step 1.
+	replay := announcement(r, 1, 2, p2p.BatchRange{Start: 100, End: 102})
+	if !m.copied(replay, original) {
+		t.Fatal("a replay of the trainer's own earlier result was not caught")
+	}
+	if m.copied(ann(1), original) {
+		t.Fatal("the same result of the same step, seen again, was taken for a copy")
 	}
 }

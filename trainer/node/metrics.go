@@ -27,6 +27,7 @@ type Metrics struct {
 	ComputeSeconds     prometheus.Counter // training and applying; the rest of a round is coordination and networking
 	AheadTrained       prometheus.Counter // gradients trained ahead for the next round (while this one was witnessed)
 	AheadReused        prometheus.Counter // of those, published: the round started as guessed
+	ResultsRefused     prometheus.Counter // results refused as copies or replays of results seen before
 }
 
 // NewMetrics returns a node's metrics under psyche_*, registered with reg
@@ -55,10 +56,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ComputeSeconds: counter("compute_seconds_total", "Time spent training batches and applying rounds (the rest of a round is coordination and networking)."),
 		AheadTrained:   counter("ahead_trained_total", "Batches trained ahead, before their round started."),
 		AheadReused:    counter("ahead_reused_total", "Batches trained ahead and published: their round started as guessed."),
+		ResultsRefused: counter("results_refused_total", "Results refused because another trainer sent them first, or their trainer did at an earlier step."),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Epoch, m.Step, m.State, m.Loss, m.Steps, m.Tokens, m.SentBytes, m.ReceivedBytes,
-			m.RoundsApplied, m.ResultsApplied, m.ResultsMissing, m.WitnessReports, m.Ticks, m.ComputeSeconds, m.AheadTrained, m.AheadReused)
+			m.RoundsApplied, m.ResultsApplied, m.ResultsMissing, m.WitnessReports, m.Ticks, m.ComputeSeconds, m.AheadTrained, m.AheadReused, m.ResultsRefused)
 	}
 	return m
 }

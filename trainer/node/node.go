@@ -73,6 +73,9 @@ type config struct {
 	workers        int
 	dataOpts       []data.Option
 	corrupt        func([]byte) []byte // fault injection in tests (export_test.go)
+	// freeRide, in the adversary build, replaces the node's result with one
+	// made from others' results of the step before (copies).
+	freeRide func(own []byte, others []*distro.Frame) []byte
 	corruptShare   func([]p2p.Tensor)  // fault injection: what the node offers joiners (adversary build)
 	// publish replaces the network's Publish: fault injection in tests
 	// (export_test.go).
@@ -534,6 +537,11 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 	n.startFetches(ctx, ev)
 	for _, k := range rd.Report {
 		n.net.ReportPeer(k, "equivocation")
+	}
+	for _, r := range rd.Refused {
+		n.cfg.metrics.ResultsRefused.Inc()
+		n.cfg.log.Warn("result refused: no work of its own", "trainer", r.Trainer.Signer.String(), "step", r.Step, "why", r.Why)
+		n.net.ReportPeer(r.Trainer.P2P, "copied result")
 	}
 	if rd.Pull != nil {
 		step := *rd.Pull

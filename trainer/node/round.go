@@ -268,6 +268,9 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 		return p2p.Announcement{}, nil, trainStats{}, err
 	}
 	n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) // publishing is networking
+	if n.cfg.freeRide != nil {
+		payload = n.cfg.freeRide(payload, n.m.othersResults(w.Step))
+	}
 	if n.cfg.corrupt != nil {
 		payload = n.cfg.corrupt(payload)
 	}

@@ -75,8 +75,8 @@ type config struct {
 	corrupt        func([]byte) []byte // fault injection in tests (export_test.go)
 	// freeRide, in the adversary build, replaces the node's result with one
 	// made from others' results of the step before (copies).
-	freeRide func(own []byte, others []*distro.Frame) []byte
-	corruptShare   func([]p2p.Tensor)  // fault injection: what the node offers joiners (adversary build)
+	freeRide     func(own []byte, others []*distro.Frame) []byte
+	corruptShare func([]p2p.Tensor) // fault injection: what the node offers joiners (adversary build)
 	// publish replaces the network's Publish: fault injection in tests
 	// (export_test.go).
 	publish func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)

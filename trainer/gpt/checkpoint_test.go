@@ -99,3 +99,54 @@ func TestHFRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// FuzzLoadHF feeds LoadHF (the production reader, with its limits) a
+// config.json and a model.safetensors from outside: it must never panic,
+// must refuse with one of its errors or the safetensors reader's, and a
+// model it accepts must be one whose export reads back the same.
+func FuzzLoadHF(f *testing.F) {
+	m, _ := New(Config{Vocab: 20, Context: 4, Width: 8, Layers: 1, Heads: 2}, 1, nil)
+	dir := f.TempDir()
+	if err := m.SaveHF(context.Background(), dir); err != nil {
+		f.Fatal(err)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(dir, HFConfigFile))
+	st, _ := os.ReadFile(filepath.Join(dir, HFModelFile))
+	f.Add(cfg, st)
+	f.Add(cfg, st[:len(st)/2])
+	f.Add([]byte(`{"model_type":"gpt2","vocab_size":1000000,"n_positions":1000000,"n_embd":65536,"n_layer":1000,"n_head":64}`), st)
+	errTooBig := errors.New("more parameters than the fuzzer's run allows")
+	f.Fuzz(func(t *testing.T, cfg, st []byte) {
+		d := t.TempDir()
+		if err := os.WriteFile(filepath.Join(d, HFConfigFile), cfg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, HFModelFile), st, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := LoadHF(d, nil, func(c Config) error {
+			if c.NumParams() > 1<<20 {
+				return errTooBig
+			}
+			return nil
+		})
+		if err != nil {
+			for _, e := range []error{ErrHFConfig, ErrHFValues, errTooBig, checkpoint.ErrMalformed, checkpoint.ErrTruncated,
+				checkpoint.ErrTooLarge, checkpoint.ErrUnsupportedDType, checkpoint.ErrInvalidTensor, checkpoint.ErrInvalidMetadata,
+				checkpoint.ErrNotFound, checkpoint.ErrShapeMismatch} {
+				if errors.Is(err, e) {
+					return
+				}
+			}
+			t.Fatalf("unexpected error kind: %v", err)
+		}
+		out := t.TempDir()
+		if err := got.SaveHF(context.Background(), out); err != nil {
+			t.Fatal(err)
+		}
+		back, err := LoadHF(out, nil, nil)
+		if err != nil || !slices.Equal(back.Params, got.Params) {
+			t.Fatalf("an accepted model does not read back the same: %v", err)
+		}
+	})
+}

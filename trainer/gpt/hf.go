@@ -36,6 +36,9 @@ const (
 // ErrHFConfig marks a config.json that is not a GPT this package computes.
 var ErrHFConfig = errors.New("gpt: not a GPT-2 this model computes")
 
+// ErrHFValues marks a GPT-2 checkpoint holding a value that is not finite.
+var ErrHFValues = errors.New("gpt: a tensor holds a value that is not finite")
+
 type hfConfig struct {
 	Architectures        []string `json:"architectures"`
 	ModelType            string   `json:"model_type"`
@@ -217,7 +220,7 @@ func LoadHF(dir string, be kernels.Backend, accept func(Config) error) (*Model, 
 		}
 		for _, x := range v {
 			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-				return fmt.Errorf("gpt: %s: tensor %s holds a value that is not finite", filepath.Join(dir, HFModelFile), name)
+				return fmt.Errorf("%w: %s: tensor %s", ErrHFValues, filepath.Join(dir, HFModelFile), name)
 			}
 		}
 		if transpose { // stored in×out: ours is its transpose

@@ -223,6 +223,9 @@ type Node struct {
 	opt     *distro.DeMo
 	data    *data.Provider
 	dataLoc string
+	// unreadableEpoch is 1 + the epoch in which this node found the run's
+	// recorded checkpoint unreadable here (0: none); the Run loop's alone.
+	unreadableEpoch uint32
 	// totalSteps is the run's, for Progress (written by the Run loop, read
 	// by report from the same goroutine or a caller's).
 	totalSteps atomic.Uint32

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -38,39 +39,57 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		var from string
 		offered := false // the recorded checkpoint, as another trainer offered it
 		url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
+		rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
 		fromURL := m.Checkpoint.Kind != coordinator.CheckpointP2P
+		// After this node found the recorded checkpoint unreadable here in
+		// this epoch, only another trainer's offer of it can do: go to it
+		// at once on every later try.
+		unreadable := n.unreadableEpoch == s.Progress.Epoch+1
+		if !unreadable && fileMissingHere(url) {
+			// On separate machines a file:// checkpoint is on the disk of
+			// the trainer that wrote it: that trainer loads it and offers
+			// it (below), so this one waits for the offer rather than
+			// leaving the run.
+			n.cfg.log.Warn("cannot read the run's recorded checkpoint on this machine; waiting for a trainer that holds it to offer it",
+				"url", url)
+			n.unreadableEpoch, unreadable = s.Progress.Epoch+1, true
+		}
 		if !fromURL {
 			var err error
 			model, err = n.loadFromPeers(ctx, s, cfg)
-			if err != nil {
-				if !n.peersGaveUp(s, err) {
-					return err
-				}
+			switch {
+			case err == nil:
+				from = "the previous epoch's clients"
+			case unreadable:
+				fromURL = true
+			case !n.peersGaveUp(s, err):
+				return err
+			default:
 				// The full-restart rule: nobody who held the previous
 				// epoch's model serves it (they all restarted), so every
 				// joiner loads the run's last recorded checkpoint.
 				n.cfg.log.Warn("no client of the previous epoch offers its model; loading the run's last recorded checkpoint",
 					"url", url, "why", err)
 				fromURL = true
-			} else {
-				from = "the previous epoch's clients"
 			}
 		}
 		if fromURL {
 			var err error
-			if model, err = n.loadURL(ctx, url, cfg); err != nil {
-				if !unreadableHere(err) {
+			if !unreadable {
+				model, err = n.loadURL(ctx, url, cfg)
+			}
+			if unreadable || err != nil {
+				if err != nil && !unreadableHere(err) {
 					return fmt.Errorf("node: loading the model from %s: %w", url, err)
 				}
-				// On separate machines a file:// checkpoint is on the disk of
-				// the trainer that wrote it: that trainer loads it and offers
-				// it (below), so this one waits for the offer rather than
-				// leaving the run.
-				n.cfg.log.Warn("cannot read the run's recorded checkpoint on this machine; waiting for a trainer that holds it to offer it",
-					"url", url, "why", err)
-				peer, perr := n.loadFromPeers(ctx, s, cfg)
+				if !unreadable { // readable a moment ago, gone now
+					n.cfg.log.Warn("cannot read the run's recorded checkpoint on this machine; waiting for a trainer that holds it to offer it",
+						"url", url, "why", err)
+					n.unreadableEpoch = s.Progress.Epoch + 1
+				}
+				peer, perr := n.loadRecordedOffer(ctx, s, cfg, url, rev)
 				if perr != nil {
-					return fmt.Errorf("%w: the recorded checkpoint %s cannot be read here (%w), and no trainer offers it yet (%w)", errLoadLater, url, err, perr)
+					return fmt.Errorf("%w: the recorded checkpoint %s cannot be read here, and no trainer offers it yet (%w)", errLoadLater, url, perr)
 				}
 				// What it offers must be the recorded checkpoint: its hash is
 				// checked below like the file's would be.
@@ -90,7 +109,6 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			// try loads a different model, so the node stops. Peers' models
 			// are not checked: they are the previous epoch's, trained past
 			// the recorded one.
-			rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
 			if err := runmodel.CheckRevision(model, url, rev); err != nil {
 				if offered {
 					// Another trainer's word, not this machine's file: a
@@ -362,4 +380,68 @@ func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 // by this user), which another trainer's offer can make up for.
 func unreadableHere(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)
+}
+
+// loadRecordedOffer fetches the run's recorded checkpoint from a trainer
+// that offers it, when this machine cannot read its URL. With a revision
+// that is the model's hash, one trainer's offer is enough: each offer is
+// taken from its trainer alone and checked against the hash, and the first
+// that matches wins (after a full restart on separate machines only the
+// trainer that wrote the file can offer it, so waiting for a majority would
+// wait for ever). Without such a revision, nothing proves an offer is the
+// checkpoint, and a majority of the holders must agree (loadFromPeers).
+func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator, cfg runmodel.Config, url, rev string) (runmodel.Model, error) {
+	if !runmodel.IsHash(rev) {
+		return n.loadFromPeers(ctx, s, cfg)
+	}
+	var errs []error
+	for _, c := range s.CheckpointHolders() {
+		if c.P2P == n.net.ID() {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, peerLoadTimeout)
+		id, err := n.net.FindCheckpoint(pctx, s.Progress.Epoch, []coordinator.Pubkey{c.P2P})
+		if err != nil {
+			cancel()
+			errs = append(errs, err)
+			continue
+		}
+		model, err := runmodel.New(cfg, 0, n.cfg.kernels)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		tensors, err := n.net.FetchCheckpoint(pctx, id, []coordinator.Pubkey{c.P2P}, tensorSpecs(model))
+		cancel()
+		if err == nil {
+			err = loadTensors(model, tensors)
+		}
+		if err == nil {
+			err = runmodel.CheckRevision(model, url, rev)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("the offer of %s: %w", c.Signer, err))
+			continue
+		}
+		return model, nil
+	}
+	if len(errs) == 0 {
+		return nil, errNoOtherHolder
+	}
+	return nil, errors.Join(errs...)
+}
+
+// fileMissingHere says whether url is a file:// checkpoint that this
+// machine cannot read (not on its disk, or not readable by this user).
+func fileMissingHere(url string) bool {
+	src, err := runmodel.ParseSource(url)
+	if err != nil || src.Kind != runmodel.FromFile {
+		return false
+	}
+	f, err := os.Open(src.Path)
+	if err != nil {
+		return unreadableHere(err)
+	}
+	f.Close()
+	return false
 }

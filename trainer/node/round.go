@@ -79,7 +79,9 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 				model, err = n.loadURL(ctx, url, cfg)
 			}
 			if unreadable || err != nil {
-				if err != nil && !unreadableHere(err) {
+				if err != nil && !(unreadableHere(err) && isFileURL(url)) {
+					// Anything else (an http(s) URL that answers "not found"
+					// answers every trainer so) is no matter of this disk.
 					return fmt.Errorf("node: loading the model from %s: %w", url, err)
 				}
 				if !unreadable { // readable a moment ago, gone now
@@ -120,7 +122,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			// Offer a file checkpoint to the epoch's other trainers: after
 			// a full restart on separate machines, this may be the only one
 			// that can read the recorded URL (its own file).
-			if src, err := runmodel.ParseSource(url); err == nil && src.Kind == runmodel.FromFile {
+			if isFileURL(url) {
 				if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, modelTensors(model)); err != nil {
 					n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
 				}
@@ -429,6 +431,12 @@ func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator
 		return nil, errNoOtherHolder
 	}
 	return nil, errors.Join(errs...)
+}
+
+// isFileURL says whether url names a file on the trainer's own disk.
+func isFileURL(url string) bool {
+	src, err := runmodel.ParseSource(url)
+	return err == nil && src.Kind == runmodel.FromFile
 }
 
 // fileMissingHere says whether url is a file:// checkpoint that this

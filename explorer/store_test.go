@@ -33,13 +33,14 @@ func TestHistorySurvivesARestart(t *testing.T) {
 	feed := <-src.subs
 	s := trainingRun()
 	feed <- chain.Snapshot{State: s}
+	waitPoint(t, ex, func(p Point) bool { return p.Loss != nil }) // the snapshot is folded in
 	ex.RecordHeldOut("demo", 7, 1, 3.25)
-	waitPoints(t, ex, 1)
 	stop()
 
 	ex, _, srv, stop := start()
 	defer stop()
-	waitPoints(t, ex, 1) // listed, no snapshot fed: the points come from the directory
+	// Listed, no snapshot fed: the point comes from the directory.
+	waitPoint(t, ex, func(p Point) bool { return p.Loss != nil && p.HeldOut != nil })
 	resp, err := http.Get(srv.URL + "/api/runs/demo/history.csv")
 	if err != nil {
 		t.Fatal(err)
@@ -52,16 +53,18 @@ func TestHistorySurvivesARestart(t *testing.T) {
 	}
 }
 
-func waitPoints(t *testing.T, ex *Explorer, n int) {
+// waitPoint waits until run demo has exactly one point and it satisfies ok.
+func waitPoint(t *testing.T, ex *Explorer, ok func(Point) bool) {
 	t.Helper()
 	deadline := time.After(30 * time.Second) // a hang guard, not a time budget
 	for {
-		if u, _, ok := ex.update("demo", 0); ok && len(u.Points) == n {
+		if u, _, found := ex.update("demo", 0); found && len(u.Points) == 1 && ok(u.Points[0]) {
 			return
 		}
 		select {
 		case <-deadline:
-			t.Fatalf("the run never had %d points", n)
+			u, _, _ := ex.update("demo", 0)
+			t.Fatalf("the run's points never became what the test waits for: %+v", u.Points)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

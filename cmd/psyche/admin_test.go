@@ -638,15 +638,17 @@ func TestStatusHistory(t *testing.T) {
 	if _, errs, code := psyche(t, "init-coordinator", "--server", url, "--key", key, "--run-id", "hist"); code != 0 {
 		t.Fatal(errs)
 	}
-	// The explorer lists the run within a refresh; until then it is not found.
+	// The explorer lists the run at its next refresh; until then the run is
+	// not found. The deadline guards against a hang, not a slow machine.
 	var got string
-	for i := 0; ; i++ {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
 		o, errs, code := psyche(t, "status", "--server", url, "--run-id", "hist", "--history")
 		if code == 0 {
 			got = o
 			break
 		}
-		if i > 500 || !strings.Contains(errs, "404") {
+		if time.Now().After(deadline) || !strings.Contains(errs, "404") {
 			t.Fatalf("status --history: %d %s", code, errs)
 		}
 		time.Sleep(20 * time.Millisecond)

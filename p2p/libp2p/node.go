@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -386,8 +387,36 @@ func (n *Node) Connect(ctx context.Context, addr string) error {
 	// each other before the coordinator lists them (and the allowlist admits
 	// them), and the backoff of those refused dials would otherwise delay
 	// the retry that succeeds by many seconds.
-	return n.host.Connect(network.WithForceDirectDial(ctx, "psyche: explicit connect"), ai)
+	ctx = network.WithForceDirectDial(ctx, "psyche: explicit connect")
+	for attempt := 1; ; attempt++ {
+		err = n.host.Connect(ctx, ai)
+		if err == nil || n.host.Network().Connectedness(ai.ID) == network.Connected {
+			return nil
+		}
+		// Two nodes that dial each other at once from their listening
+		// ports (TCP port reuse, which hole punching needs) can meet in one
+		// TCP simultaneous open where both sides start the security
+		// handshake as its initiator, and both dials fail. The peer is
+		// reachable; a later dial, not at the same instant, gets through.
+		// Only that failure is retried: a refused or unreachable peer is
+		// retried by the caller's own schedule.
+		if attempt == connectAttempts || ctx.Err() != nil || !strings.Contains(err.Error(), "failed to negotiate security protocol") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * connectRetryPause):
+		}
+	}
 }
+
+// connectAttempts and connectRetryPause bound Connect's retries after a
+// failed dial (see Connect).
+const (
+	connectAttempts   = 3
+	connectRetryPause = 100 * time.Millisecond
+)
 
 // Peers lists the p2p keys of connected peers.
 func (n *Node) Peers() []coordinator.Pubkey {

@@ -17,10 +17,10 @@ import (
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
+	"github.com/psyche-go/psyche/federated/browser/web"
 	"github.com/psyche-go/psyche/federated/dp"
 	"github.com/psyche-go/psyche/federated/fedclient"
 	"github.com/psyche-go/psyche/federated/fedserver"
-	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/urfave/cli/v2"
 )
 
@@ -188,7 +188,12 @@ func mountFederated(dir string, log *slog.Logger, reg prometheus.Registerer, srv
 	if err != nil {
 		return nil, err
 	}
-	return []server.Option{server.WithRoutes(fed.Routes), server.WithOnFree(fed.Forget)}, nil
+	if web.Included() {
+		log.Info("the browser trainer is served at /train/<run>")
+	} else {
+		log.Debug("the browser trainer's page says how to build its module: " + web.Missing)
+	}
+	return []server.Option{server.WithRoutes(fed.Routes), server.WithRoutes(web.Routes), server.WithOnFree(fed.Forget)}, nil
 }
 
 // dpNoiseFor is the central noise multiplier that spends target ε over
@@ -225,37 +230,20 @@ func joinFederated(c *cli.Context, signer *chain.Keypair) error {
 		return err
 	}
 	m := &snap.State.Model
-	gcfg, err := runmodel.GPT(m)
+	text, err := os.ReadFile(c.String("local-data"))
+	if err != nil {
+		return fmt.Errorf("--local-data: %w", err)
+	}
+	t, opts, err := fedclient.ForRun(m, c.String("local-data"), text, c.Int("batch"), signer.Public())
 	if err != nil {
 		return err
 	}
-	d, err := fedclient.LoadLocalData(c.String("local-data"), gcfg.Context)
-	if err != nil {
-		return err
-	}
-	lr := m.LR.BaseLR
-	if lr == 0 {
-		lr = 1e-3
-	}
-	seed := uint64(0)
-	for _, x := range signer.Public() {
-		seed = seed*131 + uint64(x)
-	}
-	t, err := fedclient.NewTrainer(gcfg, d, c.Int("batch"), gcfg.Context, lr, m.Optimizer.ClipGradNorm, seed)
-	if err != nil {
-		return err
-	}
+	d := t.Data
 	client := fedclient.New(c.String("server"), run, signer)
-	opts := fedclient.Options{Rounds: uint64(c.Int("rounds")), Log: log, JoinToken: token,
-		OnRound: func(r fedclient.Round) {
-			fmt.Fprintf(c.App.Writer, "federated round %d heldout loss %.4f train loss %.4f sent %d stale %v\n",
-				r.Round, r.HeldoutLoss, r.TrainLoss, r.Sent, r.Stale)
-		}}
-	if m.Optimizer.Kind == coordinator.OptimizerDistro {
-		// The run's optimizer is DisTrO: updates go compressed.
-		if opts.Distro, _, err = fedserver.FederatedDistro(m); err != nil {
-			return err
-		}
+	opts.Rounds, opts.Log, opts.JoinToken = uint64(c.Int("rounds")), log, token
+	opts.OnRound = func(r fedclient.Round) {
+		fmt.Fprintf(c.App.Writer, "federated round %d heldout loss %.4f train loss %.4f sent %d stale %v\n",
+			r.Round, r.HeldoutLoss, r.TrainLoss, r.Sent, r.Stale)
 	}
 	log.Info("joining a federated run", "run", run, "address", signer.Public().String(), "local_data", d.Path,
 		"train_tokens", len(d.Train), "heldout_tokens", len(d.Heldout))

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
 )
 
@@ -108,6 +109,35 @@ func (c *Client) Info(ctx context.Context) (*federated.Info, error) {
 		return nil, fmt.Errorf("fedclient: info: %w", err)
 	}
 	return &in, nil
+}
+
+// RunModel returns the run's model settings (shape, learning rate,
+// optimizer) from the coordinator account the server holds.
+func (c *Client) RunModel(ctx context.Context) (*coordinator.Model, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs/"+url.PathEscape(c.run), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("fedclient: reading run %q: %w", c.run, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, fmt.Errorf("fedclient: the server has no run %q", c.run)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("fedclient: reading run %q: %s", c.run, resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(coordinator.AccountSize)+1))
+	if err != nil {
+		return nil, fmt.Errorf("fedclient: reading run %q: %w", c.run, err)
+	}
+	acct, err := coordinator.DecodeAccount(b)
+	if err != nil {
+		return nil, err
+	}
+	return &acct.Model, nil
 }
 
 // Model returns the run's model; with after ≥ 0 the server waits for a

@@ -20,6 +20,12 @@ type Round struct {
 	TrainLoss   float32 // its mean training loss this round (0 before it trained)
 	Sent        int     // bytes of the update it pushed
 	Stale       bool    // its update was refused as stale
+	// Tokens it trained on this round, in TrainTime (0 before it trained).
+	Tokens    int
+	TrainTime time.Duration
+	// Info is the run's state as the client last read it this round: the
+	// privacy spent so far (ε), the aggregation, whether updates go masked.
+	Info federated.Info
 }
 
 // Options tunes Participate.
@@ -37,7 +43,7 @@ type Options struct {
 	JoinToken []byte
 	// Distro, for a run whose optimizer is DisTrO, compresses each update
 	// into a frame (its momentum is the error feedback: what a round's
-	// frame leaves out is sent later); fedserver.FederatedDistro builds it.
+	// frame leaves out is sent later); runmodel.FederatedDistro builds it.
 	Distro *distro.DeMo
 }
 
@@ -111,7 +117,7 @@ func Participate(ctx context.Context, c *Client, t *Trainer, o Options) error {
 			return err
 		}
 		log.Info("federated heldout loss", "round", round, "loss", loss, "data", t.Data.Path)
-		rep := Round{Round: round, HeldoutLoss: loss}
+		rep := Round{Round: round, HeldoutLoss: loss, Info: *info}
 		if info.Finished || (o.Rounds > 0 && round >= o.Rounds) {
 			if o.OnRound != nil {
 				o.OnRound(rep)
@@ -119,11 +125,13 @@ func Participate(ctx context.Context, c *Client, t *Trainer, o Options) error {
 			log.Info("federated run done", "round", round)
 			return nil
 		}
+		began := time.Now()
 		delta, trainLoss, err := t.TrainRound(params, int(info.RoundDuration))
 		if err != nil {
 			return err
 		}
-		rep.TrainLoss = trainLoss
+		rep.TrainLoss, rep.TrainTime = trainLoss, time.Since(began)
+		rep.Tokens = int(info.RoundDuration) * t.Batch * t.SeqLen
 		if info.LocalNoiseMultiplier > 0 || (info.SecAgg && info.Clip > 0) {
 			dp.Clip(delta, float64(info.Clip))
 		}

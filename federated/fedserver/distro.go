@@ -17,43 +17,13 @@ import (
 // learning rate, and buffers that: the buffer's aggregation rule, staleness
 // and DP apply unchanged, and the frame is what crossed the network.
 
-// FederatedDistro is the DisTrO configuration clients and server share for
-// a run's model: the run's compression settings, with no weight decay or
-// clipping (a federated update is not a gradient step).
-func FederatedDistro(m *coordinator.Model) (*distro.DeMo, []int, error) {
-	o, err := runmodel.Distro(m, 1)
-	if err != nil {
-		return nil, nil, err
-	}
-	o.WeightDecay, o.ClipGradNorm = 0, 0
-	cfg, err := runmodel.GPT(m)
-	if err != nil {
-		return nil, nil, err
-	}
-	var shapes [][]int
-	var sizes []int
-	for _, s := range cfg.Specs() {
-		shapes = append(shapes, s.Shape)
-		n := 1
-		for _, d := range s.Shape {
-			n *= d
-		}
-		sizes = append(sizes, n)
-	}
-	d, err := distro.NewDeMo(shapes, o)
-	if err != nil {
-		return nil, nil, err
-	}
-	return d, sizes, nil
-}
-
 // decompress is a frame's dense update (callers hold the run's mutex).
 func (fr *run) decompress(acct *coordinator.Coordinator, frame []byte) ([]float32, error) {
 	if acct.Model.Optimizer.Kind != coordinator.OptimizerDistro {
 		return nil, fmt.Errorf("%w: a DisTrO frame for a run whose optimizer is not distro (send dense updates)", federated.ErrEncoding)
 	}
 	if fr.demo == nil {
-		d, sizes, err := FederatedDistro(&acct.Model)
+		d, sizes, err := runmodel.FederatedDistro(&acct.Model)
 		if err != nil {
 			return nil, err
 		}

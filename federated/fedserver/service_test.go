@@ -308,7 +308,7 @@ func TestDistroCompressedUpdates(t *testing.T) {
 	if _, _, err := c.Push(ctx, 0, 1, ones(info.Params, 1)); !errors.Is(err, federated.ErrEncoding) && err == nil {
 		t.Fatal("a dense update was taken by a DisTrO run")
 	}
-	demo, sizes, err := FederatedDistro(m)
+	demo, sizes, err := runmodel.FederatedDistro(m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // Go is the pure-Go backend: gonum's parallel Sgemm and the kernels below,
@@ -23,9 +22,10 @@ func transpose(t bool) blas.Transpose {
 	return blas.NoTrans
 }
 
-// Gemm implements Host with gonum's pure-Go BLAS.
+// Gemm implements Host with gonum's pure-Go BLAS (tiledGemm on
+// WebAssembly).
 func (Go) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	gonum.Implementation{}.Sgemm(transpose(transA), transpose(transB), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	gemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
 // chunkRows is the grain of row parallelism. Reductions across rows are

@@ -17,7 +17,9 @@
 //   2. the same with secure aggregation (threshold 2 of 3): once a round is
 //      aggregated, the second tab is closed mid-round; the round completes
 //      with the other two (a phase closes at its deadline) and they train on.
-//   3. a run with central DP: the page shows ε growing round by round.
+//   3. a run with DisTrO-compressed updates: the page sends frames (over 50×
+//      fewer bytes a round than dense updates) and the loss falls; a run with
+//      central DP: the page shows ε growing round by round.
 //   4. figures: tokens/s in the browser against the native build of the
 //      same code on this machine, the module's size, time to the first step.
 import { chromium } from "playwright-core";
@@ -103,6 +105,10 @@ async function createRun(id, toml) {
 await createRun("fed", example);
 await createRun("sa", example.replace("secagg = false", "secagg = true").replace("secagg_threshold = 0 ", "secagg_threshold = 2 ")
 	.replace("secagg_timeout = 0 ", "secagg_timeout = 2 "));
+// DisTrO-compressed updates, one client a round.
+await createRun("dz", example.replace("capacity = 3 ", "capacity = 1 ").replace('kind = "adamw"', 'kind = "distro"')
+	.replace("compression_topk = 1", "compression_topk = 8").replace("compression_chunk = 1", "compression_chunk = 32")
+	.replace("quantize_1bit = false", "quantize_1bit = true").replace("compression_decay = 0.0", "compression_decay = 0.9"));
 // Central DP with one client a round: what the page shows of the privacy spent.
 await createRun("dp", example.replace("capacity = 3 ", "capacity = 1 ").replace("noise_multiplier = 0.0", "noise_multiplier = 1.0"));
 
@@ -192,6 +198,19 @@ try {
 		figures.nativeTokensPerSec = parseFloat(out);
 	}
 	figures.wasmTokensPerSec = wasmTps;
+
+	// DisTrO-compressed updates from the page.
+	const z = await open("dz", "distro tab");
+	await pick(z, files[0]);
+	await z.click("#start");
+	await waitRound(z, 4);
+	const zr = (await roundsOf(z)).filter((r) => r.round <= 4);
+	const perRound = zr.at(-1).sent / zr.length; // each round's report counts the update it pushed
+	const densePerRound = st.sent / st.rounds.length;
+	check(/DisTrO-compressed/.test(await z.locator("#filename").textContent()) && perRound < densePerRound / 50 && zr.at(-1).heldout_loss < zr[0].heldout_loss,
+		`a DisTrO run's page sends compressed updates: ${Math.round(perRound)} bytes a round against ${Math.round(densePerRound)} dense; held-out loss ${zr[0].heldout_loss.toFixed(4)} -> ${zr.at(-1).heldout_loss.toFixed(4)} in 4 rounds`);
+	await z.click("#stop");
+	await z.close();
 
 	// The privacy spent, in a run with central DP.
 	const d = await open("dp", "dp tab");

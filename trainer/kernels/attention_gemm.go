@@ -26,7 +26,9 @@ func gqAttentionGemm(gemm gemmFunc, out, att, qkv []float32, b, t, heads, kvHead
 			a := att[row*t : (row+1)*t]
 			maxv := a[0]
 			for _, v := range a[:ti+1] {
-				maxv = max(maxv, v)
+				if v > maxv || v != v {
+					maxv = v
+				}
 			}
 			causalSoftmax(a, ti, maxv)
 		}

@@ -114,6 +114,9 @@ func scaleRows(m, n int, beta float32, c []float32, ldc int) {
 func tile2x4(k int, alpha float32, a, b []float32, beta float32, c []float32, ldc int) {
 	a0, a1 := a[0:k], a[k:2*k]
 	b0, b1, b2, b3 := b[0:k], b[k:2*k], b[2*k:3*k], b[3*k:4*k]
+	// Equal lengths, said so the compiler drops the bounds checks in the
+	// loop (each one a compare and branch on WebAssembly).
+	a1, b0, b1, b2, b3 = a1[:len(a0)], b0[:len(a0)], b1[:len(a0)], b2[:len(a0)], b3[:len(a0)]
 	var c00, c01, c02, c03, c10, c11, c12, c13 float32
 	for p := range a0 {
 		x0, x1 := a0[p], a1[p]

@@ -190,7 +190,7 @@ func gqaLayout(heads, kvHeads, hd int) (w, kOff, vOff, rep int) {
 func causalSoftmax(a []float32, ti int, maxv float32) {
 	var sum float32
 	for t2 := 0; t2 <= ti; t2++ {
-		e := float32(math.Exp(float64(a[t2] - maxv)))
+		e := float32(softmaxExp(a[t2] - maxv))
 		a[t2] = e
 		sum += e
 	}
@@ -226,7 +226,9 @@ func gqAttentionLoops(out, att, qkv []float32, b, t, heads, kvHeads, hd int) {
 					}
 					dot *= scale
 					a[t2] = dot
-					maxv = max(maxv, dot)
+					if dot > maxv || dot != dot {
+						maxv = dot
+					}
 				}
 				causalSoftmax(a, ti, maxv)
 				o := out[(bi*t+ti)*c+h*hd : (bi*t+ti)*c+(h+1)*hd]
@@ -300,11 +302,15 @@ func (Go) SoftmaxCrossEntropy(losses, logits []float32, targets []uint32, rows, 
 			x := logits[r*vocab : (r+1)*vocab]
 			maxv := x[0]
 			for _, v := range x {
-				maxv = max(maxv, v)
+				// The builtin max's result (NaN wins) without its runtime
+				// call on WebAssembly.
+				if v > maxv || v != v {
+					maxv = v
+				}
 			}
 			var sum float64
 			for i, v := range x {
-				e := math.Exp(float64(v - maxv))
+				e := softmaxExp(v - maxv)
 				x[i] = float32(e)
 				sum += e
 			}

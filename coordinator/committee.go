@@ -85,13 +85,11 @@ func (c Committee) String() string {
 	return "Committee(?)"
 }
 
-// CommitteeOf returns the committee of a committee position. While
-// verification_percent is 0 (the only accepted value) every client trains;
-// anything else is refused rather than guessed.
+// CommitteeOf returns the committee of a committee position: every client
+// trains. verification_percent does not make verifier committees here: the
+// round's witnesses score a sample of the trainers' results instead, and
+// the health check drops those that fail it (trainer/node).
 func (k *Config) CommitteeOf(position uint64) (Committee, error) {
-	if k.VerificationPercent != 0 {
-		return 0, ErrUnsupportedCommittee
-	}
 	return TrainerCommittee, nil
 }
 

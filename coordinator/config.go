@@ -104,7 +104,7 @@ func (k *Config) Validate() error {
 	rule(k.GlobalBatchSizeWarmupTokens <= maxWarmupTokens, "global_batch_size_warmup_tokens (%d) must not exceed 2^47", k.GlobalBatchSizeWarmupTokens)
 	rule(k.TotalSteps > 0, "total_steps must be greater than 0")
 	rule(k.WitnessNodes <= min(k.MinClients, MaxWitnesses), "witness_nodes (%d) must not exceed min(min_clients, %d) = %d", k.WitnessNodes, MaxWitnesses, min(k.MinClients, MaxWitnesses))
-	rule(k.VerificationPercent == 0, "verification_percent (%d) must be 0: verifier committees are not supported yet", k.VerificationPercent)
+	rule(k.VerificationPercent <= 100, "verification_percent (%d) must not exceed 100", k.VerificationPercent)
 	return errors.Join(errs...)
 }
 

@@ -69,6 +69,8 @@ var (
 	ErrDuplicateWitness     = newError(6052, "DuplicateWitness", "witness already reported for this round")
 	ErrWrongStep            = newError(6053, "WrongStep", "witness is for another step")
 	ErrWitnessesFull        = newError(6054, "WitnessesFull", "round already has every witness")
+	// ErrUnsupportedCommittee is no longer returned (every client trains);
+	// its code stays reserved in the ABI.
 	ErrUnsupportedCommittee = newError(6055, "UnsupportedCommittee", "verifier and tie-breaker committees are not supported")
 	ErrClientHealthy        = newError(6060, "ClientHealthy", "client was seen by a quorum of witnesses")
 	ErrClientNotHealthy     = newError(6061, "ClientNotHealthy", "client is no longer healthy")

@@ -324,7 +324,7 @@ func TestConfigRules(t *testing.T) {
 		{"tokens", func(k *Config) { k.GlobalBatchSizeWarmupTokens = 1<<47 + 1 }, "2^47"},
 		{"steps", func(k *Config) { k.TotalSteps = 0 }, "total_steps"},
 		{"witnesses", func(k *Config) { k.WitnessNodes = 3 }, "witness_nodes"},
-		{"verification", func(k *Config) { k.VerificationPercent = 10 }, "verification_percent"},
+		{"verification", func(k *Config) { k.VerificationPercent = 101 }, "verification_percent"},
 	} {
 		k := base
 		tc.edit(&k)
@@ -404,14 +404,16 @@ func tinyLlama() Model {
 	return m
 }
 
-func TestCommitteeRejectsVerifiers(t *testing.T) {
-	k := Config{VerificationPercent: 10}
-	if _, err := k.CommitteeOf(0); !errors.Is(err, ErrUnsupportedCommittee) {
-		t.Fatalf("got %v", err)
-	}
-	k.VerificationPercent = 0
-	if c, err := k.CommitteeOf(200); err != nil || c != TrainerCommittee {
-		t.Fatalf("got %v %v", c, err)
+// TestEveryClientTrains: verification_percent samples trainers for the
+// witnesses' scores; it makes no verifier committee.
+func TestEveryClientTrains(t *testing.T) {
+	for _, pct := range []uint8{0, 10, 100} {
+		k := Config{VerificationPercent: pct}
+		for _, pos := range []uint64{0, 5, 200} {
+			if c, err := k.CommitteeOf(pos); err != nil || c != TrainerCommittee {
+				t.Fatalf("verification_percent %d, position %d: got %v %v", pct, pos, c, err)
+			}
+		}
 	}
 }
 

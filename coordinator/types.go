@@ -196,7 +196,10 @@ type Config struct {
 	MinClients uint16
 	// WitnessNodes is the number of witnesses per round (0: min(clients, 32)).
 	WitnessNodes uint16
-	// VerificationPercent must be 0 (verifier committees are not implemented).
+	// VerificationPercent is the share of a round's trainers whose results
+	// its witnesses score (0..100; 0: none): the trainers read it, the
+	// coordinator only keeps it. Every client trains; there are no verifier
+	// committees (see trainer/node's verification).
 	VerificationPercent uint8
 	_                   [1]byte
 }

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
@@ -23,7 +24,7 @@ import (
 
 // Adversaries are the attacks WithAdversary knows.
 var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "repeat-blocks", "oversize", "bogus-checkpoint",
-	"copycat", "stale", "lazy-zero"}
+	"copycat", "stale", "lazy-zero", "lazy-noise", "wrong-data", "slow"}
 
 // WithAdversary makes the node publish, instead of its result:
 //   - huge: float values of ±1e30 against its own signs (a float frame, which
@@ -43,7 +44,14 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "
 //     has none to copy);
 //   - stale: its first result, again every step;
 //   - lazy-zero: a result of its shape with every value zero (no training
-//     would give it).
+//     would give it);
+//   - lazy-noise: signs or values drawn at random in a frame of its shape,
+//     as a trainer that skips the work would send (noise, without the
+//     magnitudes of its own result);
+//   - wrong-data: it trains honestly, on other data than its assignment
+//     (the indices 7919 past its batch);
+//   - slow: an honest trainer that takes 300 ms longer on every batch (for
+//     false accusations: verification must not drop it).
 func WithAdversary(kind string) (Option, error) {
 	r := rand.New(rand.NewPCG(uint64(len(kind)), 0x5eed))
 	frameAttack := func(mutate func(*distro.Frame)) Option {
@@ -167,6 +175,29 @@ func WithAdversary(kind string) (Option, error) {
 					first = slices.Clone(payload)
 				}
 				return first
+			}
+			return nil
+		}, nil
+	case "lazy-noise":
+		return frameAttack(func(f *distro.Frame) {
+			for i := range f.Tensors {
+				t := &f.Tensors[i]
+				for j := range t.Values {
+					if t.Quantized {
+						t.Values[j] = float32(1 - 2*r.IntN(2))
+					} else {
+						t.Values[j] = float32(r.NormFloat64())
+					}
+				}
+			}
+		}), nil
+	case "wrong-data":
+		return func(c *config) error { c.dataShift = 7919; return nil }, nil
+	case "slow":
+		return func(c *config) error {
+			c.corrupt = func(payload []byte) []byte {
+				time.Sleep(300 * time.Millisecond) // honest, late
+				return payload
 			}
 			return nil
 		}, nil

@@ -121,3 +121,84 @@ func TestFreeRidersAreDropped(t *testing.T) {
 		})
 	}
 }
+
+// droppedIn lists the clients of s (current and exited) that a health check
+// dropped.
+func droppedIn(s *coordinator.Coordinator) []coordinator.ClientID {
+	var out []coordinator.ClientID
+	for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
+		if e.State == coordinator.Dropped {
+			out = append(out, e.ID)
+		}
+	}
+	for _, e := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
+		if e.State == coordinator.Dropped {
+			out = append(out, e.ID)
+		}
+	}
+	return out
+}
+
+// TestVerificationDropsLazyTrainers: with verification_percent = 100 the
+// witnesses score every result on its trainer's batch against another
+// batch; a trainer that sends noise, or trains on other data than its
+// assignment, scores about 0, is left out of the witness reports once its
+// window fails, and the health check drops it. No honest trainer is.
+func TestVerificationDropsLazyTrainers(t *testing.T) {
+	for _, kind := range []string{"lazy-noise", "wrong-data"} {
+		t.Run(kind, func(t *testing.T) {
+			bad, err := node.WithAdversary(kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 40; k.VerificationPercent = 100 },
+				func(i int) []node.Option {
+					if i == 3 {
+						return []node.Option{bad}
+					}
+					return nil
+				})
+			rogue := c.nodes[3].ID()
+			var dropped []coordinator.ClientID
+			c.waitFor("the rogue trainer's drop, or the end of the second epoch", func(s *coordinator.Coordinator) bool {
+				dropped = append(dropped, droppedIn(s)...)
+				return slices.Contains(dropped, rogue) || (s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers)
+			})
+			if !slices.Contains(dropped, rogue) {
+				t.Errorf("the %s trainer was not dropped in two epochs", kind)
+			}
+			for i := range 3 {
+				if slices.Contains(dropped, c.nodes[i].ID()) {
+					t.Errorf("honest trainer %d was dropped", i)
+				}
+			}
+			c.stopAll(0, 1, 2, 3)
+		})
+	}
+}
+
+// TestVerificationSparesHonestTrainers: verification on every result of
+// four honest trainers, one of them slow, for two epochs: nobody dropped.
+func TestVerificationSparesHonestTrainers(t *testing.T) {
+	slow, err := node.WithAdversary("slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 40; k.VerificationPercent = 100 },
+		func(i int) []node.Option {
+			if i == 3 {
+				return []node.Option{slow}
+			}
+			return nil
+		})
+	var dropped []coordinator.ClientID
+	c.waitFor("the end of the second epoch", func(s *coordinator.Coordinator) bool {
+		dropped = append(dropped, droppedIn(s)...)
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	if len(dropped) > 0 {
+		t.Errorf("honest trainers dropped: %v", dropped)
+	}
+	c.stopAll(0, 1, 2, 3)
+	c.sameWeights(0, 1, 2, 3)
+}

@@ -46,6 +46,10 @@ type machine struct {
 	// valid until the model changes (an apply or a load clears it).
 	ahead *TrainWork
 
+	// scores are the verification scores of trainers this node witnessed
+	// (verify.go), by signer.
+	scores map[coordinator.Pubkey]*scoreBook
+
 	dueSince     uint64 // when a tick became due (unix seconds; 0: none is due)
 	tickInFlight bool   // a tick instruction is on its way
 }
@@ -204,6 +208,9 @@ type Ready struct {
 	// they were sent (a copy of another trainer's, a replay): the driver
 	// logs and counts them.
 	Refused []RefusedResult
+	// Verify lists sampled results to score (verified work, verify.go).
+	// Answer each with verified.
+	Verify []VerifyWork
 }
 
 // RefusedResult is one result refused by the witness rules.
@@ -526,6 +533,7 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 		return rd
 	}
 	m.store(a, f)
+	m.verifyWork(a, f, &rd)
 	m.progress(&rd)
 	return rd
 }
@@ -847,6 +855,11 @@ func (m *machine) witness(rd *Ready, warmup bool) {
 		sort.Slice(starts, func(a, b int) bool { return starts[a] < starts[b] })
 		for _, b := range starts {
 			res := batches[b]
+			if m.failing(res.ann.Trainer.Signer) {
+				// Its results failed verification: not vouched for, so not
+				// applied, and the next health check drops it.
+				continue
+			}
 			w.Participants.Add(w.Key, coordinator.ParticipantMember(res.ann.Trainer.Signer))
 			w.Broadcasts.Add(w.Key, res.ann.Commitment)
 			h.Write(res.ann.Commitment[:])

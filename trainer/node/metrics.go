@@ -28,6 +28,8 @@ type Metrics struct {
 	AheadTrained       prometheus.Counter // gradients trained ahead for the next round (while this one was witnessed)
 	AheadReused        prometheus.Counter // of those, published: the round started as guessed
 	ResultsRefused     prometheus.Counter // results refused as copies or replays of results seen before
+	Verifications      prometheus.Counter // sampled results this witness scored (verification_percent)
+	VerifySeconds      prometheus.Counter // of ComputeSeconds, the scoring's
 }
 
 // NewMetrics returns a node's metrics under psyche_*, registered with reg
@@ -56,11 +58,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ComputeSeconds: counter("compute_seconds_total", "Time spent training batches and applying rounds (the rest of a round is coordination and networking)."),
 		AheadTrained:   counter("ahead_trained_total", "Batches trained ahead, before their round started."),
 		AheadReused:    counter("ahead_reused_total", "Batches trained ahead and published: their round started as guessed."),
-		ResultsRefused: counter("results_refused_total", "Results refused because another trainer sent them first, or their trainer did at an earlier step."),
+		ResultsRefused: counter("results_refused_total", "Results refused because another trainer sent them first, or their trainer did at an earlier step, or because their trainer's verification scores failed."),
+		Verifications:  counter("verifications_total", "Sampled results this witness scored (verification_percent)."),
+		VerifySeconds:  counter("verify_seconds_total", "Time spent scoring sampled results (part of compute_seconds_total)."),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Epoch, m.Step, m.State, m.Loss, m.Steps, m.Tokens, m.SentBytes, m.ReceivedBytes,
-			m.RoundsApplied, m.ResultsApplied, m.ResultsMissing, m.WitnessReports, m.Ticks, m.ComputeSeconds, m.AheadTrained, m.AheadReused, m.ResultsRefused)
+			m.RoundsApplied, m.ResultsApplied, m.ResultsMissing, m.WitnessReports, m.Ticks, m.ComputeSeconds, m.AheadTrained, m.AheadReused, m.ResultsRefused,
+			m.Verifications, m.VerifySeconds)
 	}
 	return m
 }

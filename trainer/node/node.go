@@ -77,6 +77,9 @@ type config struct {
 	// made from others' results of the step before (copies).
 	freeRide     func(own []byte, others []*distro.Frame) []byte
 	corruptShare func([]p2p.Tensor) // fault injection: what the node offers joiners (adversary build)
+	// dataShift, in the adversary build, makes the node train on the data
+	// indices this far past its assigned ones (wrong-data).
+	dataShift uint64
 	// publish replaces the network's Publish: fault injection in tests
 	// (export_test.go).
 	publish func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)
@@ -527,6 +530,13 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 			return nil, false, err
 		}
 		next = append(next, n.m.trainedResult(ann, frame, st))
+	}
+	for _, w := range rd.Verify {
+		score, err := n.verify(ctx, w)
+		if err != nil {
+			return nil, false, err
+		}
+		next = append(next, n.m.verified(w.Trainer, score))
 	}
 	for _, ix := range rd.Send {
 		o := outgoing{ix: ix, done: n.cfg.clock.Work()} // until it is sent

@@ -235,7 +235,7 @@ func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, time.Durati
 	in, tg := make([]uint32, 0, count*seqLen), make([]uint32, 0, count*seqLen)
 	buf := make([]uint32, seqLen+1)
 	for idx := w.Batch.Start; idx < w.Batch.End; idx++ {
-		seq, err := n.data.Sequence(ctx, idx, buf)
+		seq, err := n.data.Sequence(ctx, idx+n.cfg.dataShift, buf)
 		if err != nil {
 			return 0, 0, fmt.Errorf("node: data index %d: %w", idx, err)
 		}

@@ -405,7 +405,7 @@ static int config_valid(const struct psy_config *k)
 	       k->global_batch_size_start <= k->global_batch_size_end &&
 	       k->init_min_clients <= k->global_batch_size_end &&
 	       k->global_batch_size_warmup_tokens <= PSY_MAX_WARMUP_TOKENS && k->total_steps > 0 &&
-	       k->witness_nodes <= wmax && k->verification_percent == 0;
+	       k->witness_nodes <= wmax && k->verification_percent <= 100;
 }
 
 static int model_valid(const struct psy_model *m)
@@ -1011,8 +1011,6 @@ static uint64_t do_health_check(struct psy_account *s, const struct psy_ctx *ctx
 	uint8_t is_witness = witness_position(r, p->index) < witness_count(&s->config, r->clients_len);
 	if (p->position != cpos || p->is_witness != is_witness)
 		return ERR_INVALID_PROOF;
-	if (s->config.verification_percent != 0)
-		return ERR_UNSUPPORTED_COMMITTEE;
 	if (target->state != CL_HEALTHY)
 		return ERR_CLIENT_NOT_HEALTHY;
 	if (health_score(prev, id->signer) >= quorum(witness_count(&s->config, prev->clients_len)))

@@ -68,6 +68,7 @@ clock did not move, so that its epochs end. The tests use it.`,
 		&cli.BoolFlag{Name: "quantize", Value: true, Usage: "send 1-bit signs (false: float32 values)", Category: "RUN"},
 		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
 		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N) on its data (builtin:opticks or a token file: localnet holds its last tenth out for the summary's loss) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
+		&cli.IntFlag{Name: "verification-percent", Usage: "the share of each round's trainers whose results the witnesses score (0-100; the run file's verification_percent): a trainer whose results do no work on its data is dropped", Category: "RUN"},
 		&cli.IntFlag{Name: "drop-trainer-at", Usage: "stop the last trainer once the run reaches this step, to watch the others drop it (0: never)", Category: "RUN"},
 		&cli.StringFlag{Name: "explorer-addr", Value: "127.0.0.1:0", Usage: "serve the run explorer on this address while the run lasts (port 0: any free port; empty: no explorer)", Category: "EXPLORER"},
 	},
@@ -197,6 +198,12 @@ func localnet(c *cli.Context) (err error) {
 		if c.String("run") == "" || c.IsSet("quantize") {
 			m.Optimizer.Quantize1Bit = c.Bool("quantize")
 		}
+		if c.IsSet("verification-percent") {
+			k.VerificationPercent = uint8(c.Int("verification-percent"))
+		}
+	}
+	if v := c.Int("verification-percent"); v < 0 || v > 100 {
+		return fmt.Errorf("--verification-percent %d: want 0 to 100", v)
 	}
 	if err := createLocalRun(ctx, lb.backend, runID, admin, n, perTrainer, c.Int("epoch-time"), *model, files, tune); err != nil {
 		return err
@@ -477,6 +484,7 @@ func followLocalRun(ctx, runCtx context.Context, out io.Writer, b chain.Backend,
 	var last *coordinator.Coordinator
 	lastStep := uint32(0)
 	rounds := &roundClock{}
+	dropped := map[coordinator.ClientID]bool{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -489,6 +497,7 @@ func followLocalRun(ctx, runCtx context.Context, out io.Writer, b chain.Backend,
 				return last, rounds, nil
 			}
 			last = s.State
+			reportDrops(out, s.State, trainers, dropped)
 			if s.State.Progress.Step != lastStep && s.State.RunState == coordinator.RoundTrain {
 				lastStep = s.State.Progress.Step
 				rounds.start(s.State.Progress.Epoch, trainers)
@@ -497,6 +506,21 @@ func followLocalRun(ctx, runCtx context.Context, out io.Writer, b chain.Backend,
 			}
 			if int(s.State.Progress.Epoch) >= epochs || s.State.RunState == coordinator.Finished {
 				return last, rounds, nil
+			}
+		}
+	}
+}
+
+// reportDrops prints, once each, the trainers a health check dropped.
+func reportDrops(out io.Writer, s *coordinator.Coordinator, trainers []*localTrainer, seen map[coordinator.ClientID]bool) {
+	for _, c := range append(s.Epoch.Clients[:s.Epoch.ClientsLen:s.Epoch.ClientsLen], s.Epoch.Exited[:s.Epoch.ExitedLen]...) {
+		if c.State != coordinator.Dropped || seen[c.ID] {
+			continue
+		}
+		seen[c.ID] = true
+		for i, t := range trainers {
+			if t.node.ID() == c.ID {
+				fmt.Fprintf(out, "localnet: trainer %d was dropped by a health check (epoch %d, step %d)\n", i, s.Progress.Epoch, s.Progress.Step)
 			}
 		}
 	}
@@ -776,6 +800,16 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 	}
 	dense := results * 4 * uint64(initial.NumParams())
 	fmt.Fprintf(w, "tokens trained: %d\n", tokens)
+	var verified uint64
+	var verify, compute time.Duration
+	for _, t := range trainers {
+		p := t.progress()
+		verified, verify, compute = verified+p.Verified, verify+p.Verify, compute+p.Compute
+	}
+	if verified > 0 {
+		fmt.Fprintf(w, "verification: %d results scored, %s of the trainers' %s of compute (%.1f%%)\n", verified,
+			verify.Round(time.Millisecond), compute.Round(time.Millisecond), 100*verify.Seconds()/compute.Seconds())
+	}
 	if sent > 0 && dense > 0 {
 		fmt.Fprintf(w, "results sent: %s (dense fp32 gradients would be %s: %.0fx more)\n", bytesString(sent), bytesString(dense), float64(dense)/float64(sent))
 	}

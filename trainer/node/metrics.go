@@ -81,5 +81,6 @@ func (m *Metrics) progress() Progress {
 	return Progress{State: coordinator.RunState(promread.Value(m.State)), Epoch: uint32(promread.Value(m.Epoch)),
 		Step: uint32(promread.Value(m.Step)), Loss: float32(promread.Value(m.Loss)), Tokens: u(m.Tokens),
 		Sent: u(m.SentBytes), Received: u(m.ReceivedBytes), Applied: u(m.RoundsApplied), Witnessed: u(m.WitnessReports),
-		Compute: time.Duration(promread.Value(m.ComputeSeconds) * float64(time.Second))}
+		Compute: time.Duration(promread.Value(m.ComputeSeconds) * float64(time.Second)),
+		Verify:  time.Duration(promread.Value(m.VerifySeconds) * float64(time.Second)), Verified: u(m.Verifications)}
 }

@@ -60,6 +60,10 @@ type Progress struct {
 	// compression) and applying rounds: what the node would spend alone.
 	// The rest of a round is coordination and networking.
 	Compute time.Duration
+	// Verify is the part of Compute spent scoring other trainers' results
+	// (verification_percent), and Verified how many it scored.
+	Verify   time.Duration
+	Verified uint64
 }
 
 type config struct {
@@ -532,11 +536,11 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 		next = append(next, n.m.trainedResult(ann, frame, st))
 	}
 	for _, w := range rd.Verify {
-		score, err := n.verify(ctx, w)
+		score, drop, err := n.verify(ctx, w)
 		if err != nil {
 			return nil, false, err
 		}
-		next = append(next, n.m.verified(w.Trainer, score))
+		next = append(next, n.m.verified(w.Trainer, score, drop))
 	}
 	for _, ix := range rd.Send {
 		o := outgoing{ix: ix, done: n.cfg.clock.Work()} // until it is sent

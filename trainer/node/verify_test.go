@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
 )
 
 // TestVerificationSample: the sample is verification_percent of the
@@ -39,14 +40,26 @@ func TestVerificationSample(t *testing.T) {
 				assigned[d.Start] = d
 			}
 		}
-		for own, ctl := range got {
+		inside := func(b p2p.BatchRange) (coordinator.DataRange, bool) {
+			for _, d := range assigned {
+				if b.Start >= d.Start && b.End <= d.Start+d.Count && b.End > b.Start {
+					return d, true
+				}
+			}
+			return coordinator.DataRange{}, false
+		}
+		for own, sc := range got {
 			d, ok := assigned[own]
 			if !ok {
 				t.Fatalf("sampled batch %d is no trainer's", own)
 			}
-			c, ok := assigned[ctl.Start]
-			if !ok || ctl.Start == own || ctl.End-ctl.Start != min(d.Count, c.Count, verifySequences) {
-				t.Fatalf("batch %d's control %+v", own, ctl)
+			if o, ok := inside(sc.own); !ok || o != d {
+				t.Fatalf("batch %d is scored on %+v, outside it", own, sc.own)
+			}
+			c, ok := inside(sc.control)
+			n := min(d.Count, c.Count, verifySequences)
+			if !ok || c == d || sc.own.End-sc.own.Start != n || sc.control.End-sc.control.Start != n {
+				t.Fatalf("batch %d (%+v): own %+v, control %+v", own, d, sc.own, sc.control)
 			}
 		}
 		if again := verificationSample(s, r); len(again) != len(got) {
@@ -67,33 +80,82 @@ func TestVerificationSample(t *testing.T) {
 }
 
 // TestScoreWindow: a trainer fails once a full window holds scoreFailing
-// scores at or below 0 (NaN counts as −1), and recovers when they leave it.
+// scores at or below 0 (NaN counts as −1) with a mean under half its peers'
+// median, while that median shows honest work, or scoreFailing own-batch
+// loss drops at or below 0 while its peers' drops are positive; it recovers
+// when the low values leave the window. Where the peers' scores are as weak
+// as its own, or too few peers have full windows, nobody fails.
 func TestScoreWindow(t *testing.T) {
-	m := newMachine(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
-	m.snap = &coordinator.Coordinator{}
+	newM := func() *machine {
+		m := newMachine(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
+		m.snap = &coordinator.Coordinator{}
+		return m
+	}
+	peers := func(m *machine, n int, score float32) {
+		for p := range n {
+			for range scoreWindow {
+				m.verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, score, 0.05)
+			}
+		}
+	}
 	id := coordinator.ClientID{Signer: coordinator.Pubkey{1}}
 	nan := float32(0)
 	nan /= nan
+	lazy := func(i int) float32 {
+		switch {
+		case i == 4:
+			return nan
+		case i%2 == 0:
+			return 0 // half the window at or below 0: exactly scoreFailing
+		}
+		return 0.2
+	}
+
+	m := newM()
+	peers(m, 3, 0.3)
 	for i := range scoreWindow {
-		score := float32(0.3)
-		if i%2 == 0 {
-			score = 0 // half the window at 0: exactly scoreFailing
-		}
-		if i == 4 {
-			score = nan
-		}
-		rd := m.verified(id, score)
-		if m.failing(id.Signer) != (i == scoreWindow-1) {
-			t.Fatalf("after %d scores: failing %v", i+1, m.failing(id.Signer))
-		}
-		if (len(rd.Refused) == 1) != (i == scoreWindow-1) {
-			t.Fatalf("after %d scores: refused %v", i+1, rd.Refused)
+		rd := m.verified(id, lazy(i), 0.05)
+		last := i == scoreWindow-1
+		if m.failing(id.Signer) != last || (len(rd.Refused) == 1) != last {
+			t.Fatalf("after %d scores: failing %v, refused %v", i+1, m.failing(id.Signer), rd.Refused)
 		}
 	}
-	if rd := m.verified(id, 0.5); m.failing(id.Signer) || len(rd.Refused) != 0 {
-		t.Fatal("a positive score that pushes a failure out of the window did not clear it")
+	if rd := m.verified(id, 0.5, 0.05); m.failing(id.Signer) || len(rd.Refused) != 0 {
+		t.Fatal("a positive score that pushes a low one out of the window did not clear it")
+	}
+	for p := range 3 {
+		if m.failing(coordinator.Pubkey{byte(10 + p)}) {
+			t.Fatalf("honest peer %d fails", p)
+		}
 	}
 	if m.failing(coordinator.Pubkey{2}) {
 		t.Fatal("a trainer never scored is failing")
+	}
+
+	for _, tc := range []struct {
+		name  string
+		peers int
+		score float32
+	}{{"weak honest work (large batches): peers as often low", 3, -0.01}, {"one peer only", 1, 0.3}} {
+		m := newM()
+		peers(m, tc.peers, tc.score)
+		for i := range scoreWindow {
+			m.verified(id, lazy(i), 0.05)
+		}
+		if m.failing(id.Signer) {
+			t.Fatalf("%s: the trainer fails", tc.name)
+		}
+	}
+
+	// The work test: results that do not lower their own batch's loss half
+	// the time fail, whatever the relative scores say, while the peers'
+	// results lower theirs; NaN counts as no drop.
+	m = newM()
+	peers(m, 3, -0.01) // large batches: relative scores tell nothing
+	for i := range scoreWindow {
+		m.verified(id, 0.3, lazy(i))
+	}
+	if !m.failing(id.Signer) {
+		t.Fatal("a trainer whose results do not lower its own batch's loss half the time does not fail")
 	}
 }

@@ -54,12 +54,14 @@ type FetchOrder string
 
 const (
 	// FetchArrival starts the oldest first (trainer/node's Node.startFetches
-	// today): every node starts with the same announcers, whose uplinks
-	// then carry every node's fetches while the others' idle.
+	// before it took the ring order): every node starts with the same
+	// announcers, whose uplinks then carry every node's fetches while the
+	// others' idle.
 	FetchArrival FetchOrder = "arrival"
 	// FetchRing starts with the announcer after this node on a ring of p2p
 	// keys, then the next: at any time each uplink serves about as many
-	// fetches as any other.
+	// fetches as any other (trainer/node's Node.startFetches now, less its
+	// 2 s patience for announcers that never come).
 	FetchRing FetchOrder = "ring"
 )
 

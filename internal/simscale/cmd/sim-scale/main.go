@@ -35,7 +35,7 @@ func run() error {
 		payload = flag.Int64("payload", 0, "result size in bytes (0: the 1B model's frame at -topk and -chunk)")
 		server  = flag.Float64("server-bps", 0, "the coordinator server's link in bit/s (0: the network's fastest)")
 		fetches = flag.Int("max-fetches", 16, "fetches in flight per trainer (trainer/node: 16)")
-		order   = flag.String("fetch-order", "arrival", "orders of a trainer's fetches, comma-separated, one table each: arrival (trainer/node today), ring (each fetches the announcers after itself on a ring of keys)")
+		order   = flag.String("fetch-order", "arrival", "orders of a trainer's fetches, comma-separated, one table each: arrival (trainer/node before its ring order), ring (trainer/node now: each fetches the announcers after itself on a ring of keys)")
 		seqs    = flag.Int("sequences", 1, "sequences each trainer trains a round (compute = step-time × sequences)")
 		plot    = flag.String("plot", "", "write a PNG plot of round time and overhead against trainers to this file")
 		detail  = flag.Bool("instructions", false, "also print the instructions per round by kind")

@@ -41,9 +41,9 @@ import (
 // Work: a trainer fails when at least workFailing of its last scoreWindow
 // drops are at or below 0, while the median trainer has at most scoreClear.
 // Noise lowers the loss about half the time (a random step's first-order
-// effect is as often up as down), so a window of 16 holds 6 or more failures
-// with probability 0.9; an honest trainer whose drops fail 1 time in 60
-// holds 6 with probability about 1e-7.
+// effect is as often up as down), so a window of 8 holds 4 or more failures
+// with probability 0.64; an honest trainer whose drops fail 1 time in 60
+// holds 4 with probability about 4e-6.
 //
 // Its own data: the rule judges a trainer against its peers, and only while the peers'
 // work is visible: a trainer fails when its last scoreWindow scores (a full
@@ -52,7 +52,7 @@ import (
 // of, while the median trainer has at most scoreClear of its window at or
 // below 0 (with at least three such trainers, itself included, so that a
 // minority of lazy ones cannot set the medians). On localnet's batches the
-// median trainer has 5 to 8 low scores in 16, so the rule stays silent. A failing trainer
+// median trainer has 2 to 4 low scores in 8, so the rule stays silent. A failing trainer
 // is left out of the witness's participant and broadcast blooms: its results
 // are not applied, and the next round's health check drops it like a
 // trainer that sent nothing. Where honest work is not visible (large
@@ -61,10 +61,10 @@ import (
 // same data; witnesses may hold the model a round apart, which moves a score
 // by far less than the margin between the two kinds.
 const (
-	scoreWindow  = 16
-	scoreFailing = 8
-	workFailing  = 6
-	scoreClear   = 4
+	scoreWindow  = 8
+	scoreFailing = 5
+	workFailing  = 4
+	scoreClear   = 2
 	// verifySequences of each batch are read: the score's compute is six
 	// forward passes of this many sequences per sampled result.
 	verifySequences = 2

@@ -64,11 +64,11 @@ var (
 	ErrNotAClient  = newError(6041, "NotAClient", "sender is not a healthy client of the current epoch")
 
 	// Witnesses and health.
-	ErrInvalidProof         = newError(6050, "InvalidProof", "committee proof does not match the round")
-	ErrNotAWitness          = newError(6051, "NotAWitness", "client is not a witness of this round")
-	ErrDuplicateWitness     = newError(6052, "DuplicateWitness", "witness already reported for this round")
-	ErrWrongStep            = newError(6053, "WrongStep", "witness is for another step")
-	ErrWitnessesFull        = newError(6054, "WitnessesFull", "round already has every witness")
+	ErrInvalidProof     = newError(6050, "InvalidProof", "committee proof does not match the round")
+	ErrNotAWitness      = newError(6051, "NotAWitness", "client is not a witness of this round")
+	ErrDuplicateWitness = newError(6052, "DuplicateWitness", "witness already reported for this round")
+	ErrWrongStep        = newError(6053, "WrongStep", "witness is for another step")
+	ErrWitnessesFull    = newError(6054, "WitnessesFull", "round already has every witness")
 	// ErrUnsupportedCommittee is no longer returned (every client trains);
 	// its code stays reserved in the ABI.
 	ErrUnsupportedCommittee = newError(6055, "UnsupportedCommittee", "verifier and tie-breaker committees are not supported")

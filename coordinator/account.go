@@ -20,7 +20,7 @@ import (
 // it with testdata/account_layout.golden so that any change is reviewed, and the
 // C program's struct is checked against the same file.
 const (
-	AccountVersion    = 1
+	AccountVersion    = 2 // 2: the model's checkpoint store (224 bytes after the optimizer)
 	AccountHeaderSize = 16
 )
 

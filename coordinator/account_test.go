@@ -148,7 +148,7 @@ func TestDecodeAccountRejects(t *testing.T) {
 		{"short", good[:AccountSize-1], ErrWrongSize},
 		{"long", append(bytes.Clone(good), 0), ErrWrongSize},
 		{"discriminator", mutate(func(b []byte) []byte { b[0] ^= 1; return b }), ErrWrongDiscriminator},
-		{"version", mutate(func(b []byte) []byte { b[8] = 2; return b }), ErrWrongVersion},
+		{"version", mutate(func(b []byte) []byte { b[8] = 1; return b }), ErrWrongVersion}, // the layout before the store
 		{"header padding", mutate(func(b []byte) []byte { b[13] = 1; return b }), ErrMalformed},
 		{"run state", mutate(func(b []byte) []byte { b[offsetOf(t, "run_state")] = 8; return b }), ErrMalformed},
 		{"bool", mutate(func(b []byte) []byte { b[offsetOf(t, "pending_pause")] = 2; return b }), ErrMalformed},

@@ -347,6 +347,11 @@ func (c *cursor) model(m *Model) {
 		c.f32("beta2", &o.Beta2)
 		c.f32("epsilon", &o.Epsilon)
 	})
+	c.nest("store", func() {
+		c.bytes("url", m.Store.URL[:])
+		c.bytes("endpoint", m.Store.Endpoint[:])
+		c.bytes("region", m.Store.Region[:])
+	})
 }
 
 func (c *cursor) progress(p *Progress) {

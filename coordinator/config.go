@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"strings"
 )
 
 // FixedString returns the text of a zero-padded fixed-size field.
@@ -160,6 +161,9 @@ func (m *Model) Validate() error {
 	rule(m.DataKind == DataLocal || m.DataKind == DataHTTP, "data kind %d is unknown (1 = local, 2 = http)", m.DataKind)
 	rule(FixedString(m.DataLocation[:]) != "" && canonicalFixed(m.DataLocation[:]), "data location must be non-empty text")
 	rule(m.TokenSize == 2 || m.TokenSize == 4, "token_size (%d) must be 2 or 4", m.TokenSize)
+	if err := m.Store.validate(); err != nil {
+		rule(false, "%v", err)
+	}
 	rule(m.TokenSize != 2 || m.VocabSize <= 1<<16, "vocab_size (%d) does not fit 2-byte tokens", m.VocabSize)
 
 	lr := &m.LR
@@ -217,4 +221,72 @@ func (k *Config) DataIndexForStep(maxSeqLen uint32, step uint32) uint64 {
 		idx += uint64(k.BatchSize(maxSeqLen, idx))
 	}
 	return idx
+}
+
+// validate checks the store's three fields (the C program's store_valid
+// applies the same rules byte by byte).
+func (st *CheckpointStore) validate() error {
+	if !canonicalFixed(st.URL[:]) || !canonicalFixed(st.Endpoint[:]) || !canonicalFixed(st.Region[:]) {
+		return errors.New("store url, endpoint and region must be text padded with zeros")
+	}
+	url, endpoint, region := FixedString(st.URL[:]), FixedString(st.Endpoint[:]), FixedString(st.Region[:])
+	if url == "" {
+		if endpoint != "" || region != "" {
+			return errors.New("store endpoint and region need a store url")
+		}
+		return nil
+	}
+	bucket, prefix, ok := strings.Cut(strings.TrimPrefix(url, "s3://"), "/")
+	switch {
+	case !strings.HasPrefix(url, "s3://"):
+		return fmt.Errorf("store %q must start with s3://", url)
+	case !validBucket(bucket):
+		return fmt.Errorf("store %q: bucket %q must be 3 to 63 of a-z, 0-9, '.' and '-', starting and ending with a letter or digit", url, bucket)
+	case ok && (prefix == "" || strings.HasSuffix(prefix, "/") || strings.Contains(prefix, "//") || !visibleASCII(prefix)):
+		return fmt.Errorf("store %q: the prefix after the bucket must be visible ASCII without empty parts or a trailing slash", url)
+	}
+	if endpoint != "" {
+		rest, isHTTPS := strings.CutPrefix(endpoint, "https://")
+		if !isHTTPS {
+			var isHTTP bool
+			if rest, isHTTP = strings.CutPrefix(endpoint, "http://"); !isHTTP {
+				return fmt.Errorf("store endpoint %q must start with http:// or https://", endpoint)
+			}
+		}
+		if rest == "" || !visibleASCII(rest) {
+			return fmt.Errorf("store endpoint %q must name a host in visible ASCII", endpoint)
+		}
+	}
+	for _, c := range []byte(region) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return fmt.Errorf("store region %q must be a-z, 0-9 and '-'", region)
+		}
+	}
+	return nil
+}
+
+// validBucket is S3's bucket-name rule: 3 to 63 of a-z, 0-9, '.', '-',
+// starting and ending with a letter or digit.
+func validBucket(b string) bool {
+	if len(b) < 3 || len(b) > 63 {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && (c != '.' && c != '-' || i == 0 || i == len(b)-1) {
+			return false
+		}
+	}
+	return true
+}
+
+// visibleASCII: every byte printable and not a space.
+func visibleASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }

@@ -14,6 +14,8 @@ const (
 	DescriptionLen    = 128
 	URLLen            = 128
 	RevisionLen       = 32
+	StoreURLLen       = 64 // s3://bucket/prefix; leaves room for /<run id>/step-N in a URLLen checkpoint URL
+	RegionLen         = 32
 	shuffleRounds     = 90
 	maxWarmupTokens   = 1 << 47 // keeps (batch_end-batch_start)*tokens inside u64
 	maxVerificationPc = 0       // verifier committees are not implemented yet
@@ -430,6 +432,22 @@ type Model struct {
 	DataLocation     [URLLen]byte
 	LR               LRSchedule
 	Optimizer        Optimizer
+	// Store is where elected checkpointers upload the model at the end of
+	// an epoch; all zero: the checkpoint stays on their disks and is
+	// offered P2P.
+	Store CheckpointStore
+}
+
+// CheckpointStore names an S3-compatible bucket (AWS S3, Google Cloud
+// Storage's XML API, Cloudflare R2, MinIO…). Credentials never live here:
+// each trainer takes them from its own environment.
+type CheckpointStore struct {
+	// URL is s3://bucket or s3://bucket/prefix (no trailing slash).
+	URL [StoreURLLen]byte
+	// Endpoint is the service's http(s)://host[:port]; empty: AWS S3.
+	Endpoint [URLLen]byte
+	// Region is the bucket's region (empty: the service's default).
+	Region [RegionLen]byte
 }
 
 // Progress is where the run stands; it may be rewritten while halted.

@@ -61,6 +61,7 @@ func cMember(name string) string {
 		{"model.lr.", "model."},
 		{"model.optimizer.kind", "model.optimizer_kind"},
 		{"model.optimizer.", "model."},
+		{"model.store.", "model.store_"},
 		{".metadata.", "."},
 		{"clients[0].signer", "clients[0].id.signer"},
 		{"clients[0].p2p", "clients[0].id.p2p"},

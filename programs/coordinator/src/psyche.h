@@ -38,7 +38,7 @@ _Static_assert(sizeof(uint16_t) == 2 && sizeof(uint32_t) == 4 && sizeof(uint64_t
 #define PSY_BLOOM_BITS 2560
 #define PSY_BLOOM_HASHES 7
 #define PSY_SHUFFLE_ROUNDS 90
-#define PSY_ACCOUNT_VERSION 1
+#define PSY_ACCOUNT_VERSION 2
 #define PSY_MAX_WARMUP_TOKENS (1ULL << 47)
 
 /* Run states. */
@@ -244,6 +244,10 @@ struct psy_model {
 	uint32_t beta1;
 	uint32_t beta2;
 	uint32_t epsilon;
+	/* coordinator.CheckpointStore: where elected checkpointers upload (all zero: none). */
+	uint8_t store_url[64];
+	uint8_t store_endpoint[128];
+	uint8_t store_region[32];
 };
 
 struct psy_progress {
@@ -277,20 +281,21 @@ struct psy_account {
 
 #define PSY_OFF(f) __builtin_offsetof(struct psy_account, f)
 /* Rows of coordinator/testdata/account_layout.golden. */
-_Static_assert(sizeof(struct psy_account) == 162752, "account size");
+_Static_assert(sizeof(struct psy_account) == 162976, "account size");
 _Static_assert(PSY_OFF(nonce) == 16 && PSY_OFF(run_state) == 120 && PSY_OFF(run_state_start) == 128, "header");
 _Static_assert(PSY_OFF(metadata) == 136 && PSY_OFF(config) == 344 && PSY_OFF(config.verification_percent) == 414, "config");
 _Static_assert(PSY_OFF(model) == 416 && PSY_OFF(model.n_kv_heads) == 440 && PSY_OFF(model.tied_head) == 452 &&
 	       PSY_OFF(model.checkpoint_kind) == 456 && PSY_OFF(model.checkpoint.url) == 464, "model");
 _Static_assert(PSY_OFF(model.data_location) == 624 && PSY_OFF(model.lr_kind) == 752 && PSY_OFF(model.optimizer_kind) == 776, "model");
 _Static_assert(PSY_OFF(model.aggregation) == 782 && PSY_OFF(model.normalization) == 783 && PSY_OFF(model.clip_grad_norm) == 784, "optimizer");
-_Static_assert(PSY_OFF(model.epsilon) == 804 && PSY_OFF(progress) == 808, "progress");
-_Static_assert(PSY_OFF(epoch.rounds) == 824 && sizeof(struct psy_witness) == 704 && sizeof(struct psy_round) == 22552, "rounds");
-_Static_assert(PSY_OFF(epoch.rounds[0].data_index) == 23352 && PSY_OFF(epoch.rounds[0].witnesses_len) == 23374, "round");
-_Static_assert(PSY_OFF(epoch.clients) == 91032 && sizeof(struct psy_client) == 72 && PSY_OFF(epoch.exited) == 109464, "clients");
-_Static_assert(PSY_OFF(epoch.start_timestamp) == 146328 && PSY_OFF(epoch.checkpointed) == 146351, "epoch");
-_Static_assert(PSY_OFF(pending) == 146352 && PSY_OFF(pending_len) == 162736, "pending");
-_Static_assert(PSY_OFF(next_round_seed) == 162744, "next round seed");
+_Static_assert(PSY_OFF(model.epsilon) == 804 && PSY_OFF(model.store_url) == 808 && PSY_OFF(model.store_endpoint) == 872 &&
+	       PSY_OFF(model.store_region) == 1000 && PSY_OFF(progress) == 1032, "store, progress");
+_Static_assert(PSY_OFF(epoch.rounds) == 1048 && sizeof(struct psy_witness) == 704 && sizeof(struct psy_round) == 22552, "rounds");
+_Static_assert(PSY_OFF(epoch.rounds[0].data_index) == 23576 && PSY_OFF(epoch.rounds[0].witnesses_len) == 23598, "round");
+_Static_assert(PSY_OFF(epoch.clients) == 91256 && sizeof(struct psy_client) == 72 && PSY_OFF(epoch.exited) == 109688, "clients");
+_Static_assert(PSY_OFF(epoch.start_timestamp) == 146552 && PSY_OFF(epoch.checkpointed) == 146575, "epoch");
+_Static_assert(PSY_OFF(pending) == 146576 && PSY_OFF(pending_len) == 162960, "pending");
+_Static_assert(PSY_OFF(next_round_seed) == 162968, "next round seed");
 
 /* What an instruction is applied with (coordinator.Context). */
 struct psy_ctx {

@@ -57,6 +57,9 @@ type runFile struct {
 			Kind     string `toml:"kind"`
 			URL      string `toml:"url"`
 			Revision string `toml:"revision"`
+			Store    string `toml:"store"`
+			Endpoint string `toml:"endpoint"`
+			Region   string `toml:"region"`
 		} `toml:"checkpoint"`
 		LR struct {
 			Schedule    string  `toml:"schedule"`
@@ -189,6 +192,9 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 		}
 		text("model.checkpoint.url", cm.Checkpoint.Source.URL[:], m.Checkpoint.URL)
 		text("model.checkpoint.revision", cm.Checkpoint.Source.Revision[:], m.Checkpoint.Revision)
+		text("model.checkpoint.store", cm.Store.URL[:], m.Checkpoint.Store)
+		text("model.checkpoint.endpoint", cm.Store.Endpoint[:], m.Checkpoint.Endpoint)
+		text("model.checkpoint.region", cm.Store.Region[:], m.Checkpoint.Region)
 		text("model.data", cm.DataLocation[:], m.Data)
 		// The coordinator stores these as text; what trainers can load is
 		// checked here, so a typo fails the update instead of every trainer.

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 
 	"bufio"
@@ -13,6 +15,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/store"
 )
 
 // loadURL loads the run's checkpoint source (as runmodel.ParseSource reads
@@ -25,7 +28,7 @@ import (
 // A checkpoint whose config (config.json, or a checkpoint file's psyche.model
 // metadata) is not cfg is refused before its model is allocated: whoever
 // recorded the URL may have put any size there.
-func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config) (runmodel.Model, error) {
+func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config, st coordinator.CheckpointStore) (runmodel.Model, error) {
 	src, err := runmodel.ParseSource(url)
 	if err != nil {
 		return nil, err
@@ -36,6 +39,12 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config) (ru
 		return runmodel.New(cfg, src.Seed, n.cfg.kernels)
 	case runmodel.FromFile:
 		return runmodel.LoadChecked(ctx, src.Path, n.cfg.kernels, accept)
+	case runmodel.FromS3:
+		path, err := n.downloadCheckpoint(ctx, url, cfg, st)
+		if err != nil {
+			return nil, err
+		}
+		return runmodel.LoadChecked(ctx, path, n.cfg.kernels, accept)
 	}
 	// runmodel.FromHTTP. A Llama run's URL that does not name a
 	// .safetensors file is a Hugging Face directory.
@@ -57,6 +66,28 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config) (ru
 		return nil, err
 	}
 	return runmodel.FromCheckpointChecked(ck, n.cfg.kernels, accept)
+}
+
+// downloadCheckpoint fetches an s3:// checkpoint through the run's store
+// settings (endpoint, region; this trainer's credentials) into the
+// checkpoint directory (or a temporary one), where it stays: this trainer
+// can then offer it to others. No more bytes are accepted than the run's
+// model can have.
+func (n *Node) downloadCheckpoint(ctx context.Context, url string, cfg runmodel.Config, st coordinator.CheckpointStore) (string, error) {
+	sc := store.FromRun(st)
+	bucket, _, _ := strings.Cut(strings.TrimPrefix(url, "s3://"), "/")
+	sc.URL = "s3://" + bucket // the URL's bucket, with the run's endpoint and region
+	s, err := store.Open(sc, store.WithLogger(n.cfg.log))
+	if err != nil {
+		return "", err
+	}
+	base := n.cfg.checkpoints
+	if base == "" {
+		base = filepath.Join(os.TempDir(), "psyche-"+n.runID)
+	}
+	dir := filepath.Join(base, "from-store", strings.NewReplacer("/", "_", "..", "_").Replace(strings.TrimPrefix(url, "s3://")))
+	width := int64(cfg.NumParams()) // a bound, not the width: the untied head's copy is at most the model again
+	return s.Download(ctx, url, dir, 8*width+1<<20)
 }
 
 // sourceReader reads a data source front to back.

@@ -76,7 +76,7 @@ func TestLoadCheckpointURL(t *testing.T) {
 		{"a terabyte model's metadata over http", srv.URL + "/files/huge.safetensors", runmodel.ErrMismatch},
 		{"a terabyte model's metadata on this machine", "file://" + filepath.Join(dir, "huge.safetensors"), runmodel.ErrMismatch},
 	} {
-		got, err := n.loadURL(context.Background(), tc.url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg})
+		got, err := n.loadURL(context.Background(), tc.url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{})
 		switch {
 		case tc.err == nil && err != nil:
 			t.Errorf("%s: %v", tc.name, err)
@@ -86,8 +86,8 @@ func TestLoadCheckpointURL(t *testing.T) {
 			t.Errorf("%s: got %v, want %v", tc.name, err, tc.err)
 		}
 	}
-	for _, url := range []string{"s3://bucket/model", "seed:x", "seed:-1"} {
-		if _, err := n.loadURL(context.Background(), url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg}); !errors.Is(err, runmodel.ErrSource) {
+	for _, url := range []string{"s3://bucket", "gs://bucket/model", "seed:x", "seed:-1"} {
+		if _, err := n.loadURL(context.Background(), url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{}); !errors.Is(err, runmodel.ErrSource) {
 			t.Errorf("%s: %v, want runmodel.ErrSource", url, err)
 		}
 	}

@@ -223,6 +223,8 @@ type RefusedResult struct {
 // SaveWork names the checkpoint to save.
 type SaveWork struct {
 	Epoch, Step uint32
+	// Store is the run's checkpoint store (zero: the file stays here).
+	Store coordinator.CheckpointStore
 }
 
 // LoadWork describes a model load: the coordinator state of the epoch to
@@ -386,7 +388,7 @@ func (m *machine) cooldown(rd *Ready) {
 	}
 	if !book.saved && !m.diverged && s.IsCheckpointer(i) {
 		book.saved = true
-		rd.Save = &SaveWork{Epoch: s.Progress.Epoch, Step: s.Progress.Step}
+		rd.Save = &SaveWork{Epoch: s.Progress.Epoch, Step: s.Progress.Step, Store: s.Model.Store}
 	}
 }
 

@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -240,6 +241,9 @@ type Node struct {
 	// ahead is the gradient being trained ahead, or held, for the next
 	// round (TrainWork.Ahead); only the Run loop reads or replaces it.
 	ahead *aheadRun
+	// uploads are checkpoint uploads to the run's store in flight; Run
+	// returns after them.
+	uploads sync.WaitGroup
 }
 
 // New creates a node for a run over network (Start creates both).
@@ -327,6 +331,7 @@ func (n *Node) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer n.uploads.Wait()
 	defer n.finishAhead() // nothing uses the model after Run
 	// Instructions go out from a goroutine of their own, one at a time in
 	// the order asked: a send waits for the backend to confirm it (a

@@ -14,8 +14,10 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/store"
 )
 
 // load makes sure the model, optimizer and data are ready for the epoch. A
@@ -76,10 +78,10 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		if fromURL {
 			var err error
 			if !unreadable {
-				model, err = n.loadURL(ctx, url, cfg)
+				model, err = n.loadURL(ctx, url, cfg, m.Store)
 			}
 			if unreadable || err != nil {
-				if err != nil && !(unreadableHere(err) && isFileURL(url)) {
+				if err != nil && !(unreadableHere(err) && isFileURL(url)) && !isStoreURL(url) {
 					// Anything else (an http(s) URL that answers "not found"
 					// answers every trainer so) is no matter of this disk.
 					return fmt.Errorf("node: loading the model from %s: %w", url, err)
@@ -112,6 +114,15 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			// are not checked: they are the previous epoch's, trained past
 			// the recorded one.
 			if err := runmodel.CheckRevision(model, url, rev); err != nil {
+				if isStoreURL(url) && !offered {
+					// The bucket holds another model than the run recorded
+					// (replaced or damaged there): a trainer that saved or
+					// fetched the recorded one may offer it.
+					n.cfg.log.Warn("refusing the run's checkpoint from its store; waiting for a trainer that holds the recorded model to offer it",
+						"url", url, "err", err)
+					n.unreadableEpoch = s.Progress.Epoch + 1
+					return fmt.Errorf("%w: %w", errLoadLater, err)
+				}
 				if offered {
 					// Another trainer's word, not this machine's file: a
 					// later offer may be the right one.
@@ -119,10 +130,11 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 				}
 				return fmt.Errorf("node: %w: refusing to train", err)
 			}
-			// Offer a file checkpoint to the epoch's other trainers: after
-			// a full restart on separate machines, this may be the only one
-			// that can read the recorded URL (its own file).
-			if isFileURL(url) {
+			// Offer a file or store checkpoint to the epoch's other
+			// trainers: after a full restart on separate machines, this may
+			// be the only one that can read the recorded URL (its own file,
+			// or a bucket only its credentials open).
+			if isFileURL(url) || isStoreURL(url) {
 				if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, modelTensors(model)); err != nil {
 					n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
 				}
@@ -338,10 +350,19 @@ func (n *Node) apply(w *ApplyWork) error {
 }
 
 // saveCheckpoint writes the model and records it (elected checkpointers).
+// With a store, the saved directory is uploaded and read back in the
+// background (the loop goes on; Run waits for it before returning) and the
+// object URL is recorded; if that fails, the file on this disk is recorded
+// instead, which this trainer offers to the others after a restart.
 func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
+	st := store.FromRun(w.Store)
 	name := fmt.Sprintf("%s-epoch%d-step%d", n.runID, w.Epoch, w.Step)
 	lm, isLlama := n.model.(*llama.Model)
-	if !isLlama {
+	gm, isGPT := n.model.(*gpt.Model)
+	// What goes to a store is a Hugging Face directory for every model, so
+	// the bucket holds what transformers loads.
+	hfDir := isLlama || (isGPT && !st.IsZero())
+	if !hfDir {
 		name += ".safetensors"
 	}
 	path, err := filepath.Abs(filepath.Join(n.cfg.checkpoints, name))
@@ -349,32 +370,68 @@ func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 		n.cfg.log.Warn("checkpoint path", "err", err)
 		return
 	}
-	if isLlama {
+	switch {
+	case isLlama:
 		// A Llama checkpoint is a Hugging Face directory (config.json and
 		// model.safetensors in F32, so its hash is the model's): what
 		// transformers loads, and what a run's checkpoint URL may name.
 		err = lm.SaveHF(ctx, path, llama.HFOptions{})
-	} else {
+	case hfDir:
+		err = gm.SaveHF(ctx, path)
+	default:
 		err = n.model.Save(ctx, path, map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)})
 	}
 	if err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed", "err", err)
 		return
 	}
-	var src coordinator.CheckpointSource
-	if err := coordinator.SetFixedString(src.URL[:], "file://"+path); err != nil {
-		n.cfg.log.Warn("checkpoint path too long to record (a checkpoint URL has at most 128 bytes): use a shorter checkpoint directory", "path", path)
+	// The saved model's hash as the revision: whoever loads the run from
+	// this URL later checks that the checkpoint is still this model.
+	rev := runmodel.Revision(n.model)
+	if st.IsZero() {
+		n.recordCheckpoint(ctx, "file://"+path, rev)
 		return
 	}
-	// The saved model's hash as the revision: whoever loads the run from
-	// this URL later checks that the file is still this model.
-	rev := runmodel.Revision(n.model)
+	n.uploads.Add(1)
+	go func() {
+		defer n.uploads.Done()
+		url, err := n.uploadCheckpoint(ctx, st, path, w.Step)
+		if err != nil {
+			n.cfg.log.Warn("uploading the checkpoint to the run's store failed; recording the file on this disk instead (this trainer offers it to the others)",
+				"store", st.URL, "err", err)
+			url = "file://" + path
+		}
+		n.recordCheckpoint(ctx, url, rev)
+	}()
+}
+
+// uploadCheckpoint puts a saved checkpoint in the run's store and returns
+// its URL once read back whole.
+func (n *Node) uploadCheckpoint(ctx context.Context, st store.Config, path string, step uint32) (string, error) {
+	s, err := store.Open(st, store.WithLogger(n.cfg.log))
+	if err != nil {
+		return "", err
+	}
+	url := s.CheckpointURL(n.runID, step)
+	if err := s.Upload(ctx, path, url); err != nil {
+		return "", err
+	}
+	return url, nil
+}
+
+// recordCheckpoint tells the coordinator where this epoch's model is.
+func (n *Node) recordCheckpoint(ctx context.Context, url, rev string) {
+	var src coordinator.CheckpointSource
+	if err := coordinator.SetFixedString(src.URL[:], url); err != nil {
+		n.cfg.log.Warn("checkpoint URL too long to record (a checkpoint URL has at most 128 bytes): use a shorter checkpoint directory", "url", url)
+		return
+	}
 	_ = coordinator.SetFixedString(src.Revision[:], rev) // always RevisionLen bytes: fits
 	if _, err := n.backend.Send(ctx, n.runID, n.signer, nil, &coordinator.RecordCheckpoint{Source: src}); err != nil && !errors.Is(err, coordinator.ErrAlreadyCheckpointed) {
 		n.cfg.log.Warn("recording the checkpoint failed", "err", err)
 		return
 	}
-	n.cfg.log.Info("checkpoint recorded", "path", path, "revision", rev)
+	n.cfg.log.Info("checkpoint recorded", "url", url, "revision", rev)
 }
 
 // unreadableHere says whether a checkpoint URL failed because this machine
@@ -437,6 +494,14 @@ func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator
 func isFileURL(url string) bool {
 	src, err := runmodel.ParseSource(url)
 	return err == nil && src.Kind == runmodel.FromFile
+}
+
+// isStoreURL says whether url is an s3:// checkpoint: read with this
+// trainer's own credentials, so what fails here may work for another
+// trainer, which can then offer it.
+func isStoreURL(url string) bool {
+	src, err := runmodel.ParseSource(url)
+	return err == nil && src.Kind == runmodel.FromS3
 }
 
 // fileMissingHere says whether url is a file:// checkpoint that this

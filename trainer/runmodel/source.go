@@ -22,6 +22,10 @@ const (
 	FromFile
 	// FromHTTP is a checkpoint read over HTTP(S) with range requests.
 	FromHTTP
+	// FromS3 is a checkpoint in an S3-compatible bucket ("s3://bucket/key"),
+	// read through the run's store settings (endpoint, region) with the
+	// trainer's own credentials.
+	FromS3
 )
 
 // Source is a parsed checkpoint URL.
@@ -33,7 +37,7 @@ type Source struct {
 }
 
 // ErrSource means a checkpoint URL names no source a trainer can load.
-var ErrSource = errors.New("runmodel: unsupported checkpoint source (seed:N, file:// and http(s):// are)")
+var ErrSource = errors.New("runmodel: unsupported checkpoint source (seed:N, file://, http(s):// and s3:// are)")
 
 const seedPrefix = "seed:"
 
@@ -41,7 +45,7 @@ const seedPrefix = "seed:"
 func SeedURL(seed uint64) string { return seedPrefix + strconv.FormatUint(seed, 10) }
 
 // ParseSource reads a run's checkpoint URL: "seed:N" (N a decimal uint64),
-// "file:///path" or "http(s)://...". Anything else wraps ErrSource. It is
+// "file:///path", "http(s)://..." or "s3://bucket/key". Anything else wraps ErrSource. It is
 // the one reading of these URLs: the node loads by it, and the commands
 // that check or build a run's model use it too.
 func ParseSource(url string) (Source, error) {
@@ -61,6 +65,12 @@ func ParseSource(url string) (Source, error) {
 	}
 	if strings.HasPrefix(url, "http://") || strings.HasPrefix(url, "https://") {
 		return Source{Kind: FromHTTP, URL: url}, nil
+	}
+	if rest, ok := strings.CutPrefix(url, "s3://"); ok {
+		if bucket, key, _ := strings.Cut(rest, "/"); bucket == "" || key == "" {
+			return Source{}, fmt.Errorf("%w: %q must name a bucket and an object or prefix (s3://bucket/key)", ErrSource, url)
+		}
+		return Source{Kind: FromS3, URL: url}, nil
 	}
 	return Source{}, fmt.Errorf("%w: %q", ErrSource, url)
 }

@@ -476,6 +476,8 @@ type statusView struct {
 		Kind     string `json:"kind"`
 		URL      string `json:"url"`
 		Revision string `json:"revision"`
+		Store    string `json:"store,omitempty"`    // s3://bucket/prefix elected trainers upload to
+		Endpoint string `json:"endpoint,omitempty"` // the store's service (empty: AWS S3)
 	} `json:"checkpoint"`
 }
 
@@ -560,6 +562,8 @@ func viewOf(s *coordinator.Coordinator) statusView {
 	}
 	v.Checkpoint.Kind = s.Model.Checkpoint.Kind.String()
 	v.Checkpoint.URL = coordinator.FixedString(s.Model.Checkpoint.Source.URL[:])
+	v.Checkpoint.Store = coordinator.FixedString(s.Model.Store.URL[:])
+	v.Checkpoint.Endpoint = coordinator.FixedString(s.Model.Store.Endpoint[:])
 	v.Checkpoint.Revision = coordinator.FixedString(s.Model.Checkpoint.Source.Revision[:])
 	return v
 }
@@ -603,6 +607,13 @@ func printStatus(w io.Writer, v statusView) {
 			v.Round.DataIndex+uint64(v.Round.BatchSize), v.Round.Witnesses, v.Round.Of)
 	}
 	fmt.Fprintf(w, "checkpoint: %s %s %s\n", v.Checkpoint.Kind, v.Checkpoint.URL, v.Checkpoint.Revision)
+	if v.Checkpoint.Store != "" {
+		at := v.Checkpoint.Endpoint
+		if at == "" {
+			at = "AWS S3"
+		}
+		fmt.Fprintf(w, "checkpoint store: %s at %s\n", v.Checkpoint.Store, at)
+	}
 	// There is a round only while an epoch is in progress; otherwise the
 	// clients are those of the epoch that ended.
 	if v.Round == nil && len(v.Clients) > 0 {

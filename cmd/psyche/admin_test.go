@@ -228,7 +228,7 @@ func TestRunFileErrors(t *testing.T) {
 		{"normalize.toml", "[model.optimizer]\nnormalize = \"adam\"\n",
 			[]string{`model.optimizer.normalize = "adam": want one of none, rms`}},
 		{"sources.toml", "[model]\ndata = \"builtin:shakespeare\"\n[model.checkpoint]\nurl = \"seed:one\"\n",
-			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file:// and http(s):// are): "seed:one"`,
+			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file://, http(s):// and s3:// are): "seed:one"`,
 				`model.data = "builtin:shakespeare": no such built-in corpus (the built-in ones are builtin:opticks)`}},
 		{"llama-range.toml", "[model]\nn_kv_heads = 5000000000\n", []string{"model.n_kv_heads = 5000000000 does not fit"}},
 		// TOML's decoder wrapped these into 2⁶⁴−n: an epoch of 584 billion
@@ -246,6 +246,29 @@ func TestRunFileErrors(t *testing.T) {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("%s: error lacks %q:\n%v", tc.name, w, err)
 			}
+		}
+	}
+	// The checkpoint store's rules, in an otherwise valid run file.
+	tiny, err := os.ReadFile(filepath.Join("..", "..", "examples", "tiny-run.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ keys, want string }{
+		{"store = \"s3://Ckpt/runs/\"\nendpoint = \"http://minio:9000\"", `store "s3://Ckpt/runs/": bucket "Ckpt" must be 3 to 63 of a-z`},
+		{"store = \"s3://ckpt/runs\"\nendpoint = \"minio:9000\"", `store endpoint "minio:9000" must start with http:// or https://`},
+		{"region = \"us-east-1\"", "store endpoint and region need a store url"},
+		{"store = \"s3://ckpt/" + strings.Repeat("a", 70) + "\"", "model.checkpoint.store: 80 bytes, at most 64"},
+		{"store = \"s3://ckpt/runs\"\nendpoint = \"http://127.0.0.1:9000\"\nregion = \"us-east-1\"", ""},
+	} {
+		content := strings.Replace(string(tiny), "[model.checkpoint]\n", "[model.checkpoint]\n"+tc.keys+"\n", 1)
+		u, err := loadRunFile(write("store.toml", content))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.keys, err)
+		case tc.want == "" && coordinator.FixedString(u.Model.Store.Endpoint[:]) != "http://127.0.0.1:9000":
+			t.Errorf("%s: store endpoint not read", tc.keys)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error saying %s", tc.keys, err, tc.want)
 		}
 	}
 	for _, p := range []string{"tiny-run.toml", "run.toml", "llama-bytes-run.toml", "llama-run.toml", "llama-1b-run.toml"} {

@@ -33,29 +33,19 @@ func (d HTTPDir) Open(ctx context.Context, name string) (io.ReadCloser, int64, e
 		}
 		return nil, 0, err
 	}
-	return &httpFile{ctx: ctx, src: src, size: size}, size, nil
+	return &httpFile{ReadCloser: data.ReadAhead(ctx, src, size, 4<<20, 4), src: src}, size, nil
 }
 
 func (d HTTPDir) String() string { return strings.TrimSuffix(d.URL, "/") }
 
-// httpFile reads a remote file front to back in the reader's chunks (LoadHF
-// wraps it in a 4 MiB bufio.Reader, so each range request is that large).
+// httpFile reads a remote file front to back, 4 MiB range requests with up
+// to 4 in flight (data.ReadAhead).
 type httpFile struct {
-	ctx       context.Context
-	src       *data.HTTPSource
-	off, size int64
+	io.ReadCloser
+	src *data.HTTPSource
 }
 
-func (f *httpFile) Read(p []byte) (int, error) {
-	if f.off >= f.size {
-		return 0, io.EOF
-	}
-	p = p[:min(int64(len(p)), f.size-f.off)]
-	if err := f.src.ReadAt(f.ctx, p, f.off); err != nil {
-		return 0, err
-	}
-	f.off += int64(len(p))
-	return len(p), nil
+func (f *httpFile) Close() error {
+	f.ReadCloser.Close()
+	return f.src.Close()
 }
-
-func (f *httpFile) Close() error { return f.src.Close() }

@@ -7,7 +7,6 @@ import (
 
 	"bufio"
 	"context"
-	"io"
 
 	"github.com/psyche-go/psyche/coordinator"
 
@@ -61,7 +60,9 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config, st 
 		return nil, err
 	}
 	lim := checkpoint.Limits{MaxDataSize: 4 * int64(cfg.NumParams()), MaxHeaderSize: checkpoint.HeaderLimit(cfg.Layers())}
-	ck, err := lim.Read(bufio.NewReaderSize(&sourceReader{ctx: ctx, src: hs, size: size}, 4<<20), size)
+	body := data.ReadAhead(ctx, hs, size, 4<<20, 4)
+	defer body.Close()
+	ck, err := lim.Read(bufio.NewReaderSize(body, 4<<20), size)
 	if err != nil {
 		return nil, err
 	}
@@ -88,24 +89,4 @@ func (n *Node) downloadCheckpoint(ctx context.Context, url string, cfg runmodel.
 	dir := filepath.Join(base, "from-store", strings.NewReplacer("/", "_", "..", "_").Replace(strings.TrimPrefix(url, "s3://")))
 	width := int64(cfg.NumParams()) // a bound, not the width: the untied head's copy is at most the model again
 	return s.Download(ctx, url, dir, 8*width+1<<20)
-}
-
-// sourceReader reads a data source front to back.
-type sourceReader struct {
-	ctx  context.Context
-	src  *data.HTTPSource
-	off  int64
-	size int64
-}
-
-func (r *sourceReader) Read(p []byte) (int, error) {
-	if r.off >= r.size {
-		return 0, io.EOF
-	}
-	p = p[:min(int64(len(p)), r.size-r.off)]
-	if err := r.src.ReadAt(r.ctx, p, r.off); err != nil {
-		return 0, err
-	}
-	r.off += int64(len(p))
-	return len(p), nil
 }

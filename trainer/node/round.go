@@ -135,7 +135,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			// be the only one that can read the recorded URL (its own file,
 			// or a bucket only its credentials open).
 			if isFileURL(url) || isStoreURL(url) {
-				if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, modelTensors(model)); err != nil {
+				if _, err := n.net.ShareCheckpoint(ctx, recordedOffer(s.Progress.Epoch), modelTensors(model)); err != nil {
 					n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
 				}
 			}
@@ -449,6 +449,15 @@ func unreadableHere(err error) bool {
 // trainer that wrote the file can offer it, so waiting for a majority would
 // wait for ever). Without such a revision, nothing proves an offer is the
 // checkpoint, and a majority of the holders must agree (loadFromPeers).
+// recordedOffer is the number under which a trainer offers the run's
+// recorded checkpoint, as it loaded it from the URL, to the trainers of
+// epoch that cannot read the URL: apart from the epoch's own number, under
+// which the previous epoch's clients offer the model they trained. A
+// joiner asking those for the newest model so never takes the recorded one
+// for it (nor sees the two as a split), and one that asks for the recorded
+// checkpoint checks what it gets against the recorded hash.
+func recordedOffer(epoch uint32) uint32 { return epoch | 1<<31 }
+
 func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator, cfg runmodel.Config, url, rev string) (runmodel.Model, error) {
 	if !runmodel.IsHash(rev) {
 		return n.loadFromPeers(ctx, s, cfg)
@@ -459,7 +468,7 @@ func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, peerLoadTimeout)
-		id, err := n.net.FindCheckpoint(pctx, s.Progress.Epoch, []coordinator.Pubkey{c.P2P})
+		id, err := n.net.FindCheckpoint(pctx, recordedOffer(s.Progress.Epoch), []coordinator.Pubkey{c.P2P})
 		if err != nil {
 			cancel()
 			errs = append(errs, err)

@@ -1,0 +1,150 @@
+package node
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/s3test"
+	"github.com/psyche-go/psyche/p2p/memnet"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/store"
+)
+
+// TestStoreCheckpoints: an elected checkpointer's model goes to the run's
+// bucket as a Hugging Face directory; after a full restart a trainer with
+// the keys loads it from there (and keeps the files, which it offers), one
+// whose keys the bucket refuses says so and takes that offer, and a model
+// replaced in the bucket is refused by the recorded hash, naming both.
+func TestStoreCheckpoints(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Bucket(t, "ckpt")
+	setKeys := func(secret string) {
+		t.Setenv("AWS_ACCESS_KEY_ID", s3test.AccessKey)
+		t.Setenv("AWS_SECRET_ACCESS_KEY", secret)
+	}
+	setKeys(s3test.SecretKey)
+	ctx := context.Background()
+	cfg := gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2}
+	recorded, _ := gpt.New(cfg, 5, nil)
+	rev := runmodel.Revision(recorded)
+
+	var st coordinator.CheckpointStore
+	_ = coordinator.SetFixedString(st.URL[:], "s3://ckpt/runs")
+	_ = coordinator.SetFixedString(st.Endpoint[:], srv.Endpoint)
+
+	hub := memnet.NewHub()
+	trainer := func(name string) (*Node, coordinator.ClientID) {
+		key := sha256.Sum256([]byte("p2p " + name))
+		signer := coordinator.Pubkey{name[0]}
+		net := hub.Join("run", ed25519.NewKeyFromSeed(key[:]), signer)
+		return &Node{runID: "run", cfg: config{log: slog.New(slog.DiscardHandler), workers: 1, checkpoints: t.TempDir()}, net: net},
+			coordinator.ClientID{Signer: signer, P2P: net.ID()}
+	}
+
+	// The checkpointer saves what saveCheckpoint saves for a store (a
+	// GPT-2 directory) and uploads it.
+	a, _ := trainer("A")
+	dir := filepath.Join(a.cfg.checkpoints, "run-epoch2-step7")
+	if err := recorded.SaveHF(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	url, err := a.uploadCheckpoint(ctx, store.FromRun(st), dir, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if url != "s3://ckpt/runs/run/step-7" {
+		t.Fatalf("recorded URL %s", url)
+	}
+	if _, err := os.Stat(filepath.Join(srv.Root, "ckpt", "runs", "run", "step-7", "config.json")); err != nil {
+		t.Fatalf("the bucket lacks config.json: %v", err)
+	}
+
+	state := func(holders ...coordinator.ClientID) *coordinator.Coordinator {
+		s := &coordinator.Coordinator{}
+		s.Model = coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
+			Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64}}
+		runmodel.SetGPT(&s.Model, cfg)
+		s.Model.Checkpoint.Kind = coordinator.CheckpointHub
+		_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], url)
+		_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], rev)
+		_ = coordinator.SetFixedString(s.Model.DataLocation[:], "builtin:opticks")
+		s.Model.Store = st
+		s.Progress.Epoch = 3
+		for i, id := range holders {
+			s.Epoch.Clients[i] = coordinator.Client{ID: id, State: coordinator.Healthy}
+			s.Epoch.Exited[i] = coordinator.Client{ID: id, State: coordinator.Healthy}
+		}
+		s.Epoch.ClientsLen, s.Epoch.ExitedLen = uint16(len(holders)), uint16(len(holders))
+		return s
+	}
+	b, idB := trainer("B")
+	c, idC := trainer("C")
+	if err := c.net.Connect(ctx, b.net.(*memnet.Node).Addrs()[0]); err != nil {
+		t.Fatal(err)
+	}
+	s := state(idB, idC)
+
+	// C's keys are refused: it says which URL and waits for an offer.
+	setKeys("not-the-secret")
+	err = c.load(ctx, s, false)
+	if !errors.Is(err, errLoadLater) || !strings.Contains(err.Error(), url) {
+		t.Fatalf("C with refused keys: %v, want a retryable error naming %s", err, url)
+	}
+	// B has the keys: it loads the bucket's checkpoint and offers it.
+	setKeys(s3test.SecretKey)
+	if err := b.load(ctx, s, false); err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	if !slices.Equal(paramsOf(b.model), recorded.Params) {
+		t.Fatal("B trains other weights than the recorded checkpoint")
+	}
+	if _, err := os.Stat(filepath.Join(b.cfg.checkpoints, "from-store", "ckpt_runs_run_step-7", "model.safetensors")); err != nil {
+		t.Fatalf("B keeps no copy of the downloaded checkpoint: %v", err)
+	}
+	// C, keys still refused, takes B's offer.
+	setKeys("not-the-secret")
+	if err := c.load(ctx, s, false); err != nil {
+		t.Fatalf("C after B's offer: %v", err)
+	}
+	if !slices.Equal(paramsOf(c.model), recorded.Params) {
+		t.Fatal("C trains other weights than the recorded checkpoint")
+	}
+
+	// Someone with write access replaces the model in the bucket: a
+	// trainer that downloads it refuses it by the recorded hash, naming
+	// both, and waits for an offer instead.
+	setKeys(s3test.SecretKey)
+	other, _ := gpt.New(cfg, 6, nil)
+	tampered := t.TempDir()
+	if err := other.SaveHF(ctx, tampered); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(srv.Root, "ckpt", "runs", "run", "step-7", "model.safetensors"),
+		must(os.ReadFile(filepath.Join(tampered, "model.safetensors"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, idD := trainer("D")
+	err = d.load(ctx, state(idD), false)
+	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.model != nil ||
+		!strings.Contains(err.Error(), rev) || !strings.Contains(err.Error(), runmodel.Revision(other)) {
+		t.Fatalf("D loading a replaced model: %v (model kept: %v), want a retryable error naming hashes %s and %s",
+			err, d.model != nil, rev, runmodel.Revision(other))
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

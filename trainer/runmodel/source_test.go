@@ -21,6 +21,8 @@ func TestParseSource(t *testing.T) {
 		{"file:///var/lib/init.safetensors", Source{Kind: FromFile, Path: "/var/lib/init.safetensors"}},
 		{"http://h/m.safetensors", Source{Kind: FromHTTP}},
 		{"https://h/m.safetensors", Source{Kind: FromHTTP}},
+		{"s3://bucket/runs/tiny/step-7", Source{Kind: FromS3}},
+		{"s3://bucket/m.safetensors", Source{Kind: FromS3}},
 	} {
 		tt.want.URL = tt.url
 		if got, err := ParseSource(tt.url); err != nil || got != tt.want {
@@ -28,7 +30,7 @@ func TestParseSource(t *testing.T) {
 		}
 	}
 	for _, url := range []string{"", "seed:", "seed:-1", "seed:+1", "seed:01", "seed:0x10", "seed:18446744073709551616",
-		"seed: 1", "file://", "s3://bucket/m", "/var/lib/init.safetensors"} {
+		"seed: 1", "file://", "s3://bucket", "s3://bucket/", "s3:///key", "gs://bucket/m", "/var/lib/init.safetensors"} {
 		if _, err := ParseSource(url); !errors.Is(err, ErrSource) {
 			t.Errorf("ParseSource(%q) = %v, want ErrSource", url, err)
 		}

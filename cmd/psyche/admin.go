@@ -61,7 +61,7 @@ var adminCommands = []*cli.Command{
 				Usage:    "who may create runs: addresses, key files (their address), or \"any\"; the default is the key psyche keygen writes, so the admin commands work as they stand on this machine",
 				Category: "SERVER"},
 			&cli.IntFlag{Name: "creator-quota", Value: server.DefaultCreatorQuota, Usage: "live runs each creator may hold", Category: "SERVER"},
-			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9101)", Category: "METRICS"},
+			&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (e.g. 127.0.0.1:9101)", Category: "METRICS"},
 			&cli.BoolFlag{Name: "p2p", Value: true, Usage: "run a libp2p host that trainers bootstrap their run's DHT from (its addresses are served at /v1/p2p)", Category: "P2P"},
 			&cli.StringSliceFlag{Name: "p2p-listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "the p2p host's listen addresses (multiaddrs)", Category: "P2P"},
 			&cli.BoolFlag{Name: "relay", Usage: "relay connections between the runs' trainers that cannot reach each other directly (circuit relay v2)", Category: "P2P"},

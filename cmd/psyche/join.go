@@ -39,7 +39,7 @@ var joinCommand = &cli.Command{
 		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
 		precisionFlag,
-		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
+		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
 		&cli.StringFlag{Name: "local-data", Usage: "join a federated run (its run file has a [federated] section) as a client that trains on this text file of its own, which never leaves the machine", Category: "FEDERATED"},
 		&cli.IntFlag{Name: "rounds", Usage: "with --local-data: leave once the server's model reaches this round (0: when the run finishes)", Category: "FEDERATED"},
 		&cli.IntFlag{Name: "batch", Value: 4, Usage: "with --local-data: sequences per local training step", Category: "FEDERATED"},

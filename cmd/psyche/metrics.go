@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/psyche-go/psyche/internal/httpserve"
@@ -23,7 +24,8 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
-// serveMetrics serves reg at /metrics on addr until ctx ends.
+// serveMetrics serves reg at /metrics, and Go's profiles at /debug/pprof/,
+// on addr until ctx ends.
 func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (net.Addr, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -31,6 +33,13 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (n
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Go's profiles beside the metrics, for whoever may scrape them (bind
+	// the address to localhost): go tool pprof http://ADDR/debug/pprof/profile
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	// A scraper needs one connection: a small cap keeps strangers who find
 	// the port from holding many.
 	lim := httpserve.Defaults

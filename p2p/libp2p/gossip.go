@@ -174,7 +174,7 @@ func (n *Node) check(data []byte) (p2p.Announcement, error) {
 		// Signed by its trainer: refused, but evidence if the trainer is
 		// the one assigned the batch (checked below like any other).
 		a, malformed = ev, signedMalformed{err}
-	} else if err := a.Verify(); err != nil {
+	} else if err := n.verifyOnce(data, &a); err != nil {
 		return a, err
 	}
 	if err := n.checkView(&a); err != nil || malformed == nil {
@@ -182,6 +182,51 @@ func (n *Node) check(data []byte) (p2p.Announcement, error) {
 	}
 	return a, malformed
 }
+
+// verifyOnce verifies a's signature unless these very bytes were verified
+// before. Every trainer's announcement reaches a node many times (gossip
+// relays, re-announcements, and every pull, which asks all peers for all of
+// a step's announcements: at 32 trainers, ~1,000 signatures a pull, a
+// quarter of a trainer's CPU); the same bytes verify the same way each time.
+// Digests of steps that left the window go when the table grows.
+func (n *Node) verifyOnce(data []byte, a *p2p.Announcement) error {
+	if err := a.Check(); err != nil {
+		return err
+	}
+	d := coordinator.Hash(sha256.Sum256(data))
+	n.verifiedMu.Lock()
+	_, ok := n.verified[d]
+	n.verifiedMu.Unlock()
+	if ok {
+		return nil
+	}
+	if err := a.Verify(); err != nil {
+		return err
+	}
+	n.verifiedMu.Lock()
+	defer n.verifiedMu.Unlock()
+	if n.verified == nil {
+		n.verified = map[coordinator.Hash]uint32{}
+	}
+	if len(n.verified) >= maxVerified {
+		cur := n.step.Load()
+		lo := cur - min(cur, 2)
+		for k, st := range n.verified {
+			if st < lo {
+				delete(n.verified, k)
+			}
+		}
+		if len(n.verified) >= maxVerified {
+			clear(n.verified) // a window this full is not an honest run's: start over
+		}
+	}
+	n.verified[d] = a.Step
+	return nil
+}
+
+// maxVerified bounds verifyOnce's table: the announcements of a 256-trainer
+// run's step window, with room for re-announcements' other nonces.
+const maxVerified = 16 * coordinator.MaxClients
 
 // signedMalformed is the refusal of an announcement that is malformed but
 // signed by the trainer assigned its batch (p2p.Announcement.SignedMalformed):

@@ -82,6 +82,11 @@ type Node struct {
 	early        map[nonceKey]earlyAnnouncement // a step ahead of the view (holdEarly)
 	earlyPer     map[coordinator.Pubkey]int     // early announcements per trainer
 
+	// verified holds the digests of announcement encodings whose signature
+	// was checked, by step (see verifyOnce).
+	verifiedMu sync.Mutex
+	verified   map[coordinator.Hash]uint32
+
 	disc   *discovery
 	relays *relays
 }

@@ -587,7 +587,7 @@ func (m *machine) tick(now uint64) Ready {
 	if !m.pulling && (s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness) {
 		step := s.Progress.Step
 		for _, b := range owedBatches(s, s.CurrentRound()) {
-			if m.results[step][b] == nil && !m.settledWithout(step, b) {
+			if m.results[step][b] == nil && !m.fetchingClaim(step, b) && !m.settledWithout(step, b) {
 				m.pulling = true
 				rd.Pull = &step
 				break
@@ -599,6 +599,15 @@ func (m *machine) tick(now uint64) Ready {
 		m.trainAhead(&rd)
 	}
 	return rd
+}
+
+// fetchingClaim says whether the batch's announcement is here and its
+// result is being fetched: a pull would only bring the announcement again
+// (at 256 trainers, ~95 KB from every peer, a pull a second for each
+// trainer). A failed fetch ends the claim's fetching, and pulls resume.
+func (m *machine) fetchingClaim(step uint32, b uint64) bool {
+	c := m.claims[step][b]
+	return c != nil && m.fetching[c.first]
 }
 
 // tickDue runs between the one-second ticks of a node that ticks the run

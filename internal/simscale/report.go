@@ -67,6 +67,10 @@ type Report struct {
 	// number of clients between its 4, 64 and 256).
 	ComputeUnits float64
 
+	// CheckpointOffer is how long a joiner took to fetch the model from
+	// the trainers after the run (0: not simulated).
+	CheckpointOffer time.Duration
+
 	Events, FlowSteps uint64 // the simulation's own work
 }
 
@@ -160,13 +164,13 @@ func (r *Report) InstructionsPerRound() float64 {
 
 // WriteTable writes one row per report, the columns the issue asks for.
 func WriteTable(w io.Writer, reports []*Report) {
-	fmt.Fprintln(w, "| trainers | round | compute | overhead | published | last result in | witnesses in | apply | MB sent / recv per trainer | msgs sent / recv per trainer | pulls per trainer | server MB | witness reports | quorum misses | bloom FP (theory) | health drops | instructions | CU (Solana) |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| trainers | round | compute | overhead | published | last result in | witnesses in | apply | MB sent / recv per trainer | msgs sent / recv per trainer | pulls per trainer | server MB | witness reports | quorum misses | bloom FP (theory) | health drops | instructions | CU (Solana) | joiner's checkpoint |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range reports {
-		fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %.1f / %.1f | %.0f / %.0f | %.1f | %.1f | %.1f | %d | %.2f%% (%.2f%%) | %d | %.1f | %.0f |\n",
+		fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %.1f / %.1f | %.0f / %.0f | %.1f | %.1f | %.1f | %d | %.2f%% (%.2f%%) | %d | %.1f | %.0f | %s |\n",
 			r.Trainers, secs(r.RoundTime), secs(r.Compute), secs(r.Overhead), secs(r.Published), secs(r.LastResultIn), secs(r.WitnessesIn), secs(r.Apply),
 			r.SentBytes/1e6, r.RecvBytes/1e6, r.SentMsgs, r.RecvMsgs, r.Pulls, r.ServerBytes/1e6, r.WitnessReports, r.QuorumMisses,
-			100*r.BloomFP, 100*r.BloomFPTheory, r.HealthDrops, r.InstructionsPerRound(), r.ComputeUnits)
+			100*r.BloomFP, 100*r.BloomFPTheory, r.HealthDrops, r.InstructionsPerRound(), r.ComputeUnits, offerTime(r.CheckpointOffer))
 	}
 }
 
@@ -183,6 +187,13 @@ func WriteInstructions(w io.Writer, reports []*Report) {
 		sort.Strings(parts)
 		fmt.Fprintf(w, "%d trainers: %s\n", r.Trainers, strings.Join(parts, ", "))
 	}
+}
+
+func offerTime(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return secs(d)
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }

@@ -82,6 +82,11 @@ type Config struct {
 	ApplyTime, ApplyPerResult time.Duration
 	// LoadTime is the time a trainer takes to load the model at warmup.
 	LoadTime time.Duration
+	// CheckpointBytes is the model a joiner fetches from the trainers
+	// after the run (0: no joiner); CheckpointConcurrency the blocks it
+	// has in flight (p2p/libp2p: 32).
+	CheckpointBytes       int64
+	CheckpointConcurrency int
 
 	// MeshDegree is gossipsub's D (6 by default): each node relays an
 	// announcement to this many peers.
@@ -117,7 +122,7 @@ func DefaultConfig(n int) Config {
 		// (docs/benchmarks.md: 734 ms, transfers included).
 		StepTime: 734 * time.Millisecond, LoadTime: time.Second,
 		MeshDegree: 6, Reannounce: 2 * time.Second, MaxFetches: 16, MaxFetchesPerPeer: 2, FetchOrder: FetchArrival, PullParallel: 8, PullTimeout: 2 * time.Second,
-		FluidStep: 5 * time.Millisecond, BloomProbes: 256, Limit: 4 * time.Hour}
+		FluidStep: 5 * time.Millisecond, BloomProbes: 256, Limit: 4 * time.Hour, CheckpointConcurrency: 32}
 }
 
 // Validate checks the config.
@@ -139,6 +144,7 @@ func (c *Config) Validate() error {
 	rule(c.MeshDegree >= 1 && c.MaxFetches >= 1 && c.MaxFetchesPerPeer >= 1 && c.PullParallel >= 1, "mesh degree, fetch and pull bounds must be positive")
 	rule(c.FetchOrder == FetchArrival || c.FetchOrder == FetchRing, "fetch order %q (arrival or ring)", c.FetchOrder)
 	rule(c.Reannounce > 0 && c.PullTimeout > 0 && c.FluidStep > 0 && c.Limit > 0, "intervals must be positive")
+	rule(c.CheckpointBytes >= 0 && (c.CheckpointBytes == 0 || c.CheckpointConcurrency >= 1), "checkpoint of %d bytes, %d blocks at a time", c.CheckpointBytes, c.CheckpointConcurrency)
 	return errors.Join(errs...)
 }
 
@@ -194,7 +200,52 @@ func Run(cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("simscale: %d trainers: the run did not finish its %d rounds within %v of virtual time (it is at step %d, %s)",
 			cfg.Trainers, cfg.Rounds, cfg.Limit, s.server.state.Progress.Step, s.server.state.RunState)
 	}
-	return s.report(), nil
+	r := s.report()
+	if cfg.CheckpointBytes > 0 {
+		if r.CheckpointOffer, err = s.offerCheckpoint(); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// offerCheckpoint is what a joiner waits for the model once the run is
+// over: it comes with a link drawn like a trainer's and fetches the
+// checkpoint's 1 MiB blocks (p2p.BlockSize) from the trainers that hold
+// it, CheckpointConcurrency at a time, as p2p/libp2p's FetchCheckpoint
+// does over bitswap, which asks every connected holder and takes each
+// block from one of them (here block i from trainer i mod N). Each block is
+// a request and a flow on the same links as the round's traffic.
+func (s *Sim) offerCheckpoint() (time.Duration, error) {
+	j := len(s.net.hosts)
+	s.net.hosts = append(s.net.hosts, host{Link: s.drawLink(false)})
+	total := s.cfg.CheckpointBytes
+	blocks := int((total + p2p.BlockSize - 1) / p2p.BlockSize)
+	start := s.sched.now
+	next, done := 0, 0
+	var fetch func()
+	fetch = func() {
+		if next >= blocks {
+			return
+		}
+		i := next
+		next++
+		holder := i % len(s.trainers)
+		size := int(min(p2p.BlockSize, total-int64(i)*p2p.BlockSize))
+		s.net.message(j, holder, 64, func() { // the want
+			s.net.transfer(holder, j, size, nil, func() {
+				done++
+				fetch()
+			})
+		})
+	}
+	for range min(s.cfg.CheckpointConcurrency, blocks) {
+		fetch()
+	}
+	if !s.sched.run(func() bool { return done == blocks }, s.sched.now+s.cfg.Limit) {
+		return 0, fmt.Errorf("simscale: the joiner's checkpoint did not arrive (%d of %d blocks)", done, blocks)
+	}
+	return s.sched.now - start, nil
 }
 
 // drawLink draws a trainer's (or the server's) link.

@@ -39,6 +39,8 @@ func run() error {
 		seqs    = flag.Int("sequences", 1, "sequences each trainer trains a round (compute = step-time × sequences)")
 		plot    = flag.String("plot", "", "write a PNG plot of round time and overhead against trainers to this file")
 		detail  = flag.Bool("instructions", false, "also print the instructions per round by kind")
+		ckptPar = flag.Int("checkpoint-concurrency", 8, "blocks a joiner has in flight (p2p/libp2p: 32)")
+		ckpt    = flag.Int64("checkpoint", -1, "bytes of the model a joiner fetches from the trainers after each run (-1: the 1B model's float32 weights when the results are its frames, else none; 0: none)")
 	)
 	flag.Parse()
 	nets := map[string]simscale.Network{"1G-50ms": simscale.Datacenter1G, "internet": simscale.Internet, "loopback": simscale.Loopback}
@@ -58,7 +60,19 @@ func run() error {
 		fmt.Printf("result frame of the Llama-3.2-1B shape at chunk %d, top-k %d, 1-bit, Rice indices: %d bytes (largest possible %d)\n",
 			*chunk, *topk, typical, largest)
 		size = typical
+		if *ckpt < 0 {
+			params := 0
+			for _, shape := range simscale.Llama1B() {
+				n := 1
+				for _, d := range shape {
+					n *= d
+				}
+				params += n
+			}
+			*ckpt = 4 * int64(params)
+		}
 	}
+	*ckpt = max(*ckpt, 0)
 	var series []simscale.Series
 	colors := []color.RGBA{simscale.Blue, simscale.Orange, simscale.Green}
 	for oi, o := range strings.Split(*order, ",") {
@@ -66,6 +80,7 @@ func run() error {
 			cfg.Rounds, cfg.Seed, cfg.Network, cfg.PayloadBytes = *rounds, *seed, netw, size
 			cfg.StepTime, cfg.ApplyTime, cfg.ApplyPerResult, cfg.MaxFetches = *step*time.Duration(*seqs), *apply, *perRes, *fetches
 			cfg.FetchOrder = simscale.FetchOrder(o)
+			cfg.CheckpointBytes, cfg.CheckpointConcurrency = *ckpt, *ckptPar
 		})
 		if err != nil {
 			return err

@@ -271,17 +271,19 @@ func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snap
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
+	// One buffer for every event: a trainer decodes the whole account (217
+	// KB of base64) at every change of the run, dozens a round.
+	var acct []byte
 	for sc.Scan() {
-		line := sc.Text()
-		data, ok := strings.CutPrefix(line, "data: ")
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
 		if !ok {
 			continue
 		}
-		b, err := base64.StdEncoding.DecodeString(data)
+		acct, err = base64.StdEncoding.AppendDecode(acct[:0], data)
 		if err != nil {
 			return fmt.Errorf("bad event: %w", err)
 		}
-		state, err := coordinator.DecodeAccount(b)
+		state, err := coordinator.DecodeAccount(acct) // copies what it reads
 		if err != nil {
 			return err
 		}

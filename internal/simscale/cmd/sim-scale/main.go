@@ -39,7 +39,7 @@ func run() error {
 		seqs    = flag.Int("sequences", 1, "sequences each trainer trains a round (compute = step-time × sequences)")
 		plot    = flag.String("plot", "", "write a PNG plot of round time and overhead against trainers to this file")
 		detail  = flag.Bool("instructions", false, "also print the instructions per round by kind")
-		ckptPar = flag.Int("checkpoint-concurrency", 8, "blocks a joiner has in flight (p2p/libp2p: 32)")
+		ckptPar = flag.Int("checkpoint-concurrency", 32, "blocks a joiner has in flight (p2p/libp2p: 32)")
 		ckpt    = flag.Int64("checkpoint", -1, "bytes of the model a joiner fetches from the trainers after each run (-1: the 1B model's float32 weights when the results are its frames, else none; 0: none)")
 	)
 	flag.Parse()

@@ -254,7 +254,7 @@ func (c *Client) Subscribe(ctx context.Context, runID string) (<-chan chain.Snap
 }
 
 func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snapshot) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs/"+runID+"/events", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs/"+runID+"/events?deltas=1", nil)
 	if err != nil {
 		return err
 	}
@@ -271,16 +271,34 @@ func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snap
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
-	// One buffer for every event: a trainer decodes the whole account (217
-	// KB of base64) at every change of the run, dozens a round.
-	var acct []byte
+	// The account as the stream has it (events.go): whole events replace
+	// it, deltas change it in place; one buffer each for the stream's life.
+	var acct, delta []byte
+	isDelta := false
 	for sc.Scan() {
-		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
-		if !ok {
+		line := sc.Bytes()
+		if kind, ok := bytes.CutPrefix(line, []byte("event: ")); ok {
+			isDelta = string(kind) == "delta"
 			continue
 		}
-		acct, err = base64.StdEncoding.AppendDecode(acct[:0], data)
-		if err != nil {
+		data, ok := bytes.CutPrefix(line, []byte("data: "))
+		if !ok {
+			if len(line) == 0 {
+				isDelta = false // an event ends at a blank line
+			}
+			continue
+		}
+		if isDelta {
+			if acct == nil {
+				return fmt.Errorf("bad event: a delta before any account")
+			}
+			if delta, err = base64.StdEncoding.AppendDecode(delta[:0], data); err != nil {
+				return fmt.Errorf("bad event: %w", err)
+			}
+			if err := applyDelta(acct, delta); err != nil {
+				return err
+			}
+		} else if acct, err = base64.StdEncoding.AppendDecode(acct[:0], data); err != nil {
 			return fmt.Errorf("bad event: %w", err)
 		}
 		state, err := coordinator.DecodeAccount(acct) // copies what it reads

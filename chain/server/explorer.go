@@ -1,9 +1,7 @@
 package server
 
 import (
-	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -74,18 +72,9 @@ func (s *Server) Subscribe(ctx context.Context, runID string) (<-chan chain.Snap
 // explorer): the stream limits do not count them (subscribe).
 const inProcess = "in-process"
 
-// decodeEvent reads back an account from the events stream's encoding
-// (encodeEvent).
-func decodeEvent(ev []byte) (*coordinator.Coordinator, error) {
-	b64, ok := bytes.CutPrefix(bytes.TrimSuffix(ev, []byte("\n\n")), []byte("data: "))
-	if !ok {
-		return nil, fmt.Errorf("server: an event without data")
-	}
-	acct, err := base64.StdEncoding.AppendDecode(nil, b64)
-	if err != nil {
-		return nil, fmt.Errorf("server: an event: %w", err)
-	}
-	return coordinator.DecodeAccount(acct)
+// decodeEvent reads an event's account.
+func decodeEvent(ev *event) (*coordinator.Coordinator, error) {
+	return coordinator.DecodeAccount(ev.acct)
 }
 
 // Runs lists the server's run ids (GET /v1/runs).

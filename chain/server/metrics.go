@@ -14,7 +14,8 @@ type Metrics struct {
 	// SlowSubscribers counts streams dropped because one event took
 	// longer than the slow-subscriber timeout to write.
 	SlowSubscribers prometheus.Counter
-	Quarantined     prometheus.Gauge // runs whose state file could not be trusted at start
+	Quarantined     prometheus.Gauge   // runs whose state file could not be trusted at start
+	EventBytes      prometheus.Counter // bytes of snapshot events written (whole accounts and deltas)
 }
 
 // NewMetrics returns the server's metrics under psyche_server_*,
@@ -31,9 +32,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Snapshot streams dropped because their client stopped reading."}),
 		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "server", Name: "quarantined_runs",
 			Help: "Runs not served because their state file could not be trusted."}),
+		EventBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "server", Name: "event_bytes_total",
+			Help: "Bytes of snapshot events written to subscribers (whole accounts and deltas)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.Transitions, m.Runs, m.Subscribers, m.SlowSubscribers, m.Quarantined)
+		reg.MustRegister(m.Requests, m.Transitions, m.Runs, m.Subscribers, m.SlowSubscribers, m.Quarantined, m.EventBytes)
 	}
 	return m
 }

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -46,10 +45,10 @@ func newRun(st *stored) *run {
 		subs: map[*subscriber]struct{}{}}
 }
 
-// subscriber is one event stream: ch holds the newest encoded event it has
-// not written yet.
+// subscriber is one event stream: ch holds the newest event it has not
+// written yet.
 type subscriber struct {
-	ch   chan []byte
+	ch   chan *event
 	addr string
 }
 
@@ -61,7 +60,7 @@ func (r *run) notify() {
 	if len(r.subs) == 0 {
 		return
 	}
-	ev := encodeEvent(r.state)
+	ev := newEvent(r.state.MarshalAccount())
 	for sub := range r.subs {
 		select {
 		case sub.ch <- ev:
@@ -76,14 +75,6 @@ func (r *run) notify() {
 			}
 		}
 	}
-}
-
-func encodeEvent(st *coordinator.Coordinator) []byte {
-	acct := st.MarshalAccount()
-	ev := make([]byte, 0, 8+base64.StdEncoding.EncodedLen(len(acct)))
-	ev = append(ev, "data: "...)
-	ev = base64.StdEncoding.AppendEncode(ev, acct)
-	return append(ev, "\n\n"...)
 }
 
 type config struct {
@@ -820,13 +811,13 @@ func (s *Server) subscribe(id, addr string) (*subscriber, func(), *Failure, int)
 		s.subsByAddr[addr]++
 	}
 	s.smu.Unlock()
-	sub := &subscriber{ch: make(chan []byte, 1), addr: addr}
+	sub := &subscriber{ch: make(chan *event, 1), addr: addr}
 	r.mu.Lock()
 	if r.gone {
 		close(sub.ch)
 	} else {
 		r.subs[sub] = struct{}{}
-		sub.ch <- encodeEvent(r.state)
+		sub.ch <- newEvent(r.state.MarshalAccount())
 	}
 	r.mu.Unlock()
 	s.cfg.metrics.Subscribers.Inc()
@@ -858,7 +849,7 @@ const maxBody = 1 << 16
 //	GET  /v1/runs                  run ids (JSON)
 //	GET  /v1/runs/{id}             the account bytes
 //	GET  /v1/runs/{id}/binding     what requests for the run are signed for (JSON BindingInfo)
-//	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change
+//	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change (?deltas=1: then what changed; events.go)
 //	GET  /v1/p2p                   the p2p host's addresses and whether it relays (JSON P2PInfo; 404 without one)
 //	GET  /healthz                  "ok"
 //	GET  /                         the run explorer's page, WithPage (read-only)
@@ -945,6 +936,10 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.slowWrite))
 	w.WriteHeader(http.StatusOK)
+	// A subscriber that takes deltas gets, after the first account, what
+	// changed since the one this stream sent last (events.go).
+	deltas := req.URL.Query().Get("deltas") == "1"
+	var sent []byte
 	for {
 		select {
 		case <-req.Context().Done():
@@ -953,8 +948,16 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 			if !open {
 				return
 			}
+			out := ev.full
+			if deltas && sent != nil {
+				if d := encodeDelta(sent, ev.acct); d != nil {
+					out = d
+				}
+			}
+			sent = ev.acct
+			s.cfg.metrics.EventBytes.Add(float64(len(out)))
 			_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.slowWrite))
-			_, err := w.Write(ev)
+			_, err := w.Write(out)
 			if err == nil {
 				err = rc.Flush()
 			}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -50,15 +51,23 @@ const deltaGap = 16
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// encodeDelta is the delta event from prev to cur, or nil where the whole
-// account is as small (other lengths, or most of it changed).
-func encodeDelta(prev, cur []byte) []byte {
+// DeltaEvent is the delta event from prev to cur, or nil where the whole
+// account is as small (other lengths, or most of it changed). The scale
+// simulator (internal/simscale) sizes its streams with it.
+func DeltaEvent(prev, cur []byte) []byte {
 	if len(prev) != len(cur) || len(cur) > 1<<31 {
 		return nil
 	}
 	d := binary.LittleEndian.AppendUint32(nil, uint32(len(cur)))
 	d = binary.LittleEndian.AppendUint32(d, crc32.Checksum(cur, castagnoli))
 	for i := 0; i < len(cur); {
+		// Unchanged stretches, most of the account, go by in blocks.
+		for i+64 <= len(cur) && bytes.Equal(prev[i:i+64], cur[i:i+64]) {
+			i += 64
+		}
+		if i >= len(cur) {
+			break
+		}
 		if prev[i] == cur[i] {
 			i++
 			continue

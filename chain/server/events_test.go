@@ -61,7 +61,7 @@ func TestDeltaRoundTrip(t *testing.T) {
 		{"another length", append(bytes.Clone(base), 1), -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ev := encodeDelta(base, tc.cur)
+			ev := DeltaEvent(base, tc.cur)
 			if tc.runs < 0 {
 				if ev != nil {
 					t.Fatalf("a delta of %d bytes where the whole account is as small", len(ev))
@@ -91,7 +91,7 @@ func TestDeltaRefusals(t *testing.T) {
 	base := bytes.Repeat([]byte{7}, 256)
 	cur := bytes.Clone(base)
 	cur[10], cur[200] = 1, 2
-	good := decodeDeltaEvent(t, encodeDelta(base, cur))
+	good := decodeDeltaEvent(t, DeltaEvent(base, cur))
 	header := func(n uint32, runs ...[3]uint32) []byte { // runs: offset, length, fill byte
 		d := binary.LittleEndian.AppendUint32(nil, n)
 		d = binary.LittleEndian.AppendUint32(d, 0)
@@ -136,7 +136,7 @@ func FuzzApplyDelta(f *testing.F) {
 	base := bytes.Repeat([]byte{3}, 512)
 	cur := bytes.Clone(base)
 	cur[0], cur[100], cur[511] = 1, 2, 3
-	f.Add(decodeDeltaEvent(f, encodeDelta(base, cur)))
+	f.Add(decodeDeltaEvent(f, DeltaEvent(base, cur)))
 	f.Add([]byte{0, 2, 0, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, d []byte) {
 		acct := bytes.Clone(base)
@@ -199,5 +199,21 @@ func TestEventDeltas(t *testing.T) {
 	whole := float64(base64.StdEncoding.EncodedLen(coordinator.AccountSize))
 	if got := promread.Value(m.EventBytes); got > whole+changes*whole/20 {
 		t.Errorf("the stream wrote %.0f bytes for a whole account and %d changes; whole accounts alone are %.0f bytes each", got, changes, whole)
+	}
+}
+
+// BenchmarkDeltaEvent: what the server spends per subscriber and change (a
+// whole account compared, a few changed bytes encoded).
+func BenchmarkDeltaEvent(b *testing.B) {
+	prev := make([]byte, coordinator.AccountSize)
+	cur := bytes.Clone(prev)
+	for _, at := range []int{16, 3000, 3001, 90000, 150000} {
+		cur[at] = 1
+	}
+	b.SetBytes(int64(len(cur)))
+	for b.Loop() {
+		if DeltaEvent(prev, cur) == nil {
+			b.Fatal("no delta")
+		}
 	}
 }

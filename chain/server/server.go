@@ -950,7 +950,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 			}
 			out := ev.full
 			if deltas && sent != nil {
-				if d := encodeDelta(sent, ev.acct); d != nil {
+				if d := DeltaEvent(sent, ev.acct); d != nil {
 					out = d
 				}
 			}

@@ -35,8 +35,10 @@
 //   - The coordinator server (server.go), after chain/server: it applies
 //     each instruction when it arrives, ticks after every change and when
 //     the next transition falls due (coordinator.DueAt), and streams the
-//     whole account to every subscriber, keeping only the newest pending
-//     snapshot per subscriber.
+//     whole account to every subscriber and then the deltas chain/server
+//     sends (what changed since the account that stream sent last, sized by
+//     chain/server's own encoder), keeping only the newest pending snapshot
+//     per subscriber.
 //
 // Not modelled: CPU time of validation, hashing and (de)compression; TCP
 // slow start and connection setup; bitswap's fallback; NAT traversal and

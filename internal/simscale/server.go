@@ -6,34 +6,39 @@ import (
 	"errors"
 	"time"
 
+	chainserver "github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
 // server is the coordinator server (after chain/server): the real
 // coordinator state, instructions applied as they arrive, ticks after
 // every change and when a transition falls due, and an event stream per
-// trainer that sends the whole account and keeps only the newest pending
-// snapshot.
+// trainer that sends the whole account first and then what changed since
+// the account it sent last (chain/server's deltas), keeping only the newest
+// pending snapshot.
 type server struct {
 	s     *Sim
 	host  int
 	state *coordinator.Coordinator
 	admin coordinator.Pubkey
 	// published is the newest state, shared by every subscriber (the
-	// machines never write a snapshot).
-	published *coordinator.Coordinator
-	version   uint64
-	subs      []*subscriber
-	tickAt    time.Duration // the scheduled tick (-1: none)
+	// machines never write a snapshot), and its account bytes.
+	published     *coordinator.Coordinator
+	publishedAcct []byte
+	version       uint64
+	subs          []*subscriber
+	tickAt        time.Duration // the scheduled tick (-1: none)
 	// lastStep is the step whose round last started (for the metrics).
 	roundStarted map[uint32]bool
 }
 
 // subscriber is one trainer's event stream.
 type subscriber struct {
-	t       *trainer
-	sending bool
-	pending *coordinator.Coordinator // newer than what is on the wire
+	t           *trainer
+	sending     bool
+	pending     *coordinator.Coordinator // newer than what is on the wire
+	pendingAcct []byte
+	sent        []byte // the account the stream sent last (nil: none yet)
 }
 
 // snapshotBytes is one event of the stream: "data: " + base64 of the
@@ -164,10 +169,10 @@ func (sv *server) changed(before coordinator.RunState) {
 // publish hands the current state to every stream.
 func (sv *server) publish() {
 	c := *sv.state
-	sv.published = &c
+	sv.published, sv.publishedAcct = &c, c.MarshalAccount()
 	sv.version++
 	for _, sub := range sv.subs {
-		sub.pending = sv.published
+		sub.pending, sub.pendingAcct = sv.published, sv.publishedAcct
 		sv.send(sub)
 	}
 }
@@ -177,12 +182,19 @@ func (sv *server) send(sub *subscriber) {
 	if sub.sending || sub.pending == nil {
 		return
 	}
-	snap := sub.pending
-	sub.pending = nil
+	snap, acct := sub.pending, sub.pendingAcct
+	sub.pending, sub.pendingAcct = nil, nil
 	sub.sending = true
 	began := sv.s.sched.now
 	sv.s.met.snapshots++
-	sv.s.net.transfer(sv.host, sub.t.host, snapshotBytes, func() {
+	size := snapshotBytes
+	if sub.sent != nil {
+		if d := chainserver.DeltaEvent(sub.sent, acct); d != nil {
+			size = len(d)
+		}
+	}
+	sub.sent = acct
+	sv.s.net.transfer(sv.host, sub.t.host, size, func() {
 		sub.sending = false
 		if sv.s.sched.now-began > slowSubscriber {
 			sv.s.met.slowStreams++

@@ -235,6 +235,9 @@ type Node struct {
 	// unreadableEpoch is 1 + the epoch in which this node found the run's
 	// recorded checkpoint unreadable here (0: none); the Run loop's alone.
 	unreadableEpoch uint32
+	// storeChecked is the run's checkpoint store this node last checked
+	// (checkStore); the Run loop's alone.
+	storeChecked coordinator.CheckpointStore
 	// totalSteps is the run's, for Progress (written by the Run loop, read
 	// by report from the same goroutine or a caller's).
 	totalSteps atomic.Uint32

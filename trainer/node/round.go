@@ -35,6 +35,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	n.checkStore(ctx, m.Store)
 	keep := keepModel && n.model != nil && runmodel.ConfigOf(n.model) == cfg
 	if !keep {
 		var model runmodel.Model
@@ -402,6 +403,37 @@ func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 			url = "file://" + path
 		}
 		n.recordCheckpoint(ctx, url, rev)
+	}()
+}
+
+// checkStore checks, in the background, that this trainer can reach the
+// run's checkpoint store with its keys, once per store setting: a trainer
+// says at start what is wrong with the run's store (no such bucket, refused
+// keys, a bad endpoint), not at its first upload an epoch later.
+func (n *Node) checkStore(ctx context.Context, st coordinator.CheckpointStore) {
+	if st == n.storeChecked {
+		return
+	}
+	n.storeChecked = st
+	cfg := store.FromRun(st)
+	if cfg.IsZero() {
+		return
+	}
+	n.uploads.Add(1)
+	go func() {
+		defer n.uploads.Done()
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		s, err := store.Open(cfg, store.WithLogger(n.cfg.log))
+		if err == nil {
+			err = s.BucketExists(ctx)
+		}
+		if err != nil {
+			n.cfg.log.Warn("the run's checkpoint store cannot be used by this trainer: if elected it records the checkpoint on its own disk instead",
+				"store", cfg.URL, "endpoint", cfg.Endpoint, "err", err)
+			return
+		}
+		n.cfg.log.Info("checkpoint store reachable", "store", cfg.URL, "endpoint", cfg.Endpoint)
 	}()
 }
 

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -43,11 +45,13 @@ func TestStoreCheckpoints(t *testing.T) {
 	_ = coordinator.SetFixedString(st.Endpoint[:], srv.Endpoint)
 
 	hub := memnet.NewHub()
+	logs := map[string]*syncBuffer{}
 	trainer := func(name string) (*Node, coordinator.ClientID) {
 		key := sha256.Sum256([]byte("p2p " + name))
 		signer := coordinator.Pubkey{name[0]}
 		net := hub.Join("run", ed25519.NewKeyFromSeed(key[:]), signer)
-		return &Node{runID: "run", cfg: config{log: slog.New(slog.DiscardHandler), workers: 1, checkpoints: t.TempDir()}, net: net},
+		logs[name] = &syncBuffer{}
+		return &Node{runID: "run", cfg: config{log: slog.New(slog.NewTextHandler(logs[name], nil)), workers: 1, checkpoints: t.TempDir()}, net: net},
 			coordinator.ClientID{Signer: signer, P2P: net.ID()}
 	}
 
@@ -94,16 +98,26 @@ func TestStoreCheckpoints(t *testing.T) {
 	}
 	s := state(idB, idC)
 
-	// C's keys are refused: it says which URL and waits for an offer.
+	// C's keys are refused: it says which URL and waits for an offer, and
+	// (checked as it loads, in the background) that the store will not
+	// take its uploads.
 	setKeys("not-the-secret")
 	err = c.load(ctx, s, false)
 	if !errors.Is(err, errLoadLater) || !strings.Contains(err.Error(), url) {
 		t.Fatalf("C with refused keys: %v, want a retryable error naming %s", err, url)
 	}
+	c.uploads.Wait()
+	if l := logs["C"].String(); !strings.Contains(l, "checkpoint store cannot be used") || !strings.Contains(l, "credentials refused") {
+		t.Errorf("C's log does not say its keys are refused by the store:\n%s", l)
+	}
 	// B has the keys: it loads the bucket's checkpoint and offers it.
 	setKeys(s3test.SecretKey)
 	if err := b.load(ctx, s, false); err != nil {
 		t.Fatalf("B: %v", err)
+	}
+	b.uploads.Wait()
+	if l := logs["B"].String(); !strings.Contains(l, "checkpoint store reachable") {
+		t.Errorf("B's log does not say the store is reachable:\n%s", l)
 	}
 	if !slices.Equal(paramsOf(b.model), recorded.Params) {
 		t.Fatal("B trains other weights than the recorded checkpoint")
@@ -135,11 +149,30 @@ func TestStoreCheckpoints(t *testing.T) {
 	}
 	d, idD := trainer("D")
 	err = d.load(ctx, state(idD), false)
+	d.uploads.Wait()
 	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.model != nil ||
 		!strings.Contains(err.Error(), rev) || !strings.Contains(err.Error(), runmodel.Revision(other)) {
 		t.Fatalf("D loading a replaced model: %v (model kept: %v), want a retryable error naming hashes %s and %s",
 			err, d.model != nil, rev, runmodel.Revision(other))
 	}
+}
+
+// syncBuffer is a log's buffer, written by the node's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func must[T any](v T, err error) T {

@@ -87,6 +87,8 @@ func (n *Node) downloadCheckpoint(ctx context.Context, url string, cfg runmodel.
 		base = filepath.Join(os.TempDir(), "psyche-"+n.runID)
 	}
 	dir := filepath.Join(base, "from-store", strings.NewReplacer("/", "_", "..", "_").Replace(strings.TrimPrefix(url, "s3://")))
-	width := int64(cfg.NumParams()) // a bound, not the width: the untied head's copy is at most the model again
-	return s.Download(ctx, url, dir, 8*width+1<<20)
+	// At most 8 bytes a parameter (F32, and a tied head's copy that a
+	// Hugging Face file may hold) and a megabyte of JSON.
+	params := int64(cfg.NumParams())
+	return s.Download(ctx, url, dir, 8*params+1<<20)
 }

@@ -172,3 +172,25 @@ func TestStatusBetweenEpochs(t *testing.T) {
 		t.Errorf("a client shows as Healthy between epochs:\n%s", out.String())
 	}
 }
+
+// status names the run's checkpoint store and its service, in text and JSON.
+func TestStatusShowsTheStore(t *testing.T) {
+	for _, tc := range []struct{ url, endpoint, want string }{
+		{"s3://ckpt/runs", "http://10.0.0.1:9000", "checkpoint store: s3://ckpt/runs at http://10.0.0.1:9000\n"},
+		{"s3://ckpt", "", "checkpoint store: s3://ckpt at AWS S3\n"},
+		{"", "", ""},
+	} {
+		s := &coordinator.Coordinator{RunState: coordinator.Paused}
+		_ = coordinator.SetFixedString(s.Model.Store.URL[:], tc.url)
+		_ = coordinator.SetFixedString(s.Model.Store.Endpoint[:], tc.endpoint)
+		v := viewOf(s)
+		if v.Checkpoint.Store != tc.url || v.Checkpoint.Endpoint != tc.endpoint {
+			t.Errorf("%q: the view holds %q at %q", tc.url, v.Checkpoint.Store, v.Checkpoint.Endpoint)
+		}
+		var b bytes.Buffer
+		printStatus(&b, v)
+		if got := b.String(); tc.want == "" && strings.Contains(got, "checkpoint store") || !strings.Contains(got, tc.want) {
+			t.Errorf("%q: status printed\n%s", tc.url, got)
+		}
+	}
+}

@@ -384,3 +384,60 @@ func TestApplyWithNoFramesOnlyDecays(t *testing.T) {
 		}
 	}
 }
+
+// TestRobustLeavesOutDissenters: under the robust rule, frames whose signs
+// disagree with their peers' more than chance allows are left out of the
+// round while they are at most a third of it (⌊(n−1)/3⌋), so one or two
+// sign-flippers among seven give exactly the honest peers' direction; three
+// are too many to judge, and honest frames are never left out.
+func TestRobustLeavesOutDissenters(t *testing.T) {
+	shapes := [][]int{{64, 64}, {96, 40}, {50}}
+	const peers = 7
+	for _, quantized := range []bool{false, true} {
+		o := Options{Chunk: 16, TopK: 8, Quantize1Bit: quantized, Decay: 0.9, Workers: 3}
+		frames := roundFrames(t, 2, shapes, o, peers)
+		d, err := NewDeMo(shapes, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flipped := func(bad int) []*Frame {
+			out := slices.Clone(frames)
+			for i := range bad {
+				f := cloneFrame(out[i])
+				for ti := range f.Tensors {
+					for j, v := range f.Tensors[ti].Values {
+						f.Tensors[ti].Values[j] = -v
+					}
+				}
+				out[i] = f
+			}
+			return out
+		}
+		for _, tc := range []struct {
+			bad, kept int
+		}{{0, peers}, {1, peers - 1}, {2, peers - 2}, {3, peers}} {
+			fs := flipped(tc.bad)
+			kept := d.withoutDissenters(canonicalOrder(fs))
+			if len(kept) != tc.kept {
+				t.Errorf("1-bit %v, %d flippers of %d: kept %d frames, want %d", quantized, tc.bad, peers, len(kept), tc.kept)
+			}
+			if tc.bad == 0 || tc.kept == peers {
+				continue
+			}
+			for _, f := range kept {
+				if slices.Index(fs, f) < tc.bad {
+					t.Errorf("1-bit %v, %d flippers: a flipper was kept", quantized, tc.bad)
+				}
+			}
+			o := o
+			o.Aggregation = AggregateRobust
+			got, want := aggregateWith(t, shapes, o, fs), aggregateWith(t, shapes, o, fs[tc.bad:])
+			if a := agreement(got, want); a != 1 {
+				t.Errorf("1-bit %v, %d flippers: the direction agrees with the honest peers' on %.3f, want all of it", quantized, tc.bad, a)
+			}
+		}
+		if kept := d.withoutDissenters(canonicalOrder(frames[:3])); len(kept) != 3 {
+			t.Errorf("three frames: kept %d, want all (too few to judge)", len(kept))
+		}
+	}
+}

@@ -17,7 +17,8 @@ import (
 //	offset  size  field
 //	0       4     magic "PSDF"
 //	4       1     version (FrameVersion)
-//	5       1     reserved, 0
+//	5       1     frame flags: bit 0 = sequence losses follow the
+//	              tensors; other bits 0
 //	6       2     tensor count
 //	8       ...   tensors, each:
 //	        1     ndim (1..MaxDims)
@@ -39,6 +40,10 @@ import (
 //	        values: k per tile, float32, or with flag bit 0 one bit per
 //	              entry packed LSB first (1 = +1, 0 = −1), the last byte's
 //	              spare bits 0
+//
+//	then, with frame flag bit 0:
+//	        var   sequence count (1..MaxLosses)
+//	        4×n   float32 losses, finite and ≥ 0
 //
 // Tiles are ordered by leading dims, then tile row, then tile column. The
 // format is canonical: a decoded frame re-encodes to the same bytes.
@@ -79,6 +84,25 @@ type Tensor struct {
 // Frame is one trainer's result.
 type Frame struct {
 	Tensors []Tensor
+	// Losses, when set, are the trainer's loss (mean cross-entropy over the
+	// sequence's positions) on each sequence of its batch, in batch order,
+	// on the model it trained on: what it claims to have seen. Witnesses
+	// that recompute a few of them on the same model catch a trainer that
+	// did not run its assignment (trainer/node). Aggregation ignores them,
+	// and so does Fingerprint.
+	Losses []float32
+}
+
+// MaxLosses is the most sequence losses a frame may carry: a trainer's
+// batch is part of a round's, which is at most 65,535 sequences.
+const MaxLosses = 1<<16 - 1
+
+// lossesBytes is the encoded size of n losses (none: 0).
+func lossesBytes(n int) int {
+	if n == 0 {
+		return 0
+	}
+	return uvarintLen(uint64(n)) + 4*n
 }
 
 // Limits bounds what a decoder will allocate for one frame.
@@ -86,11 +110,12 @@ type Limits struct {
 	MaxTensors int   // tensors per frame
 	MaxParams  int64 // parameters described, summed over tensors
 	MaxEntries int64 // coefficients carried, summed over tensors
+	MaxLosses  int   // sequence losses (at most MaxLosses)
 }
 
 // DefaultLimits allow models up to 2^31 parameters and 2^27 entries (about
 // 1 GiB once decoded).
-var DefaultLimits = Limits{MaxTensors: 4096, MaxParams: 1 << 31, MaxEntries: 1 << 27}
+var DefaultLimits = Limits{MaxTensors: 4096, MaxParams: 1 << 31, MaxEntries: 1 << 27, MaxLosses: MaxLosses}
 
 func indexWidth(tileSize int) int {
 	switch {
@@ -255,7 +280,10 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 	if len(f.Tensors) > math.MaxUint16 {
 		return nil, fmt.Errorf("%w: %d tensors", ErrFrame, len(f.Tensors))
 	}
-	size := 8
+	if err := checkLosses(f.Losses); err != nil {
+		return nil, err
+	}
+	size := 8 + lossesBytes(len(f.Losses))
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		tiles, ts, err := geometry(t.Shape, t.TileH, t.TileW, t.K)
@@ -278,7 +306,11 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 	}
 	b := make([]byte, 0, size)
 	b = append(b, frameMagic...)
-	b = append(b, FrameVersion, 0)
+	var frameFlags byte
+	if len(f.Losses) > 0 {
+		frameFlags |= 1
+	}
+	b = append(b, FrameVersion, frameFlags)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(f.Tensors)))
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
@@ -326,7 +358,27 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 			}
 		}
 	}
+	if len(f.Losses) > 0 {
+		b = binary.AppendUvarint(b, uint64(len(f.Losses)))
+		for _, v := range f.Losses {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+		}
+	}
 	return b, nil
+}
+
+// checkLosses refuses more than MaxLosses losses, and losses that no
+// cross-entropy has (negative, not finite).
+func checkLosses(losses []float32) error {
+	if len(losses) > MaxLosses {
+		return fmt.Errorf("%w: %d sequence losses, at most %d", ErrFrame, len(losses), MaxLosses)
+	}
+	for _, v := range losses {
+		if !(v >= 0) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("%w: sequence loss %v is not finite and ≥ 0", ErrFrame, v)
+		}
+	}
+	return nil
 }
 
 // checkEntries verifies indices (in range, strictly ascending per tile) and
@@ -413,8 +465,9 @@ func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
 	if hdr[4] != FrameVersion {
 		return nil, fmt.Errorf("%w: version %d, this build reads %d", ErrFrame, hdr[4], FrameVersion)
 	}
-	if hdr[5] != 0 {
-		return nil, fmt.Errorf("%w: reserved byte set", ErrFrame)
+	frameFlags := hdr[5]
+	if frameFlags&^1 != 0 {
+		return nil, fmt.Errorf("%w: unknown frame flags %#x", ErrFrame, frameFlags)
 	}
 	n := int(binary.LittleEndian.Uint16(hdr[6:]))
 	if n > lim.MaxTensors {
@@ -496,6 +549,26 @@ func DecodeFrame(data []byte, lim Limits) (*Frame, error) {
 			return nil, fmt.Errorf("tensor %d: %w", i, err)
 		}
 	}
+	if frameFlags&1 != 0 {
+		n, err := r.uvarint()
+		if err != nil {
+			return nil, fmt.Errorf("sequence losses: %w", err)
+		}
+		if n == 0 || n > min(lim.MaxLosses, MaxLosses) {
+			return nil, fmt.Errorf("%w: %d sequence losses, limit %d", ErrFrameLimit, n, min(lim.MaxLosses, MaxLosses))
+		}
+		lb, err := r.take(4 * int64(n))
+		if err != nil {
+			return nil, err
+		}
+		f.Losses = make([]float32, n)
+		for j := range f.Losses {
+			f.Losses[j] = math.Float32frombits(binary.LittleEndian.Uint32(lb[4*j:]))
+		}
+		if err := checkLosses(f.Losses); err != nil {
+			return nil, err
+		}
+	}
 	if r.off != len(data) {
 		return nil, fmt.Errorf("%w: %d trailing bytes", ErrFrame, len(data)-r.off)
 	}
@@ -524,7 +597,7 @@ func readFixedIndices(r *frameReader, t *Tensor, count int64, width int) error {
 
 // WireSize is the encoded size of the frame in bytes.
 func (f *Frame) WireSize() int {
-	size := 8
+	size := 8 + lossesBytes(len(f.Losses))
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		n := len(t.Indices)

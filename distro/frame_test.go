@@ -34,6 +34,9 @@ func sampleFrames(tb testing.TB) [][]byte {
 		if err != nil {
 			tb.Fatal(err)
 		}
+		if len(out)%2 == 1 { // every other frame carries its sequences' losses
+			f.Losses = []float32{3.25, 0, float32(r.Float64() * 10)}
+		}
 		b, err := f.MarshalBinary()
 		if err != nil {
 			tb.Fatal(err)
@@ -100,7 +103,8 @@ func TestDecodeFrameRejects(t *testing.T) {
 		{"empty", nil, ErrFrame},
 		{"magic", setByte(0, 'X'), ErrFrame},
 		{"version", setByte(4, FrameVersion+1), ErrFrame},
-		{"reserved", setByte(5, 1), ErrFrame},
+		{"unknown frame flags", setByte(5, 2), ErrFrame},
+		{"losses flag without losses", setByte(5, 1), ErrFrame},
 		{"truncated", good[:len(good)-1], ErrFrame},
 		{"truncated header", good[:dimAt], ErrFrame},
 		{"trailing", append(bytes.Clone(good), 0), ErrFrame},
@@ -132,6 +136,57 @@ func TestDecodeFrameRejects(t *testing.T) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestDecodeFrameLosses: a frame's sequence losses round-trip, and the
+// decoder refuses a section that is empty, over the caller's limit,
+// truncated, or holds a value no cross-entropy has.
+func TestDecodeFrameLosses(t *testing.T) {
+	f := &Frame{Tensors: []Tensor{{Shape: []int{16}, TileH: 1, TileW: 8, K: 2,
+		Indices: []uint32{1, 5, 0, 7}, Values: []float32{0.5, -1, 2, 3}}}, Losses: []float32{2.5, 0, 7}}
+	good := f.mustMarshal(t)
+	at := len(good) - 13 // the count, then three float32s
+	if good[5] != 1 || good[at] != 3 {
+		t.Fatalf("flags %d, count %d", good[5], good[at])
+	}
+	if g, err := DecodeFrame(good, DefaultLimits); err != nil || !reflect.DeepEqual(g.Losses, f.Losses) || g.WireSize() != len(good) {
+		t.Fatalf("decoded %v, %v", g, err)
+	}
+	put := func(i int, v float32) []byte {
+		b := bytes.Clone(good)
+		binary.LittleEndian.PutUint32(b[at+1+4*i:], math.Float32bits(v))
+		return b
+	}
+	count := func(n byte) []byte { b := bytes.Clone(good); b[at] = n; return b }
+	for _, tc := range []struct {
+		name string
+		data []byte
+		lim  int
+		want error
+	}{
+		{"negative", put(1, -0.5), MaxLosses, ErrFrame},
+		{"NaN", put(0, float32(math.NaN())), MaxLosses, ErrFrame},
+		{"Inf", put(2, float32(math.Inf(1))), MaxLosses, ErrFrame},
+		{"zero count", count(0)[:at+1], MaxLosses, ErrFrameLimit},
+		{"over the limit", good, 2, ErrFrameLimit},
+		{"truncated", good[:len(good)-1], MaxLosses, ErrFrame},
+		{"count beyond the data", count(4), MaxLosses, ErrFrame},
+		{"trailing", append(bytes.Clone(good), 0), MaxLosses, ErrFrame},
+	} {
+		lim := DefaultLimits
+		lim.MaxLosses = tc.lim
+		if _, err := DecodeFrame(tc.data, lim); !errors.Is(err, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	for _, bad := range [][]float32{{-1}, {float32(math.NaN())}, make([]float32, MaxLosses+1)} {
+		if _, err := (&Frame{Tensors: f.Tensors, Losses: bad}).MarshalBinary(); !errors.Is(err, ErrFrame) {
+			t.Errorf("%d losses starting %v: encoded (%v)", len(bad), bad[0], err)
+		}
+	}
+	if f.Fingerprint() != (&Frame{Tensors: f.Tensors}).Fingerprint() {
+		t.Error("the losses change the fingerprint")
 	}
 }
 

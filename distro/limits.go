@@ -11,7 +11,7 @@ import "fmt"
 // Limits are the decoder limits of this model's frames: its tensors, its
 // parameters and exactly tiles×k entries per tensor.
 func (d *DeMo) Limits() Limits {
-	lim := Limits{MaxTensors: len(d.plans)}
+	lim := Limits{MaxTensors: len(d.plans), MaxLosses: MaxLosses}
 	for _, p := range d.plans {
 		lim.MaxParams += int64(p.tiles() * p.tileSize())
 		lim.MaxEntries += int64(p.tiles() * p.k)
@@ -21,9 +21,11 @@ func (d *DeMo) Limits() Limits {
 
 // MaxFrameBytes is the size of the largest frame this model's results can
 // encode to (fixed-width or Rice-coded indices, whichever is larger, float or
-// 1-bit values as the run says): no honest blob is larger.
+// 1-bit values as the run says, and a loss for each of up to MaxLosses
+// sequences): no honest blob is larger.
 func (d *DeMo) MaxFrameBytes() int64 {
-	n := int64(8) // magic, version, reserved, tensor count
+	n := int64(8) // magic, version, frame flags, tensor count
+	n += int64(lossesBytes(MaxLosses))
 	for _, p := range d.plans {
 		// ndim and flags, then tile height, tile width, k and the dims as
 		// varints of at most 5 bytes each.

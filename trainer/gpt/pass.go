@@ -149,6 +149,10 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 	return lm.MeanLoss(m.losses), nil
 }
 
+// SequenceLosses returns each sequence's loss (the mean over its t
+// positions) of the last Forward with targets.
+func (m *Model) SequenceLosses(t int) []float32 { return lm.SequenceLosses(m.losses, t) }
+
 // Logits returns the output of the last Forward without targets (b·t rows of
 // vocab logits). On a device backend it is a host copy, made on the first
 // call after a Forward.

@@ -33,6 +33,12 @@ func gradientCheck(t *testing.T, tiny Config) {
 	modeltest.GradientCheck(t, m, m.Params, tiny.Specs(), func(s TensorSpec) string { return s.Name }, tiny.Vocab)
 }
 
+// TestSequenceLosses: each sequence's loss in a batch is its loss alone.
+func TestSequenceLosses(t *testing.T) {
+	m, _ := New(tiny, 2, nil)
+	modeltest.SequenceLosses(t, m, tiny.Vocab)
+}
+
 func TestForwardRejectsBadInput(t *testing.T) {
 	m, _ := New(tiny, 1, nil)
 	modeltest.RejectsBadInput(t, m)

@@ -19,6 +19,7 @@ import (
 // list of float32 tensors.
 type Model interface {
 	Forward(inputs, targets []uint32, b, t int) (float32, error)
+	SequenceLosses(t int) []float32
 	Backward() error
 	ZeroGrad()
 	Logits() []float32

@@ -79,6 +79,20 @@ func MeanLoss(losses []float32) float32 {
 	return float32(sum / float64(len(losses)))
 }
 
+// SequenceLosses returns the mean of each row of t per-token losses (a
+// sequence's loss), summed in float64 as MeanLoss sums the whole batch.
+func SequenceLosses(losses []float32, t int) []float32 {
+	out := make([]float32, len(losses)/t)
+	for i := range out {
+		var sum float64
+		for _, l := range losses[i*t : (i+1)*t] {
+			sum += float64(l)
+		}
+		out[i] = float32(sum / float64(t))
+	}
+	return out
+}
+
 // Buffers are a model's parameters and gradients, each one buffer in host
 // memory and the tensors they split into, and the same two buffers as the
 // model's backend keeps them (on a host backend, the same memory). A model

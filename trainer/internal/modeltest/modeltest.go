@@ -289,3 +289,40 @@ func ChunkedHead(t testing.TB, chunked, whole Model, vocab int) {
 	t.Helper()
 	MatchesGo(t, chunked, whole, vocab, 1e-5)
 }
+
+// Sequences is a model that reports each sequence's loss.
+type Sequences interface {
+	Model
+	SequenceLosses(t int) []float32
+}
+
+// SequenceLosses checks that a batch's per-sequence losses are each
+// sequence's loss on its own (what a witness recomputes from two of them)
+// and average to the batch's loss.
+func SequenceLosses(t testing.TB, m Sequences, vocab int) {
+	t.Helper()
+	const b, seq = 3, 4
+	in, tg := Batch(rand.New(rand.NewPCG(8, 8)), b, seq, vocab)
+	loss, err := m.Forward(in, tg, b, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := m.SequenceLosses(seq)
+	if len(got) != b {
+		t.Fatalf("%d sequence losses for %d sequences", len(got), b)
+	}
+	var sum float64
+	for i, l := range got {
+		alone, err := m.Forward(in[i*seq:(i+1)*seq], tg[i*seq:(i+1)*seq], 1, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(float64(l-alone)) > 1e-5*math.Abs(float64(alone)) {
+			t.Errorf("sequence %d: %v in the batch, %v alone", i, l, alone)
+		}
+		sum += float64(l)
+	}
+	if math.Abs(sum/b-float64(loss)) > 1e-6*float64(loss) {
+		t.Errorf("the sequences' losses average %v, the batch's is %v", sum/b, loss)
+	}
+}

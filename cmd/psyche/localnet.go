@@ -68,6 +68,7 @@ clock did not move, so that its epochs end. The tests use it.`,
 		&cli.BoolFlag{Name: "quantize", Value: true, Usage: "send 1-bit signs (false: float32 values)", Category: "RUN"},
 		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
 		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N) on its data (builtin:opticks or a token file: localnet holds its last tenth out for the summary's loss) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
+		&cli.BoolFlag{Name: "non-iid", Usage: "lay the data out so that, round by round, one trainer's batch is the text read backwards while the others read it forwards: honest trainers whose data differ (for checking that verification and robust aggregation accuse none of them)", Category: "RUN"},
 		&cli.IntFlag{Name: "verification-percent", Usage: "the share of each round's trainers whose results the witnesses score (0-100; the run file's verification_percent): a trainer whose results do no work on its data is dropped", Category: "RUN"},
 		&cli.IntFlag{Name: "drop-trainer-at", Usage: "stop the last trainer once the run reaches this step, to watch the others drop it (0: never)", Category: "RUN"},
 		&cli.StringFlag{Name: "explorer-addr", Value: "127.0.0.1:0", Usage: "serve the run explorer on this address while the run lasts (port 0: any free port; empty: no explorer)", Category: "EXPLORER"},
@@ -170,6 +171,11 @@ func localnet(c *cli.Context) (err error) {
 	files, err := prepareLocalFiles(ctx, dir, model, seed)
 	if err != nil {
 		return err
+	}
+	if c.Bool("non-iid") {
+		if err := files.nonIID(ctx, int(model.MaxSeqLen), perTrainer, c.Int("trainers")); err != nil {
+			return err
+		}
 	}
 
 	runCtx, cancelRun := context.WithCancel(ctx)
@@ -374,6 +380,32 @@ func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model
 	}
 	f.initial, err = runmodel.New(cfg, seed, nil)
 	return f, err
+}
+
+// nonIID rewrites the trainers' token file in blocks of one trainer's batch
+// (perTrainer sequences of seqLen tokens): of every n blocks, the last is
+// the text backwards, the others forwards. Trainers read sequences in file
+// order (their data are not shuffled), and each round's global batch is n
+// consecutive blocks shared out among the n trainers in an order the
+// round's seed draws, so each round one trainer trains on backward text;
+// the held-out loss stays the forward text's.
+func (f *localFiles) nonIID(ctx context.Context, seqLen, perTrainer, n int) error {
+	fwd, err := data.ReadTokenFile(ctx, f.tokens, f.tokenSize)
+	if err != nil {
+		return err
+	}
+	bwd := slices.Clone(fwd)
+	slices.Reverse(bwd)
+	block := seqLen * perTrainer
+	mixed := make([]uint32, 0, len(fwd))
+	for at := 0; at < len(fwd); at += block {
+		src := fwd
+		if (at/block)%n == n-1 {
+			src = bwd
+		}
+		mixed = append(mixed, src[at:min(at+block, len(fwd))]...)
+	}
+	return data.WriteTokenFile(ctx, f.tokens, mixed, f.tokenSize)
 }
 
 // readRunTokens reads every token of the run's data at loc, as the trainers

@@ -48,6 +48,11 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "
 //   - lazy-noise: signs or values drawn at random in a frame of its shape,
 //     as a trainer that skips the work would send (noise, without the
 //     magnitudes of its own result);
+//
+//     both lazy ones report, as a trainer that skipped the forward pass
+//     must, a guess for their sequence losses: the batch's mean loss for
+//     every sequence (better than such a trainer could know; the work it
+//     did here is only to have the guess);
 //   - wrong-data: it trains honestly, on other data than its assignment
 //     (the indices 7919 past its batch);
 //   - slow: an honest trainer that takes 300 ms longer on every batch (for
@@ -180,6 +185,7 @@ func WithAdversary(kind string) (Option, error) {
 		}, nil
 	case "lazy-noise":
 		return frameAttack(func(f *distro.Frame) {
+			guessLosses(f)
 			for i := range f.Tensors {
 				t := &f.Tensors[i]
 				for j := range t.Values {
@@ -203,6 +209,7 @@ func WithAdversary(kind string) (Option, error) {
 		}, nil
 	case "lazy-zero":
 		return frameAttack(func(f *distro.Frame) {
+			guessLosses(f)
 			for i := range f.Tensors {
 				t := &f.Tensors[i]
 				t.Quantized = false
@@ -221,6 +228,17 @@ func WithAdversary(kind string) (Option, error) {
 		}, nil
 	}
 	return nil, fmt.Errorf("node: unknown adversary %q (one of %s)", kind, strings.Join(Adversaries, ", "))
+}
+
+// guessLosses replaces f's sequence losses by their mean.
+func guessLosses(f *distro.Frame) {
+	var sum float64
+	for _, l := range f.Losses {
+		sum += float64(l)
+	}
+	for i := range f.Losses {
+		f.Losses[i] = float32(sum / float64(len(f.Losses)))
+	}
 }
 
 func flip(f *distro.Frame) {

@@ -3,6 +3,7 @@
 package node_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -141,17 +142,30 @@ func droppedIn(s *coordinator.Coordinator) []coordinator.ClientID {
 
 // TestVerificationDropsLazyTrainers: with verification_percent = 100 the
 // witnesses score every result on its trainer's batch against another
-// batch; a trainer that sends noise, or trains on other data than its
-// assignment, scores about 0, is left out of the witness reports once its
-// window fails, and the health check drops it. No honest trainer is.
+// batch and check the losses it reports; a trainer that sends noise scores
+// about 0, one that trains on other data than its assignment reports losses
+// the round's model does not give on it (and, on 3 sequences a round,
+// scores about 0); each is left out of the witness reports once its window
+// fails, and the health check drops it. No honest trainer is. On 12
+// sequences a round no control batch is read (assignmentBatchMax): there
+// the loss reports alone catch the wrong data and the lazy trainer (which
+// guesses its losses), and the work test alone catches `noise` (a trainer
+// that did the work, reports it truly, and sends noise instead).
 func TestVerificationDropsLazyTrainers(t *testing.T) {
-	for _, kind := range []string{"lazy-noise", "wrong-data"} {
-		t.Run(kind, func(t *testing.T) {
+	for _, tc := range []struct {
+		kind  string
+		batch uint16 // the round's, shared by 4
+	}{{"lazy-noise", 12}, {"wrong-data", 12}, {"wrong-data", 48}, {"lazy-noise", 48}, {"noise", 48}} {
+		kind := tc.kind
+		t.Run(fmt.Sprintf("%s/batch-%d", kind, tc.batch/4), func(t *testing.T) {
 			bad, err := node.WithAdversary(kind)
 			if err != nil {
 				t.Fatal(err)
 			}
-			c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 40; k.VerificationPercent = 100 },
+			c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) {
+				k.EpochTime, k.VerificationPercent = 40, 100
+				k.GlobalBatchSizeStart, k.GlobalBatchSizeEnd = tc.batch, tc.batch
+			},
 				func(i int) []node.Option {
 					if i == 3 {
 						return []node.Option{bad}

@@ -99,6 +99,9 @@ type claim struct {
 type result struct {
 	ann   p2p.Announcement
 	frame *distro.Frame
+	// misreported: the losses it reports are not what the round's model
+	// gives on its batch (verify.go): this node does not vouch for it.
+	misreported bool
 }
 
 // othersResults are the frames of other trainers' results of the latest
@@ -158,6 +161,11 @@ type roundState struct {
 	// batch): the round before may now be applied (see applyDue).
 	done bool
 	due  *dueRound // set when the round's results are due and not yet applied
+	// reference are this node's losses of the round's sampled sequences on
+	// the model the round trained on (by data index); pending are sampled
+	// results that came before them, to check once they are in.
+	reference map[uint64]float32
+	pending   []lossReport
 }
 
 // dueRound keeps what deciding a round's consensus needs after the
@@ -253,6 +261,12 @@ type TrainWork struct {
 	LR    float32
 	Ahead bool
 	Reuse bool
+	// Reference lists sequences whose losses this node measures once the
+	// result is published, on the model it was trained on (the round's
+	// sampled batches' scored sequences, verification_percent): what the
+	// sampled trainers' reported losses must match. Answer with
+	// referenceLosses, before anything changes the model.
+	Reference []p2p.BatchRange
 }
 
 // ApplyWork is a round's consensus results. Missing lists batches that a
@@ -746,6 +760,7 @@ func (m *machine) train(rd *Ready) {
 	// The guess was right (the same clients started the round): the
 	// gradient trained ahead is this batch's, on this model.
 	w.Reuse = ahead != nil && ahead.Step == w.Step && ahead.Batch == w.Batch
+	w.Reference = m.referenceSequences()
 	rd.Train = w
 }
 
@@ -866,9 +881,10 @@ func (m *machine) witness(rd *Ready, warmup bool) {
 		sort.Slice(starts, func(a, b int) bool { return starts[a] < starts[b] })
 		for _, b := range starts {
 			res := batches[b]
-			if m.failing(res.ann.Trainer.Signer) {
-				// Its results failed verification: not vouched for, so not
-				// applied, and the next health check drops it.
+			if res.misreported || m.failing(res.ann.Trainer.Signer) {
+				// It, or its trainer's results, failed verification: not
+				// vouched for, so not applied (where a quorum of witnesses
+				// agree), and the next health check drops its trainer.
 				continue
 			}
 			w.Participants.Add(w.Key, coordinator.ParticipantMember(res.ann.Trainer.Signer))

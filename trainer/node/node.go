@@ -544,13 +544,22 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 			return nil, false, err
 		}
 		next = append(next, n.m.trainedResult(ann, frame, st))
+		if len(w.Reference) > 0 {
+			// Before the Apply that trainedResult's Ready may hold: the
+			// model is still the one the round trained on.
+			ref, err := n.referenceLosses(ctx, w.Reference)
+			if err != nil {
+				return nil, false, err
+			}
+			next = append(next, n.m.referenceLosses(w.Step, ref))
+		}
 	}
 	for _, w := range rd.Verify {
-		score, drop, err := n.verify(ctx, w)
+		score, drop, scored, err := n.verify(ctx, w)
 		if err != nil {
 			return nil, false, err
 		}
-		next = append(next, n.m.verified(w.Trainer, score, drop))
+		next = append(next, n.m.verified(w.Trainer, score, drop, scored))
 	}
 	for _, ix := range rd.Send {
 		o := outgoing{ix: ix, done: n.cfg.clock.Work()} // until it is sent

@@ -206,8 +206,10 @@ type aheadRun struct {
 	work TrainWork
 	done chan struct{}
 	loss float32
-	took time.Duration // computing the gradient (the batch's rates count it)
-	err  error
+	// seqLosses are each sequence's loss (the frame's claim)
+	seqLosses []float32
+	took      time.Duration // computing the gradient (the batch's rates count it)
+	err       error
 }
 
 // startAhead computes w's gradient in the background. The Run loop goes on
@@ -221,7 +223,7 @@ func (n *Node) startAhead(ctx context.Context, w TrainWork) {
 	go func() {
 		defer working()
 		defer close(a.done)
-		a.loss, a.took, a.err = n.gradient(ctx, &a.work)
+		a.loss, a.seqLosses, a.took, a.err = n.gradient(ctx, &a.work)
 	}()
 }
 
@@ -240,9 +242,9 @@ func (n *Node) dropAhead() {
 }
 
 // gradient reads w's batch and leaves the model's gradient on it in the
-// model's gradient tensors; it returns the loss and how long computing it
-// took (reading the data not included).
-func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, time.Duration, error) {
+// model's gradient tensors; it returns the loss, each sequence's loss and
+// how long computing it took (reading the data not included).
+func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, []float32, time.Duration, error) {
 	seqLen := runmodel.ConfigOf(n.model).Context()
 	count := int(w.Batch.End - w.Batch.Start)
 	in, tg := make([]uint32, 0, count*seqLen), make([]uint32, 0, count*seqLen)
@@ -250,7 +252,7 @@ func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, time.Durati
 	for idx := w.Batch.Start; idx < w.Batch.End; idx++ {
 		seq, err := n.data.Sequence(ctx, idx+n.cfg.dataShift, buf)
 		if err != nil {
-			return 0, 0, fmt.Errorf("node: data index %d: %w", idx, err)
+			return 0, nil, 0, fmt.Errorf("node: data index %d: %w", idx, err)
 		}
 		in = append(in, seq[:seqLen]...)
 		tg = append(tg, seq[1:seqLen+1]...)
@@ -259,13 +261,14 @@ func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, time.Durati
 	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
 	loss, err := n.model.Forward(in, tg, count, seqLen)
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, 0, err
 	}
+	seqLosses := n.model.SequenceLosses(seqLen)
 	n.model.ZeroGrad()
 	if err := n.model.Backward(); err != nil {
-		return 0, 0, err
+		return 0, nil, 0, err
 	}
-	return loss, time.Since(start), nil
+	return loss, seqLosses, time.Since(start), nil
 }
 
 // train runs this node's batch, steps the optimizer and publishes the
@@ -276,16 +279,17 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	a := n.ahead
 	n.ahead = nil
 	var (
-		loss     float32
-		computed time.Duration // the gradient's compute, ahead or now
-		reused   bool
+		loss      float32
+		seqLosses []float32
+		computed  time.Duration // the gradient's compute, ahead or now
+		reused    bool
 	)
 	if w.Reuse && a != nil && a.err == nil && a.work.Step == w.Step && a.work.Batch == w.Batch {
-		loss, computed, reused = a.loss, a.took, true
+		loss, seqLosses, computed, reused = a.loss, a.seqLosses, a.took, true
 		n.cfg.metrics.AheadReused.Inc()
 	} else {
 		var err error
-		if loss, computed, err = n.gradient(ctx, w); err != nil {
+		if loss, seqLosses, computed, err = n.gradient(ctx, w); err != nil {
 			return p2p.Announcement{}, nil, trainStats{}, err
 		}
 	}
@@ -296,6 +300,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	if err != nil {
 		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: step %d: %w", w.Step, err)
 	}
+	frame.Losses = seqLosses // what this trainer saw of its batch, for the witnesses' claim checks
 	payload, err := frame.MarshalBinary()
 	if err != nil {
 		return p2p.Announcement{}, nil, trainStats{}, err

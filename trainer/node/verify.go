@@ -1,9 +1,11 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -15,59 +17,95 @@ import (
 )
 
 // Verified work. A run's verification_percent is the share of each round's
-// trainers whose results the round's witnesses score, in the spirit of
-// Templar's Gauntlet: the witness measures the loss on a few sequences of
-// the trainer's assigned batch before and after applying that result alone,
-// and the same on a control batch (another trainer's of the round), and
-// scores
+// trainers whose results the round's witnesses check, three ways.
+//
+// Loss reports. Every result carries its trainer's loss on each sequence of
+// its batch, on the model it trained on (distro.Frame.Losses). A witness
+// measures the scored sequences of the round's sampled batches on that very
+// model (a round trains on the model two rounds back, which every node
+// holds until it has published its own result of the round; the driver
+// measures them right after publishing, before the next apply: a
+// TrainWork's Reference) and compares: the same model on the same data
+// gives the same loss but for rounding, and two sequences of a text differ
+// by tenths. A trainer that trained on other data, or reports what it did
+// not compute, fails; reportFailing failures among its last reportWindow
+// reports leave it out. This is the check that holds at any batch size,
+// for one forward pass of the scored sequences a round. What it proves is
+// that the trainer ran its assigned sequences through the round's model: a
+// trainer that does that and then sends something else is left to the
+// next two tests.
+//
+// The work test, in the spirit of Templar's Gauntlet: the witness measures
+// the loss on the scored sequences of the trainer's batch before and after
+// applying that result alone (on its current model). An honest result
+// lowers it (on localnet's batches: 0 to 1 times in 60–80 it did not),
+// noise raises it (39 times in 63 it did not lower it), and zeros leave
+// it. A trainer fails when at least workFailing of its last scoreWindow
+// drops are at or below 0, while the median trainer has at most
+// scoreClear. Noise lowers the loss about half the time (a random step's
+// first-order effect is as often up as down), so a window of 8 holds 4 or
+// more failures with probability 0.64, and each later result is another
+// chance; an honest trainer whose drops fail 1 time in 60 holds 4 with
+// probability about 4e-6.
+//
+// The assignment test, on batches of at most assignmentBatchMax sequences:
+// the same drop on a control batch (the next sampled trainer's), scored
 //
 //	(drop on its own batch − drop on the control) / (|drop on its own| + |drop on the control|)
 //
 // in [−1, 1]. A result trained on its batch lowers that batch's loss more
-// than another's, by how much depends on how few sequences the batch holds:
-// trained on 3 sequences (the node tests' runs), honest trainers score above
-// 0 92–100% of the time (means 0.15–0.2), while a result of no work (noise,
-// a lazy guess, zeros) or one trained on other data than its assignment
-// scores about 0, at or below 0 58–88% of the time; trained on 24 (localnet)
-// and read on 2 of them, honest means fall to about 0.06 and honest scores
-// are at or below 0 20–50% of the time: no rule can tell honest from lazy
-// there from a window of scores.
+// than another's, by how much depends on how few sequences the batch
+// holds: trained on 3 sequences, honest trainers score above 0 92–100% of
+// the time (means 0.15–0.2), while a result of no work, or one trained on
+// other data, scores about 0, at or below 0 58–88% of the time; trained on
+// 24 and read on 2 of them, honest scores are at or below 0 20–50% of the
+// time, and on 4 wrong data was caught in 2 of 3 runs, on 8 in none: no
+// rule tells honest from lazy there from a window of scores, so above
+// assignmentBatchMax the control is not read. A trainer fails when its last
+// scoreWindow scores hold at least scoreFailing at or below 0 and their
+// mean is under half the median of the means of every trainer this node
+// has a full window of, while the median trainer has at most scoreClear of
+// its window at or below 0.
 //
-// The loss drop on its own batch alone tells more at any batch size: an
-// honest result lowers it (on localnet's batches: 0 to 1 times in 60–80 it
-// did not), noise raises it (39 times in 63 it did not lower it), and zeros
-// leave it. So a witness keeps both, and applies two tests.
-//
-// Work: a trainer fails when at least workFailing of its last scoreWindow
-// drops are at or below 0, while the median trainer has at most scoreClear.
-// Noise lowers the loss about half the time (a random step's first-order
-// effect is as often up as down), so a window of 8 holds 4 or more failures
-// with probability 0.64; an honest trainer whose drops fail 1 time in 60
-// holds 4 with probability about 4e-6.
-//
-// Its own data: the rule judges a trainer against its peers, and only while the peers'
-// work is visible: a trainer fails when its last scoreWindow scores (a full
-// window) hold at least scoreFailing at or below 0 and their mean is under
-// half the median of the means of every trainer this node has a full window
-// of, while the median trainer has at most scoreClear of its window at or
-// below 0 (with at least three such trainers, itself included, so that a
-// minority of lazy ones cannot set the medians). On localnet's batches the
-// median trainer has 2 to 4 low scores in 8, so the rule stays silent. A failing trainer
-// is left out of the witness's participant and broadcast blooms: its results
-// are not applied, and the next round's health check drops it like a
-// trainer that sent nothing. Where honest work is not visible (large
-// batches) nobody fails: the check then catches nothing, and drops no one. Which trainers are sampled, and the control batch of each, come
-// from the round's seed, so every witness scores the same results on the
-// same data; witnesses may hold the model a round apart, which moves a score
-// by far less than the margin between the two kinds.
+// Each test judges a trainer against its peers (at least three of them
+// with full windows, itself included, so that a minority of lazy ones
+// cannot set the medians): where honest work is not visible, or this
+// node's own model went astray, nobody fails. A failing trainer is left
+// out of the witness's participant and broadcast blooms: its results are
+// not applied, and the next round's health check drops it like a trainer
+// that sent nothing. Which trainers are sampled, their scored sequences and
+// the control batches come from the round's seed, so every witness checks
+// the same results on the same data; the work and assignment tests run on
+// the witness's current model, which may be a round apart from another
+// witness's, which moves a score by far less than the margin between the
+// two kinds.
 const (
 	scoreWindow  = 8
 	scoreFailing = 5
 	workFailing  = 4
 	scoreClear   = 2
-	// verifySequences of each batch are read: the score's compute is six
-	// forward passes of this many sequences per sampled result.
+	// verifySequences of each batch (and as many of the control) are read
+	// where the assignment test runs: the score's compute is four forward
+	// passes of this many sequences per sampled result, and one more for
+	// the loss report. Above assignmentBatchMax, workSequences of the batch
+	// are read, two forward passes and the report's: the work test and the
+	// report check hold with one sequence (a report is exact; an honest
+	// result lowers the loss of each of its sequences), and that is where
+	// verification's compute counts (a large batch is what a GPU trains).
 	verifySequences = 2
+	workSequences   = 1
+	// assignmentBatchMax is the largest batch (sequences a trainer a round)
+	// on which the assignment test is measured. Above it the control batch
+	// is not read, which halves verification's compute: trained on that
+	// many sequences, a result's effect on two of them is buried (see
+	// above), and the rule would stay silent anyway.
+	assignmentBatchMax = 4
+	// A trainer's last reportWindow loss reports are kept; reportFailing
+	// failed ones fail it. A report is exact but for rounding, so one
+	// miss could be chance (a sequence whose loss the trainer's backend
+	// rounds across the tolerance); two are not.
+	reportWindow  = 4
+	reportFailing = 2
 )
 
 // VerifyWork asks the driver to score one sampled result. Answer with
@@ -76,7 +114,7 @@ type VerifyWork struct {
 	Step    uint32
 	Trainer coordinator.ClientID
 	Batch   p2p.BatchRange // sequences of its assigned batch
-	Control p2p.BatchRange // as many of another trainer's batch of the round
+	Control p2p.BatchRange // as many of another trainer's batch of the round; empty: no assignment test
 	Frame   *distro.Frame
 	LR      float32
 }
@@ -117,13 +155,17 @@ func verificationSample(s *coordinator.Coordinator, r *coordinator.Round) map[ui
 	for i := range want {
 		own, ctl := slots[i].d, slots[(i+1)%len(slots)].d
 		n := min(own.Count, ctl.Count, verifySequences)
-		out[own.Start] = scored{own: pick(own, n), control: pick(ctl, n)}
+		sc := scored{own: pick(own, n), control: pick(ctl, n)}
+		if own.Count > assignmentBatchMax {
+			sc = scored{own: pick(own, min(own.Count, workSequences))}
+		}
+		out[own.Start] = sc
 	}
 	return out
 }
 
 // scored is what a sampled result is scored on: sequences of its batch, and
-// as many of the control batch.
+// as many of the control batch (none above assignmentBatchMax).
 type scored struct{ own, control p2p.BatchRange }
 
 // mix64 is SplitMix64's finalizer: a fixed bijection that spreads the bits
@@ -135,10 +177,27 @@ func mix64(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// scoreBook is a trainer's last scores and own-batch loss drops.
+// scoreBook is a trainer's last scores and own-batch loss drops, and
+// whether its last reported losses failed their check.
 type scoreBook struct {
 	scores, drops []float32
-	flagged       bool // logged as failing
+	reports       []bool // true: failed
+	lastReport    string // why the last failed report failed
+	flagged       bool   // logged as failing
+}
+
+// reportFailures counts b's failed loss reports.
+func (b *scoreBook) reportFailures() int {
+	if b == nil {
+		return 0
+	}
+	n := 0
+	for _, failed := range b.reports {
+		if failed {
+			n++
+		}
+	}
+	return n
 }
 
 // window is a full window's mean and its values at or below 0.
@@ -147,10 +206,11 @@ type window struct {
 	low  int
 }
 
-// full reports whether b holds full windows, and their figures.
-func (b *scoreBook) full() (score, drop window, ok bool) {
-	if b == nil || len(b.scores) < scoreWindow {
-		return window{}, window{}, false
+// windows returns b's full windows: the relative scores' (ok when it holds
+// scoreWindow of them) and the own-batch drops'.
+func (b *scoreBook) windows() (score window, scoreOK bool, drop window, dropOK bool) {
+	if b == nil {
+		return
 	}
 	sum := func(v []float32) (w window) {
 		for _, s := range v {
@@ -162,19 +222,48 @@ func (b *scoreBook) full() (score, drop window, ok bool) {
 		w.mean /= float64(len(v))
 		return w
 	}
-	return sum(b.scores), sum(b.drops), true
+	if len(b.scores) == scoreWindow {
+		score, scoreOK = sum(b.scores), true
+	}
+	if len(b.drops) == scoreWindow {
+		drop, dropOK = sum(b.drops), true
+	}
+	return
+}
+
+// verifying reports whether this node scores the current round's sampled
+// results: verification is on, the round trains, and this node is one of
+// its witnesses.
+func (m *machine) verifying() bool {
+	s := m.snap
+	if s.Config.VerificationPercent == 0 || (s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness) {
+		return false
+	}
+	i, ok := m.member()
+	return ok && s.Config.WitnessProofFor(s.CurrentRound(), i).IsWitness
+}
+
+// referenceSequences are the scored sequences of the current round's
+// sampled batches, when this node verifies the round.
+func (m *machine) referenceSequences() []p2p.BatchRange {
+	if !m.verifying() {
+		return nil
+	}
+	var out []p2p.BatchRange
+	for _, sc := range verificationSample(m.snap, m.snap.CurrentRound()) {
+		out = append(out, sc.own)
+	}
+	slices.SortFunc(out, func(a, b p2p.BatchRange) int { return cmp.Compare(a.Start, b.Start) })
+	return out
 }
 
 // verifyWork adds the scoring of a stored result to rd when this node is a
-// witness of the result's round and the round's sample holds its batch.
+// witness of the result's round and the round's sample holds its batch,
+// and checks the losses the result reports against this node's (now, or
+// once this node has measured them).
 func (m *machine) verifyWork(a p2p.Announcement, f *distro.Frame, rd *Ready) {
 	s := m.snap
-	if s.Config.VerificationPercent == 0 || a.Step != s.Progress.Step ||
-		(s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness) {
-		return
-	}
-	i, ok := m.member()
-	if !ok || !s.Config.WitnessProofFor(s.CurrentRound(), i).IsWitness {
+	if a.Step != s.Progress.Step || !m.verifying() {
 		return
 	}
 	sc, sampled := verificationSample(s, s.CurrentRound())[a.Batch.Start]
@@ -183,13 +272,104 @@ func (m *machine) verifyWork(a p2p.Announcement, f *distro.Frame, rd *Ready) {
 	}
 	rd.Verify = append(rd.Verify, VerifyWork{Step: a.Step, Trainer: a.Trainer, Frame: f, LR: schedule.LR(s.Model.LR, a.Step),
 		Batch: sc.own, Control: sc.control})
+	r := lossReport{trainer: a.Trainer, step: a.Step, commitment: a.Commitment, batch: a.Batch, scored: sc.own, losses: f.Losses}
+	if rs := m.round(a.Step); rs.reference == nil {
+		rs.pending = append(rs.pending, r)
+	} else {
+		m.checkReport(r, rs.reference, rd)
+	}
 }
 
-// verified takes a score and the loss drop on the trainer's own batch (NaN:
-// it could not be computed, e.g. a loss that was not finite, which counts as
-// the lowest value).
-func (m *machine) verified(id coordinator.ClientID, score, drop float32) Ready {
-	trainer := id.Signer
+// lossReport is what a sampled result says it saw: its sequence losses
+// (the frame's), of which those of the scored sequences are checked.
+type lossReport struct {
+	trainer    coordinator.ClientID
+	step       uint32
+	commitment coordinator.Hash
+	batch      p2p.BatchRange // its assignment
+	scored     p2p.BatchRange
+	losses     []float32
+}
+
+// referenceLosses takes this node's losses of step's scored sequences on
+// the model the round trained on (TrainWork.Reference) and checks the
+// reports that came before them.
+func (m *machine) referenceLosses(step uint32, ref map[uint64]float32) Ready {
+	var rd Ready
+	rs := m.round(step)
+	rs.reference = ref
+	for _, r := range rs.pending {
+		m.checkReport(r, ref, &rd)
+	}
+	rs.pending = nil
+	return rd
+}
+
+// reportTolerance is how far a reported sequence loss may be from this
+// node's: 0.02 plus 0.5%. The same model on the same data gives the same
+// loss to float rounding (~1e-6 on the CPU backends; bf16 products on a GPU
+// move it by up to ~1e-2), while the losses of two sequences of a text
+// differ by tenths: a trainer that did not run its own sequences matches
+// both scored ones by chance rarely (about 1 time in 100 on localnet's
+// text).
+func reportTolerance(ref float32) float64 { return 0.02 + 0.005*math.Abs(float64(ref)) }
+
+// checkReport records whether r's losses of its scored sequences are this
+// node's (ref, by data index).
+func (m *machine) checkReport(r lossReport, ref map[uint64]float32, rd *Ready) {
+	ok, why := true, ""
+	if count := r.batch.End - r.batch.Start; uint64(len(r.losses)) != count {
+		ok, why = false, fmt.Sprintf("it reported %d sequence losses for a batch of %d", len(r.losses), count)
+	}
+	for idx := r.scored.Start; ok && idx < r.scored.End; idx++ {
+		want, measured := ref[idx]
+		if !measured {
+			return // not this node's sample (another view of the round): no verdict
+		}
+		if got := r.losses[idx-r.batch.Start]; math.Abs(float64(got-want)) > reportTolerance(want) {
+			ok, why = false, fmt.Sprintf("it reported a loss of %.4f on sequence %d, where the round's model gives %.4f", got, idx, want)
+		}
+	}
+	b := m.bookOf(r.trainer.Signer)
+	b.reports = append(b.reports, !ok)
+	b.reports = b.reports[max(0, len(b.reports)-reportWindow):]
+	if !ok {
+		b.lastReport = why
+		// This result is not what it claims to be: not vouched for, even
+		// before its trainer has failed often enough to be left out.
+		if res := m.results[r.step][r.batch.Start]; res != nil && res.ann.Commitment == r.commitment {
+			res.misreported = true
+		}
+	}
+	m.judge(r.trainer, rd)
+}
+
+// verified takes a score (when scored: the control was read) and the loss
+// drop on the trainer's own batch (NaN: it could not be computed, e.g. a
+// loss that was not finite, which counts as the lowest value).
+func (m *machine) verified(id coordinator.ClientID, score, drop float32, scored bool) Ready {
+	b := m.bookOf(id.Signer)
+	if score != score {
+		score = -1
+	}
+	if drop != drop {
+		drop = -1
+	}
+	keep := func(v []float32, x float32) []float32 {
+		v = append(v, x)
+		return v[max(0, len(v)-scoreWindow):]
+	}
+	if scored {
+		b.scores = keep(b.scores, score)
+	}
+	b.drops = keep(b.drops, drop)
+	var rd Ready
+	m.judge(id, &rd)
+	return rd
+}
+
+// bookOf returns trainer's scoreBook, made on first use.
+func (m *machine) bookOf(trainer coordinator.Pubkey) *scoreBook {
 	if m.scores == nil {
 		m.scores = map[coordinator.Pubkey]*scoreBook{}
 	}
@@ -198,46 +378,63 @@ func (m *machine) verified(id coordinator.ClientID, score, drop float32) Ready {
 		b = &scoreBook{}
 		m.scores[trainer] = b
 	}
-	if score != score {
-		score = -1
-	}
-	if drop != drop {
-		drop = -1
-	}
-	b.scores, b.drops = append(b.scores, score), append(b.drops, drop)
-	if len(b.scores) > scoreWindow {
-		b.scores, b.drops = b.scores[len(b.scores)-scoreWindow:], b.drops[len(b.drops)-scoreWindow:]
-	}
-	var rd Ready
-	if m.failing(trainer) && !b.flagged {
+	return b
+}
+
+// judge refuses id's results (once, when it starts failing) in rd.
+func (m *machine) judge(id coordinator.ClientID, rd *Ready) {
+	b := m.bookOf(id.Signer)
+	if m.failing(id.Signer) && !b.flagged {
 		b.flagged = true
-		rd.Refused = append(rd.Refused, RefusedResult{Trainer: id, Step: m.snap.Progress.Step,
-			Why: fmt.Sprintf("of its last %d verified results, %d or more did not lower its own batch's loss, or %d or more did not lower it more than another batch's, while its peers' did: no work on its assigned data", scoreWindow, workFailing, scoreFailing)})
-	} else if !m.failing(trainer) {
+		why := fmt.Sprintf("of its last %d verified results, %d or more did not lower its own batch's loss, or %d or more did not lower it more than another batch's, while its peers' did: no work on its assigned data", scoreWindow, workFailing, scoreFailing)
+		if m.reportsFail(id.Signer) {
+			why = fmt.Sprintf("%d of its last %d reports of its batch's losses were not what the round's model gives (%s): not trained on its assignment, or not on the round's model", b.reportFailures(), len(b.reports), b.lastReport)
+		}
+		rd.Refused = append(rd.Refused, RefusedResult{Trainer: id, Step: m.snap.Progress.Step, Why: why})
+	} else if !m.failing(id.Signer) {
 		b.flagged = false
 	}
-	return rd
+}
+
+// reportsFail reports whether reportFailing of trainer's last reportWindow
+// loss reports failed, while the median trainer this node checked has none
+// failed (at least three such trainers): a node whose own model went astray
+// fails everyone's reports, and then accuses no one.
+func (m *machine) reportsFail(trainer coordinator.Pubkey) bool {
+	if m.scores[trainer].reportFailures() < reportFailing {
+		return false
+	}
+	var fails []float64
+	for _, b := range m.scores {
+		if len(b.reports) >= 1 {
+			fails = append(fails, float64(b.reportFailures()))
+		}
+	}
+	return len(fails) >= 3 && median(fails) == 0
 }
 
 // failing reports whether this node's witness reports leave trainer out
 // (the rule above).
 func (m *machine) failing(trainer coordinator.Pubkey) bool {
-	score, drop, ok := m.scores[trainer].full()
-	if !ok || (score.low < scoreFailing && drop.low < workFailing) {
-		return false
+	score, scoreOK, drop, dropOK := m.scores[trainer].windows()
+	work := dropOK && drop.low >= workFailing
+	ownData := scoreOK && score.low >= scoreFailing
+	if !work && !ownData {
+		return m.reportsFail(trainer)
 	}
 	var means, lows, dropLows []float64
 	for _, b := range m.scores {
-		if s, d, ok := b.full(); ok {
-			means, lows, dropLows = append(means, s.mean), append(lows, float64(s.low)), append(dropLows, float64(d.low))
+		s, sOK, d, dOK := b.windows()
+		if sOK {
+			means, lows = append(means, s.mean), append(lows, float64(s.low))
+		}
+		if dOK {
+			dropLows = append(dropLows, float64(d.low))
 		}
 	}
-	if len(means) < 3 {
-		return false
-	}
-	work := drop.low >= workFailing && median(dropLows) <= scoreClear
-	ownData := score.low >= scoreFailing && median(lows) <= scoreClear && score.mean < median(means)/2
-	return work || ownData
+	work = work && len(dropLows) >= 3 && median(dropLows) <= scoreClear
+	ownData = ownData && len(means) >= 3 && median(lows) <= scoreClear && score.mean < median(means)/2
+	return work || ownData || m.reportsFail(trainer)
 }
 
 func median(v []float64) float64 {
@@ -248,9 +445,41 @@ func median(v []float64) float64 {
 	return v[len(v)/2]
 }
 
+// referenceLosses measures the loss of each sequence of ranges on the model
+// as it is (TrainWork.Reference).
+func (n *Node) referenceLosses(ctx context.Context, ranges []p2p.BatchRange) (map[uint64]float32, error) {
+	start := time.Now()
+	defer func() {
+		n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds())
+		n.cfg.metrics.VerifySeconds.Add(time.Since(start).Seconds())
+	}()
+	seqLen := runmodel.ConfigOf(n.model).Context()
+	var in, tg []uint32
+	var idxs []uint64
+	buf := make([]uint32, seqLen+1)
+	for _, r := range ranges {
+		for idx := r.Start; idx < r.End; idx++ {
+			seq, err := n.data.Sequence(ctx, idx, buf)
+			if err != nil {
+				return nil, fmt.Errorf("node: data index %d: %w", idx, err)
+			}
+			in, tg = append(in, seq[:seqLen]...), append(tg, seq[1:seqLen+1]...)
+			idxs = append(idxs, idx)
+		}
+	}
+	if _, err := n.model.Forward(in, tg, len(idxs), seqLen); err != nil {
+		return nil, err
+	}
+	ref := make(map[uint64]float32, len(idxs))
+	for i, l := range n.model.SequenceLosses(seqLen) {
+		ref[idxs[i]] = l
+	}
+	return ref, nil
+}
+
 // verify computes a VerifyWork's score and own-batch loss drop on the model
 // as it is, and leaves the model exactly as it found it.
-func (n *Node) verify(ctx context.Context, w VerifyWork) (score, drop float32, err error) {
+func (n *Node) verify(ctx context.Context, w VerifyWork) (score, drop float32, scored bool, err error) {
 	n.finishAhead() // the model is shared with a gradient trained ahead
 	start := time.Now()
 	defer func() {
@@ -275,23 +504,24 @@ func (n *Node) verify(ctx context.Context, w VerifyWork) (score, drop float32, e
 	}
 	oin, otg, ocount, err := read(w.Batch)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	cin, ctg, ccount, err := read(w.Control)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
+	scored = ccount > 0
 	losses := func() (float64, float64, error) {
 		lo, err := n.model.Forward(oin, otg, ocount, seqLen)
-		if err != nil {
-			return 0, 0, err
+		if err != nil || !scored {
+			return float64(lo), 0, err
 		}
 		lc, err := n.model.Forward(cin, ctg, ccount, seqLen)
 		return float64(lo), float64(lc), err
 	}
 	before0, beforeC, err := losses()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	params := n.model.Tensors()
 	saved := make([][]float32, len(params))
@@ -305,17 +535,17 @@ func (n *Node) verify(ctx context.Context, w VerifyWork) (score, drop float32, e
 	}()
 	nan := float32(math.NaN())
 	if err := n.opt.Apply(params, []*distro.Frame{w.Frame}, w.LR); err != nil {
-		return nan, nan, nil // a frame the run's optimizer refuses did no work
+		return nan, nan, scored, nil // a frame the run's optimizer refuses did no work
 	}
 	after0, afterC, err := losses()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	own, ctl := before0-after0, beforeC-afterC
 	s := (own - ctl) / (math.Abs(own) + math.Abs(ctl) + 1e-12)
 	if math.IsNaN(s) || math.IsInf(own+ctl, 0) {
-		return nan, nan, nil
+		return nan, nan, scored, nil
 	}
 	n.cfg.log.Debug("verified", "trainer", w.Trainer.Signer.String(), "step", w.Step, "score", s, "own_drop", own, "control_drop", ctl)
-	return float32(s), float32(own), nil
+	return float32(s), float32(own), scored, nil
 }

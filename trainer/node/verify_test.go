@@ -1,6 +1,7 @@
 package node
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -10,7 +11,8 @@ import (
 // TestVerificationSample: the sample is verification_percent of the
 // round's trainers with data, rounded up, the same for every reader of the
 // round, different from round to round, each sampled batch controlled by
-// another trainer's batch of as many sequences (at most verifySequences).
+// another trainer's batch of as many sequences (at most verifySequences),
+// or, where batches hold more than assignmentBatchMax sequences, by none.
 func TestVerificationSample(t *testing.T) {
 	round := func(s *coordinator.Coordinator, seed uint64) *coordinator.Round {
 		r := s.CurrentRound()
@@ -22,8 +24,9 @@ func TestVerificationSample(t *testing.T) {
 		want                int
 	}{
 		{0, 10, 40, 0}, {1, 10, 40, 1}, {10, 10, 40, 1}, {11, 10, 40, 2}, {50, 10, 40, 5}, {100, 10, 40, 10},
-		{100, 1, 40, 0}, // one trainer: nothing to control with
-		{100, 10, 4, 4}, // four trainers have data
+		{100, 1, 40, 0},  // one trainer: nothing to control with
+		{100, 10, 4, 4},  // four trainers have data
+		{50, 10, 200, 5}, // 20 sequences a trainer: no control
 	} {
 		s := &coordinator.Coordinator{}
 		s.Config.VerificationPercent = uint8(tc.pct)
@@ -55,6 +58,12 @@ func TestVerificationSample(t *testing.T) {
 			}
 			if o, ok := inside(sc.own); !ok || o != d {
 				t.Fatalf("batch %d is scored on %+v, outside it", own, sc.own)
+			}
+			if d.Count > assignmentBatchMax {
+				if sc.control != (p2p.BatchRange{}) || sc.own.End-sc.own.Start != min(d.Count, workSequences) {
+					t.Fatalf("batch %d (%+v, above %d sequences): own %+v, control %+v", own, d, assignmentBatchMax, sc.own, sc.control)
+				}
+				continue
 			}
 			c, ok := inside(sc.control)
 			n := min(d.Count, c.Count, verifySequences)
@@ -94,7 +103,7 @@ func TestScoreWindow(t *testing.T) {
 	peers := func(m *machine, n int, score float32) {
 		for p := range n {
 			for range scoreWindow {
-				m.verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, score, 0.05)
+				m.verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, score, 0.05, true)
 			}
 		}
 	}
@@ -114,13 +123,13 @@ func TestScoreWindow(t *testing.T) {
 	m := newM()
 	peers(m, 3, 0.3)
 	for i := range scoreWindow {
-		rd := m.verified(id, lazy(i), 0.05)
+		rd := m.verified(id, lazy(i), 0.05, true)
 		last := i == scoreWindow-1
 		if m.failing(id.Signer) != last || (len(rd.Refused) == 1) != last {
 			t.Fatalf("after %d scores: failing %v, refused %v", i+1, m.failing(id.Signer), rd.Refused)
 		}
 	}
-	if rd := m.verified(id, 0.5, 0.05); m.failing(id.Signer) || len(rd.Refused) != 0 {
+	if rd := m.verified(id, 0.5, 0.05, true); m.failing(id.Signer) || len(rd.Refused) != 0 {
 		t.Fatal("a positive score that pushes a low one out of the window did not clear it")
 	}
 	for p := range 3 {
@@ -140,7 +149,7 @@ func TestScoreWindow(t *testing.T) {
 		m := newM()
 		peers(m, tc.peers, tc.score)
 		for i := range scoreWindow {
-			m.verified(id, lazy(i), 0.05)
+			m.verified(id, lazy(i), 0.05, true)
 		}
 		if m.failing(id.Signer) {
 			t.Fatalf("%s: the trainer fails", tc.name)
@@ -153,9 +162,118 @@ func TestScoreWindow(t *testing.T) {
 	m = newM()
 	peers(m, 3, -0.01) // large batches: relative scores tell nothing
 	for i := range scoreWindow {
-		m.verified(id, 0.3, lazy(i))
+		m.verified(id, 0.3, lazy(i), true)
 	}
 	if !m.failing(id.Signer) {
 		t.Fatal("a trainer whose results do not lower its own batch's loss half the time does not fail")
+	}
+
+	// Large batches: no control is read, so there are no relative scores
+	// (an empty window), and the work test alone decides.
+	m = newM()
+	for p := range 3 {
+		for range scoreWindow {
+			m.verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, 0, 0.05, false)
+		}
+	}
+	for range scoreWindow {
+		if m.verified(id, 0, 0.05, false); m.failing(id.Signer) {
+			t.Fatal("a trainer whose results lower its batch's loss fails without relative scores")
+		}
+	}
+	for i := range scoreWindow {
+		m.verified(id, 0, lazy(i), false)
+	}
+	if !m.failing(id.Signer) || len(m.scores[id.Signer].scores) != 0 {
+		t.Fatalf("without relative scores, a trainer of no work: failing %v, scores kept %v", m.failing(id.Signer), m.scores[id.Signer].scores)
+	}
+}
+
+// TestLossReports: a sampled result's reported losses of its scored
+// sequences must be this node's on the round's model (within
+// reportTolerance); a trainer fails once reportFailing of its last
+// reportWindow reports did not match, or did not report its batch's count,
+// while its peers' did; a node whose measurements match nobody accuses
+// nobody. Reports that came before the node's measurements are checked
+// when they come.
+func TestLossReports(t *testing.T) {
+	m := newMachine(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
+	m.snap = &coordinator.Coordinator{}
+	batch := func(p int) p2p.BatchRange { return p2p.BatchRange{Start: uint64(10 * p), End: uint64(10*p + 4)} }
+	ref := map[uint64]float32{}
+	for p := range 4 {
+		for i := range uint64(4) {
+			ref[batch(p).Start+i] = 3 + float32(i)/10
+		}
+	}
+	honest := func(p int) []float32 {
+		out := make([]float32, 4)
+		for i := range out {
+			out[i] = ref[batch(p).Start+uint64(i)] + 0.01 // rounding of another backend
+		}
+		return out
+	}
+	id := func(p int) coordinator.ClientID { return coordinator.ClientID{Signer: coordinator.Pubkey{byte(p + 1)}} }
+	report := func(p int, losses []float32) lossReport {
+		b := batch(p)
+		return lossReport{trainer: id(p), step: 5, commitment: coordinator.Hash{byte(p + 1)}, batch: b,
+			scored: p2p.BatchRange{Start: b.Start + 1, End: b.Start + 2}, losses: losses}
+	}
+	for p := range 4 { // the results of step 5 this node holds
+		m.store(p2p.Announcement{Step: 5, Batch: batch(p), Trainer: id(p), Commitment: coordinator.Hash{byte(p + 1)}}, nil)
+	}
+	for step := range uint32(2) {
+		var rd Ready
+		for p := range 3 {
+			m.checkReport(report(p, honest(p)), ref, &rd)
+		}
+		if len(rd.Refused) != 0 {
+			t.Fatalf("step %d: honest reports refused: %v", step, rd.Refused)
+		}
+	}
+	wrong := honest(3)
+	wrong[1] += 0.3 // another sequence's loss
+	var rd Ready
+	m.checkReport(report(3, wrong), ref, &rd)
+	if m.failing(id(3).Signer) || len(rd.Refused) != 0 {
+		t.Fatal("one failed report failed the trainer")
+	}
+	for p := range 4 {
+		if got := m.results[5][batch(p).Start].misreported; got != (p == 3) {
+			t.Fatalf("trainer %d's result: misreported %v", p, got)
+		}
+	}
+	// The second failure comes before this node has measured the round:
+	// pending until referenceLosses.
+	m.round(7).pending = append(m.round(7).pending, report(3, honest(3)[:3]))
+	if m.failing(id(3).Signer) {
+		t.Fatal("a pending report was judged")
+	}
+	rd = m.referenceLosses(7, ref)
+	if !m.failing(id(3).Signer) || len(rd.Refused) != 1 || !strings.Contains(rd.Refused[0].Why, "reported 3 sequence losses for a batch of 4") {
+		t.Fatalf("two failed reports of four: failing %v, refused %v", m.failing(id(3).Signer), rd.Refused)
+	}
+	for p := range 3 {
+		if m.failing(id(p).Signer) {
+			t.Fatalf("honest trainer %d fails", p)
+		}
+	}
+
+	// A node whose own measurements are off fails everyone's reports, and
+	// so accuses no one.
+	m = newMachine(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
+	m.snap = &coordinator.Coordinator{}
+	off := map[uint64]float32{}
+	for k, v := range ref {
+		off[k] = v + 1
+	}
+	for range 2 {
+		for p := range 4 {
+			var rd Ready
+			m.checkReport(report(p, honest(p)), off, &rd)
+			if len(rd.Refused) != 0 || m.failing(id(p).Signer) {
+				t.Fatalf("trainer %d accused by a node whose model went astray", p)
+			}
+		}
 	}
 }

@@ -27,48 +27,32 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "
 	"copycat", "stale", "lazy-zero", "lazy-noise", "wrong-data", "slow"}
 
 // WithAdversary makes the node publish, instead of its result:
-//
 //   - huge: float values of ±1e30 against its own signs (a float frame, which
 //     a 1-bit run refuses);
-//
 //   - nonfinite: its frame with NaN values (refused by every decoder);
-//
 //   - flip: every value negated (a sign frame in a 1-bit run: well formed);
-//
 //   - noise: random indices and values of the right shape and magnitude;
-//
 //   - equivocate: its result and a flipped one, both announced for its batch;
-//
 //   - repeat-blocks: an announcement whose blob lists its first block 256
 //     times, declaring 256 MiB backed by 1 MiB (refused before any fetch:
 //     a block listed twice is malformed);
-//
 //   - oversize: its result padded to 4 MiB, more than any result of the model;
-//
 //   - bogus-checkpoint: it trains and publishes honestly, but offers joiners
 //     of the next epoch a model of random weights;
-//
 //   - copycat: a free rider: another trainer's result of an earlier step as
 //     its own, its values rescaled by 1.5 in a float run (its own when it
 //     has none to copy);
-//
 //   - stale: its first result, again every step;
-//
 //   - lazy-zero: a result of its shape with every value zero (no training
 //     would give it);
-//
 //   - lazy-noise: signs or values drawn at random in a frame of its shape,
 //     as a trainer that skips the work would send (noise, without the
-//     magnitudes of its own result);
-//
-//     both lazy ones report, as a trainer that skipped the forward pass
-//     must, a guess for their sequence losses: the batch's mean loss for
-//     every sequence (better than such a trainer could know; the work it
-//     did here is only to have the guess);
-//
+//     magnitudes of its own result); both lazy ones report, as a trainer
+//     that skipped the forward pass must, a guess for their sequence
+//     losses: the batch's mean loss for every sequence (better than such a
+//     trainer could know; the work done here only makes the guess);
 //   - wrong-data: it trains honestly, on other data than its assignment
 //     (the indices 7919 past its batch);
-//
 //   - slow: an honest trainer that takes 300 ms longer on every batch (for
 //     false accusations: verification must not drop it).
 func WithAdversary(kind string) (Option, error) {

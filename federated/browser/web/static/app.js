@@ -169,6 +169,7 @@ function updateButtons(running = state.status === "training" || state.status ===
 $("file").addEventListener("change", async () => {
 	file = $("file").files[0] || null;
 	text = null;
+	say(""); // the last file's verdict no longer holds
 	updateButtons();
 	if (!file) return;
 	$("filename").textContent = file.name;

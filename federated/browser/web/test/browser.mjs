@@ -132,9 +132,12 @@ try {
 		figures.loadMs = Math.max(figures.loadMs || 0, Date.now() - t0);
 		return page;
 	};
+	// pick chooses a file and returns the page's verdict on it: the message
+	// that replaces the one before (the check runs in the worker, later).
 	const pick = async (page, f) => {
+		const before = await page.locator("#message").textContent();
 		await page.setInputFiles("#file", f);
-		await page.waitForFunction(() => document.querySelector("#message").textContent !== "");
+		await page.waitForFunction((b) => { const t = document.querySelector("#message").textContent; return t !== "" && t !== b; }, before);
 		return page.locator("#message").textContent();
 	};
 	const roundsOf = (page) => page.evaluate(() => window.psyche.rounds);

@@ -49,6 +49,9 @@ type machine struct {
 	// scores are the verification scores of trainers this node witnessed
 	// (verify.go), by signer.
 	scores map[coordinator.Pubkey]*scoreBook
+	// distrusted are the trainers whose results this node refused (bad,
+	// copied, equivocated), with the last step it did.
+	distrusted map[coordinator.Pubkey]uint32
 
 	dueSince     uint64 // when a tick became due (unix seconds; 0: none is due)
 	tickInFlight bool   // a tick instruction is on its way
@@ -437,6 +440,7 @@ func (m *machine) take(a p2p.Announcement, rd *Ready) (evidence bool) {
 	case claimNew:
 		evidence = true
 		rd.Report = append(rd.Report, a.Trainer.P2P)
+		m.distrust(a.Trainer.Signer, a.Step)
 		fallthrough
 	case claimEquivocated:
 		return evidence
@@ -494,12 +498,36 @@ func (m *machine) equivocated(step uint32, start uint64) bool {
 }
 
 // settledWithout reports whether the batch at step will have no result
-// anyone vouches for: its trainer equivocated, or sent a result that failed
-// its checks. A witness does not wait for it, and nobody pulls for it: a
-// bad trainer must not make every round last its training limit.
-func (m *machine) settledWithout(step uint32, start uint64) bool {
-	c := m.claims[step][start]
-	return c != nil && (c.equivocated || c.refused)
+// this node vouches for: its trainer equivocated or sent a result that
+// failed its checks, at this step or within the last distrustSteps, or its
+// verified work is failing (verify.go). A witness does not wait for it, and
+// nobody pulls for it: a bad trainer must not make every round last its
+// training limit. Nor may it when it comes back after a health check
+// dropped it: the network then ignores what it sends for a while (gossip
+// scoring), and waiting for its result would spend the new epoch's time.
+func (m *machine) settledWithout(step uint32, b owedBatch) bool {
+	if c := m.claims[step][b.start]; c != nil && (c.equivocated || c.refused) {
+		return true
+	}
+	if last, ok := m.distrusted[b.trainer]; ok && last <= step && step-last <= distrustSteps {
+		return true
+	}
+	book := m.scores[b.trainer]
+	return book != nil && book.flagged
+}
+
+// distrustSteps is how long (in steps) a trainer whose result this node
+// refused is not waited for.
+const distrustSteps = 64
+
+// distrust records that trainer sent a result this node refused at step.
+func (m *machine) distrust(trainer coordinator.Pubkey, step uint32) {
+	if m.distrusted == nil {
+		m.distrusted = map[coordinator.Pubkey]uint32{}
+	}
+	if last, ok := m.distrusted[trainer]; !ok || step > last {
+		m.distrusted[trainer] = step
+	}
 }
 
 // progress does what a newly settled result allows: the applies it
@@ -526,6 +554,7 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 	if err != nil {
 		if invalid {
 			m.rejected[a.Commitment] = true
+			m.distrust(a.Trainer.Signer, a.Step)
 			if c := m.claims[a.Step][a.Batch.Start]; c != nil && c.first == a.Commitment && c.trainer == a.Trainer.Signer {
 				c.refused = true
 			}
@@ -541,6 +570,7 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 		// out of this node's witness report (so dropped by the next round's
 		// health checks) and of what it applies.
 		m.rejected[a.Commitment] = true
+		m.distrust(a.Trainer.Signer, a.Step)
 		if c := m.claims[a.Step][a.Batch.Start]; c != nil && c.first == a.Commitment && c.trainer == a.Trainer.Signer {
 			c.refused = true
 		}
@@ -601,7 +631,7 @@ func (m *machine) tick(now uint64) Ready {
 	if !m.pulling && (s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness) {
 		step := s.Progress.Step
 		for _, b := range owedBatches(s, s.CurrentRound()) {
-			if m.results[step][b] == nil && !m.fetchingClaim(step, b) && !m.settledWithout(step, b) {
+			if m.results[step][b.start] == nil && !m.fetchingClaim(step, b.start) && !m.settledWithout(step, b) {
 				m.pulling = true
 				rd.Pull = &step
 				break
@@ -719,20 +749,38 @@ func (m *machine) forget() {
 			delete(m.rounds, st)
 		}
 	}
+	for k, last := range m.distrusted {
+		if last+distrustSteps < step {
+			delete(m.distrusted, k)
+		}
+	}
 	if len(m.rejected) > 4096 {
 		clear(m.rejected) // commitments are per step; old ones cannot come back
 	}
+}
+
+// owedBatch is a batch a witness waits for, and the trainer it is
+// assigned to (zero where the round has more batches than the epoch has
+// clients).
+type owedBatch struct {
+	start   uint64
+	trainer coordinator.Pubkey
 }
 
 // owedBatches are the batches of r whose trainers are still healthy: the
 // results a witness waits for and pulls. A trainer dropped by a health check
 // stops training, so waiting for its batch would hold every witness until
 // the round's training limit.
-func owedBatches(s *coordinator.Coordinator, r *coordinator.Round) []uint64 {
-	var out []uint64
+func owedBatches(s *coordinator.Coordinator, r *coordinator.Round) []owedBatch {
+	var out []owedBatch
 	for i, d := range s.RoundAssignment(r) {
-		if d.Count > 0 && (i >= int(s.Epoch.ClientsLen) || s.Epoch.Clients[i].State == coordinator.Healthy) {
-			out = append(out, d.Start)
+		if d.Count == 0 {
+			continue
+		}
+		if i >= int(s.Epoch.ClientsLen) {
+			out = append(out, owedBatch{start: d.Start})
+		} else if c := s.Epoch.Clients[i]; c.State == coordinator.Healthy {
+			out = append(out, owedBatch{start: d.Start, trainer: c.ID.Signer})
 		}
 	}
 	return out
@@ -829,7 +877,7 @@ func (m *machine) maybeWitness(rd *Ready) {
 		// A batch whose trainer equivocated or sent a bad result is
 		// settled: no result of it will be vouched for.
 		for _, b := range owedBatches(s, s.CurrentRound()) {
-			if m.results[step][b] == nil && !m.settledWithout(step, b) {
+			if m.results[step][b.start] == nil && !m.settledWithout(step, b) {
 				return
 			}
 		}

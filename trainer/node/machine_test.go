@@ -408,3 +408,36 @@ func TestMachineRefusesCopies(t *testing.T) {
 		t.Fatal("the same result of the same step, seen again, was taken for a copy")
 	}
 }
+
+// TestMachineDoesNotWaitForDistrusted: once this node refused a trainer's
+// result, it does not wait for that trainer's results for distrustSteps
+// (the network ignores it for a while, so they may never come), nor for a
+// trainer whose verified work is failing; others are waited for.
+func TestMachineDoesNotWaitForDistrusted(t *testing.T) {
+	r := newRun(t)
+	m := toTraining(t, r)
+	rd := m.snapshot(r.snap())
+	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), trainStats{})
+	ranges := r.s.RoundAssignment(r.s.CurrentRound())
+	bad := announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})
+	m.announced(bad)
+	m.fetched(bad, nil, errors.New("bad frame"), true)
+	lazy := clientID(7).Signer
+	m.bookOf(lazy).flagged = true
+	for _, tc := range []struct {
+		name    string
+		step    uint32
+		trainer coordinator.Pubkey
+		want    bool
+	}{
+		{"refused, the same step", 1, r.ids[2].Signer, true},
+		{"refused, a later step", 1 + distrustSteps, r.ids[2].Signer, true},
+		{"refused long ago", 2 + distrustSteps, r.ids[2].Signer, false},
+		{"never refused", 3, r.ids[1].Signer, false},
+		{"failing its verified work", 3, lazy, true},
+	} {
+		if got := m.settledWithout(tc.step, owedBatch{start: 1000, trainer: tc.trainer}); got != tc.want {
+			t.Errorf("%s: settled without it: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -307,12 +307,17 @@ func TestDeadTrainerIsDropped(t *testing.T) {
 	c.sameWeights(0, 1)
 }
 
-// testLogger logs through t.Log when PSYCHE_TEST_LOG is set.
+// testLogger logs to stderr when PSYCHE_TEST_LOG is set (at debug level
+// when it is "debug").
 func testLogger(t *testing.T, i int) *slog.Logger {
-	if os.Getenv("PSYCHE_TEST_LOG") == "" {
+	level := slog.LevelInfo
+	switch os.Getenv("PSYCHE_TEST_LOG") {
+	case "":
 		return slog.New(slog.DiscardHandler)
+	case "debug":
+		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("trainer", i)
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("trainer", i)
 }
 
 // TestGarbagePublisherIsIgnored: one of four trainers publishes garbage

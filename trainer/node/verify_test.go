@@ -88,10 +88,11 @@ func TestVerificationSample(t *testing.T) {
 	}
 }
 
-// TestScoreWindow: a trainer fails once a full window holds scoreFailing
-// scores at or below 0 (NaN counts as −1) with a mean under half its peers'
-// median, while that median shows honest work, or scoreFailing own-batch
-// loss drops at or below 0 while its peers' drops are positive; it recovers
+// TestScoreWindow: a trainer fails once a full window holds
+// assignmentFailing scores at or below 0 (NaN counts as −1) with a mean
+// under half its peers' median, while that median shows honest work, or
+// workFailing own-batch loss drops at or below 0 while its peers' drops are
+// positive; it recovers
 // when the low values leave the window. Where the peers' scores are as weak
 // as its own, or too few peers have full windows, nobody fails.
 func TestScoreWindow(t *testing.T) {
@@ -102,7 +103,7 @@ func TestScoreWindow(t *testing.T) {
 	}
 	peers := func(m *machine, n int, score float32) {
 		for p := range n {
-			for range scoreWindow {
+			for range assignmentWindow {
 				m.verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, score, 0.05, true)
 			}
 		}
@@ -110,21 +111,25 @@ func TestScoreWindow(t *testing.T) {
 	id := coordinator.ClientID{Signer: coordinator.Pubkey{1}}
 	nan := float32(0)
 	nan /= nan
-	lazy := func(i int) float32 {
-		switch {
-		case i == 1:
-			return nan
-		case i < scoreFailing:
-			return 0 // the window's first scoreFailing are at or below 0
+	// lazyOf's first failing values of a window are at or below 0.
+	lazyOf := func(failing int) func(int) float32 {
+		return func(i int) float32 {
+			switch {
+			case i == 1:
+				return nan
+			case i < failing:
+				return 0
+			}
+			return 0.2
 		}
-		return 0.2
 	}
+	lazy, idle := lazyOf(assignmentFailing), lazyOf(workFailing)
 
 	m := newM()
 	peers(m, 3, 0.3)
-	for i := range scoreWindow {
+	for i := range assignmentWindow {
 		rd := m.verified(id, lazy(i), 0.05, true)
-		last := i == scoreWindow-1
+		last := i == assignmentWindow-1
 		if m.failing(id.Signer) != last || (len(rd.Refused) == 1) != last {
 			t.Fatalf("after %d scores: failing %v, refused %v", i+1, m.failing(id.Signer), rd.Refused)
 		}
@@ -148,7 +153,7 @@ func TestScoreWindow(t *testing.T) {
 	}{{"weak honest work (large batches): peers as often low", 3, -0.01}, {"one peer only", 1, 0.3}} {
 		m := newM()
 		peers(m, tc.peers, tc.score)
-		for i := range scoreWindow {
+		for i := range assignmentWindow {
 			m.verified(id, lazy(i), 0.05, true)
 		}
 		if m.failing(id.Signer) {
@@ -162,7 +167,7 @@ func TestScoreWindow(t *testing.T) {
 	m = newM()
 	peers(m, 3, -0.01) // large batches: relative scores tell nothing
 	for i := range scoreWindow {
-		m.verified(id, 0.3, lazy(i), true)
+		m.verified(id, 0.3, idle(i), true)
 	}
 	if !m.failing(id.Signer) {
 		t.Fatal("a trainer whose results do not lower its own batch's loss half the time does not fail")
@@ -182,7 +187,7 @@ func TestScoreWindow(t *testing.T) {
 		}
 	}
 	for i := range scoreWindow {
-		m.verified(id, 0, lazy(i), false)
+		m.verified(id, 0, idle(i), false)
 	}
 	if !m.failing(id.Signer) || len(m.scores[id.Signer].scores) != 0 {
 		t.Fatalf("without relative scores, a trainer of no work: failing %v, scores kept %v", m.failing(id.Signer), m.scores[id.Signer].scores)

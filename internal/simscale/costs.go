@@ -11,7 +11,7 @@ import (
 // programCosts is the output of scripts/bench-program (compute units of
 // every instruction of the on-chain coordinator program, through real
 // transactions on the local validator at 4, 64 and 256 clients), captured
-// on 2026-11-27 at commit 597c37a. The simulation runs the server backend;
+// on 2026-11-27 at commit 6651395. The simulation runs the server backend;
 // these measurements price the same instructions on Solana.
 //
 //go:embed program_costs.txt

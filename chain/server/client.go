@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -125,15 +126,16 @@ func (c *Client) Send(ctx context.Context, runID string, signer, coSigner chain.
 			return chain.Receipt{}, err
 		}
 		var body []byte
+		seq := c.sequence(cb)
 		if coSigner != nil {
-			body, err = EncodeRequest(cb.b, id, c.sequence(cb), data, signer, coSigner)
+			body, err = EncodeRequest(cb.b, id, seq, data, signer, coSigner)
 		} else {
-			body, err = EncodeRequest(cb.b, id, c.sequence(cb), data, signer, nil)
+			body, err = EncodeRequest(cb.b, id, seq, data, signer, nil)
 		}
 		if err != nil {
 			return chain.Receipt{}, err
 		}
-		r, err := c.post(ctx, body, ix)
+		r, err := c.post(ctx, body, seq, ix)
 		if (errors.Is(err, ErrStale) || errors.Is(err, ErrReplay)) && attempt == 0 {
 			continue
 		}
@@ -153,11 +155,21 @@ func (c *Client) Send(ctx context.Context, runID string, signer, coSigner chain.
 	}
 }
 
-func (c *Client) post(ctx context.Context, body []byte, ix coordinator.Instruction) (*Result, error) {
+// post sends one signed request (its sequence is seq). The request says
+// it is idempotent, which it is: the server applies a sequence once and
+// refuses it as a replay after that. So net/http sends it again, on a new
+// connection, when the keep-alive connection it picked turns out closed by
+// the server before any answer came (the server closes idle connections;
+// a busy client can pick one in the instant between the close and its
+// noticing it). Seen once in a localnet of 4 trainers on a loaded machine:
+// a witness report lost to EOF, and its round waited for its training
+// limit.
+func (c *Client) post(ctx context.Context, body []byte, seq uint64, ix coordinator.Instruction) (*Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/instructions", bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	req.Header.Set("Idempotency-Key", strconv.FormatUint(seq, 10))
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("server: sending %s: %w", ix.Name(), err)

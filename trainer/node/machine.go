@@ -222,6 +222,23 @@ type Ready struct {
 	// Verify lists sampled results to score (verified work, verify.go).
 	// Answer each with verified.
 	Verify []VerifyWork
+	// Reports lists the loss reports checked (verify.go): the driver logs
+	// them, so that a refusal can be traced to the reports behind it.
+	Reports []ReportChecked
+	// DropFetches says the fetches in flight and waiting serve nothing
+	// now: this node is no longer a client of the epoch (a health check
+	// dropped it). Its peers may never answer it (they ignore a peer whose
+	// result they refused), and a fetch left to its timeouts would hold
+	// the driver's work for minutes.
+	DropFetches bool
+}
+
+// ReportChecked is the verdict on one sampled result's loss report: Why
+// is empty when its losses are this node's.
+type ReportChecked struct {
+	Trainer coordinator.ClientID
+	Step    uint32
+	Why     string
 }
 
 // RefusedResult is one result refused by the witness rules.
@@ -306,6 +323,18 @@ func (m *machine) member() (uint16, bool) {
 	return i, ok && s.Epoch.Clients[i].State == coordinator.Healthy
 }
 
+// dropped reports whether the epoch trains without this node: what it
+// would fetch is the epoch's results, which it no longer needs (it loads
+// the model anew when it joins the next epoch), from peers that may ignore
+// it.
+func (m *machine) dropped() bool {
+	if m.snap == nil || (m.snap.RunState != coordinator.RoundTrain && m.snap.RunState != coordinator.RoundWitness) {
+		return false
+	}
+	_, ok := m.member()
+	return !ok
+}
+
 // cur is the book of the snapshot's epoch.
 func (m *machine) cur() *epochBook { return m.bookFor(m.snap.Progress.Epoch) }
 
@@ -347,6 +376,10 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 		}
 		m.warmupWitness(&rd)
 	case coordinator.RoundTrain, coordinator.RoundWitness:
+		if m.dropped() && len(m.fetching) > 0 {
+			clear(m.fetching)
+			rd.DropFetches = true
+		}
 		if _, ok := m.member(); !ok || !book.ready {
 			break
 		}
@@ -433,7 +466,7 @@ func (m *machine) announced(a p2p.Announcement) Ready {
 // wanted. It reports whether the announcement proved its trainer
 // equivocated (and so changed what this node may witness and apply).
 func (m *machine) take(a p2p.Announcement, rd *Ready) (evidence bool) {
-	if a.Trainer == m.id {
+	if a.Trainer == m.id || m.dropped() {
 		return false
 	}
 	switch m.claim(a) {
@@ -558,6 +591,12 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 			if c := m.claims[a.Step][a.Batch.Start]; c != nil && c.first == a.Commitment && c.trainer == a.Trainer.Signer {
 				c.refused = true
 			}
+			// Its batch is settled now: it may have been the last one this
+			// node's witness report waited for. Without this the report
+			// waited for the next unrelated event, in the worst case the
+			// round's training limit (in a virtual-time localnet, a whole
+			// epoch).
+			m.progress(&rd)
 		}
 		return rd
 	}

@@ -441,3 +441,80 @@ func TestMachineDoesNotWaitForDistrusted(t *testing.T) {
 		}
 	}
 }
+
+// TestMachineWitnessesWhenTheRefusedResultComesLast: a witness that has
+// every other result of the round reports as soon as the one it still
+// lacked turns out bad (its fetch is invalid, or it is a copy), not at the
+// next unrelated event. Seen in localnet: a refused frame was the last
+// event of a round, the report waited for the round's training limit, and
+// in virtual time that limit spent the whole epoch.
+func TestMachineWitnessesWhenTheRefusedResultComesLast(t *testing.T) {
+	good := &distro.Frame{Tensors: []distro.Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1, 6}, Values: []float32{0.5, -2}}}}
+	for _, tc := range []struct {
+		name   string
+		settle func(m *machine, a p2p.Announcement) Ready
+	}{
+		{"an invalid frame", func(m *machine, a p2p.Announcement) Ready {
+			return m.fetched(a, nil, errors.New("bad frame"), true)
+		}},
+		{"a copy", func(m *machine, a p2p.Announcement) Ready { return m.fetched(a, good, nil, false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRun(t)
+			m := toTraining(t, r)
+			if !r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0).IsWitness {
+				t.Fatal("setup: this node is no witness of the round")
+			}
+			rd := m.snapshot(r.snap())
+			m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), trainStats{})
+			ranges := r.s.RoundAssignment(r.s.CurrentRound())
+			ann := func(i int) p2p.Announcement {
+				return announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count})
+			}
+			m.announced(ann(1))
+			m.announced(ann(2))
+			if got := m.fetched(ann(1), good, nil, false); len(got.Send) != 0 {
+				t.Fatalf("reported with trainer 2's result still due: %+v", got.Send)
+			}
+			got := tc.settle(m, ann(2))
+			if len(got.Send) != 1 {
+				t.Fatalf("want the witness report once the last result was refused, got %+v", got.Send)
+			}
+			w := got.Send[0].(*coordinator.WitnessRound).Report
+			for i := 0; i < 3; i++ {
+				if in := w.Participants.Has(w.Key, coordinator.ParticipantMember(r.ids[i].Signer)); in != (i != 2) {
+					t.Errorf("trainer %d in the participant bloom: %v", i, in)
+				}
+			}
+		})
+	}
+}
+
+// TestMachineDropsFetchesWhenDropped: a node that a health check dropped
+// asks its driver to cancel the fetches it has started (its peers may
+// never answer it), and fetches nothing of the epoch after that.
+func TestMachineDropsFetchesWhenDropped(t *testing.T) {
+	r := newRun(t)
+	m := toTraining(t, r)
+	rd := m.snapshot(r.snap())
+	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), trainStats{})
+	ranges := r.s.RoundAssignment(r.s.CurrentRound())
+	a := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
+	if got := m.announced(a); len(got.Fetch) != 1 {
+		t.Fatalf("setup: want a fetch, got %+v", got)
+	}
+	if got := m.snapshot(r.snap()); got.DropFetches {
+		t.Fatal("a client of the epoch dropped its fetches")
+	}
+	dropped := r.snap()
+	dropped.Epoch.Clients[0].State = coordinator.Dropped
+	if got := m.snapshot(dropped); !got.DropFetches {
+		t.Fatalf("dropped with a fetch in flight: want DropFetches, got %+v", got)
+	}
+	if got := m.snapshot(dropped); got.DropFetches {
+		t.Fatal("asked to drop the fetches twice")
+	}
+	if got := m.announced(announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})); len(got.Fetch) != 0 {
+		t.Fatalf("a dropped node fetched %+v", got.Fetch)
+	}
+}

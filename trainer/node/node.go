@@ -218,6 +218,10 @@ type Node struct {
 	id      coordinator.ClientID
 	model   runmodel.Model
 	fetches fetchQueue
+	// fetchCtx bounds the fetches in flight; dropFetches cancels it
+	// (Ready.DropFetches) and makes the next.
+	fetchCtx    context.Context
+	cancelFetch context.CancelFunc
 	// sends carries instructions to the sender goroutine (Run starts it),
 	// in the order the machine asked for them.
 	sends chan outgoing
@@ -357,6 +361,8 @@ func (n *Node) Run(ctx context.Context) error {
 		<-sender
 	}()
 	ev := events{fetched: make(chan fetchResult, 16), pulled: make(chan pullResult, 1), ticked: make(chan func(), 1)}
+	n.fetchCtx, n.cancelFetch = context.WithCancel(ctx)
+	defer func() { n.cancelFetch() }()
 	anns := n.net.Announcements()
 	tick, stopTick := n.cfg.clock.Ticker(time.Second)
 	defer stopTick()
@@ -447,6 +453,8 @@ func (n *Node) Run(ctx context.Context) error {
 					}
 					n.cfg.log.Log(ctx, level, "ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "trainer", f.ann.Trainer.Signer.String(), "err", f.err)
 					n.net.ReportPeer(f.ann.Trainer.P2P, "bad result")
+				case errors.Is(f.err, context.Canceled):
+					n.cfg.log.Debug("fetch dropped: this node is no longer a client of the epoch", "step", f.ann.Step, "batch", f.ann.Batch.Start)
 				case f.err != nil:
 					n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
 				default:
@@ -569,10 +577,24 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 			o.done()
 		}
 	}
+	if rd.DropFetches {
+		// The cancelled fetches still answer through ev (their slots in
+		// the queue are freed there), each with ctx's error.
+		n.cancelFetch()
+		n.fetchCtx, n.cancelFetch = context.WithCancel(ctx)
+		n.fetches.drop()
+	}
 	n.fetches.waiting = append(n.fetches.waiting, rd.Fetch...)
 	n.startFetches(ctx, ev)
 	for _, k := range rd.Report {
 		n.net.ReportPeer(k, "equivocation")
+	}
+	for _, r := range rd.Reports {
+		if r.Why == "" {
+			n.cfg.log.Debug("loss report checked", "trainer", r.Trainer.Signer.String(), "step", r.Step, "ok", true)
+		} else {
+			n.cfg.log.Debug("loss report checked", "trainer", r.Trainer.Signer.String(), "step", r.Step, "ok", false, "why", r.Why)
+		}
 	}
 	for _, r := range rd.Refused {
 		n.cfg.metrics.ResultsRefused.Inc()
@@ -742,6 +764,13 @@ func (q *fetchQueue) finished(a p2p.Announcement) {
 	}
 }
 
+// drop forgets the waiting fetches (Ready.DropFetches).
+func (q *fetchQueue) drop() {
+	clear(q.waiting)
+	q.waiting = q.waiting[:0]
+	clear(q.queued)
+}
+
 // startFetches starts the waiting fetches that the bounds allow, the
 // oldest step first and, within a step, in ring order: every node ranks the
 // epoch's clients on the ring of p2p keys starting after itself, and
@@ -763,8 +792,12 @@ func (n *Node) startFetches(ctx context.Context, ev events) {
 	}
 	for _, a := range n.fetches.take(n.cfg.clock.Now()) {
 		working := n.cfg.clock.Work() // until Run has taken the result
+		fctx := n.fetchCtx
+		if fctx == nil {
+			fctx = ctx // outside Run (tests)
+		}
 		go func() {
-			payload, err := n.net.Fetch(ctx, a)
+			payload, err := n.net.Fetch(fctx, a)
 			// Bytes that do not match the commitment, or that are no frame,
 			// and a signed announcement no honest trainer publishes
 			// (malformed, oversized), are the announcer's fault; anything

@@ -26,7 +26,9 @@ func TestVerificationSample(t *testing.T) {
 		{0, 10, 40, 0}, {1, 10, 40, 1}, {10, 10, 40, 1}, {11, 10, 40, 2}, {50, 10, 40, 5}, {100, 10, 40, 10},
 		{100, 1, 40, 0},  // one trainer: nothing to control with
 		{100, 10, 4, 4},  // four trainers have data
-		{50, 10, 200, 5}, // 20 sequences a trainer: no control
+		{50, 10, 200, 5}, // 20 sequences a trainer: no control, the report read on 2
+		{50, 4, 96, 2},   // 24: the report read on 3
+		{25, 4, 800, 1},  // 200: the report read on reportMax
 	} {
 		s := &coordinator.Coordinator{}
 		s.Config.VerificationPercent = uint8(tc.pct)
@@ -63,7 +65,15 @@ func TestVerificationSample(t *testing.T) {
 				if sc.control != (p2p.BatchRange{}) || sc.own.End-sc.own.Start != min(d.Count, workSequences) {
 					t.Fatalf("batch %d (%+v, above %d sequences): own %+v, control %+v", own, d, assignmentBatchMax, sc.own, sc.control)
 				}
+				want := min(reportMax, max(workSequences, d.Count/reportShare))
+				if r, ok := inside(sc.report); !ok || r != d || sc.report.End-sc.report.Start != want ||
+					sc.own.Start < sc.report.Start || sc.own.End > sc.report.End {
+					t.Fatalf("batch %d (%+v): report read on %+v, want %d sequences holding own %+v", own, d, sc.report, want, sc.own)
+				}
 				continue
+			}
+			if sc.report != sc.own {
+				t.Fatalf("batch %d (%+v): report read on %+v, not on own %+v", own, d, sc.report, sc.own)
 			}
 			c, ok := inside(sc.control)
 			n := min(d.Count, c.Count, verifySequences)

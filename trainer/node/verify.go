@@ -107,7 +107,7 @@ const (
 	workSequences   = 1
 	// The report check reads one sequence in reportShare of a batch
 	// above assignmentBatchMax, at most reportMax (reportSequences).
-	reportShare = 8
+	reportShare = 12
 	reportMax   = 4
 	// assignmentBatchMax is the largest batch (sequences a trainer a round)
 	// on which the assignment test is measured. Above it the control batch
@@ -171,14 +171,20 @@ func verificationSample(s *coordinator.Coordinator, r *coordinator.Round) map[ui
 		own, ctl := slots[i].d, slots[(i+1)%len(slots)].d
 		n := min(own.Count, ctl.Count, verifySequences)
 		sc := scored{own: pick(own, n), control: pick(ctl, n)}
-		sc.report = sc.own
+		sc.report = []p2p.BatchRange{sc.own}
 		if own.Count > assignmentBatchMax {
 			// The report is read on more sequences than the work test,
-			// which needs one: each is one forward pass on the round's
-			// model, and each more makes a guessed report less likely to
-			// pass.
-			rep := pick(own, reportSequences(own.Count))
-			sc = scored{own: p2p.BatchRange{Start: rep.Start, End: rep.Start + workSequences}, report: rep}
+			// which needs one, spread over the batch: neighbouring
+			// sequences of a text have alike losses, so a guess that
+			// matches one is likelier to match the next.
+			n := reportSequences(own.Count)
+			at := mix64(r.RandomSeed^mix64(own.Start)) % own.Count
+			sc = scored{}
+			for k := range n {
+				i := own.Start + (at+k*(own.Count/n))%own.Count
+				sc.report = append(sc.report, p2p.BatchRange{Start: i, End: i + 1})
+			}
+			sc.own = sc.report[0]
 		}
 		out[own.Start] = sc
 	}
@@ -187,9 +193,12 @@ func verificationSample(s *coordinator.Coordinator, r *coordinator.Round) map[ui
 
 // scored is what a sampled result is scored on: sequences of its batch
 // (own), as many of the control batch (none above assignmentBatchMax), and
-// the sequences whose reported losses are checked (report: own, or more of
-// the batch above assignmentBatchMax, own among them).
-type scored struct{ own, control, report p2p.BatchRange }
+// the sequences whose reported losses are checked (report: own, or above
+// assignmentBatchMax single sequences spread over the batch, own first).
+type scored struct {
+	own, control p2p.BatchRange
+	report       []p2p.BatchRange
+}
 
 // reportSequences is how many sequences of a batch of count (above
 // assignmentBatchMax) the loss report check reads: one in reportShare,
@@ -197,11 +206,15 @@ type scored struct{ own, control, report p2p.BatchRange }
 // than computed (the batch's mean loss for every sequence) passed the
 // check of one sequence 11 times in 23 on localnet's 24-sequence batches,
 // so a lazy trainer sampled one round in four stayed 12 steps on average
-// over 6 seeds, once a whole epoch; on three it passed 4 times in 17 (not
-// 1 in 10: neighbouring sequences are alike, and early on every
-// sequence's loss is the untrained model's), and it stayed 4 to 11 steps.
+// over 6 seeds, once a whole epoch. Three neighbouring sequences passed 4
+// times in 17 (neighbours have alike losses, and early on every sequence's
+// loss is the untrained model's), and each sequence read costs a witness
+// about 2.5% of its compute at 24 sequences (one sequence's forward pass
+// does not batch); two sequences far apart in the batch caught it at step
+// 6–15 (9.4 on average) for 7.4–8.8% of compute in all, where three
+// neighbours took 9.6–11.6%.
 // The witness's forward pass of them costs at most 1/reportShare of one
-// of the batch, about 1/24 of training it (a forward and a backward pass,
+// of the batch, about 1/36 of training it (a forward and a backward pass,
 // some three forwards).
 func reportSequences(count uint64) uint64 {
 	return min(reportMax, max(workSequences, count/reportShare))
@@ -290,7 +303,7 @@ func (m *machine) referenceSequences() []p2p.BatchRange {
 	}
 	var out []p2p.BatchRange
 	for _, sc := range verificationSample(m.snap, m.snap.CurrentRound()) {
-		out = append(out, sc.report)
+		out = append(out, sc.report...)
 	}
 	slices.SortFunc(out, func(a, b p2p.BatchRange) int { return cmp.Compare(a.Start, b.Start) })
 	return out
@@ -306,7 +319,7 @@ func (m *machine) verifyWork(a p2p.Announcement, f *distro.Frame, rd *Ready) {
 		return
 	}
 	sc, sampled := verificationSample(s, s.CurrentRound())[a.Batch.Start]
-	if !sampled || sc.report.End > a.Batch.End {
+	if !sampled || sc.own.End > a.Batch.End {
 		return
 	}
 	rd.Verify = append(rd.Verify, VerifyWork{Step: a.Step, Trainer: a.Trainer, Frame: f, LR: schedule.LR(s.Model.LR, a.Step),
@@ -326,7 +339,7 @@ type lossReport struct {
 	step       uint32
 	commitment coordinator.Hash
 	batch      p2p.BatchRange // its assignment
-	scored     p2p.BatchRange
+	scored     []p2p.BatchRange
 	losses     []float32
 }
 
@@ -360,13 +373,19 @@ func (m *machine) checkReport(r lossReport, ref map[uint64]float32, rd *Ready) {
 	if count := r.batch.End - r.batch.Start; uint64(len(r.losses)) != count {
 		ok, why = false, fmt.Sprintf("it reported %d sequence losses for a batch of %d", len(r.losses), count)
 	}
-	for idx := r.scored.Start; ok && idx < r.scored.End; idx++ {
-		want, measured := ref[idx]
-		if !measured {
-			return // not this node's sample (another view of the round): no verdict
-		}
-		if got := r.losses[idx-r.batch.Start]; math.Abs(float64(got-want)) > reportTolerance(want) {
-			ok, why = false, fmt.Sprintf("it reported a loss of %.4f on sequence %d, where the round's model gives %.4f", got, idx, want)
+	for _, sc := range r.scored {
+		for idx := sc.Start; ok && idx < sc.End; idx++ {
+			want, measured := ref[idx]
+			if !measured {
+				return // not this node's sample (another view of the round): no verdict
+			}
+			if idx < r.batch.Start || idx >= r.batch.End {
+				ok, why = false, fmt.Sprintf("sequence %d is outside its batch", idx)
+				break
+			}
+			if got := r.losses[idx-r.batch.Start]; math.Abs(float64(got-want)) > reportTolerance(want) {
+				ok, why = false, fmt.Sprintf("it reported a loss of %.4f on sequence %d, where the round's model gives %.4f", got, idx, want)
+			}
 		}
 	}
 	rd.Reports = append(rd.Reports, ReportChecked{Trainer: r.trainer, Step: r.step, Why: why})

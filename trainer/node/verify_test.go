@@ -26,8 +26,8 @@ func TestVerificationSample(t *testing.T) {
 		{0, 10, 40, 0}, {1, 10, 40, 1}, {10, 10, 40, 1}, {11, 10, 40, 2}, {50, 10, 40, 5}, {100, 10, 40, 10},
 		{100, 1, 40, 0},  // one trainer: nothing to control with
 		{100, 10, 4, 4},  // four trainers have data
-		{50, 10, 200, 5}, // 20 sequences a trainer: no control, the report read on 2
-		{50, 4, 96, 2},   // 24: the report read on 3
+		{50, 10, 200, 5}, // 20 sequences a trainer: no control, the report read on 1
+		{50, 4, 96, 2},   // 24: the report read on 2
 		{25, 4, 800, 1},  // 200: the report read on reportMax
 	} {
 		s := &coordinator.Coordinator{}
@@ -66,13 +66,19 @@ func TestVerificationSample(t *testing.T) {
 					t.Fatalf("batch %d (%+v, above %d sequences): own %+v, control %+v", own, d, assignmentBatchMax, sc.own, sc.control)
 				}
 				want := min(reportMax, max(workSequences, d.Count/reportShare))
-				if r, ok := inside(sc.report); !ok || r != d || sc.report.End-sc.report.Start != want ||
-					sc.own.Start < sc.report.Start || sc.own.End > sc.report.End {
-					t.Fatalf("batch %d (%+v): report read on %+v, want %d sequences holding own %+v", own, d, sc.report, want, sc.own)
+				if uint64(len(sc.report)) != want || sc.report[0] != sc.own {
+					t.Fatalf("batch %d (%+v): report read on %+v, want %d sequences, own %+v first", own, d, sc.report, want, sc.own)
+				}
+				seen := map[uint64]bool{}
+				for _, r := range sc.report {
+					if b, ok := inside(r); !ok || b != d || r.End != r.Start+1 || seen[r.Start] {
+						t.Fatalf("batch %d (%+v): report read on %+v: not distinct single sequences of the batch", own, d, sc.report)
+					}
+					seen[r.Start] = true
 				}
 				continue
 			}
-			if sc.report != sc.own {
+			if len(sc.report) != 1 || sc.report[0] != sc.own {
 				t.Fatalf("batch %d (%+v): report read on %+v, not on own %+v", own, d, sc.report, sc.own)
 			}
 			c, ok := inside(sc.control)
@@ -232,7 +238,7 @@ func TestLossReports(t *testing.T) {
 	report := func(p int, losses []float32) lossReport {
 		b := batch(p)
 		return lossReport{trainer: id(p), step: 5, commitment: coordinator.Hash{byte(p + 1)}, batch: b,
-			scored: p2p.BatchRange{Start: b.Start + 1, End: b.Start + 2}, losses: losses}
+			scored: []p2p.BatchRange{{Start: b.Start + 1, End: b.Start + 2}}, losses: losses}
 	}
 	for p := range 4 { // the results of step 5 this node holds
 		m.store(p2p.Announcement{Step: 5, Batch: batch(p), Trainer: id(p), Commitment: coordinator.Hash{byte(p + 1)}}, nil)

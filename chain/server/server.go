@@ -83,7 +83,7 @@ type config struct {
 	interval time.Duration
 	manual   bool // Serve never ticks: the owner calls Tick
 	now      func() time.Time
-	seed     func() uint64
+	seed     func(*coordinator.Coordinator) uint64 // a run's state -> the seed its next instruction may start a round with
 	metrics  *Metrics
 
 	window     time.Duration                   // requests are valid this long either side of the wall clock
@@ -276,10 +276,20 @@ func WithClock(now func() time.Time) Option {
 
 // WithSeeds replaces the random round seeds (tests).
 func WithSeeds(seed func() uint64) Option {
+	return func(c *config) error { c.seed = func(*coordinator.Coordinator) uint64 { return seed() }; return nil }
+}
+
+// WithStateSeeds draws each instruction's round seed from the run's state
+// it applies to. A seed that is a function of the state (say, of its epoch,
+// step and phase) makes a run reproducible: the round that an instruction
+// starts gets the same seed whichever instruction happens to start it, and
+// however many came before (localnet --virtual-time). Predictable seeds let
+// trainers know their batches early, so this is for runs that trust them.
+func WithStateSeeds(seed func(s *coordinator.Coordinator) uint64) Option {
 	return func(c *config) error { c.seed = seed; return nil }
 }
 
-func randomSeed() uint64 {
+func randomSeed(*coordinator.Coordinator) uint64 {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err) // crypto/rand does not fail on supported platforms
@@ -502,7 +512,7 @@ func (s *Server) Tick() {
 			continue
 		}
 		next := *r.state
-		changed, err := next.Tick(now, s.cfg.seed())
+		changed, err := next.Tick(now, s.cfg.seed(&next))
 		if err == nil && changed {
 			// A tick can end an epoch: signers it forgets leave the table.
 			replay := r.replay.record(&next, coordinator.Pubkey{}, 0)
@@ -587,7 +597,7 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 	if f, st := s.checkWindow(req.Sequence); f != nil {
 		return name, nil, f, st
 	}
-	ctx := coordinator.Context{Sender: req.Sender, CoSigner: req.CoSigner, Now: s.unixNow(), Seed: s.cfg.seed()}
+	ctx := coordinator.Context{Sender: req.Sender, CoSigner: req.CoSigner, Now: s.unixNow()}
 	if init, ok := ix.(*coordinator.InitCoordinator); ok {
 		out, fail, status := s.initRun(id, req, init, ctx)
 		return name, out, fail, status
@@ -610,6 +620,7 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 		return name, nil, f, st
 	}
 	next := *r.state
+	ctx.Seed = s.cfg.seed(&next)
 	res, applyErr := next.Apply(ctx, ix)
 	if applyErr != nil {
 		return name, nil, failure(applyErr), http.StatusConflict

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -54,7 +55,10 @@ moves a second only once the backend and every trainer have had nothing to do fo
 a moment: timeouts then measure waiting, never computing, so an epoch holds the
 same number of steps on a slow or busy machine as on a fast one. A run that never
 waits (rounds back to back) still spends a second on each round during which its
-clock did not move, so that its epochs end. The tests use it.`,
+clock did not move, so that its epochs end. The tests use it. On the embedded server
+such a run is repeatable: the server draws each round's seed from --seed and the run's
+state, and the trainers join in order, so the same --seed ends at the same weights
+(the summary prints their hash).`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
@@ -186,7 +190,7 @@ func localnet(c *cli.Context) (err error) {
 	for i := range signers {
 		signers[i] = chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("localnet trainer %d %s", i, runID))))
 	}
-	lb, err := startLocalBackend(ctx, runCtx, dir, log, c.Bool("solana"), c.Bool("virtual-time"), admin.Public(), append([]*chain.Keypair{admin}, signers...))
+	lb, err := startLocalBackend(ctx, runCtx, dir, log, c.Bool("solana"), c.Bool("virtual-time"), seed, admin.Public(), append([]*chain.Keypair{admin}, signers...))
 	if err != nil {
 		return err
 	}
@@ -236,7 +240,7 @@ func localnet(c *cli.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, bad, append(lb.nodeOpts, node.WithPrecision(prec))...)
+	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, c.Bool("virtual-time"), bad, append(lb.nodeOpts, node.WithPrecision(prec))...)
 	if err != nil {
 		return err
 	}
@@ -446,8 +450,9 @@ type localBackend struct {
 // startLocalBackend starts the embedded server (on which only creator may
 // create runs) or, with solana, the local validator with the coordinator
 // program (funding the keys), on the wall clock or in virtual time. ctx
-// bounds the start; runCtx the backend's life.
-func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger, solana, virtual bool, creator coordinator.Pubkey, fund []*chain.Keypair) (*localBackend, error) {
+// bounds the start; runCtx the backend's life. In virtual time the server
+// draws its round seeds from seed and the run's state (reproducibleSeed).
+func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger, solana, virtual bool, seed uint64, creator coordinator.Pubkey, fund []*chain.Keypair) (*localBackend, error) {
 	lb := &localBackend{up: make(chan error, 1)}
 	// Virtual time starts at the next whole second (both backends count
 	// unix seconds), after the validator's clock started.
@@ -480,7 +485,7 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 			lb.clock = newClock()
 			// The server ticks when the clock moves, not by itself.
 			opts = []server.Option{server.WithManualTicks(), server.WithLogger(log), server.WithCreators(creator),
-				server.WithClock(lb.clock.Now)}
+				server.WithClock(lb.clock.Now), server.WithStateSeeds(func(s *coordinator.Coordinator) uint64 { return reproducibleSeed(seed, s) })}
 		}
 		srv, err := server.New(filepath.Join(dir, "server"), opts...)
 		if err != nil {
@@ -703,16 +708,25 @@ func watchHeap(ctx context.Context) func() uint64 {
 	return func() uint64 { sample(); mu.Lock(); defer mu.Unlock(); return peak }
 }
 
-func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, b chain.Backend, dir string, log *slog.Logger, lastOpts []node.Option, opts ...node.Option) ([]*localTrainer, error) {
+// startTrainers starts a trainer for each signer, the last with lastOpts
+// too; ordered ones join each epoch in the signers' order
+// (node.WithJoinOrder).
+func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, b chain.Backend, dir string, log *slog.Logger, ordered bool, lastOpts []node.Option, opts ...node.Option) ([]*localTrainer, error) {
 	var trainers []*localTrainer
 	var addrs []string
+	var earlier []coordinator.Pubkey
 	for i, signer := range signers {
+		own := opts
+		if ordered {
+			own = append(slices.Clone(opts), node.WithJoinOrder(earlier...))
+			earlier = append(earlier, signer.Public())
+		}
 		seed := sha256.Sum256([]byte(fmt.Sprintf("localnet p2p %d %s", i, runID)))
 		t := &localTrainer{}
 		nd, pn, err := start.Trainer(ctx, runID, b, signer, []libp2p.Option{libp2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
 			libp2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), libp2p.WithLogger(log.With("trainer", i))},
 			append([]node.Option{node.WithPeers(addrs...), node.WithCheckpointDir(dir), node.WithLogger(log.With("trainer", i)),
-				node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, trainerOpts(i, len(signers), lastOpts, opts)...)...)
+				node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, trainerOpts(i, len(signers), lastOpts, own)...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -721,6 +735,29 @@ func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, 
 		trainers = append(trainers, t)
 	}
 	return trainers, nil
+}
+
+// reproducibleSeed is a round seed of a virtual-time localnet: a function
+// of the run's seed and of the state an instruction applies to, so that the
+// same run draws the same seeds whichever instruction starts each round (a
+// witness report that completes it, or a tick once its witness time is
+// over; both count as its training phase). With the trainers joining in a
+// fixed order, the same --seed then trains the same batches on the same
+// trainers: the run is repeatable (timing aside: a result that misses its
+// round in one run and not in another makes them differ).
+func reproducibleSeed(seed uint64, s *coordinator.Coordinator) uint64 {
+	phase := s.RunState
+	if phase == coordinator.RoundWitness {
+		phase = coordinator.RoundTrain
+	}
+	var b [8 + 8 + 4 + 4 + 1]byte
+	copy(b[:], "localnet")
+	binary.LittleEndian.PutUint64(b[8:], seed)
+	binary.LittleEndian.PutUint32(b[16:], s.Progress.Epoch)
+	binary.LittleEndian.PutUint32(b[20:], s.Progress.Step)
+	b[24] = byte(phase)
+	sum := sha256.Sum256(b[:])
+	return binary.LittleEndian.Uint64(sum[:8])
 }
 
 // trainerOpts are trainer i's options: opts, and lastOpts for the last.
@@ -820,7 +857,9 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 				same = false
 			}
 		}
-		fmt.Fprintf(w, "trainers hold identical weights: %v\n", same)
+		// The hash tells runs apart: a --virtual-time run with the same
+		// --seed ends at the same one.
+		fmt.Fprintf(w, "trainers hold identical weights: %v (the first's hash %s)\n", same, runmodel.Revision(final))
 		if final.Hash() == initial.Hash() && tokens > 0 {
 			fmt.Fprintf(w, "note: the trainers trained but no round's results were applied: when batches take longer than a round may last (%d s here), "+
 				"the rounds end without them; on a slow or busy machine use --virtual-time (timeouts then never race compute) or a smaller --batch\n",

@@ -39,6 +39,39 @@ func TestLocalnetTrains(t *testing.T) {
 	}
 }
 
+// TestLocalnetIsReproducible runs the same short virtual-time run twice: the
+// server draws its round seeds from --seed and the run's state, and the
+// trainers join in order, so the second run trains the same batches on the
+// same trainers and ends with the same weights. (Before both, the trainers
+// joined in a race and the server drew random seeds: every run differed.)
+func TestLocalnetIsReproducible(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	var hashes []string
+	for range 2 {
+		var out, errb bytes.Buffer
+		code := run([]string{"psyche", "--log-level", "debug", "localnet", "--virtual-time", "--trainers", "3", "--epochs", "1", "--epoch-time", "6",
+			"--seed", "7", "--dir", t.TempDir()}, &out, &errb)
+		if code != 0 {
+			t.Fatalf("exit %d: %s\n%s", code, tail(errb.String(), 150), out.String())
+		}
+		got := out.String()
+		at := strings.Index(got, "trainers hold identical weights: true (the first's hash ")
+		if at < 0 {
+			t.Fatalf("no summary of identical weights:\n%s", got)
+		}
+		hash := strings.TrimSuffix(strings.Fields(got[at:])[8], ")")
+		if len(hash) != 32 {
+			t.Fatalf("summary %q: no model hash", strings.SplitN(got[at:], "\n", 2)[0])
+		}
+		hashes = append(hashes, hash)
+	}
+	if hashes[0] != hashes[1] {
+		t.Errorf("the same run twice ended at weights %s and %s", hashes[0], hashes[1])
+	}
+}
+
 // TestLocalnetTrainsLlama trains examples/llama-bytes-run.toml's Llama for one
 // epoch: the trainers agree, the loss falls, and the recorded checkpoint is
 // a Hugging Face directory.

@@ -23,6 +23,9 @@ type machine struct {
 	epochs  int  // leave after this many epochs (0: never)
 	ticking bool // send ticks when a transition is due (WithTicking)
 	newKey  func() uint64
+	// joinAfter are the trainers that join each epoch before this one
+	// (WithJoinOrder).
+	joinAfter []coordinator.Pubkey
 
 	snap     *coordinator.Coordinator
 	results  map[uint32]map[uint64]*result // step → batch start → first verified result
@@ -362,7 +365,7 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 			rd.Done = fmt.Sprintf("trained the %d %s asked for", m.epochs, unit)
 			break
 		}
-		if _, pending := s.PendingIndex(m.id.Signer); !pending && !book.joined {
+		if _, pending := s.PendingIndex(m.id.Signer); !pending && !book.joined && m.joinTurn(s) {
 			book.joined = true
 			rd.Send = append(rd.Send, &coordinator.JoinRun{ID: m.id})
 		}
@@ -397,6 +400,17 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 	}
 	m.forget()
 	return rd
+}
+
+// joinTurn reports whether every trainer that joins before this one
+// (joinAfter) is pending: a later snapshot asks again.
+func (m *machine) joinTurn(s *coordinator.Coordinator) bool {
+	for _, k := range m.joinAfter {
+		if _, pending := s.PendingIndex(k); !pending {
+			return false
+		}
+	}
+	return true
 }
 
 // loadWork asks for the model of the snapshot's epoch. The model in memory

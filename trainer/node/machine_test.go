@@ -84,6 +84,32 @@ func TestMachineJoinsOncePerEpoch(t *testing.T) {
 	}
 }
 
+// TestMachineJoinsInOrder: with WithJoinOrder the node joins only once the
+// trainers before it are pending, whatever order the snapshots come in.
+func TestMachineJoinsInOrder(t *testing.T) {
+	r := newRun(t)
+	m := newMachine(r.ids[2], 0, false, keys())
+	m.joinAfter = []coordinator.Pubkey{r.ids[0].Signer, r.ids[1].Signer}
+	for i, id := range r.ids[:2] {
+		if rd := m.snapshot(r.snap()); len(rd.Send) != 0 {
+			t.Fatalf("joined before trainer %d: %+v", i, rd)
+		}
+		if err := r.apply(id.Signer, &coordinator.JoinRun{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rd := m.snapshot(r.snap())
+	if len(rd.Send) != 1 || rd.Send[0].Name() != "join_run" {
+		t.Fatalf("want a join after the two, got %+v", rd)
+	}
+	if err := r.apply(r.ids[2].Signer, rd.Send[0]); err != nil {
+		t.Fatal(err)
+	}
+	if i, _ := r.s.PendingIndex(r.ids[2].Signer); i != 2 {
+		t.Fatalf("joined at %d, want 2", i)
+	}
+}
+
 // toTraining brings the run to its first RoundTrain with the machine as
 // client 0, loaded, and returns the machine.
 func toTraining(t *testing.T, r *run) *machine {

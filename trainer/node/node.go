@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -88,11 +89,12 @@ type config struct {
 	dataShift uint64
 	// publish replaces the network's Publish: fault injection in tests
 	// (export_test.go).
-	publish func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)
-	epochs  int
-	ticking bool
-	clock   Clock
-	metrics *Metrics
+	publish   func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)
+	epochs    int
+	ticking   bool
+	joinAfter []coordinator.Pubkey // WithJoinOrder
+	clock     Clock
+	metrics   *Metrics
 }
 
 // Clock is the time a node reads and paces itself by: the coordinator's
@@ -190,6 +192,17 @@ func WithTicking() Option {
 	return func(c *config) error { c.ticking = true; return nil }
 }
 
+// WithJoinOrder makes the node join each epoch only after every trainer
+// of after has (each is in the run's pending list). The coordinator numbers
+// an epoch's clients in the order they joined, and the number decides which
+// batch each trains, so trainers that race to join train other batches
+// every run; trainers started together that join in a fixed order number
+// alike each time (localnet --virtual-time: a reproducible run). A trainer
+// of after that never joins holds this one back for good.
+func WithJoinOrder(after ...coordinator.Pubkey) Option {
+	return func(c *config) error { c.joinAfter = slices.Clone(after); return nil }
+}
+
 // WithClock sets the node's clock (default: the wall clock).
 func WithClock(c Clock) Option {
 	return func(cfg *config) error {
@@ -280,8 +293,10 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 		}
 	}
 	id := coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()}
+	m := newMachine(id, cfg.epochs, cfg.ticking, randomKey)
+	m.joinAfter = cfg.joinAfter
 	return &Node{cfg: cfg, runID: runID, badPeers: map[coordinator.Pubkey]bool{}, backend: backend, signer: signer, net: network, id: id,
-		m: newMachine(id, cfg.epochs, cfg.ticking, randomKey)}, nil
+		m: m}, nil
 }
 
 // ID is the node's client identity.

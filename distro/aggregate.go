@@ -80,38 +80,49 @@ const robustQuorum = 3
 // The result depends only on the set of frames, bit for bit: the frames are
 // put in a canonical order first (by content), every rule reads them in that
 // order, and no sum depends on how tiles are split among workers.
-func (d *DeMo) aggregate(dst [][]float32, frames []*Frame, emit func(dst []float32, at int, dir []float32)) error {
-	if err := d.checkTensors("output", dst); err != nil {
+func (p *Plan) aggregate(dst [][]float32, frames []*Frame, emit func(dst []float32, at int, dir []float32)) error {
+	if err := p.checkTensors("output", dst); err != nil {
 		return err
 	}
-	for fi, f := range frames {
-		if err := d.Check(f); err != nil {
-			return fmt.Errorf("frame %d: %w", fi, err)
-		}
+	frames, err := p.roundFrames(frames)
+	if err != nil {
+		return err
 	}
-	frames = canonicalOrder(frames)
-	if d.opts.Aggregation == AggregateRobust {
-		frames = d.withoutDissenters(frames)
-	}
-	for i, p := range d.plans {
-		ts := p.tileSize()
+	for i, tp := range p.plans {
+		ts := tp.tileSize()
 		out := dst[i]
-		parallel(d.opts.Workers, p.tiles(), func(lo, hi int) {
+		parallel(p.opts.Workers, tp.tiles(), func(lo, hi int) {
 			tile, tmp := make([]float32, ts), make([]float32, ts)
-			c := newCombiner(d.opts, ts, p.k, len(frames))
+			c := newCombiner(p.opts, ts, tp.k, len(frames))
 			for t := lo; t < hi; t++ {
 				clear(tile)
 				c.tile(tile, frames, i, t)
-				p.dct.inverse(tile, tmp)
-				d.opts.Update.direction(tile)
-				at := p.origin(t)
-				for r := 0; r < p.th; r++ {
-					emit(out, at+r*p.cols, tile[r*p.tw:(r+1)*p.tw])
+				tp.dct.inverse(tile, tmp)
+				p.opts.Update.direction(tile)
+				at := tp.origin(t)
+				for r := 0; r < tp.th; r++ {
+					emit(out, at+r*tp.cols, tile[r*tp.tw:(r+1)*tp.tw])
 				}
 			}
 		})
 	}
 	return nil
+}
+
+// roundFrames checks a round's frames and returns those the rule reads, in
+// the order it reads them: canonical order, less the dissenters under
+// AggregateRobust.
+func (p *Plan) roundFrames(frames []*Frame) ([]*Frame, error) {
+	for fi, f := range frames {
+		if err := p.Check(f); err != nil {
+			return nil, fmt.Errorf("frame %d: %w", fi, err)
+		}
+	}
+	frames = canonicalOrder(frames)
+	if p.opts.Aggregation == AggregateRobust {
+		frames = p.withoutDissenters(frames)
+	}
+	return frames, nil
 }
 
 // withoutDissenters returns frames less those whose signs disagree with
@@ -133,16 +144,16 @@ func (d *DeMo) aggregate(dst [][]float32, frames []*Frame, emit func(dst []float
 // judged only by its signs, so a peer that flips a few of its own stays in
 // and does that little harm. Integer counts: the verdict does not depend
 // on how tiles are split among workers.
-func (d *DeMo) withoutDissenters(frames []*Frame) []*Frame {
+func (p *Plan) withoutDissenters(frames []*Frame) []*Frame {
 	n := len(frames)
 	if n < 4 {
 		return frames
 	}
 	agree, disagree := make([]int64, n), make([]int64, n)
 	var mu sync.Mutex
-	for i, p := range d.plans {
-		ts, k := p.tileSize(), p.k
-		parallel(d.opts.Workers, p.tiles(), func(lo, hi int) {
+	for i, tp := range p.plans {
+		ts, k := tp.tileSize(), tp.k
+		parallel(p.opts.Workers, tp.tiles(), func(lo, hi int) {
 			sum, count := make([]int32, ts), make([]int32, ts)
 			a, x := make([]int64, n), make([]int64, n)
 			for t := lo; t < hi; t++ {

@@ -2,7 +2,6 @@ package distro
 
 import (
 	"errors"
-	"fmt"
 	"math"
 )
 
@@ -44,8 +43,7 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 // IDCT(q) from δ is zeroing the sent coefficients: the same optimizer, with
 // one transform per step instead of three.
 type DeMo struct {
-	opts        Options
-	plans       []*tensorPlan
+	*plan                   // the options and the tensors' tiles; its methods are DeMo's
 	delta       [][]float32 // per tensor, tile-major: tile t at [t*tileSize, (t+1)*tileSize)
 	backup      [][]float32 // parameters saved by Speculate
 	speculating bool
@@ -60,58 +58,26 @@ type DeMo struct {
 
 // NewDeMo returns a zero optimizer state for tensors of the given shapes.
 func NewDeMo(shapes [][]int, o Options) (*DeMo, error) {
-	if o.Chunk <= 0 || o.TopK <= 0 {
-		return nil, fmt.Errorf("distro: chunk (%d) and top-k (%d) must be positive", o.Chunk, o.TopK)
+	p, err := NewPlan(shapes, o)
+	if err != nil {
+		return nil, err
 	}
-	if !(o.Decay >= 0 && o.Decay < 1) || !(o.WeightDecay >= 0) || !(o.ClipGradNorm >= 0) {
-		return nil, fmt.Errorf("distro: need 0 ≤ decay < 1, weight decay ≥ 0 and clip ≥ 0")
-	}
-	if o.Aggregation >= numAggregations {
-		return nil, fmt.Errorf("distro: unknown aggregation %d (want one of %v)", o.Aggregation, AggregationNames())
-	}
-	if o.Update >= numUpdateRules {
-		return nil, fmt.Errorf("distro: unknown update rule %d (want one of %v)", o.Update, UpdateRuleNames())
-	}
-	d := &DeMo{opts: o}
-	for _, s := range shapes {
-		p, err := newTensorPlan(s, o.Chunk, o.TopK)
-		if err != nil {
-			return nil, err
-		}
-		d.plans = append(d.plans, p)
-		d.delta = append(d.delta, make([]float32, p.params))
+	d := &DeMo{plan: p}
+	for _, tp := range p.plans {
+		d.delta = append(d.delta, make([]float32, tp.params))
 		if o.NormalizeRMS {
-			d.meanSq = append(d.meanSq, make([]float32, p.params))
+			d.meanSq = append(d.meanSq, make([]float32, tp.params))
 		}
 	}
 	return d, nil
 }
 
-// SetAggregation changes the rule Apply and Aggregate combine results with.
-// The rule holds no state, so a trainer that keeps its optimizer from one
-// epoch to the next follows a run whose rule changed while it was paused.
-func (d *DeMo) SetAggregation(a Aggregation) error {
-	if a >= numAggregations {
-		return fmt.Errorf("distro: unknown aggregation %d (want one of %v)", a, AggregationNames())
-	}
-	d.opts.Aggregation = a
-	return nil
-}
+// Plan returns the run's plan this optimizer follows (not a copy: its
+// SetAggregation is the optimizer's).
+func (d *DeMo) Plan() *Plan { return d.plan }
 
 // Momentum returns the momentum of tensor i in the DCT domain (tile-major).
 func (d *DeMo) Momentum(i int) []float32 { return d.delta[i] }
-
-func (d *DeMo) checkTensors(what string, ts [][]float32) error {
-	if len(ts) != len(d.plans) {
-		return fmt.Errorf("distro: %d %s tensors, the model has %d", len(ts), what, len(d.plans))
-	}
-	for i, p := range d.plans {
-		if len(ts[i]) != p.params {
-			return fmt.Errorf("distro: %s tensor %d has %d values, shape %v needs %d", what, i, len(ts[i]), p.shape, p.params)
-		}
-	}
-	return nil
-}
 
 // GradNorm is the global L2 norm of grads.
 func GradNorm(grads [][]float32) float64 {
@@ -246,27 +212,13 @@ func signBit(v float32) float32 {
 	return 1
 }
 
-// Check reports whether a received frame fits this model; frames that do not
-// must be ignored before Apply.
-func (d *DeMo) Check(f *Frame) error {
-	if len(f.Tensors) != len(d.plans) {
-		return fmt.Errorf("%w: %d tensors, the model has %d", ErrMismatch, len(f.Tensors), len(d.plans))
-	}
-	for i, p := range d.plans {
-		if err := p.matches(&f.Tensors[i]); err != nil {
-			return fmt.Errorf("tensor %d: %w", i, err)
-		}
-	}
-	return d.checkQuantization(f)
-}
-
 // Aggregate writes to out the update direction of a set of results: for every
 // tile, the frames' coefficients combined by the run's aggregation rule,
 // inverse DCT, sign (−1, 0 or +1; under the experimental update rules, the
 // tile scaled to unit RMS, clamped, or raw for UpdateAdam). The result is the same, bit for bit,
 // whatever the order of frames.
-func (d *DeMo) Aggregate(out [][]float32, frames []*Frame) error {
-	return d.aggregate(out, frames, func(dst []float32, at int, dir []float32) { copy(dst[at:], dir) })
+func (p *Plan) Aggregate(out [][]float32, frames []*Frame) error {
+	return p.aggregate(out, frames, func(dst []float32, at int, dir []float32) { copy(dst[at:], dir) })
 }
 
 // Apply updates params with a set of results (the consensus results of a
@@ -279,11 +231,13 @@ func (d *DeMo) Apply(params [][]float32, frames []*Frame, lr float32) error {
 		}
 		return d.applyAdam(params, frames, lr)
 	}
-	keep := 1 - lr*d.opts.WeightDecay
+	keep := d.Keep(lr)
 	return d.aggregate(params, frames, func(dst []float32, at int, dir []float32) {
 		row := dst[at : at+len(dir)]
 		for j, s := range dir {
-			row[j] = row[j]*keep - lr*s
+			// θ·keep rounded before the subtraction: no fused
+			// multiply-add, on any machine (see Plan.Keep)
+			row[j] = float32(row[j]*keep) - lr*s
 		}
 	})
 }

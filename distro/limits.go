@@ -10,9 +10,9 @@ import "fmt"
 
 // Limits are the decoder limits of this model's frames: its tensors, its
 // parameters and exactly tiles×k entries per tensor.
-func (d *DeMo) Limits() Limits {
-	lim := Limits{MaxTensors: len(d.plans), MaxLosses: MaxLosses}
-	for _, p := range d.plans {
+func (pl *Plan) Limits() Limits {
+	lim := Limits{MaxTensors: len(pl.plans), MaxLosses: MaxLosses}
+	for _, p := range pl.plans {
 		lim.MaxParams += int64(p.tiles() * p.tileSize())
 		lim.MaxEntries += int64(p.tiles() * p.k)
 	}
@@ -23,10 +23,10 @@ func (d *DeMo) Limits() Limits {
 // encode to (fixed-width or Rice-coded indices, whichever is larger, float or
 // 1-bit values as the run says, and a loss for each of up to MaxLosses
 // sequences): no honest blob is larger.
-func (d *DeMo) MaxFrameBytes() int64 {
+func (pl *Plan) MaxFrameBytes() int64 {
 	n := int64(8) // magic, version, frame flags, tensor count
 	n += int64(lossesBytes(MaxLosses))
-	for _, p := range d.plans {
+	for _, p := range pl.plans {
 		// ndim and flags, then tile height, tile width, k and the dims as
 		// varints of at most 5 bytes each.
 		n += 2 + 5*int64(3+len(p.shape))
@@ -38,7 +38,7 @@ func (d *DeMo) MaxFrameBytes() int64 {
 		r := int64(riceParam(p.tileSize(), p.k))
 		riceBits := int64(p.tiles()) * (int64(p.tileSize()-p.k)>>r + int64(p.k)*(1+r))
 		n += max(fixed, (riceBits+7)/8)
-		if d.opts.Quantize1Bit {
+		if pl.opts.Quantize1Bit {
 			n += (entries + 7) / 8
 		} else {
 			n += 4 * entries
@@ -50,11 +50,11 @@ func (d *DeMo) MaxFrameBytes() int64 {
 // checkQuantization refuses a frame whose values are not what the run
 // sends: a 1-bit run accepts only sign frames (a float frame would let one
 // peer carry any magnitude into the aggregate), a float run only floats.
-func (d *DeMo) checkQuantization(f *Frame) error {
+func (p *Plan) checkQuantization(f *Frame) error {
 	for i := range f.Tensors {
-		if f.Tensors[i].Quantized != d.opts.Quantize1Bit {
+		if f.Tensors[i].Quantized != p.opts.Quantize1Bit {
 			return fmt.Errorf("%w: tensor %d: quantized = %v, the run sends quantized = %v",
-				ErrMismatch, i, f.Tensors[i].Quantized, d.opts.Quantize1Bit)
+				ErrMismatch, i, f.Tensors[i].Quantized, p.opts.Quantize1Bit)
 		}
 	}
 	return nil
@@ -63,13 +63,9 @@ func (d *DeMo) checkQuantization(f *Frame) error {
 // FrameBounds are Limits and MaxFrameBytes for a model of these shapes,
 // without allocating its optimizer state.
 func FrameBounds(shapes [][]int, o Options) (Limits, int64, error) {
-	d := &DeMo{opts: o}
-	for _, s := range shapes {
-		p, err := newTensorPlan(s, o.Chunk, o.TopK)
-		if err != nil {
-			return Limits{}, 0, err
-		}
-		d.plans = append(d.plans, p)
+	p, err := newPlan(shapes, o)
+	if err != nil {
+		return Limits{}, 0, err
 	}
-	return d.Limits(), d.MaxFrameBytes(), nil
+	return p.Limits(), p.MaxFrameBytes(), nil
 }

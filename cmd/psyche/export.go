@@ -52,7 +52,11 @@ func export(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	cfg, err := runmodel.ConfigOf(m)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(c.App.Writer, "wrote %s (%s, %d parameters, hash %s): config.json and model.safetensors\n",
-		out, archName(runmodel.ConfigOf(m).Arch), m.NumParams(), runmodel.Revision(m))
+		out, archName(cfg.Arch), m.NumParams(), runmodel.Revision(m))
 	return nil
 }

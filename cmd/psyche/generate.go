@@ -103,7 +103,10 @@ func generate(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg := runmodel.ConfigOf(m)
+	cfg, err := runmodel.ConfigOf(m)
+	if err != nil {
+		return err
+	}
 	vocab := cfg.GPT.Vocab
 	if cfg.Llama.Vocab != 0 {
 		vocab = cfg.Llama.Vocab

@@ -38,7 +38,7 @@ var joinCommand = &cli.Command{
 		&cli.StringFlag{Name: "data-dir", Value: defaultDataDir(), Usage: "where the trainer keeps its files: checkpoints go in <data-dir>/<run-id>/<address, first 8 characters>/checkpoints", Category: "RUN"},
 		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
-		precisionFlag,
+		precisionFlag, engineFlag, deviceFlag, compileFlag,
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
 		&cli.StringFlag{Name: "local-data", Usage: "join a federated run (its run file has a [federated] section) as a client that trains on this text file of its own, which never leaves the machine", Category: "FEDERATED"},
 		&cli.IntFlag{Name: "rounds", Usage: "with --local-data: leave once the server's model reaches this round (0: when the run finishes)", Category: "FEDERATED"},
@@ -58,6 +58,17 @@ func join(c *cli.Context) error {
 	}
 	if c.String("local-data") != "" {
 		return joinFederated(c, signer)
+	}
+	prec, err := precision(c)
+	if err != nil {
+		return err
+	}
+	kinds, err := engineKinds(c, false)
+	if err != nil {
+		return err
+	}
+	if err := checkEngines(ctx, c, kinds, prec); err != nil {
+		return err
 	}
 	p2pKey := c.String("p2p-key")
 	if p2pKey == "" {
@@ -114,17 +125,20 @@ func join(c *cli.Context) error {
 	opts := []node.Option{node.WithPeers(c.StringSlice("peer")...),
 		node.WithCheckpointDir(ckptDir), node.WithLogger(log), node.WithEpochs(c.Int("epochs")),
 		node.WithMetrics(node.NewMetrics(reg))}
-	prec, err := precision(c)
+	opts = append(opts, node.WithPrecision(prec))
+	if kinds[0] == "go" {
+		be, got := kernels.WithPrecision(kernels.Default(), prec)
+		note := ""
+		if got != prec {
+			note = fmt.Sprintf(" (%s asked: this backend computes in %s)", prec, got)
+		}
+		fmt.Fprintf(c.App.Writer, "kernels: %s%s\n", kernels.Describe(be), note)
+	}
+	eo, err := engineOption(c, kinds[0], prec, log)
 	if err != nil {
 		return err
 	}
-	opts = append(opts, node.WithPrecision(prec))
-	be, got := kernels.WithPrecision(kernels.Default(), prec)
-	note := ""
-	if got != prec {
-		note = fmt.Sprintf(" (%s asked: this backend computes in %s)", prec, got)
-	}
-	fmt.Fprintf(c.App.Writer, "kernels: %s%s\n", kernels.Describe(be), note)
+	opts = append(opts, eo...)
 	if tick := c.Bool("tick"); tick || (!c.IsSet("tick") && len(c.StringSlice("rpc")) > 0) {
 		opts = append(opts, node.WithTicking())
 	}

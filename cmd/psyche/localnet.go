@@ -62,7 +62,7 @@ state, and the trainers join in order, so the same --seed ends at the same weigh
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
-		precisionFlag,
+		precisionFlag, engineFlag, deviceFlag, compileFlag,
 		&cli.IntFlag{Name: "epoch-time", Value: 20, Usage: "target epoch length in seconds", Category: "RUN"},
 		&cli.StringFlag{Name: "dir", Usage: "working directory for state, data and checkpoints (default: a new temporary one)", Category: "RUN"},
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
@@ -168,6 +168,14 @@ func localnet(c *cli.Context) (err error) {
 			}
 		}()
 	}
+	// Before anything starts: python and torch are there when asked for.
+	if kinds, err := engineKinds(c, true); err != nil {
+		return err
+	} else if prec, err := precision(c); err != nil {
+		return err
+	} else if err := checkEngines(ctx, c, kinds, prec); err != nil {
+		return err
+	}
 	model, seed, perTrainer, err := localnetRunModel(c)
 	if err != nil {
 		return err
@@ -240,7 +248,20 @@ func localnet(c *cli.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, c.Bool("virtual-time"), bad, append(lb.nodeOpts, node.WithPrecision(prec))...)
+	kinds, err := engineKinds(c, true)
+	if err != nil {
+		return err
+	}
+	engines := make([][]node.Option, len(kinds))
+	for i, k := range kinds {
+		if engines[i], err = engineOption(c, k, prec, log.With("trainer-engine", k)); err != nil {
+			return err
+		}
+	}
+	if len(kinds) > 1 || kinds[0] != "go" {
+		fmt.Fprintf(out, "localnet: engines %s, one per trainer in turn\n", strings.Join(kinds, ","))
+	}
+	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, c.Bool("virtual-time"), bad, engines, append(lb.nodeOpts, node.WithPrecision(prec))...)
 	if err != nil {
 		return err
 	}
@@ -709,9 +730,9 @@ func watchHeap(ctx context.Context) func() uint64 {
 }
 
 // startTrainers starts a trainer for each signer, the last with lastOpts
-// too; ordered ones join each epoch in the signers' order
-// (node.WithJoinOrder).
-func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, b chain.Backend, dir string, log *slog.Logger, ordered bool, lastOpts []node.Option, opts ...node.Option) ([]*localTrainer, error) {
+// too, trainer i with engines[i % len(engines)] (none: the go engine);
+// ordered ones join each epoch in the signers' order (node.WithJoinOrder).
+func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, b chain.Backend, dir string, log *slog.Logger, ordered bool, lastOpts []node.Option, engines [][]node.Option, opts ...node.Option) ([]*localTrainer, error) {
 	var trainers []*localTrainer
 	var addrs []string
 	var earlier []coordinator.Pubkey
@@ -720,6 +741,9 @@ func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, 
 		if ordered {
 			own = append(slices.Clone(opts), node.WithJoinOrder(earlier...))
 			earlier = append(earlier, signer.Public())
+		}
+		if len(engines) > 0 {
+			own = append(slices.Clone(own), engines[i%len(engines)]...)
 		}
 		seed := sha256.Sum256([]byte(fmt.Sprintf("localnet p2p %d %s", i, runID)))
 		t := &localTrainer{}
@@ -806,7 +830,11 @@ func bytesString(b uint64) string {
 // alone are a gigabyte, twice.
 func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
 	const chunk = 4
-	t := runmodel.ConfigOf(m).Context()
+	cfg, err := runmodel.ConfigOf(m)
+	if err != nil {
+		return 0, err
+	}
+	t := cfg.Context()
 	seqs := min(32, (len(tokens)-1)/t)
 	if seqs < 1 {
 		return 0, fmt.Errorf("the held-out tenth of the data has %d tokens, fewer than one sequence of %d needs", len(tokens), t+1)

@@ -384,7 +384,11 @@ func TestInterruptedLocalnetKeepsItsWeights(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start, err := runmodel.New(runmodel.ConfigOf(m), 1, nil)
+	cfg, err := runmodel.ConfigOf(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, err := runmodel.New(cfg, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -138,14 +138,14 @@ func TestLoadChecksRevision(t *testing.T) {
 			switch {
 			case !tc.refused && err != nil:
 				t.Errorf("%s, %s: %v", url, tc.name, err)
-			case !tc.refused && !slices.Equal(paramsOf(n.model), seeded.Params):
+			case !tc.refused && !slices.Equal(paramsOf(n.Model()), seeded.Params):
 				t.Errorf("%s, %s: other weights", url, tc.name)
 			case tc.refused:
 				want := fmt.Sprintf("node: the model from %s has hash %s, the run records %s: refusing to train", url, hash, otherHash)
 				if !errors.Is(err, runmodel.ErrRevision) || errors.Is(err, errLoadLater) || err.Error() != want {
 					t.Errorf("%s, %s: %v, want %q (not to be retried)", url, tc.name, err, want)
 				}
-				if n.model != nil || n.opt != nil {
+				if n.engine() != nil {
 					t.Errorf("%s, %s: the refused model was kept", url, tc.name)
 				}
 			}
@@ -237,7 +237,7 @@ func TestRestartOnSeparateMachines(t *testing.T) {
 	if err := b.load(context.Background(), s, false); err != nil {
 		t.Fatalf("B after A's offer: %v", err)
 	}
-	if !slices.Equal(paramsOf(b.model), recorded.Params) {
+	if !slices.Equal(paramsOf(b.Model()), recorded.Params) {
 		t.Fatal("B trains other weights than the recorded checkpoint")
 	}
 
@@ -248,7 +248,7 @@ func TestRestartOnSeparateMachines(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = d.load(context.Background(), state(idC, idD), false)
-	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.model != nil {
-		t.Fatalf("D offered another model: %v (model kept: %v), want a retryable revision error", err, d.model != nil)
+	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.engine() != nil {
+		t.Fatalf("D offered another model: %v (model kept: %v), want a retryable revision error", err, d.engine() != nil)
 	}
 }

@@ -86,13 +86,13 @@ func TestLoadLlamaCheckpointDirectory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n.model.Hash() != want.Hash() {
+			if n.Model().Hash() != want.Hash() {
 				t.Fatal("other weights")
 			}
 			// The next epoch keeps this model only if its config is the
 			// run's, whatever file it came from.
-			if run, _ := runmodel.ModelConfig(&s.Model); runmodel.ConfigOf(n.model) != run {
-				t.Fatalf("the loaded model's config %+v is not the run's %+v", runmodel.ConfigOf(n.model), run)
+			if run, _ := runmodel.ModelConfig(&s.Model); n.engine().Config() != run {
+				t.Fatalf("the loaded model's config %+v is not the run's %+v", n.engine().Config(), run)
 			}
 		})
 	}

@@ -42,6 +42,7 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
@@ -73,6 +74,7 @@ type config struct {
 	log            *slog.Logger
 	kernels        kernels.Backend
 	precision      kernels.Precision
+	engine         engine.Opener
 	checkpoints    string
 	peers          []string
 	checkpointWait time.Duration
@@ -219,6 +221,13 @@ func WithDataOptions(opts ...data.Option) Option {
 	return func(c *config) error { c.dataOpts = append(c.dataOpts, opts...); return nil }
 }
 
+// WithEngine sets what computes (default: engine.Go with the node's
+// kernels). The node loads every model on the host with its kernels and
+// opens an engine on it; the engine then owns the parameters.
+func WithEngine(o engine.Opener) Option {
+	return func(c *config) error { c.engine = o; return nil }
+}
+
 // Node is one trainer: the driver that does what its machine decides.
 type Node struct {
 	cfg     config
@@ -228,8 +237,12 @@ type Node struct {
 	net     p2p.Network
 	m       *machine
 
-	id      coordinator.ClientID
-	model   runmodel.Model
+	id coordinator.ClientID
+	// eng computes for the node once a model is loaded; engMu guards the
+	// field (Model reads it from other goroutines), not the engine.
+	engMu   sync.Mutex
+	eng     engine.Engine
+	last    runmodel.Model // the model held when Run closed the engine
 	fetches fetchQueue
 	// fetchCtx bounds the fetches in flight; dropFetches cancels it
 	// (Ready.DropFetches) and makes the next.
@@ -246,7 +259,6 @@ type Node struct {
 		epoch uint32
 		since time.Time
 	}
-	opt     *distro.DeMo
 	data    *data.Provider
 	dataLoc string
 	// unreadableEpoch is 1 + the epoch in which this node found the run's
@@ -280,7 +292,10 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 	if cfg.precision != "" {
 		cfg.kernels, _ = kernels.WithPrecision(cfg.kernels, cfg.precision)
 	}
-	logKernels(cfg.log, cfg.kernels, cfg.precision)
+	if cfg.engine == nil {
+		cfg.engine = engine.Go(cfg.kernels)
+		logKernels(cfg.log, cfg.kernels, cfg.precision)
+	}
 	if cfg.metrics == nil {
 		cfg.metrics = NewMetrics(nil)
 	}
@@ -302,8 +317,62 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 // ID is the node's client identity.
 func (n *Node) ID() coordinator.ClientID { return n.id }
 
-// Model is the node's model (nil until loaded).
-func (n *Node) Model() runmodel.Model { return n.model }
+// Model is a host model holding the node's current parameters (nil until
+// one is loaded, or when the engine cannot give them). With the Go engine
+// it is the model itself; other engines copy the parameters out, so call it
+// between rounds or after Run.
+func (n *Node) Model() runmodel.Model {
+	n.engMu.Lock()
+	e, last := n.eng, n.last
+	n.engMu.Unlock()
+	if e == nil {
+		return last
+	}
+	m, err := e.Model(context.Background())
+	if err != nil {
+		n.cfg.log.Warn("the engine cannot give its model", "engine", e.Name(), "err", err)
+		return nil
+	}
+	return m
+}
+
+// engine is the node's engine (nil until a model is loaded).
+func (n *Node) engine() engine.Engine {
+	n.engMu.Lock()
+	defer n.engMu.Unlock()
+	return n.eng
+}
+
+// setEngine replaces the node's engine, closing the one it had.
+func (n *Node) setEngine(e engine.Engine) {
+	n.engMu.Lock()
+	old := n.eng
+	n.eng = e
+	n.engMu.Unlock()
+	if old != nil && old != e {
+		if err := old.Close(); err != nil {
+			n.cfg.log.Warn("closing the previous engine", "engine", old.Name(), "err", err)
+		}
+	}
+}
+
+// closeEngine keeps a host copy of the model the engine holds (what Model
+// answers after Run) and releases the engine: a worker process does not
+// outlive the node's Run.
+func (n *Node) closeEngine() {
+	e := n.engine()
+	if e == nil {
+		return
+	}
+	m, err := e.Model(context.Background())
+	if err != nil {
+		n.cfg.log.Warn("the engine cannot give its model", "engine", e.Name(), "err", err)
+	}
+	n.engMu.Lock()
+	n.last = m
+	n.engMu.Unlock()
+	n.setEngine(nil)
+}
 
 // assignments lists, for every round the coordinator holds in s, which
 // client trains which batch: what the p2p validator checks announcements
@@ -354,6 +423,7 @@ func (n *Node) Run(ctx context.Context) error {
 		return err
 	}
 	defer n.uploads.Wait()
+	defer n.closeEngine()
 	defer n.finishAhead() // nothing uses the model after Run
 	// Instructions go out from a goroutine of their own, one at a time in
 	// the order asked: a send waits for the backend to confirm it (a
@@ -449,8 +519,8 @@ func (n *Node) Run(ctx context.Context) error {
 				ended = f.done
 				n.fetches.finished(f.ann)
 				n.startFetches(ctx, ev)
-				if f.err == nil && n.opt != nil {
-					if f.err = n.opt.Check(f.frame); f.err != nil {
+				if e := n.engine(); f.err == nil && e != nil {
+					if f.err = e.Plan().Check(f.frame); f.err != nil {
 						f.invalid = true
 					}
 				}
@@ -544,7 +614,7 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 // doAll's queue; fetches, pulls and ticks answer later, through ev.
 func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done bool, err error) {
 	if rd.Apply != nil {
-		if err := n.apply(rd.Apply); err != nil {
+		if err := n.apply(ctx, rd.Apply); err != nil {
 			return nil, false, err
 		}
 	}
@@ -802,8 +872,8 @@ func (q *fetchQueue) drop() {
 // protocol's.
 func (n *Node) startFetches(ctx context.Context, ev events) {
 	lim := distro.DefaultLimits
-	if n.opt != nil {
-		lim = n.opt.Limits()
+	if e := n.engine(); e != nil {
+		lim = e.Plan().Limits()
 	}
 	for _, a := range n.fetches.take(n.cfg.clock.Now()) {
 		working := n.cfg.clock.Work() // until Run has taken the result

@@ -31,10 +31,16 @@ const tensorDType = "F32"
 
 // shareModel offers the model to the joiners of epoch (a P2P checkpoint).
 func (n *Node) shareModel(ctx context.Context, epoch uint32) {
-	if n.model == nil {
+	e := n.engine()
+	if e == nil {
 		return
 	}
-	tensors := modelTensors(n.model)
+	model, err := e.Model(ctx)
+	if err != nil {
+		n.cfg.log.Warn("sharing the model with joiners failed: the engine cannot give its model", "engine", e.Name(), "err", err)
+		return
+	}
+	tensors := modelTensors(model)
 	if n.cfg.corruptShare != nil {
 		n.cfg.corruptShare(tensors)
 	}

@@ -14,8 +14,7 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/gpt"
-	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
 )
@@ -36,7 +35,8 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		return fmt.Errorf("node: %w", err)
 	}
 	n.checkStore(ctx, m.Store)
-	keep := keepModel && n.model != nil && runmodel.ConfigOf(n.model) == cfg
+	held := n.engine()
+	keep := keepModel && held != nil && held.Config() == cfg
 	if !keep {
 		var model runmodel.Model
 		var from string
@@ -103,7 +103,11 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 				from = url
 			}
 		}
-		if err := runmodel.Check(runmodel.ConfigOf(model), m); err != nil {
+		loaded, err := runmodel.ConfigOf(model)
+		if err == nil {
+			err = runmodel.Check(loaded, m)
+		}
+		if err != nil {
 			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
 		}
 		if fromURL {
@@ -141,20 +145,26 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 				}
 			}
 		}
-		n.model = model
-		opt, err := distro.NewDeMo(model.Shapes(), opts)
-		if err != nil {
-			return err
+		// The host model is the engine's from here on (the Go engine keeps
+		// it; another copies it to where it computes and drops it).
+		n.setEngine(nil)
+		op := n.cfg.engine
+		if op == nil {
+			op = engine.Go(n.cfg.kernels)
 		}
-		n.opt = opt
+		eng, err := op.Open(ctx, engine.Spec{Model: model, Optimizer: opts, Timeout: engineTimeout(s)})
+		if err != nil {
+			return fmt.Errorf("node: opening the %s engine on the model: %w", op.Name(), err)
+		}
+		n.setEngine(eng)
 		// No honest result of this model is larger: bigger announcements
 		// are refused before anything is fetched.
-		n.net.SetMaxPayload(opt.MaxFrameBytes())
-		n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams())
-	} else if n.opt != nil {
+		n.net.SetMaxPayload(eng.Plan().MaxFrameBytes())
+		n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams(), "engine", eng.Name())
+	} else {
 		// A kept optimizer follows the run's rule: it may have changed
 		// while the run was paused, and every trainer must apply the same.
-		if err := n.opt.SetAggregation(opts.Aggregation); err != nil {
+		if err := held.Plan().SetAggregation(opts.Aggregation); err != nil {
 			return fmt.Errorf("node: %w", err)
 		}
 	}
@@ -173,6 +183,14 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		n.data, n.dataLoc = p, loc
 	}
 	return nil
+}
+
+// engineTimeout is how long one computation of a round may take before the
+// engine is taken to hang: twice the run's training limit, at least a
+// minute (a round's gradient, step and apply fit in the training limit on a
+// trainer the run can use at all).
+func engineTimeout(s *coordinator.Coordinator) time.Duration {
+	return max(time.Minute, 2*time.Duration(s.Config.MaxRoundTrainTime)*time.Second)
 }
 
 // peersGaveUp says whether a failed load from peers should give way to the
@@ -201,7 +219,7 @@ func (n *Node) checkpointWait(s *coordinator.Coordinator) time.Duration {
 }
 
 // aheadRun is a gradient trained ahead in the background (TrainWork.Ahead):
-// the model's gradient tensors hold it once done is closed.
+// the engine holds it once done is closed.
 type aheadRun struct {
 	work TrainWork
 	done chan struct{}
@@ -241,34 +259,41 @@ func (n *Node) dropAhead() {
 	n.ahead = nil
 }
 
-// gradient reads w's batch and leaves the model's gradient on it in the
-// model's gradient tensors; it returns the loss, each sequence's loss and
-// how long computing it took (reading the data not included).
-func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, []float32, time.Duration, error) {
-	seqLen := runmodel.ConfigOf(n.model).Context()
-	count := int(w.Batch.End - w.Batch.Start)
-	in, tg := make([]uint32, 0, count*seqLen), make([]uint32, 0, count*seqLen)
+// readBatch reads the sequences [start, end) of the run's data (each index
+// shifted by shift) as an engine batch.
+func (n *Node) readBatch(ctx context.Context, e engine.Engine, start, end, shift uint64) (engine.Batch, error) {
+	seqLen := e.Config().Context()
+	count := int(end - start)
+	b := engine.Batch{Seqs: count, SeqLen: seqLen,
+		Inputs: make([]uint32, 0, count*seqLen), Targets: make([]uint32, 0, count*seqLen)}
 	buf := make([]uint32, seqLen+1)
-	for idx := w.Batch.Start; idx < w.Batch.End; idx++ {
-		seq, err := n.data.Sequence(ctx, idx+n.cfg.dataShift, buf)
+	for idx := start; idx < end; idx++ {
+		seq, err := n.data.Sequence(ctx, idx+shift, buf)
 		if err != nil {
-			return 0, nil, 0, fmt.Errorf("node: data index %d: %w", idx, err)
+			return engine.Batch{}, fmt.Errorf("node: data index %d: %w", idx, err)
 		}
-		in = append(in, seq[:seqLen]...)
-		tg = append(tg, seq[1:seqLen+1]...)
+		b.Inputs = append(b.Inputs, seq[:seqLen]...)
+		b.Targets = append(b.Targets, seq[1:seqLen+1]...)
 	}
-	start := time.Now()
-	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
-	loss, err := n.model.Forward(in, tg, count, seqLen)
+	return b, nil
+}
+
+// gradient reads w's batch and leaves the gradient on it in the engine; it
+// returns the loss, each sequence's loss and how long computing it took
+// (reading the data not included).
+func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, []float32, time.Duration, error) {
+	e := n.engine()
+	b, err := n.readBatch(ctx, e, w.Batch.Start, w.Batch.End, n.cfg.dataShift)
 	if err != nil {
 		return 0, nil, 0, err
 	}
-	seqLosses := n.model.SequenceLosses(seqLen)
-	n.model.ZeroGrad()
-	if err := n.model.Backward(); err != nil {
-		return 0, nil, 0, err
+	start := time.Now()
+	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
+	l, err := e.Gradient(ctx, b)
+	if err != nil {
+		return 0, nil, 0, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
-	return loss, seqLosses, time.Since(start), nil
+	return l.Mean, l.Seqs, time.Since(start), nil
 }
 
 // train runs this node's batch, steps the optimizer and publishes the
@@ -293,10 +318,11 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 			return p2p.Announcement{}, nil, trainStats{}, err
 		}
 	}
+	e := n.engine()
 	count := int(w.Batch.End - w.Batch.Start)
-	seqLen := runmodel.ConfigOf(n.model).Context()
+	seqLen := e.Config().Context()
 	start := time.Now()
-	frame, err := n.opt.Step(n.model.GradTensors(), w.LR)
+	frame, err := e.Step(ctx, w.LR)
 	if err != nil {
 		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: step %d: %w", w.Step, err)
 	}
@@ -335,7 +361,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 }
 
 // apply applies a round's consensus results.
-func (n *Node) apply(w *ApplyWork) error {
+func (n *Node) apply(ctx context.Context, w *ApplyWork) error {
 	n.dropAhead() // trained on the model before this apply
 	n.cfg.metrics.ResultsMissing.Add(float64(len(w.Missing)))
 	if len(w.Missing) > 0 {
@@ -346,7 +372,7 @@ func (n *Node) apply(w *ApplyWork) error {
 	}
 	start := time.Now()
 	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
-	if err := n.opt.Apply(n.model.Tensors(), w.Frames, w.LR); err != nil {
+	if err := n.engine().Apply(ctx, w.Frames, w.LR); err != nil {
 		return fmt.Errorf("node: applying step %d: %w", w.Step, err)
 	}
 	n.cfg.metrics.RoundsApplied.Inc()
@@ -363,12 +389,16 @@ func (n *Node) apply(w *ApplyWork) error {
 func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 	st := store.FromRun(w.Store)
 	name := fmt.Sprintf("%s-epoch%d-step%d", n.runID, w.Epoch, w.Step)
-	lm, isLlama := n.model.(*llama.Model)
-	gm, isGPT := n.model.(*gpt.Model)
+	e := n.engine()
+	model, err := e.Model(ctx)
+	if err != nil {
+		n.cfg.log.Warn("saving a checkpoint failed: the engine cannot give its model", "engine", e.Name(), "err", err)
+		return
+	}
 	// What goes to a store is a Hugging Face directory for every model, so
 	// the bucket holds what transformers loads.
-	hfDir := isLlama || (isGPT && !st.IsZero())
-	if !hfDir {
+	hf := !st.IsZero()
+	if !runmodel.SavesHF(e.Config(), hf) {
 		name += ".safetensors"
 	}
 	path, err := filepath.Abs(filepath.Join(n.cfg.checkpoints, name))
@@ -376,24 +406,14 @@ func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 		n.cfg.log.Warn("checkpoint path", "err", err)
 		return
 	}
-	switch {
-	case isLlama:
-		// A Llama checkpoint is a Hugging Face directory (config.json and
-		// model.safetensors in F32, so its hash is the model's): what
-		// transformers loads, and what a run's checkpoint URL may name.
-		err = lm.SaveHF(ctx, path, llama.HFOptions{})
-	case hfDir:
-		err = gm.SaveHF(ctx, path)
-	default:
-		err = n.model.Save(ctx, path, map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)})
-	}
-	if err != nil {
+	meta := map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)}
+	if err := runmodel.Save(ctx, model, path, hf, meta); err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed", "err", err)
 		return
 	}
 	// The saved model's hash as the revision: whoever loads the run from
 	// this URL later checks that the checkpoint is still this model.
-	rev := runmodel.Revision(n.model)
+	rev := runmodel.Revision(model)
 	if st.IsZero() {
 		n.recordCheckpoint(ctx, "file://"+path, rev)
 		return

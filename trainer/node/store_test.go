@@ -119,7 +119,7 @@ func TestStoreCheckpoints(t *testing.T) {
 	if l := logs["B"].String(); !strings.Contains(l, "checkpoint store reachable") {
 		t.Errorf("B's log does not say the store is reachable:\n%s", l)
 	}
-	if !slices.Equal(paramsOf(b.model), recorded.Params) {
+	if !slices.Equal(paramsOf(b.Model()), recorded.Params) {
 		t.Fatal("B trains other weights than the recorded checkpoint")
 	}
 	if _, err := os.Stat(filepath.Join(b.cfg.checkpoints, "from-store", "ckpt_runs_run_step-7", "model.safetensors")); err != nil {
@@ -130,7 +130,7 @@ func TestStoreCheckpoints(t *testing.T) {
 	if err := c.load(ctx, s, false); err != nil {
 		t.Fatalf("C after B's offer: %v", err)
 	}
-	if !slices.Equal(paramsOf(c.model), recorded.Params) {
+	if !slices.Equal(paramsOf(c.Model()), recorded.Params) {
 		t.Fatal("C trains other weights than the recorded checkpoint")
 	}
 
@@ -150,10 +150,10 @@ func TestStoreCheckpoints(t *testing.T) {
 	d, idD := trainer("D")
 	err = d.load(ctx, state(idD), false)
 	d.uploads.Wait()
-	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.model != nil ||
+	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.engine() != nil ||
 		!strings.Contains(err.Error(), rev) || !strings.Contains(err.Error(), runmodel.Revision(other)) {
 		t.Fatalf("D loading a replaced model: %v (model kept: %v), want a retryable error naming hashes %s and %s",
-			err, d.model != nil, rev, runmodel.Revision(other))
+			err, d.engine() != nil, rev, runmodel.Revision(other))
 	}
 }
 

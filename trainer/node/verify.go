@@ -12,7 +12,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/schedule"
 )
 
@@ -512,26 +512,27 @@ func (n *Node) referenceLosses(ctx context.Context, ranges []p2p.BatchRange) (ma
 		n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds())
 		n.cfg.metrics.VerifySeconds.Add(time.Since(start).Seconds())
 	}()
-	seqLen := runmodel.ConfigOf(n.model).Context()
-	var in, tg []uint32
+	e := n.engine()
+	b := engine.Batch{SeqLen: e.Config().Context()}
 	var idxs []uint64
-	buf := make([]uint32, seqLen+1)
 	for _, r := range ranges {
+		rb, err := n.readBatch(ctx, e, r.Start, r.End, 0)
+		if err != nil {
+			return nil, err
+		}
+		b.Inputs, b.Targets = append(b.Inputs, rb.Inputs...), append(b.Targets, rb.Targets...)
 		for idx := r.Start; idx < r.End; idx++ {
-			seq, err := n.data.Sequence(ctx, idx, buf)
-			if err != nil {
-				return nil, fmt.Errorf("node: data index %d: %w", idx, err)
-			}
-			in, tg = append(in, seq[:seqLen]...), append(tg, seq[1:seqLen+1]...)
 			idxs = append(idxs, idx)
 		}
 	}
-	if _, err := n.model.Forward(in, tg, len(idxs), seqLen); err != nil {
-		return nil, err
+	b.Seqs = len(idxs)
+	l, err := e.Losses(ctx, b)
+	if err != nil {
+		return nil, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
 	ref := make(map[uint64]float32, len(idxs))
-	for i, l := range n.model.SequenceLosses(seqLen) {
-		ref[idxs[i]] = l
+	for i, v := range l.Seqs {
+		ref[idxs[i]] = v
 	}
 	return ref, nil
 }
@@ -546,59 +547,43 @@ func (n *Node) verify(ctx context.Context, w VerifyWork) (score, drop float32, s
 		n.cfg.metrics.VerifySeconds.Add(time.Since(start).Seconds())
 		n.cfg.metrics.Verifications.Inc()
 	}()
-	seqLen := runmodel.ConfigOf(n.model).Context()
-	read := func(b p2p.BatchRange) ([]uint32, []uint32, int, error) {
-		count := int(b.End - b.Start)
-		in, tg := make([]uint32, 0, count*seqLen), make([]uint32, 0, count*seqLen)
-		buf := make([]uint32, seqLen+1)
-		for idx := b.Start; idx < b.End; idx++ {
-			seq, err := n.data.Sequence(ctx, idx, buf)
-			if err != nil {
-				return nil, nil, 0, fmt.Errorf("node: data index %d: %w", idx, err)
-			}
-			in = append(in, seq[:seqLen]...)
-			tg = append(tg, seq[1:seqLen+1]...)
+	e := n.engine()
+	trained, err := n.readBatch(ctx, e, w.Batch.Start, w.Batch.End, 0)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	scored = w.Control.End > w.Control.Start
+	var control engine.Batch
+	if scored {
+		if control, err = n.readBatch(ctx, e, w.Control.Start, w.Control.End, 0); err != nil {
+			return 0, 0, false, err
 		}
-		return in, tg, count, nil
 	}
-	oin, otg, ocount, err := read(w.Batch)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	cin, ctg, ccount, err := read(w.Control)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	scored = ccount > 0
 	losses := func() (float64, float64, error) {
-		lo, err := n.model.Forward(oin, otg, ocount, seqLen)
+		lo, err := e.Losses(ctx, trained)
 		if err != nil || !scored {
-			return float64(lo), 0, err
+			return float64(lo.Mean), 0, err
 		}
-		lc, err := n.model.Forward(cin, ctg, ccount, seqLen)
-		return float64(lo), float64(lc), err
+		lc, err := e.Losses(ctx, control)
+		return float64(lo.Mean), float64(lc.Mean), err
 	}
 	before0, beforeC, err := losses()
 	if err != nil {
-		return 0, 0, false, err
+		return 0, 0, false, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
-	params := n.model.Tensors()
-	saved := make([][]float32, len(params))
-	for i, p := range params {
-		saved[i] = append([]float32(nil), p...)
-	}
-	defer func() {
-		for i, p := range params {
-			copy(p, saved[i])
-		}
-	}()
 	nan := float32(math.NaN())
-	if err := n.opt.Apply(params, []*distro.Frame{w.Frame}, w.LR); err != nil {
+	if err := e.Plan().Check(w.Frame); err != nil {
 		return nan, nan, scored, nil // a frame the run's optimizer refuses did no work
 	}
+	if err := e.Try(ctx, []*distro.Frame{w.Frame}, w.LR); err != nil {
+		return 0, 0, false, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
+	}
 	after0, afterC, err := losses()
+	if uerr := e.Undo(ctx); err == nil && uerr != nil {
+		err = uerr
+	}
 	if err != nil {
-		return 0, 0, false, err
+		return 0, 0, false, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
 	own, ctl := before0-after0, beforeC-afterC
 	s := (own - ctl) / (math.Abs(own) + math.Abs(ctl) + 1e-12)

@@ -71,16 +71,39 @@ func (c Config) Context() int {
 	return c.GPT.Context
 }
 
-// ConfigOf is the config of a model.
-func ConfigOf(m Model) Config {
+// ConfigOf is the config of a model; a model of a type this package does
+// not build wraps ErrArchitecture.
+func ConfigOf(m Model) (Config, error) {
 	switch m := m.(type) {
 	case *gpt.Model:
-		return Config{Arch: coordinator.ArchGPT, GPT: m.Config}
+		return Config{Arch: coordinator.ArchGPT, GPT: m.Config}, nil
 	case *llama.Model:
-		return Config{Arch: coordinator.ArchLlama, Llama: m.Config}
+		return Config{Arch: coordinator.ArchLlama, Llama: m.Config}, nil
 	}
-	panic(fmt.Sprintf("runmodel: unknown model type %T", m))
+	return Config{}, fmt.Errorf("%w: a model of type %T", ErrArchitecture, m)
 }
+
+// Save writes m to path as a checkpoint: a Hugging Face directory
+// (config.json and model.safetensors in F32, so its hash is the model's)
+// when hf is set or the model is a Llama (a Llama checkpoint is always one:
+// what transformers loads, and what a run's checkpoint URL may name),
+// otherwise one safetensors file with meta in its header.
+func Save(ctx context.Context, m Model, path string, hf bool, meta map[string]string) error {
+	switch m := m.(type) {
+	case *llama.Model:
+		return m.SaveHF(ctx, path, llama.HFOptions{})
+	case *gpt.Model:
+		if hf {
+			return m.SaveHF(ctx, path)
+		}
+		return m.Save(ctx, path, meta)
+	}
+	return fmt.Errorf("%w: a model of type %T", ErrArchitecture, m)
+}
+
+// SavesHF says whether Save writes m as a Hugging Face directory rather
+// than one file.
+func SavesHF(c Config, hf bool) bool { return hf || c.Arch == coordinator.ArchLlama }
 
 // Llama is the Llama config the run describes, failing (wrapping
 // ErrArchitecture) for another architecture. A run trains with RMSNorm's

@@ -163,7 +163,7 @@ func TestLlamaRoundTrip(t *testing.T) {
 		t.Fatalf("ModelConfig = %+v, %v", c, err)
 	}
 	model, err := New(c, 1, nil)
-	if err != nil || ConfigOf(model) != c || model.NumParams() != smallLlama.NumParams() {
+	if got, _ := ConfigOf(model); err != nil || got != c || model.NumParams() != smallLlama.NumParams() {
 		t.Fatalf("New = %v, %v", model, err)
 	}
 	if err := Check(c, &m); err != nil {

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/torch"
+	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/urfave/cli/v2"
+)
+
+// The engine flags of join and localnet: what computes a trainer's rounds.
+var (
+	engineFlag = &cli.StringFlag{Name: "engine", Value: "go", Category: "ENGINE",
+		Usage: "what computes: go (this binary's kernels) or torch (a PyTorch worker: python3 or $PSYCHE_PYTHON with torch 1.13+ and numpy); localnet takes a list, one per trainer, repeated (go,torch: a mixed run)"}
+	deviceFlag = &cli.StringFlag{Name: "device", Value: "cpu", Category: "ENGINE",
+		Usage: "with --engine torch: cpu, cuda, cuda:N or mps"}
+	compileFlag = &cli.BoolFlag{Name: "compile", Category: "ENGINE",
+		Usage: "with --engine torch: compile the model with torch.compile (torch 2.x; an older torch runs eagerly and says so)"}
+)
+
+// engineKinds reads --engine: one kind, or (allowMany) a comma-separated
+// list of them.
+func engineKinds(c *cli.Context, allowMany bool) ([]string, error) {
+	var kinds []string
+	for _, k := range strings.Split(c.String("engine"), ",") {
+		k = strings.TrimSpace(k)
+		if k != "go" && k != "torch" {
+			return nil, fmt.Errorf("--engine %q: want go or torch", c.String("engine"))
+		}
+		kinds = append(kinds, k)
+	}
+	if len(kinds) > 1 && !allowMany {
+		return nil, fmt.Errorf("--engine %q: a trainer has one engine: go or torch", c.String("engine"))
+	}
+	if c.IsSet("device") && !contains(kinds, "torch") {
+		return nil, fmt.Errorf("--device %s is for --engine torch (the go engine computes with its kernels: --precision, or a -tags cuda build)", c.String("device"))
+	}
+	return kinds, nil
+}
+
+func contains(v []string, s string) bool {
+	for _, x := range v {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// checkEngines says, before anything else starts, whether this machine can
+// run the engines asked for: the one line a user reads when python or torch
+// is missing, or the device is not there.
+func checkEngines(ctx context.Context, c *cli.Context, kinds []string, prec kernels.Precision) error {
+	if !contains(kinds, "torch") {
+		return nil
+	}
+	op, err := newTorch(c, prec, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err
+	}
+	info, err := op.Check(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "engine: %s\n", info)
+	return nil
+}
+
+func newTorch(c *cli.Context, prec kernels.Precision, log *slog.Logger) (*torch.Opener, error) {
+	return torch.New(torch.WithDevice(c.String("device")), torch.WithPrecision(prec),
+		torch.WithCompile(c.Bool("compile")), torch.WithLogger(log))
+}
+
+// engineOption is the node option of an engine kind (none for go: the
+// node's default).
+func engineOption(c *cli.Context, kind string, prec kernels.Precision, log *slog.Logger) ([]node.Option, error) {
+	if kind != "torch" {
+		return nil, nil
+	}
+	op, err := newTorch(c, prec, log)
+	if err != nil {
+		return nil, err
+	}
+	return []node.Option{node.WithEngine(op)}, nil
+}
+
+var _ engine.Opener = (*torch.Opener)(nil)

@@ -1,0 +1,101 @@
+// Package engine owns the seam between a trainer's node and whatever
+// computes for it. The node decides what to compute (which batch, at which
+// learning rate, which frames to apply, which sequences to score) and hands
+// it to an Engine; the engine owns the model's parameters, its gradients,
+// the DisTrO optimizer's state and all the arithmetic, wherever they live
+// (host memory for the Go engine, a device behind a worker process for the
+// PyTorch engine). What crosses the seam each round is batches, frame
+// entries and losses: never the parameters. Models cross it once per epoch:
+// in when an engine is opened on a loaded model, out when a checkpoint is
+// saved or offered to peers (Engine.Model).
+//
+// Frames are checked, sized and combined by the run's distro.Plan on the
+// node's side of the seam, so every engine applies the aggregate the same
+// rule decided (Engine.Plan).
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+// Batch is b sequences of t tokens: the inputs and, shifted by one, the
+// tokens each position must predict, row-major.
+type Batch struct {
+	Inputs, Targets []uint32
+	Seqs, SeqLen    int
+}
+
+// Losses are a batch's mean loss (what the model's training minimises) and
+// each sequence's own mean loss (what a frame claims, and witnesses check).
+type Losses struct {
+	Mean float32
+	Seqs []float32
+}
+
+// Engine computes for one trainer. Its methods are called from one
+// goroutine at a time, except Model, which may be called at any time (it
+// waits for the computation in progress).
+type Engine interface {
+	// Name says what computes, for logs ("go: openblas fp32", "torch
+	// 2.11 on cuda:0, bf16").
+	Name() string
+	// Config is the shape of the model the engine holds.
+	Config() runmodel.Config
+	// Plan is the run's DisTrO plan: how tensors are cut into tiles,
+	// what a peer's frame must look like, and the aggregation rule.
+	Plan() *distro.Plan
+	// Gradient computes the gradient of the batch at the current
+	// parameters and keeps it for Step (replacing any kept one).
+	Gradient(ctx context.Context, b Batch) (Losses, error)
+	// Step folds the kept gradient into the DisTrO momentum and returns
+	// the compressed result to publish (its Losses left to the caller).
+	Step(ctx context.Context, lr float32) (*distro.Frame, error)
+	// Apply applies a round's consensus frames (in any order: the result
+	// depends only on the set).
+	Apply(ctx context.Context, frames []*distro.Frame, lr float32) error
+	// Losses is the batch's loss at the current parameters; no gradient is
+	// computed and the kept one stays.
+	Losses(ctx context.Context, b Batch) (Losses, error)
+	// Try applies frames after saving the parameters; Undo restores the
+	// saved parameters exactly. A trainer's result is scored this way.
+	Try(ctx context.Context, frames []*distro.Frame, lr float32) error
+	Undo(ctx context.Context) error
+	// Model is a host model holding the engine's current parameters, for
+	// checkpoints, hashes and P2P offers. The Go engine returns its own
+	// model (not a copy); other engines copy the parameters out.
+	Model(ctx context.Context) (runmodel.Model, error)
+	// Close releases what the engine holds (a worker process, device
+	// memory). The engine is unusable afterwards.
+	Close() error
+}
+
+// Spec is what an engine is opened on: the model it starts from (a host
+// model the node loaded: seeded, from a file, from peers) and the run's
+// optimizer.
+type Spec struct {
+	Model     runmodel.Model
+	Optimizer distro.Options
+	// Timeout bounds one round's computation (a gradient, a step, an
+	// apply): an engine whose computation takes longer is taken to hang.
+	// Zero means the engine's default.
+	Timeout time.Duration
+}
+
+// Opener opens engines of one kind; a node opens one per model it loads
+// and closes the previous.
+type Opener interface {
+	Open(ctx context.Context, s Spec) (Engine, error)
+	// Name is the kind, for logs and errors ("go", "torch").
+	Name() string
+}
+
+// ErrClosed is returned by an engine used after Close.
+var ErrClosed = errors.New("engine: closed")
+
+// ErrNoUndo is returned by Undo without a Try before it.
+var ErrNoUndo = errors.New("engine: nothing to undo")

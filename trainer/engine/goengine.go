@@ -1,0 +1,195 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+// Go is the engine of this module's own models and kernels: the model's
+// tensors live in host memory (or behind the CUDA backend), and DisTrO runs
+// in package distro on the CPU. be names the kernels the node built its
+// models with (nil: kernels.Default()); workers is the optimizer's
+// goroutines when the run's options leave it unset.
+func Go(be kernels.Backend) Opener {
+	if be == nil {
+		be = kernels.Default()
+	}
+	return goOpener{be: be}
+}
+
+type goOpener struct{ be kernels.Backend }
+
+func (goOpener) Name() string { return "go" }
+
+func (o goOpener) Open(_ context.Context, s Spec) (Engine, error) {
+	if s.Model == nil {
+		return nil, fmt.Errorf("engine: no model to open")
+	}
+	cfg, err := runmodel.ConfigOf(s.Model)
+	if err != nil {
+		return nil, err
+	}
+	opt, err := distro.NewDeMo(s.Model.Shapes(), s.Optimizer)
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("go: %s %s", o.be.Name(), kernels.PrecisionOf(o.be))
+	return &goEngine{name: name, m: s.Model, cfg: cfg, opt: opt}, nil
+}
+
+// goEngine holds a runmodel.Model and its DeMo state. mu serialises
+// computation with Model's callers only in the sense the interface promises:
+// Model returns the live model, which the caller reads between rounds.
+type goEngine struct {
+	mu     sync.Mutex
+	name   string
+	m      runmodel.Model
+	cfg    runmodel.Config
+	opt    *distro.DeMo
+	backup [][]float32 // Try's saved parameters, reused between tries
+	trying bool
+	closed bool
+}
+
+func (e *goEngine) Name() string            { return e.name }
+func (e *goEngine) Config() runmodel.Config { return e.cfg }
+func (e *goEngine) Plan() *distro.Plan      { return e.opt.Plan() }
+
+// Optimizer is the engine's DisTrO state, for tests that compare engines.
+func (e *goEngine) Optimizer() *distro.DeMo { return e.opt }
+
+func (e *goEngine) forward(b Batch) (Losses, error) {
+	if err := checkBatch(b, e.cfg.Context()); err != nil {
+		return Losses{}, err
+	}
+	loss, err := e.m.Forward(b.Inputs, b.Targets, b.Seqs, b.SeqLen)
+	if err != nil {
+		return Losses{}, err
+	}
+	return Losses{Mean: loss, Seqs: e.m.SequenceLosses(b.SeqLen)}, nil
+}
+
+func (e *goEngine) Gradient(_ context.Context, b Batch) (Losses, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return Losses{}, ErrClosed
+	}
+	l, err := e.forward(b)
+	if err != nil {
+		return Losses{}, err
+	}
+	e.m.ZeroGrad()
+	if err := e.m.Backward(); err != nil {
+		return Losses{}, err
+	}
+	return l, nil
+}
+
+func (e *goEngine) Step(_ context.Context, lr float32) (*distro.Frame, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrClosed
+	}
+	return e.opt.Step(e.m.GradTensors(), lr)
+}
+
+func (e *goEngine) Apply(_ context.Context, frames []*distro.Frame, lr float32) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	return e.opt.Apply(e.m.Tensors(), frames, lr)
+}
+
+func (e *goEngine) Losses(_ context.Context, b Batch) (Losses, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return Losses{}, ErrClosed
+	}
+	return e.forward(b)
+}
+
+func (e *goEngine) Try(_ context.Context, frames []*distro.Frame, lr float32) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	params := e.m.Tensors()
+	if e.backup == nil {
+		e.backup = make([][]float32, len(params))
+		for i, p := range params {
+			e.backup[i] = make([]float32, len(p))
+		}
+	}
+	for i, p := range params {
+		copy(e.backup[i], p)
+	}
+	e.trying = true
+	if err := e.opt.Apply(params, frames, lr); err != nil {
+		e.restore()
+		return err
+	}
+	return nil
+}
+
+func (e *goEngine) Undo(context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	if !e.trying {
+		return ErrNoUndo
+	}
+	e.restore()
+	return nil
+}
+
+func (e *goEngine) restore() {
+	for i, p := range e.m.Tensors() {
+		copy(p, e.backup[i])
+	}
+	e.trying = false
+}
+
+func (e *goEngine) Model(context.Context) (runmodel.Model, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrClosed
+	}
+	return e.m, nil
+}
+
+func (e *goEngine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	e.backup = nil
+	return nil
+}
+
+// checkBatch refuses a batch whose token counts disagree with its shape or
+// whose sequences are longer than the model's context.
+func checkBatch(b Batch, context int) error {
+	n := b.Seqs * b.SeqLen
+	switch {
+	case b.Seqs <= 0 || b.SeqLen <= 0:
+		return fmt.Errorf("engine: empty batch (%d×%d)", b.Seqs, b.SeqLen)
+	case b.SeqLen > context:
+		return fmt.Errorf("engine: sequences of %d tokens, the model's context is %d", b.SeqLen, context)
+	case len(b.Inputs) != n || len(b.Targets) != n:
+		return fmt.Errorf("engine: a %d×%d batch with %d inputs and %d targets", b.Seqs, b.SeqLen, len(b.Inputs), len(b.Targets))
+	}
+	return nil
+}

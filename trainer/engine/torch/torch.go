@@ -1,0 +1,481 @@
+// Package torch owns the PyTorch engine: psyche starts a Python worker
+// process (its code is embedded in this package, worker/*.py) that holds
+// the model's parameters, gradients and DisTrO state on a torch device (the
+// CPU, a CUDA or ROCm GPU, Apple's mps) and does the arithmetic there. The
+// worker needs only torch (1.13 or newer) and numpy. Per round, what
+// crosses the pipe is the batch's tokens, the frame's entries, the round's
+// combined coefficients (distro.Plan.Combine: the aggregation rule runs in
+// Go, once, for every engine) and losses; the parameters cross only when a
+// model is opened or copied out for a checkpoint.
+//
+// A worker that dies, hangs past the round's time or breaks the protocol
+// makes every later call fail with its exit status and last output (the
+// node then stops, and the trainer exits non-zero); the worker's own
+// refusals (out of device memory, a gradient that is not finite) leave it
+// running.
+package torch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+type options struct {
+	python    string
+	device    string
+	precision string
+	compile   bool
+	log       *slog.Logger
+	kernels   kernels.Backend
+}
+
+// Option configures the engine.
+type Option func(*options) error
+
+// WithPython sets the interpreter (default: $PSYCHE_PYTHON, else python3 on
+// PATH, then /usr/bin/python3).
+func WithPython(path string) Option { return func(o *options) error { o.python = path; return nil } }
+
+var deviceRE = regexp.MustCompile(`^(cpu|mps|cuda(:[0-9]+)?)$`)
+
+// WithDevice sets the torch device: cpu, cuda, cuda:N or mps (default cpu).
+// A ROCm build of torch names its GPUs cuda too.
+func WithDevice(d string) Option {
+	return func(o *options) error {
+		if !deviceRE.MatchString(d) {
+			return fmt.Errorf("torch engine: device %q: want cpu, cuda, cuda:N or mps", d)
+		}
+		o.device = d
+		return nil
+	}
+}
+
+// WithPrecision sets the arithmetic: "fp32" (default) or "bf16" (autocast
+// over float32 master weights: the matrix products and attention in
+// bfloat16, norms, losses, gradients and DisTrO in float32).
+func WithPrecision(p kernels.Precision) Option {
+	return func(o *options) error {
+		switch p {
+		case "", kernels.FP32:
+			o.precision = "fp32"
+		case kernels.BF16:
+			o.precision = "bf16"
+		default:
+			return fmt.Errorf("torch engine: precision %q: want fp32 or bf16", p)
+		}
+		return nil
+	}
+}
+
+// WithCompile compiles the model's forward and backward with torch.compile
+// where the installed torch has it (2.0 and newer); an older torch says so
+// in the log and runs eagerly.
+func WithCompile(on bool) Option { return func(o *options) error { o.compile = on; return nil } }
+
+// WithLogger sets the logger (default: discard); the worker's start line is
+// logged at info level, the rest of its output at debug.
+func WithLogger(l *slog.Logger) Option { return func(o *options) error { o.log = l; return nil } }
+
+// WithKernels sets the kernels of the host models Model returns (default:
+// kernels.Default()).
+func WithKernels(k kernels.Backend) Option {
+	return func(o *options) error { o.kernels = k; return nil }
+}
+
+// Opener opens PyTorch engines: one worker process per engine.
+type Opener struct{ o options }
+
+// New returns an Opener. Nothing starts until Check or Open.
+func New(opts ...Option) (*Opener, error) {
+	o := options{device: "cpu", precision: "fp32", log: slog.New(slog.DiscardHandler)}
+	for _, f := range opts {
+		if err := f(&o); err != nil {
+			return nil, err
+		}
+	}
+	if o.kernels == nil {
+		o.kernels = kernels.Default()
+	}
+	return &Opener{o: o}, nil
+}
+
+// Name is "torch".
+func (*Opener) Name() string { return "torch" }
+
+// Info is what Check found: the interpreter and its torch, and the device.
+type Info struct {
+	Python, Torch, Device, DeviceName string
+	Memory                            int64
+	SDPA, Compile                     bool
+}
+
+func (i Info) String() string {
+	s := fmt.Sprintf("torch %s (%s) on %s", i.Torch, i.Python, i.Device)
+	if i.DeviceName != "" {
+		s += " (" + i.DeviceName + ")"
+	}
+	return s
+}
+
+// Check starts a worker and stops it: it says, before a trainer starts any
+// networking, whether this machine can run the engine as asked (a python
+// with torch and numpy, the device present). Errors wrap ErrNoTorch when
+// the python or its torch is missing.
+func (op *Opener) Check(ctx context.Context) (Info, error) {
+	w, h, err := startWorker(ctx, &op.o)
+	if err != nil {
+		return Info{}, err
+	}
+	defer w.close()
+	return info(w, h), nil
+}
+
+func info(w *worker, h *hello) Info {
+	return Info{Python: w.python, Torch: h.Torch, Device: h.Device, DeviceName: h.DeviceName, Memory: h.Memory, SDPA: h.SDPA, Compile: h.Compile}
+}
+
+// Open starts a worker and hands it the model and the run's optimizer.
+func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error) {
+	if s.Model == nil {
+		return nil, errors.New("torch engine: no model to open")
+	}
+	cfg, err := runmodel.ConfigOf(s.Model)
+	if err != nil {
+		return nil, err
+	}
+	if s.Optimizer.Update != distro.UpdateSign {
+		return nil, fmt.Errorf("torch engine: update rule %v: the engine applies sign updates only", s.Optimizer.Update)
+	}
+	plan, err := distro.NewPlan(s.Model.Shapes(), s.Optimizer)
+	if err != nil {
+		return nil, err
+	}
+	w, h, err := startWorker(ctx, &op.o)
+	if err != nil {
+		return nil, err
+	}
+	timeout := s.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Minute
+	}
+	e := &eng{w: w, o: op.o, cfg: cfg, plan: plan, timeout: timeout, shapes: s.Model.Shapes(), info: info(w, h),
+		params: s.Model.NumParams()}
+	e.name = fmt.Sprintf("torch %s on %s, %s", h.Torch, h.Device, op.o.precision)
+	if h.DeviceName != "" {
+		e.name = fmt.Sprintf("torch %s on %s (%s), %s", h.Torch, h.Device, h.DeviceName, op.o.precision)
+	}
+	if err := e.open(ctx, s.Model, s.Optimizer); err != nil {
+		w.kill()
+		return nil, err
+	}
+	return e, nil
+}
+
+// eng is one worker holding one model.
+type eng struct {
+	mu      sync.Mutex // one request at a time
+	w       *worker
+	o       options
+	cfg     runmodel.Config
+	plan    *distro.Plan
+	shapes  [][]int
+	params  int
+	name    string
+	info    Info
+	timeout time.Duration
+	closed  bool
+	broken  error // the worker's failure: every later call returns it
+}
+
+var _ engine.Engine = (*eng)(nil)
+
+func (e *eng) Name() string            { return e.name }
+func (e *eng) Config() runmodel.Config { return e.cfg }
+func (e *eng) Plan() *distro.Plan      { return e.plan }
+
+// Info is what the worker said of itself.
+func (e *eng) Info() Info { return e.info }
+
+// Pid is the worker process's id (tests kill it).
+func (e *eng) Pid() int { return e.w.pid() }
+
+// bulkTimeout bounds a call that moves every parameter (open, Model): a
+// minute plus a second per 20M parameters, at least the round's.
+func (e *eng) bulkTimeout() time.Duration {
+	return max(e.timeout, time.Minute+time.Duration(e.params/20_000_000)*time.Second)
+}
+
+// do sends one request under the engine's lock.
+func (e *eng) do(ctx context.Context, timeout time.Duration, h header, blobs [][]byte) (*answer, error) {
+	if e.closed {
+		return nil, engine.ErrClosed
+	}
+	if e.broken != nil {
+		return nil, e.broken
+	}
+	a, err := e.w.call(ctx, timeout, h, blobs)
+	if err != nil {
+		if errors.Is(err, errWorker) {
+			e.broken = err
+		}
+		return nil, e.explain(err, h)
+	}
+	return a, nil
+}
+
+// explain turns the worker's out-of-memory refusal into an error that
+// names the model, the batch and the device.
+func (e *eng) explain(err error, h header) error {
+	var we *workerError
+	if !errors.As(err, &we) || we.kind != kindOOM {
+		return err
+	}
+	what := fmt.Sprintf("the %s of %d parameters", archName(e.cfg.Arch), e.params)
+	if b, ok := h["b"].(int); ok {
+		what += fmt.Sprintf(" at a batch of %d×%v tokens", b, h["t"])
+	}
+	return fmt.Errorf("torch engine: out of memory on %s for %s (%s): use a smaller model or batch, bf16, or a device with more memory",
+		e.info.Device, what, firstLine(we.msg))
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func archName(a coordinator.Architecture) string {
+	if a == coordinator.ArchLlama {
+		return "Llama"
+	}
+	return "GPT"
+}
+
+// modelConfig is the model's shape as the worker's models.build reads it.
+func modelConfig(c runmodel.Config) (string, map[string]any) {
+	if c.Arch == coordinator.ArchLlama {
+		l := c.Llama
+		eps := l.NormEps
+		if eps == 0 {
+			eps = llama.DefaultNormEps
+		}
+		return "llama", map[string]any{"vocab": l.Vocab, "context": l.Context, "width": l.Width, "layers": l.Layers,
+			"heads": l.Heads, "kv_heads": l.KVHeads, "intermediate": l.Intermediate, "rope_theta": l.RopeTheta,
+			"tied_head": l.TiedHead, "norm_eps": eps}
+	}
+	g := c.GPT
+	return "gpt", map[string]any{"vocab": g.Vocab, "context": g.Context, "width": g.Width, "layers": g.Layers, "heads": g.Heads}
+}
+
+func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) error {
+	arch, mc := modelConfig(e.cfg)
+	var layouts []map[string]any
+	for _, l := range e.plan.Layouts() {
+		layouts = append(layouts, map[string]any{"shape": l.Shape, "outer": l.Outer, "rows": l.Rows, "cols": l.Cols,
+			"th": l.TileH, "tw": l.TileW, "k": l.K})
+	}
+	h := header{"op": "open", "arch": arch, "config": mc, "layouts": layouts, "shapes": e.shapes,
+		"distro": map[string]any{"decay": o.Decay, "weight_decay": o.WeightDecay, "clip": o.ClipGradNorm,
+			"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS},
+		"precision": e.o.precision, "compile": e.o.compile}
+	ts := m.Tensors()
+	blobs := make([][]byte, len(ts))
+	for i, t := range ts {
+		blobs[i] = f32Bytes(t)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err := e.do(ctx, e.bulkTimeout(), h, blobs)
+	return err
+}
+
+func (e *eng) batchCall(ctx context.Context, op string, b engine.Batch) (engine.Losses, error) {
+	if b.Seqs <= 0 || b.SeqLen <= 0 || b.SeqLen > e.cfg.Context() || len(b.Inputs) != b.Seqs*b.SeqLen || len(b.Targets) != len(b.Inputs) {
+		return engine.Losses{}, fmt.Errorf("torch engine: a %d×%d batch with %d inputs and %d targets (context %d)",
+			b.Seqs, b.SeqLen, len(b.Inputs), len(b.Targets), e.cfg.Context())
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a, err := e.do(ctx, e.timeout, header{"op": op, "b": b.Seqs, "t": b.SeqLen}, [][]byte{u32Bytes(b.Inputs), u32Bytes(b.Targets)})
+	if err != nil {
+		return engine.Losses{}, err
+	}
+	var f struct {
+		Loss float32 `json:"loss"`
+	}
+	if err := a.fields(&f); err != nil {
+		return engine.Losses{}, err
+	}
+	if len(a.blobs) != 1 {
+		return engine.Losses{}, fmt.Errorf("torch engine: %s answered %d blobs, want 1", op, len(a.blobs))
+	}
+	seqs, err := f32s(a.blobs[0])
+	if err == nil && len(seqs) != b.Seqs {
+		err = fmt.Errorf("torch engine: %d sequence losses for %d sequences", len(seqs), b.Seqs)
+	}
+	if err != nil {
+		return engine.Losses{}, err
+	}
+	return engine.Losses{Mean: f.Loss, Seqs: seqs}, nil
+}
+
+func (e *eng) Gradient(ctx context.Context, b engine.Batch) (engine.Losses, error) {
+	return e.batchCall(ctx, "gradient", b)
+}
+
+func (e *eng) Losses(ctx context.Context, b engine.Batch) (engine.Losses, error) {
+	return e.batchCall(ctx, "losses", b)
+}
+
+func (e *eng) Step(ctx context.Context, lr float32) (*distro.Frame, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a, err := e.do(ctx, e.timeout, header{"op": "step", "lr": lr}, nil)
+	if err != nil {
+		var we *workerError
+		if errors.As(err, &we) && we.kind == kindNonFinite {
+			return nil, fmt.Errorf("%w (%s)", distro.ErrNonFinite, we.msg)
+		}
+		return nil, err
+	}
+	n := len(e.shapes)
+	if len(a.blobs) != 2*n {
+		return nil, fmt.Errorf("torch engine: step answered %d blobs, want %d", len(a.blobs), 2*n)
+	}
+	idx, vals := make([][]uint32, n), make([][]float32, n)
+	for i := range n {
+		if idx[i], err = u32s(a.blobs[2*i]); err != nil {
+			return nil, err
+		}
+		if vals[i], err = f32s(a.blobs[2*i+1]); err != nil {
+			return nil, err
+		}
+	}
+	return e.plan.FrameOf(idx, vals)
+}
+
+// combined is a round's aggregate as the worker reads it: per tensor, the
+// tiles, the indices within them and the values.
+func (e *eng) combined(frames []*distro.Frame) ([][]byte, error) {
+	c, err := e.plan.Combine(frames)
+	if err != nil {
+		return nil, err
+	}
+	blobs := make([][]byte, 0, 3*len(c.Tensors))
+	for _, t := range c.Tensors {
+		blobs = append(blobs, u32Bytes(t.Tiles), u32Bytes(t.Index), f32Bytes(t.Values))
+	}
+	return blobs, nil
+}
+
+func (e *eng) Apply(ctx context.Context, frames []*distro.Frame, lr float32) error {
+	blobs, err := e.combined(frames)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err = e.do(ctx, e.timeout, header{"op": "apply", "lr": lr}, blobs)
+	return err
+}
+
+func (e *eng) Try(ctx context.Context, frames []*distro.Frame, lr float32) error {
+	blobs, err := e.combined(frames)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err = e.do(ctx, e.timeout, header{"op": "try", "lr": lr}, blobs)
+	return err
+}
+
+func (e *eng) Undo(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err := e.do(ctx, e.timeout, header{"op": "undo"}, nil)
+	var we *workerError
+	if errors.As(err, &we) && we.kind == kindInput {
+		return engine.ErrNoUndo
+	}
+	return err
+}
+
+// tensors fetches what op returns: one float32 blob per parameter tensor.
+func (e *eng) tensors(ctx context.Context, op string) ([][]float32, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a, err := e.do(ctx, e.bulkTimeout(), header{"op": op}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(a.blobs) != len(e.shapes) {
+		return nil, fmt.Errorf("torch engine: %s answered %d tensors, the model has %d", op, len(a.blobs), len(e.shapes))
+	}
+	out := make([][]float32, len(a.blobs))
+	for i, b := range a.blobs {
+		if out[i], err = f32s(b); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Gradients copies out the kept gradient, tensor by tensor in the model's
+// order (parity tests and diagnostics; nothing in a round needs it).
+func (e *eng) Gradients(ctx context.Context) ([][]float32, error) { return e.tensors(ctx, "grads") }
+
+// SetGradients replaces the kept gradient (parity tests feed both engines
+// one gradient).
+func (e *eng) SetGradients(ctx context.Context, grads [][]float32) error {
+	blobs := make([][]byte, len(grads))
+	for i, g := range grads {
+		blobs[i] = f32Bytes(g)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err := e.do(ctx, e.bulkTimeout(), header{"op": "set_grads"}, blobs)
+	return err
+}
+
+func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {
+	ts, err := e.tensors(ctx, "params")
+	if err != nil {
+		return nil, err
+	}
+	m, err := runmodel.New(e.cfg, 0, e.o.kernels)
+	if err != nil {
+		return nil, err
+	}
+	for i, t := range m.Tensors() {
+		if len(ts[i]) != len(t) {
+			return nil, fmt.Errorf("torch engine: tensor %d has %d values, the model %d", i, len(ts[i]), len(t))
+		}
+		copy(t, ts[i])
+	}
+	return m, nil
+}
+
+func (e *eng) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	return e.w.close()
+}

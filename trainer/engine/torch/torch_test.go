@@ -1,0 +1,482 @@
+package torch
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+// The engines are compared on models small enough for a loaded 2-core
+// machine, in the shapes that exercise every path: GPT; Llama with grouped
+// query attention and an untied head; Llama with plain attention and a tied
+// head.
+var parityModels = []struct {
+	name string
+	cfg  runmodel.Config
+}{
+	{"gpt", runmodel.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 96, Context: 24, Width: 48, Layers: 2, Heads: 4}}},
+	{"llama-gqa", runmodel.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 96, Context: 24, Width: 64, Layers: 2,
+		Heads: 4, KVHeads: 2, Intermediate: 96, RopeTheta: 10000}}},
+	{"llama-tied", runmodel.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 64, Context: 16, Width: 32, Layers: 2,
+		Heads: 4, KVHeads: 4, Intermediate: 64, RopeTheta: 500000, TiedHead: true}}},
+}
+
+// runOptions are DisTrO's options as a run sets them (runmodel.Distro),
+// with small tiles so that every tensor has several.
+func runOptions(quantize bool) distro.Options {
+	return distro.Options{Chunk: 16, TopK: 8, Quantize1Bit: quantize, RiceIndices: true, Decay: 0.999, WeightDecay: 0.1,
+		ClipGradNorm: 1, Workers: 2}
+}
+
+func openers(t *testing.T) (engine.Opener, *Opener) {
+	t.Helper()
+	op, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.Go(nil), op
+}
+
+func open(t *testing.T, op engine.Opener, cfg runmodel.Config, seed uint64, o distro.Options) engine.Engine {
+	t.Helper()
+	m, err := runmodel.New(cfg, seed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := op.Open(context.Background(), engine.Spec{Model: m, Optimizer: o})
+	if err != nil {
+		if errors.Is(err, ErrNoTorch) {
+			t.Fatalf("%v\n(the tests need PyTorch: on Debian, apt-get install python3-torch; scripts/test installs it)", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func randomBatch(r *rand.Rand, vocab, seqs, seqLen int) engine.Batch {
+	b := engine.Batch{Seqs: seqs, SeqLen: seqLen, Inputs: make([]uint32, seqs*seqLen), Targets: make([]uint32, seqs*seqLen)}
+	for i := range b.Inputs {
+		b.Inputs[i], b.Targets[i] = uint32(r.IntN(vocab)), uint32(r.IntN(vocab))
+	}
+	return b
+}
+
+func relErr(a, b float64) float64 { return math.Abs(a-b) / max(math.Abs(b), 1e-30) }
+
+// gradErr is the largest difference of two gradient tensors relative to
+// the norm of want.
+func gradErr(got, want []float32) float64 {
+	var norm, worst float64
+	for i := range want {
+		norm += float64(want[i]) * float64(want[i])
+		worst = max(worst, math.Abs(float64(got[i]-want[i])))
+	}
+	return worst / max(math.Sqrt(norm), 1e-30)
+}
+
+// TestGradientParity: on the same weights and batch, in fp32, the torch
+// engine's loss and each sequence's loss are within 1e-5 relative of the
+// Go engine's, and every gradient tensor within 1e-5 of its norm.
+func TestGradientParity(t *testing.T) {
+	ctx := context.Background()
+	goOp, torchOp := openers(t)
+	for _, pm := range parityModels {
+		t.Run(pm.name, func(t *testing.T) {
+			g := open(t, goOp, pm.cfg, 7, runOptions(true))
+			tt := open(t, torchOp, pm.cfg, 7, runOptions(true))
+			r := rand.New(rand.NewPCG(1, 2))
+			for _, seqLen := range []int{pm.cfg.Context(), pm.cfg.Context() / 2} {
+				b := randomBatch(r, vocabOf(pm.cfg), 3, seqLen)
+				gl, err := g.Gradient(ctx, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tl, err := tt.Gradient(ctx, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if e := relErr(float64(tl.Mean), float64(gl.Mean)); e > 1e-5 {
+					t.Errorf("t=%d: loss %v, go %v (relative error %.2g)", seqLen, tl.Mean, gl.Mean, e)
+				}
+				for i := range gl.Seqs {
+					if e := relErr(float64(tl.Seqs[i]), float64(gl.Seqs[i])); e > 1e-5 {
+						t.Errorf("t=%d: sequence %d's loss %v, go %v", seqLen, i, tl.Seqs[i], gl.Seqs[i])
+					}
+				}
+				gm, _ := g.Model(ctx)
+				tg, err := tt.(*eng).Gradients(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				worst := 0.0
+				for i, want := range gm.GradTensors() {
+					worst = max(worst, gradErr(tg[i], want))
+				}
+				if worst > 1e-5 {
+					t.Errorf("t=%d: a gradient tensor differs by %.3g of its norm", seqLen, worst)
+				}
+				t.Logf("t=%d: loss error %.2g, worst gradient error %.2g of the norm", seqLen, relErr(float64(tl.Mean), float64(gl.Mean)), worst)
+			}
+		})
+	}
+}
+
+// TestSeededHash: a model opened on the torch engine and copied back out
+// is the model that went in (so a seeded model's hash is the Go engine's).
+func TestSeededHash(t *testing.T) {
+	_, torchOp := openers(t)
+	for _, pm := range parityModels {
+		want, _ := runmodel.New(pm.cfg, 11, nil)
+		e := open(t, torchOp, pm.cfg, 11, runOptions(true))
+		got, err := e.Model(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if runmodel.Revision(got) != runmodel.Revision(want) {
+			t.Errorf("%s: hash %s after the round trip, %s before", pm.name, runmodel.Revision(got), runmodel.Revision(want))
+		}
+	}
+}
+
+// tileDiff compares two frames tile by tile: the tiles whose index sets or
+// signs differ.
+func tileDiff(a, b *distro.Frame) (tiles, differ int) {
+	for i := range a.Tensors {
+		ta, tb := &a.Tensors[i], &b.Tensors[i]
+		k := ta.K
+		for t := 0; t*k < len(ta.Indices); t++ {
+			tiles++
+			sa := map[uint32]bool{}
+			for j := t * k; j < (t+1)*k; j++ {
+				sa[ta.Indices[j]] = ta.Values[j] > 0
+			}
+			same := true
+			for j := t * k; j < (t+1)*k; j++ {
+				pos, ok := sa[tb.Indices[j]]
+				if !ok || pos != (tb.Values[j] > 0) {
+					same = false
+				}
+			}
+			if !same {
+				differ++
+			}
+		}
+	}
+	return tiles, differ
+}
+
+// TestFrameParity: fed the same gradient over several steps, the torch
+// engine's frames select the Go engine's index sets with the same signs.
+// The two compute the DCT and the momentum in float32 in different orders,
+// so a coefficient whose magnitude ties another's to the last bits may be
+// chosen by one and not the other: such near-ties are counted and must
+// stay rare (measured: none in these shapes).
+func TestFrameParity(t *testing.T) {
+	ctx := context.Background()
+	goOp, torchOp := openers(t)
+	for _, pm := range parityModels {
+		for _, quantize := range []bool{true, false} {
+			for _, norm := range []bool{false, true} {
+				o := runOptions(quantize)
+				o.NormalizeRMS = norm
+				g := open(t, goOp, pm.cfg, 3, o)
+				tt := open(t, torchOp, pm.cfg, 3, o)
+				r := rand.New(rand.NewPCG(5, 6))
+				gm, _ := g.Model(ctx)
+				tiles, differ := 0, 0
+				worstVal := 0.0
+				for step := range 4 {
+					if _, err := g.Gradient(ctx, randomBatch(r, vocabOf(pm.cfg), 2, pm.cfg.Context())); err != nil {
+						t.Fatal(err)
+					}
+					if err := tt.(*eng).SetGradients(ctx, gm.GradTensors()); err != nil {
+						t.Fatal(err)
+					}
+					lr := float32(0.01) * float32(step+1)
+					gf, err := g.Step(ctx, lr)
+					if err != nil {
+						t.Fatal(err)
+					}
+					tf, err := tt.Step(ctx, lr)
+					if err != nil {
+						t.Fatal(err)
+					}
+					n, d := tileDiff(tf, gf)
+					tiles, differ = tiles+n, differ+d
+					if !quantize {
+						for i := range gf.Tensors {
+							for j, v := range gf.Tensors[i].Values {
+								if tf.Tensors[i].Indices[j] == gf.Tensors[i].Indices[j] {
+									worstVal = max(worstVal, relErr(float64(tf.Tensors[i].Values[j]), float64(v)))
+								}
+							}
+						}
+					}
+				}
+				t.Logf("%s 1-bit=%v rms=%v: %d of %d tiles differ; worst value error %.2g", pm.name, quantize, norm, differ, tiles, worstVal)
+				if differ*200 > tiles {
+					t.Errorf("%s 1-bit=%v rms=%v: %d of %d tiles chose other coefficients (more than 0.5%%: not near-ties)", pm.name, quantize, norm, differ, tiles)
+				}
+				if worstVal > 1e-4 {
+					t.Errorf("%s: a sent value differs by %.2g relative", pm.name, worstVal)
+				}
+			}
+		}
+	}
+}
+
+// frames makes n frames of distinct gradients with the Go engine.
+func frames(t *testing.T, cfg runmodel.Config, o distro.Options, n int) []*distro.Frame {
+	ctx := context.Background()
+	var out []*distro.Frame
+	r := rand.New(rand.NewPCG(9, uint64(n)))
+	for i := range n {
+		g := open(t, engine.Go(nil), cfg, uint64(20+i), o)
+		if _, err := g.Gradient(ctx, randomBatch(r, vocabOf(cfg), 2, cfg.Context())); err != nil {
+			t.Fatal(err)
+		}
+		f, err := g.Step(ctx, 0.02)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// TestApplyParity: the same round applied by both engines to the same
+// weights. The torch engine inverts the DCT as a matrix product, so an
+// element whose decoded value is within rounding of zero may take the
+// other sign: such elements move by 2·lr where the other engine's do not.
+// They are counted and must be rare; every other element is equal to the
+// float32 rounding of the update.
+func TestApplyParity(t *testing.T) {
+	ctx := context.Background()
+	goOp, torchOp := openers(t)
+	for _, pm := range parityModels {
+		for _, quantize := range []bool{true, false} {
+			o := runOptions(quantize)
+			fs := frames(t, pm.cfg, o, 4)
+			g := open(t, goOp, pm.cfg, 3, o)
+			tt := open(t, torchOp, pm.cfg, 3, o)
+			const lr = 0.01
+			for _, e := range []engine.Engine{g, tt} {
+				if err := e.Apply(ctx, fs, lr); err != nil {
+					t.Fatal(err)
+				}
+			}
+			gm, _ := g.Model(ctx)
+			tm, err := tt.Model(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total, flipped, worst := 0, 0, 0.0
+			for i, want := range gm.Tensors() {
+				got := tm.Tensors()[i]
+				for j := range want {
+					total++
+					d := math.Abs(float64(got[j] - want[j]))
+					if d > lr/2 {
+						flipped++
+						continue
+					}
+					worst = max(worst, d/max(math.Abs(float64(want[j])), 1e-3))
+				}
+			}
+			t.Logf("%s 1-bit=%v: %d of %d parameters took another sign; the rest within %.2g relative", pm.name, quantize, flipped, total, worst)
+			if flipped*1000 > total {
+				t.Errorf("%s: %d of %d parameters moved the other way", pm.name, flipped, total)
+			}
+			if worst > 1e-6 {
+				t.Errorf("%s: a parameter differs by %.2g relative", pm.name, worst)
+			}
+		}
+	}
+}
+
+// TestDeterministicApply: two torch engines that apply the same rounds to
+// the same model hold identical weights, bit for bit.
+func TestDeterministicApply(t *testing.T) {
+	ctx := context.Background()
+	_, torchOp := openers(t)
+	pm := parityModels[1]
+	o := runOptions(true)
+	fs := frames(t, pm.cfg, o, 3)
+	var hashes []string
+	for range 2 {
+		e := open(t, torchOp, pm.cfg, 3, o)
+		for r := range 3 {
+			if err := e.Apply(ctx, fs[r:], 0.01); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m, err := e.Model(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes = append(hashes, runmodel.Revision(m))
+	}
+	if hashes[0] != hashes[1] {
+		t.Fatalf("the same rounds gave weights %s and %s", hashes[0], hashes[1])
+	}
+}
+
+// TestTryUndo: Try moves the model, Undo puts back every bit, and the kept
+// gradient survives both.
+func TestTryUndo(t *testing.T) {
+	ctx := context.Background()
+	_, torchOp := openers(t)
+	pm := parityModels[0]
+	o := runOptions(true)
+	e := open(t, torchOp, pm.cfg, 3, o)
+	b := randomBatch(rand.New(rand.NewPCG(1, 1)), vocabOf(pm.cfg), 2, pm.cfg.Context())
+	if _, err := e.Gradient(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	before, err := e.Losses(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Undo(ctx); !errors.Is(err, engine.ErrNoUndo) {
+		t.Fatalf("Undo before Try: %v, want ErrNoUndo", err)
+	}
+	if err := e.Try(ctx, frames(t, pm.cfg, o, 2), 0.05); err != nil {
+		t.Fatal(err)
+	}
+	moved, _ := e.Losses(ctx, b)
+	if moved.Mean == before.Mean {
+		t.Fatal("Try did not change the model")
+	}
+	if err := e.Undo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := e.Losses(ctx, b)
+	if after.Mean != before.Mean || !slices.Equal(after.Seqs, before.Seqs) {
+		t.Fatalf("after Undo the loss is %v, before Try %v", after.Mean, before.Mean)
+	}
+	if _, err := e.Step(ctx, 0.01); err != nil {
+		t.Fatalf("the gradient did not survive Try and Undo: %v", err)
+	}
+}
+
+// TestWorkerKilled: a worker killed mid-run makes the next call fail with
+// what happened (its exit and last output), every later call too, and no
+// process is left behind.
+func TestWorkerKilled(t *testing.T) {
+	ctx := context.Background()
+	_, torchOp := openers(t)
+	pm := parityModels[0]
+	e := open(t, torchOp, pm.cfg, 3, runOptions(true))
+	pid := e.(*eng).Pid()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	b := randomBatch(rand.New(rand.NewPCG(1, 1)), vocabOf(pm.cfg), 2, pm.cfg.Context())
+	_, err := e.Gradient(ctx, b)
+	if !errors.Is(err, errWorker) || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("after the worker was killed: %v, want its death explained", err)
+	}
+	t.Log(err)
+	if _, err2 := e.Step(ctx, 0.01); !errors.Is(err2, errWorker) {
+		t.Fatalf("a later call: %v, want the worker's failure again", err2)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err == nil {
+		t.Fatalf("the worker %d is still there", pid)
+	}
+}
+
+// TestWorkerHangs: a worker that stops answering (here: stopped by a
+// signal, so it cannot) is killed once the round's time is over, and the
+// call says so.
+func TestWorkerHangs(t *testing.T) {
+	ctx := context.Background()
+	_, torchOp := openers(t)
+	pm := parityModels[0]
+	m, _ := runmodel.New(pm.cfg, 3, nil)
+	e, err := torchOp.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	pid := e.(*eng).Pid()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	b := randomBatch(rand.New(rand.NewPCG(1, 1)), vocabOf(pm.cfg), 2, pm.cfg.Context())
+	_, err = e.Gradient(ctx, b)
+	if !errors.Is(err, errWorker) || !strings.Contains(err.Error(), "hangs") {
+		t.Fatalf("a stopped worker: %v, want it taken for hung", err)
+	}
+	e.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hung worker %d was not killed", pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestNoTorch: a python without torch, or no python at all, is one error
+// that names what to install, before anything else starts.
+func TestNoTorch(t *testing.T) {
+	dir := t.TempDir()
+	// A python whose torch cannot be imported: a package named torch that
+	// raises ImportError shadows the installed one.
+	if err := os.MkdirAll(filepath.Join(dir, "shadow", "torch"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "shadow", "torch", "__init__.py"),
+		[]byte("raise ImportError(\"No module named 'torch'\", name='torch')\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	py := filepath.Join(dir, "python-without-torch")
+	script := "#!/bin/sh\nPYTHONPATH=" + filepath.Join(dir, "shadow") + " exec /usr/bin/python3 \"$@\"\n"
+	if err := os.WriteFile(py, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ python, want string }{
+		{py, "lacks torch"},
+		{filepath.Join(dir, "no-such-python"), "cannot be started"},
+	} {
+		op, err := New(WithPython(tc.python))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = op.Check(context.Background())
+		if !errors.Is(err, ErrNoTorch) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "install") ||
+			strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v, want one line naming what to install", tc.python, err)
+		}
+	}
+}
+
+func vocabOf(c runmodel.Config) int {
+	if c.Arch == coordinator.ArchLlama {
+		return c.Llama.Vocab
+	}
+	return c.GPT.Vocab
+}

@@ -1,0 +1,168 @@
+package torch
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+)
+
+// The worker protocol. psyche writes requests to the worker's fd 3 and
+// reads answers from its fd 4 (its stdout and stderr stay free for what
+// torch and the worker print). Each message, either way, is
+//
+//	u32 little-endian: the length of the header
+//	the header: a JSON object; "blobs" lists the byte length of each blob
+//	the blobs, back to back
+//
+// A request's header names its "op"; an answer's says "ok", and when not
+// ok an "error" and its "kind" (kindOOM, kindNonFinite, kindInput, or
+// anything else for a fault of the worker). Numbers in blobs are
+// little-endian: tokens and indices uint32, values and losses float32. The
+// worker's side of this format is worker/worker.py; protocolVersion changes
+// with either, and the worker refuses a psyche of another version (the two
+// ship in one binary, so only a stale worker directory could differ).
+const protocolVersion = 1
+
+// Limits on what psyche reads from a worker: a header is small, and no blob
+// is larger than the largest tensor the protocol carries (a model's
+// parameters cross one tensor per blob).
+const (
+	maxHeaderBytes = 1 << 20
+	maxBlobBytes   = 1 << 36
+)
+
+const (
+	kindOOM       = "oom"
+	kindNonFinite = "nonfinite"
+	kindInput     = "input"
+)
+
+type header map[string]any
+
+// writeMessage writes one message: h (with its "blobs" set here) and blobs.
+func writeMessage(w io.Writer, h header, blobs [][]byte) error {
+	lens := make([]int, len(blobs))
+	for i, b := range blobs {
+		lens[i] = len(b)
+	}
+	h["blobs"] = lens
+	js, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	var n [4]byte
+	binary.LittleEndian.PutUint32(n[:], uint32(len(js)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(js); err != nil {
+		return err
+	}
+	for _, b := range blobs {
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// answer is a decoded answer: its header fields and blobs.
+type answer struct {
+	OK    bool            `json:"ok"`
+	Error string          `json:"error"`
+	Kind  string          `json:"kind"`
+	Blobs []int64         `json:"blobs"`
+	Raw   json.RawMessage `json:"-"`
+	blobs [][]byte
+}
+
+// readMessage reads one answer, within the limits above.
+func readMessage(r io.Reader) (*answer, error) {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return nil, err
+	}
+	size := binary.LittleEndian.Uint32(n[:])
+	if size > maxHeaderBytes {
+		return nil, fmt.Errorf("torch: a worker header of %d bytes (at most %d)", size, maxHeaderBytes)
+	}
+	js := make([]byte, size)
+	if _, err := io.ReadFull(r, js); err != nil {
+		return nil, noEOF(err)
+	}
+	a := &answer{Raw: js}
+	if err := json.Unmarshal(js, a); err != nil {
+		return nil, fmt.Errorf("torch: a worker header that is not JSON: %w", err)
+	}
+	for _, l := range a.Blobs {
+		if l < 0 || l > maxBlobBytes {
+			return nil, fmt.Errorf("torch: a worker blob of %d bytes", l)
+		}
+		b := make([]byte, l)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return nil, noEOF(err)
+		}
+		a.blobs = append(a.blobs, b)
+	}
+	return a, nil
+}
+
+// noEOF turns an end of stream within a message into an unexpected one.
+func noEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// fields decodes the answer's header into v.
+func (a *answer) fields(v any) error { return json.Unmarshal(a.Raw, v) }
+
+func u32Bytes(v []uint32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], x)
+	}
+	return b
+}
+
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+// f32Into decodes b into dst, which must have exactly its length.
+func f32Into(dst []float32, b []byte) error {
+	if len(b) != 4*len(dst) {
+		return fmt.Errorf("torch: %d bytes for %d float32 values", len(b), len(dst))
+	}
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return nil
+}
+
+func f32s(b []byte) ([]float32, error) {
+	if len(b)%4 != 0 {
+		return nil, fmt.Errorf("torch: %d bytes is not a float32 array", len(b))
+	}
+	v := make([]float32, len(b)/4)
+	return v, f32Into(v, b)
+}
+
+func u32s(b []byte) ([]uint32, error) {
+	if len(b)%4 != 0 {
+		return nil, fmt.Errorf("torch: %d bytes is not a uint32 array", len(b))
+	}
+	v := make([]uint32, len(b)/4)
+	for i := range v {
+		v[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return v, nil
+}

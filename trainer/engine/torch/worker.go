@@ -1,0 +1,407 @@
+package torch
+
+import (
+	"bufio"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The worker's code ships in the binary, so the psyche that starts a worker
+// and the worker always speak the same protocol. It is written to a fresh
+// directory at each start and removed at exit.
+//
+//go:embed worker/*.py
+var workerFiles embed.FS
+
+// exitMissing is the worker's exit status when torch or numpy cannot be
+// imported (worker.py): the one failure a next python candidate may fix.
+const exitMissing = 3
+
+// stderrLines is how many of the worker's last stderr lines an error
+// quotes.
+const stderrLines = 12
+
+// worker is one running worker process and its two pipes.
+type worker struct {
+	cmd    *exec.Cmd
+	python string
+	dir    string
+	req    *os.File // our end of its fd 3
+	ans    *bufio.Reader
+	ansF   *os.File // our end of its fd 4
+	tail   *tail
+	exited chan struct{} // closed once Wait returned
+	err    error         // Wait's answer, once exited is closed
+	log    *slog.Logger
+}
+
+// pythons lists the interpreters to try, in order: PSYCHE_PYTHON (or the
+// option) alone when set; otherwise python3 on PATH and then Debian's
+// /usr/bin/python3, where the system's python3-torch lives when PATH leads
+// to another python (pyenv, a virtualenv) first.
+func pythons(explicit string) []string {
+	if explicit != "" {
+		return []string{explicit}
+	}
+	if p := os.Getenv("PSYCHE_PYTHON"); p != "" {
+		return []string{p}
+	}
+	out := []string{}
+	seen := map[string]bool{}
+	for _, c := range []string{"python3", "/usr/bin/python3"} {
+		p, err := exec.LookPath(c)
+		if err != nil {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			real = p
+		}
+		if !seen[real] {
+			seen[real] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ErrNoTorch means no python could import torch and numpy: the worker cannot
+// run on this machine as it is.
+var ErrNoTorch = errors.New("torch engine: no python with torch and numpy")
+
+// startWorker starts a worker under the first python that imports torch
+// and numpy, and reads its hello.
+func startWorker(ctx context.Context, o *options) (*worker, *hello, error) {
+	cands := pythons(o.python)
+	if len(cands) == 0 {
+		return nil, nil, fmt.Errorf("%w: no python3 on PATH; install Python 3 with PyTorch 1.13 or newer and numpy (pip install torch numpy, or on Debian: apt-get install python3-torch), or set PSYCHE_PYTHON to a python that has them", ErrNoTorch)
+	}
+	var missing []string
+	for _, py := range cands {
+		w, h, err := startOne(ctx, o, py)
+		if err == nil {
+			return w, h, nil
+		}
+		var m *missingError
+		if !errors.As(err, &m) {
+			return nil, nil, err
+		}
+		missing = append(missing, fmt.Sprintf("%s lacks %s", py, m.module))
+	}
+	return nil, nil, fmt.Errorf("%w (%s): install PyTorch 1.13 or newer and numpy for it (pip install torch numpy, or on Debian: apt-get install python3-torch), or set PSYCHE_PYTHON to a python that has them",
+		ErrNoTorch, strings.Join(missing, "; "))
+}
+
+type missingError struct{ module string }
+
+func (e *missingError) Error() string { return "missing python module " + e.module }
+
+func startOne(ctx context.Context, o *options, python string) (*worker, *hello, error) {
+	dir, err := os.MkdirTemp("", "psyche-worker-")
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := writeWorker(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	reqR, reqW, err := os.Pipe()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	ansR, ansW, err := os.Pipe()
+	if err != nil {
+		reqR.Close()
+		reqW.Close()
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	cmd := exec.Command(python, "-u", filepath.Join(dir, "worker.py"))
+	cmd.ExtraFiles = []*os.File{reqR, ansW} // fds 3 and 4
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	cmd.SysProcAttr = sysProcAttr()
+	t := newTail(stderrLines, o.log)
+	cmd.Stdout = t
+	cmd.Stderr = t
+	if err := cmd.Start(); err != nil {
+		reqR.Close()
+		reqW.Close()
+		ansR.Close()
+		ansW.Close()
+		os.RemoveAll(dir)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, fmt.Errorf("%w: %s cannot be started (%v); install Python 3 with PyTorch and numpy, or set PSYCHE_PYTHON to a python that has them", ErrNoTorch, python, err)
+		}
+		return nil, nil, fmt.Errorf("torch engine: starting %s: %w", python, err)
+	}
+	reqR.Close()
+	ansW.Close()
+	w := &worker{cmd: cmd, python: python, dir: dir, req: reqW, ansF: ansR, ans: bufio.NewReaderSize(ansR, 1<<20), tail: t,
+		exited: make(chan struct{}), log: o.log}
+	go func() {
+		w.err = cmd.Wait()
+		t.flush()
+		close(w.exited)
+	}()
+	h, err := w.hello(ctx, o)
+	if err != nil {
+		w.kill()
+		if w.exitCode() == exitMissing {
+			return nil, nil, &missingError{module: w.tail.missingModule()}
+		}
+		return nil, nil, err
+	}
+	return w, h, nil
+}
+
+// writeWorker writes the embedded worker into dir.
+func writeWorker(dir string) error {
+	entries, err := workerFiles.ReadDir("worker")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		b, err := workerFiles.ReadFile("worker/" + e.Name())
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hello is what the worker says of itself.
+type hello struct {
+	Protocol   int    `json:"protocol"`
+	Torch      string `json:"torch"`
+	Numpy      string `json:"numpy"`
+	Python     string `json:"python"`
+	Device     string `json:"device"`
+	DeviceName string `json:"device_name"`
+	Memory     int64  `json:"memory"` // the device's memory in bytes (0: unknown, the CPU)
+	SDPA       bool   `json:"sdpa"`
+	Compile    bool   `json:"compile"` // torch.compile exists
+	BF16       bool   `json:"bf16"`    // the device computes in bfloat16
+}
+
+func (w *worker) hello(ctx context.Context, o *options) (*hello, error) {
+	// Importing torch takes seconds on a loaded machine, and a CUDA
+	// torch initialises its device: a minute is ample.
+	a, err := w.call(ctx, time.Minute, header{"op": "hello", "protocol": protocolVersion, "device": o.device}, nil)
+	if err != nil {
+		return nil, err
+	}
+	var h hello
+	if err := a.fields(&h); err != nil {
+		return nil, err
+	}
+	if h.Protocol != protocolVersion {
+		return nil, fmt.Errorf("torch engine: the worker speaks protocol %d, this psyche %d", h.Protocol, protocolVersion)
+	}
+	return &h, nil
+}
+
+// errWorker wraps every failure of the worker process itself (it died, hung
+// or broke the protocol): the engine is unusable after one.
+var errWorker = errors.New("torch engine: the worker failed")
+
+// call sends one request and waits for its answer, at most timeout (and
+// while ctx lasts). A worker that does not answer in time is killed: its
+// state is unknown, and a worker left computing holds the device.
+func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blobs [][]byte) (*answer, error) {
+	op, _ := h["op"].(string)
+	select {
+	case <-w.exited:
+		return nil, w.deadError(op)
+	default:
+	}
+	type result struct {
+		a   *answer
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		if err := writeMessage(w.req, h, blobs); err != nil {
+			done <- result{err: err}
+			return
+		}
+		a, err := readMessage(w.ans)
+		done <- result{a, err}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			w.kill()
+			return nil, w.deadError(op)
+		}
+		if !r.a.OK {
+			return nil, &workerError{op: op, kind: r.a.Kind, msg: r.a.Error}
+		}
+		return r.a, nil
+	case <-timer.C:
+		w.kill()
+		return nil, fmt.Errorf("%w: no answer to %s within %v (it hangs); killed it%s", errWorker, op, timeout, w.tail.quote())
+	case <-ctx.Done():
+		w.kill()
+		return nil, fmt.Errorf("%w: %s interrupted (%w); killed it", errWorker, op, ctx.Err())
+	}
+}
+
+// deadError says why the worker is gone: its exit status and its last
+// stderr lines.
+func (w *worker) deadError(op string) error {
+	select {
+	case <-w.exited:
+	case <-time.After(5 * time.Second):
+		w.kill()
+		<-w.exited
+	}
+	how := "exited"
+	if w.err != nil {
+		how = w.err.Error()
+	}
+	return fmt.Errorf("%w: it stopped during %s (%s)%s", errWorker, op, how, w.tail.quote())
+}
+
+func (w *worker) exitCode() int {
+	<-w.exited
+	if w.cmd.ProcessState == nil {
+		return -1
+	}
+	return w.cmd.ProcessState.ExitCode()
+}
+
+// Pid is the worker process's id.
+func (w *worker) pid() int { return w.cmd.Process.Pid }
+
+// kill ends the worker and everything it started, at once.
+func (w *worker) kill() {
+	select {
+	case <-w.exited:
+	default:
+		killTree(w.cmd.Process)
+	}
+	w.cleanup()
+}
+
+// close asks the worker to exit (it does at the end of its requests) and
+// kills it if it has not within a few seconds.
+func (w *worker) close() error {
+	w.req.Close()
+	select {
+	case <-w.exited:
+	case <-time.After(10 * time.Second):
+		killTree(w.cmd.Process)
+		<-w.exited
+	}
+	w.cleanup()
+	return nil
+}
+
+func (w *worker) cleanup() {
+	go func() {
+		<-w.exited
+		w.ansF.Close()
+		os.RemoveAll(w.dir)
+	}()
+}
+
+// workerError is the worker's own refusal of a request: the worker lives
+// on (a batch too large for the device, a gradient that is not finite).
+type workerError struct{ op, kind, msg string }
+
+func (e *workerError) Error() string {
+	return fmt.Sprintf("torch engine: %s: %s", e.op, e.msg)
+}
+
+// tail keeps the last lines a worker wrote to stdout and stderr and logs
+// each at debug level (the worker's own start line at info).
+type tail struct {
+	mu    sync.Mutex
+	n     int
+	lines []string
+	part  []byte
+	log   *slog.Logger
+}
+
+func newTail(n int, log *slog.Logger) *tail { return &tail{n: n, log: log} }
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.part = append(t.part, p...)
+	for {
+		i := strings.IndexByte(string(t.part), '\n')
+		if i < 0 {
+			break
+		}
+		t.add(string(t.part[:i]))
+		t.part = t.part[i+1:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) add(line string) {
+	line = strings.TrimRight(line, "\r")
+	if line == "" {
+		return
+	}
+	if rest, ok := strings.CutPrefix(line, "psyche-worker: "); ok {
+		t.log.Info("torch worker: " + rest)
+	} else {
+		t.log.Debug("torch worker", "stderr", line)
+	}
+	t.lines = append(t.lines, line)
+	if len(t.lines) > t.n {
+		t.lines = t.lines[len(t.lines)-t.n:]
+	}
+}
+
+func (t *tail) flush() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.part) > 0 {
+		t.add(string(t.part))
+		t.part = nil
+	}
+}
+
+// quote is the last lines, for an error message ("" when there are none).
+func (t *tail) quote() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == 0 {
+		return ""
+	}
+	return "; its last output:\n  " + strings.Join(t.lines, "\n  ")
+}
+
+// missingModule is the module worker.py said it could not import.
+func (t *tail) missingModule() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, l := range t.lines {
+		if m, ok := strings.CutPrefix(l, "psyche-worker: missing python module "); ok {
+			return m
+		}
+	}
+	return "torch"
+}
+
+var _ io.Writer = (*tail)(nil)

@@ -1,0 +1,406 @@
+"""DisTrO (DeMo) on the device, for the PyTorch worker.
+
+This is Go's distro.DeMo (distro/demo.go) with torch ops: the momentum,
+the gradient's running mean squares and the parameters stay on the device,
+and what crosses to psyche each round is a frame's entries (step) and a
+round's combined coefficients (apply). Every decision of the aggregation
+rule (canonical order, dissenters, clipping, trimmed means, votes,
+duplicate indices) is made once, in Go, by distro.Plan.Combine; apply only
+scatters its output, inverts the DCT and takes the sign.
+
+A tensor is cut as Go's distro.TileLayout says: viewed as outer x rows x
+cols, tiles of th x tw, tile t = (o*tilesR + tr)*tilesC + tc, an index
+within a tile row-major. Everything is kept tile-major: one [tiles, th*tw]
+float32 tensor per parameter tensor.
+
+Arithmetic follows Go's, operation by operation and rounding by rounding,
+where torch allows it: the scalars (lr, decay, weight decay, clip, the bias
+correction) are rounded to float32 as Go holds them; the momentum is
+beta*m + scale*c with each product rounded (no fused multiply-add); the
+mean squares are folded in float64; top-k breaks ties towards the lower
+index; apply computes theta*keep rounded, then subtracts lr*s (exact). What
+cannot be the same is the DCT: Go uses Lee's fast algorithm, this batched
+matrix products with orthonormal bases, so coefficients differ by a few
+float32 ulps, and a coefficient within that of another at the k-th place
+of a tile (a near-tie) may be chosen differently, as may the sign of an
+inverse-DCT output within that of zero.
+
+Works on torch 1.13 and 2.x, on CPU and CUDA. Needs torch and numpy only.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+# distro's NormalizeRMS constants: normBeta, 1 - normBeta (Go evaluates the
+# constant exactly, then rounds: the literal 0.05, not 1 - 0.95 in float64)
+# and normFloor.
+NORM_BETA = 0.95
+NORM_W = 0.05
+NORM_FLOOR = 0.1
+
+# Tiles are processed this many coefficients at a time (64 MiB of float32):
+# the temporaries of a step or an apply are bounded by it, whatever the size
+# of a tensor.
+CHUNK_ELEMS = 1 << 24
+
+
+class NonFinite(Exception):
+    """The gradient has NaN or Inf in it (Go's distro.ErrNonFinite)."""
+
+
+def f32(x):
+    """x rounded to float32 (as a Python float), as Go holds it."""
+    return float(np.float32(x))
+
+
+def go_pow(x, n):
+    """Go's math.Pow(x, n) for an integer n >= 1 and finite x > 0, operation by
+    operation (it is not correctly rounded, and C's pow may differ from it in
+    the last bit): the bias correction of NormalizeRMS must be Go's."""
+    if n == 1 or x == 1:
+        return x if n == 1 else 1.0
+    a1, ae = 1.0, 0
+    x1, xe = math.frexp(x)
+    i = int(n)
+    while i != 0:
+        if xe < -(1 << 12) or (1 << 12) < xe:
+            ae += xe
+            break
+        if i & 1:
+            a1 *= x1
+            ae += xe
+        x1 *= x1
+        xe <<= 1
+        if x1 < 0.5:
+            x1 += x1
+            xe -= 1
+        i >>= 1
+    try:
+        return math.ldexp(a1, ae)
+    except OverflowError:
+        return math.inf
+
+
+def dct_basis(n, device):
+    """The orthonormal DCT-II matrix of length n (row k is the k-th basis
+    vector: D @ x is the transform, D.T @ X its inverse), built in float64,
+    entries that are mathematically 0 (cos of an odd multiple of pi/2) set
+    to exactly 0, then rounded to float32."""
+    k = torch.arange(n, dtype=torch.float64)[:, None]
+    i = torch.arange(n, dtype=torch.float64)[None, :]
+    m = torch.cos(math.pi * (2 * i + 1) * k / (2 * n))
+    # (2i+1)k/(2n) is an odd multiple of 1/2 exactly when (2i+1)k is an odd
+    # multiple of n: decide in integers, not by the size of the float.
+    ki = torch.arange(n, dtype=torch.int64)[:, None]
+    ii = torch.arange(n, dtype=torch.int64)[None, :]
+    num = (2 * ii + 1) * ki
+    zero = (num % n == 0) & ((num // n) % 2 == 1)
+    m[zero] = 0
+    m[0] *= math.sqrt(1 / n)
+    m[1:] *= math.sqrt(2 / n)
+    return m.to(torch.float32).to(device)
+
+
+def _has(obj, name):
+    # torch.backends.cuda.matmul answers an unknown name with an
+    # AssertionError (torch 1.13), which hasattr lets through.
+    try:
+        getattr(obj, name)
+        return True
+    except Exception:
+        return False
+
+
+class _HighestPrecision:
+    """float32 matrix products in full float32 while DeMo runs (no TF32 on
+    CUDA, no bf16 on CPU), whatever the model's training set; restored
+    after. torch >= 2.9 has per-backend fp32_precision settings and refuses
+    a mix of them with the legacy allow_tf32 flag: it gets only the new
+    ones."""
+
+    def __enter__(self):
+        self.undo = []
+        backends = [getattr(torch.backends.cuda, "matmul", None),
+                    getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)]
+        new = [b for b in backends if b is not None and _has(b, "fp32_precision")]
+        if new:
+            for b in new:
+                self._set(b, "fp32_precision", "ieee")
+        else:
+            if hasattr(torch, "get_float32_matmul_precision"):
+                prec = torch.get_float32_matmul_precision()
+                if prec != "highest":
+                    torch.set_float32_matmul_precision("highest")
+                    self.undo.append(lambda: torch.set_float32_matmul_precision(prec))
+            self._set(torch.backends.cuda.matmul, "allow_tf32", False)
+        return self
+
+    def _set(self, obj, name, value):
+        old = getattr(obj, name)
+        if old != value:
+            setattr(obj, name, value)
+            self.undo.append(lambda: setattr(obj, name, old))
+
+    def __exit__(self, *exc):
+        for f in reversed(self.undo):
+            f()
+        return False
+
+
+class _Layout:
+    """One tensor's tiles (Go's TileLayout) and its transforms."""
+
+    def __init__(self, d, bases, device):
+        self.shape = [int(s) for s in d["shape"]]
+        self.outer, self.rows, self.cols = int(d["outer"]), int(d["rows"]), int(d["cols"])
+        self.th, self.tw, self.k = int(d["th"]), int(d["tw"]), int(d["k"])
+        if self.outer * self.rows * self.cols != math.prod(self.shape) or self.rows % self.th or self.cols % self.tw \
+                or not 1 <= self.k <= self.th * self.tw:
+            raise ValueError("distro: inconsistent layout %r" % (d,))
+        self.tiles_r, self.tiles_c = self.rows // self.th, self.cols // self.tw
+        self.ts = self.th * self.tw
+        self.tiles = self.outer * self.tiles_r * self.tiles_c
+        self.numel = self.outer * self.rows * self.cols
+        for n in (self.th, self.tw):
+            if n > 1 and n not in bases:
+                bases[n] = dct_basis(n, device)
+        self.dh = bases.get(self.th)  # None for 1: the transform is the identity
+        self.dw = bases.get(self.tw)
+        # tile rows (of tiles_c tiles each) per chunk
+        self.rows_per_chunk = max(1, CHUNK_ELEMS // max(1, self.tiles_c * self.ts))
+
+    def blocks(self, x):
+        """x (numel values) as [outer*tiles_r, th, tiles_c, tw]: a view whose
+        [r, :, c, :] is tile r*tiles_c + c."""
+        return x.reshape(self.outer * self.tiles_r, self.th, self.tiles_c, self.tw)
+
+    def chunks(self):
+        n = self.outer * self.tiles_r
+        for a in range(0, n, self.rows_per_chunk):
+            yield a, min(n, a + self.rows_per_chunk)
+
+    def forward(self, x):
+        """DCT of tiles x [n, th, tw] (a new tensor)."""
+        n = x.shape[0]
+        if self.dw is None and self.dh is None:
+            return x.clone()  # 1x1 tiles: x may be a view of the gradient
+        if self.dw is not None:
+            x = (x.reshape(n * self.th, self.tw) @ self.dw.t()).reshape(n, self.th, self.tw)
+        if self.dh is not None:
+            x = torch.matmul(self.dh, x)
+        return x
+
+    def inverse(self, c):
+        """Inverse DCT of coefficients c [n, th, tw] (a new tensor)."""
+        n = c.shape[0]
+        if self.dw is not None:
+            c = (c.reshape(n * self.th, self.tw) @ self.dw).reshape(n, self.th, self.tw)
+        if self.dh is not None:
+            c = torch.matmul(self.dh.t(), c)
+        return c
+
+
+def top_k(mag, k):
+    """Indices [n, k] (ascending in each row) of the k largest entries of each
+    row of mag (finite, >= 0), ties to the lower index: Go's topK. torch.topk
+    promises no order among equal values, so rows where the k-th and the
+    (k+1)-th are equal are chosen again on a key that is unique per row (the
+    magnitude's bits above the reversed index)."""
+    n, ts = mag.shape
+    if k >= ts:
+        return torch.arange(ts, device=mag.device).expand(n, ts).contiguous()
+    vals, idx = torch.topk(mag, k + 1, dim=1)
+    idx = idx[:, :k]
+    tied = (vals[:, k - 1] == vals[:, k]).nonzero().squeeze(1)
+    if tied.numel():
+        m = mag.index_select(0, tied)
+        key = (m.view(torch.int32).to(torch.int64) << 32) | (ts - 1 - torch.arange(ts, device=mag.device))
+        idx[tied] = torch.topk(key, k, dim=1).indices
+    return torch.sort(idx, dim=1).values
+
+
+class DeMo:
+    """One trainer's DisTrO optimizer state on a device (Go's distro.DeMo less
+    the aggregation, which Go's Plan.Combine does)."""
+
+    def __init__(self, layouts, opts, device):
+        self.device = torch.device(device)
+        self.decay = f32(opts["decay"])
+        self.weight_decay = f32(opts.get("weight_decay", 0.0))
+        self.clip = f32(opts.get("clip", 0.0))
+        self.quantize = bool(opts.get("quantize", False))
+        self.normalize = bool(opts.get("normalize_rms", False))
+        if not (0 <= self.decay < 1) or not self.weight_decay >= 0 or not self.clip >= 0:
+            raise ValueError("distro: need 0 <= decay < 1, weight decay >= 0 and clip >= 0")
+        self.bases = {}
+        self.layouts = [_Layout(d, self.bases, self.device) for d in layouts]
+        self.delta = [torch.zeros(l.tiles, l.ts, dtype=torch.float32, device=self.device) for l in self.layouts]
+        self.mean_sq = [torch.zeros_like(d) for d in self.delta] if self.normalize else None
+        self.steps = 0
+
+    def momentum(self, i):
+        """Tensor i's momentum in the DCT domain, [tiles, th*tw] (not a copy)."""
+        return self.delta[i]
+
+    def state_bytes(self):
+        """Device memory the state holds, in bytes."""
+        n = sum(t.numel() * t.element_size() for t in self.delta)
+        if self.mean_sq is not None:
+            n += sum(t.numel() * t.element_size() for t in self.mean_sq)
+        n += sum(b.numel() * b.element_size() for b in self.bases.values())
+        return n
+
+    def _check(self, what, ts):
+        if len(ts) != len(self.layouts):
+            raise ValueError("distro: %d %s tensors, the model has %d" % (len(ts), what, len(self.layouts)))
+        for i, (t, l) in enumerate(zip(ts, self.layouts)):
+            if t.numel() != l.numel:
+                raise ValueError("distro: %s tensor %d has %d values, shape %s needs %d" % (what, i, t.numel(), l.shape, l.numel))
+
+    @staticmethod
+    def _sum_squares(g):
+        """sum of g*g in float64 (each square exact), a 0-dim device tensor."""
+        flat = g.reshape(-1)
+        s = torch.zeros((), dtype=torch.float64, device=g.device)
+        for a in range(0, flat.numel(), CHUNK_ELEMS):
+            x = flat[a:a + CHUNK_ELEMS].to(torch.float64)
+            s = s + torch.dot(x, x)
+        return s
+
+    @torch.no_grad()
+    def step(self, grads, lr):
+        """Folds grads into the momentum and returns, per tensor, the top-k
+        indices (int32, tiles*k, ascending within each tile) and values
+        (float32; +-1 in 1-bit runs), on the device: what distro.Plan.FrameOf
+        takes. Raises NonFinite (and changes nothing) if a gradient has NaN or
+        Inf in it."""
+        self._check("gradient", grads)
+        lr = f32(lr)
+        grads = [g.detach() for g in grads]
+        # One sync: the norm is finite exactly when every gradient is (a
+        # float32's square cannot overflow a float64, nor can their sum).
+        total = float(torch.stack([self._sum_squares(g) for g in grads]).sum()) if grads else 0.0
+        if not math.isfinite(total):
+            raise NonFinite("distro: gradient is not finite")
+        norm = math.sqrt(total)
+        scale = lr
+        if self.clip > 0 and norm > self.clip:
+            scale = f32(lr * self.clip / norm)
+        self.steps += 1
+        unbias = f32(1 / (1 - go_pow(NORM_BETA, self.steps)))
+        out = []
+        with _HighestPrecision():
+            for i, (g, l) in enumerate(zip(grads, self.layouts)):
+                out.append(self._step_tensor(i, l, g, scale, unbias))
+        return out
+
+    def _step_tensor(self, i, l, g, scale, unbias):
+        g = l.blocks(g.to(torch.float32))
+        delta = self.delta[i]
+        idx_out, val_out = [], []
+        for a, b in l.chunks():
+            t0, t1 = a * l.tiles_c, b * l.tiles_c
+            x = g[a:b].permute(0, 2, 1, 3).reshape(t1 - t0, l.th, l.tw)
+            c = l.forward(x).reshape(t1 - t0, l.ts)
+            if self.normalize:
+                c = self._normalize(c, self.mean_sq[i][t0:t1], unbias, l.ts)
+            m = delta[t0:t1]
+            # m = beta*m + scale*c, each product rounded (Go's momentum)
+            c.mul_(scale)
+            m.mul_(self.decay).add_(c)
+            idx = top_k(m.abs(), l.k)
+            vals = m.gather(1, idx)
+            m.scatter_(1, idx, 0.0)  # the residual keeps what was not sent, unquantized
+            if self.quantize:
+                vals = torch.where(vals < 0, -torch.ones_like(vals), torch.ones_like(vals))
+            idx_out.append(idx.to(torch.int32).reshape(-1))
+            val_out.append(vals.reshape(-1))
+        if len(idx_out) == 1:
+            return idx_out[0], val_out[0]
+        return torch.cat(idx_out), torch.cat(val_out)
+
+    @staticmethod
+    def _normalize(c, v, unbias, ts):
+        """Go's normalizeTile on every tile (row) of c: folds c*c into the
+        running mean squares v (in float64, kept as float32) and returns c
+        divided by sqrt(v*unbias) + floor, where floor is NORM_FLOOR times
+        the root of the tile's bias-corrected mean; a tile whose floor is 0 is
+        all zero."""
+        c64 = c.to(torch.float64)
+        sq = c64.mul(NORM_W).mul_(c64)  # (w*x)*x, as Go
+        m64 = v.to(torch.float64).mul_(NORM_BETA).add_(sq)
+        v.copy_(m64)
+        total = m64.sum(dim=1)
+        floor = (NORM_FLOOR * torch.sqrt(total / ts * unbias)).to(torch.float32)
+        denom = torch.sqrt(v * unbias).add_(floor[:, None])
+        out = c / denom
+        return torch.where(floor[:, None] == 0, torch.zeros_like(out), out)
+
+    @torch.no_grad()
+    def apply(self, params, combined, lr):
+        """Applies a round's combined coefficients (per tensor: tiles int64,
+        index int64, values float32 on the device, Go's CombinedTensor) to
+        params in place: theta <- theta*keep - lr*sign(IDCT(tile)), keep = 1 -
+        lr*wd in float32, as Go's Apply."""
+        self._check("parameter", params)
+        if len(combined) != len(self.layouts):
+            raise ValueError("distro: %d combined tensors, the model has %d" % (len(combined), len(self.layouts)))
+        lr32 = np.float32(lr)
+        keep = float(np.float32(1) - lr32 * np.float32(self.weight_decay))
+        lr = float(lr32)
+        with _HighestPrecision():
+            for p, comb, l in zip(params, combined, self.layouts):
+                self._apply_tensor(p, comb, l, lr, keep)
+
+    def _apply_tensor(self, p, comb, l, lr, keep):
+        tiles, index, values = comb
+        if not (tiles.shape == index.shape == values.shape) or tiles.dim() != 1:
+            raise ValueError("distro: combined tiles, index and values of shapes %s, %s, %s"
+                             % (tuple(tiles.shape), tuple(index.shape), tuple(values.shape)))
+        tiles = tiles.to(self.device, torch.int64)
+        index = index.to(self.device, torch.int64)
+        values = values.to(self.device, torch.float32)
+        # Entries are sorted by tile: each chunk's are a contiguous range.
+        # One sync: the ranges, and whether every entry is inside the tensor
+        # (a bad index would be a device-side assert on CUDA).
+        bounds = [a * l.tiles_c for a, _ in l.chunks()] + [l.tiles]
+        if tiles.numel():
+            cuts = torch.searchsorted(tiles, torch.tensor(bounds, dtype=torch.int64, device=self.device))
+            bad = ((tiles < 0) | (tiles >= l.tiles) | (index < 0) | (index >= l.ts)).any()
+            got = torch.cat([cuts, bad.to(torch.int64).view(1)]).tolist()
+            cuts = got[:-1]
+            if got[-1] or cuts[-1] != tiles.numel():
+                raise ValueError("distro: combined entries outside the tensor's %d tiles of %d" % (l.tiles, l.ts))
+        else:
+            cuts = [0] * len(bounds)
+        target = p.detach()
+        if not target.is_contiguous():
+            work = target.contiguous()
+            self._update(work, tiles, index, values, cuts, l, lr, keep)
+            target.copy_(work)
+        else:
+            self._update(target, tiles, index, values, cuts, l, lr, keep)
+
+    def _update(self, target, tiles, index, values, cuts, l, lr, keep):
+        for j, (a, b) in enumerate(l.chunks()):
+            t0, t1 = a * l.tiles_c, b * l.tiles_c
+            e0, e1 = cuts[j], cuts[j + 1]
+            dense = torch.zeros((t1 - t0) * l.ts, dtype=torch.float32, device=self.device)
+            if e1 > e0:
+                dense[(tiles[e0:e1] - t0) * l.ts + index[e0:e1]] = values[e0:e1]
+            x = l.inverse(dense.view(t1 - t0, l.th, l.tw))
+            # Go's signs: -1 or +1 by the sign bit, 0 for +-0
+            s = torch.copysign(torch.ones_like(x), x).masked_fill_(x == 0, 0.0).mul_(lr)
+            s = s.view(b - a, l.tiles_c, l.th, l.tw).permute(0, 2, 1, 3)
+            view = l.blocks(target)[a:b]
+            if view.dtype == torch.float32:
+                if keep != 1.0:
+                    view.mul_(keep)
+                view.sub_(s)
+            else:  # a lower-precision parameter: the update in float32, rounded once
+                w = view.to(torch.float32)
+                if keep != 1.0:
+                    w.mul_(keep)
+                view.copy_(w.sub_(s))

@@ -1,0 +1,361 @@
+"""PyTorch transcriptions of psyche's Go language models, for the torch engine.
+
+build("gpt", cfg, device) is trainer/gpt and build("llama", cfg, device) is
+trainer/llama: the same parameter tensors in the same order and shapes as
+the Go model's Tensors()/Shapes() (so the Go side can send weights and read
+gradients tensor by tensor, by index), and the same arithmetic:
+
+  * GPT: token + position embeddings; pre-norm blocks with LayerNorm
+    (eps 1e-5, kernels.layerNormEps), a fused q|k|v projection with bias,
+    causal attention scaled by 1/sqrt(head size), GELU's tanh form, an MLP
+    4x wide; a final LayerNorm and a head tied to the token embeddings.
+  * Llama: token embeddings; pre-norm blocks with RMSNorm (eps from the
+    config), a fused q|k|v projection without bias (query heads, then
+    key/value heads), rotary embeddings on the query and key heads (the
+    two halves of a head rotate together, Hugging Face's rotate_half
+    layout), grouped-query attention (query head h reads key/value head
+    h // (heads / kv_heads)), a fused gate|up projection feeding SwiGLU, a
+    final RMSNorm and a head (its own tensor, or the embeddings when tied).
+  * Loss: each token's cross-entropy of its target; the batch loss is
+    their mean and a sequence's loss the mean of its tokens, both summed
+    in float64 as lm.MeanLoss and lm.SequenceLosses sum.
+
+Only torch is needed; it runs on torch 1.13 (no scaled_dot_product_attention
+there: attention falls back to a masked softmax) and on torch 2.x.
+"""
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+# Whether this torch has fused attention (2.0 and later).
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+# kernels.layerNormEps: GPT's LayerNorm epsilon, fixed.
+LAYER_NORM_EPS = 1e-5
+# llama.DefaultNormEps: RMSNorm's epsilon when a config gives none (or 0).
+DEFAULT_NORM_EPS = 1e-5
+# The Go cross-entropy takes -log(max(p, 1e-30)) of the target's
+# probability, so a token's loss never exceeds this (only reached when a
+# probability underflows float32, i.e. a diverged model).
+LOSS_CAP = -math.log(1e-30)
+
+# Where a build asks for neither: use fused attention when torch has it.
+# Tests may set this to False to force the fallback everywhere.
+USE_SDPA = True
+
+
+class Model(torch.nn.Module):
+    """A language model whose parameters are the Go model's tensors.
+
+    tensors: the parameters in the Go model's Tensors() order, each of the
+    Go shape (layers stacked on the first axis), float32, zero at first.
+    names: the Go Specs() names of the same tensors.
+    """
+
+    arch = ""
+
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        self.sdpa = sdpa
+        self.names: List[str] = []
+        self.tensors: List[torch.nn.Parameter] = []
+
+    def _add_tensors(self, specs: Sequence[Tuple[str, Tuple[int, ...]]], device: torch.device) -> None:
+        self.names = [n for n, _ in specs]
+        params = []
+        for name, shape in specs:
+            p = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32, device=device))
+            # Module attribute names may not hold dots.
+            self.register_parameter(name.replace(".", "_"), p)
+            params.append(p)
+        # A plain list (not a ParameterList) of the registered parameters:
+        # the worker copies weights in and reads gradients out by index.
+        self.tensors = params
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors[0].device
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.tensors)
+
+    def shapes(self) -> List[List[int]]:
+        return [list(p.shape) for p in self.tensors]
+
+    def logits(self, inputs: torch.Tensor, amp_dtype: Optional[torch.dtype]) -> torch.Tensor:
+        """The head's output for inputs [b, t]: [b*t, vocab], float32 or
+        amp_dtype (call inside autocast when amp_dtype is set)."""
+        raise NotImplementedError
+
+    def forward_losses(self, inputs: torch.Tensor, targets: torch.Tensor,
+                       amp_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The mean loss of predicting targets from inputs (both int64
+        [b, t]) as Go's Forward returns it, and each sequence's loss
+        (float32 [b], detached) as Go's SequenceLosses(t). loss.backward()
+        adds Go's Backward gradients to the tensors' .grad.
+
+        With amp_dtype (torch.bfloat16, say) the matrix products and
+        attention run under autocast in that dtype; the weights stay
+        float32 (the gradients too), the norms and the loss are float32."""
+        b, t = inputs.shape
+        if amp_dtype is None:
+            logits = self.logits(inputs, None)
+        else:
+            with torch.autocast(device_type=self.device.type, dtype=amp_dtype):
+                logits = self.logits(inputs, amp_dtype)
+        return token_losses_to_means(cross_entropy(logits, targets.reshape(-1).long()), b, t)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor,
+                amp_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.forward_losses(inputs, targets, amp_dtype)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row's cross-entropy (float32, whatever the logits' dtype), capped
+    as Go caps it. The cap leaves the gradient alone: Go's backward is
+    softmax - onehot for every row, capped or not."""
+    ce = F.cross_entropy(at_least_float32(logits), targets, reduction="none")
+    return ce - (ce - ce.clamp(max=LOSS_CAP)).detach()
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    # float32 for the narrow dtypes autocast makes; float64 stays (a model
+    # converted with .double() serves as a precise reference in tests).
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def token_losses_to_means(tok: torch.Tensor, b: int, t: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    # float64 sums, rounded to float32, as lm.MeanLoss and lm.SequenceLosses.
+    tok64 = tok.double()
+    loss = tok64.mean().to(tok.dtype)
+    seq = tok64.detach().view(b, t).mean(dim=1).to(tok.dtype)
+    return loss, seq
+
+
+def layer_views(p: torch.Tensor, dtype: Optional[torch.dtype]) -> Tuple[torch.Tensor, ...]:
+    """The per-layer tensors of a stacked [L, ...] parameter. unbind's
+    backward stacks the layers' gradients in one copy (indexing p[l] would
+    make a full-size zero gradient per layer). Under autocast the whole
+    stack is cast once (what autocast would do layer by layer), so the
+    gradients are stacked in the narrow dtype too."""
+    if dtype is not None:
+        p = p.to(dtype)
+    return p.unbind(0)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sdpa: bool) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(d) + causal mask) v for [b, heads, t, d] inputs
+    (k and v already one per query head)."""
+    if sdpa:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    t, d = q.shape[-2], q.shape[-1]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    # The softmax in float32 at least, whatever the scores' dtype.
+    att = torch.softmax(scores, dim=-1, dtype=torch.float64 if scores.dtype == torch.float64 else torch.float32)
+    return torch.matmul(att.to(v.dtype), v)
+
+
+def repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """[b, kv, t, d] -> [b, kv*rep, t, d] with query head h reading key/value
+    head h // rep (Go's gqaLayout: consecutive query heads share one)."""
+    if rep == 1:
+        return x
+    b, kv, t, d = x.shape
+    return x[:, :, None].expand(b, kv, rep, t, d).reshape(b, kv * rep, t, d)
+
+
+class GPT(Model):
+    arch = "gpt"
+
+    def __init__(self, cfg: Dict, device: torch.device, sdpa: bool):
+        super().__init__(sdpa)
+        V, T, C, L, H = (int(cfg[k]) for k in ("vocab", "context", "width", "layers", "heads"))
+        if min(V, T, C, L, H) <= 0:
+            raise ValueError("gpt: vocab, context, width, layers and heads must be positive: %r" % (cfg,))
+        if C % H:
+            raise ValueError("gpt: heads (%d) must divide width (%d)" % (H, C))
+        self.vocab, self.context, self.width, self.layers, self.heads = V, T, C, L, H
+        # trainer/gpt Config.Specs.
+        specs = [
+            ("wte", (V, C)),
+            ("wpe", (T, C)),
+            ("ln1.weight", (L, C)),
+            ("ln1.bias", (L, C)),
+            ("attn.qkv.weight", (L, 3 * C, C)),
+            ("attn.qkv.bias", (L, 3 * C)),
+            ("attn.proj.weight", (L, C, C)),
+            ("attn.proj.bias", (L, C)),
+            ("ln2.weight", (L, C)),
+            ("ln2.bias", (L, C)),
+            ("mlp.fc.weight", (L, 4 * C, C)),
+            ("mlp.fc.bias", (L, 4 * C)),
+            ("mlp.proj.weight", (L, C, 4 * C)),
+            ("mlp.proj.bias", (L, C)),
+            ("lnf.weight", (C,)),
+            ("lnf.bias", (C,)),
+        ]
+        self._add_tensors(specs, device)
+
+    def logits(self, inputs: torch.Tensor, amp_dtype: Optional[torch.dtype]) -> torch.Tensor:
+        b, t = inputs.shape
+        if t > self.context:
+            raise ValueError("gpt: %d tokens exceed the context of %d" % (t, self.context))
+        C, H = self.width, self.heads
+        hd = C // H
+        (wte, wpe, ln1w, ln1b, qkvw, qkvb, projw, projb,
+         ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb) = self.tensors
+        # The norms' weights stay float32 (LayerNorm runs in float32 under
+        # autocast); the products' weights and biases go to amp_dtype.
+        # (List comprehensions rather than generators: torch.compile traces
+        # them without trouble on every 2.x.)
+        ln1w, ln1b, ln2w, ln2b = [layer_views(p, None) for p in (ln1w, ln1b, ln2w, ln2b)]
+        qkvw, qkvb, projw, projb, fcw, fcb, fcprojw, fcprojb = [
+            layer_views(p, amp_dtype) for p in (qkvw, qkvb, projw, projb, fcw, fcb, fcprojw, fcprojb)]
+
+        # The residual stream is float32 throughout (float32 + amp_dtype
+        # promotes), as Go keeps it.
+        x = F.embedding(inputs, wte) + wpe[:t]
+        for l in range(self.layers):
+            h = F.layer_norm(x, (C,), ln1w[l], ln1b[l], LAYER_NORM_EPS)
+            # A qkv row is q | k | v, each C wide with head h at h*hd.
+            qkv = F.linear(h, qkvw[l], qkvb[l]).view(b, t, 3, H, hd)
+            q, k, v = [z.transpose(1, 2) for z in qkv.unbind(2)]
+            y = causal_attention(q, k, v, self.sdpa).transpose(1, 2).reshape(b, t, C)
+            x = x + F.linear(y, projw[l], projb[l])
+            h = F.layer_norm(x, (C,), ln2w[l], ln2b[l], LAYER_NORM_EPS)
+            h = F.gelu(F.linear(h, fcw[l], fcb[l]), approximate="tanh")
+            x = x + F.linear(h, fcprojw[l], fcprojb[l])
+        x = F.layer_norm(x, (C,), lnfw, lnfb, LAYER_NORM_EPS)
+        # The head is the token embedding, no bias.
+        return F.linear(x, wte).view(b * t, self.vocab)
+
+
+def rope_tables(context: int, hd: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of pos * theta^(-2i/hd), [context, hd/2] float32, rounded
+    as Go's ropeTable (after Hugging Face): the exponent 2i/hd in float32,
+    the inverse frequency float32(1 / theta^exponent) computed in float64,
+    the angle the float32 product of position and inverse frequency, its
+    cos and sin in float64 then rounded."""
+    theta32 = float(torch.tensor(theta, dtype=torch.float32))
+    exponent = torch.arange(0, hd, 2, dtype=torch.float32) / hd
+    inv = (1.0 / torch.pow(torch.tensor(theta32, dtype=torch.float64), exponent.double())).float()
+    angle = torch.arange(context, dtype=torch.float32)[:, None] * inv[None, :]
+    return angle.double().cos().float(), angle.double().sin().float()
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates x [b, t, heads, hd] by position: element i of a head's first
+    half pairs with element i of its second half (Go's RoPE). Computed in
+    float32 (Go's precision; Hugging Face under autocast does the same, its
+    cos and sin being float32), stored back in x's dtype."""
+    half = x.shape[-1] // 2
+    xf = at_least_float32(x)
+    x0, x1 = xf[..., :half], xf[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # In float32 as Go's RMSNorm: y = x * rsqrt(mean(x²) + eps) * w.
+    xf = at_least_float32(x)
+    return xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * w
+
+
+class Llama(Model):
+    arch = "llama"
+
+    def __init__(self, cfg: Dict, device: torch.device, sdpa: bool):
+        super().__init__(sdpa)
+        V, T, C, L = (int(cfg[k]) for k in ("vocab", "context", "width", "layers"))
+        H, KV, I = int(cfg["heads"]), int(cfg["kv_heads"]), int(cfg["intermediate"])
+        theta = float(cfg["rope_theta"])
+        eps = float(cfg.get("norm_eps") or DEFAULT_NORM_EPS)
+        tied = bool(cfg.get("tied_head", False))
+        if min(V, T, C, L, I) <= 0:
+            raise ValueError("llama: vocab, context, width, layers and intermediate must be positive: %r" % (cfg,))
+        if H <= 0 or C % H or (C // H) % 2:
+            raise ValueError("llama: heads (%d) must divide width (%d) into heads of an even size" % (H, C))
+        if KV <= 0 or KV > H or H % KV:
+            raise ValueError("llama: kv heads (%d) must be positive and divide heads (%d)" % (KV, H))
+        if not (theta > 1 and math.isfinite(theta)):
+            raise ValueError("llama: rope theta (%g) must be finite and greater than 1" % theta)
+        if not 0 <= eps < 1:
+            raise ValueError("llama: norm eps (%g) must be in [0, 1)" % eps)
+        self.vocab, self.context, self.width, self.layers = V, T, C, L
+        self.heads, self.kv_heads, self.intermediate = H, KV, I
+        self.head_dim = C // H
+        self.rope_theta, self.norm_eps, self.tied_head = theta, eps, tied
+        # trainer/llama Config.Specs: the head last, absent when tied.
+        W = (H + 2 * KV) * self.head_dim
+        specs = [
+            ("embed", (V, C)),
+            ("attn_norm.weight", (L, C)),
+            ("attn.qkv.weight", (L, W, C)),
+            ("attn.o.weight", (L, C, C)),
+            ("mlp_norm.weight", (L, C)),
+            ("mlp.gate_up.weight", (L, 2 * I, C)),
+            ("mlp.down.weight", (L, C, I)),
+            ("norm.weight", (C,)),
+        ]
+        if not tied:
+            specs.append(("head.weight", (V, C)))
+        self._add_tensors(specs, device)
+        # Computed once for the whole context, sliced per batch; buffers so
+        # that .to(device) moves them, not saved with the weights.
+        cos, sin = rope_tables(T, self.head_dim, theta)
+        self.register_buffer("rope_cos", cos.to(device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device), persistent=False)
+
+    def logits(self, inputs: torch.Tensor, amp_dtype: Optional[torch.dtype]) -> torch.Tensor:
+        b, t = inputs.shape
+        if t > self.context:
+            raise ValueError("llama: %d tokens exceed the context of %d" % (t, self.context))
+        C, H, KV, hd, eps = self.width, self.heads, self.kv_heads, self.head_dim, self.norm_eps
+        embed, attn_norm, qkvw, ow, mlp_norm, gate_up, down, norm = self.tensors[:8]
+        head = embed if self.tied_head else self.tensors[8]
+        attn_norm, mlp_norm = layer_views(attn_norm, None), layer_views(mlp_norm, None)
+        qkvw, ow, gate_up, down = [layer_views(p, amp_dtype) for p in (qkvw, ow, gate_up, down)]
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+
+        x = F.embedding(inputs, embed)
+        for l in range(self.layers):
+            h = rms_norm(x, attn_norm[l], eps)
+            # A qkv row is H query heads, then KV key heads, then KV value
+            # heads; the rotation turns the first H+KV (queries and keys).
+            qkv = F.linear(h, qkvw[l]).view(b, t, H + 2 * KV, hd)
+            qk, v = qkv.split([H + KV, KV], dim=2)
+            q, k = rope(qk, cos, sin).split([H, KV], dim=2)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            k, v = repeat_kv(k, H // KV), repeat_kv(v, H // KV)
+            y = causal_attention(q, k, v, self.sdpa).transpose(1, 2).reshape(b, t, C)
+            x = x + F.linear(y, ow[l])
+            h = rms_norm(x, mlp_norm[l], eps)
+            # A gate_up row is the gate (I wide), then the up projection.
+            gate, up = F.linear(h, gate_up[l]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, down[l])
+        x = rms_norm(x, norm, eps)
+        return F.linear(x, head).view(b * t, self.vocab)
+
+
+def build(arch: str, cfg: Dict, device: torch.device, sdpa: Optional[bool] = None) -> Model:
+    """A model of the given architecture ("gpt" or "llama") and config (the
+    keys are listed on GPT and Llama), its tensors zero float32 on device.
+
+    sdpa: True requires torch's scaled_dot_product_attention, False forces
+    the plain masked softmax, None uses the former when torch has it (and
+    USE_SDPA is left True)."""
+    device = torch.device(device)
+    if sdpa is None:
+        sdpa = HAS_SDPA and USE_SDPA
+    elif sdpa and not HAS_SDPA:
+        raise ValueError("this torch (%s) has no scaled_dot_product_attention" % torch.__version__)
+    if arch == "gpt":
+        return GPT(cfg, device, sdpa)
+    if arch == "llama":
+        return Llama(cfg, device, sdpa)
+    raise ValueError("unknown architecture %r (want gpt or llama)" % (arch,))

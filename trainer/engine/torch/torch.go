@@ -96,7 +96,22 @@ func WithKernels(k kernels.Backend) Option {
 }
 
 // Opener opens PyTorch engines: one worker process per engine.
-type Opener struct{ o options }
+type Opener struct {
+	o    options
+	mu   sync.Mutex
+	open map[*eng]bool // engines not yet closed
+}
+
+// Pids lists the worker processes of this opener's open engines.
+func (op *Opener) Pids() []int {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	var out []int
+	for e := range op.open {
+		out = append(out, e.w.pid())
+	}
+	return out
+}
 
 // New returns an Opener. Nothing starts until Check or Open.
 func New(opts ...Option) (*Opener, error) {
@@ -109,7 +124,7 @@ func New(opts ...Option) (*Opener, error) {
 	if o.kernels == nil {
 		o.kernels = kernels.Default()
 	}
-	return &Opener{o: o}, nil
+	return &Opener{o: o, open: map[*eng]bool{}}, nil
 }
 
 // Name is "torch".
@@ -181,6 +196,10 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 		w.kill()
 		return nil, err
 	}
+	op.mu.Lock()
+	op.open[e] = true
+	op.mu.Unlock()
+	e.opener = op
 	return e, nil
 }
 
@@ -198,6 +217,7 @@ type eng struct {
 	timeout time.Duration
 	closed  bool
 	broken  error // the worker's failure: every later call returns it
+	opener  *Opener
 }
 
 var _ engine.Engine = (*eng)(nil)
@@ -477,5 +497,10 @@ func (e *eng) Close() error {
 		return nil
 	}
 	e.closed = true
+	if e.opener != nil {
+		e.opener.mu.Lock()
+		delete(e.opener.open, e)
+		e.opener.mu.Unlock()
+	}
 	return e.w.close()
 }

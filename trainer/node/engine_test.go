@@ -1,0 +1,121 @@
+package node_test
+
+import (
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/engine/torch"
+	"github.com/psyche-go/psyche/trainer/node"
+)
+
+func torchOpener(t *testing.T) *torch.Opener {
+	t.Helper()
+	op, err := torch.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+// engines gives trainer i the options of kinds[i]: go (the default) or a
+// torch opener of its own.
+func engines(t *testing.T, kinds ...string) (func(i int) []node.Option, []*torch.Opener) {
+	ops := make([]*torch.Opener, len(kinds))
+	for i, k := range kinds {
+		if k == "torch" {
+			ops[i] = torchOpener(t)
+		}
+	}
+	return func(i int) []node.Option {
+		if ops[i] == nil {
+			return nil
+		}
+		return []node.Option{node.WithEngine(ops[i])}
+	}, ops
+}
+
+// TestTorchTrainersTrainTogether: three trainers on the PyTorch engine
+// train two epochs together: identical weights, lower loss.
+func TestTorchTrainersTrainTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	opts, _ := engines(t, "torch", "torch", "torch")
+	c := newCluster(t, 3, nil, opts)
+	c.waitFor("two epochs", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1, 2)
+	c.sameWeights(0, 1, 2)
+	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
+	t.Logf("held-out loss %.3f -> %.3f", before, after)
+	if after >= before-0.2 {
+		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
+	}
+}
+
+// TestMixedEnginesTrainTogether: a Go trainer and two torch trainers in one
+// run. Both engines apply the aggregate that distro.Plan.Combine decided; on
+// this CPU in fp32 their applies agree bit for bit (the engine parity
+// tests), so all three end with identical weights.
+func TestMixedEnginesTrainTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	opts, _ := engines(t, "go", "torch", "torch")
+	c := newCluster(t, 3, nil, opts)
+	c.waitFor("two epochs", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1, 2)
+	c.sameWeights(0, 1, 2)
+	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
+	t.Logf("held-out loss %.3f -> %.3f", before, after)
+	if after >= before-0.2 {
+		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
+	}
+}
+
+// TestWorkerKilledMidRound: the worker of one trainer is killed while the
+// run trains. That trainer's Run ends with an error that says what happened
+// to its worker (the trainer exits non-zero; a restarted one joins again
+// and loads the model from its peers), no worker process is left, and the
+// other two drop it and train on.
+func TestWorkerKilledMidRound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	opts, ops := engines(t, "torch", "torch", "torch")
+	c := newCluster(t, 3, nil, opts)
+	var pids []int
+	c.waitFor("training", func(s *coordinator.Coordinator) bool {
+		if s.RunState != coordinator.RoundTrain || s.Progress.Step < 3 {
+			return false
+		}
+		pids = ops[2].Pids()
+		return len(pids) == 1
+	})
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := <-c.errs[2]
+	if err == nil || !strings.Contains(err.Error(), "worker failed") || !strings.Contains(err.Error(), "signal: killed") {
+		t.Fatalf("trainer 2 after its worker was killed: %v, want the worker's death", err)
+	}
+	t.Logf("trainer 2: %v", err)
+	c.stopped = map[int]bool{2: true}
+	if left := ops[2].Pids(); len(left) != 0 {
+		t.Fatalf("workers left behind: %v", left)
+	}
+	if err := syscall.Kill(pids[0], 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the killed worker %d is still there: %v", pids[0], err)
+	}
+	c.waitFor("the others train on without it", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Epoch >= 1 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1)
+	c.sameWeights(0, 1)
+}

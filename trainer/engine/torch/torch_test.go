@@ -480,3 +480,47 @@ func vocabOf(c runmodel.Config) int {
 	}
 	return c.GPT.Vocab
 }
+
+// TestLossReportGap measures how far the engines' per-sequence losses (what
+// a frame claims and witnesses check: the node's reportTolerance, 0.02 plus
+// 0.5% of the loss) lie apart on the same model and batch: the Go engine in
+// fp32 against the torch engine in fp32 and under bf16 autocast. The
+// tolerance must hold the widest gap with room to spare, or honest trainers
+// of another engine would be accused.
+func TestLossReportGap(t *testing.T) {
+	ctx := context.Background()
+	bf16, err := New(WithPrecision("bf16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goOp, fp32 := openers(t)
+	for _, pm := range parityModels {
+		g := open(t, goOp, pm.cfg, 13, runOptions(true))
+		tf := open(t, fp32, pm.cfg, 13, runOptions(true))
+		tb := open(t, bf16, pm.cfg, 13, runOptions(true))
+		b := randomBatch(rand.New(rand.NewPCG(3, 4)), vocabOf(pm.cfg), 8, pm.cfg.Context())
+		gl, err := g.Losses(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gap := func(e engine.Engine) float64 {
+			l, err := e.Losses(ctx, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := 0.0
+			for i := range gl.Seqs {
+				worst = max(worst, math.Abs(float64(l.Seqs[i]-gl.Seqs[i])))
+			}
+			return worst
+		}
+		g32, g16 := gap(tf), gap(tb)
+		t.Logf("%s: largest per-sequence gap to the Go engine: fp32 %.2g, bf16 %.2g (losses ~%.2f)", pm.name, g32, g16, gl.Mean)
+		if g32 > 1e-5 {
+			t.Errorf("%s: fp32 engines differ by %.2g", pm.name, g32)
+		}
+		if g16 > 0.005 {
+			t.Errorf("%s: bf16 differs from fp32 by %.2g, a quarter of the report tolerance's floor", pm.name, g16)
+		}
+	}
+}

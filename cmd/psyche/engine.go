@@ -19,6 +19,8 @@ var (
 		Usage: "what computes: go (this binary's kernels) or torch (a PyTorch worker: python3 or $PSYCHE_PYTHON with torch 1.13+ and numpy); localnet takes a list, one per trainer, repeated (go,torch: a mixed run)"}
 	deviceFlag = &cli.StringFlag{Name: "device", Value: "cpu", Category: "ENGINE",
 		Usage: "with --engine torch: cpu, cuda, cuda:N or mps"}
+	pythonFlag = &cli.StringFlag{Name: "python", Category: "ENGINE",
+		Usage: "with --engine torch: the python to run the worker under (default: python3 on PATH, then /usr/bin/python3)"}
 	compileFlag = &cli.BoolFlag{Name: "compile", Category: "ENGINE",
 		Usage: "with --engine torch: compile the model with torch.compile (torch 2.x; an older torch runs eagerly and says so)"}
 )
@@ -39,6 +41,13 @@ func engineKinds(c *cli.Context, allowMany bool) ([]string, error) {
 	}
 	if c.IsSet("device") && !contains(kinds, "torch") {
 		return nil, fmt.Errorf("--device %s is for --engine torch (the go engine computes with its kernels: --precision, or a -tags cuda build)", c.String("device"))
+	}
+	if !contains(kinds, "torch") {
+		for _, f := range []string{"python", "compile"} {
+			if c.IsSet(f) {
+				return nil, fmt.Errorf("--%s is for --engine torch", f)
+			}
+		}
 	}
 	return kinds, nil
 }
@@ -72,7 +81,7 @@ func checkEngines(ctx context.Context, c *cli.Context, kinds []string, prec kern
 }
 
 func newTorch(c *cli.Context, prec kernels.Precision, log *slog.Logger) (*torch.Opener, error) {
-	return torch.New(torch.WithDevice(c.String("device")), torch.WithPrecision(prec),
+	return torch.New(torch.WithDevice(c.String("device")), torch.WithPrecision(prec), torch.WithPython(c.String("python")),
 		torch.WithCompile(c.Bool("compile")), torch.WithLogger(log))
 }
 

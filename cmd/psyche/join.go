@@ -38,7 +38,7 @@ var joinCommand = &cli.Command{
 		&cli.StringFlag{Name: "data-dir", Value: defaultDataDir(), Usage: "where the trainer keeps its files: checkpoints go in <data-dir>/<run-id>/<address, first 8 characters>/checkpoints", Category: "RUN"},
 		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
-		precisionFlag, engineFlag, deviceFlag, compileFlag,
+		precisionFlag, engineFlag, deviceFlag, pythonFlag, compileFlag,
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
 		&cli.StringFlag{Name: "local-data", Usage: "join a federated run (its run file has a [federated] section) as a client that trains on this text file of its own, which never leaves the machine", Category: "FEDERATED"},
 		&cli.IntFlag{Name: "rounds", Usage: "with --local-data: leave once the server's model reaches this round (0: when the run finishes)", Category: "FEDERATED"},
@@ -52,13 +52,6 @@ var joinCommand = &cli.Command{
 func join(c *cli.Context) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	b, signer, err := backend(c, true)
-	if err != nil {
-		return err
-	}
-	if c.String("local-data") != "" {
-		return joinFederated(c, signer)
-	}
 	prec, err := precision(c)
 	if err != nil {
 		return err
@@ -67,6 +60,14 @@ func join(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	b, signer, err := backend(c, true)
+	if err != nil {
+		return err
+	}
+	if c.String("local-data") != "" {
+		return joinFederated(c, signer)
+	}
+	// Before any networking: python and torch are there when asked for.
 	if err := checkEngines(ctx, c, kinds, prec); err != nil {
 		return err
 	}

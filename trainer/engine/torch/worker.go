@@ -158,8 +158,14 @@ func startOne(ctx context.Context, o *options, python string) (*worker, *hello, 
 	h, err := w.hello(ctx, o)
 	if err != nil {
 		w.kill()
-		if w.exitCode() == exitMissing {
+		switch code := w.exitCode(); {
+		case code == exitMissing:
 			return nil, nil, &missingError{module: w.tail.missingModule()}
+		case errors.Is(err, errWorker):
+			// It ended before saying hello: not a python that runs the
+			// worker at all.
+			return nil, nil, fmt.Errorf("%w: %s did not run the worker (%s%s); it must be Python 3 with PyTorch 1.13 or newer and numpy: install them, or set PSYCHE_PYTHON to a python that has them",
+				ErrNoTorch, python, w.howExited(), w.tail.last())
 		}
 		return nil, nil, err
 	}
@@ -279,6 +285,15 @@ func (w *worker) deadError(op string) error {
 	return fmt.Errorf("%w: it stopped during %s (%s)%s", errWorker, op, how, w.tail.quote())
 }
 
+// howExited is the worker's exit as Wait reported it.
+func (w *worker) howExited() string {
+	<-w.exited
+	if w.err == nil {
+		return "exit status 0"
+	}
+	return w.err.Error()
+}
+
 func (w *worker) exitCode() int {
 	<-w.exited
 	if w.cmd.ProcessState == nil {
@@ -380,6 +395,16 @@ func (t *tail) flush() {
 		t.add(string(t.part))
 		t.part = nil
 	}
+}
+
+// last is the last line, as ": line" ("" when there is none).
+func (t *tail) last() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == 0 {
+		return ""
+	}
+	return ": " + t.lines[len(t.lines)-1]
 }
 
 // quote is the last lines, for an error message ("" when there are none).

@@ -10,8 +10,9 @@ scatters its output, inverts the DCT and takes the sign.
 
 A tensor is cut as Go's distro.TileLayout says: viewed as outer x rows x
 cols, tiles of th x tw, tile t = (o*tilesR + tr)*tilesC + tc, an index
-within a tile row-major. Everything is kept tile-major: one [tiles, th*tw]
-float32 tensor per parameter tensor.
+within a tile row-major. The state is kept tile-major: one [tiles, th*tw]
+float32 tensor per parameter tensor (each tile's coefficients column-major
+inside, see _Layout; frames and aggregates use Go's row-major indices).
 
 Arithmetic follows Go's, operation by operation and rounding by rounding,
 where torch allows it: the scalars (lr, decay, weight decay, clip, the bias
@@ -19,8 +20,8 @@ correction) are rounded to float32 as Go holds them; the momentum is
 beta*m + scale*c with each product rounded (no fused multiply-add); the
 mean squares are folded in float64; top-k breaks ties towards the lower
 index; apply computes theta*keep rounded, then subtracts lr*s (exact). What
-cannot be the same is the DCT: Go uses Lee's fast algorithm, this batched
-matrix products with orthonormal bases, so coefficients differ by a few
+cannot be the same is the DCT: Go uses Lee's fast algorithm, this matrix
+products with orthonormal bases, so coefficients differ by a few
 float32 ulps, and a coefficient within that of another at the k-th place
 of a tile (a near-tie) may be chosen differently, as may the sign of an
 inverse-DCT output within that of zero.
@@ -40,10 +41,10 @@ NORM_BETA = 0.95
 NORM_W = 0.05
 NORM_FLOOR = 0.1
 
-# Tiles are processed this many coefficients at a time (64 MiB of float32):
-# the temporaries of a step or an apply are bounded by it, whatever the size
-# of a tensor.
+# Tiles are processed this many coefficients at a time on a GPU (64 MiB of
+# float32), and a quarter of that on CPU.
 CHUNK_ELEMS = 1 << 24
+CPU_CHUNK_ELEMS = 1 << 22
 
 
 class NonFinite(Exception):
@@ -103,56 +104,39 @@ def dct_basis(n, device):
     return m.to(torch.float32).to(device)
 
 
-def _has(obj, name):
-    # torch.backends.cuda.matmul answers an unknown name with an
-    # AssertionError (torch 1.13), which hasattr lets through.
-    try:
-        getattr(obj, name)
-        return True
-    except Exception:
-        return False
-
-
 class _HighestPrecision:
-    """float32 matrix products in full float32 while DeMo runs (no TF32 on
-    CUDA, no bf16 on CPU), whatever the model's training set; restored
-    after. torch >= 2.9 has per-backend fp32_precision settings and refuses
-    a mix of them with the legacy allow_tf32 flag: it gets only the new
-    ones."""
+    """float32 matrix products in full float32 (no TF32 on CUDA, no bf16)
+    while DeMo runs, whatever the model's training set; restored after. Only
+    torch's public setting is used (torch >= 1.12): it drives the legacy
+    allow_tf32 flag and, from 2.9 on, the per-backend fp32_precision ones,
+    which torch refuses to see mixed by hand."""
 
     def __enter__(self):
-        self.undo = []
-        backends = [getattr(torch.backends.cuda, "matmul", None),
-                    getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)]
-        new = [b for b in backends if b is not None and _has(b, "fp32_precision")]
-        if new:
-            for b in new:
-                self._set(b, "fp32_precision", "ieee")
-        else:
-            if hasattr(torch, "get_float32_matmul_precision"):
-                prec = torch.get_float32_matmul_precision()
-                if prec != "highest":
-                    torch.set_float32_matmul_precision("highest")
-                    self.undo.append(lambda: torch.set_float32_matmul_precision(prec))
-            self._set(torch.backends.cuda.matmul, "allow_tf32", False)
+        self.prec = None
+        if hasattr(torch, "get_float32_matmul_precision"):
+            prec = torch.get_float32_matmul_precision()
+            if prec != "highest":
+                self.prec = prec
+                torch.set_float32_matmul_precision("highest")
         return self
 
-    def _set(self, obj, name, value):
-        old = getattr(obj, name)
-        if old != value:
-            setattr(obj, name, value)
-            self.undo.append(lambda: setattr(obj, name, old))
-
     def __exit__(self, *exc):
-        for f in reversed(self.undo):
-            f()
+        if self.prec is not None:
+            torch.set_float32_matmul_precision(self.prec)
         return False
 
 
 class _Layout:
-    """One tensor's tiles (Go's TileLayout) and its transforms."""
+    """One tensor's tiles (Go's TileLayout) and its transforms.
 
-    def __init__(self, d, bases, device):
+    The DCT runs as two plain matrix products on tall matrices (batched
+    products of 64x64 tiles are several times slower on CPU): along the
+    columns of the tensor in its own layout, then, once the tiles are cut
+    out transposed, along their rows. So the state keeps each tile's
+    coefficients column-major: position p = kw*th + kh holds the
+    coefficient Go indexes kh*tw + kw (the same when th or tw is 1)."""
+
+    def __init__(self, d, bases, device, chunk_elems):
         self.shape = [int(s) for s in d["shape"]]
         self.outer, self.rows, self.cols = int(d["outer"]), int(d["rows"]), int(d["cols"])
         self.th, self.tw, self.k = int(d["th"]), int(d["tw"]), int(d["k"])
@@ -168,57 +152,81 @@ class _Layout:
                 bases[n] = dct_basis(n, device)
         self.dh = bases.get(self.th)  # None for 1: the transform is the identity
         self.dw = bases.get(self.tw)
+        self.dh_t = self.dh.t().contiguous() if self.dh is not None else None
+        self.dw_t = self.dw.t().contiguous() if self.dw is not None else None
+        # Go's index of each position, and the position of each Go index
+        # (None when they are the same).
+        self.index_of = self.pos_of = None
+        if self.th > 1 and self.tw > 1:
+            p = torch.arange(self.ts, device=device)
+            self.index_of = (p % self.th) * self.tw + p // self.th
+            self.pos_of = (p % self.tw) * self.th + p // self.tw
         # tile rows (of tiles_c tiles each) per chunk
-        self.rows_per_chunk = max(1, CHUNK_ELEMS // max(1, self.tiles_c * self.ts))
+        self.rows_per_chunk = max(1, chunk_elems // max(1, self.tiles_c * self.ts))
 
     def blocks(self, x):
-        """x (numel values) as [outer*tiles_r, th, tiles_c, tw]: a view whose
-        [r, :, c, :] is tile r*tiles_c + c."""
-        return x.reshape(self.outer * self.tiles_r, self.th, self.tiles_c, self.tw)
+        """x (numel values, contiguous) as [outer*tiles_r, th, tiles_c, tw]:
+        a view whose [r, :, c, :] is tile r*tiles_c + c."""
+        return x.view(self.outer * self.tiles_r, self.th, self.tiles_c, self.tw)
 
     def chunks(self):
+        """Ranges [a, b) of tile rows, covering tiles a*tiles_c to b*tiles_c."""
         n = self.outer * self.tiles_r
         for a in range(0, n, self.rows_per_chunk):
             yield a, min(n, a + self.rows_per_chunk)
 
     def forward(self, x):
-        """DCT of tiles x [n, th, tw] (a new tensor)."""
-        n = x.shape[0]
-        if self.dw is None and self.dh is None:
-            return x.clone()  # 1x1 tiles: x may be a view of the gradient
+        """The DCT of the tile rows x [r, th, tiles_c, tw] (a view of the
+        tensor): [r*tiles_c, ts] coefficients, column-major in each tile, in
+        a new tensor."""
+        r = x.shape[0]
+        n = r * self.tiles_c
         if self.dw is not None:
-            x = (x.reshape(n * self.th, self.tw) @ self.dw.t()).reshape(n, self.th, self.tw)
+            x = (x.reshape(-1, self.tw) @ self.dw_t).view(r, self.th, self.tiles_c, self.tw)
+        # cut the tiles out, transposed: [r, tiles_c, tw, th]
+        x = x.permute(0, 2, 3, 1)
         if self.dh is not None:
-            x = torch.matmul(self.dh, x)
-        return x
+            return (x.reshape(-1, self.th) @ self.dh_t).view(n, self.ts)
+        if self.dw is None:
+            return x.reshape(n, self.ts).clone()  # 1x1 tiles: x is the gradient itself
+        return x.reshape(n, self.ts)
 
     def inverse(self, c):
-        """Inverse DCT of coefficients c [n, th, tw] (a new tensor)."""
-        n = c.shape[0]
-        if self.dw is not None:
-            c = (c.reshape(n * self.th, self.tw) @ self.dw).reshape(n, self.th, self.tw)
+        """The inverse DCT of coefficients c [r*tiles_c, ts] (column-major in
+        each tile): the tile rows [r, th, tiles_c, tw], in a new tensor."""
+        r = c.shape[0] // self.tiles_c
         if self.dh is not None:
-            c = torch.matmul(self.dh.t(), c)
-        return c
+            c = c.view(-1, self.th) @ self.dh
+        x = c.view(r, self.tiles_c, self.tw, self.th).permute(0, 3, 1, 2)
+        if self.dw is not None:
+            return (x.reshape(-1, self.tw) @ self.dw).view(r, self.th, self.tiles_c, self.tw)
+        return x.reshape(r, self.th, self.tiles_c, self.tw)
 
 
-def top_k(mag, k):
-    """Indices [n, k] (ascending in each row) of the k largest entries of each
-    row of mag (finite, >= 0), ties to the lower index: Go's topK. torch.topk
-    promises no order among equal values, so rows where the k-th and the
-    (k+1)-th are equal are chosen again on a key that is unique per row (the
-    magnitude's bits above the reversed index)."""
+def top_k(mag, k, index_of=None):
+    """The k largest entries of each row of mag [n, ts] (finite, >= 0), ties
+    to the lower index, as Go's topK: returns (positions, indices) [n, k],
+    the indices ascending in each row. An entry's index is index_of[position]
+    (the position itself if None): the order Go breaks ties in.
+    torch.topk promises no order among equal values, so the rows where the
+    k-th and the (k+1)-th largest are equal are chosen again on a key that
+    is unique in the row (the magnitude's bits above the reversed index)."""
     n, ts = mag.shape
     if k >= ts:
-        return torch.arange(ts, device=mag.device).expand(n, ts).contiguous()
-    vals, idx = torch.topk(mag, k + 1, dim=1)
-    idx = idx[:, :k]
-    tied = (vals[:, k - 1] == vals[:, k]).nonzero().squeeze(1)
-    if tied.numel():
-        m = mag.index_select(0, tied)
-        key = (m.view(torch.int32).to(torch.int64) << 32) | (ts - 1 - torch.arange(ts, device=mag.device))
-        idx[tied] = torch.topk(key, k, dim=1).indices
-    return torch.sort(idx, dim=1).values
+        pos = torch.arange(ts, device=mag.device).expand(n, ts)
+    else:
+        vals, pos = torch.topk(mag, k + 1, dim=1)
+        pos = pos[:, :k]
+        tied = (vals[:, k - 1] == vals[:, k]).nonzero().squeeze(1)
+        if tied.numel():
+            index = index_of if index_of is not None else torch.arange(ts, device=mag.device)
+            key = (mag.index_select(0, tied).view(torch.int32).to(torch.int64) << 32) | (ts - 1 - index)
+            pos[tied] = torch.topk(key, k, dim=1).indices
+    if index_of is None:
+        pos = torch.sort(pos, dim=1).values
+        return pos, pos
+    idx, order = torch.sort(index_of[pos], dim=1)
+    return pos.gather(1, order), idx
 
 
 class DeMo:
@@ -234,15 +242,24 @@ class DeMo:
         self.normalize = bool(opts.get("normalize_rms", False))
         if not (0 <= self.decay < 1) or not self.weight_decay >= 0 or not self.clip >= 0:
             raise ValueError("distro: need 0 <= decay < 1, weight decay >= 0 and clip >= 0")
+        # Tiles are processed this many coefficients at a time: the
+        # temporaries of a step or an apply are bounded by it whatever the
+        # size of a tensor (on CPU, smaller pieces stay in cache).
+        self.chunk_elems = CHUNK_ELEMS if self.device.type != "cpu" else CPU_CHUNK_ELEMS
         self.bases = {}
-        self.layouts = [_Layout(d, self.bases, self.device) for d in layouts]
+        self.layouts = [_Layout(d, self.bases, self.device, self.chunk_elems) for d in layouts]
         self.delta = [torch.zeros(l.tiles, l.ts, dtype=torch.float32, device=self.device) for l in self.layouts]
         self.mean_sq = [torch.zeros_like(d) for d in self.delta] if self.normalize else None
         self.steps = 0
 
     def momentum(self, i):
-        """Tensor i's momentum in the DCT domain, [tiles, th*tw] (not a copy)."""
-        return self.delta[i]
+        """Tensor i's momentum in the DCT domain, [tiles, th*tw], each tile
+        row-major as Go's DeMo.Momentum (a copy: the state keeps tiles
+        column-major)."""
+        l = self.layouts[i]
+        if l.pos_of is None:
+            return self.delta[i].clone()
+        return self.delta[i][:, l.pos_of]
 
     def state_bytes(self):
         """Device memory the state holds, in bytes."""
@@ -259,13 +276,13 @@ class DeMo:
             if t.numel() != l.numel:
                 raise ValueError("distro: %s tensor %d has %d values, shape %s needs %d" % (what, i, t.numel(), l.shape, l.numel))
 
-    @staticmethod
-    def _sum_squares(g):
+    def _sum_squares(self, g):
         """sum of g*g in float64 (each square exact), a 0-dim device tensor."""
         flat = g.reshape(-1)
         s = torch.zeros((), dtype=torch.float64, device=g.device)
-        for a in range(0, flat.numel(), CHUNK_ELEMS):
-            x = flat[a:a + CHUNK_ELEMS].to(torch.float64)
+        n = self.chunk_elems // 16 if self.device.type == "cpu" else self.chunk_elems
+        for a in range(0, flat.numel(), n):
+            x = flat[a:a + n].to(torch.float64)
             s = s + torch.dot(x, x)
         return s
 
@@ -297,22 +314,21 @@ class DeMo:
         return out
 
     def _step_tensor(self, i, l, g, scale, unbias):
-        g = l.blocks(g.to(torch.float32))
+        g = l.blocks(g.to(torch.float32).contiguous())
         delta = self.delta[i]
         idx_out, val_out = [], []
         for a, b in l.chunks():
             t0, t1 = a * l.tiles_c, b * l.tiles_c
-            x = g[a:b].permute(0, 2, 1, 3).reshape(t1 - t0, l.th, l.tw)
-            c = l.forward(x).reshape(t1 - t0, l.ts)
+            c = l.forward(g[a:b])
             if self.normalize:
                 c = self._normalize(c, self.mean_sq[i][t0:t1], unbias, l.ts)
             m = delta[t0:t1]
             # m = beta*m + scale*c, each product rounded (Go's momentum)
             c.mul_(scale)
             m.mul_(self.decay).add_(c)
-            idx = top_k(m.abs(), l.k)
-            vals = m.gather(1, idx)
-            m.scatter_(1, idx, 0.0)  # the residual keeps what was not sent, unquantized
+            pos, idx = top_k(m.abs(), l.k, l.index_of)
+            vals = m.gather(1, pos)
+            m.scatter_(1, pos, 0.0)  # the residual keeps what was not sent, unquantized
             if self.quantize:
                 vals = torch.where(vals < 0, -torch.ones_like(vals), torch.ones_like(vals))
             idx_out.append(idx.to(torch.int32).reshape(-1))
@@ -384,17 +400,21 @@ class DeMo:
             self._update(target, tiles, index, values, cuts, l, lr, keep)
 
     def _update(self, target, tiles, index, values, cuts, l, lr, keep):
+        blocks = l.blocks(target)
         for j, (a, b) in enumerate(l.chunks()):
             t0, t1 = a * l.tiles_c, b * l.tiles_c
             e0, e1 = cuts[j], cuts[j + 1]
             dense = torch.zeros((t1 - t0) * l.ts, dtype=torch.float32, device=self.device)
             if e1 > e0:
-                dense[(tiles[e0:e1] - t0) * l.ts + index[e0:e1]] = values[e0:e1]
-            x = l.inverse(dense.view(t1 - t0, l.th, l.tw))
-            # Go's signs: -1 or +1 by the sign bit, 0 for +-0
-            s = torch.copysign(torch.ones_like(x), x).masked_fill_(x == 0, 0.0).mul_(lr)
-            s = s.view(b - a, l.tiles_c, l.th, l.tw).permute(0, 2, 1, 3)
-            view = l.blocks(target)[a:b]
+                ix = index[e0:e1]
+                if l.pos_of is not None:
+                    ix = l.pos_of[ix]
+                dense[(tiles[e0:e1] - t0) * l.ts + ix] = values[e0:e1]
+            x = l.inverse(dense.view(t1 - t0, l.ts))  # [b-a, th, tiles_c, tw], the tensor's own layout
+            # Go's signs: -1, +1, and +0 for +-0 (they differ only on NaN,
+            # which a finite aggregate does not give)
+            s = torch.sign(x).mul_(lr)
+            view = blocks[a:b]
             if view.dtype == torch.float32:
                 if keep != 1.0:
                     view.mul_(keep)

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestJoinWithoutTorch: a trainer asked for the torch engine on a machine
+// whose python lacks torch says so in one line, naming what to install,
+// before it starts any networking (the server here is a port nobody
+// listens on: had join dialled it first, that would be the error).
+func TestJoinWithoutTorch(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id.json")
+	if _, errs, code := psyche(t, "keygen", "--out", key); code != 0 {
+		t.Fatal(errs)
+	}
+	for _, python := range []string{filepath.Join(dir, "no-such-python"), "/bin/false"} {
+		t.Setenv("PSYCHE_PYTHON", python)
+		out, errs, code := psyche(t, "join", "--engine", "torch", "--server", "http://127.0.0.1:1", "--key", key, "--run-id", "tiny",
+			"--data-dir", dir)
+		lines := strings.Split(strings.TrimSpace(errs), "\n")
+		if code == 0 || len(lines) != 1 || !strings.Contains(errs, "torch") || !strings.Contains(errs, "install") ||
+			strings.Contains(errs+out, "127.0.0.1:1") {
+			t.Errorf("PSYCHE_PYTHON=%s: exit %d, stderr %q, stdout %q: want one line naming what to install, before any networking",
+				python, code, errs, out)
+		}
+	}
+}
+
+// TestEngineFlags: --engine takes go or torch (localnet a list), and
+// --device belongs to torch.
+func TestEngineFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"localnet", "--engine", "cuda"}, `--engine "cuda": want go or torch`},
+		{[]string{"localnet", "--engine", "go", "--device", "cuda"}, "--device cuda is for --engine torch"},
+		{[]string{"join", "--engine", "go,torch", "--run-id", "x"}, "a trainer has one engine"},
+		{[]string{"localnet", "--engine", "torch", "--device", "gpu0"}, `device "gpu0": want cpu, cuda, cuda:N or mps`},
+	} {
+		_, errs, code := psyche(t, tc.args...)
+		if code == 0 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want %q", tc.args, code, errs, tc.want)
+		}
+	}
+}
+
+var heldOutRE = regexp.MustCompile(`held-out loss: ([0-9.]+) -> ([0-9.]+)`)
+
+// TestLocalnetEngines runs localnet's summary check on torch trainers
+// alone and on a mix of engines (one Go trainer, two torch ones): the loss
+// falls and every trainer ends with the same weights.
+func TestLocalnetEngines(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	for _, engines := range []string{"torch", "go,torch,torch"} {
+		var out, errb bytes.Buffer
+		code := run([]string{"psyche", "--log-level", "debug", "localnet", "--virtual-time", "--trainers", "3", "--epochs", "2", "--epoch-time", "6",
+			"--engine", engines, "--explorer-addr", "", "--dir", t.TempDir()}, &out, &errb)
+		got := out.String()
+		if code != 0 {
+			t.Fatalf("--engine %s: exit %d: %s\n%s", engines, code, tail(errb.String(), 150), got)
+		}
+		m := heldOutRE.FindStringSubmatch(got)
+		if m == nil || !strings.Contains(got, "trainers hold identical weights: true") || !strings.Contains(got, "engine: torch") {
+			t.Fatalf("--engine %s: the summary lacks a held-out loss, identical weights or the engine line:\n%s", engines, got)
+		}
+		before, _ := strconv.ParseFloat(m[1], 64)
+		after, _ := strconv.ParseFloat(m[2], 64)
+		t.Logf("--engine %s: held-out loss %.3f -> %.3f", engines, before, after)
+		if after >= before-0.5 {
+			t.Errorf("--engine %s: the loss did not fall: %.3f -> %.3f", engines, before, after)
+		}
+	}
+}

@@ -459,6 +459,26 @@ func (e *eng) tensors(ctx context.Context, op string) ([][]float32, error) {
 // order (parity tests and diagnostics; nothing in a round needs it).
 func (e *eng) Gradients(ctx context.Context) ([][]float32, error) { return e.tensors(ctx, "grads") }
 
+// Memory is what the worker's device holds for the engine, in bytes: now,
+// and at its peak (since the last call with reset; 0 on the CPU, where
+// torch does not count).
+type Memory struct {
+	Allocated int64 `json:"memory"`
+	Peak      int64 `json:"peak"`
+}
+
+// Memory reports the device memory the engine holds.
+func (e *eng) Memory(ctx context.Context, reset bool) (Memory, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a, err := e.do(ctx, e.timeout, header{"op": "stats", "reset": reset}, nil)
+	if err != nil {
+		return Memory{}, err
+	}
+	var m Memory
+	return m, a.fields(&m)
+}
+
 // SetGradients replaces the kept gradient (parity tests feed both engines
 // one gradient).
 func (e *eng) SetGradients(ctx context.Context, grads [][]float32) error {

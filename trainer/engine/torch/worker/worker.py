@@ -277,6 +277,15 @@ class Worker:
         return {}, [f32_bytes(p.grad if p.grad is not None else torch.zeros_like(p)) for p in self.model.tensors]
 
 
+    def stats(self, h, blobs):
+        """Device memory: allocated now and at its peak since the last stats."""
+        out = {"memory": self.memory(), "peak": 0}
+        if self.device.type == "cuda":
+            out["peak"] = int(torch.cuda.max_memory_allocated(self.device))
+            if h.get("reset"):
+                torch.cuda.reset_peak_memory_stats(self.device)
+        return out, []
+
     def set_grads(self, h, blobs):
         """Replaces the kept gradient (tests feed both engines one gradient)."""
         self.need_model()
@@ -300,7 +309,7 @@ def main() -> int:
     w = Worker()
     ops = {"hello": w.hello, "open": w.open, "gradient": w.gradient, "losses": w.losses, "step": w.step,
            "apply": w.apply, "try": w.try_, "undo": w.undo, "params": w.params, "grads": w.grads,
-           "set_grads": w.set_grads}
+           "set_grads": w.set_grads, "stats": w.stats}
     while True:
         try:
             h, blobs = read_message(rd)

@@ -39,14 +39,16 @@ func engineKinds(c *cli.Context, allowMany bool) ([]string, error) {
 	if len(kinds) > 1 && !allowMany {
 		return nil, fmt.Errorf("--engine %q: a trainer has one engine: go or torch", c.String("engine"))
 	}
-	if c.IsSet("device") && !contains(kinds, "torch") {
-		return nil, fmt.Errorf("--device %s is for --engine torch (the go engine computes with its kernels: --precision, or a -tags cuda build)", c.String("device"))
-	}
+	// Values, not IsSet: the flags are shared by every run of the app in a
+	// process (the tests'), and urfave/cli remembers a flag once set.
 	if !contains(kinds, "torch") {
-		for _, f := range []string{"python", "compile"} {
-			if c.IsSet(f) {
-				return nil, fmt.Errorf("--%s is for --engine torch", f)
-			}
+		switch {
+		case c.String("device") != "cpu":
+			return nil, fmt.Errorf("--device %s is for --engine torch (the go engine computes with its kernels: --precision, or a -tags cuda build)", c.String("device"))
+		case c.String("python") != "":
+			return nil, fmt.Errorf("--python is for --engine torch")
+		case c.Bool("compile"):
+			return nil, fmt.Errorf("--compile is for --engine torch")
 		}
 	}
 	return kinds, nil

@@ -20,13 +20,15 @@ func TestJoinWithoutTorch(t *testing.T) {
 		t.Fatal(errs)
 	}
 	for _, python := range []string{filepath.Join(dir, "no-such-python"), "/bin/false"} {
-		t.Setenv("PSYCHE_PYTHON", python)
-		out, errs, code := psyche(t, "join", "--engine", "torch", "--server", "http://127.0.0.1:1", "--key", key, "--run-id", "tiny",
+		// --python, not PSYCHE_PYTHON: urfave/cli keeps a value read from
+		// the environment in the command's flag for later runs in this
+		// process.
+		out, errs, code := psyche(t, "join", "--engine", "torch", "--python", python, "--server", "http://127.0.0.1:1", "--key", key, "--run-id", "tiny",
 			"--data-dir", dir)
 		lines := strings.Split(strings.TrimSpace(errs), "\n")
 		if code == 0 || len(lines) != 1 || !strings.Contains(errs, "torch") || !strings.Contains(errs, "install") ||
 			strings.Contains(errs+out, "127.0.0.1:1") {
-			t.Errorf("PSYCHE_PYTHON=%s: exit %d, stderr %q, stdout %q: want one line naming what to install, before any networking",
+			t.Errorf("--python %s: exit %d, stderr %q, stdout %q: want one line naming what to install, before any networking",
 				python, code, errs, out)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/psyche-go/psyche/trainer/start"
+	"github.com/psyche-go/psyche/trainer/store"
 	"github.com/urfave/cli/v2"
 )
 
@@ -38,6 +39,8 @@ var joinCommand = &cli.Command{
 		&cli.StringFlag{Name: "data-dir", Value: defaultDataDir(), Usage: "where the trainer keeps its files: checkpoints go in <data-dir>/<run-id>/<address, first 8 characters>/checkpoints", Category: "RUN"},
 		&cli.StringFlag{Name: "checkpoint-dir", Usage: "where to save checkpoints when elected (default: under --data-dir)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
+		&cli.StringFlag{Name: "store-endpoint", Usage: "the checkpoint store endpoint this trainer's store credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, …) are for, as the run file writes it: http(s)://host[:port], or " + store.AWSEndpoint + " for AWS S3. They are sent there only; a run's store at another endpoint is used anonymously, and refused on this machine or its local networks", Category: "STORE"},
+		&cli.BoolFlag{Name: "store-allow-http", Usage: "allow plain http to a checkpoint store that is not on this machine's loopback (to --store-endpoint, credentials cross the network in the clear)", Category: "STORE"},
 		precisionFlag, engineFlag, deviceFlag, pythonFlag, compileFlag,
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
 		&cli.StringFlag{Name: "local-data", Usage: "join a federated run (its run file has a [federated] section) as a client that trains on this text file of its own, which never leaves the machine", Category: "FEDERATED"},
@@ -52,6 +55,10 @@ var joinCommand = &cli.Command{
 func join(c *cli.Context) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	storeAccess := store.Access{Endpoint: c.String("store-endpoint"), AllowHTTP: c.Bool("store-allow-http")}
+	if err := storeAccess.Check(); err != nil {
+		return err
+	}
 	prec, err := precision(c)
 	if err != nil {
 		return err
@@ -125,7 +132,7 @@ func join(c *cli.Context) error {
 	}
 	opts := []node.Option{node.WithPeers(c.StringSlice("peer")...),
 		node.WithCheckpointDir(ckptDir), node.WithLogger(log), node.WithEpochs(c.Int("epochs")),
-		node.WithMetrics(node.NewMetrics(reg))}
+		node.WithMetrics(node.NewMetrics(reg)), node.WithStoreAccess(storeAccess)}
 	opts = append(opts, node.WithPrecision(prec))
 	if kinds[0] == "go" {
 		be, got := kernels.WithPrecision(kernels.Default(), prec)

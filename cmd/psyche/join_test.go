@@ -168,6 +168,24 @@ func TestJoinRefusesAKeyInUse(t *testing.T) {
 	}
 }
 
+// TestJoinStoreEndpoint: the endpoint a trainer names for its store
+// credentials (--store-endpoint, PSYCHE_STORE_ENDPOINT) is checked at start.
+func TestJoinStoreEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id.json")
+	if _, errs, code := psyche(t, "keygen", "--out", key); code != 0 {
+		t.Fatal(errs)
+	}
+	args := []string{"join", "--server", "http://127.0.0.1:1", "--key", key, "--run-id", "r", "--data-dir", filepath.Join(dir, "data")}
+	if _, errs, code := psyche(t, append(args, "--store-endpoint", "s3.example.com")...); code == 0 || !strings.Contains(errs, "--store-endpoint") || !strings.Contains(errs, "http(s)://host[:port]") {
+		t.Errorf("join --store-endpoint s3.example.com: %d, %s", code, errs)
+	}
+	t.Setenv("PSYCHE_STORE_ENDPOINT", "ftp://s3.example.com")
+	if _, errs, code := psyche(t, args...); code == 0 || !strings.Contains(errs, "ftp://s3.example.com") {
+		t.Errorf("join with PSYCHE_STORE_ENDPOINT=ftp://…: %d, %s", code, errs)
+	}
+}
+
 func TestTrainerPaths(t *testing.T) {
 	for key, want := range map[string]string{
 		"/home/a/.config/psyche/id.json": "/home/a/.config/psyche/id.p2p.key",

@@ -162,9 +162,11 @@ func (s *Server) Bucket(t testing.TB, name string) {
 	}
 }
 
-// Env is a trainer's environment with the server's keys.
+// Env is a trainer's environment with the server's keys, and the server
+// named as the endpoint they are for (trainer/store sends a trainer's keys
+// only there).
 func (s *Server) Env() []string {
-	return []string{"AWS_ACCESS_KEY_ID=" + AccessKey, "AWS_SECRET_ACCESS_KEY=" + SecretKey}
+	return []string{"AWS_ACCESS_KEY_ID=" + AccessKey, "AWS_SECRET_ACCESS_KEY=" + SecretKey, "PSYCHE_STORE_ENDPOINT=" + s.Endpoint}
 }
 
 // Stop ends the gateway.

@@ -70,7 +70,8 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config, st 
 }
 
 // downloadCheckpoint fetches an s3:// checkpoint through the run's store
-// settings (endpoint, region; this trainer's credentials) into the
+// settings (endpoint, region; this trainer's credentials if that endpoint is
+// the one it named, else anonymously, under store.Access's rules) into the
 // checkpoint directory (or a temporary one), where it stays: this trainer
 // can then offer it to others. No more bytes are accepted than the run's
 // model can have.
@@ -78,7 +79,7 @@ func (n *Node) downloadCheckpoint(ctx context.Context, url string, cfg runmodel.
 	sc := store.FromRun(st)
 	bucket, _, _ := strings.Cut(strings.TrimPrefix(url, "s3://"), "/")
 	sc.URL = "s3://" + bucket // the URL's bucket, with the run's endpoint and region
-	s, err := store.Open(sc, store.WithLogger(n.cfg.log))
+	s, err := store.Open(sc, n.storeOptions()...)
 	if err != nil {
 		return "", err
 	}
@@ -91,4 +92,23 @@ func (n *Node) downloadCheckpoint(ctx context.Context, url string, cfg runmodel.
 	// Hugging Face file may hold) and a megabyte of JSON.
 	params := int64(cfg.NumParams())
 	return s.Download(ctx, url, dir, 8*params+1<<20)
+}
+
+// WithStoreAccess sets what this trainer says about checkpoint stores: the
+// endpoint its credentials are for, and whether plain http is allowed
+// (store.Access). Without it, the environment's (store.AccessFromEnv:
+// PSYCHE_STORE_ENDPOINT, PSYCHE_STORE_ALLOW_HTTP). A run's store at any
+// other endpoint is used anonymously, and refused on this machine or its
+// local networks.
+func WithStoreAccess(a store.Access) Option {
+	return func(c *config) error { c.storeAccess = &a; return nil }
+}
+
+// storeOptions are the options every store this node opens gets.
+func (n *Node) storeOptions() []store.Option {
+	opts := []store.Option{store.WithLogger(n.cfg.log)}
+	if n.cfg.storeAccess != nil {
+		opts = append(opts, store.WithAccess(*n.cfg.storeAccess))
+	}
+	return opts
 }

@@ -45,6 +45,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/store"
 )
 
 // Progress is what the node reports after each thing it does (for a progress
@@ -81,6 +82,7 @@ type config struct {
 	progress       func(Progress)
 	workers        int
 	dataOpts       []data.Option
+	storeAccess    *store.Access       // WithStoreAccess; nil: the environment's
 	corrupt        func([]byte) []byte // fault injection in tests (export_test.go)
 	// freeRide, in the adversary build, replaces the node's result with one
 	// made from others' results of the step before (copies).

@@ -432,9 +432,10 @@ func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
 }
 
 // checkStore checks, in the background, that this trainer can reach the
-// run's checkpoint store with its keys, once per store setting: a trainer
-// says at start what is wrong with the run's store (no such bucket, refused
-// keys, a bad endpoint), not at its first upload an epoch later.
+// run's checkpoint store, once per store setting: a trainer says at start
+// what is wrong with the run's store (no such bucket, refused keys, a bad or
+// refused endpoint), not at its first upload an epoch later. Its keys go
+// only to the endpoint it names itself (WithStoreAccess; store.Access).
 func (n *Node) checkStore(ctx context.Context, st coordinator.CheckpointStore) {
 	if st == n.storeChecked {
 		return
@@ -449,7 +450,7 @@ func (n *Node) checkStore(ctx context.Context, st coordinator.CheckpointStore) {
 		defer n.uploads.Done()
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		s, err := store.Open(cfg, store.WithLogger(n.cfg.log))
+		s, err := store.Open(cfg, n.storeOptions()...)
 		if err == nil {
 			err = s.BucketExists(ctx)
 		}
@@ -458,14 +459,16 @@ func (n *Node) checkStore(ctx context.Context, st coordinator.CheckpointStore) {
 				"store", cfg.URL, "endpoint", cfg.Endpoint, "err", err)
 			return
 		}
-		n.cfg.log.Info("checkpoint store reachable", "store", cfg.URL, "endpoint", cfg.Endpoint)
+		// Credentials go only to the endpoint the trainer named; to another
+		// one it is anonymous, which reads a public bucket but cannot upload.
+		n.cfg.log.Info("checkpoint store reachable", "store", cfg.URL, "endpoint", cfg.Endpoint, "own_endpoint", s.Named())
 	}()
 }
 
 // uploadCheckpoint puts a saved checkpoint in the run's store and returns
 // its URL once read back whole.
 func (n *Node) uploadCheckpoint(ctx context.Context, st store.Config, path string, step uint32) (string, error) {
-	s, err := store.Open(st, store.WithLogger(n.cfg.log))
+	s, err := store.Open(st, n.storeOptions()...)
 	if err != nil {
 		return "", err
 	}

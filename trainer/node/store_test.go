@@ -7,6 +7,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -30,6 +32,8 @@ import (
 func TestStoreCheckpoints(t *testing.T) {
 	srv := s3test.Start(t)
 	srv.Bucket(t, "ckpt")
+	// The trainers name the endpoint their keys are for: the run's.
+	t.Setenv("PSYCHE_STORE_ENDPOINT", srv.Endpoint)
 	setKeys := func(secret string) {
 		t.Setenv("AWS_ACCESS_KEY_ID", s3test.AccessKey)
 		t.Setenv("AWS_SECRET_ACCESS_KEY", secret)
@@ -154,6 +158,67 @@ func TestStoreCheckpoints(t *testing.T) {
 		!strings.Contains(err.Error(), rev) || !strings.Contains(err.Error(), runmodel.Revision(other)) {
 		t.Fatalf("D loading a replaced model: %v (model kept: %v), want a retryable error naming hashes %s and %s",
 			err, d.engine() != nil, rev, runmodel.Revision(other))
+	}
+}
+
+// TestStoreEndpointGetsNoCredentials: the run's endpoint is the run
+// creator's choice. A joiner whose keys (a session token too) are in its
+// environment and that did not name that endpoint sends them nowhere: not in
+// its background store check, not when it downloads a recorded s3://
+// checkpoint, not when it uploads one; and an endpoint on its own loopback
+// gets no request at all.
+func TestStoreEndpointGetsNoCredentials(t *testing.T) {
+	var mu sync.Mutex
+	var requests int
+	var signed []string
+	run := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		requests++
+		for _, h := range []string{"Authorization", "X-Amz-Security-Token"} {
+			if v := r.Header.Get(h); v != "" {
+				signed = append(signed, h+": "+v)
+			}
+		}
+	}))
+	defer run.Close()
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIATRAINERSOWNKEY")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "trainers-own-secret")
+	t.Setenv("AWS_SESSION_TOKEN", "trainers-session-token")
+	t.Setenv("PSYCHE_STORE_ENDPOINT", "")
+	t.Setenv("PSYCHE_STORE_ALLOW_HTTP", "1") // even so
+
+	var st coordinator.CheckpointStore
+	_ = coordinator.SetFixedString(st.URL[:], "s3://ckpt/runs")
+	_ = coordinator.SetFixedString(st.Endpoint[:], run.URL)
+	_ = coordinator.SetFixedString(st.Region[:], "us-east-1")
+	var log syncBuffer
+	n := &Node{runID: "run", cfg: config{log: slog.New(slog.NewTextHandler(&log, nil)), workers: 1, checkpoints: t.TempDir()}}
+	ctx := context.Background()
+	n.checkStore(ctx, st)
+	n.uploads.Wait()
+	cfg := gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2}
+	_, errDownload := n.downloadCheckpoint(ctx, "s3://ckpt/runs/run/step-1", runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg}, st)
+	model, _ := gpt.New(cfg, 5, nil)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := model.SaveHF(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	_, errUpload := n.uploadCheckpoint(ctx, store.FromRun(st), dir, 1)
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(signed) != 0 {
+		t.Fatalf("the run's endpoint received this trainer's credentials:\n%s", strings.Join(signed, "\n"))
+	}
+	if requests != 0 {
+		t.Errorf("the run's endpoint on this trainer's loopback got %d requests", requests)
+	}
+	if !strings.Contains(log.String(), "endpoint refused") {
+		t.Errorf("the store check does not say the endpoint is refused:\n%s", log.String())
+	}
+	if errDownload == nil || errUpload == nil {
+		t.Errorf("download: %v; upload: %v; want both refused", errDownload, errUpload)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -67,12 +68,20 @@ var (
 )
 
 type options struct {
-	log       *slog.Logger
-	creds     *credentials.Credentials
-	transport http.RoundTripper
-	partSize  uint64
-	parallel  int
-	rangeSize int64
+	log         *slog.Logger
+	creds       *credentials.Credentials
+	access      *Access
+	transport   http.RoundTripper
+	partSize    uint64
+	parallel    int
+	rangeSize   int64
+	maxObjects  int
+	listTimeout time.Duration
+	// Tests: let a run's endpoint be on this machine (the lying servers
+	// of the tests listen on 127.0.0.1), and replace the environment's
+	// proxy.
+	allowLocal bool
+	proxy      func(*http.Request) (*url.URL, error)
 }
 
 // Option configures a Store.
@@ -83,7 +92,8 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *options) error { o.log = l; return nil }
 }
 
-// WithStaticCredentials uses these keys instead of the environment's.
+// WithStaticCredentials uses these keys instead of the environment's (for
+// the trainer's named endpoint only, as those: see Access).
 func WithStaticCredentials(accessKey, secretKey string) Option {
 	return func(o *options) error {
 		o.creds = credentials.NewStaticV4(accessKey, secretKey, "")
@@ -126,9 +136,35 @@ func WithRangeSize(n int64) Option {
 	}
 }
 
-// WithTransport sets the HTTP transport (tests; proxies).
+// WithTransport sets the HTTP transport (tests). It replaces the one that
+// checks every connection's address (Access): with it only the endpoint as
+// written is checked.
 func WithTransport(t http.RoundTripper) Option {
 	return func(o *options) error { o.transport = t; return nil }
+}
+
+// WithMaxObjects sets how many entries a listing may have (default 1,000, one
+// S3 page; a checkpoint directory has a few files, a sharded one tens).
+func WithMaxObjects(n int) Option {
+	return func(o *options) error {
+		if n < 1 {
+			return fmt.Errorf("%w: max objects %d", ErrSetting, n)
+		}
+		o.maxObjects = n
+		return nil
+	}
+}
+
+// WithListTimeout sets how long a listing may take in all (default 1
+// minute; a checkpoint's is one page).
+func WithListTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: list timeout %v", ErrSetting, d)
+		}
+		o.listTimeout = d
+		return nil
+	}
 }
 
 // Store is one run's bucket.
@@ -139,47 +175,101 @@ type Store struct {
 	prefix string // no leading or trailing slash; may be empty
 	o      options
 	where  string // the endpoint, for messages
+	// named: the endpoint is the one the trainer named (Access.Endpoint),
+	// and its credentials, if any, are sent.
+	named bool
 }
 
 // Open prepares a client for the store (no request is sent). Credentials
-// come from the trainer's environment, in AWS's order: AWS_ACCESS_KEY_ID and
-// AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN), the shared credentials file
-// (AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE), MinIO's MINIO_ACCESS_KEY and
-// MINIO_SECRET_KEY, then the machine's or container's role; with none, the
-// requests are anonymous (a public bucket can still be read).
+// are sent only when the store's endpoint is the one the trainer named
+// (Access, below; WithAccess, or PSYCHE_STORE_ENDPOINT); to any other
+// endpoint requests are anonymous (a public bucket can still be read), over
+// https unless the trainer allows http, and never to this machine or its
+// local networks (ErrEndpoint). To the named endpoint, credentials come from
+// WithStaticCredentials or the trainer's environment, in AWS's order:
+// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN), the shared
+// credentials file (AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE), MinIO's
+// MINIO_ACCESS_KEY and MINIO_SECRET_KEY, then the machine's or container's
+// role; with none, the requests are anonymous.
 func Open(cfg Config, opts ...Option) (*Store, error) {
-	o := options{log: slog.New(slog.DiscardHandler), partSize: 16 << 20, parallel: 4, rangeSize: 16 << 20}
+	o := options{log: slog.New(slog.DiscardHandler), partSize: 16 << 20, parallel: 4, rangeSize: 16 << 20,
+		maxObjects: 1000, listTimeout: time.Minute}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
 		}
 	}
+	access := AccessFromEnv()
+	if o.access != nil {
+		access = *o.access
+	}
 	bucket, prefix, err := splitURL(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
-	host, secure := "s3.amazonaws.com", true
-	if cfg.Endpoint != "" {
-		u, err := url.Parse(cfg.Endpoint)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-			return nil, fmt.Errorf("%w: model.checkpoint.endpoint %q: want http(s)://host[:port]", ErrSetting, cfg.Endpoint)
+	ep, err := parseEndpoint(cfg.Endpoint, "model.checkpoint.endpoint")
+	if err != nil {
+		return nil, err
+	}
+	named := false
+	if access.Endpoint != "" {
+		mine, err := parseEndpoint(access.Endpoint, EnvEndpoint+" (--store-endpoint)")
+		if err != nil {
+			return nil, err
 		}
-		host, secure = u.Host, u.Scheme == "https"
+		named = mine == ep
 	}
-	creds := o.creds
-	if creds == nil {
-		creds = environmentCredentials()
+	rule, err := endpointRule(ep, named, access, o.allowLocal)
+	if err != nil {
+		return nil, err
 	}
-	client, err := minio.New(host, &minio.Options{Creds: creds, Secure: secure, Region: cfg.Region, Transport: o.transport,
-		BucketLookup: minio.BucketLookupAuto})
+	creds := credentials.New(&credentials.Static{Value: credentials.Value{SignerType: credentials.SignatureAnonymous}})
+	if named {
+		creds = o.creds
+		if creds == nil {
+			creds = environmentCredentials()
+		}
+	}
+	transport := o.transport
+	if transport == nil {
+		if transport, err = guardedTransport(ep, rule, o.proxy); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrSetting, err)
+		}
+	}
+	client, err := minio.New(ep.host, &minio.Options{Creds: creds, Secure: ep.secure, Region: cfg.Region,
+		Transport: bounded{next: transport, max: maxPage(o.maxObjects)}, BucketLookup: minio.BucketLookupAuto})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSetting, err)
 	}
-	scheme := "https://"
-	if !secure {
-		scheme = "http://"
+	return &Store{cfg: cfg, client: client, bucket: bucket, prefix: prefix, o: o, where: ep.String(), named: named}, nil
+}
+
+// endpointRule applies the rules of Access to the run's endpoint as
+// written, and says what its connections' addresses must be.
+func endpointRule(ep endpoint, named bool, a Access, allowLocal bool) (dialRule, error) {
+	ip, isIP := ep.hostIP()
+	if !named {
+		if !ep.secure && !a.AllowHTTP {
+			return 0, fmt.Errorf("%w: the run's endpoint %s is plain http, which this trainer sends nothing over unless it names the endpoint (%s, --store-endpoint) on its own loopback or allows http (%s=1, --store-allow-http)",
+				ErrEndpoint, ep, EnvEndpoint, EnvAllowHTTP)
+		}
+		if allowLocal {
+			return anyAddr, nil
+		}
+		if isIP && localAddr(ip) {
+			return 0, fmt.Errorf("%w: the run's endpoint %s is on this machine or its local networks, and this trainer did not name it (%s, --store-endpoint)",
+				ErrEndpoint, ep, EnvEndpoint)
+		}
+		return publicOnly, nil
 	}
-	return &Store{cfg: cfg, client: client, bucket: bucket, prefix: prefix, o: o, where: scheme + host}, nil
+	if ep.secure || a.AllowHTTP {
+		return anyAddr, nil
+	}
+	if isIP && !ip.IsLoopback() {
+		return 0, fmt.Errorf("%w: %s is plain http and not this machine's loopback: this trainer's credentials would cross the network in the clear; use https, or allow http (%s=1, --store-allow-http)",
+			ErrEndpoint, ep, EnvAllowHTTP)
+	}
+	return loopbackOnly, nil
 }
 
 // environmentCredentials picks the first source that has keys; a role is
@@ -220,6 +310,10 @@ func (s *Store) CheckpointURL(run string, step uint32) string {
 // String names the store in messages.
 func (s *Store) String() string { return s.cfg.URL + " at " + s.where }
 
+// Named says whether the store's endpoint is the one the trainer named, to
+// which its credentials go; to any other, its requests are anonymous.
+func (s *Store) Named() bool { return s.named }
+
 // explain turns the service's refusals into errors that say which setting
 // to look at.
 func (s *Store) explain(err error, bucket, key string) error {
@@ -233,6 +327,10 @@ func (s *Store) explain(err error, bucket, key string) error {
 	case minio.NoSuchKey, "NotFound":
 		return fmt.Errorf("store: s3://%s/%s: %w", bucket, key, fs.ErrNotExist)
 	case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken":
+		if !s.named {
+			return fmt.Errorf("%w: %s refused this trainer's anonymous requests for bucket %q (%s: %s); a trainer sends its credentials only to the endpoint it names itself: set %s=%s (or --store-endpoint) if its keys are for that endpoint",
+				ErrCredentials, s.where, bucket, r.Code, r.Message, EnvEndpoint, s.where)
+		}
 		return fmt.Errorf("%w: %s refused this trainer's credentials for bucket %q (%s: %s); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for this trainer",
 			ErrCredentials, s.where, bucket, r.Code, r.Message)
 	}
@@ -250,6 +348,12 @@ func (s *Store) explain(err error, bucket, key string) error {
 // have (an earlier layout) are removed, so a retry after a crash leaves
 // exactly this checkpoint.
 func (s *Store) Upload(ctx context.Context, local, dst string) error {
+	ctx, cancel := begin(ctx)
+	defer cancel(nil)
+	return finish(ctx, s.upload(ctx, local, dst))
+}
+
+func (s *Store) upload(ctx context.Context, local, dst string) error {
 	bucket, key, err := splitURL(dst)
 	if err != nil {
 		return err
@@ -375,22 +479,60 @@ func fileHash(name string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// list yields the objects directly under prefix (not deeper).
+// list yields the objects directly under prefix (not deeper). The listing
+// is the store's word, so it is bounded as it is read, not after: more than
+// maxObjects entries, a key that is not an object directly under prefix, a
+// negative size, or a listing still going at the list timeout is refused
+// (ErrListing), and so is a page longer than maxPage bytes (bounded).
 func (s *Store) list(ctx context.Context, bucket, prefix string) func(yield func(minio.ObjectInfo, error) bool) {
 	return func(yield func(minio.ObjectInfo, error) bool) {
-		ctx, cancel := context.WithCancel(ctx)
+		where := "s3://" + bucket + "/" + prefix + " at " + s.where
+		lctx, cancel := context.WithTimeout(ctx, s.o.listTimeout)
 		defer cancel()
-		for obj := range s.client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: prefix}) {
+		// The listing ends without an error when its context does.
+		ended := func() error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if lctx.Err() != nil {
+				return fmt.Errorf("%w: %s: the listing took longer than %v", ErrListing, where, s.o.listTimeout)
+			}
+			return nil
+		}
+		n := 0
+		for obj := range s.client.ListObjectsIter(lctx, bucket, minio.ListObjectsOptions{Prefix: prefix, MaxKeys: min(s.o.maxObjects+1, 1000)}) {
 			if obj.Err != nil {
-				yield(obj, s.explain(obj.Err, bucket, prefix))
+				err := ended()
+				if err == nil && errors.Is(obj.Err, ErrListing) {
+					err = fmt.Errorf("%w: %s: %v", ErrListing, where, obj.Err)
+				} else if err == nil {
+					err = s.explain(obj.Err, bucket, prefix)
+				}
+				yield(minio.ObjectInfo{}, err)
 				return
 			}
-			if strings.HasSuffix(obj.Key, "/") {
+			if n++; n > s.o.maxObjects {
+				yield(minio.ObjectInfo{}, fmt.Errorf("%w: %s lists more than %d entries", ErrListing, where, s.o.maxObjects))
+				return
+			}
+			rest, ok := strings.CutPrefix(obj.Key, prefix)
+			if !ok || rest == "" || strings.Contains(strings.TrimSuffix(rest, "/"), "/") {
+				yield(minio.ObjectInfo{}, fmt.Errorf("%w: %s lists %q, which is not directly under it", ErrListing, where, obj.Key))
+				return
+			}
+			if strings.HasSuffix(rest, "/") {
 				continue // a "directory" entry
+			}
+			if obj.Size < 0 {
+				yield(minio.ObjectInfo{}, fmt.Errorf("%w: %s lists %q with %d bytes", ErrListing, where, obj.Key, obj.Size))
+				return
 			}
 			if !yield(obj, nil) {
 				return
 			}
+		}
+		if err := ended(); err != nil {
+			yield(minio.ObjectInfo{}, err)
 		}
 	}
 }
@@ -400,8 +542,18 @@ func (s *Store) list(ctx context.Context, bucket, prefix string) func(yield func
 // to load: the file, or dir itself. Each object is fetched as parallel range
 // requests written in place; a file appears under its name only once whole.
 // At most maxBytes are accepted in all (0: no limit), so a checkpoint URL
-// cannot fill the disk. A src with nothing under it wraps fs.ErrNotExist.
+// cannot fill the disk: the listing is refused as soon as its sizes add up
+// to more (ErrTooLarge), or it is refused for what list refuses
+// (ErrListing), before anything is written. A src with nothing under it
+// wraps fs.ErrNotExist.
 func (s *Store) Download(ctx context.Context, src, dir string, maxBytes int64) (string, error) {
+	ctx, cancel := begin(ctx)
+	defer cancel(nil)
+	p, err := s.download(ctx, src, dir, maxBytes)
+	return p, finish(ctx, err)
+}
+
+func (s *Store) download(ctx context.Context, src, dir string, maxBytes int64) (string, error) {
 	bucket, key, err := splitURL(src)
 	if err != nil {
 		return "", err
@@ -410,33 +562,48 @@ func (s *Store) Download(ctx context.Context, src, dir string, maxBytes int64) (
 		return "", fmt.Errorf("%w: %q names a bucket, not a checkpoint", ErrSetting, src)
 	}
 	var objs []minio.ObjectInfo
+	var total int64
+	names := map[string]bool{}
+	accept := func(o minio.ObjectInfo) error {
+		base := path.Base(o.Key)
+		switch {
+		case base == "." || base == ".." || strings.ContainsAny(base, `/\`):
+			return fmt.Errorf("%w: %s: object %q has no usable file name", ErrListing, src, o.Key)
+		case names[base]:
+			return fmt.Errorf("%w: %s: %q is listed twice", ErrListing, src, base)
+		case o.Size < 0:
+			return fmt.Errorf("%w: %s: object %q has %d bytes", ErrListing, src, o.Key, o.Size)
+		case maxBytes > 0 && o.Size > maxBytes-total:
+			return fmt.Errorf("%w: %s holds more than %d bytes (%d listed so far), the run's model at most %d", ErrTooLarge, src, maxBytes, total+o.Size, maxBytes)
+		case o.Size > math.MaxInt64-total:
+			return fmt.Errorf("%w: %s: the listed sizes overflow", ErrListing, src)
+		}
+		names[base] = true
+		total += o.Size
+		objs = append(objs, o)
+		return nil
+	}
 	single := strings.HasSuffix(key, ".safetensors")
 	if single {
 		info, err := s.client.StatObject(ctx, bucket, key, minio.StatObjectOptions{})
 		if err != nil {
 			return "", s.explain(err, bucket, key)
 		}
-		objs = append(objs, info)
+		if err := accept(info); err != nil {
+			return "", err
+		}
 	} else {
 		for obj, err := range s.list(ctx, bucket, strings.TrimSuffix(key, "/")+"/") {
+			if err == nil {
+				err = accept(obj)
+			}
 			if err != nil {
 				return "", err
 			}
-			objs = append(objs, obj)
 		}
 		if len(objs) == 0 {
 			return "", fmt.Errorf("store: %s: no objects under it: %w", src, fs.ErrNotExist)
 		}
-	}
-	var total int64
-	for _, o := range objs {
-		total += o.Size
-		if base := path.Base(o.Key); base == "." || base == ".." || strings.ContainsAny(base, `/\`) {
-			return "", fmt.Errorf("store: %s: object %q has no usable file name", src, o.Key)
-		}
-	}
-	if maxBytes > 0 && total > maxBytes {
-		return "", fmt.Errorf("%w: %s holds %d bytes, the run's model at most %d", ErrTooLarge, src, total, maxBytes)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("store: %w", err)
@@ -538,6 +705,12 @@ func (s *Store) readRange(ctx context.Context, bucket string, o minio.ObjectInfo
 // BucketExists checks the store's bucket (and the credentials): a trainer
 // says at start what is wrong with the run's store, not at its first upload.
 func (s *Store) BucketExists(ctx context.Context) error {
+	ctx, cancel := begin(ctx)
+	defer cancel(nil)
+	return finish(ctx, s.bucketExists(ctx))
+}
+
+func (s *Store) bucketExists(ctx context.Context) error {
 	ok, err := s.client.BucketExists(ctx, s.bucket)
 	if err != nil {
 		return s.explain(err, s.bucket, "")

@@ -37,7 +37,8 @@ func checkpointDir(t *testing.T, n int) string {
 
 func open(t *testing.T, srv *s3test.Server, url string, opts ...store.Option) *store.Store {
 	t.Helper()
-	opts = append([]store.Option{store.WithStaticCredentials(s3test.AccessKey, s3test.SecretKey)}, opts...)
+	opts = append([]store.Option{store.WithStaticCredentials(s3test.AccessKey, s3test.SecretKey),
+		store.WithAccess(store.Access{Endpoint: srv.Endpoint})}, opts...)
 	s, err := store.Open(store.Config{URL: url, Endpoint: srv.Endpoint}, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +206,8 @@ func TestKilledUpload(t *testing.T) {
 func uploadAndHang(t *testing.T) {
 	hold := &holdAfter{parts: 2, marker: os.Getenv("STORE_TEST_MARKER")}
 	s, err := store.Open(store.Config{URL: "s3://ckpt/runs", Endpoint: os.Getenv("STORE_TEST_ENDPOINT")},
-		store.WithStaticCredentials(s3test.AccessKey, s3test.SecretKey), store.WithPartSize(5<<20), store.WithParallel(1),
+		store.WithStaticCredentials(s3test.AccessKey, s3test.SecretKey), store.WithAccess(store.Access{Endpoint: os.Getenv("STORE_TEST_ENDPOINT")}),
+		store.WithPartSize(5<<20), store.WithParallel(1),
 		store.WithTransport(hold))
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +231,8 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("missing bucket, checked: %v", err)
 	}
 
-	wrong, err := store.Open(store.Config{URL: "s3://ckpt/runs", Endpoint: srv.Endpoint}, store.WithStaticCredentials(s3test.AccessKey, "not-the-secret"))
+	wrong, err := store.Open(store.Config{URL: "s3://ckpt/runs", Endpoint: srv.Endpoint}, store.WithStaticCredentials(s3test.AccessKey, "not-the-secret"),
+		store.WithAccess(store.Access{Endpoint: srv.Endpoint}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +246,10 @@ func TestRefusals(t *testing.T) {
 		}
 	}
 
-	// Anonymous (no keys in the environment) against a private bucket.
+	// Anonymous (no keys in the environment) against a private bucket;
+	// the trainer names the endpoint in its environment.
+	t.Setenv(store.EnvEndpoint, srv.Endpoint)
+	t.Setenv(store.EnvAllowHTTP, "")
 	t.Setenv("AWS_ACCESS_KEY_ID", "")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "")
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))

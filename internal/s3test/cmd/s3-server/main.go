@@ -53,6 +53,7 @@ func main() {
 		fail(err)
 	}
 	fmt.Printf("S3 server at %s (access key %s, secret key %s), buckets under %s\n", s.Endpoint, s3test.AccessKey, s3test.SecretKey, *root)
+	fmt.Printf("a trainer's environment for it: %s\n", strings.Join(s.Env(), " "))
 	<-ctx.Done()
 	s.Stop()
 }

@@ -117,7 +117,8 @@ func sampleState() *State {
 	a, b := newTestSigner("a").Public(), newTestSigner("b").Public()
 	return &State{Config: Config{Capacity: 3, RoundDuration: 2, Clip: 1, NoiseMultiplier: 0.5}, Round: 4, Contributions: 12,
 		Model: []float32{1, 2, 3}, Seqs: map[coordinator.Pubkey]uint64{a: 5, b: 9}, Members: map[coordinator.Pubkey]bool{a: true, b: true},
-		Buffer: []Update{{Client: a, Base: 4, Steps: 2, Delta: []float32{0.5, 0, -1}}}}
+		Buffer:      []Update{{Client: a, Base: 4, Steps: 2, Delta: []float32{0.5, 0, -1}}},
+		Contributed: map[coordinator.Pubkey]uint64{b: 3}}
 }
 
 func TestStateRoundTrip(t *testing.T) {
@@ -128,12 +129,23 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if Describe(got, nil) != Describe(s, nil) || got.Seqs[newTestSigner("b").Public()] != 9 || !slices.Equal(got.Model, s.Model) ||
-		!got.IsMember(newTestSigner("a").Public()) || len(got.Members) != 2 {
+		!got.IsMember(newTestSigner("a").Public()) || len(got.Members) != 2 ||
+		len(got.Contributed) != 1 || !got.Contributor(newTestSigner("b").Public()) || got.Contributor(newTestSigner("a").Public()) {
 		t.Fatalf("round trip:\n%s\nwant\n%s", Describe(got, nil), Describe(s, nil))
+	}
+	// A version 2 file (no contributors section) reads with its members
+	// and no contributors.
+	contributors := 4 + 40*len(s.Contributed)
+	v2 := slices.Clone(b[:len(b)-32-contributors])
+	v2[4] = 2
+	sum2 := sha256.Sum256(v2)
+	old2, err := DecodeState(append(v2, sum2[:]...))
+	if err != nil || len(old2.Members) != 2 || len(old2.Contributed) != 0 {
+		t.Fatalf("a version 2 file: %v", err)
 	}
 	// A version 1 file (no members section) still reads: its replay table
 	// stays, and it has no members (its clients join again).
-	v1 := slices.Clone(b[:len(b)-32-4-32*len(s.Members)])
+	v1 := slices.Clone(b[:len(b)-32-contributors-4-32*len(s.Members)])
 	v1[4] = 1
 	sum := sha256.Sum256(v1)
 	old, err := DecodeState(append(v1, sum[:]...))

@@ -42,6 +42,11 @@ type State struct {
 	// (the driver's: a run freed and created again by someone else under
 	// the same id does not inherit it).
 	Owner coordinator.Pubkey
+	// Contributed is, for each member whose update was ever aggregated,
+	// the round its last one made (1..Round): the clients that took part
+	// in earlier rounds, whom the driver lets no fresh key crowd out of a
+	// secure aggregation round (RecentContributors).
+	Contributed map[coordinator.Pubkey]uint64
 }
 
 // Clone copies the state; updates' deltas, never written after they are
@@ -55,7 +60,30 @@ func (s *State) Clone() *State {
 		c.Seqs[k] = v
 	}
 	c.Members = maps.Clone(s.Members)
+	c.Contributed = maps.Clone(s.Contributed)
 	return &c
+}
+
+// RecentRounds is how far back a contribution makes a client recent
+// (RecentContributors): one of the last 3 aggregations.
+const RecentRounds = 3
+
+// Contributor reports whether k's update was aggregated in an earlier
+// round.
+func (s *State) Contributor(k coordinator.Pubkey) bool { return s.Contributed[k] > 0 }
+
+// RecentContributors counts the clients whose update was aggregated into
+// one of the last rounds rounds (RecentRounds, or fewer): those a secure
+// aggregation round keeps slots for in an open run (fresh keys take only
+// the rest).
+func (s *State) RecentContributors(rounds int) int {
+	n := 0
+	for _, r := range s.Contributed {
+		if r > 0 && s.Round-r < uint64(max(rounds, 0)) {
+			n++
+		}
+	}
+	return n
 }
 
 // Finished reports whether the run has done its rounds.
@@ -152,7 +180,7 @@ func New(cfg Config, model []float32) (*Machine, error) {
 		return nil, fmt.Errorf("%w: a model of %d values (1..%d)", ErrShape, len(model), MaxParams)
 	}
 	return &Machine{s: &State{Config: cfg, Model: slices.Clone(model), Seqs: map[coordinator.Pubkey]uint64{},
-		Members: map[coordinator.Pubkey]bool{}},
+		Members: map[coordinator.Pubkey]bool{}, Contributed: map[coordinator.Pubkey]uint64{}},
 		ready: Ready{Persist: true}}, nil
 }
 
@@ -171,6 +199,9 @@ func Restore(s *State) (*Machine, error) {
 	}
 	if s.Seqs == nil {
 		s.Seqs = map[coordinator.Pubkey]uint64{}
+	}
+	if s.Contributed == nil {
+		s.Contributed = map[coordinator.Pubkey]uint64{}
 	}
 	return &Machine{s: s}, nil
 }
@@ -365,6 +396,9 @@ func (m *Machine) apply(step []float32, clients []coordinator.Pubkey) {
 	a := Aggregated{Round: s.Round + 1, Updates: len(clients), Norm: math.Sqrt(norm), Clients: clients}
 	s.Round++
 	s.Contributions += uint64(len(clients))
+	for _, c := range clients {
+		s.Contributed[c] = s.Round
+	}
 	m.ready.Persist = true
 	m.ready.Aggregated = append(m.ready.Aggregated, a)
 }

@@ -30,10 +30,15 @@ import (
 //	then    4     buffered updates m (≤ MaxCapacity), then m × (client 32, base 8, steps 4, n × float32)
 //	then    4     members j (≤ MaxMembers), then j × public key 32, sorted (version 2; a version 1
 //	              file has none: its clients join again, which fedclient does when told it is no member)
+//	then    4     contributors c (≤ j), then c × (member's public key 32, round of its last aggregated
+//	              update 8, 1..round), sorted by key (version 3; an older file has none)
 //	end-32  32    SHA-256 of everything before it
+//
+// The server appends joins to a journal beside it rather than rewriting it
+// for each (fedserver: <run id>.joins).
 
 const (
-	StateVersion = 2
+	StateVersion = 3
 	stateMagic   = "PSFS"
 	// maxReplay bounds the replay table a state file may hold.
 	maxReplay = 1 << 20
@@ -42,7 +47,7 @@ const (
 // EncodeState encodes s.
 func EncodeState(s *State) []byte {
 	n := len(s.Model)
-	b := make([]byte, 0, 96+4*n+32+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+4+32*len(s.Members)+32)
+	b := make([]byte, 0, 96+4*n+32+4+40*len(s.Seqs)+4+len(s.Buffer)*(44+4*n)+4+32*len(s.Members)+4+40*len(s.Contributed)+32)
 	b = append(b, stateMagic...)
 	b = append(b, StateVersion, 0, 0, 0)
 	b = append(b, EncodeConfig(&s.Config)...)
@@ -77,6 +82,16 @@ func EncodeState(s *State) []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(members)))
 	for _, k := range members {
 		b = append(b, k[:]...)
+	}
+	contributors := make([]coordinator.Pubkey, 0, len(s.Contributed))
+	for k := range s.Contributed {
+		contributors = append(contributors, k)
+	}
+	sort.Slice(contributors, func(i, j int) bool { return bytes.Compare(contributors[i][:], contributors[j][:]) < 0 })
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(contributors)))
+	for _, k := range contributors {
+		b = append(b, k[:]...)
+		b = binary.LittleEndian.AppendUint64(b, s.Contributed[k])
 	}
 	sum := sha256.Sum256(b)
 	return append(b, sum[:]...)
@@ -134,8 +149,8 @@ func (r *reader) floats(n int) []float32 {
 
 // DecodeState decodes a state file, checking its checksum and its config.
 func DecodeState(b []byte) (*State, error) {
-	if len(b) < 96+32 || string(b[:4]) != stateMagic || (b[4] != 1 && b[4] != StateVersion) || b[5] != 0 || b[6] != 0 || b[7] != 0 {
-		return nil, fmt.Errorf("%w: not a version 1 or %d federated state file", ErrMalformed, StateVersion)
+	if len(b) < 96+32 || string(b[:4]) != stateMagic || b[4] < 1 || b[4] > StateVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+		return nil, fmt.Errorf("%w: not a version 1 to %d federated state file", ErrMalformed, StateVersion)
 	}
 	version := b[4]
 	body := b[:len(b)-32]
@@ -148,7 +163,7 @@ func DecodeState(b []byte) (*State, error) {
 	}
 	r := &reader{b: body[8+ConfigSize:]}
 	s := &State{Config: *cfg, Round: r.u64(), Contributions: r.u64(), PrivacyFrom: r.u64(), Seqs: map[coordinator.Pubkey]uint64{},
-		Members: map[coordinator.Pubkey]bool{}}
+		Members: map[coordinator.Pubkey]bool{}, Contributed: map[coordinator.Pubkey]uint64{}}
 	if r.err == nil && s.PrivacyFrom > s.Round {
 		return nil, fmt.Errorf("%w: privacy-from round %d past round %d", ErrMalformed, s.PrivacyFrom, s.Round)
 	}
@@ -206,6 +221,30 @@ func DecodeState(b []byte) (*State, error) {
 			var pk coordinator.Pubkey
 			copy(pk[:], key)
 			s.Members[pk] = true
+		}
+	}
+	if version >= 3 {
+		c := int(r.u32())
+		if r.err == nil && c > len(s.Members) {
+			return nil, fmt.Errorf("%w: %d contributors, %d members", ErrMalformed, c, len(s.Members))
+		}
+		prev = nil
+		for i := 0; i < c && r.err == nil; i++ {
+			key := r.take(32)
+			round := r.u64()
+			if r.err != nil {
+				break
+			}
+			if prev != nil && bytes.Compare(prev, key) >= 0 {
+				return nil, fmt.Errorf("%w: contributors out of order", ErrMalformed)
+			}
+			prev = key
+			var pk coordinator.Pubkey
+			copy(pk[:], key)
+			if !s.Members[pk] || round < 1 || round > s.Round {
+				return nil, fmt.Errorf("%w: contributor %s (round %d) is no member or past round %d", ErrMalformed, pk, round, s.Round)
+			}
+			s.Contributed[pk] = round
 		}
 	}
 	if r.err != nil {

@@ -36,7 +36,10 @@ func export(c *cli.Context) error {
 	if c.String("to") != "hf" {
 		return fmt.Errorf("--to %q: the one layout is hf (Hugging Face)", c.String("to"))
 	}
-	m, err := runmodel.Load(c.Context, c.String("model"), nil)
+	// A checkpoint from anywhere: a config larger than its tensors (a
+	// config.json claiming a trillion parameters) is refused before the
+	// model is allocated.
+	m, err := runmodel.LoadUntrusted(c.Context, c.String("model"), nil)
 	if err != nil {
 		return err
 	}

@@ -99,7 +99,10 @@ func generate(c *cli.Context) error {
 	if c.Int("tokens") < 0 || c.Float64("temperature") < 0 || c.Int("top-k") < 0 {
 		return errors.New("--tokens, --temperature and --top-k must not be negative")
 	}
-	m, err := runmodel.Load(c.Context, c.String("model"), nil)
+	// A checkpoint from anywhere: a config larger than its tensors (a
+	// config.json claiming a trillion parameters) is refused before the
+	// model is allocated.
+	m, err := runmodel.LoadUntrusted(c.Context, c.String("model"), nil)
 	if err != nil {
 		return err
 	}

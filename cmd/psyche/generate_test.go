@@ -2,12 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -107,5 +112,104 @@ func TestExportHF(t *testing.T) {
 	}
 	if _, errs, code := psyche(t, "export", "--to", "onnx", "--model", "x", "--out", "y"); code == 0 || !strings.Contains(errs, "hf") {
 		t.Fatalf("--to onnx: %d %s", code, errs)
+	}
+}
+
+// TestGenerateAndExportRefuseAnOversizedConfig: a downloaded checkpoint
+// whose config describes a model larger than its safetensors files hold (a
+// config.json claiming a trillion parameters beside a small
+// model.safetensors) is refused by psyche generate and export before
+// anything is allocated for it: it ended both in a fatal out-of-memory.
+// Checked first on configs small enough that the old loader survived them
+// (it allocated the model, then found the tensors wrong), measuring what
+// the refusal allocates; then on the trillion.
+func TestGenerateAndExportRefuseAnOversizedConfig(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	lm, _ := llama.New(llama.Config{Vocab: 64, Context: 8, Width: 16, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 24, RopeTheta: 10000, TiedHead: true}, 3, nil)
+	llamaDir := filepath.Join(dir, "llama")
+	if err := lm.SaveHF(ctx, llamaDir, llama.HFOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := gpt.New(gpt.Config{Vocab: 64, Context: 8, Width: 16, Layers: 2, Heads: 2}, 3, nil)
+	gptDir := filepath.Join(dir, "gpt")
+	if err := g.SaveHF(ctx, gptDir); err != nil {
+		t.Fatal(err)
+	}
+	// setConfig rewrites keys of a directory's config.json.
+	setConfig := func(dir string, set map[string]any) {
+		t.Helper()
+		path := filepath.Join(dir, "config.json")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg map[string]any
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		maps.Copy(cfg, set)
+		delete(cfg, "head_dim")
+		if b, err = json.Marshal(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A psyche checkpoint file whose metadata claims a larger GPT than
+	// its tensors.
+	fileWith := func(name string, mc checkpoint.ModelConfig) string {
+		t.Helper()
+		meta, err := checkpoint.WithModelConfig(nil, mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, name)
+		if err := checkpoint.Save(ctx, path, g.CheckpointTensors(), meta); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	refused := func(what, path string, allocLimit uint64) {
+		t.Helper()
+		for _, args := range [][]string{
+			{"generate", "--model", path, "--prompt", "x", "--tokens", "1"},
+			{"export", "--model", path, "--out", filepath.Join(dir, "out")},
+		} {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			_, errs, code := psyche(t, args...)
+			runtime.ReadMemStats(&after)
+			if code == 0 || !strings.Contains(errs, "larger than its tensors") {
+				t.Fatalf("%s: %s: exit %d, %s; want a refusal (the config describes a model larger than its tensors)", what, args[0], code, errs)
+			}
+			if grew := after.TotalAlloc - before.TotalAlloc; grew > allocLimit {
+				t.Fatalf("%s: %s allocated %d MiB before refusing", what, args[0], grew>>20)
+			}
+		}
+	}
+	// ~34M parameters each: 260 MiB of weights and gradients, which the
+	// old loader allocated.
+	setConfig(llamaDir, map[string]any{"vocab_size": 16384, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 6,
+		"num_attention_heads": 8, "num_key_value_heads": 8})
+	setConfig(gptDir, map[string]any{"vocab_size": 16384, "n_embd": 512, "n_layer": 8, "n_head": 8, "n_positions": 1024})
+	file := fileWith("gpt.safetensors", checkpoint.ModelConfig{Architecture: checkpoint.ArchGPT, VocabSize: 16384, MaxSeqLen: 1024, DModel: 512, NLayers: 8, NHeads: 8})
+	for what, path := range map[string]string{"a Llama directory": llamaDir, "a GPT-2 directory": gptDir, "a checkpoint file": file} {
+		refused(what, path, 16<<20)
+	}
+	// A trillion parameters.
+	setConfig(llamaDir, map[string]any{"vocab_size": 128256, "hidden_size": 16384, "intermediate_size": 65536, "num_hidden_layers": 300,
+		"num_attention_heads": 128, "num_key_value_heads": 8})
+	setConfig(gptDir, map[string]any{"vocab_size": 50257, "n_embd": 16384, "n_layer": 300, "n_head": 128, "n_positions": 2048})
+	file = fileWith("trillion.safetensors", checkpoint.ModelConfig{Architecture: checkpoint.ArchGPT, VocabSize: 50257, MaxSeqLen: 2048, DModel: 16384, NLayers: 300, NHeads: 128})
+	for what, path := range map[string]string{"a trillion-parameter Llama directory": llamaDir, "a trillion-parameter GPT-2 directory": gptDir, "a trillion-parameter checkpoint file": file} {
+		refused(what, path, 16<<20)
+	}
+	// What the files do hold still loads.
+	if _, err := runmodel.LoadUntrusted(ctx, fileWith("honest.safetensors", checkpoint.ModelConfig{Architecture: checkpoint.ArchGPT,
+		VocabSize: 64, MaxSeqLen: 8, DModel: 16, NLayers: 2, NHeads: 2}), nil); err != nil {
+		t.Fatalf("a checkpoint whose config its tensors hold: %v", err)
 	}
 }

@@ -89,6 +89,42 @@ type runFile struct {
 	Federated *federatedSection `toml:"federated"`
 }
 
+// witnessWarning says what update warns of when a run's rounds can have so
+// few witnesses that one lying witness decides (empty: they cannot). A
+// trainer stays when a quorum of the round's witnesses counts it
+// (coordinator.Quorum: 2 of 2, 1 of 1), so with fewer than 3 witnesses one
+// witness that leaves an honest trainer out of its report drops it, and
+// nothing else tells the run's creator. A round has min(witness_nodes, its
+// clients) witnesses (32 for witness_nodes = 0), so the fewest are those of
+// a round of min_clients.
+func witnessWarning(k *coordinator.Config) string {
+	w := k.WitnessCount(k.MinClients)
+	q := coordinator.Quorum(w)
+	if w > q {
+		return ""
+	}
+	plural := func(n uint16, one, many string) string {
+		if n == 1 {
+			return fmt.Sprintf("%d %s", n, one)
+		}
+		return fmt.Sprintf("%d %s", n, many)
+	}
+	var why, fix string
+	if k.WitnessNodes != 0 && k.WitnessNodes <= k.MinClients {
+		why = fmt.Sprintf("witness_nodes = %d gives every round %s", k.WitnessNodes, plural(w, "witness", "witnesses"))
+		fix = "set witness_nodes to at least 3 (or 0: one per client, up to 32), with min_clients at least that"
+	} else {
+		why = fmt.Sprintf("min_clients = %d lets a round run with %s and so %s", k.MinClients, plural(k.MinClients, "client", "clients"), plural(w, "witness", "witnesses"))
+		fix = "raise min_clients to at least 3"
+	}
+	also := ""
+	if w == 1 {
+		also = ", and vouch alone for a dishonest one"
+	}
+	return fmt.Sprintf("%s: a trainer stays only if %d of %d count it, so one lying witness can drop an honest trainer%s; %s",
+		why, q, w, also, fix)
+}
+
 // aggregationNames are the run file's names of the aggregation rules.
 var aggregationNames = map[string]uint8{"robust": uint8(coordinator.AggregationRobust),
 	"mean": uint8(coordinator.AggregationMean), "clipped-mean": uint8(coordinator.AggregationClippedMean)}

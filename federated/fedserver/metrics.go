@@ -8,6 +8,9 @@ type Metrics struct {
 	Round    *prometheus.GaugeVec   // by run
 	Buffered *prometheus.GaugeVec   // by run
 	Epsilon  *prometheus.GaugeVec   // central ε so far, by run (absent without DP)
+	// Written counts the bytes written to runs' state files and join
+	// journals, by run and kind ("state", "journal").
+	Written *prometheus.CounterVec
 	// Quarantined counts the runs whose state file could not be read at
 	// start: served to nobody, never overwritten.
 	Quarantined prometheus.Gauge
@@ -24,11 +27,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Round:    prometheus.NewGaugeVec(opts("round", "The model's round (aggregations done)."), []string{"run"}),
 		Buffered: prometheus.NewGaugeVec(opts("buffered", "Updates waiting in the buffer."), []string{"run"}),
 		Epsilon:  prometheus.NewGaugeVec(opts("epsilon", "Central differential privacy spent so far (ε at the run's δ)."), []string{"run"}),
+		Written: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "federated", Name: "state_bytes_written_total",
+			Help: "Bytes written to federated runs' state files (kind state) and join journals (kind journal), by run."}, []string{"run", "kind"}),
 		Quarantined: prometheus.NewGauge(opts("quarantined_runs",
 			"Federated runs whose state file could not be trusted at start: not served, left as they are.")),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Updates, m.Round, m.Buffered, m.Epsilon, m.Quarantined)
+		reg.MustRegister(m.Updates, m.Round, m.Buffered, m.Epsilon, m.Written, m.Quarantined)
 	}
 	return m
 }

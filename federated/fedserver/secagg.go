@@ -19,20 +19,25 @@ import (
 // the round again (nothing aggregated is lost: the model and round are
 // persisted).
 type saRound struct {
-	base      uint64
-	srv       *secagg.Server
-	f         int
-	ids       map[coordinator.Pubkey]secagg.ID
-	pubs      map[secagg.ID]coordinator.Pubkey
-	expect    int // answers the open phase waits for
-	got       int
-	phase     secagg.Phase
-	keys      []secagg.Keys
-	inbox     map[secagg.ID][]secagg.Ciphertext
-	survivors []secagg.ID
-	changed   chan struct{}
-	timer     *time.Timer
-	err       error // the round was aborted
+	base   uint64
+	srv    *secagg.Server
+	f      int
+	ids    map[coordinator.Pubkey]secagg.ID
+	pubs   map[secagg.ID]coordinator.Pubkey
+	expect int // answers the open phase waits for
+	got    int
+	// reserved is how many of the round's slots fresh keys cannot take in
+	// an open run: one for each recent contributor, up to capacity
+	// (federated.State.RecentContributors); fresh counts the fresh keys
+	// that took one.
+	reserved, fresh int
+	phase           secagg.Phase
+	keys            []secagg.Keys
+	inbox           map[secagg.ID][]secagg.Ciphertext
+	survivors       []secagg.ID
+	changed         chan struct{}
+	timer           *time.Timer
+	err             error // the round was aborted
 }
 
 func (s *Service) timeout(cfg *federated.Config) time.Duration {
@@ -180,6 +185,19 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 			}
 			sa = &saRound{base: a.Base, srv: srv, f: f, ids: map[coordinator.Pubkey]secagg.ID{}, pubs: map[secagg.ID]coordinator.Pubkey{},
 				expect: int(st.Config.Capacity), changed: make(chan struct{})}
+			// A round of this base that failed (its clients did not all
+			// come, or one sent no clipped update) shortens how far back a
+			// contribution reserves a slot: when the recent contributors
+			// have left, fresh keys get their slots after RecentRounds
+			// tries, rather than the run waiting for them for ever.
+			if old := fr.sa; old != nil && old.base == a.Base && old.err != nil {
+				fr.misses++
+			} else if old == nil || old.base != a.Base {
+				fr.misses = 0
+			}
+			if acct.JoinAuthority.IsZero() {
+				sa.reserved = min(int(st.Config.Capacity), st.RecentContributors(federated.RecentRounds-fr.misses))
+			}
 			fr.sa = sa
 			s.arm(id, fr, sa)
 		}
@@ -191,10 +209,23 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 			refuse(http.StatusConflict, "Busy", fmt.Errorf("fedserver: round %d's secure aggregation is under way without this client; wait for the next round", a.Base))
 			return
 		}
+		// In an open run anyone may join, so fresh keys could take every
+		// slot before the clients of earlier rounds came (three did, and
+		// the honest client was told Busy round after round): they take
+		// only the slots that the recent contributors do not need.
+		fresh := acct.JoinAuthority.IsZero() && !st.Contributor(r.Signer)
+		if fresh && sa.fresh >= int(st.Config.Capacity)-sa.reserved {
+			refuse(http.StatusConflict, "Busy", fmt.Errorf("fedserver: round %d's other %d slots are kept for clients of earlier rounds; a key new to this open run takes part once a slot is free (try the next round)",
+				a.Base, sa.reserved))
+			return
+		}
 		sid := secagg.ID(len(sa.ids) + 1)
 		if err = sa.srv.Advertise(secagg.Keys{ID: sid, C: a.C, S: a.S}); err == nil {
 			sa.ids[r.Signer], sa.pubs[sid] = sid, r.Signer
 			sa.got++
+			if fresh {
+				sa.fresh++
+			}
 			writeJSON(w, http.StatusOK, &secagg.View{Base: sa.base, ID: sid, FractionBits: sa.f})
 		}
 	case federated.KindSecAggShares:

@@ -33,8 +33,16 @@ type run struct {
 	m       *federated.Machine
 	changed chan struct{} // closed and replaced when the round or config changes
 	sa      *saRound      // the secure aggregation round under way, if any
+	misses  int           // secure aggregation rounds of this base that failed
 	demo    *distro.DeMo  // DisTrO runs: decodes and expands the clients' frames
 	sizes   []int
+
+	// The state file and its join journal (joinlog.go).
+	stateSum  [32]byte // the checksum ending the state file
+	stateLen  int64    // its size
+	joins     *os.File // the journal, open for appending (nil: none yet)
+	joinsLen  int64    // its size
+	foldJoins bool     // the journal holds records the next full write must take in before any more are appended
 }
 
 // Service is the federated API of one server.
@@ -110,23 +118,25 @@ func New(dir string, accounts Accounts, opts ...Option) (*Service, error) {
 			continue
 		}
 		id := strings.TrimSuffix(name, fileExt)
-		st, m, err := load(filepath.Join(dir, name))
+		st, fr, err := s.load(id)
 		if err != nil {
 			s.quarantined[id] = err
 			s.log.Error("federated run quarantined: its file is left as it is and the run is not served; restore the file or remove it",
 				"run", id, "file", filepath.Join(dir, name), "err", err)
 			continue
 		}
-		s.runs[id] = &run{m: m, changed: make(chan struct{})}
+		s.runs[id] = fr
 		s.observe(id, st)
-		s.log.Info("loaded federated run", "run", id, "round", st.Round, "buffered", len(st.Buffer))
+		s.log.Info("loaded federated run", "run", id, "round", st.Round, "buffered", len(st.Buffer), "members", len(st.Members))
 	}
 	s.metrics.Quarantined.Set(float64(len(s.quarantined)))
 	return s, nil
 }
 
-// load reads a run's state file.
-func load(path string) (*federated.State, *federated.Machine, error) {
+// load reads a run's state file and the joins journaled since it was
+// written.
+func (s *Service) load(id string) (*federated.State, *run, error) {
+	path := s.path(id)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("fedserver: %w", err)
@@ -135,11 +145,27 @@ func load(path string) (*federated.State, *federated.Machine, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("fedserver: %s: %w", path, err)
 	}
-	m, err := federated.Restore(st)
-	if err != nil {
+	fr := &run{changed: make(chan struct{}), stateSum: stateSum(b), stateLen: int64(len(b))}
+	if fr.joinsLen, err = replayJoins(s.joinsPath(id), fr.stateSum, st); err != nil {
+		return nil, nil, err
+	}
+	fr.foldJoins = fr.joinsLen > 0
+	if fr.m, err = federated.Restore(st); err != nil {
 		return nil, nil, fmt.Errorf("fedserver: %s: %w", path, err)
 	}
-	return st, m, nil
+	return st, fr, nil
+}
+
+// writeState replaces the run's state file with its machine's state, which
+// takes in the journaled joins (callers hold fr.mu, or own fr).
+func (s *Service) writeState(id string, fr *run) error {
+	enc := federated.EncodeState(fr.m.State())
+	if err := atomicfile.WriteFile(s.path(id), enc, 0o644); err != nil {
+		return err
+	}
+	s.metrics.Written.WithLabelValues(id, "state").Add(float64(len(enc)))
+	s.resetJoins(id, fr, enc)
+	return nil
 }
 
 // params is the number of values of run id's federated model (0: the run
@@ -204,7 +230,17 @@ func (s *Service) Forget(id string) {
 	if s.runs[id] == nil {
 		return
 	}
+	fr := s.runs[id]
 	delete(s.runs, id)
+	fr.mu.Lock()
+	if fr.joins != nil {
+		fr.joins.Close()
+		fr.joins = nil
+	}
+	fr.mu.Unlock()
+	if err := os.Remove(s.joinsPath(id)); err != nil && !os.IsNotExist(err) {
+		s.log.Error("removing the join journal of a freed run failed", "run", id, "err", err)
+	}
 	if err := os.Remove(s.path(id)); err != nil && !os.IsNotExist(err) {
 		s.log.Error("removing the federated state of a freed run failed", "run", id, "err", err)
 		return
@@ -368,7 +404,7 @@ func (s *Service) step(id string, fr *run, msg federated.Msg) (stepErr error, st
 	stepErr = fr.m.Step(msg)
 	rd := fr.m.Ready()
 	if rd.Persist {
-		if err := atomicfile.WriteFile(s.path(id), federated.EncodeState(fr.m.State()), 0o644); err != nil {
+		if err := s.writeState(id, fr); err != nil {
 			fr.m, _ = federated.Restore(prev)
 			s.log.Error("persisting a federated run failed; the request is refused", "run", id, "err", err)
 			return stepErr, fmt.Errorf("fedserver: writing %s: %w", s.path(id), err)
@@ -427,13 +463,14 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 			fail(w, http.StatusBadRequest, "BadRequest", err)
 			return
 		}
-		if err := atomicfile.WriteFile(s.path(id), federated.EncodeState(m.State()), 0o644); err != nil {
+		fr := &run{m: m, changed: make(chan struct{})}
+		if err := s.writeState(id, fr); err != nil {
 			s.mu.Unlock()
 			fail(w, http.StatusInternalServerError, "Storage", err)
 			return
 		}
 		m.Advance()
-		s.runs[id] = &run{m: m, changed: make(chan struct{})}
+		s.runs[id] = fr
 		s.mu.Unlock()
 		s.observe(id, m.State())
 		s.log.Info("federated run created", "run", id, "params", len(params), "capacity", cfg.Capacity)
@@ -533,15 +570,37 @@ func (s *Service) join(w http.ResponseWriter, id string, acct *coordinator.Coord
 	}
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
-	stepErr, storeErr := s.step(id, fr, federated.Join{Client: r.Signer, Seq: r.Sequence})
-	switch {
-	case storeErr != nil:
-		fail(w, http.StatusInternalServerError, "Storage", storeErr)
-	case stepErr != nil:
-		fail(w, http.StatusConflict, failureName(stepErr), stepErr)
-	default:
-		writeJSON(w, http.StatusOK, federated.InfoOf(id, fr.m.State(), halted(acct)))
+	// A join changes the signer's membership and sequence number only: it
+	// is appended to the run's journal (joinlog.go), not written with the
+	// whole state.
+	st := fr.m.State()
+	k := r.Signer
+	wasMember := st.Members[k]
+	seq, hadSeq := st.Seqs[k]
+	if err := fr.m.Step(federated.Join{Client: k, Seq: r.Sequence}); err != nil {
+		fr.m.Advance()
+		fail(w, http.StatusConflict, failureName(err), err)
+		return
 	}
+	if !s.appendJoin(id, fr, k, r.Sequence) {
+		if err := s.writeState(id, fr); err != nil {
+			// Not stored, so not taken: the state is as it was.
+			if !wasMember {
+				delete(st.Members, k)
+			}
+			if hadSeq {
+				st.Seqs[k] = seq
+			} else {
+				delete(st.Seqs, k)
+			}
+			fr.m.Advance()
+			s.log.Error("persisting a federated join failed; it is refused", "run", id, "err", err)
+			fail(w, http.StatusInternalServerError, "Storage", fmt.Errorf("fedserver: writing %s: %w", s.path(id), err))
+			return
+		}
+	}
+	fr.m.Advance()
+	writeJSON(w, http.StatusOK, federated.InfoOf(id, st, halted(acct)))
 }
 
 func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coordinator, r *federated.Request) {

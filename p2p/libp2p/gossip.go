@@ -72,9 +72,17 @@ func (n *Node) startGossip() error {
 // that are only outside this node's view (the step window, the
 // assignments, which can lag the sender's by a snapshot) are ignored, not
 // rejected, so an honest forwarder is never penalised for them. Penalties
-// decay by 10% a second: a misbehaving peer is ignored for about half a
-// minute per offence. Colocation is not penalised: trainers may share an
-// address (one machine, one NAT).
+// decay by 10% a second, so graylisting is short: a reported peer is
+// graylisted for about 2 s per report (100·0.9^t passes −80 at t = 2.1 s;
+// two reports at once, 8.7 s), and one that forwarded a third invalid
+// announcement for 3 to 4 s (its count, 3, falls below 2 — 80 points — at
+// the fourth decay; they come once a second), during which what it sends
+// is dropped unread (TestGraylistDuration). That is what the graylist is for: sparing this
+// node the validation of a flooder's messages. It is no sentence: a
+// reported trainer's results are already refused (and the witnesses drop
+// it), and a long one would hide from this node the next round's results
+// of a peer reported once by mistake. Colocation is not penalised: trainers
+// may share an address (one machine, one NAT).
 func scoreParams(topic string, app func(peer.ID) float64) (*pubsub.PeerScoreParams, *pubsub.PeerScoreThresholds) {
 	return &pubsub.PeerScoreParams{
 			Topics: map[string]*pubsub.TopicScoreParams{topic: {

@@ -39,11 +39,31 @@ func Included() bool {
 // server.
 const Missing = "this server was built without the browser trainer's WebAssembly module: build it with `go generate ./federated/browser/web && go build ./cmd/psyche`"
 
+// CSP is the Content-Security-Policy of the page and of every file it
+// loads (a worker's policy is its script's): the explorer's, with what the
+// trainer needs besides — 'wasm-unsafe-eval' to compile the module (in the
+// worker; no script is evaluated from text), and nothing may frame it
+// (frame-ancestors: a page that trains on the visitor's files and sends
+// updates must not be dressed up by another site's). Its scripts, styles,
+// module and API calls are the server's own ('self').
+const CSP = "default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; " +
+	"frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+
+// secure sets the headers every response under /train carries.
+func secure(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", CSP)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY") // frame-ancestors for browsers that predate it
+	h.Set("Referrer-Policy", "no-referrer")
+}
+
 // Routes adds the page to mux (chain/server's WithRoutes).
 func Routes(mux *http.ServeMux) {
 	static, _ := fs.Sub(files, "static")
 	assets := http.StripPrefix("/train/static/", http.FileServerFS(static))
 	mux.HandleFunc("GET /train/{run}", func(w http.ResponseWriter, r *http.Request) {
+		secure(w)
 		b, err := files.ReadFile("static/index.html")
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -54,6 +74,7 @@ func Routes(mux *http.ServeMux) {
 		_, _ = w.Write(b)
 	})
 	mux.HandleFunc("GET /train/static/{file}", func(w http.ResponseWriter, r *http.Request) {
+		secure(w)
 		switch r.PathValue("file") {
 		case "psyche.wasm":
 			serveWasm(w, r)

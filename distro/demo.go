@@ -42,6 +42,10 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 // and linear, so DCT(β·δ + lr·g) = β·DCT(δ) + lr·DCT(g) and subtracting
 // IDCT(q) from δ is zeroing the sent coefficients: the same optimizer, with
 // one transform per step instead of three.
+//
+// A DeMo holds its run's Plan (DeMo.Plan) and has all of the Plan's methods
+// (Options, Check, Limits, MaxFrameBytes, SetAggregation, Layouts, Keep,
+// Aggregate, Combine, FrameOf); what it adds is one trainer's state.
 type DeMo struct {
 	*plan                   // the options and the tensors' tiles; its methods are DeMo's
 	delta       [][]float32 // per tensor, tile-major: tile t at [t*tileSize, (t+1)*tileSize)
@@ -135,7 +139,7 @@ func allFinite(v []float32) bool {
 // unless the gradient is normalized.
 func (d *DeMo) compressTensor(p *tensorPlan, delta, meanSq, g []float32, out *Tensor, scale float32) {
 	ts, k := p.tileSize(), p.k
-	beta := d.opts.Decay
+	beta, quantize := d.opts.Decay, d.opts.Quantize1Bit
 	unbias := float32(1 / (1 - math.Pow(normBeta, float64(d.steps))))
 	parallel(d.opts.Workers, p.tiles(), func(lo, hi int) {
 		tile, tmp := make([]float32, ts), make([]float32, ts)
@@ -154,7 +158,7 @@ func (d *DeMo) compressTensor(p *tensorPlan, delta, meanSq, g []float32, out *Te
 			for j, ix := range idx {
 				v := m[ix]
 				m[ix] = 0 // the residual keeps everything but what is sent, unquantized
-				if d.opts.Quantize1Bit {
+				if quantize {
 					v = signBit(v)
 				}
 				vals[j] = v

@@ -106,10 +106,10 @@ def dct_basis(n, device):
 
 class _HighestPrecision:
     """float32 matrix products in full float32 (no TF32 on CUDA, no bf16)
-    while DeMo runs, whatever the model's training set; restored after. Only
-    torch's public setting is used (torch >= 1.12): it drives the legacy
-    allow_tf32 flag and, from 2.9 on, the per-backend fp32_precision ones,
-    which torch refuses to see mixed by hand."""
+    while DeMo runs, whatever the model's training set; restored after.
+    Only torch's public setting (torch >= 1.12) is touched, never the
+    backend flags behind it (allow_tf32, and the per-backend fp32_precision
+    of newer torch, which refuses to see the two kinds mixed)."""
 
     def __enter__(self):
         self.prec = None

@@ -55,9 +55,9 @@ func TestEngineFlags(t *testing.T) {
 
 var heldOutRE = regexp.MustCompile(`held-out loss: ([0-9.]+) -> ([0-9.]+)`)
 
-// TestLocalnetEngines runs localnet's summary check on torch trainers
-// alone and on a mix of engines (one Go trainer, two torch ones): the loss
-// falls and every trainer ends with the same weights.
+// TestLocalnetEngines runs localnet on torch trainers alone (the loss falls,
+// every trainer ends with the same weights) and on a mix of engines (one Go
+// trainer, two torch ones: the loss falls).
 func TestLocalnetEngines(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run")
@@ -71,7 +71,11 @@ func TestLocalnetEngines(t *testing.T) {
 			t.Fatalf("--engine %s: exit %d: %s\n%s", engines, code, tail(errb.String(), 150), got)
 		}
 		m := heldOutRE.FindStringSubmatch(got)
-		if m == nil || !strings.Contains(got, "trainers hold identical weights: true") || !strings.Contains(got, "engine: torch") {
+		// Trainers of one engine hold identical weights; engines may differ
+		// in a parameter whose update's sign was within rounding of zero
+		// (trainer/node's TestMixedEnginesTrainTogether bounds it).
+		same := engines != "torch" || strings.Contains(got, "trainers hold identical weights: true")
+		if m == nil || !same || !strings.Contains(got, "engine: torch") {
 			t.Fatalf("--engine %s: the summary lacks a held-out loss, identical weights or the engine line:\n%s", engines, got)
 		}
 		before, _ := strconv.ParseFloat(m[1], 64)

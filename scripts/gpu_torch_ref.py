@@ -12,7 +12,8 @@ the shapes below, with the same flags as stepbench, and prints one JSON line:
 
 and, when the step cannot run (out of memory, no GPU), the same line with "error".
 scripts/gpu-check runs it beside stepbench on a lent GPU machine (torch 2.11,
-transformers 5.x there) and tabulates both.
+transformers 5.x there) and tabulates both; its torch-engine stage runs it
+with --optimizer adamw (and --compile) beside the torch engine's rounds.
 
 What a step is, chosen so the two implementations do the same work:
   * weights are float32; --precision bf16 runs the step under
@@ -20,12 +21,18 @@ What a step is, chosen so the two implementations do the same work:
     master weights and gradients in fp32), fp32 runs it plainly (PyTorch's
     default: no TF32 for matrix products);
   * a step is model(input_ids=x, labels=x).loss and its backward, with no
-    optimizer step; gradients are zeroed with set_to_none=False before each
-    step, so every step accumulates into existing gradient buffers as the Go
-    trainer does, rather than allocating fresh ones;
+    optimizer step (but see --optimizer below); gradients are zeroed with
+    set_to_none=False before each step, so every step accumulates into
+    existing gradient buffers as the Go trainer does, rather than allocating
+    fresh ones;
   * attention is SDPA (attn_implementation="sdpa");
   * 3 warm-up steps (allocator, cuBLAS heuristics, kernel autotuning), then
     --steps timed steps between torch.cuda.synchronize() calls.
+With --optimizer adamw a step also takes torch.optim.AdamW's step (fused on
+CUDA where torch has it, foreach otherwise): a whole training step, what the
+torch engine's round (gradient, DisTrO step, apply) is set against. With
+--compile the model is torch.compile'd (the warm-up steps compile it;
+compile_s says how long they took).
 flops_per_token is trainer/llama's Config.FLOPsPerToken (pass.go), so that MFU
 means the same for both columns.
 """
@@ -77,6 +84,9 @@ def parse_args():
     p.add_argument("--seq", "-seq", type=int, default=128)
     p.add_argument("--precision", "-precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--steps", "-steps", type=int, default=10, help="timed steps (after %d warm-up steps)" % WARMUP_STEPS)
+    p.add_argument("--optimizer", "-optimizer", choices=("none", "adamw"), default="none",
+                   help="none: forward and backward only (stepbench's step); adamw: and AdamW's step")
+    p.add_argument("--compile", "-compile", action="store_true", help="torch.compile the model")
     # Not a benchmark setting: lets the script be smoke-tested on a machine
     # without a GPU (--device cpu, with a small shape).
     p.add_argument("--device", "-device", default="cuda", help=argparse.SUPPRESS)
@@ -132,7 +142,7 @@ def main():
     s = SHAPES[a.shape]
     rec = dict(impl="pytorch", shape=a.shape, batch=a.batch, seq=a.seq, precision=a.precision,
                tokens_per_s=None, step_ms=None, params=None, flops_per_token=flops_per_token(s, a.seq),
-               peak_mem_bytes=None, device=None)
+               peak_mem_bytes=None, device=None, optimizer=a.optimizer, compile=a.compile)
     if a.seq > s["context"]:
         rec["error"] = "seq %d exceeds shape %s's context %d" % (a.seq, a.shape, s["context"])
         emit(rec)
@@ -182,20 +192,35 @@ def main():
         g = torch.Generator(device="cpu").manual_seed(INPUT_SEED)
         x = torch.randint(0, s["vocab"], (a.batch, a.seq), generator=g, dtype=torch.long).to(device)
 
+        opt = None
+        if a.optimizer == "adamw":
+            kw = {}
+            if cuda and "fused" in torch.optim.AdamW.__init__.__code__.co_varnames:
+                kw["fused"] = True
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **kw)
+            rec["adamw"] = "fused" if kw else "default"
+        if a.compile and not hasattr(torch, "compile"):
+            raise RuntimeError("torch %s has no torch.compile" % torch.__version__)
+        fwd = torch.compile(model) if a.compile else model
+
         def step():
             model.zero_grad(set_to_none=False)
             if a.precision == "bf16":
                 with torch.autocast(device.type, dtype=torch.bfloat16):
-                    loss = model(input_ids=x, labels=x).loss
+                    loss = fwd(input_ids=x, labels=x).loss
             else:
-                loss = model(input_ids=x, labels=x).loss
+                loss = fwd(input_ids=x, labels=x).loss
             loss.backward()
+            if opt is not None:
+                opt.step()
             return loss
 
+        tw = time.perf_counter()
         for _ in range(WARMUP_STEPS):
             loss = step()
         if cuda:
             torch.cuda.synchronize(device)
+        rec["compile_s" if a.compile else "warmup_s"] = time.perf_counter() - tw
         t0 = time.perf_counter()
         for _ in range(a.steps):
             loss = step()

@@ -1,19 +1,20 @@
 package explorer
 
 import (
+	"context"
 	"embed"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/connlimit"
+	"github.com/psyche-go/psyche/internal/httpserve"
 )
 
 // The page, built by `npm run build` in web/ (esbuild bundles web/src and
@@ -30,56 +31,61 @@ const keepAlive = 5 * time.Second
 // Stream limits: a browser tab holds one or two streams; these bound what
 // anonymous clients can hold open (each costs a goroutine and buffers), and
 // a stream whose client does not take an event within slowWrite is dropped.
+// An address is an address group (an IPv4 address, an IPv6 /64:
+// internal/connlimit); past the total, a new stream takes the place of the
+// oldest of the group that holds the most, if it holds at least two more
+// than the newcomer's (the page reconnects).
 const (
 	maxStreams        = 1024
 	maxStreamsPerAddr = 64
 	slowWrite         = 10 * time.Second
 )
 
-// streamLimit counts open event streams, in all and per remote address.
-type streamLimit struct {
-	mu     sync.Mutex
-	total  int
-	byAddr map[string]int
+// ServeLimits are the limits of psyche explorer's listener: the public
+// listeners' timeouts (10 s for headers, 2 min idle: httpserve.Defaults) and
+// twice as many connections as streams, 2,048 and 128 per address. A stream
+// holds its connection for as long as it lasts, so with as many connections
+// as streams 16 addresses' streams filled the listener, and a fresh client
+// found no connection on which to ask for the stream that shedding would
+// have made room for.
+var ServeLimits = func() httpserve.Limits {
+	l := httpserve.Defaults
+	l.MaxConns, l.MaxConnsPerAddr = 2*maxStreams, 2*maxStreamsPerAddr
+	return l
+}()
+
+// streamLimit counts open event streams, in all and per address group.
+type streamLimit struct{ pool *connlimit.Pool }
+
+func newStreamLimit() *streamLimit {
+	return &streamLimit{pool: connlimit.NewPool(maxStreams, maxStreamsPerAddr, false)}
 }
 
-// acquire takes a stream for the client at remote, or refuses (false).
-func (l *streamLimit) acquire(remote string) (release func(), ok bool) {
-	addr, _, err := net.SplitHostPort(remote)
-	if err != nil {
-		addr = remote
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.total >= maxStreams || l.byAddr[addr] >= maxStreamsPerAddr {
+// acquire takes a stream for the client at remote (RemoteAddr), or refuses
+// (false). shed is called if the stream is later closed for a newcomer.
+func (l *streamLimit) acquire(remote string, shed func()) (release func(), ok bool) {
+	s := l.pool.Acquire(connlimit.GroupOf(remote), true, shed)
+	if s == nil {
 		return nil, false
 	}
-	l.total++
-	l.byAddr[addr]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			l.total--
-			if l.byAddr[addr]--; l.byAddr[addr] <= 0 {
-				delete(l.byAddr, addr)
-			}
-		})
-	}, true
+	return s.Release, true
 }
 
 // limited wraps an event-stream handler with the stream limits: over them,
-// 429 with the reason (the page reconnects later).
+// 429 with the reason (the page reconnects later); a stream shed for
+// another address's ends as if its client had gone.
 func (l *streamLimit) limited(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		release, ok := l.acquire(r.RemoteAddr)
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		release, ok := l.acquire(r.RemoteAddr, cancel)
 		if !ok {
+			w.Header().Set("Retry-After", "10")
 			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many open event streams; try again later"})
 			return
 		}
 		defer release()
-		h(w, r)
+		h(w, r.WithContext(ctx))
 	}
 }
 
@@ -88,7 +94,7 @@ func (l *streamLimit) limited(h http.HandlerFunc) http.HandlerFunc {
 // the explorer shows or reaches the backend.
 func (e *Explorer) Handler() http.Handler {
 	mux := http.NewServeMux()
-	lim := &streamLimit{byAddr: map[string]int{}}
+	lim := newStreamLimit()
 	static, err := fs.Sub(dist, "web/dist")
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time

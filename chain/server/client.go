@@ -30,7 +30,23 @@ type Client struct {
 	mu       sync.Mutex
 	lastSeq  uint64
 	bindings map[string]clientBinding // by run id
+
+	// A refused event stream (Subscribe): how often the run is polled
+	// instead, and how long before the stream is tried again (0: what the
+	// server's Retry-After says). Tests shorten them.
+	pollEvery, streamRetry time.Duration
 }
+
+// Polling while the server refuses a stream (Subscribe): the run's account
+// every DefaultPollInterval (answered in a few bytes while it has not
+// changed), the stream again after the server's Retry-After, within
+// [minStreamRetry, maxStreamRetry].
+const (
+	DefaultPollInterval = 500 * time.Millisecond
+	minStreamRetry      = time.Second
+	maxStreamRetry      = time.Minute
+	defaultStreamRetry  = 10 * time.Second
+)
 
 // clientBinding is a run's binding as last fetched, with the offset of the
 // server's clock from ours (nanoseconds) at the time.
@@ -46,7 +62,8 @@ func NewClient(base string, log *slog.Logger) *Client {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{}, log: log, bindings: map[string]clientBinding{}}
+	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{}, log: log, bindings: map[string]clientBinding{},
+		pollEvery: DefaultPollInterval}
 }
 
 // binding returns what requests for runID are signed for, fetching it when
@@ -227,26 +244,7 @@ func parseState(name string) coordinator.RunState {
 
 // Snapshot implements chain.Backend.
 func (c *Client) Snapshot(ctx context.Context, runID string) (chain.Snapshot, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs/"+runID, nil)
-	if err != nil {
-		return chain.Snapshot{}, fmt.Errorf("server: %w", err)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return chain.Snapshot{}, fmt.Errorf("server: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
-		return chain.Snapshot{}, fmt.Errorf("%w: %q", chain.ErrRunNotFound, runID)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return chain.Snapshot{}, fmt.Errorf("server: fetching run %q: HTTP %d", runID, resp.StatusCode)
-	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(coordinator.AccountSize)+1))
-	if err != nil {
-		return chain.Snapshot{}, fmt.Errorf("server: %w", err)
-	}
-	state, err := coordinator.DecodeAccount(b)
+	state, _, err := c.fetch(ctx, runID, "")
 	if err != nil {
 		return chain.Snapshot{}, err
 	}
@@ -255,14 +253,128 @@ func (c *Client) Snapshot(ctx context.Context, runID string) (chain.Snapshot, er
 
 // Subscribe implements chain.Backend. It reconnects (with backoff) when the
 // stream breaks, and drops snapshots that are not newer than the last one.
+// When the server refuses the stream (429: its stream caps are full, or
+// this client's address group holds its share), it polls the run's account
+// instead, every DefaultPollInterval, and tries the stream again after the
+// server's Retry-After: a trainer keeps following its run, a little later
+// than a stream would tell it, and goes back to a stream when it can.
 func (c *Client) Subscribe(ctx context.Context, runID string) (<-chan chain.Snapshot, error) {
 	// Fail fast on a run that does not exist.
 	if _, err := c.Snapshot(ctx, runID); err != nil {
 		return nil, err
 	}
+	refusals := 0 // in a row: the first is logged at Info, the others at Debug
 	return chain.Resubscribe(ctx, c.log, runID, func(ctx context.Context, _ int, out chan<- chain.Snapshot) error {
-		return c.stream(ctx, runID, out)
+		for {
+			err := c.stream(ctx, runID, out)
+			var refused *streamRefused
+			if !errors.As(err, &refused) {
+				refusals = 0
+				return err
+			}
+			level := slog.LevelDebug
+			if refusals++; refusals == 1 {
+				level = slog.LevelInfo
+			}
+			c.log.Log(ctx, level, "event stream refused; polling the run", "run", runID, "err", refused.detail, "retry", refused.retry)
+			if err := c.poll(ctx, runID, out, refused.retry); err != nil {
+				return err
+			}
+		}
 	}), nil
+}
+
+// streamRefused is a stream the server refused with 429, and when it says
+// to try again.
+type streamRefused struct {
+	retry  time.Duration
+	detail string
+}
+
+func (e *streamRefused) Error() string { return "event stream refused: " + e.detail }
+
+// refusedStream reads a 429's Retry-After (seconds) and reason.
+func (c *Client) refusedStream(resp *http.Response) *streamRefused {
+	retry := defaultStreamRetry
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		retry = min(max(time.Duration(secs)*time.Second, minStreamRetry), maxStreamRetry)
+	}
+	if c.streamRetry > 0 {
+		retry = c.streamRetry
+	}
+	detail := "HTTP 429"
+	var f Failure
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&f); err == nil && f.Error != "" {
+		detail = f.Error
+	}
+	return &streamRefused{retry: retry, detail: detail}
+}
+
+// poll delivers the run's account to out every c.pollEvery, when it
+// changed, for d; then it returns nil (time to try the stream again). It
+// returns an error when the run is gone or a request fails.
+func (c *Client) poll(ctx context.Context, runID string, out chan<- chain.Snapshot, d time.Duration) error {
+	until := time.NewTimer(d)
+	defer until.Stop()
+	tick := time.NewTicker(c.pollEvery)
+	defer tick.Stop()
+	var etag string
+	for {
+		state, tag, err := c.fetch(ctx, runID, etag)
+		if err != nil {
+			return err
+		}
+		if state != nil {
+			etag = tag
+			select {
+			case out <- chain.Snapshot{State: state}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-until.C:
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// fetch gets the run's account unless its ETag is still etag (then the
+// state is nil).
+func (c *Client) fetch(ctx context.Context, runID, etag string) (*coordinator.Coordinator, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs/"+runID, nil)
+	if err != nil {
+		return nil, "", fmt.Errorf("server: %w", err)
+	}
+	if etag != "" {
+		req.Header.Set("If-None-Match", etag)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, "", fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusNotModified:
+		return nil, etag, nil
+	case http.StatusNotFound:
+		return nil, "", fmt.Errorf("%w: %q", chain.ErrRunNotFound, runID)
+	case http.StatusOK:
+	default:
+		return nil, "", fmt.Errorf("server: fetching run %q: HTTP %d", runID, resp.StatusCode)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(coordinator.AccountSize)+1))
+	if err != nil {
+		return nil, "", fmt.Errorf("server: %w", err)
+	}
+	state, err := coordinator.DecodeAccount(b)
+	if err != nil {
+		return nil, "", err
+	}
+	return state, resp.Header.Get("ETag"), nil
 }
 
 func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snapshot) error {
@@ -277,6 +389,9 @@ func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snap
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusNotFound {
 		return chain.ErrRunNotFound
+	}
+	if resp.StatusCode == http.StatusTooManyRequests {
+		return c.refusedStream(resp)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("HTTP %d", resp.StatusCode)

@@ -32,7 +32,7 @@ func WithPage(h http.Handler) Option {
 // freed; the channel is closed then. A slow reader misses intermediate
 // snapshots, never the newest.
 func (s *Server) Subscribe(ctx context.Context, runID string) (<-chan chain.Snapshot, error) {
-	sub, cancel, f, _ := s.subscribe(runID, inProcess)
+	sub, cancel, f, _ := s.subscribe(runID, inProcess, nil)
 	if f != nil {
 		if f.Name == "RunNotFound" {
 			return nil, fmt.Errorf("%w: %q", chain.ErrRunNotFound, runID)

@@ -14,6 +14,9 @@ type Metrics struct {
 	// SlowSubscribers counts streams dropped because one event took
 	// longer than the slow-subscriber timeout to write.
 	SlowSubscribers prometheus.Counter
+	// ShedSubscribers counts streams closed to make room for a stream of
+	// an address group that held fewer (WithSubscriberLimits).
+	ShedSubscribers prometheus.Counter
 	Quarantined     prometheus.Gauge   // runs whose state file could not be trusted at start
 	EventBytes      prometheus.Counter // bytes of snapshot events written (whole accounts and deltas)
 }
@@ -30,13 +33,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "server", Name: "subscribers", Help: "Open snapshot streams."}),
 		SlowSubscribers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "server", Name: "slow_subscribers_dropped_total",
 			Help: "Snapshot streams dropped because their client stopped reading."}),
+		ShedSubscribers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "server", Name: "shed_subscribers_total",
+			Help: "Snapshot streams closed to make room for one from an address group that held fewer."}),
 		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "psyche", Subsystem: "server", Name: "quarantined_runs",
 			Help: "Runs not served because their state file could not be trusted."}),
 		EventBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "psyche", Subsystem: "server", Name: "event_bytes_total",
 			Help: "Bytes of snapshot events written to subscribers (whole accounts and deltas)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.Transitions, m.Runs, m.Subscribers, m.SlowSubscribers, m.Quarantined, m.EventBytes)
+		reg.MustRegister(m.Requests, m.Transitions, m.Runs, m.Subscribers, m.SlowSubscribers, m.ShedSubscribers, m.Quarantined, m.EventBytes)
 	}
 	return m
 }

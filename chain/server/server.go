@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"math"
@@ -16,11 +17,13 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/connlimit"
 	"github.com/psyche-go/psyche/internal/httpserve"
 )
 
@@ -95,7 +98,7 @@ type config struct {
 	slowWrite               time.Duration // an event write that takes longer drops the stream
 
 	readTimeout, writeTimeout, idleTimeout time.Duration
-	maxConns                               int             // WithMaxConns
+	maxConns, maxConnsPerAddr              int             // WithMaxConns, WithMaxConnsPerAddr
 	onFree                                 func(id string) // WithOnFree (nil: nothing to do)
 
 	routes []func(*http.ServeMux) // more endpoints (WithRoutes)
@@ -116,6 +119,7 @@ const (
 	DefaultWriteTimeout       = 30 * time.Second
 	DefaultIdleTimeout        = 2 * time.Minute
 	DefaultMaxConns           = 4096
+	DefaultMaxConnsPerAddr    = 256
 )
 
 // WithCreators lets only these keys create runs (none: nobody may). Without
@@ -165,8 +169,12 @@ func WithRequestWindow(d time.Duration) Option {
 }
 
 // WithSubscriberLimits caps the open event streams, in all and per remote
-// address (defaults DefaultMaxSubscribers, DefaultMaxSubscribersAddr); a
-// stream over either is refused with 429.
+// address group (an IPv4 address, an IPv6 /64: internal/connlimit.Group;
+// defaults DefaultMaxSubscribers, DefaultMaxSubscribersAddr). A stream over
+// its group's cap is refused with 429 (and Retry-After); one over the total
+// takes the place of the oldest stream of the group that holds the most, if
+// that group holds at least two more than its own, and is refused
+// otherwise. A client refused a stream polls the run instead (Client).
 func WithSubscriberLimits(total, perAddr int) Option {
 	return func(c *config) error {
 		if total < 1 || perAddr < 1 {
@@ -206,14 +214,32 @@ func WithHTTPTimeouts(read, write, idle time.Duration) Option {
 }
 
 // WithMaxConns caps the HTTP connections open at once (default
-// DefaultMaxConns): past it, new ones wait to be accepted until one closes,
-// so strangers cannot hold a goroutine and buffers each without bound.
+// DefaultMaxConns), so strangers cannot hold a goroutine and buffers each
+// without bound. Past it, a new connection takes the place of an idle one
+// (or one that has not sent a whole request yet) of the address group that
+// holds the most, if it holds at least two more than the newcomer's;
+// otherwise the new one is closed at once (internal/httpserve).
 func WithMaxConns(n int) Option {
 	return func(c *config) error {
 		if n <= 0 {
 			return fmt.Errorf("server: connection cap %d must be positive", n)
 		}
 		c.maxConns = n
+		return nil
+	}
+}
+
+// WithMaxConnsPerAddr caps the HTTP connections of one address group (an
+// IPv4 address, an IPv6 /64) (default DefaultMaxConnsPerAddr: 64 trainers
+// behind one NAT, each with its stream and a few keep-alive connections).
+// Past it, a new connection from the group takes the place of the group's
+// connection idle the longest, or is closed when none is idle.
+func WithMaxConnsPerAddr(n int) Option {
+	return func(c *config) error {
+		if n <= 0 {
+			return fmt.Errorf("server: per-address connection cap %d must be positive", n)
+		}
+		c.maxConnsPerAddr = n
 		return nil
 	}
 }
@@ -328,9 +354,8 @@ type Server struct {
 	quarantined map[string]error  // runs whose file cannot be trusted: served to nobody, never overwritten
 	owned       map[coordinator.Pubkey]int
 
-	smu        sync.Mutex // subscriber counts
-	subsTotal  int
-	subsByAddr map[string]int
+	subs     *connlimit.Pool // strangers' event streams, by address group
+	etagSeed maphash.Seed    // GET /v1/runs/{id}'s ETag: a hash of the account
 
 	pmu     sync.Mutex
 	members map[string][]coordinator.Pubkey // by run: what cfg.p2p was last told
@@ -382,7 +407,7 @@ func New(dir string, opts ...Option) (*Server, error) {
 		window: DefaultRequestWindow, anyCreator: true, quota: DefaultCreatorQuota,
 		maxSubs: DefaultMaxSubscribers, maxSubsPerAddr: DefaultMaxSubscribersAddr, slowWrite: DefaultSlowSubscriber,
 		readTimeout: DefaultReadTimeout, writeTimeout: DefaultWriteTimeout, idleTimeout: DefaultIdleTimeout,
-		maxConns: DefaultMaxConns}
+		maxConns: DefaultMaxConns, maxConnsPerAddr: DefaultMaxConnsPerAddr}
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
 			return nil, err
@@ -406,8 +431,9 @@ func New(dir string, opts ...Option) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{dir: dir, cfg: cfg, id: id, runs: map[string]*run{}, freed: map[string]uint64{},
-		quarantined: l.quarantined, owned: map[coordinator.Pubkey]int{}, subsByAddr: map[string]int{},
-		members: map[string][]coordinator.Pubkey{}, changed: make(chan struct{}, 1)}
+		quarantined: l.quarantined, owned: map[coordinator.Pubkey]int{}, subs: connlimit.NewPool(cfg.maxSubs, cfg.maxSubsPerAddr, false),
+		etagSeed: maphash.MakeSeed(),
+		members:  map[string][]coordinator.Pubkey{}, changed: make(chan struct{}, 1)}
 	for rid, st := range l.runs {
 		if st.freed {
 			s.freed[rid] = st.incarnation
@@ -793,10 +819,12 @@ func (s *Server) Binding(id string) (Binding, *Failure, int) {
 	return b, nil, http.StatusOK
 }
 
-// subscribe registers a stream from addr that receives the run's account on
-// every change, starting with the current one, within the subscriber
-// limits.
-func (s *Server) subscribe(id, addr string) (*subscriber, func(), *Failure, int) {
+// subscribe registers a stream from addr (a remote address, or inProcess)
+// that receives the run's account on every change, starting with the
+// current one, within the subscriber limits. shed, if not nil, is called
+// when the stream is closed to make room for a lighter address group's
+// (WithSubscriberLimits): the caller must then end it.
+func (s *Server) subscribe(id, addr string, shed func()) (*subscriber, func(), *Failure, int) {
 	r, f, st := s.liveRun(id)
 	if f != nil {
 		return nil, nil, f, st
@@ -805,23 +833,25 @@ func (s *Server) subscribe(id, addr string) (*subscriber, func(), *Failure, int)
 	// built-in explorer) follows every run in process, one stream a run: it
 	// is bounded by the runs, and counting it would let anonymous streams
 	// (or a hundred runs under one "address") blind the page.
-	counted := addr != inProcess
-	s.smu.Lock()
-	if counted && s.subsTotal >= s.cfg.maxSubs {
-		s.smu.Unlock()
-		f, st := refuse("TooManySubscribers", fmt.Sprintf("the server holds %d streams", s.cfg.maxSubs))
-		return nil, nil, f, st
+	var slot *connlimit.Slot
+	if addr != inProcess {
+		group := connlimit.GroupOf(addr)
+		if slot = s.subs.Acquire(group, true, func() {
+			s.cfg.metrics.ShedSubscribers.Inc()
+			s.cfg.log.Debug("closing an event stream for a lighter address's", "run", id, "addr", addr)
+			if shed != nil {
+				shed()
+			}
+		}); slot == nil {
+			total, held := s.subs.Len(group)
+			detail := fmt.Sprintf("%s holds %d streams", group, held)
+			if held < s.cfg.maxSubsPerAddr {
+				detail = fmt.Sprintf("the server holds %d streams", total)
+			}
+			f, st := refuse("TooManySubscribers", detail)
+			return nil, nil, f, st
+		}
 	}
-	if counted && s.subsByAddr[addr] >= s.cfg.maxSubsPerAddr {
-		s.smu.Unlock()
-		f, st := refuse("TooManySubscribers", fmt.Sprintf("%s holds %d streams", addr, s.cfg.maxSubsPerAddr))
-		return nil, nil, f, st
-	}
-	if counted {
-		s.subsTotal++
-		s.subsByAddr[addr]++
-	}
-	s.smu.Unlock()
 	sub := &subscriber{ch: make(chan *event, 1), addr: addr}
 	r.mu.Lock()
 	if r.gone {
@@ -839,18 +869,16 @@ func (s *Server) subscribe(id, addr string) (*subscriber, func(), *Failure, int)
 			r.mu.Lock()
 			delete(r.subs, sub)
 			r.mu.Unlock()
-			if !counted {
-				return
+			if slot != nil {
+				slot.Release()
 			}
-			s.smu.Lock()
-			s.subsTotal--
-			if s.subsByAddr[addr]--; s.subsByAddr[addr] <= 0 {
-				delete(s.subsByAddr, addr)
-			}
-			s.smu.Unlock()
 		})
 	}, nil, 0
 }
+
+// streamRetryAfter is what a refused stream's Retry-After says (seconds):
+// the client polls meanwhile (Client).
+const streamRetryAfter = 10
 
 const maxBody = 1 << 16
 
@@ -858,9 +886,9 @@ const maxBody = 1 << 16
 //
 //	POST /v1/instructions          a signed request (see wire.go) → Result or Failure (JSON)
 //	GET  /v1/runs                  run ids (JSON)
-//	GET  /v1/runs/{id}             the account bytes
+//	GET  /v1/runs/{id}             the account bytes (with an ETag: If-None-Match is answered 304 while it has not changed)
 //	GET  /v1/runs/{id}/binding     what requests for the run are signed for (JSON BindingInfo)
-//	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change (?deltas=1: then what changed; events.go)
+//	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change (?deltas=1: then what changed; events.go); 429 with Retry-After past the stream caps
 //	GET  /v1/p2p                   the p2p host's addresses and whether it relays (JSON P2PInfo; 404 without one)
 //	GET  /healthz                  "ok"
 //	GET  /                         the run explorer's page, WithPage (read-only)
@@ -891,6 +919,15 @@ func (s *Server) Handler() http.Handler {
 		acct, ok := s.Account(id)
 		if !ok {
 			writeJSON(w, http.StatusNotFound, &Failure{Name: "RunNotFound", Error: "server: no such run"})
+			return
+		}
+		// A client polling the run (its stream refused: Client) asks
+		// whether it changed, and is told so in a few bytes.
+		tag := fmt.Sprintf(`"%016x"`, maphash.Bytes(s.etagSeed, acct))
+		w.Header().Set("ETag", tag)
+		w.Header().Set("Cache-Control", "no-cache")
+		if req.Header.Get("If-None-Match") == tag {
+			w.WriteHeader(http.StatusNotModified)
 			return
 		}
 		w.Header().Set("Content-Type", "application/octet-stream")
@@ -931,8 +968,15 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 	if host, _, err := net.SplitHostPort(addr); err == nil {
 		addr = host
 	}
-	sub, cancel, f, st := s.subscribe(req.PathValue("id"), addr)
+	// A stream shed for a lighter address group's ends as if its client
+	// had gone.
+	ctx, end := context.WithCancel(req.Context())
+	defer end()
+	sub, cancel, f, st := s.subscribe(req.PathValue("id"), addr, end)
 	if f != nil {
+		if st == http.StatusTooManyRequests {
+			w.Header().Set("Retry-After", strconv.Itoa(streamRetryAfter))
+		}
 		writeJSON(w, st, f)
 		return
 	}
@@ -953,7 +997,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 	var sent []byte
 	for {
 		select {
-		case <-req.Context().Done():
+		case <-ctx.Done():
 			return
 		case ev, open := <-sub.ch:
 			if !open {
@@ -993,7 +1037,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // interval until ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	lim := httpserve.Limits{ReadHeader: min(10*time.Second, s.cfg.readTimeout), Read: s.cfg.readTimeout,
-		Write: s.cfg.writeTimeout, Idle: s.cfg.idleTimeout, MaxConns: s.cfg.maxConns}
+		Write: s.cfg.writeTimeout, Idle: s.cfg.idleTimeout, MaxConns: s.cfg.maxConns, MaxConnsPerAddr: s.cfg.maxConnsPerAddr}
 	hs := lim.Server(s.Handler(), ctx)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(lim.Listener(l)) }()

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -242,6 +243,7 @@ func TestRestartLosesNothing(t *testing.T) {
 const (
 	childEnv         = "PSYCHE_SERVER_TEST_CHILD"
 	childCreatorsEnv = "PSYCHE_SERVER_TEST_CREATORS" // hex of the one key that may create runs (default: any)
+	childListenEnv   = "PSYCHE_SERVER_TEST_LISTEN"   // the address the child listens on (default: 127.0.0.1:0)
 )
 
 func TestMain(m *testing.M) {
@@ -265,6 +267,9 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		l, err := listenLocal()
+		if addr := os.Getenv(childListenEnv); addr != "" {
+			l, err = net.Listen("tcp", addr) // [::1]:0 (BenchmarkServerFloodIPv6)
+		}
 		if err != nil {
 			fmt.Println("error:", err)
 			os.Exit(1)

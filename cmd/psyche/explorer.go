@@ -13,7 +13,6 @@ import (
 
 	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/explorer"
-	"github.com/psyche-go/psyche/internal/httpserve"
 	"github.com/urfave/cli/v2"
 )
 
@@ -65,7 +64,7 @@ func runExplorerCommand(c *cli.Context) error {
 // serveExplorer serves ex's page on l and follows src until ctx ends.
 func serveExplorer(ctx context.Context, l net.Listener, ex *explorer.Explorer, src explorer.Source, log *slog.Logger) error {
 	go func() { _ = ex.Run(ctx, src) }()
-	if err := httpserve.Defaults.Serve(ctx, l, ex.Handler(), 2*time.Second); err != nil {
+	if err := explorer.ServeLimits.Serve(ctx, l, ex.Handler(), 2*time.Second); err != nil {
 		log.Error("explorer stopped", "err", err)
 		return fmt.Errorf("explorer: %w", err)
 	}

@@ -40,10 +40,12 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (n
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	// A scraper needs one connection: a small cap keeps strangers who find
-	// the port from holding many.
+	// A scraper needs one connection: small caps keep strangers who find
+	// the port from holding many (8 from one address, 64 in all; past them
+	// an idle connection gives way to a new one, internal/httpserve), with
+	// the public listeners' header (10 s) and idle (2 min) timeouts.
 	lim := httpserve.Defaults
-	lim.MaxConns = 64
+	lim.MaxConns, lim.MaxConnsPerAddr = 64, 8
 	go func() { _ = lim.Serve(ctx, l, mux, time.Second) }()
 	return l.Addr(), nil
 }

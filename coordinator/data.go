@@ -108,6 +108,29 @@ func (s *Coordinator) PendingIndex(signer Pubkey) (uint16, bool) {
 	return 0, false
 }
 
+// SittingOut reports whether a health check dropped signer in the current
+// epoch (or, between epochs, in the one that just ended): such a client
+// sits out the next epoch. It may join, but the next epoch's warmup leaves
+// it out (unless the run needs it to reach min_clients), and it may join
+// the epoch after. The run cannot tell a trainer that withholds its results
+// from one that crashed, and each admitted silent trainer costs every other
+// trainer a round's patience (docs/security.md, "Silent trainers"); sitting
+// out costs the dropped one only its own epoch.
+func (s *Coordinator) SittingOut(signer Pubkey) bool {
+	e := &s.Epoch
+	for i := uint16(0); i < e.ClientsLen; i++ {
+		if c := &e.Clients[i]; c.State == Dropped && c.ID.Signer == signer {
+			return true
+		}
+	}
+	for i := uint16(0); i < e.ExitedLen; i++ {
+		if c := &e.Exited[i]; c.State == Dropped && c.ID.Signer == signer {
+			return true
+		}
+	}
+	return false
+}
+
 // HealthyClients counts the epoch members that are still healthy.
 func (s *Coordinator) HealthyClients() uint16 {
 	var n uint16

@@ -19,6 +19,9 @@
 //	RoundWitness --timeout--> RoundTrain (next round) or Cooldown (epoch over)
 //	Cooldown --timeout or checkpoint recorded--> WaitingForMembers, Paused or Finished
 //
+// A client that a health check drops sits out the next epoch: the warmup
+// leaves it out unless the run needs it to reach min_clients (SittingOut).
+//
 // Committee and witness selection use a keyed swap-or-not shuffle
 // (committee.go), witness reports carry bits-and-blooms bloom filters
 // (bloom.go), and each round's batch is split among trainers by a seeded

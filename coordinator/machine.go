@@ -174,18 +174,22 @@ func (s *Coordinator) startWarmup(now, seed uint64) {
 			s.Model.Checkpoint.Kind = CheckpointHub
 		}
 	}
+	keep := s.admitted() // before the exited list, which says who sits out, starts afresh
 	prev := e.ClientsLen
 	copy(e.Exited[:prev], e.Clients[:prev])
 	clear(e.Exited[prev:max(prev, e.ExitedLen)])
 	e.ExitedLen = prev
 	e.Rounds = [NumRounds]Round{}
-	n := s.PendingLen
-	for i := uint16(0); i < n; i++ {
-		e.Clients[i] = Client{ID: s.Pending[i]}
+	n := uint16(0)
+	for i := uint16(0); i < s.PendingLen; i++ {
+		if keep[i] {
+			e.Clients[n] = Client{ID: s.Pending[i]}
+			n++
+		}
 	}
 	clear(e.Clients[n:max(n, prev)])
 	e.ClientsLen = n
-	clear(s.Pending[:n])
+	clear(s.Pending[:s.PendingLen])
 	s.PendingLen = 0
 	e.StartTimestamp = now
 	e.StartStep = s.Progress.Step
@@ -199,6 +203,29 @@ func (s *Coordinator) startWarmup(now, seed uint64) {
 	e.Rounds[0] = Round{DataIndex: s.Progress.EpochStartDataIndex, RandomSeed: seed, ClientsLen: n}
 	s.NextRoundSeed = FirstRoundSeed(seed)
 	s.setState(Warmup, now)
+}
+
+// admitted marks the pending joiners that the epoch about to start takes:
+// every one but those a health check dropped in the epoch that ends
+// (SittingOut), who sit this one out, unless fewer than min_clients would
+// be left without them (a run must not stall for want of the trainers it
+// turned away). They may join the epoch after: its warmup starts the exited
+// list afresh. They still count towards init_min_clients (they did join),
+// so an epoch may start with fewer than init_min_clients, never with fewer
+// than min_clients.
+func (s *Coordinator) admitted() (keep [MaxClients]bool) {
+	kept := uint16(0)
+	for i := uint16(0); i < s.PendingLen; i++ {
+		if keep[i] = !s.SittingOut(s.Pending[i].Signer); keep[i] {
+			kept++
+		}
+	}
+	if kept < s.PendingLen && kept < s.Config.MinClients {
+		for i := uint16(0); i < s.PendingLen; i++ {
+			keep[i] = true
+		}
+	}
+	return keep
 }
 
 func (s *Coordinator) tickWarmup(now, seed uint64) bool {

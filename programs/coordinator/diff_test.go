@@ -338,11 +338,16 @@ func TestScenarioFullRun(t *testing.T) {
 	w.do(coord.ErrInvalidProgress.Code, &coord.SetPaused{Paused: false}, ctxOf(admin))
 	w.do(0, &coord.Update{Progress: &coord.Progress{Step: 99, Epoch: 3, EpochStartDataIndex: 1000}}, ctxOf(admin))
 	w.do(0, &coord.SetPaused{Paused: false}, ctxOf(admin))
-	for i := 0; i < 3; i++ {
+	// Client 4, dropped in the epoch that ended, joins first and sits the
+	// next one out: the other three are enough.
+	for _, i := range []int{4, 0, 1, 2} {
 		id := clientID(i)
 		w.do(0, &coord.JoinRun{ID: id}, coord.Context{Sender: id.Signer, CoSigner: joinAuth})
 	}
 	w.tickUntil(coord.Warmup, 300)
+	if s = w.state(); s.Epoch.ClientsLen != 3 || s.Epoch.Clients[0].ID != clientID(0) {
+		t.Fatalf("the warmup admitted %d clients, the first %x; want clients 0, 1 and 2", s.Epoch.ClientsLen, s.Epoch.Clients[0].ID.Signer[:4])
+	}
 	w.now += 11
 	w.tickUntil(coord.RoundTrain, 400)
 	s = w.state()

@@ -24,7 +24,7 @@ import (
 
 // Adversaries are the attacks WithAdversary knows.
 var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "repeat-blocks", "oversize", "bogus-checkpoint",
-	"copycat", "stale", "lazy-zero", "lazy-noise", "wrong-data", "slow"}
+	"copycat", "stale", "lazy-zero", "lazy-noise", "wrong-data", "slow", "withhold", "late"}
 
 // WithAdversary makes the node publish, instead of its result:
 //   - huge: float values of ±1e30 against its own signs (a float frame, which
@@ -54,7 +54,14 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "
 //   - wrong-data: it trains honestly, on other data than its assignment
 //     (the indices 7919 past its batch);
 //   - slow: an honest trainer that takes 300 ms longer on every batch (for
-//     false accusations: verification must not drop it).
+//     false accusations: verification must not drop it);
+//   - withhold: it trains (and witnesses) honestly but never announces its
+//     result: a silent trainer, which its witnesses would wait for until
+//     the round's training limit;
+//   - late: an honest trainer whose every result reaches its peers a second
+//     (of the node's clock: virtual in a virtual-time run) after it trained
+//     it, as a slower GPU or link would deliver it: within the witnesses'
+//     patience (patience.go), it must keep its place.
 func WithAdversary(kind string) (Option, error) {
 	r := rand.New(rand.NewPCG(uint64(len(kind)), 0x5eed))
 	frameAttack := func(mutate func(*distro.Frame)) Option {
@@ -224,6 +231,20 @@ func WithAdversary(kind string) (Option, error) {
 			c.publish = repeatingPublish
 			return nil
 		}, nil
+	case "withhold":
+		return func(c *config) error {
+			c.publish = withholdingPublish
+			return nil
+		}, nil
+	case "late":
+		return func(c *config) error {
+			// c is the node's config as New fills it: its clock is the
+			// one the node runs on when this publishes.
+			c.publish = func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+				return latePublish(ctx, c.clock, time.Second, net, step, batch, payload)
+			}
+			return nil
+		}, nil
 	}
 	return nil, fmt.Errorf("node: unknown adversary %q (one of %s)", kind, strings.Join(Adversaries, ", "))
 }
@@ -288,4 +309,39 @@ func repeatingPublish(ctx context.Context, net p2p.Network, step uint32, batch p
 		ref.Blocks[i] = first
 	}
 	return f.Forge(ctx, step, batch, payload, ref)
+}
+
+// withholdingPublish announces nothing: it returns the announcement the
+// result would have had (this node's machine takes it as published) and
+// sends none of it, so no peer ever hears of the result.
+func withholdingPublish(_ context.Context, _ p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+	return unsent(step, batch, payload), nil
+}
+
+// unsent is the announcement a payload would have, without its trainer
+// (the node fills it in), nonce or signature: what this node's machine
+// records of a result it did not send.
+func unsent(step uint32, batch p2p.BatchRange, payload []byte) p2p.Announcement {
+	return p2p.Announcement{Step: step, Batch: batch, Commitment: p2p.Commitment(step, batch, payload),
+		Blob: p2p.BlobRef{Size: uint64(len(payload)), Blocks: p2p.BlockDigests(payload)}}
+}
+
+// latePublish publishes the payload after delay on clock, in the
+// background (not marked as work: a virtual clock moves meanwhile), and
+// returns at once as if it had published: the node goes on, and its peers
+// hear of the result delay later.
+func latePublish(ctx context.Context, clock Clock, delay time.Duration, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+	tick, stop := clock.Ticker(delay)
+	go func() {
+		defer stop()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+		}
+		done := clock.Work()
+		defer done()
+		_, _ = net.Publish(ctx, step, batch, payload)
+	}()
+	return unsent(step, batch, payload), nil
 }

@@ -216,3 +216,102 @@ func TestVerificationSparesHonestTrainers(t *testing.T) {
 	c.stopAll(0, 1, 2, 3)
 	c.sameWeights(0, 1, 2, 3)
 }
+
+// TestSilentTrainerCostsNoTrainingLimit: a trainer that trains and never
+// announces its result (withhold). Its witnesses wait for it only their
+// patience (patience.go), not the round's training limit, and the next
+// round's health check drops it; it joins again but sits out the next
+// epoch (coordinator.SittingOut), and joins the one after. No honest
+// trainer is dropped, and they end with the same weights.
+func TestSilentTrainerCostsNoTrainingLimit(t *testing.T) {
+	bad, err := node.WithAdversary("withhold")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var limit uint64
+	c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 12; limit = k.MaxRoundTrainTime },
+		func(i int) []node.Option {
+			if i == 3 {
+				return []node.Option{bad}
+			}
+			return nil
+		})
+	rogue := c.nodes[3].ID()
+	var (
+		dropped   []coordinator.ClientID
+		trainFrom = map[uint32]uint64{} // step → when its RoundTrain began
+		longest   uint64                // the longest RoundTrain seen
+		members   = map[uint32]bool{}   // epoch → the rogue trainer was admitted
+	)
+	c.waitFor("the end of the third epoch", func(s *coordinator.Coordinator) bool {
+		dropped = addNew(dropped, droppedIn(s)...)
+		switch s.RunState {
+		case coordinator.RoundTrain:
+			trainFrom[s.Progress.Step] = s.RunStateStart
+		case coordinator.RoundWitness:
+			if from, ok := trainFrom[s.Progress.Step]; ok {
+				longest = max(longest, s.RunStateStart-from)
+			}
+		}
+		if s.RunState == coordinator.Warmup {
+			_, in := s.ClientIndex(rogue.Signer)
+			members[s.Progress.Epoch] = members[s.Progress.Epoch] || in
+		}
+		return s.Progress.Epoch >= 3 && s.RunState == coordinator.WaitingForMembers
+	})
+	if !slices.Contains(dropped, rogue) {
+		t.Error("the silent trainer was not dropped")
+	}
+	for i := range 3 {
+		if slices.Contains(dropped, c.nodes[i].ID()) {
+			t.Errorf("honest trainer %d was dropped", i)
+		}
+	}
+	if longest >= limit {
+		t.Errorf("a round trained for %d s: it waited for the silent trainer until its training limit (%d s)", longest, limit)
+	}
+	if !members[0] || members[1] || !members[2] {
+		t.Errorf("the silent trainer was admitted to epochs 0, 1, 2: %v, %v, %v; want it to sit out epoch 1 alone", members[0], members[1], members[2])
+	}
+	c.stopAll(0, 1, 2, 3)
+	c.sameWeights(0, 1, 2)
+}
+
+// TestLateTrainerKeepsItsPlace: an honest trainer whose results reach its
+// peers a second after the others' (late: a slower GPU or link) is waited
+// for, within the witnesses' patience, in every round of two epochs,
+// including each epoch's first, when nobody trained ahead: nobody is
+// dropped, and all four end with the same weights.
+func TestLateTrainerKeepsItsPlace(t *testing.T) {
+	late, err := node.WithAdversary("late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 12 },
+		func(i int) []node.Option {
+			if i == 3 {
+				return []node.Option{late}
+			}
+			return nil
+		})
+	var dropped []coordinator.ClientID
+	c.waitFor("the end of the second epoch", func(s *coordinator.Coordinator) bool {
+		dropped = addNew(dropped, droppedIn(s)...)
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	if len(dropped) > 0 {
+		t.Errorf("trainers dropped: %v", dropped)
+	}
+	c.stopAll(0, 1, 2, 3)
+	c.sameWeights(0, 1, 2, 3)
+}
+
+// addNew appends the ids that list does not hold yet.
+func addNew(list []coordinator.ClientID, ids ...coordinator.ClientID) []coordinator.ClientID {
+	for _, id := range ids {
+		if !slices.Contains(list, id) {
+			list = append(list, id)
+		}
+	}
+	return list
+}

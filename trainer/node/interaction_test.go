@@ -48,6 +48,7 @@ type harness struct {
 	me       string
 	m        *machine
 	last     Ready
+	train    *TrainWork // the training to publish that a Ready asked for, until trained
 	names    map[coordinator.Pubkey]string
 	p2pNames map[coordinator.Pubkey]string // the same names by p2p key
 	frames   map[*distro.Frame]string      // whose result a frame is
@@ -119,8 +120,9 @@ func names(kv map[string]string, key string) []string {
 //	snapshot                         the machine sees the coordinator's state
 //	deliver                          the last Ready's instructions, sent as me
 //	loaded                           the load the last Ready asked for is done
-//	trained [loss=2.5]               the batch the last Ready asked for is trained and published
-//	                                 (a batch trained ahead answers nothing: the driver keeps it)
+//	trained [loss=2.5]               the batch a Ready asked for is trained and published (other
+//	                                 events may come between; a batch trained ahead answers
+//	                                 nothing: the driver keeps it)
 //	announce who=b [step=S] [v=2]    b's result for step S (default: the current one) is announced;
 //	                                 v names another version of it (b equivocates)
 //	fetched who=b [step=S] [v=2] [err=timeout|invalid]   b's result arrived, or its fetch failed
@@ -182,10 +184,11 @@ func (h *harness) run(line string) string {
 		}
 		return h.ready(h.m.loaded(h.last.Load.Epoch))
 	case "trained":
-		w := h.last.Train
-		if w == nil || w.Ahead {
-			h.t.Fatalf("trained: the last Ready asked for no training to publish")
+		w := h.train
+		if w == nil {
+			h.t.Fatalf("trained: no Ready asked for a training to publish")
 		}
+		h.train = nil
 		loss, err := strconv.ParseFloat(kv["loss"], 32)
 		if err != nil {
 			loss = 2.5
@@ -359,6 +362,9 @@ func (h *harness) witness(who, saw []string) string {
 // field order, and keeps it for deliver, loaded and trained.
 func (h *harness) ready(rd Ready) string {
 	h.last = rd
+	if rd.Train != nil && !rd.Train.Ahead {
+		h.train = rd.Train
+	}
 	var out []string
 	if a := rd.Apply; a != nil {
 		var fs []string

@@ -58,6 +58,15 @@ type machine struct {
 
 	dueSince     uint64 // when a tick became due (unix seconds; 0: none is due)
 	tickInFlight bool   // a tick instruction is on its way
+
+	// now is the time of the latest tick (unix seconds; 0 before the
+	// first): when results arrive, for a witness's patience with silent
+	// trainers (patience.go).
+	now uint64
+	// paces are the paces of the last complete rounds (patience.go), a
+	// ring written at paceNext.
+	paces    [paceRounds]uint64
+	paceNext int
 }
 
 // epochBook records what the node has done once in one epoch. The node keeps
@@ -167,6 +176,11 @@ type roundState struct {
 	// batch): the round before may now be applied (see applyDue).
 	done bool
 	due  *dueRound // set when the round's results are due and not yet applied
+	// began and heard are when this node first saw the round train and
+	// when the latest of its announcements (or this node's result) came;
+	// paced: its pace is recorded (patience.go).
+	began, heard uint64
+	paced        bool
 	// reference are this node's losses of the round's sampled sequences on
 	// the model the round trained on (by data index); pending are sampled
 	// results that came before them, to check once they are in.
@@ -383,6 +397,7 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 			clear(m.fetching)
 			rd.DropFetches = true
 		}
+		m.began()
 		if _, ok := m.member(); !ok || !book.ready {
 			break
 		}
@@ -482,6 +497,9 @@ func (m *machine) announced(a p2p.Announcement) Ready {
 func (m *machine) take(a p2p.Announcement, rd *Ready) (evidence bool) {
 	if a.Trainer == m.id || m.dropped() {
 		return false
+	}
+	if m.snap != nil && a.Step == m.snap.Progress.Step && m.claims[a.Step][a.Batch.Start] == nil {
+		m.heard(a.Step) // its batch's first announcement: a pull's repeats are not news
 	}
 	switch m.claim(a) {
 	case claimNew:
@@ -605,6 +623,7 @@ func (m *machine) progress(rd *Ready) {
 		m.cooldown(rd)
 		return
 	}
+	m.notePace()
 	m.applyDue(rd)
 	m.trainAhead(rd)
 	m.maybeWitness(rd)
@@ -673,6 +692,7 @@ func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, st trainSta
 	m.store(a, f)
 	m.lastBatch = st
 	m.round(a.Step).done = true
+	m.heard(a.Step)
 	var rd Ready
 	m.progress(&rd)
 	return rd
@@ -684,10 +704,12 @@ func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, st trainSta
 // WithTicking, sends a tick when its turn comes (see turnToTick).
 func (m *machine) tick(now uint64) Ready {
 	var rd Ready
+	m.now = max(m.now, now)
 	s := m.snap
 	if s == nil {
 		return rd
 	}
+	m.began()
 	rd.Tick = m.turnToTick(now)
 	if !m.cur().ready {
 		if _, ok := m.member(); ok && s.RunState == coordinator.Warmup {
@@ -713,6 +735,8 @@ func (m *machine) tick(now uint64) Ready {
 		m.applyDue(&rd)
 		m.trainAhead(&rd)
 	}
+	// A silent trainer's batch may have been waited for long enough.
+	m.maybeWitness(&rd)
 	return rd
 }
 
@@ -732,6 +756,7 @@ func (m *machine) fetchingClaim(step uint32, b uint64) bool {
 // clock was a slot behind and the first tick changed nothing. It does
 // nothing else (pulls and load retries stay once a second).
 func (m *machine) tickDue(now uint64) Ready {
+	m.now = max(m.now, now)
 	if m.snap == nil {
 		return Ready{}
 	}
@@ -946,11 +971,20 @@ func (m *machine) maybeWitness(rd *Ready) {
 	}
 	if s.RunState == coordinator.RoundTrain {
 		// A batch whose trainer equivocated or sent a bad result is
-		// settled: no result of it will be vouched for.
+		// settled: no result of it will be vouched for. One whose trainer
+		// has announced nothing is waited for with patience (patience.go).
+		silent := false
 		for _, b := range owedBatches(s, s.CurrentRound()) {
-			if m.results[step][b.start] == nil && !m.settledWithout(step, b) {
+			switch {
+			case m.results[step][b.start] != nil || m.settledWithout(step, b):
+			case m.silent(step, b):
+				silent = true
+			default:
 				return
 			}
+		}
+		if silent && !m.outOfPatience() {
+			return
 		}
 	}
 	rs.witnessed = true

@@ -347,6 +347,9 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	if err != nil {
 		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
 	}
+	if ann.Trainer == (coordinator.ClientID{}) {
+		ann.Trainer = n.id // a publish hook that announced nothing yet (adversary.go)
+	}
 	n.cfg.metrics.Loss.Set(float64(loss))
 	n.cfg.metrics.Steps.Inc()
 	n.cfg.metrics.Tokens.Add(float64(count * seqLen))

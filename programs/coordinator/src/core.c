@@ -621,6 +621,20 @@ static int64_t pending_index(const struct psy_account *s, const uint8_t *signer)
 	return -1;
 }
 
+/* SittingOut: a health check dropped signer in this epoch (or, between
+ * epochs, in the one that just ended). */
+static int sitting_out(const struct psy_account *s, const uint8_t *signer)
+{
+	const struct psy_epoch *e = &s->epoch;
+	for (uint16_t i = 0; i < e->clients_len; i++)
+		if (e->clients[i].state == CL_DROPPED && eq32(e->clients[i].id.signer, signer))
+			return 1;
+	for (uint16_t i = 0; i < e->exited_len; i++)
+		if (e->exited[i].state == CL_DROPPED && eq32(e->exited[i].id.signer, signer))
+			return 1;
+	return 0;
+}
+
 static uint16_t healthy_clients(const struct psy_account *s)
 {
 	uint16_t n = 0;
@@ -716,26 +730,60 @@ static int previous_holder_pending(const struct psy_account *s)
 	return 0;
 }
 
+/* Which pending joiners the epoch about to start admits (admitted in
+ * machine.go): every one but those a health check dropped in the epoch that
+ * ends, unless fewer than min_clients would be left without them. A 4096-bit
+ * filter of the dropped signers' first words keeps this linear when none of
+ * them joined again. */
+static void admitted(const struct psy_account *s, uint8_t *keep)
+{
+	const struct psy_epoch *e = &s->epoch;
+	uint64_t seen[64];
+	clear(seen, sizeof seen);
+	for (uint16_t i = 0; i < e->clients_len + e->exited_len; i++) {
+		const struct psy_client *c = i < e->clients_len ? &e->clients[i] : &e->exited[i - e->clients_len];
+		if (c->state != CL_DROPPED)
+			continue;
+		uint64_t h = *(const psy_word *)c->id.signer % 4096;
+		seen[h / 64] |= 1ULL << (h % 64);
+	}
+	uint16_t kept = 0;
+	for (uint16_t i = 0; i < s->pending_len; i++) {
+		const uint8_t *signer = s->pending[i].signer;
+		uint64_t h = *(const psy_word *)signer % 4096;
+		keep[i] = !(((seen[h / 64] >> (h % 64)) & 1) && sitting_out(s, signer));
+		kept += keep[i];
+	}
+	if (kept < s->pending_len && kept < s->config.min_clients)
+		for (uint16_t i = 0; i < s->pending_len; i++)
+			keep[i] = 1;
+}
+
 static void start_warmup(struct psy_account *s, uint64_t now, uint64_t seed)
 {
 	struct psy_epoch *e = &s->epoch;
 	if (s->model.checkpoint_kind == CK_P2P && !previous_holder_pending(s))
 		s->model.checkpoint_kind = CK_HUB;
+	uint8_t keep[PSY_MAX_CLIENTS];
+	admitted(s, keep); /* before the exited list, which says who sits out, starts afresh */
 	uint16_t prev = e->clients_len;
 	copy(e->exited, e->clients, (uint64_t)prev * sizeof(struct psy_client));
 	if (e->exited_len > prev)
 		clear(&e->exited[prev], (uint64_t)(e->exited_len - prev) * sizeof(struct psy_client));
 	e->exited_len = prev;
 	clear(e->rounds, sizeof e->rounds);
-	uint16_t n = s->pending_len;
-	for (uint16_t i = 0; i < n; i++) {
-		clear(&e->clients[i], sizeof(struct psy_client));
-		copy(&e->clients[i].id, &s->pending[i], sizeof(struct psy_client_id));
+	uint16_t n = 0;
+	for (uint16_t i = 0; i < s->pending_len; i++) {
+		if (!keep[i])
+			continue;
+		clear(&e->clients[n], sizeof(struct psy_client));
+		copy(&e->clients[n].id, &s->pending[i], sizeof(struct psy_client_id));
+		n++;
 	}
 	if (prev > n)
 		clear(&e->clients[n], (uint64_t)(prev - n) * sizeof(struct psy_client));
 	e->clients_len = n;
-	clear(s->pending, (uint64_t)n * sizeof(struct psy_client_id));
+	clear(s->pending, (uint64_t)s->pending_len * sizeof(struct psy_client_id));
 	s->pending_len = 0;
 	e->start_timestamp = now;
 	e->start_step = s->progress.step;

@@ -1,0 +1,132 @@
+package node
+
+import "github.com/psyche-go/psyche/coordinator"
+
+// How long a witness waits for a silent trainer: one that has announced no
+// result of the round while every other trainer's result is in (or settled).
+//
+// Before this, a witness waited for every owed batch until the round's
+// training limit (max_round_train_time), so a trainer that joined, trained
+// and never announced its result held every round it was in to that limit:
+// in a virtual-time localnet of four, one such trainer cut a run of two
+// epochs from 45 steps to 7, and with examples/run.toml's limits each
+// silent trainer costs 240 s of a 3,600 s epoch.
+//
+// The rule: once the results of the round are all in but those of trainers
+// that have announced nothing, the witness waits at most
+//
+//	patience = max(floor, patienceFactor × pace)
+//
+// after the last of them came, and then reports without the silent ones,
+// who are then left out of the round and dropped by the next round's health
+// checks (and sit out the next epoch: coordinator.SittingOut). floor is
+// max(patienceFloorMin, max_round_train_time / patienceFloorDivisor); pace
+// is the longest an announcement of a round took to come after that round
+// began, over this round so far and the last paceRounds rounds in which
+// every trainer announced. An honest slow trainer sets the pace itself:
+// while it is late by about the same every round it keeps its place (it
+// may be up to patienceFactor times later than the slowest of the last
+// rounds, or 1 + patienceFactor times slower than the others in a round
+// that nobody trained ahead); the training limit still bounds everything.
+// A batch whose announcement came is never given up on here: its fetch has
+// its own limits, and a result that fails its checks settles the batch.
+//
+// Every time is this node's (the time of its latest tick), in the
+// coordinator's unit, seconds; the rule lives in the trainer and not in the
+// coordinator because only a trainer sees when results arrive. Witnesses
+// that see different arrival times may disagree about a late trainer, as
+// they already did at the training limit; the quorum decides.
+const (
+	// patienceFactor multiplies the observed pace.
+	patienceFactor = 2
+	// patienceFloorMin is the least patience, in seconds. The clock's
+	// resolution is a second, and a result in flight when it moves must
+	// not be given up on: a virtual-time run's clock moves when nothing is
+	// marked as work for its settle period, which a message in flight
+	// between two trainers is not (quietclock). At 1 s, a trainer whose
+	// results came a second after the others' was dropped (the late
+	// adversary, TestLateTrainerKeepsItsPlace); each second more costs one
+	// step of a virtual-time localnet for each silent trainer.
+	patienceFloorMin = 2
+	// patienceFloorDivisor: the floor is at least max_round_train_time over
+	// this (15 s of examples/run.toml's 240 s).
+	patienceFloorDivisor = 16
+	// paceRounds is how many complete rounds' paces a node remembers.
+	paceRounds = 8
+)
+
+// patienceFloor is the least time a witness waits for a silent trainer.
+func patienceFloor(c *coordinator.Config) uint64 {
+	return max(patienceFloorMin, c.MaxRoundTrainTime/patienceFloorDivisor)
+}
+
+// heard records that something of step's round (an announcement, this
+// node's own result) arrived now.
+func (m *machine) heard(step uint32) {
+	if rs := m.round(step); m.now > rs.heard {
+		rs.heard = m.now
+	}
+}
+
+// began records when this node first saw the current round train.
+func (m *machine) began() {
+	s := m.snap
+	if s.RunState != coordinator.RoundTrain || m.now == 0 {
+		return
+	}
+	if rs := m.round(s.Progress.Step); rs.began == 0 {
+		rs.began = m.now
+	}
+}
+
+// notePace records the current round's pace (how long after it began its
+// last announcement came) once every owed batch has been announced, or
+// has its result here: a round in which nobody was silent.
+func (m *machine) notePace() {
+	s := m.snap
+	if s == nil || s.RunState != coordinator.RoundTrain {
+		return
+	}
+	step := s.Progress.Step
+	rs := m.round(step)
+	if rs.paced || rs.began == 0 {
+		return
+	}
+	for _, b := range owedBatches(s, s.CurrentRound()) {
+		if m.results[step][b.start] == nil && m.claims[step][b.start] == nil {
+			return
+		}
+	}
+	rs.paced = true
+	m.paces[m.paceNext] = rs.heard - min(rs.heard, rs.began)
+	m.paceNext = (m.paceNext + 1) % paceRounds
+}
+
+// pace is the longest pace of the last complete rounds.
+func (m *machine) pace() uint64 {
+	var p uint64
+	for _, x := range m.paces {
+		p = max(p, x)
+	}
+	return p
+}
+
+// silent reports whether batch b of step has had no announcement at all
+// (nor, for this node's own batch, its result): its trainer has said
+// nothing of it.
+func (m *machine) silent(step uint32, b owedBatch) bool {
+	return b.trainer != m.id.Signer && m.claims[step][b.start] == nil && m.results[step][b.start] == nil
+}
+
+// outOfPatience reports whether this node has waited long enough for the
+// silent trainers of the current round (see the rule above).
+func (m *machine) outOfPatience() bool {
+	s := m.snap
+	rs := m.round(s.Progress.Step)
+	if rs.began == 0 || m.now == 0 {
+		return false
+	}
+	last := max(rs.heard, rs.began)
+	wait := max(patienceFloor(&s.Config), patienceFactor*max(last-rs.began, m.pace()))
+	return m.now >= last+wait
+}

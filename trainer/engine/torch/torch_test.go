@@ -524,3 +524,31 @@ func TestLossReportGap(t *testing.T) {
 		}
 	}
 }
+
+// TestOutOfMemory: a batch the device cannot hold is an error naming the
+// model, the batch and the device, and the worker lives on for the next
+// batch. The device is the CPU of a worker whose address space is capped
+// (ulimit -v) below what the batch's attention scores need.
+func TestOutOfMemory(t *testing.T) {
+	ctx := context.Background()
+	py := filepath.Join(t.TempDir(), "python-in-3g")
+	if err := os.WriteFile(py, []byte("#!/bin/sh\nulimit -v 3000000\nexec /usr/bin/python3 \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	op, err := New(WithPython(py))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := runmodel.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 64, Context: 512, Width: 32, Layers: 1, Heads: 4}}
+	e := open(t, op, cfg, 1, runOptions(true))
+	r := rand.New(rand.NewPCG(1, 1))
+	_, err = e.Gradient(ctx, randomBatch(r, 64, 1024, 512))
+	want := "out of memory on cpu for the GPT of"
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "1024×512 tokens") {
+		t.Fatalf("a batch too large: %v, want %q naming the batch", err, want)
+	}
+	t.Log(err)
+	if _, err := e.Gradient(ctx, randomBatch(r, 64, 2, 512)); err != nil {
+		t.Fatalf("the next batch after running out of memory: %v", err)
+	}
+}

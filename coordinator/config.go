@@ -80,7 +80,7 @@ func validRunID(id [MaxRunIDLen]byte) bool {
 	return err == nil
 }
 
-// Validate checks every rule of DESIGN.md §3.2 and returns one error per
+// Validate checks every rule of docs/architecture.md §3.2 and returns one error per
 // violated rule (joined), each wrapping ErrInvalidConfig.
 func (k *Config) Validate() error {
 	var errs []error

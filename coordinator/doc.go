@@ -10,7 +10,7 @@
 // the account layout (account.go, codec.go, pinned by
 // testdata/account_layout.golden) and the instruction data (instruction.go).
 //
-// A run moves through these states (DESIGN.md §3.3):
+// A run moves through these states (docs/architecture.md §3.3):
 //
 //	Uninitialized --resume--> WaitingForMembers --enough joiners--> Warmup
 //	Warmup --timeout or all warmup witnesses--> RoundTrain

@@ -244,7 +244,7 @@ type Architecture uint8
 
 const (
 	ArchNone  Architecture = iota
-	ArchGPT                // GPT-style decoder (DESIGN.md §8)
+	ArchGPT                // GPT-style decoder (docs/architecture.md §8)
 	ArchLlama              // Llama-family decoder (trainer/llama): RMSNorm, RoPE, GQA, SwiGLU
 	numArchitectures
 )
@@ -347,7 +347,7 @@ const (
 	// than 1/3 of a coefficient it alone chose.
 	AggregationRobust Aggregation = iota
 	// AggregationMean: the per-index mean of the senders' values (Psyche's
-	// rule, DESIGN.md §6).
+	// rule, docs/architecture.md §6).
 	AggregationMean
 	// AggregationClippedMean: median tile-norm clipping, then the mean.
 	AggregationClippedMean
@@ -480,7 +480,7 @@ type Coordinator struct {
 	// NextRoundSeed is the seed the epoch's next training round will use:
 	// drawn when the round before it starts (the first round's when the
 	// warmup starts), so that trainers know that round's data assignment
-	// one round early and train it while this one is witnessed (DESIGN.md
+	// one round early and train it while this one is witnessed (docs/architecture.md
 	// §3.6). Appended at the end of the account: no offset moved.
 	NextRoundSeed uint64
 }

@@ -36,7 +36,7 @@ const (
 	// too, and dropping every index one peer chose would drop much of the
 	// honest signal.
 	AggregateRobust Aggregation = iota
-	// AggregateMean is Psyche's rule (DESIGN.md §6): each index gets the
+	// AggregateMean is Psyche's rule (docs/architecture.md §6): each index gets the
 	// mean of the values sent for it. One peer with huge values, or alone
 	// on an index, decides it.
 	AggregateMean

@@ -83,7 +83,7 @@ func randomTensors(r *rand.Rand, shapes [][]int, scale float64) [][]float32 {
 	return out
 }
 
-// referenceDeMo is the optimizer exactly as DESIGN.md §6 states it, written
+// referenceDeMo is the optimizer exactly as docs/architecture.md §6 states it, written
 // slowly: momentum in the parameter domain, a direct-sum DCT per tile, top-k
 // by sorting, and the residual by subtracting the inverse DCT of what was sent.
 type referenceDeMo struct {

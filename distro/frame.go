@@ -48,7 +48,7 @@ import (
 // Tiles are ordered by leading dims, then tile row, then tile column. The
 // format is canonical: a decoded frame re-encodes to the same bytes.
 //
-// Rice-coded indices (an extension of DESIGN.md §6's fixed widths; every
+// Rice-coded indices (an extension of the fixed widths of docs/architecture.md §6; every
 // decoder reads both, each sender chooses). A tile's k ascending indices
 // i_1 < … < i_k are sent as the gaps d_1 = i_1 and d_j = i_j − i_{j−1} − 1
 // (all ≥ 0), each as a Rice code with parameter r: the quotient d >> r in

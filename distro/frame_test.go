@@ -230,7 +230,7 @@ func TestWireSizeAtChunk64TopK4OneBit(t *testing.T) {
 		rice bool
 		min  float64 // times smaller than bf16
 	}{
-		{false, 900}, // DESIGN.md §6: 8.5 bytes per 4096 parameters
+		{false, 900}, // docs/architecture.md §6: 8.5 bytes per 4096 parameters
 		{true, 1300}, // gaps of ~1000 in ~11 bits instead of 16
 	} {
 		d, err := NewDeMo([][]int{{4096, 4096}}, Options{Chunk: 64, TopK: 4, Quantize1Bit: true, RiceIndices: tc.rice})

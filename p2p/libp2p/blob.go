@@ -18,7 +18,7 @@ import (
 
 // Blobs are payloads cut into raw CIDv1 BLAKE3 blocks of at most
 // BlockSize bytes and moved with bitswap by CID list. Raw blocks and a flat
-// list beat a UnixFS DAG here (~4× on loopback, DESIGN.md §7), and the list
+// list beat a UnixFS DAG here (~4× on loopback, docs/architecture.md §7), and the list
 // already travels in the signed announcement.
 //
 // Every block is reference counted: blobs are held per step and dropped two

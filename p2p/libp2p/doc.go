@@ -26,7 +26,7 @@
 // sends a wrong block) comes from bitswap, which takes each block from
 // whichever connected peer has it.
 //
-// Gossip is best-effort (DESIGN.md §7: publishes before the mesh forms, and
+// Gossip is best-effort (docs/architecture.md §7: publishes before the mesh forms, and
 // multi-hop delivery while it forms, can be lost), so a node re-announces its
 // own recent results with fresh nonces, and a trainer missing a batch can
 // Pull a step's announcements from its peers over a direct stream

@@ -33,7 +33,7 @@ func (n *Node) startGossip() error {
 	params, thresholds := scoreParams(name, n.appScore)
 	ps, err := pubsub.NewGossipSub(n.life, n.host,
 		// Without flood publishing gossipsub drops what is published before
-		// the mesh forms (measured here: DESIGN.md §7).
+		// the mesh forms (measured here: docs/architecture.md §7).
 		pubsub.WithFloodPublish(true),
 		// An announcement is signed by its trainer's p2p key, which is
 		// also its host's key, and the validator checks that signature:

@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// ClangArgs are the compiler flags whose output Link accepts (DESIGN.md §5):
+// ClangArgs are the compiler flags whose output Link accepts (docs/architecture.md §5):
 // -mcpu=v2 because v3 emits JMP32 that the SBPFv0 verifier rejects and v4
 // breaks on switch tables; 4096 bytes is SBPFv0's fixed stack frame. The
 // build script uses the same flags; a test keeps the two in sync.

@@ -140,7 +140,7 @@ func (p *program) insns(t *testing.T) []insn {
 }
 
 // checkLoaderRules asserts what solana-sbpf's v0 loader requires of every
-// program (DESIGN.md §5), whatever the program.
+// program (docs/architecture.md §5), whatever the program.
 func checkLoaderRules(t *testing.T, p *program) {
 	t.Helper()
 	h := p.raw

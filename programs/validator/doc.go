@@ -4,7 +4,7 @@
 // websocket API as solana-go, @solana/web3.js and @coral-xyz/anchor use it
 // (scripts/validator/web3.test.mjs drives it with the last two), on
 // 127.0.0.1 with the websocket on the RPC port + 1, with slots and the Clock
-// sysvar advancing with wall time (DESIGN.md §5).
+// sysvar advancing with wall time (docs/architecture.md §5).
 //
 // It exists for tests and for users without the Solana CLI. Start runs
 // `node validator.mjs` (after `npm ci` when its node_modules is missing),

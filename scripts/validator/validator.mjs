@@ -2,7 +2,7 @@
 // A local Solana validator for tests and for users without the Solana CLI:
 // LiteSVM (the real Agave runtime and SBPF loader) behind Solana's JSON-RPC
 // and websocket API, in the shapes Agave answers with, so that solana-go,
-// @solana/web3.js and anchor work against it (DESIGN.md §5; web3.test.mjs
+// @solana/web3.js and anchor work against it (docs/architecture.md §5; web3.test.mjs
 // drives it with web3.js and anchor).
 //
 // RPC: getHealth getVersion getGenesisHash getSlot getBlockHeight

@@ -1,5 +1,5 @@
 // Package checkpoint reads and writes model checkpoints in the safetensors
-// format (DESIGN.md §8), implemented here from the format's definition rather
+// format (docs/architecture.md §8), implemented here from the format's definition rather
 // than through a library:
 //
 //	8 bytes   N, the header length, a little-endian uint64

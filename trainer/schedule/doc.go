@@ -1,4 +1,4 @@
-// Package schedule computes the learning rate of a psyche run (DESIGN.md §3.2)
+// Package schedule computes the learning rate of a psyche run (docs/architecture.md §3.2)
 // as a pure function of the optimizer step.
 //
 // Every trainer of a run must apply exactly the same learning rate at the same

@@ -4,7 +4,7 @@
  * drivers, the SBPF entrypoint (entrypoint.c) and the host test harness
  * (host/harness.c).
  *
- * Freestanding C for clang -target bpfel -mcpu=v2 (DESIGN.md §5): no libc, no
+ * Freestanding C for clang -target bpfel -mcpu=v2 (docs/architecture.md §5): no libc, no
  * mutable globals, at most five arguments per function, no struct returns,
  * sol_memcpy_/sol_memset_ for every copy or clear that is not a few words.
  *

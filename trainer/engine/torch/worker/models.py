@@ -87,8 +87,9 @@ class Model(torch.nn.Module):
 
     def logits(self, inputs: torch.Tensor, amp_dtype: Optional[torch.dtype]) -> torch.Tensor:
         """The head's output for inputs [b, t]: [b*t, vocab], float32 or
-        amp_dtype (call inside autocast when amp_dtype is set)."""
-        raise NotImplementedError
+        amp_dtype (call inside autocast when amp_dtype is set). GPT and Llama
+        define it; this base class is never built on its own."""
+        raise TypeError("%s is not a model psyche builds (GPT or Llama)" % type(self).__name__)
 
     def forward_losses(self, inputs: torch.Tensor, targets: torch.Tensor,
                        amp_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:

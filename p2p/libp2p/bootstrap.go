@@ -62,6 +62,11 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 		golibp2p.EnableAutoNATv2(),
 		golibp2p.DisableMetrics(),
 	}
+	limits, err := bootstrapLimits(cfg)
+	if err != nil {
+		return nil, err
+	}
+	hostOpts = append(hostOpts, limits...)
 	if b.relay {
 		// Results and checkpoints must move when the relay is the only path,
 		// so circuits carry no data or time limit (a limited circuit would
@@ -80,6 +85,7 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 	}
 	b.host = h
 	b.life, b.cancel = context.WithCancel(context.Background())
+	go b.reapIdle(cfg.idleTimeout)
 	return b, nil
 }
 

@@ -42,7 +42,14 @@ type config struct {
 	ckptConcurrency int
 	ckptProgress    func(done, total int)
 	relayService    bool
-	openRelay       bool
+	idleTimeout     time.Duration // WithIdleTimeout (a Bootstrap host's)
+	connsPerAddr    int           // WithConnLimits (a Bootstrap host's); 0: from the reservations
+	connsTotal      int
+	// limitLoopback applies a Bootstrap host's per-address connection cap to
+	// loopback addresses too, which libp2p exempts: only for tests, which
+	// have no other address to flood from.
+	limitLoopback bool
+	openRelay     bool
 	// WithRelayReservations (0: the defaults)
 	relayReservations, relayReservationsPerIP int
 	signer                                    coordinator.Pubkey
@@ -161,6 +168,36 @@ func WithRelayReservations(total, perIP int) Option {
 		}
 		c.relayReservations, c.relayReservationsPerIP = total, perIP
 		return c.once("relay reservations")
+	}
+}
+
+// WithIdleTimeout sets how long a Bootstrap host keeps a connection that
+// carries no stream, holds no relay reservation and belongs to none of its
+// runs' members (default 5 minutes): a
+// peer that only holds connections open costs the host a slot of its
+// per-address and total caps for at most this long. Peers that use the host
+// (a DHT query, a circuit, a reservation) keep theirs.
+func WithIdleTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: idle timeout %v", p2p.ErrConfig, d)
+		}
+		c.idleTimeout = d
+		return c.once("idle timeout")
+	}
+}
+
+// WithConnLimits bounds a Bootstrap host's inbound connections: perAddr
+// from one IPv4 address or IPv6 /64, total in all. The defaults leave room
+// for the relay's reservations (WithRelayReservations) plus DHT and AutoNAT
+// traffic: 64 beyond the reservations per IP, 512 beyond the total.
+func WithConnLimits(perAddr, total int) Option {
+	return func(c *config) error {
+		if perAddr <= 0 || total < perAddr {
+			return fmt.Errorf("%w: connection limits %d per address, %d in all", p2p.ErrConfig, perAddr, total)
+		}
+		c.connsPerAddr, c.connsTotal = perAddr, total
+		return c.once("connection limits")
 	}
 }
 
@@ -347,6 +384,9 @@ func applyOptions(opts []Option) (*config, error) {
 	}
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
+	}
+	if c.idleTimeout == 0 {
+		c.idleTimeout = 5 * time.Minute
 	}
 	if c.ckptConcurrency == 0 {
 		c.ckptConcurrency = 32

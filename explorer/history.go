@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/data"
 )
 
 // Health of a client as the page shows it.
@@ -92,6 +93,7 @@ type View struct {
 	Nonce         uint64       `json:"nonce"`
 	Clients       []Client     `json:"clients"`
 	Rounds        []Round      `json:"rounds"`
+	Data          string       `json:"data"`       // where the training tokens come from (data.Describe)
 	Checkpoint    Checkpoint   `json:"checkpoint"` // the current model source
 	Checkpoints   []Checkpoint `json:"checkpoints"`
 	Error         string       `json:"error,omitempty"` // why the run's stream is down (it reconnects)
@@ -135,6 +137,10 @@ func (h *history) observeView(s *coordinator.Coordinator) {
 	v.Name = coordinator.FixedString(s.Metadata.Name[:])
 	v.Description = coordinator.FixedString(s.Metadata.Description[:])
 	v.Parameters = s.Metadata.NumParameters
+	v.Data = ""
+	if loc := coordinator.FixedString(s.Model.DataLocation[:]); loc != "" {
+		v.Data = data.Describe(loc)
+	}
 	if v.Parameters == 0 {
 		// The run file's metadata may leave it out: the model the run
 		// describes says it (a GPT of 120,576 parameters showed 0).

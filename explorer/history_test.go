@@ -213,3 +213,23 @@ func TestParametersFromTheModel(t *testing.T) {
 		t.Errorf("parameters %d, want the metadata's 42", h.view.Parameters)
 	}
 }
+
+// TestViewShowsData: the page says where a run's data comes from, and
+// follows a change of it.
+func TestViewShowsData(t *testing.T) {
+	h := newHistory("demo")
+	s := trainingRun()
+	for i, tc := range []struct{ loc, want string }{
+		{"server:tokens/shard0.bin", "server /data/tokens/shard0.bin"},
+		{"s3://tokens/train.bin", "s3://tokens/train.bin"},
+		{"https://h.example/t.bin?sig=x", "https://h.example/t.bin?…"},
+		{"builtin:opticks", "built-in corpus opticks"},
+	} {
+		_ = coordinator.SetFixedString(s.Model.DataLocation[:], tc.loc)
+		s.Nonce = uint64(11 + i)
+		h.observe(s)
+		if h.view.Data != tc.want {
+			t.Errorf("%s: the view says %q, want %q", tc.loc, h.view.Data, tc.want)
+		}
+	}
+}

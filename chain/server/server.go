@@ -103,6 +103,7 @@ type config struct {
 
 	routes []func(*http.ServeMux) // more endpoints (WithRoutes)
 	page   http.Handler           // WithPage (explorer.go)
+	data   *dataServer            // WithData (data.go)
 }
 
 // Option configures a Server.
@@ -418,6 +419,9 @@ func New(dir string, opts ...Option) (*Server, error) {
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
+	}
+	if err := openData(cfg.data, dir); err != nil {
+		return nil, err
 	}
 	id, fresh, err := loadID(dir)
 	if err != nil {
@@ -891,6 +895,7 @@ const maxBody = 1 << 16
 //	GET  /v1/runs/{id}/events      server-sent events, one base64 account per change (?deltas=1: then what changed; events.go); 429 with Retry-After past the stream caps
 //	GET  /v1/p2p                   the p2p host's addresses and whether it relays (JSON P2PInfo; 404 without one)
 //	GET  /healthz                  "ok"
+//	GET  /data/{path...}           a file of the data directory, WithData (data.go): ranges, HEAD; 429 with Retry-After past the read caps
 //	GET  /                         the run explorer's page, WithPage (read-only)
 //
 // Every refusal is a JSON Failure with an HTTP status (errors.go).
@@ -955,6 +960,16 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.cfg.page != nil {
 		mux.Handle("GET /", s.cfg.page)
+	}
+	if s.cfg.data != nil {
+		// Before the mux, which would clean "/data/../x" into a redirect.
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if isDataPath(req) {
+				s.serveData(w, req)
+				return
+			}
+			mux.ServeHTTP(w, req)
+		})
 	}
 	return mux
 }

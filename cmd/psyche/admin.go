@@ -65,6 +65,7 @@ var adminCommands = []*cli.Command{
 			&cli.BoolFlag{Name: "p2p", Value: true, Usage: "run a libp2p host that trainers bootstrap their run's DHT from (its addresses are served at /v1/p2p)", Category: "P2P"},
 			&cli.StringSliceFlag{Name: "p2p-listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "the p2p host's listen addresses (multiaddrs)", Category: "P2P"},
 			&cli.BoolFlag{Name: "relay", Usage: "relay connections between the runs' trainers that cannot reach each other directly (circuit relay v2)", Category: "P2P"},
+			dataDirFlag,
 		},
 		Action: runServer,
 	},
@@ -188,6 +189,9 @@ func runServer(c *cli.Context) error {
 		return err
 	}
 	opts = append(opts, creators)
+	if dir := c.String(dataDirFlag.Name); dir != "" {
+		opts = append(opts, server.WithData(dir))
+	}
 	// The address first: a server that cannot bind it stops before it
 	// writes anything (its identity and p2p key were left behind).
 	l, err := listen(c.String("listen"))
@@ -251,6 +255,7 @@ func runServer(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "metrics: http://%s/metrics\n", at)
 	}
 	fmt.Fprintf(c.App.Writer, "server listening on http://%s (state in %s)\nexplorer: http://%[1]s/\n", l.Addr(), c.String("dir"))
+	printDataServed(c.App.Writer, s.DataDir(), l.Addr().String())
 	served = true
 	return s.Serve(ctx, l)
 }
@@ -484,6 +489,7 @@ type statusView struct {
 		Store    string `json:"store,omitempty"`    // s3://bucket/prefix elected trainers upload to
 		Endpoint string `json:"endpoint,omitempty"` // the store's service (empty: AWS S3)
 	} `json:"checkpoint"`
+	Data *dataView `json:"data,omitempty"` // where the training tokens come from (datasource.go)
 }
 
 type clientView struct {
@@ -586,6 +592,7 @@ func status(c *cli.Context) error {
 		return err
 	}
 	v := viewOf(snap.State)
+	v.Data = dataViewOf(c.Context, snap.State, c.String("server"), len(c.StringSlice("rpc")) == 0)
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
@@ -611,6 +618,7 @@ func printStatus(w io.Writer, v statusView) {
 		fmt.Fprintf(w, "round %d: data [%d, %d), witnesses %d/%d\n", v.Round.Height, v.Round.DataIndex,
 			v.Round.DataIndex+uint64(v.Round.BatchSize), v.Round.Witnesses, v.Round.Of)
 	}
+	printData(w, v.Data)
 	fmt.Fprintf(w, "checkpoint: %s %s %s\n", v.Checkpoint.Kind, v.Checkpoint.URL, v.Checkpoint.Revision)
 	if v.Checkpoint.Store != "" {
 		at := v.Checkpoint.Endpoint

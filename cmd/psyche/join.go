@@ -356,7 +356,7 @@ func localData(loc string) error {
 	path := loc
 	if p, ok := strings.CutPrefix(loc, "file://"); ok {
 		path = p
-	} else if loc == "" || strings.HasPrefix(loc, data.BuiltinPrefix) || strings.Contains(loc, "://") {
+	} else if loc == "" || strings.HasPrefix(loc, data.BuiltinPrefix) || strings.HasPrefix(loc, data.ServerPrefix) || strings.Contains(loc, "://") {
 		return nil
 	}
 	if _, err := os.Stat(path); err != nil {

@@ -49,8 +49,15 @@ type proc struct {
 
 func startProc(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, name, nil, args...)
+}
+
+// startProcEnv is startProc with more environment variables (a trainer's
+// store keys, which no flag carries).
+func startProcEnv(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), asCLI+"=1")
+	cmd.Env = append(append(os.Environ(), asCLI+"=1"), env...)
 	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), line: make(chan string, 64), grew: make(chan struct{}, 1)}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sort"
 	"strings"
 
@@ -239,14 +238,12 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 				errs = append(errs, fmt.Errorf("model.checkpoint.url: %w", err))
 			}
 		}
-		if name, ok := strings.CutPrefix(m.Data, data.BuiltinPrefix); ok && !slices.Contains(data.Builtins(), name) {
-			errs = append(errs, fmt.Errorf("model.data = %q: no such built-in corpus (the built-in ones are %s%s)", m.Data,
-				data.BuiltinPrefix, strings.Join(data.Builtins(), ", "+data.BuiltinPrefix)))
+		if m.Data != "" {
+			if err := data.CheckLocation(m.Data); err != nil {
+				errs = append(errs, fmt.Errorf("model.data = %q: %w", m.Data, err))
+			}
 		}
-		cm.DataKind = coordinator.DataLocal
-		if strings.HasPrefix(m.Data, "http://") || strings.HasPrefix(m.Data, "https://") {
-			cm.DataKind = coordinator.DataHTTP
-		}
+		cm.DataKind = dataKind(m.Data)
 		cm.LR.BaseLR, cm.LR.FinalLR = float32(m.LR.Base), float32(m.LR.Final)
 		cm.LR.WarmupSteps, cm.LR.DecaySteps, cm.LR.TotalSteps = uint32(m.LR.WarmupSteps), uint32(m.LR.DecaySteps), uint32(m.LR.TotalSteps)
 		o := &cm.Optimizer

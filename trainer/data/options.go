@@ -1,6 +1,7 @@
 package data
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,8 @@ type config struct {
 	backoffMax     time.Duration
 	requestTimeout time.Duration
 	logger         *slog.Logger
+	serverURL      string                                                     // WithServerURL
+	openObject     func(ctx context.Context, location string) (Source, error) // WithObjectOpener
 }
 
 // Defaults for the HTTP source.
@@ -137,6 +140,34 @@ func WithLogger(logger *slog.Logger) Option {
 			return errors.New("data: WithLogger: nil logger")
 		}
 		c.logger = logger
+		return nil
+	}
+}
+
+// WithServerURL is the coordinator server this trainer talks to
+// (http(s)://host[:port]): a "server:PATH" location is read from it, at
+// ServerDataPath + PATH, with range requests as any http(s) URL. Without
+// it (a trainer on Solana), such a location fails to open, saying so.
+func WithServerURL(base string) Option {
+	return func(c *config) error {
+		if _, err := ServerDataURL(base, "x"); err != nil {
+			return fmt.Errorf("data: WithServerURL: %w", err)
+		}
+		c.serverURL = base
+		return nil
+	}
+}
+
+// WithObjectOpener opens "s3://bucket/key" locations. The trainer gives one
+// that reads through its checkpoint store client (trainer/store), under the
+// run's store endpoint and its own rules on credentials; this package
+// speaks no S3 itself. Without it, such a location fails to open.
+func WithObjectOpener(open func(ctx context.Context, location string) (Source, error)) Option {
+	return func(c *config) error {
+		if open == nil {
+			return errors.New("data: WithObjectOpener: nil function")
+		}
+		c.openObject = open
 		return nil
 	}
 }

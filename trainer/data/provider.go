@@ -65,7 +65,9 @@ func NewProviderLayout(ctx context.Context, src Source, layout Layout, seqLen in
 }
 
 // Open returns a Provider over the token file at location: an http:// or
-// https:// URL (read with range requests), a file:// URL, a local path, or a
+// https:// URL (read with range requests), a "server:PATH" file of the run's
+// coordinator server (WithServerURL), an s3://bucket/key object
+// (WithObjectOpener), a file:// URL, a local path, or a
 // corpus built into the trainer ("builtin:opticks", tokenized with the byte
 // tokenizer at tokenSize bytes per token). Options configure both the
 // Provider and its source.
@@ -119,6 +121,20 @@ func openSource(ctx context.Context, location string, tokenSize int, cfg *config
 		}
 		return openBuiltin(name, tokenSize)
 	}
+	if path, ok, err := ServerPath(location); ok {
+		if err != nil {
+			return nil, fmt.Errorf("data: %w", err)
+		}
+		if cfg.serverURL == "" {
+			return nil, fmt.Errorf("data: %q names a file of the run's coordinator server, and this trainer talks to none (a Solana run): the run's data must be an http(s):// or s3:// URL, a local path or %s%s",
+				location, BuiltinPrefix, Builtins()[0])
+		}
+		u, err := ServerDataURL(cfg.serverURL, path)
+		if err != nil {
+			return nil, fmt.Errorf("data: %w", err)
+		}
+		return newHTTPSource(u, cfg)
+	}
 	scheme, _, isURL := strings.Cut(location, "://")
 	if !isURL {
 		return openFileSource(ctx, location)
@@ -126,6 +142,18 @@ func openSource(ctx context.Context, location string, tokenSize int, cfg *config
 	switch strings.ToLower(scheme) {
 	case "http", "https":
 		return newHTTPSource(location, cfg)
+	case "s3":
+		if _, _, err := ParseS3(location); err != nil {
+			return nil, fmt.Errorf("data: %w", err)
+		}
+		if cfg.openObject == nil {
+			return nil, fmt.Errorf("data: %q is read through a trainer's checkpoint store client, which was not given (WithObjectOpener)", location)
+		}
+		src, err := cfg.openObject(ctx, location)
+		if err != nil {
+			return nil, wrapf(err, "open %s", location)
+		}
+		return src, nil
 	case "file":
 		path, err := fileURLPath(location)
 		if err != nil {
@@ -133,7 +161,7 @@ func openSource(ctx context.Context, location string, tokenSize int, cfg *config
 		}
 		return openFileSource(ctx, path)
 	}
-	return nil, fmt.Errorf("data: unsupported location scheme %q: use an http(s):// or file:// URL, a local path or %s%s", scheme, BuiltinPrefix, Builtins()[0])
+	return nil, fmt.Errorf("data: unsupported location scheme %q: use an http(s)://, s3:// or file:// URL, %sPATH, a local path or %s%s", scheme, ServerPrefix, BuiltinPrefix, Builtins()[0])
 }
 
 func openFileSource(ctx context.Context, path string) (Source, error) {
@@ -215,10 +243,12 @@ func newProvider(ctx context.Context, src Source, layout Layout, seqLen int, cfg
 		b := make([]byte, bufLen)
 		return &b
 	}
-	if _, remote := src.(*HTTPSource); !remote {
+	switch src.(type) {
+	case *FileSource, *BytesSource:
 		// A local file is read whole once, so that a token the model
 		// cannot embed fails now, before any training, rather than in
-		// some later round. A remote one is checked sequence by sequence.
+		// some later round. A remote one (http(s), the server's, a
+		// bucket's) is checked sequence by sequence.
 		if err := p.scan(ctx); err != nil {
 			return nil, err
 		}
@@ -269,6 +299,10 @@ func describe(src Source) string {
 	}
 	return "the token file"
 }
+
+// Source names where the tokens are read from: the path, the URL (without
+// its query) or the object.
+func (p *Provider) Source() string { return p.name }
 
 // NumTokens returns the number of tokens in the file.
 func (p *Provider) NumTokens() uint64 { return p.numTokens }

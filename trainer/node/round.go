@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -170,16 +169,12 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 	}
 	loc := coordinator.FixedString(m.DataLocation[:])
 	if n.data == nil || n.dataLoc != loc {
-		// Tokens are checked against the run's vocabulary: a local file
-		// whole, now, before any training; a remote one per sequence.
-		opts := slices.Clip(n.cfg.dataOpts)
-		if m.VocabSize > 0 {
-			opts = append(opts, data.WithVocabSize(m.VocabSize))
-		}
-		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), opts...)
+		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), n.dataOptions(m)...)
 		if err != nil {
 			return fmt.Errorf("node: opening the data: %w", err)
 		}
+		n.cfg.log.Info("training data opened", "data", data.Describe(loc), "source", p.Source(),
+			"tokens", p.NumTokens(), "sequences", p.NumSequences())
 		n.data, n.dataLoc = p, loc
 	}
 	return nil

@@ -198,6 +198,7 @@ function showRun(id) {
     const ck = view.checkpoint;
     $("#checkpoint").innerHTML = ck && ck.kind !== "None"
       ? `<p>Model now: <b>${esc(ck.kind)}</b> <span class="mono">${esc(ck.url)}</span> ${ck.revision ? `<span class="muted">rev ${esc(short(ck.revision))}</span>` : ""}</p>` : "";
+    if (view.data) $("#checkpoint").innerHTML += `<p>Data: <span class="mono">${esc(view.data)}</span></p>`;
     $("#checkpoints tbody").innerHTML = [...view.checkpoints].reverse().map((k) => `<tr><td>${k.epoch}</td><td>${k.step}</td>
       <td>${esc(k.kind)}${k.recorded ? " (recorded)" : ""}</td><td class="mono">${esc(short(k.url, 18))}</td></tr>`).join("");
     tick();

@@ -539,7 +539,7 @@ func TestStatusP2PIDs(t *testing.T) {
 	s := &coordinator.Coordinator{RunState: coordinator.RoundTrain}
 	s.Epoch.ClientsLen = 1
 	s.Epoch.Clients[0] = coordinator.Client{ID: coordinator.ClientID{Signer: coordinator.Pubkey{1}, P2P: coordinator.Pubkey{2}}}
-	v := viewOf(s)
+	v := viewOf(s, time.Unix(0, 0))
 	if len(v.Clients) != 1 || !strings.HasPrefix(v.Clients[0].P2P, "12D3KooW") || v.Clients[0].P2P != explorer.PeerID(coordinator.Pubkey{2}) {
 		t.Fatalf("clients %+v", v.Clients)
 	}

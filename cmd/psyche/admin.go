@@ -305,6 +305,9 @@ func withSolanaFlags(cmds []*cli.Command) {
 
 // backend returns the backend the flags select and the signing key.
 func backend(c *cli.Context, needKey bool) (chain.Backend, *chain.Keypair, error) {
+	if err := checkBackendFlags(c); err != nil {
+		return nil, nil, err
+	}
 	var b chain.Backend = server.NewClient(c.String("server"), logger(c))
 	if rpcs := c.StringSlice("rpc"); len(rpcs) > 0 {
 		wss := c.StringSlice("ws-rpc")

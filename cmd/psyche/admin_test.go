@@ -489,7 +489,7 @@ func TestNobodyListens(t *testing.T) {
 	}
 	for _, args := range [][]string{{"status", "--run-id", "x"}, {"tick", "--run-id", "x", "--key", key}} {
 		_, errs, code := psyche(t, append(args, "--server", "http://"+addr)...)
-		if code == 0 || !strings.Contains(errs, "nothing listens at that address: start `psyche server` there") {
+		if code == 0 || !strings.Contains(errs, "nothing listens at http://"+addr+" (--server): start `psyche server` there") {
 			t.Errorf("%v: exit %d, %s", args, code, errs)
 		}
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
-	"syscall"
 
 	"github.com/urfave/cli/v2"
 )
@@ -177,12 +175,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 	}
 	if err := app.RunContext(ctx, args); err != nil {
-		fmt.Fprintf(stderr, "psyche: %v\n", err)
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			// The most common first-hour error: no server where the
-			// command looked (the default is 127.0.0.1:7600).
-			fmt.Fprintln(stderr, "psyche: nothing listens at that address: start `psyche server` there, or point --server (PSYCHE_SERVER) or --rpc at a running one")
-		}
+		fmt.Fprintf(stderr, "psyche: %s\n", userMessage(err))
 		return 1
 	}
 	return 0

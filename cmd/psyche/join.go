@@ -381,8 +381,13 @@ func isTerminal(w any) bool {
 // trainer of this key that crashed.
 func keyInUse(ctx context.Context, b chain.Backend, runID string, signer, p2p coordinator.Pubkey, log *slog.Logger) error {
 	snap, err := b.Snapshot(ctx, runID)
+	if errors.Is(err, chain.ErrRunNotFound) {
+		// Said before any networking starts (it came after the p2p
+		// host's warnings about unreachable bootstrap peers).
+		return fmt.Errorf("--run-id %s: no such run at this backend: check the id (psyche status --run-id ID), or create the run with psyche init-coordinator", runID)
+	}
 	if err != nil {
-		return nil // the node reports an unreachable backend or a missing run itself
+		return nil // the node reports an unreachable backend itself
 	}
 	s := snap.State
 	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {

@@ -93,11 +93,22 @@ var adminCommands = []*cli.Command{
 		Usage: "remove a run that is paused or finished, so that its run id can be created again (the main authority)",
 		Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag},
 		Action: func(c *cli.Context) error {
-			err := send(c, &coordinator.FreeCoordinator{})
-			if errors.Is(err, coordinator.ErrNotHalted) {
-				return fmt.Errorf("%w: pause it first (psyche set-paused --run-id %s; it pauses when its epoch ends)", err, c.String("run-id"))
+			b, k, err := backend(c, true)
+			if err != nil {
+				return err
 			}
-			return err
+			id := c.String("run-id")
+			r, err := b.Send(c.Context, id, k, nil, &coordinator.FreeCoordinator{})
+			if errors.Is(err, coordinator.ErrNotHalted) {
+				return fmt.Errorf("%w: pause it first (psyche set-paused --run-id %s; it pauses when its epoch ends)", err, id)
+			}
+			if err != nil {
+				return err
+			}
+			// The coordinator reports the state it freed the run in; the
+			// run itself is gone.
+			fmt.Fprintf(c.App.Writer, "free_coordinator: ok: run %q removed (it was %s); psyche init-coordinator --run-id %s creates it anew\n", id, r.From, id)
+			return nil
 		},
 	},
 	{

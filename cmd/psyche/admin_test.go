@@ -187,7 +187,7 @@ func TestAdminFlowOnTheServerBackend(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
 	}
-	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "nope"); code == 0 || !strings.Contains(errs, "not found") {
+	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "nope"); code == 0 || !strings.Contains(errs, "no such run") {
 		t.Fatalf("status of a missing run: %d %s", code, errs)
 	}
 	// Alice's key is a client of the epoch under the p2p identity its join
@@ -620,10 +620,11 @@ func TestFreeCoordinator(t *testing.T) {
 		clock.add(5 * time.Second)
 		as("bob", "tick")
 	}
-	if out, errs, code := as("admin", "free-coordinator"); code != 0 || !strings.Contains(out, "free_coordinator: ok") {
+	// It says the run is gone (it printed "ok (Paused -> Paused …)").
+	if out, errs, code := as("admin", "free-coordinator"); code != 0 || !strings.Contains(out, `free_coordinator: ok: run "again" removed (it was Paused); psyche init-coordinator --run-id again creates it anew`) {
 		t.Fatalf("free: %d %s %s", code, out, errs)
 	}
-	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "again"); code == 0 || !strings.Contains(errs, "not found") {
+	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "again"); code == 0 || !strings.Contains(errs, "no such run") {
 		t.Fatalf("status of a freed run: %d %s", code, errs)
 	}
 	if out, errs, code := as("admin", "init-coordinator"); code != 0 || !strings.Contains(out, "init_coordinator: ok") {

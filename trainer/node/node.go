@@ -413,6 +413,9 @@ func randomKey() uint64 {
 }
 
 func (n *Node) report() {
+	if n.cfg.progress == nil && !n.cfg.log.Enabled(context.Background(), slog.LevelInfo) {
+		return // nobody reads it (the metrics are read back on every event)
+	}
 	p := n.cfg.metrics.progress()
 	p.TotalSteps = n.totalSteps.Load()
 	n.logEpoch(p)

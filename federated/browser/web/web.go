@@ -22,6 +22,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -112,8 +113,9 @@ func (p *Page) Run(ctx context.Context) error {
 		return nil
 	}
 	p.mod = m
-	p.log.Info("the browser trainer's WebAssembly module is built", "mib", float64(m.Size)/(1<<20),
-		"gzipped_mib", float64(len(m.WasmGz))/(1<<20), "took", time.Since(start).Round(time.Millisecond))
+	mib := func(n int) float64 { return math.Round(float64(n)/(1<<20)*100) / 100 }
+	p.log.Info("the browser trainer's WebAssembly module is built", "mib", mib(m.Size),
+		"gzipped_mib", mib(len(m.WasmGz)), "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

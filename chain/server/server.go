@@ -555,13 +555,24 @@ func (s *Server) Tick() {
 				s.setMembers(id, r.state)
 				s.cfg.metrics.Transitions.Inc()
 				if from != next.RunState {
-					s.cfg.log.Info("run state", "run", id, "from", from.String(), "to", next.RunState.String(),
+					// Rounds change state twice a step: DEBUG; the rest
+					// (an epoch's start and end, a pause, the finish) INFO.
+					level := slog.LevelInfo
+					if roundState(from) && roundState(next.RunState) {
+						level = slog.LevelDebug
+					}
+					s.cfg.log.Log(context.Background(), level, "run state", "run", id, "from", from.String(), "to", next.RunState.String(),
 						"epoch", next.Progress.Epoch, "step", next.Progress.Step)
 				}
 			}
 		}
 		r.mu.Unlock()
 	}
+}
+
+// roundState says whether a run's steps advance in state st.
+func roundState(st coordinator.RunState) bool {
+	return st == coordinator.RoundTrain || st == coordinator.RoundWitness
 }
 
 // Result is the reply to a request.
@@ -1058,7 +1069,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	go func() { errc <- hs.Serve(lim.Listener(l)) }()
 	t := time.NewTimer(s.untilDue())
 	defer t.Stop()
-	s.cfg.log.Info("server listening", "addr", l.Addr().String(), "dir", s.dir, "server", hex.EncodeToString(s.id[:]))
+	// DEBUG: psyche server prints where it listens on its own.
+	s.cfg.log.Debug("server listening", "addr", l.Addr().String(), "dir", s.dir, "server", hex.EncodeToString(s.id[:]))
 	for {
 		select {
 		case <-ctx.Done():

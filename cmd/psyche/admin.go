@@ -94,11 +94,22 @@ var adminCommands = []*cli.Command{
 		Usage: "remove a run that is paused or finished, so that its run id can be created again (the main authority)",
 		Flags: []cli.Flag{serverFlag, keyFlag, runIDFlag},
 		Action: func(c *cli.Context) error {
-			err := send(c, &coordinator.FreeCoordinator{})
-			if errors.Is(err, coordinator.ErrNotHalted) {
-				return fmt.Errorf("%w: pause it first (psyche set-paused --run-id %s; it pauses when its epoch ends)", err, c.String("run-id"))
+			b, k, err := backend(c, true)
+			if err != nil {
+				return err
 			}
-			return err
+			id := c.String("run-id")
+			r, err := b.Send(c.Context, id, k, nil, &coordinator.FreeCoordinator{})
+			if errors.Is(err, coordinator.ErrNotHalted) {
+				return fmt.Errorf("%w: pause it first (psyche set-paused --run-id %s; it pauses when its epoch ends)", err, id)
+			}
+			if err != nil {
+				return err
+			}
+			// The coordinator reports the state it freed the run in; the
+			// run itself is gone.
+			fmt.Fprintf(c.App.Writer, "free_coordinator: ok: run %q removed (it was %s); psyche init-coordinator --run-id %s creates it anew\n", id, r.From, id)
+			return nil
 		},
 	},
 	{
@@ -238,7 +249,7 @@ func runServer(c *cli.Context) error {
 	}
 	opts = append(opts, server.WithPage(ex.Handler()))
 	var s *server.Server
-	fed, err := mountFederated(c.String("dir"), logger(c), reg, &s)
+	fed, err := mountFederated(ctx, c.String("dir"), logger(c), reg, &s)
 	if err != nil {
 		return err
 	}
@@ -310,6 +321,9 @@ func withSolanaFlags(cmds []*cli.Command) {
 
 // backend returns the backend the flags select and the signing key.
 func backend(c *cli.Context, needKey bool) (chain.Backend, *chain.Keypair, error) {
+	if err := checkBackendFlags(c); err != nil {
+		return nil, nil, err
+	}
 	var b chain.Backend = server.NewClient(c.String("server"), logger(c))
 	if rpcs := c.StringSlice("rpc"); len(rpcs) > 0 {
 		wss := c.StringSlice("ws-rpc")
@@ -482,7 +496,10 @@ type statusView struct {
 	Pending      []string     `json:"pending"`
 	Exited       []clientView `json:"exited"`
 	Round        *roundView   `json:"round,omitempty"`
-	Checkpoint   struct {
+	// Unattended, in a round nobody has reported in for a while: that no
+	// trainer may be left to drop the listed ones (they drop each other).
+	Unattended string `json:"unattended,omitempty"`
+	Checkpoint struct {
 		Kind     string `json:"kind"`
 		URL      string `json:"url"`
 		Revision string `json:"revision"`
@@ -497,6 +514,11 @@ type clientView struct {
 	P2P     string `json:"p2p"`
 	State   string `json:"state"` // clientLabel
 	Height  uint32 `json:"exited_height,omitempty"`
+	// LastSeen, for a member of the epoch in its rounds: the latest of the
+	// rounds the coordinator keeps in which it sent a witness report or a
+	// witness had its result (nil: in none of them).
+	LastSeen  *uint32 `json:"last_seen_round,omitempty"`
+	seenKnown bool    // LastSeen applies (the member is in a round's epoch)
 }
 
 // What `psyche status` calls a client besides the coordinator's removals
@@ -549,7 +571,33 @@ type roundView struct {
 	Of        uint16 `json:"witness_slots"`
 }
 
-func viewOf(s *coordinator.Coordinator) statusView {
+// lastSeen is the latest round of the epoch's ring (its last
+// coordinator.NumRounds rounds) in which member i was seen: it sent a
+// witness report, or a witness had its result. ok false: in none of them.
+func lastSeen(s *coordinator.Coordinator, i int) (height uint32, ok bool) {
+	cur := s.CurrentRound()
+	member := coordinator.ParticipantMember(s.Epoch.Clients[i].ID.Signer)
+	for k := range s.Epoch.Rounds {
+		r := &s.Epoch.Rounds[k]
+		// A slot holding a later height is the last epoch's round.
+		if r.Height > cur.Height || cur.Height-r.Height >= coordinator.NumRounds {
+			continue
+		}
+		for _, w := range r.Witnesses[:r.WitnessesLen] {
+			if (int(w.Proof.Index) == i || w.Participants.Has(w.Key, member)) && (!ok || r.Height > height) {
+				height, ok = r.Height, true
+			}
+		}
+	}
+	return height, ok
+}
+
+// unattendedAfter is how long a round may go without a witness report
+// before status says that no trainer may be left (a round's reports come
+// within seconds of its start on a healthy run).
+const unattendedAfter = 10 * time.Second
+
+func viewOf(s *coordinator.Coordinator, now time.Time) statusView {
 	v := statusView{RunID: s.RunIDString(), State: s.RunState.String(), StateSince: s.RunStateStart,
 		Epoch: s.Progress.Epoch, Step: s.Progress.Step, Nonce: s.Nonce, PendingPause: s.PendingPause,
 		Clients: []clientView{}, Pending: []string{}, Exited: []clientView{}}
@@ -557,8 +605,21 @@ func viewOf(s *coordinator.Coordinator) statusView {
 		// The p2p id as libp2p, the logs and the explorer print it.
 		return clientView{Address: cl.ID.Signer.String(), P2P: explorer.PeerID(cl.ID.P2P), State: clientLabel(s, cl), Height: cl.ExitedHeight}
 	}
-	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
-		v.Clients = append(v.Clients, client(cl))
+	inRounds := s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness
+	for i, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
+		c := client(cl)
+		if inRounds && c.State == labelHealthy {
+			c.seenKnown = true
+			if h, ok := lastSeen(s, i); ok {
+				c.LastSeen = &h
+			}
+		}
+		v.Clients = append(v.Clients, c)
+	}
+	if r := s.CurrentRound(); inRounds && r.WitnessesLen == 0 && now.Unix()-int64(s.RunStateStart) >= int64(unattendedAfter/time.Second) {
+		v.Unattended = fmt.Sprintf("nobody has reported in round %d for %s: if the trainers are gone, nobody is left to drop them (trainers drop each other); "+
+			"the round ends at its limit (max_round_train_time %d s, then round_witness_time %d s) without a witness, and the epoch with it, withdrawing them",
+			r.Height, (time.Duration(now.Unix()-int64(s.RunStateStart)) * time.Second).String(), s.Config.MaxRoundTrainTime, s.Config.RoundWitnessTime)
 	}
 	for _, cl := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
 		v.Exited = append(v.Exited, client(cl))
@@ -591,7 +652,7 @@ func status(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	v := viewOf(snap.State)
+	v := viewOf(snap.State, time.Now())
 	v.Data = dataViewOf(c.Context, snap.State, c.String("server"), len(c.StringSlice("rpc")) == 0)
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
@@ -619,6 +680,9 @@ func printStatus(w io.Writer, v statusView) {
 			v.Round.DataIndex+uint64(v.Round.BatchSize), v.Round.Witnesses, v.Round.Of)
 	}
 	printData(w, v.Data)
+	if v.Unattended != "" {
+		fmt.Fprintln(w, v.Unattended)
+	}
 	fmt.Fprintf(w, "checkpoint: %s %s %s\n", v.Checkpoint.Kind, v.Checkpoint.URL, v.Checkpoint.Revision)
 	if v.Checkpoint.Store != "" {
 		at := v.Checkpoint.Endpoint
@@ -634,8 +698,13 @@ func printStatus(w io.Writer, v statusView) {
 	} else {
 		fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
 	}
+	// Addresses are 32-44 characters: the column is as wide as the longest.
+	width := 0
+	for _, cl := range slices.Concat(v.Clients, v.Exited) {
+		width = max(width, len(cl.Address))
+	}
 	for _, cl := range v.Clients {
-		fmt.Fprintf(w, "  %-44s %s\n", cl.Address, clientStatus(cl))
+		fmt.Fprintf(w, "  %-*s %s\n", width, cl.Address, clientStatus(cl, v.Round))
 	}
 	if len(v.Pending) > 0 {
 		fmt.Fprintf(w, "pending for the next epoch (%d):\n", len(v.Pending))
@@ -649,15 +718,28 @@ func printStatus(w io.Writer, v statusView) {
 		// where each is now (a member who stayed on is Healthy above too).
 		fmt.Fprintf(w, "last epoch's members and this epoch's removals (%d):\n", len(v.Exited))
 		for _, cl := range v.Exited {
-			fmt.Fprintf(w, "  %-44s %s\n", cl.Address, clientStatus(cl))
+			fmt.Fprintf(w, "  %-*s %s\n", width, cl.Address, clientStatus(cl, nil))
 		}
 	}
 }
 
-// clientStatus is a client's label, with the round of a removal.
-func clientStatus(cl clientView) string {
+// clientStatus is a client's label, with the round of a removal, and for
+// a member in the epoch's rounds (round: the current one) when it was last
+// seen.
+func clientStatus(cl clientView, round *roundView) string {
 	switch cl.State {
-	case labelHealthy, labelPending, labelLeft:
+	case labelHealthy:
+		switch {
+		case !cl.seenKnown || round == nil:
+			return cl.State
+		case cl.LastSeen == nil:
+			return fmt.Sprintf("%s, not seen in the last %d rounds", cl.State, min(round.Height+1, coordinator.NumRounds))
+		case *cl.LastSeen == round.Height:
+			return cl.State + ", seen in this round"
+		default:
+			return fmt.Sprintf("%s, last seen in round %d", cl.State, *cl.LastSeen)
+		}
+	case labelPending, labelLeft:
 		return cl.State
 	}
 	return fmt.Sprintf("%s at round %d", cl.State, cl.Height)

@@ -187,7 +187,7 @@ func TestAdminFlowOnTheServerBackend(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
 	}
-	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "nope"); code == 0 || !strings.Contains(errs, "not found") {
+	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "nope"); code == 0 || !strings.Contains(errs, "no such run") {
 		t.Fatalf("status of a missing run: %d %s", code, errs)
 	}
 	// Alice's key is a client of the epoch under the p2p identity its join
@@ -489,7 +489,7 @@ func TestNobodyListens(t *testing.T) {
 	}
 	for _, args := range [][]string{{"status", "--run-id", "x"}, {"tick", "--run-id", "x", "--key", key}} {
 		_, errs, code := psyche(t, append(args, "--server", "http://"+addr)...)
-		if code == 0 || !strings.Contains(errs, "nothing listens at that address: start `psyche server` there") {
+		if code == 0 || !strings.Contains(errs, "nothing listens at http://"+addr+" (--server): start `psyche server` there") {
 			t.Errorf("%v: exit %d, %s", args, code, errs)
 		}
 	}
@@ -539,7 +539,7 @@ func TestStatusP2PIDs(t *testing.T) {
 	s := &coordinator.Coordinator{RunState: coordinator.RoundTrain}
 	s.Epoch.ClientsLen = 1
 	s.Epoch.Clients[0] = coordinator.Client{ID: coordinator.ClientID{Signer: coordinator.Pubkey{1}, P2P: coordinator.Pubkey{2}}}
-	v := viewOf(s)
+	v := viewOf(s, time.Unix(0, 0))
 	if len(v.Clients) != 1 || !strings.HasPrefix(v.Clients[0].P2P, "12D3KooW") || v.Clients[0].P2P != explorer.PeerID(coordinator.Pubkey{2}) {
 		t.Fatalf("clients %+v", v.Clients)
 	}
@@ -620,10 +620,11 @@ func TestFreeCoordinator(t *testing.T) {
 		clock.add(5 * time.Second)
 		as("bob", "tick")
 	}
-	if out, errs, code := as("admin", "free-coordinator"); code != 0 || !strings.Contains(out, "free_coordinator: ok") {
+	// It says the run is gone (it printed "ok (Paused -> Paused …)").
+	if out, errs, code := as("admin", "free-coordinator"); code != 0 || !strings.Contains(out, `free_coordinator: ok: run "again" removed (it was Paused); psyche init-coordinator --run-id again creates it anew`) {
 		t.Fatalf("free: %d %s %s", code, out, errs)
 	}
-	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "again"); code == 0 || !strings.Contains(errs, "not found") {
+	if _, errs, code := psyche(t, "status", "--server", url, "--run-id", "again"); code == 0 || !strings.Contains(errs, "no such run") {
 		t.Fatalf("status of a freed run: %d %s", code, errs)
 	}
 	if out, errs, code := as("admin", "init-coordinator"); code != 0 || !strings.Contains(out, "init_coordinator: ok") {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
-	"syscall"
 
 	"github.com/urfave/cli/v2"
 )
@@ -66,8 +64,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 // (its names from the top, empty for the global flags): PSYCHE_ and the
 // flag's name in upper case with dashes as underscores, when every flag of
 // that name in the whole tree is the one flag (shared by the commands that
-// take it: --server, --key, --run-id, --precision), so the variable means
-// one thing; where commands define flags of the same name that mean
+// take it: --server, --key, --precision), so the variable means one thing,
+// or when it is the one flag of that name many commands share (--run-id;
+// ownsName); where commands define flags of the same name that mean
 // different things (--listen: a host:port for the server, multiaddrs for
 // join), the command's path comes first: PSYCHE_SERVER_LISTEN,
 // PSYCHE_JOIN_LISTEN.
@@ -96,16 +95,16 @@ func walkFlags(cmd *cli.Command, path []string, fn func(path []string, f cli.Fla
 }
 
 func deriveEnvVars(root *cli.Command) {
-	flags := map[string]map[cli.Flag]bool{} // flag name → the distinct flags of that name
+	flags := map[string]map[cli.Flag]int{} // flag name → the distinct flags of that name → how many commands take each
 	walkFlags(root, nil, func(_ []string, f cli.Flag) {
 		n := f.Names()[0]
 		if flags[n] == nil {
-			flags[n] = map[cli.Flag]bool{}
+			flags[n] = map[cli.Flag]int{}
 		}
-		flags[n][f] = true
+		flags[n][f]++
 	})
 	walkFlags(root, nil, func(path []string, f cli.Flag) {
-		env := flagEnv(path, f, len(flags[f.Names()[0]]) == 1)
+		env := flagEnv(path, f, ownsName(flags[f.Names()[0]], f))
 		switch f := f.(type) {
 		case *cli.IntFlag:
 			f.EnvVars = []string{env}
@@ -125,6 +124,26 @@ func deriveEnvVars(root *cli.Command) {
 			panic(fmt.Sprintf("psyche: flag --%s has a type without an environment variable", f.Names()[0]))
 		}
 	})
+}
+
+// ownsName says whether f, among the distinct flags of its name (and how
+// many commands take each), is the one PSYCHE_<FLAG> means: the only one,
+// or the one flag several commands share (--run-id: every admin command
+// and join) where the others are each one command's own (explorer's and
+// relay's lists of runs), which then take the command's prefix.
+func ownsName(same map[cli.Flag]int, f cli.Flag) bool {
+	if len(same) == 1 {
+		return true
+	}
+	if same[f] < 2 {
+		return false
+	}
+	for g, n := range same {
+		if g != f && n >= same[f] {
+			return false
+		}
+	}
+	return true
 }
 
 // knownEnv lists every variable a flag reads.
@@ -156,12 +175,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 	}
 	if err := app.RunContext(ctx, args); err != nil {
-		fmt.Fprintf(stderr, "psyche: %v\n", err)
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			// The most common first-hour error: no server where the
-			// command looked (the default is 127.0.0.1:7600).
-			fmt.Fprintln(stderr, "psyche: nothing listens at that address: start `psyche server` there, or point --server (PSYCHE_SERVER) or --rpc at a running one")
-		}
+		fmt.Fprintf(stderr, "psyche: %s\n", userMessage(err))
 		return 1
 	}
 	return 0

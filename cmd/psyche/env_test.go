@@ -35,6 +35,14 @@ func TestEnvVarsMeanOneThing(t *testing.T) {
 		{"PSYCHE_SERVER", "tick", "server"},
 		{"PSYCHE_PRECISION", "localnet", "precision"},
 		{"PSYCHE_TRAINERS", "localnet", "trainers"},
+		// --run-id is one flag every admin command and join share (the
+		// explorer's and the relay's are lists): it read
+		// PSYCHE_CHECKPOINT_RUN_ID, the last command's name, everywhere.
+		{"PSYCHE_RUN_ID", "status", "run-id"},
+		{"PSYCHE_RUN_ID", "join", "run-id"},
+		{"PSYCHE_RUN_ID", "update", "run-id"},
+		{"PSYCHE_EXPLORER_RUN_ID", "explorer", "run-id"},
+		{"PSYCHE_RELAY_RUN_ID", "relay", "run-id"},
 	} {
 		var got []string
 		for _, c := range app.Commands {

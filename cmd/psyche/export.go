@@ -41,7 +41,7 @@ func export(c *cli.Context) error {
 	// model is allocated.
 	m, err := runmodel.LoadUntrusted(c.Context, c.String("model"), nil)
 	if err != nil {
-		return err
+		return modelError(c.String("model"), err)
 	}
 	out := c.String("out")
 	switch m := m.(type) {

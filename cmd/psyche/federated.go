@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -181,19 +182,18 @@ func printFederated(w io.Writer, in *federated.Info) {
 // mountFederated builds the federated service for psyche server: its state
 // lives in <dir>/federated, and it reads the runs from the server that
 // *srv will hold once it exists (before it serves); a freed run's state
-// goes with it.
-func mountFederated(dir string, log *slog.Logger, reg prometheus.Registerer, srv **server.Server) ([]server.Option, error) {
+// goes with it. The browser trainer's page comes with it: its module is the
+// binary's, or one built from the binary's source in the background (the
+// log says which, or why the page cannot train).
+func mountFederated(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, srv **server.Server) ([]server.Option, error) {
 	fed, err := fedserver.New(filepath.Join(dir, "federated"), func(id string) ([]byte, bool) { return (*srv).Account(id) },
 		fedserver.WithLogger(log), fedserver.WithMetrics(fedserver.NewMetrics(reg)))
 	if err != nil {
 		return nil, err
 	}
-	if web.Included() {
-		log.Info("the browser trainer is served at /train/<run>")
-	} else {
-		log.Debug("the browser trainer's page says how to build its module: " + web.Missing)
-	}
-	return []server.Option{server.WithRoutes(fed.Routes), server.WithRoutes(web.Routes), server.WithOnFree(fed.Forget)}, nil
+	page := web.NewPage(web.WithLogger(log))
+	go func() { _ = page.Run(ctx) }()
+	return []server.Option{server.WithRoutes(fed.Routes), server.WithRoutes(page.Routes), server.WithOnFree(fed.Forget)}, nil
 }
 
 // dpNoiseFor is the central noise multiplier that spends target ε over

@@ -104,7 +104,7 @@ func generate(c *cli.Context) error {
 	// model is allocated.
 	m, err := runmodel.LoadUntrusted(c.Context, c.String("model"), nil)
 	if err != nil {
-		return err
+		return modelError(c.String("model"), err)
 	}
 	cfg, err := runmodel.ConfigOf(m)
 	if err != nil {

@@ -98,7 +98,7 @@ func TestInitModelRejects(t *testing.T) {
 		want string
 	}{
 		{"no --config", nil, `Required flag "config" not set`},
-		{"a missing run file", []string{"--config", filepath.Join(dir, "none.toml")}, "none.toml: open"},
+		{"a missing run file", []string{"--config", filepath.Join(dir, "none.toml")}, "none.toml: no such file"},
 		{"no [model]", []string{"--config", noModel}, "nomodel.toml has no [model] section: init-model builds the model it describes"},
 		{"no seed", []string{"--config", fromFile}, `--seed is needed: ` + fromFile + `'s checkpoint url is "file:///var/lib/init.safetensors", not seed:N`},
 		{"a bad seed", []string{"--config", tinyRun, "--seed", "-1"}, `invalid value "-1" for flag -seed`},

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -163,13 +164,25 @@ func join(c *cli.Context) error {
 	}
 	var pn *libp2p.Node
 	var rate stepRate
+	var seen node.Progress // the last progress, for the line join ends with
+	var seenMu sync.Mutex
 	nd, pn, err := start.Trainer(ctx, c.String("run-id"), b, signer, p2pOpts, append(opts,
 		node.WithProgress(func(p node.Progress) {
-			if !interactive || time.Since(last) < 200*time.Millisecond {
+			seenMu.Lock()
+			seen = p
+			seenMu.Unlock()
+			if !interactive {
 				return
 			}
-			last = time.Now()
-			status.Set(joinStatus(p, len(pn.Peers()), rate.eta(last, p.Step, p.TotalSteps)))
+			// Every state change is drawn (the line must never say Cooldown
+			// in a new epoch's rounds); steps within a state at most 5 a second.
+			now, prev := time.Now(), rate.state
+			eta := rate.eta(now, p.State, p.Step, p.TotalSteps)
+			if now.Sub(last) < 200*time.Millisecond && p.State == prev {
+				return
+			}
+			last = now
+			status.Set(joinStatus(p, len(pn.Peers()), eta))
 		}))...)
 	if err != nil {
 		return err
@@ -180,6 +193,11 @@ func join(c *cli.Context) error {
 	}
 	err = nd.Run(ctx)
 	status.Done()
+	if err == nil && ctx.Err() == nil {
+		seenMu.Lock()
+		fmt.Fprintln(c.App.Writer, leftLine(c.String("run-id"), seen, c.Int("epochs")))
+		seenMu.Unlock()
+	}
 	return err
 }
 
@@ -294,24 +312,55 @@ func joinStatus(p node.Progress, peers int, eta time.Duration) string {
 		p.State, p.Epoch, step, left, loss, p.Tokens, peers, bytesString(p.Sent), bytesString(p.Received))
 }
 
-// stepRate estimates the time to a run's last step from the steps seen
-// since it started watching (or since the step went back: a restart).
+// stepRate estimates the time to a run's last step from the time spent in
+// rounds (RoundTrain, RoundWitness) per step since it started watching (or
+// since the step went back: a restart). Warmups and cooldowns advance no
+// step: counted in, every one inflated the estimate (a cooldown showed
+// hours where minutes were left), so they are left out, and no estimate is
+// shown outside rounds.
 type stepRate struct {
-	since time.Time
-	from  uint32
+	at    time.Time // the last observation
+	state coordinator.RunState
+	step  uint32
+	busy  time.Duration // time in rounds
+	steps uint32        // steps taken in it
 }
 
-// eta is the time left at the rate since the first observation; 0 until
-// steps have advanced, or when the total is unknown or reached.
-func (r *stepRate) eta(now time.Time, step, total uint32) time.Duration {
-	if r.since.IsZero() || step < r.from {
-		r.since, r.from = now, step
+// rounds says whether the run's steps advance in state s.
+func rounds(s coordinator.RunState) bool {
+	return s == coordinator.RoundTrain || s == coordinator.RoundWitness
+}
+
+// eta is the time left at the rounds' rate; 0 outside rounds, until steps
+// have advanced in them, or when the total is unknown or reached.
+func (r *stepRate) eta(now time.Time, state coordinator.RunState, step, total uint32) time.Duration {
+	switch {
+	case r.at.IsZero() || step < r.step:
+		r.busy, r.steps = 0, 0
+	case rounds(r.state):
+		r.busy += now.Sub(r.at)
+		r.steps += step - r.step
 	}
-	if total <= step || step == r.from {
+	r.at, r.state, r.step = now, state, step
+	if !rounds(state) || total <= step || r.steps == 0 {
 		return 0
 	}
-	per := now.Sub(r.since) / time.Duration(step-r.from)
-	return per * time.Duration(total-step)
+	return r.busy / time.Duration(r.steps) * time.Duration(total-step)
+}
+
+// leftLine is what join prints last, below the progress line, when the
+// node leaves on its own: that the run is finished, where and at what
+// loss, or that it trained the epochs --epochs asked for.
+func leftLine(run string, p node.Progress, epochs int) string {
+	if p.State == coordinator.Finished {
+		loss := ""
+		if p.Tokens > 0 {
+			loss = fmt.Sprintf(", last loss %.3f", p.Loss)
+		}
+		return fmt.Sprintf("the run %s is finished: step %d/%d%s (this trainer trained %d tokens); psyche status --run-id %s shows it",
+			run, p.Step, p.TotalSteps, loss, p.Tokens, run)
+	}
+	return fmt.Sprintf("left the run %s after the %d epochs --epochs asked for (it goes on: epoch %d, step %d)", run, epochs, p.Epoch, p.Step)
 }
 
 // isTerminal reports whether w is a character device (a terminal), where a
@@ -332,8 +381,13 @@ func isTerminal(w any) bool {
 // trainer of this key that crashed.
 func keyInUse(ctx context.Context, b chain.Backend, runID string, signer, p2p coordinator.Pubkey, log *slog.Logger) error {
 	snap, err := b.Snapshot(ctx, runID)
+	if errors.Is(err, chain.ErrRunNotFound) {
+		// Said before any networking starts (it came after the p2p
+		// host's warnings about unreachable bootstrap peers).
+		return fmt.Errorf("--run-id %s: no such run at this backend: check the id (psyche status --run-id ID), or create the run with psyche init-coordinator", runID)
+	}
 	if err != nil {
-		return nil // the node reports an unreachable backend or a missing run itself
+		return nil // the node reports an unreachable backend itself
 	}
 	s := snap.State
 	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {

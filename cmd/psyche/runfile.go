@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -143,7 +142,7 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 	var f runFile
 	md, err := toml.DecodeFile(path, &f)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, tomlError(path, err)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		keys := make([]string, len(und))
@@ -260,8 +259,8 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 			errs = append(errs, u.Model.Validate())
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("%s:\n%w", path, err)
+	if err := oneLine(path, errs); err != nil {
+		return nil, err
 	}
 	return u, nil
 }
@@ -272,7 +271,7 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 func refuseNegative(path string) error {
 	var raw map[string]any
 	if _, err := toml.DecodeFile(path, &raw); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return tomlError(path, err)
 	}
 	var errs []error
 	var walk func(prefix string, v any)
@@ -306,8 +305,41 @@ func refuseNegative(path string) error {
 		}
 	}
 	walk("", raw)
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
+	return oneLine(path, errs)
 }
+
+// oneLine is a run file's violations as one error of one line: the file,
+// then each violation with its key (coordinator rules, whose messages name
+// the key without its table, get the table: config.global_batch_size_start),
+// joined by "; ". It wraps every violation (errors.Is finds each), and is
+// nil for none.
+func oneLine(path string, errs []error) error {
+	var msgs []string
+	var kept []error
+	for _, e := range errs {
+		if e == nil {
+			continue
+		}
+		// Validate returns its violations joined: one entry each.
+		parts := []error{e}
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			parts = j.Unwrap()
+		}
+		for _, p := range parts {
+			msgs, kept = append(msgs, ruleKey(p)), append(kept, p)
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return &runFileError{msg: path + ": " + strings.Join(msgs, "; "), errs: kept}
+}
+
+// runFileError is oneLine's error.
+type runFileError struct {
+	msg  string
+	errs []error
+}
+
+func (e *runFileError) Error() string   { return e.msg }
+func (e *runFileError) Unwrap() []error { return e.errs }

@@ -77,26 +77,78 @@ func TestJoinStatusShowsNoLossBeforeTraining(t *testing.T) {
 }
 
 // TestJoinStatusShowsTotalAndETA: the progress line says how far the run
-// is and, once steps advance, when it will end.
+// is and, in rounds, when it will end at the rounds' pace; a warmup or a
+// cooldown (no step advances) neither shows an estimate nor stretches the
+// next one (a cooldown showed "eta 2h29m31s", the next warmup 4h39m33s).
 func TestJoinStatusShowsTotalAndETA(t *testing.T) {
-	var r stepRate
 	t0 := time.Unix(1000, 0)
-	if eta := r.eta(t0, 10, 110); eta != 0 {
-		t.Fatalf("eta from one observation: %v", eta)
+	type obs struct {
+		at    time.Duration
+		state coordinator.RunState
+		step  uint32
+		want  time.Duration
 	}
-	eta := r.eta(t0.Add(20*time.Second), 20, 110) // 2 s a step, 90 to go
-	if eta != 180*time.Second {
-		t.Fatalf("eta %v, want 3m0s", eta)
+	for _, tc := range []struct {
+		name string
+		seen []obs
+	}{
+		{"rounds at 2 s a step", []obs{
+			{0, coordinator.RoundTrain, 10, 0},                                  // one observation: no rate yet
+			{10 * time.Second, coordinator.RoundWitness, 15, 190 * time.Second}, // 95 to go
+			{20 * time.Second, coordinator.RoundTrain, 20, 180 * time.Second},   // 90 to go
+		}},
+		{"a cooldown and a warmup leave the rate alone", []obs{
+			{0, coordinator.RoundTrain, 10, 0},
+			{20 * time.Second, coordinator.RoundTrain, 20, 180 * time.Second},
+			{20 * time.Second, coordinator.Cooldown, 20, 0},
+			{10 * time.Minute, coordinator.Warmup, 20, 0},
+			{20 * time.Minute, coordinator.RoundTrain, 20, 180 * time.Second},
+			{20*time.Minute + 10*time.Second, coordinator.RoundTrain, 25, 170 * time.Second},
+		}},
+		{"a warmup first", []obs{
+			{0, coordinator.Warmup, 0, 0},
+			{5 * time.Minute, coordinator.RoundTrain, 0, 0},
+			{5*time.Minute + 10*time.Second, coordinator.RoundTrain, 10, 100 * time.Second}, // 1 s a step, not 31
+		}},
+		{"a restart (the step went back) and the end", []obs{
+			{0, coordinator.RoundTrain, 10, 0},
+			{20 * time.Second, coordinator.RoundTrain, 20, 180 * time.Second},
+			{30 * time.Second, coordinator.RoundTrain, 5, 0},
+			{40 * time.Second, coordinator.RoundTrain, 110, 0},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r stepRate
+			for i, o := range tc.seen {
+				if got := r.eta(t0.Add(o.at), o.state, o.step, 110); got != o.want {
+					t.Errorf("observation %d (%s step %d at %v): eta %v, want %v", i, o.state, o.step, o.at, got, o.want)
+				}
+			}
+		})
 	}
-	line := joinStatus(node.Progress{State: coordinator.RoundTrain, Step: 20, TotalSteps: 110, Tokens: 1}, 1, eta)
+	line := joinStatus(node.Progress{State: coordinator.RoundTrain, Step: 20, TotalSteps: 110, Tokens: 1}, 1, 180*time.Second)
 	if !strings.Contains(line, "step 20/110 eta 3m0s") {
 		t.Errorf("progress line %q", line)
 	}
-	if eta := r.eta(t0.Add(30*time.Second), 5, 110); eta != 0 { // a restart: the step went back
-		t.Errorf("eta right after a restart: %v", eta)
-	}
-	if eta := r.eta(t0.Add(40*time.Second), 110, 110); eta != 0 {
-		t.Errorf("eta at the end: %v", eta)
+}
+
+// TestLeftLine: a trainer that leaves on its own ends with a line that
+// says why (the run finished was only an INFO log, under the progress line
+// or hidden at the terminal's WARN level).
+func TestLeftLine(t *testing.T) {
+	for _, tc := range []struct {
+		p      node.Progress
+		epochs int
+		want   string
+	}{
+		{node.Progress{State: coordinator.Finished, Epoch: 3, Step: 1000, TotalSteps: 1000, Loss: 2.5, Tokens: 4096}, 0,
+			"the run tiny is finished: step 1000/1000, last loss 2.500 (this trainer trained 4096 tokens); psyche status --run-id tiny shows it"},
+		{node.Progress{State: coordinator.Cooldown, Epoch: 2, Step: 300, TotalSteps: 1000}, 2,
+			"left the run tiny after the 2 epochs --epochs asked for (it goes on: epoch 2, step 300)"},
+	} {
+		if got := leftLine("tiny", tc.p, tc.epochs); got != tc.want {
+			t.Errorf("leftLine(%s) = %q, want %q", tc.p.State, got, tc.want)
+		}
 	}
 }
 
@@ -157,7 +209,7 @@ func TestStatusBetweenEpochs(t *testing.T) {
 	s.Epoch.ExitedLen = 1
 	s.Pending[0] = s.Epoch.Clients[1].ID
 	s.PendingLen = 1
-	v := viewOf(s)
+	v := viewOf(s, time.Unix(0, 0))
 	if v.Clients[0].State != "Left" || v.Clients[1].State != "Pending" || v.Exited[0].State != "Dropped" {
 		t.Fatalf("view: %+v", v)
 	}
@@ -183,7 +235,7 @@ func TestStatusShowsTheStore(t *testing.T) {
 		s := &coordinator.Coordinator{RunState: coordinator.Paused}
 		_ = coordinator.SetFixedString(s.Model.Store.URL[:], tc.url)
 		_ = coordinator.SetFixedString(s.Model.Store.Endpoint[:], tc.endpoint)
-		v := viewOf(s)
+		v := viewOf(s, time.Unix(0, 0))
 		if v.Checkpoint.Store != tc.url || v.Checkpoint.Endpoint != tc.endpoint {
 			t.Errorf("%q: the view holds %q at %q", tc.url, v.Checkpoint.Store, v.Checkpoint.Endpoint)
 		}
@@ -192,5 +244,73 @@ func TestStatusShowsTheStore(t *testing.T) {
 		if got := b.String(); tc.want == "" && strings.Contains(got, "checkpoint store") || !strings.Contains(got, tc.want) {
 			t.Errorf("%q: status printed\n%s", tc.url, got)
 		}
+	}
+}
+
+// TestStatusSaysWhenTrainersWereLastSeen: in a round, each member's line
+// says in which of the kept rounds it was last seen (a witness report of
+// its own, or in a witness's participants), and a round nobody has
+// reported in for a while says that nobody may be left to drop them; all
+// three listed as plain Healthy after every trainer was killed. Addresses
+// of 43 and 44 characters stay in one column.
+func TestStatusSaysWhenTrainersWereLastSeen(t *testing.T) {
+	var alice, bob, carol coordinator.Pubkey
+	for i := range alice {
+		alice[i], bob[i], carol[i] = 0xff, 0xff, 0x80
+	}
+	bob[0] = 0x01 // 43 base58 characters; alice's 44
+	if len(alice.String()) != 44 || len(bob.String()) != 43 {
+		t.Fatalf("addresses of %d and %d characters, want 44 and 43", len(alice.String()), len(bob.String()))
+	}
+	s := &coordinator.Coordinator{RunState: coordinator.RoundTrain, RunStateStart: 1000}
+	s.Config.MaxRoundTrainTime, s.Config.RoundWitnessTime = 30, 5
+	for i, k := range []coordinator.Pubkey{alice, bob, carol} {
+		s.Epoch.Clients[i] = coordinator.Client{ID: coordinator.ClientID{Signer: k, P2P: coordinator.Pubkey{9, byte(i)}}, State: coordinator.Healthy}
+	}
+	s.Epoch.ClientsLen = 3
+	// Rounds 4-7 in the ring, round 7 current; alice witnessed round 6,
+	// bob's result was in round 5's participants, carol is in none.
+	for h := uint32(4); h <= 7; h++ {
+		s.Epoch.Rounds[h%coordinator.NumRounds] = coordinator.Round{Height: h, ClientsLen: 3}
+	}
+	s.Epoch.CurrentRound = 7 % coordinator.NumRounds
+	r6 := &s.Epoch.Rounds[6%coordinator.NumRounds]
+	r6.Witnesses[0].Proof = coordinator.WitnessProof{Index: 0, IsWitness: true}
+	r6.WitnessesLen = 1
+	r5 := &s.Epoch.Rounds[5%coordinator.NumRounds]
+	r5.Witnesses[0].Proof = coordinator.WitnessProof{Index: 0, IsWitness: true}
+	r5.Witnesses[0].Key = 77
+	r5.Witnesses[0].Participants.Add(77, coordinator.ParticipantMember(bob))
+	r5.WitnessesLen = 1
+	for _, tc := range []struct {
+		name    string
+		now     int64
+		want    []string
+		notWant string
+	}{
+		{"a round that just began", 1002, []string{"Healthy, last seen in round 6\n", "Healthy, last seen in round 5\n", "Healthy, not seen in the last 4 rounds\n"}, "nobody"},
+		{"a round nobody reported in for a minute", 1060, []string{"nobody has reported in round 7 for 1m0s", "nobody is left to drop them", "max_round_train_time 30 s"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			printStatus(&out, viewOf(s, time.Unix(tc.now, 0)))
+			for _, want := range tc.want {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("status lacks %q:\n%s", want, out.String())
+				}
+			}
+			if tc.notWant != "" && strings.Contains(out.String(), tc.notWant) {
+				t.Errorf("status says %q:\n%s", tc.notWant, out.String())
+			}
+			col := -1
+			for _, line := range strings.Split(out.String(), "\n") {
+				if i := strings.Index(line, "Healthy"); i >= 0 {
+					if col >= 0 && i != col {
+						t.Errorf("the clients' states are not in one column:\n%s", out.String())
+					}
+					col = i
+				}
+			}
+		})
 	}
 }

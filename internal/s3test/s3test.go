@@ -45,6 +45,18 @@ func Dir() (string, error) {
 	return filepath.Join(c, "psyche", "tools"), nil
 }
 
+// Built says whether this version of the gateway is built already (Binary
+// then returns at once; otherwise it compiles for minutes, which a command
+// should say before it starts).
+func Built() bool {
+	dir, err := Dir()
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(dir, "versitygw-"+Version, "versitygw"))
+	return err == nil
+}
+
 // Binary returns the gateway's path, building it first if this version is
 // not there yet (about a minute on two cores; one process builds while
 // others wait on a lock).

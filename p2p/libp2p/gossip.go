@@ -300,7 +300,10 @@ func (n *Node) reject(err error, from peer.ID) {
 	}
 	n.mu.Unlock()
 	level := slog.LevelDebug
-	if first && !viewDependent(err) {
+	// A replay is ignored, not punished: a copy of an announcement this
+	// node has (a restarted trainer's peers forward what it had seen) is
+	// harmless, and warned of on every healthy restart.
+	if first && !viewDependent(err) && !errors.Is(err, p2p.ErrReplayed) {
 		level = slog.LevelWarn
 	}
 	n.log.Log(context.Background(), level, "announcement refused", "reason", r, "remote", from.String(), "err", err)

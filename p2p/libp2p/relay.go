@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -94,10 +95,15 @@ func (n *Node) relayLoop(ctx context.Context) {
 	wg.Wait()
 }
 
+// warnAfterFailures is how many refused reservations in a row make a
+// warning: with the backoff, about 7 s of trying (a joining trainer is a
+// member within a few seconds).
+const warnAfterFailures = 4
+
 func (n *Node) keepReservation(ctx context.Context, ai peer.AddrInfo) {
 	var renewAt time.Time
 	backoff := time.Second
-	warned := false
+	failures := 0
 	t := time.NewTicker(reservationCheck)
 	defer t.Stop()
 	for {
@@ -115,10 +121,18 @@ func (n *Node) keepReservation(ctx context.Context, ai peer.AddrInfo) {
 			}
 			if err != nil {
 				renewAt = time.Time{}
-				if n.relays.set(ai.ID, time.Time{}, false) || !warned {
-					n.log.Warn("no reservation on a relay; trying again (direct connections and other relays still work)", "relay", ai.ID.String(), "err", reservationError(err))
-					warned = true
+				failures++
+				// A relay admits a run's members only (the server's ACL):
+				// a trainer's first tries come before its join is
+				// recorded and are refused on a healthy start. So a
+				// reservation lost, or refused warnAfterFailures times in
+				// a row, is a warning; the tries before, DEBUG.
+				level := slog.LevelDebug
+				if lost := n.relays.set(ai.ID, time.Time{}, false); lost || failures == warnAfterFailures {
+					level = slog.LevelWarn
 				}
+				n.log.Log(ctx, level, "no reservation on a relay; trying again (direct connections and other relays still work)",
+					"relay", ai.ID.String(), "tries", failures, "err", reservationError(err))
 				select {
 				case <-ctx.Done():
 					return
@@ -127,7 +141,7 @@ func (n *Node) keepReservation(ctx context.Context, ai peer.AddrInfo) {
 				backoff = min(2*backoff, reachMaxBackoff)
 				continue
 			}
-			backoff, warned = time.Second, false
+			backoff, failures = time.Second, 0
 			renewAt = rsvp.Expiration.Add(-reservationRenewBefore)
 			if n.relays.set(ai.ID, rsvp.Expiration, true) {
 				n.log.Info("reachable through a relay", "relay", ai.ID.String(), "expires", rsvp.Expiration.Format(time.RFC3339))

@@ -232,12 +232,15 @@ func WithEngine(o engine.Opener) Option {
 
 // Node is one trainer: the driver that does what its machine decides.
 type Node struct {
-	cfg     config
-	runID   string
-	backend chain.Backend
-	signer  chain.Signer
-	net     p2p.Network
-	m       *machine
+	cfg config
+	// lastProgress and epochStart are the progress last reported and at
+	// the start of the epoch's rounds (Run's goroutine only).
+	lastProgress, epochStart Progress
+	runID                    string
+	backend                  chain.Backend
+	signer                   chain.Signer
+	net                      p2p.Network
+	m                        *machine
 
 	id coordinator.ClientID
 	// eng computes for the node once a model is loaded; engMu guards the
@@ -410,10 +413,36 @@ func randomKey() uint64 {
 }
 
 func (n *Node) report() {
+	if n.cfg.progress == nil && !n.cfg.log.Enabled(context.Background(), slog.LevelInfo) {
+		return // nobody reads it (the metrics are read back on every event)
+	}
+	p := n.cfg.metrics.progress()
+	p.TotalSteps = n.totalSteps.Load()
+	n.logEpoch(p)
 	if n.cfg.progress != nil {
-		p := n.cfg.metrics.progress()
-		p.TotalSteps = n.totalSteps.Load()
 		n.cfg.progress(p)
+	}
+}
+
+// inRounds says whether a run's steps advance in state s.
+func inRounds(s coordinator.RunState) bool {
+	return s == coordinator.RoundTrain || s == coordinator.RoundWitness
+}
+
+// logEpoch writes the one INFO line an epoch's rounds get, when they end
+// (per-step lines are DEBUG): the steps, the loss of this trainer's last
+// batch, what it trained, sent and witnessed in them.
+func (n *Node) logEpoch(p Progress) {
+	was := n.lastProgress
+	n.lastProgress = p
+	switch {
+	case inRounds(p.State) && !inRounds(was.State):
+		n.epochStart = p
+	case !inRounds(p.State) && inRounds(was.State):
+		s := n.epochStart
+		n.cfg.log.Info("epoch trained", "epoch", was.Epoch, "steps", fmt.Sprintf("%d-%d", s.Step, was.Step), "loss", p.Loss,
+			"tokens", p.Tokens-s.Tokens, "rounds_applied", p.Applied-s.Applied, "witness_reports", p.Witnessed-s.Witnessed,
+			"sent_bytes", p.Sent-s.Sent, "received_bytes", p.Received-s.Received, "now", p.State.String())
 	}
 }
 
@@ -771,7 +800,11 @@ func (n *Node) send(ctx context.Context, ix coordinator.Instruction) {
 	case *coordinator.WitnessRound, *coordinator.WarmupWitness:
 		n.cfg.metrics.WitnessReports.Inc()
 	}
-	n.cfg.log.Info("sent", "ix", ix.Name(), "took", time.Since(start).Round(time.Millisecond))
+	level := slog.LevelInfo
+	if _, ok := ix.(*coordinator.WitnessRound); ok {
+		level = slog.LevelDebug // one a round: the epoch's line counts them
+	}
+	n.cfg.log.Log(ctx, level, "sent", "ix", ix.Name(), "took", time.Since(start).Round(time.Millisecond))
 }
 
 // pullResult is a pull's answer; done ends the work it counts as.

@@ -349,7 +349,9 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	n.cfg.metrics.Steps.Inc()
 	n.cfg.metrics.Tokens.Add(float64(count * seqLen))
 	n.cfg.metrics.SentBytes.Add(float64(len(payload)))
-	n.cfg.log.Info("trained", "step", w.Step, "batch", fmt.Sprintf("[%d,%d)", w.Batch.Start, w.Batch.End), "loss", loss,
+	// Per step: DEBUG (the progress line, the explorer and the epoch's
+	// INFO line say it).
+	n.cfg.log.Debug("trained", "step", w.Step, "batch", fmt.Sprintf("[%d,%d)", w.Batch.Start, w.Batch.End), "loss", loss,
 		"bytes", len(payload), "took", (computed + time.Since(start)).Round(time.Millisecond), "ahead", reused)
 	// The rates cover training and publishing: what the batch cost this
 	// trainer (its gradient's compute too when trained ahead), reported in
@@ -375,7 +377,7 @@ func (n *Node) apply(ctx context.Context, w *ApplyWork) error {
 	}
 	n.cfg.metrics.RoundsApplied.Inc()
 	n.cfg.metrics.ResultsApplied.Add(float64(len(w.Frames)))
-	n.cfg.log.Info("applied", "step", w.Step, "results", len(w.Frames))
+	n.cfg.log.Debug("applied", "step", w.Step, "results", len(w.Frames))
 	return nil
 }
 

@@ -1,7 +1,8 @@
 //go:build js && wasm
 
 // Command wasm is the browser trainer's WebAssembly module (GOOS=js
-// GOARCH=wasm; go generate ./federated/browser/web builds it into the
+// GOARCH=wasm; psyche server builds it from the checkout at start, and go
+// generate ./federated/browser/web builds it into the
 // page's files). It runs in the page's worker, which defines psycheEmit
 // (an event, as JSON, for the page) before starting it; the module then
 // defines psycheStart(config JSON, text bytes, key seed), psycheCheck(file

@@ -1,12 +1,15 @@
 // Package web is the browser trainer's page, served by psyche server at
 // /train/<run>: the page (static/), a worker that runs the federated client
 // compiled to WebAssembly (federated/browser/wasm), and Go's wasm_exec.js.
-// The module and wasm_exec.js are generated, not committed:
+// The module and wasm_exec.js are not committed: a binary holds them when
+// it was built after
 //
-//	go generate ./federated/browser/web && go build ./cmd/psyche
+//	go generate ./federated/browser/web
 //
-// A binary built without them still serves the page, which then says how to
-// build them (Included reports which).
+// and otherwise its server builds them from the source the binary was
+// compiled from when it starts (Page.Run), so that go run ./cmd/psyche
+// server serves a page that trains. A binary with neither still serves the
+// page, which then says how to build the module.
 package web
 
 //go:generate go run ./gen
@@ -14,12 +17,16 @@ package web
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"embed"
 	"io"
 	"io/fs"
+	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 )
 
 //go:embed static
@@ -35,9 +42,92 @@ func Included() bool {
 	return err == nil
 }
 
-// Missing is what the page says when the module is not built into the
-// server.
-const Missing = "this server was built without the browser trainer's WebAssembly module: build it with `go generate ./federated/browser/web && go build ./cmd/psyche`"
+// Missing is what the page says when the server has no module.
+const Missing = "this server has no browser trainer's WebAssembly module (its binary holds none and it found no psyche source to build one from): " +
+	"build one in with `go generate ./federated/browser/web && go build ./cmd/psyche`, or run the server from a psyche checkout with go on PATH"
+
+// Page serves the browser trainer. Its module is the binary's own, or the
+// one Run builds from the source at start; a request for the module waits
+// for that build.
+type Page struct {
+	log    *slog.Logger
+	source string // the source to build from ("": none)
+	ready  chan struct{}
+	mod    *Module // once ready: the module, or nil
+	why    string  // once ready without a module: what the page says
+}
+
+// Option configures a Page.
+type Option func(*Page)
+
+// WithLogger sets the page's logger.
+func WithLogger(l *slog.Logger) Option { return func(p *Page) { p.log = l } }
+
+// WithSource sets where a binary without the module builds it from
+// (default: Source(); "" builds none).
+func WithSource(root string) Option { return func(p *Page) { p.source = root } }
+
+// NewPage returns the page, with the binary's module if it holds one.
+func NewPage(opts ...Option) *Page {
+	p := &Page{log: slog.New(slog.DiscardHandler), ready: make(chan struct{})}
+	p.source, _ = Source()
+	for _, o := range opts {
+		o(p)
+	}
+	if gz, err := files.ReadFile(wasmGz); err == nil {
+		js, _ := files.ReadFile("static/wasm_exec.js")
+		p.mod = &Module{WasmGz: gz, ExecJS: js}
+		close(p.ready)
+	}
+	return p
+}
+
+// Run says in the log whether the page has a module and, when the binary
+// holds none, builds it from the source; it returns once the page's module
+// is settled (the build done or failed: a failure is logged, the page
+// goes on serving and says why it cannot train).
+func (p *Page) Run(ctx context.Context) error {
+	select {
+	case <-p.ready:
+		p.log.Info("the browser trainer is served at /train/<run> (its WebAssembly module is built into this binary)")
+		return nil
+	default:
+	}
+	defer close(p.ready)
+	if p.source == "" {
+		p.why = Missing
+		p.log.Warn("the browser trainer at /train/<run> cannot train: " + Missing)
+		return nil
+	}
+	p.log.Info("the browser trainer is served at /train/<run>; building its WebAssembly module from the source (the binary holds none; a first build takes a minute or two)",
+		"source", p.source)
+	start := time.Now()
+	m, err := Build(ctx, p.source)
+	if err != nil {
+		if ctx.Err() != nil {
+			p.why = "the server stopped before the browser trainer's module was built"
+			return nil
+		}
+		p.why = "building the browser trainer's WebAssembly module failed: " + err.Error()
+		p.log.Warn("the browser trainer at /train/<run> cannot train: "+p.why, "source", p.source)
+		return nil
+	}
+	p.mod = m
+	mib := func(n int) float64 { return math.Round(float64(n)/(1<<20)*100) / 100 }
+	p.log.Info("the browser trainer's WebAssembly module is built", "mib", mib(m.Size),
+		"gzipped_mib", mib(len(m.WasmGz)), "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// module waits for the page's module (nil: none, and why).
+func (p *Page) module(ctx context.Context) (*Module, string, bool) {
+	select {
+	case <-p.ready:
+		return p.mod, p.why, true
+	case <-ctx.Done():
+		return nil, "", false
+	}
+}
 
 // CSP is the Content-Security-Policy of the page and of every file it
 // loads (a worker's policy is its script's): the explorer's, with what the
@@ -59,7 +149,7 @@ func secure(w http.ResponseWriter) {
 }
 
 // Routes adds the page to mux (chain/server's WithRoutes).
-func Routes(mux *http.ServeMux) {
+func (p *Page) Routes(mux *http.ServeMux) {
 	static, _ := fs.Sub(files, "static")
 	assets := http.StripPrefix("/train/static/", http.FileServerFS(static))
 	mux.HandleFunc("GET /train/{run}", func(w http.ResponseWriter, r *http.Request) {
@@ -76,14 +166,23 @@ func Routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /train/static/{file}", func(w http.ResponseWriter, r *http.Request) {
 		secure(w)
 		switch r.PathValue("file") {
-		case "psyche.wasm":
-			serveWasm(w, r)
-			return
-		case "wasm_exec.js":
-			if _, err := fs.Stat(files, "static/wasm_exec.js"); err != nil {
-				http.Error(w, Missing, http.StatusNotFound)
+		case "psyche.wasm", "wasm_exec.js":
+			m, why, ok := p.module(r.Context())
+			if !ok {
+				return // the client left
+			}
+			if m == nil {
+				http.Error(w, why, http.StatusNotFound)
 				return
 			}
+			w.Header().Set("Cache-Control", "no-cache")
+			if r.PathValue("file") == "wasm_exec.js" {
+				w.Header().Set("Content-Type", "text/javascript; charset=utf-8")
+				_, _ = w.Write(m.ExecJS)
+				return
+			}
+			serveWasm(w, r, m.WasmGz)
+			return
 		case "psyche.wasm.gz":
 			http.NotFound(w, r)
 			return
@@ -95,14 +194,8 @@ func Routes(mux *http.ServeMux) {
 
 // serveWasm sends the module gzipped to browsers that accept it (all do),
 // and inflated to anything else.
-func serveWasm(w http.ResponseWriter, r *http.Request) {
-	gz, err := files.ReadFile(wasmGz)
-	if err != nil {
-		http.Error(w, Missing, http.StatusNotFound)
-		return
-	}
+func serveWasm(w http.ResponseWriter, r *http.Request, gz []byte) {
 	w.Header().Set("Content-Type", "application/wasm")
-	w.Header().Set("Cache-Control", "no-cache")
 	w.Header().Set("Vary", "Accept-Encoding")
 	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
 		w.Header().Set("Content-Encoding", "gzip")

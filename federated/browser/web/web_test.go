@@ -1,8 +1,14 @@
 package web
 
 import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -14,7 +20,11 @@ import (
 // and frame-ancestors 'none'; they carried none (the explorer's page did).
 func TestTrainPageHeaders(t *testing.T) {
 	mux := http.NewServeMux()
-	Routes(mux)
+	p := NewPage(WithSource(""))
+	if err := p.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	p.Routes(mux)
 	for _, path := range []string{"/train/some-run", "/train/static/app.js", "/train/static/worker.js", "/train/static/style.css",
 		"/train/static/wasm_exec.js", "/train/static/psyche.wasm", "/train/static/nothing-here.js"} {
 		rec := httptest.NewRecorder()
@@ -66,5 +76,108 @@ func TestTrainPageFitsItsPolicy(t *testing.T) {
 				t.Errorf("%s uses %q, which the page's policy refuses", name, bad)
 			}
 		}
+	}
+}
+
+// TestPageBuildsItsModule: a binary that holds no module (go build without
+// go generate, as the README builds it) builds one from its source when the
+// server starts, and a browser asking for it meanwhile waits for it, then
+// gets a module that instantiates (wasm magic) and its wasm_exec.js; the
+// log says so. Before, such a server answered 404 and logged nothing at
+// INFO. The source here is a small program in the place of
+// federated/browser/wasm: the real one's first build takes a minute of
+// compiling, which scripts/test-browser pays once and then trains with.
+func TestPageBuildsItsModule(t *testing.T) {
+	if Included() {
+		t.Skip("this test binary holds a generated module (go generate ran); the build path is not taken")
+	}
+	root := t.TempDir()
+	write := func(name, text string) {
+		path := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.com/tiny\n\ngo 1.26\n")
+	write(WasmPackage+"/main.go", "package main\n\nfunc main() { println(\"trainer\") }\n")
+	var log bytes.Buffer
+	p := NewPage(WithSource(root), WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	mux := http.NewServeMux()
+	p.Routes(mux)
+	got := make(chan *httptest.ResponseRecorder)
+	go func() {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/train/static/psyche.wasm", nil))
+		got <- rec
+	}()
+	if err := p.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rec := <-got
+	if rec.Code != http.StatusOK {
+		t.Fatalf("psyche.wasm: HTTP %d: %s", rec.Code, rec.Body)
+	}
+	if !bytes.HasPrefix(rec.Body.Bytes(), []byte("\x00asm")) {
+		t.Errorf("psyche.wasm (asked without gzip) does not start with the WebAssembly magic: % x", rec.Body.Bytes()[:min(8, rec.Body.Len())])
+	}
+	req := httptest.NewRequest(http.MethodGet, "/train/static/psyche.wasm", nil)
+	req.Header.Set("Accept-Encoding", "gzip")
+	rec = httptest.NewRecorder()
+	mux.ServeHTTP(rec, req)
+	zr, err := gzip.NewReader(rec.Body)
+	if err != nil {
+		t.Fatalf("psyche.wasm asked with gzip: %v", err)
+	}
+	if raw, _ := io.ReadAll(zr); !bytes.HasPrefix(raw, []byte("\x00asm")) {
+		t.Error("psyche.wasm asked with gzip: not a gzipped module")
+	}
+	rec = httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/train/static/wasm_exec.js", nil))
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "globalThis.Go") {
+		t.Errorf("wasm_exec.js: HTTP %d, %d bytes without the Go class", rec.Code, rec.Body.Len())
+	}
+	for _, want := range []string{"building its WebAssembly module from the source", "module is built"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("the log lacks %q:\n%s", want, log.String())
+		}
+	}
+}
+
+// TestPageWithoutModule: with no module and no source, the server says at
+// start (WARN) that the page cannot train and how to fix it, and the
+// page's module answers that one line.
+func TestPageWithoutModule(t *testing.T) {
+	if Included() {
+		t.Skip("this test binary holds a generated module (go generate ran)")
+	}
+	var log bytes.Buffer
+	p := NewPage(WithSource(""), WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	if err := p.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	p.Routes(mux)
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/train/static/psyche.wasm", nil))
+	if rec.Code != http.StatusNotFound || strings.TrimSpace(rec.Body.String()) != Missing {
+		t.Errorf("psyche.wasm: HTTP %d %q, want 404 %q", rec.Code, rec.Body, Missing)
+	}
+	if !strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), "go generate") {
+		t.Errorf("the log does not warn that the page cannot train:\n%s", log.String())
+	}
+}
+
+// TestSourceIsThisCheckout: a binary compiled without -trimpath (go test,
+// go run, go build as the README runs them) finds the checkout it came from.
+func TestSourceIsThisCheckout(t *testing.T) {
+	root, ok := Source()
+	if !ok {
+		t.Fatal("Source found no checkout for a test binary compiled from one")
+	}
+	if _, err := os.Stat(filepath.Join(root, "federated", "browser", "web", "web.go")); err != nil {
+		t.Errorf("Source() = %s, not this checkout: %v", root, err)
 	}
 }

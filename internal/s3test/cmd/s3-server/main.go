@@ -29,6 +29,12 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if !s3test.Built() {
+		// The first build compiles versitygw and its dependencies: minutes
+		// of silence otherwise (195 s on two cores).
+		fmt.Fprintf(os.Stderr, "s3-server: building the test S3 server (go install %s@%s) once: about 1-4 minutes on two cores; later runs start at once\n",
+			s3test.Package, s3test.Version)
+	}
 	bin, err := s3test.Binary(ctx)
 	if err != nil {
 		fail(err)

@@ -64,6 +64,7 @@ type config struct {
 	refresh    time.Duration
 	retry      time.Duration
 	historyDir string
+	epochLimit uint32 // WithEpochLimit; 0: none
 }
 
 // Option configures an Explorer.
@@ -114,6 +115,18 @@ func WithRefresh(d time.Duration) Option {
 			return fmt.Errorf("explorer: refresh interval %v must be positive", d)
 		}
 		c.refresh = d
+		return nil
+	}
+}
+
+// WithEpochLimit says that the runs followed end after n epochs (epochs 0
+// to n-1) whatever their total_steps: psyche localnet --epochs stops its
+// trainers there (its run's total_steps is a bound nobody reaches). The
+// view says so (total_epochs), and the page shows it in place of the
+// total of steps.
+func WithEpochLimit(n uint32) Option {
+	return func(c *config) error {
+		c.epochLimit = n
 		return nil
 	}
 }
@@ -385,7 +398,9 @@ func (e *Explorer) update(id string, rev uint64) (Update, uint64, bool) {
 	if r == nil || (!slices.Contains(e.listed, id) && !r.h.seen) {
 		return Update{}, 0, false
 	}
-	u := Update{View: r.h.view, Points: r.h.since(rev), Reset: rev == 0, Now: e.cfg.now().Unix(),
+	v := r.h.view
+	v.TotalEpochs = e.cfg.epochLimit
+	u := Update{View: v, Points: r.h.since(rev), Reset: rev == 0, Now: e.cfg.now().Unix(),
 		Listed: slices.Contains(e.listed, id), Error: e.listErr}
 	u.View.Clients = slices.Clone(u.View.Clients)
 	u.View.Rounds = slices.Clone(u.View.Rounds)

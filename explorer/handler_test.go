@@ -211,3 +211,32 @@ func TestHandlerRefusesWhatItDoesNotServe(t *testing.T) {
 		}
 	}
 }
+
+// A localnet's explorer says how many epochs its run trains (its
+// total_steps is a bound nobody reaches); any other says nothing of it.
+func TestUpdateSaysTheEpochLimit(t *testing.T) {
+	for _, tc := range []struct {
+		opts []Option
+		want uint32
+	}{{nil, 0}, {[]Option{WithEpochLimit(3)}, 3}} {
+		ex, err := New(tc.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex.mu.Lock()
+		r := ex.newRun("demo")
+		r.h.observe(trainingRun())
+		ex.mu.Unlock()
+		u, _, ok := ex.update("demo", 0)
+		if !ok {
+			t.Fatal("no update for a run observed")
+		}
+		if u.View.TotalEpochs != tc.want || u.View.TotalSteps != 100 {
+			t.Errorf("WithEpochLimit %d: total_epochs %d, total_steps %d", tc.want, u.View.TotalEpochs, u.View.TotalSteps)
+		}
+		b, _ := json.Marshal(u.View)
+		if got := strings.Contains(string(b), `"total_epochs"`); got != (tc.want != 0) {
+			t.Errorf("WithEpochLimit %d: JSON %s", tc.want, b)
+		}
+	}
+}

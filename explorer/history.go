@@ -73,30 +73,33 @@ type Checkpoint struct {
 
 // View is a run's current state as the page shows it.
 type View struct {
-	ID            string       `json:"id"`
-	Name          string       `json:"name"`
-	Description   string       `json:"description"`
-	Parameters    uint64       `json:"parameters"`
-	State         string       `json:"state"`
-	PendingPause  bool         `json:"pending_pause"`
-	StateStart    uint64       `json:"state_start"`    // unix seconds, the run's clock
-	StateDeadline uint64       `json:"state_deadline"` // when the state's timeout passes (0: none)
-	StateTimeout  string       `json:"state_timeout"`  // what happens then
-	EpochStart    uint64       `json:"epoch_start"`
-	EpochDeadline uint64       `json:"epoch_deadline"`
-	Epoch         uint32       `json:"epoch"`
-	Step          uint32       `json:"step"`
-	TotalSteps    uint32       `json:"total_steps"`
-	LastStep      uint32       `json:"last_step"`
-	MinClients    int          `json:"min_clients"`
-	InitMin       int          `json:"init_min_clients"`
-	Nonce         uint64       `json:"nonce"`
-	Clients       []Client     `json:"clients"`
-	Rounds        []Round      `json:"rounds"`
-	Data          string       `json:"data"`       // where the training tokens come from (data.Describe)
-	Checkpoint    Checkpoint   `json:"checkpoint"` // the current model source
-	Checkpoints   []Checkpoint `json:"checkpoints"`
-	Error         string       `json:"error,omitempty"` // why the run's stream is down (it reconnects)
+	ID            string `json:"id"`
+	Name          string `json:"name"`
+	Description   string `json:"description"`
+	Parameters    uint64 `json:"parameters"`
+	State         string `json:"state"`
+	PendingPause  bool   `json:"pending_pause"`
+	StateStart    uint64 `json:"state_start"`    // unix seconds, the run's clock
+	StateDeadline uint64 `json:"state_deadline"` // when the state's timeout passes (0: none)
+	StateTimeout  string `json:"state_timeout"`  // what happens then
+	EpochStart    uint64 `json:"epoch_start"`
+	EpochDeadline uint64 `json:"epoch_deadline"`
+	Epoch         uint32 `json:"epoch"`
+	Step          uint32 `json:"step"`
+	TotalSteps    uint32 `json:"total_steps"`
+	// TotalEpochs: the run ends after this many epochs whatever TotalSteps
+	// says (WithEpochLimit: psyche localnet --epochs); 0: at TotalSteps.
+	TotalEpochs uint32       `json:"total_epochs,omitempty"`
+	LastStep    uint32       `json:"last_step"`
+	MinClients  int          `json:"min_clients"`
+	InitMin     int          `json:"init_min_clients"`
+	Nonce       uint64       `json:"nonce"`
+	Clients     []Client     `json:"clients"`
+	Rounds      []Round      `json:"rounds"`
+	Data        string       `json:"data"`       // where the training tokens come from (data.Describe)
+	Checkpoint  Checkpoint   `json:"checkpoint"` // the current model source
+	Checkpoints []Checkpoint `json:"checkpoints"`
+	Error       string       `json:"error,omitempty"` // why the run's stream is down (it reconnects)
 }
 
 // history is what the explorer remembers of one run. It is a pure fold over

@@ -228,7 +228,7 @@ func localnet(c *cli.Context) (err error) {
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter %s, %d sequences per trainer per round, %s, files in %s\n",
 		runID, n, files.initial.NumParams(), archName(model.Architecture), perTrainer, lb.where, dir)
-	if err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID, files); err != nil {
+	if err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID, epochs, files); err != nil {
 		return err
 	}
 	if lb.clock != nil {
@@ -964,11 +964,11 @@ func dropLast(runCtx context.Context, out io.Writer, t *localTrainer, at int, er
 // addr is empty) until ctx ends, and prints its address. It measures the
 // held-out loss of the initial model and of every checkpoint the run
 // records (they are files here) for the loss curve.
-func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *slog.Logger, lb *localBackend, runID string, files localFiles) error {
+func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *slog.Logger, lb *localBackend, runID string, epochs int, files localFiles) error {
 	if addr == "" {
 		return nil
 	}
-	opts := []explorer.Option{explorer.WithLogger(log), explorer.WithRefresh(time.Second)}
+	opts := []explorer.Option{explorer.WithLogger(log), explorer.WithRefresh(time.Second), explorer.WithEpochLimit(uint32(epochs))}
 	if lb.clock != nil {
 		opts = append(opts, explorer.WithClock(lb.clock.Now))
 	}

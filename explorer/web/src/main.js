@@ -178,7 +178,8 @@ function showRun(id) {
     st.dataset.state = view.state;
     st.textContent = view.state + (view.pending_pause ? " (pause pending)" : "");
     $("#epoch").textContent = view.epoch;
-    $("#step").textContent = view.total_steps ? `${view.step} / ${view.total_steps}` : view.step;
+    $("#step").textContent = view.total_epochs ? `${view.step} (the run ends after ${view.total_epochs} epochs)`
+      : view.total_steps ? `${view.step} / ${view.total_steps}` : view.step;
     $("#healthy").textContent = `${view.clients.filter((c) => c.health === "healthy").length} (min ${view.min_clients})`;
 
     $("#clients tbody").innerHTML = view.clients.map((c) => `<tr data-signer="${esc(c.signer)}">

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/psyche-go/psyche/internal/transcript"
 )
 
 // fullEpoch returns a harness in RoundTrain of round h1 of an epoch with 256
@@ -72,7 +74,7 @@ func BenchmarkWitness(b *testing.B) {
 	r := h.c.CurrentRound()
 	names := h.expand([]string{"witnesses"})
 	last := names[len(names)-1]
-	ix := &WitnessRound{Report: h.report(b, args{kv: map[string]string{}}, last)}
+	ix := &WitnessRound{Report: h.report(b, transcript.ParseArgs("witness"), last)}
 	ctx := Context{Sender: h.key(last), Now: h.c.RunStateStart}
 	b.ReportAllocs()
 	for b.Loop() {

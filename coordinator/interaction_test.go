@@ -27,9 +27,9 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 // Lines starting with # between blocks are comments. Run with -rewrite to
 // regenerate the expected output, then review the diff.
 func TestTranscripts(t *testing.T) {
-	transcript.RunDir(t, *rewrite, func(t *testing.T) func(cmd string) string {
+	transcript.RunDir(t, *rewrite, func(t *testing.T) func(a *transcript.Args) string {
 		h := newHarness()
-		return func(cmd string) string { return h.run(t, cmd) }
+		return func(a *transcript.Args) string { return h.exec(t, a) }
 	})
 }
 
@@ -60,34 +60,10 @@ func (h *harness) name(k Pubkey) string {
 	return fmt.Sprintf("%x", k[:4])
 }
 
-type args struct {
-	pos []string
-	kv  map[string]string
-}
-
-func (a args) get(k, def string) string {
-	if v, ok := a.kv[k]; ok {
-		return v
-	}
-	return def
-}
-
-func (a args) num(t testing.TB, k string, def uint64) uint64 {
-	v, ok := a.kv[k]
-	if !ok {
-		return def
-	}
-	n, err := strconv.ParseUint(v, 10, 64)
-	if err != nil {
-		t.Fatalf("%s=%q: %v", k, v, err)
-	}
-	return n
-}
-
-func (h *harness) ctx(t testing.TB, a args, sender string) Context {
-	h.now = a.num(t, "t", h.now)
-	c := Context{Sender: h.key(sender), Now: h.now, Seed: a.num(t, "seed", h.now)}
-	if co := a.get("cosign", ""); co != "" {
+func (h *harness) ctx(t testing.TB, a *transcript.Args, sender string) Context {
+	h.now = a.Uint(t, "t", h.now)
+	c := Context{Sender: h.key(sender), Now: h.now, Seed: a.Uint(t, "seed", h.now)}
+	if co := a.Get("cosign"); co != "" {
 		c.CoSigner = h.key(co)
 	}
 	return c
@@ -149,18 +125,6 @@ func setConfigField(t testing.TB, k *Config, name, v string) {
 	}
 }
 
-func parseArgs(fields []string) args {
-	a := args{kv: map[string]string{}}
-	for _, f := range fields {
-		if k, v, ok := strings.Cut(f, "="); ok {
-			a.kv[k] = v
-		} else {
-			a.pos = append(a.pos, f)
-		}
-	}
-	return a
-}
-
 // names expands the positional arguments; "witnesses" stands for every healthy
 // elected witness of the current round, in index order.
 func (h *harness) expand(pos []string) []string {
@@ -183,20 +147,20 @@ func (h *harness) expand(pos []string) []string {
 
 // report builds a witness report from name for the current round: every
 // healthy listed client except those in missing is a participant.
-func (h *harness) report(t testing.TB, a args, name string) Witness {
+func (h *harness) report(t testing.TB, a *transcript.Args, name string) Witness {
 	r := h.c.CurrentRound()
 	w := Witness{Key: uint64(len(name))*1000 + h.now}
 	if i, ok := h.c.ClientIndex(h.key(name)); ok {
 		w.Proof = h.c.Config.WitnessProofFor(r, i)
 	}
-	if p := a.get("proof", ""); p != "" {
+	if p := a.Get("proof"); p != "" {
 		parts := strings.Split(p, ":")
 		idx, _ := strconv.Atoi(parts[0])
 		pos, _ := strconv.Atoi(parts[1])
 		w.Proof = WitnessProof{Index: uint16(idx), Position: uint16(pos), IsWitness: parts[2] == "1"}
 	}
 	missing := map[string]bool{}
-	for _, m := range strings.Split(a.get("missing", ""), ",") {
+	for _, m := range strings.Split(a.Get("missing"), ",") {
 		missing[m] = true
 	}
 	for i := uint16(0); i < h.c.Epoch.ClientsLen; i++ {
@@ -205,13 +169,22 @@ func (h *harness) report(t testing.TB, a args, name string) Witness {
 			w.Participants.Add(w.Key, ParticipantMember(cl.ID.Signer))
 		}
 	}
-	w.Metadata.Step = uint32(a.num(t, "step", uint64(h.c.Progress.Step)))
+	w.Metadata.Step = uint32(a.Uint(t, "step", uint64(h.c.Progress.Step)))
 	return w
 }
 
+// run runs one command line, failing on a key or word it does not read.
 func (h *harness) run(t testing.TB, line string) string {
-	fields := strings.Fields(line)
-	cmd, a := fields[0], parseArgs(fields[1:])
+	a := transcript.ParseArgs(line)
+	out := h.exec(t, a)
+	if u := a.Unread(); len(u) > 0 {
+		t.Fatalf("%s: unknown keys or words %q", line, u)
+	}
+	return out
+}
+
+func (h *harness) exec(t testing.TB, a *transcript.Args) string {
+	cmd := a.Cmd
 	var out strings.Builder
 	say := func(prefix string, err error) {
 		if prefix != "" {
@@ -223,58 +196,58 @@ func (h *harness) run(t testing.TB, line string) string {
 		before := h.c.MarshalAccount()
 		_, err := h.c.Apply(h.ctx(t, a, sender), ix)
 		if err != nil && string(before) != string(h.c.MarshalAccount()) {
-			t.Fatalf("%s: failed instruction changed the state", line)
+			t.Fatalf("%s: failed instruction changed the state", cmd)
 		}
 		return err
 	}
 	switch cmd {
 	case "init":
 		// init run=ID [authority=NAME] [join-authority=NAME] [from=NAME]
-		ix := &InitCoordinator{MainAuthority: h.key(a.get("authority", "admin"))}
-		ix.RunID, _ = ParseRunID(a.get("run", "test"))
-		copy(ix.RunID[:], a.get("raw-run", ""))
-		if ja := a.get("join-authority", ""); ja != "" {
+		ix := &InitCoordinator{MainAuthority: h.key(a.GetOr("authority", "admin"))}
+		ix.RunID, _ = ParseRunID(a.GetOr("run", "test"))
+		copy(ix.RunID[:], a.Get("raw-run"))
+		if ja := a.Get("join-authority"); ja != "" {
 			ix.JoinAuthority = h.key(ja)
 		}
-		say("", apply(a.get("from", "admin"), ix))
+		say("", apply(a.GetOr("from", "admin"), ix))
 	case "config":
 		// config [from=NAME] [field=value ...]: update config (and the tiny model if unset)
 		k := tinyConfig()
-		for key, v := range a.kv {
+		for _, key := range a.Keys() {
 			if key != "t" && key != "from" {
-				setConfigField(t, &k, key, v)
+				setConfigField(t, &k, key, a.Get(key))
 			}
 		}
 		u := &Update{Config: &k}
-		if !slices.Contains(a.pos, "no-model") {
+		if !slices.Contains(a.Pos(), "no-model") {
 			m := tinyModel()
 			u.Model = &m
 		}
-		say("", apply(a.get("from", "admin"), u))
+		say("", apply(a.GetOr("from", "admin"), u))
 	case "progress":
 		// progress step=N epoch=N data=N
-		p := Progress{Step: uint32(a.num(t, "step", 0)), Epoch: uint32(a.num(t, "epoch", 0)), EpochStartDataIndex: a.num(t, "data", 0)}
-		say("", apply(a.get("from", "admin"), &Update{Progress: &p}))
+		p := Progress{Step: uint32(a.Uint(t, "step", 0)), Epoch: uint32(a.Uint(t, "epoch", 0)), EpochStartDataIndex: a.Uint(t, "data", 0)}
+		say("", apply(a.GetOr("from", "admin"), &Update{Progress: &p}))
 	case "metadata":
 		var m Metadata
-		_ = SetFixedString(m.Name[:], a.get("name", "run"))
-		say("", apply(a.get("from", "admin"), &Update{Metadata: &m}))
+		_ = SetFixedString(m.Name[:], a.GetOr("name", "run"))
+		say("", apply(a.GetOr("from", "admin"), &Update{Metadata: &m}))
 	case "pause", "resume":
-		say("", apply(a.get("from", "admin"), &SetPaused{Paused: cmd == "pause"}))
+		say("", apply(a.GetOr("from", "admin"), &SetPaused{Paused: cmd == "pause"}))
 	case "join":
 		// join NAME... [p2p=NAME] [cosign=NAME] [as=NAME]
-		for _, n := range a.pos {
+		for _, n := range a.Pos() {
 			id := h.id(n)
-			if p := a.get("p2p", ""); p != "" {
+			if p := a.Get("p2p"); p != "" {
 				id.P2P = sha256.Sum256([]byte("p2p:" + p))
 			}
-			say(n, apply(a.get("as", n), &JoinRun{ID: id}))
+			say(n, apply(a.GetOr("as", n), &JoinRun{ID: id}))
 		}
 	case "tick":
 		say("", apply("anyone", &Tick{}))
 	case "run":
 		// run until=T: tick every second up to T, printing each change.
-		until := a.num(t, "until", h.now)
+		until := a.Uint(t, "until", h.now)
 		for h.now < until {
 			h.now++
 			changed, err := h.c.Tick(h.now, h.now)
@@ -291,7 +264,7 @@ func (h *harness) run(t testing.TB, line string) string {
 		}
 		return out.String()
 	case "warmup-witness", "witness":
-		for _, n := range h.expand(a.pos) {
+		for _, n := range h.expand(a.Pos()) {
 			w := h.report(t, a, n)
 			var ix Instruction = &WitnessRound{Report: w}
 			if cmd == "warmup-witness" {
@@ -301,11 +274,11 @@ func (h *harness) run(t testing.TB, line string) string {
 		}
 	case "health-check":
 		// health-check FROM TARGET [index=N]
-		from, target := a.pos[0], a.pos[1]
+		from, target := a.Pos()[0], a.Pos()[1]
 		r := h.c.CurrentRound()
 		i, _ := h.c.ClientIndex(h.key(target))
 		p := h.c.Config.HealthCheckProofFor(r, i)
-		if v, ok := a.kv["index"]; ok {
+		if v, ok := a.Lookup("index"); ok {
 			n, _ := strconv.Atoi(v)
 			p.Index = uint16(n)
 		}
@@ -313,8 +286,8 @@ func (h *harness) run(t testing.TB, line string) string {
 	case "checkpoint":
 		// checkpoint NAME|elected [url=U]
 		var src CheckpointSource
-		_ = SetFixedString(src.URL[:], a.get("url", "file:///ckpt/epoch"))
-		for _, n := range a.pos {
+		_ = SetFixedString(src.URL[:], a.GetOr("url", "file:///ckpt/epoch"))
+		for _, n := range a.Pos() {
 			if n == "elected" {
 				for i := uint16(0); i < h.c.Epoch.ClientsLen; i++ {
 					if h.c.IsCheckpointer(i) {
@@ -326,7 +299,7 @@ func (h *harness) run(t testing.TB, line string) string {
 			say(n, apply(n, &RecordCheckpoint{Source: src}))
 		}
 	case "free":
-		say("", apply(a.get("from", "admin"), &FreeCoordinator{}))
+		say("", apply(a.GetOr("from", "admin"), &FreeCoordinator{}))
 	case "clients":
 		return h.c.DescribeClients(h.name)
 	case "assign":

@@ -26,9 +26,9 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 //	state
 //	restart                                   (encode, decode and restore the state)
 func TestTranscripts(t *testing.T) {
-	transcript.RunDir(t, *rewrite, func(t *testing.T) func(cmd string) string {
+	transcript.RunDir(t, *rewrite, func(t *testing.T) func(a *transcript.Args) string {
 		h := &harness{names: map[coordinator.Pubkey]string{}}
-		return func(cmd string) string { return h.run(t, cmd) }
+		return func(a *transcript.Args) string { return h.run(t, a) }
 	})
 }
 
@@ -57,10 +57,10 @@ func parseFloats(t *testing.T, s string) []float32 {
 	return v
 }
 
-func parseConfig(t *testing.T, args map[string]string) Config {
+func parseConfig(t *testing.T, args *transcript.Args) Config {
 	c := Config{Capacity: 2, RoundDuration: 1}
 	num := func(k string, dst *uint32) {
-		if v, ok := args[k]; ok {
+		if v, ok := args.Lookup(k); ok {
 			n, err := strconv.ParseUint(v, 10, 32)
 			if err != nil {
 				t.Fatalf("%s=%q", k, v)
@@ -69,7 +69,7 @@ func parseConfig(t *testing.T, args map[string]string) Config {
 		}
 	}
 	flt := func(k string, dst *float32) {
-		if v, ok := args[k]; ok {
+		if v, ok := args.Lookup(k); ok {
 			f, err := strconv.ParseFloat(v, 32)
 			if err != nil {
 				t.Fatalf("%s=%q", k, v)
@@ -86,10 +86,10 @@ func parseConfig(t *testing.T, args map[string]string) Config {
 	flt("lr", &c.ServerLR)
 	flt("localnoise", &c.LocalNoiseMultiplier)
 	num("threshold", &c.SecAggThreshold)
-	if args["secagg"] == "true" {
+	if args.Get("secagg") == "true" {
 		c.SecAgg = true
 	}
-	if v, ok := args["agg"]; ok {
+	if v, ok := args.Lookup("agg"); ok {
 		a, err := ParseAggregation(v)
 		if err != nil {
 			t.Fatal(err)
@@ -99,28 +99,23 @@ func parseConfig(t *testing.T, args map[string]string) Config {
 	return c
 }
 
-func (h *harness) run(t *testing.T, cmd string) string {
-	fields := strings.Fields(cmd)
-	args := map[string]string{}
-	for _, f := range fields[1:] {
-		k, v, _ := strings.Cut(f, "=")
-		args[k] = v
-	}
+func (h *harness) run(t *testing.T, args *transcript.Args) string {
+	cmd := args.Cmd
 	u := func(k string) uint64 {
-		n, err := strconv.ParseUint(args[k], 10, 64)
+		n, err := strconv.ParseUint(args.Get(k), 10, 64)
 		if err != nil {
-			t.Fatalf("%s: %s=%q", cmd, k, args[k])
+			t.Fatalf("%s: %s=%q", cmd, k, args.Get(k))
 		}
 		return n
 	}
 	var err error
-	switch fields[0] {
+	switch cmd {
 	case "new":
-		h.m, err = New(parseConfig(t, args), parseFloats(t, args["model"]))
+		h.m, err = New(parseConfig(t, args), parseFloats(t, args.Get("model")))
 		if err != nil {
 			return "error: " + err.Error()
 		}
-		if ms, ok := args["members"]; ok {
+		if ms, ok := args.Lookup("members"); ok {
 			for _, n := range strings.Split(ms, ",") {
 				h.m.s.Members[h.key(n)] = true
 			}
@@ -128,30 +123,30 @@ func (h *harness) run(t *testing.T, cmd string) string {
 		h.m.Advance()
 		return Describe(h.m.State(), h.name)
 	case "join":
-		err = h.m.Step(Join{Client: h.key(args["client"]), Seq: u("seq")})
+		err = h.m.Step(Join{Client: h.key(args.Get("client")), Seq: u("seq")})
 	case "push":
 		steps := uint64(1)
-		if _, ok := args["steps"]; ok {
+		if _, ok := args.Lookup("steps"); ok {
 			steps = u("steps")
 		}
 		var seed [32]byte
-		if s, ok := args["seed"]; ok {
+		if s, ok := args.Lookup("seed"); ok {
 			seed[0] = s[0]
 		}
-		err = h.m.Step(Push{Client: h.key(args["client"]), Seq: u("seq"), Base: u("base"), Steps: uint32(steps),
-			Delta: parseFloats(t, args["delta"]), Noise: seed})
+		err = h.m.Step(Push{Client: h.key(args.Get("client")), Seq: u("seq"), Base: u("base"), Steps: uint32(steps),
+			Delta: parseFloats(t, args.Get("delta")), Noise: seed})
 	case "sumpush":
 		var clients []coordinator.Pubkey
-		for _, n := range strings.Split(args["clients"], ",") {
+		for _, n := range strings.Split(args.Get("clients"), ",") {
 			clients = append(clients, h.key(n))
 		}
 		var seed [32]byte
-		if s, ok := args["seed"]; ok {
+		if s, ok := args.Lookup("seed"); ok {
 			seed[0] = s[0]
 		}
-		err = h.m.Step(SumPush{Clients: clients, Base: u("base"), Mean: parseFloats(t, args["mean"]), Noise: seed})
+		err = h.m.Step(SumPush{Clients: clients, Base: u("base"), Mean: parseFloats(t, args.Get("mean")), Noise: seed})
 	case "config":
-		err = h.m.Step(Configure{Signer: h.key(args["signer"]), Seq: u("seq"), Config: parseConfig(t, args)})
+		err = h.m.Step(Configure{Signer: h.key(args.Get("signer")), Seq: u("seq"), Config: parseConfig(t, args)})
 	case "state":
 		return Describe(h.m.State(), h.name)
 	case "privacy":

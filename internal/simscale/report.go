@@ -162,7 +162,7 @@ func (r *Report) InstructionsPerRound() float64 {
 	return t
 }
 
-// WriteTable writes one row per report, the columns the issue asks for.
+// WriteTable writes one row per report, the columns docs/scale.md reports.
 func WriteTable(w io.Writer, reports []*Report) {
 	fmt.Fprintln(w, "| trainers | round | compute | overhead | published | last result in | witnesses in | apply | MB sent / recv per trainer | msgs sent / recv per trainer | pulls per trainer | server MB | witness reports | quorum misses | bloom FP (theory) | health drops | instructions | CU (Solana) | joiner's checkpoint |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

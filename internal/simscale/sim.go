@@ -36,7 +36,7 @@ type Network struct {
 
 // The networks scripts/sim-scale runs.
 var (
-	// Datacenter1G is the target: every link 1 Gbit/s, 50 ms round
+	// Datacenter1G is the target network: every link 1 Gbit/s, 50 ms round
 	// trips, no loss.
 	Datacenter1G = Network{Name: "1G-50ms", MinBps: 1e9, MaxBps: 1e9, MinRTT: 50 * time.Millisecond, MaxRTT: 50 * time.Millisecond}
 	// Internet is a spread of home and cloud links: 100 Mbit/s to 1 Gbit/s,
@@ -114,7 +114,7 @@ type Config struct {
 	Limit time.Duration
 }
 
-// DefaultConfig is the target at n trainers: 1B-model frames
+// DefaultConfig is the target setting at n trainers: 1B-model frames
 // (payload must still be set: see Llama1BFrame), 1 Gbit/s and 50 ms.
 func DefaultConfig(n int) Config {
 	return Config{Trainers: n, Rounds: 8, Seed: 1, Network: Datacenter1G,

@@ -10,7 +10,7 @@ import (
 )
 
 // small is a fast config: a 4 MB result (what a 1B model's frame is) over
-// the target links, four rounds.
+// the target links, four rounds.
 func small(n int) Config {
 	c := DefaultConfig(n)
 	c.Rounds, c.PayloadBytes = 5, 4<<20

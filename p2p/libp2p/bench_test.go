@@ -183,8 +183,8 @@ func median(ds []time.Duration) time.Duration {
 // tcpCopies is how many TCP copies of a round's bytes make its reference.
 const tcpCopies = 3
 
-// roundTargets are issue 17's targets for the round's time over the TCP
-// copy of the same bytes, by nodes and MiB per result.
+// roundTargets are the targets for the round's time over the TCP copy of
+// the same bytes, by nodes and MiB per result.
 var roundTargets = map[[2]int]string{{8, 10}: "<= 4x", {16, 1}: "<= 5x"}
 
 func mibps(n int, d time.Duration) float64 { return float64(n) / (1 << 20) / d.Seconds() }

@@ -9,10 +9,13 @@
 //
 //   - psyche.h: the account as a C struct (offsets asserted against
 //     coordinator/testdata/account_layout.golden), error codes, instructions;
-//   - core.c: instruction decoding, account checks and the state machine.
-//     psy_process(account, data, context) is coordinator.Apply: the context
-//     carries the sender, the co-signer, now and the seed, so the core is
-//     deterministic and testable off chain;
+//   - the state machine, one file for each Go file it ports: codec.c
+//     (instruction decoding), account.c (account checks), config.c,
+//     committee.c, data.c, machine.c (the transitions) and instruction.c
+//     (one function an instruction, and psy_process), with core.h, their
+//     shared header. psy_process(account, data, context) is
+//     coordinator.Apply: the context carries the sender, the co-signer, now
+//     and the seed, so the core is deterministic and testable off chain;
 //   - hash.c: sha256 (through the sol_sha256 syscall), the swap-or-not
 //     shuffle, and the witness blooms (murmur3-128 bit positions identical to
 //     bits-and-blooms/bloom/v3 for m = 2560, k = 7);
@@ -24,7 +27,7 @@
 //     (refusing one that holds no lamports with InstanceNotFunded: the runtime
 //     would drop it and strand the coordinator account's rent) and
 //     free_coordinator closes both accounts.
-//   - host/: a host build of core.c, hash.c and input.c (sha256 and the memory
+//   - host/: a host build of every file but entrypoint.c (sha256 and the memory
 //     syscalls written out in shim.c) that the tests drive over a pipe.
 //
 // Tests: the differential tests (TestScenarioFullRun, TestRandomSequences,

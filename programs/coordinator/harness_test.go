@@ -16,11 +16,28 @@ import (
 	coord "github.com/psyche-go/psyche/coordinator"
 )
 
-// The host harness is src/core.c + src/hash.c (the program's state machine,
-// the very files the SBPF build compiles) with src/host/shim.c standing in
-// for the syscalls and src/host/harness.c reading requests from stdin.
+// The host harness is every src/*.c but the SBPF entrypoint (the program's
+// state machine, hashing and input parser: the very files the SBPF build
+// compiles) with src/host/shim.c standing in for the syscalls and
+// src/host/harness.c reading requests from stdin.
 
-var harnessSources = []string{"src/core.c", "src/hash.c", "src/input.c", "src/host/shim.c", "src/host/harness.c"}
+// harnessSources lists them; a file added to src/ joins both builds.
+func harnessSources() ([]string, error) {
+	all, err := filepath.Glob("src/*.c")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, f := range all {
+		if f != filepath.Join("src", "entrypoint.c") {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no C sources in src/")
+	}
+	return append(out, "src/host/shim.c", "src/host/harness.c"), nil
+}
 
 var (
 	harnessOnce sync.Once
@@ -68,7 +85,12 @@ func buildHarness(t *testing.T) string {
 		}
 		out := filepath.Join(harnessDir, "harness")
 		base := []string{"-DPSY_HOST", "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", out}
-		base = append(base, harnessSources...)
+		srcs, err := harnessSources()
+		if err != nil {
+			harnessErr = err
+			return
+		}
+		base = append(base, srcs...)
 		var logs bytes.Buffer
 		for _, cc := range ccs {
 			for _, extra := range [][]string{{"-fsanitize=address,undefined", "-fno-sanitize-recover=all"}, nil} {

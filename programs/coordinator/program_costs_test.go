@@ -32,7 +32,7 @@ const (
 	// costSlot is the validator's slot: the chain clock moves once a slot.
 	costSlot = 50 * time.Millisecond
 	// defaultBudget is the compute units an instruction gets when its
-	// transaction asks for no more; witnessTarget is the target for
+	// transaction asks for no more; witnessTarget is the target for
 	// a witness report.
 	defaultBudget = 200_000
 	witnessTarget = 60_000

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
@@ -35,23 +36,15 @@ func (m *Model) CheckpointTensors() []checkpoint.Tensor {
 // Save writes the parameters and the model shape (plus meta) to a
 // safetensors file atomically.
 func (m *Model) Save(ctx context.Context, path string, meta map[string]string) error {
-	meta, err := checkpoint.WithModelConfig(meta, m.checkpointConfig())
-	if err != nil {
-		return err
-	}
-	return checkpoint.Save(ctx, path, m.CheckpointTensors(), meta)
+	return lm.Save(ctx, path, m.CheckpointTensors(), m.checkpointConfig(), meta)
 }
 
 // LoadParams copies a checkpoint's tensors into the model, checking that the
 // checkpoint describes this model's shape and that every tensor is there with
 // the right shape.
 func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
-	mc, err := ck.ModelConfig()
-	if err != nil {
+	if err := lm.CheckShape("gpt", ck, m.checkpointConfig()); err != nil {
 		return err
-	}
-	if mc != m.checkpointConfig() {
-		return fmt.Errorf("gpt: checkpoint is for %+v, this model is %+v", mc, m.checkpointConfig())
 	}
 	for i, s := range m.Specs() {
 		data, err := ck.Tensor(s.Name, s.Shape)
@@ -74,17 +67,5 @@ func Load(path string, be kernels.Backend) (*Model, error) {
 
 // FromCheckpoint builds the model a decoded checkpoint describes.
 func FromCheckpoint(ck *checkpoint.Checkpoint, be kernels.Backend) (*Model, error) {
-	mc, err := ck.ModelConfig()
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := ConfigFromCheckpoint(mc)
-	if err != nil {
-		return nil, err
-	}
-	m, err := New(cfg, 0, be)
-	if err != nil {
-		return nil, err
-	}
-	return m, m.LoadParams(ck)
+	return lm.FromCheckpoint(ck, ConfigFromCheckpoint, func(c Config) (*Model, error) { return New(c, 0, be) })
 }

@@ -37,8 +37,6 @@ type TensorSpec struct {
 	Shape []int
 }
 
-func (s TensorSpec) size() int { return lm.Size(s.Shape) }
-
 // Specs lists the parameter tensors in storage order.
 func (c Config) Specs() []TensorSpec {
 	V, T, C, L := c.Vocab, c.Context, c.Width, c.Layers
@@ -63,13 +61,7 @@ func (c Config) Specs() []TensorSpec {
 }
 
 // NumParams is the number of parameters.
-func (c Config) NumParams() int {
-	n := 0
-	for _, s := range c.Specs() {
-		n += s.size()
-	}
-	return n
-}
+func (c Config) NumParams() int { return lm.NumParams(c.shapes()) }
 
 // params are views into one buffer, in Specs order.
 type params struct {
@@ -117,11 +109,10 @@ type Model struct {
 	b, t int
 	act  activations
 	grad activations
+	head lm.Head
 	// inputs and targets of the last forward pass
 	inputs, targets []uint32
-	positions       []uint32  // each token's position in its sequence
-	losses          []float32 // host copy of act.losses
-	logits          []float32 // host copy of act.logits, made by Logits
+	positions       []uint32 // each token's position in its sequence
 }
 
 // New returns a model with GPT-2 style initial weights drawn from seed:

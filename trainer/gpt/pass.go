@@ -25,9 +25,6 @@ type activations struct {
 	lnf     kernels.Tensor
 	lnfMean kernels.Tensor
 	lnfRstd kernels.Tensor
-	logits  kernels.Tensor // a chunk of the output layer's rows (lm.HeadRows), scratch
-	full    kernels.Tensor // all b·t rows of logits, made by the first Forward without targets
-	losses  kernels.Tensor
 }
 
 func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activations {
@@ -36,22 +33,9 @@ func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activat
 	f := ar.Alloc
 	a := activations{arena: ar, encoded: f(BT * C), lnf: f(BT * C)}
 	if stats {
-		a.lnfMean, a.lnfRstd, a.losses = f(BT), f(BT), f(BT)
-		a.logits = f(lm.HeadRows(c.Vocab, BT) * c.Vocab)
+		a.lnfMean, a.lnfRstd = f(BT), f(BT)
 	}
-	// The attention probabilities are kept per layer for the backward
-	// pass; their gradient is scratch within one layer's backward, so the
-	// gradients' layers share one (a 1B model at 2048 tokens: 8.6 GB less).
-	var sharedAtt kernels.Tensor
-	if !stats {
-		sharedAtt = f(b * c.Heads * t * t)
-	}
-	att := func() kernels.Tensor {
-		if stats {
-			return f(b * c.Heads * t * t)
-		}
-		return sharedAtt
-	}
+	att := ar.AttentionProbs(b*c.Heads*t*t, stats)
 	for l := 0; l < c.Layers; l++ {
 		la := layerActs{ln1: f(BT * C), qkv: f(BT * 3 * C), atty: f(BT * C), att: att(),
 			attproj: f(BT * C), resid2: f(BT * C), ln2: f(BT * C), fch: f(BT * 4 * C), fchGelu: f(BT * 4 * C),
@@ -76,33 +60,25 @@ func (m *Model) ensure(b, t int) {
 	m.b, m.t = b, t
 	m.act = m.Config.newActivations(m.be, b, t, true)
 	m.grad = m.Config.newActivations(m.be, b, t, false)
-	m.losses = make([]float32, b*t)
+	m.head = lm.NewHead(m.be, m.act.arena, b*t, m.Width, m.Vocab)
 	m.positions = make([]uint32, b*t)
 	for i := range m.positions {
 		m.positions[i] = uint32(i % t)
 	}
-	m.logits = nil
 }
 
 // matmul computes out = in·wᵀ + bias for rows rows: in is rows×ic, w is oc×ic.
 func (m *Model) matmul(out, in, w, bias kernels.Tensor, rows, ic, oc int) {
-	m.be.Gemm(false, true, rows, oc, ic, 1, in, ic, w, ic, 0, out, oc)
-	if bias.Len() > 0 {
-		m.be.AddBias(out, bias, rows, oc)
-	}
+	lm.Matmul(m.be, out, in, w, bias, rows, ic, oc)
 }
 
 // matmulBackward accumulates dIn += dOut·w, dW += dOutᵀ·in, dBias += Σ dOut.
 func (m *Model) matmulBackward(dIn, dW, dBias, dOut, in, w kernels.Tensor, rows, ic, oc int) {
-	m.be.Gemm(false, false, rows, ic, oc, 1, dOut, oc, w, ic, 1, dIn, ic)
-	m.be.Gemm(true, false, oc, ic, rows, 1, dOut, oc, in, ic, 1, dW, ic)
-	if dBias.Len() > 0 {
-		m.be.BiasBackward(dBias, dOut, rows, oc)
-	}
+	lm.MatmulBackward(m.be, dIn, dW, dBias, dOut, in, w, rows, ic, oc)
 }
 
 // per is layer l's part of a stacked tensor of per-layer size n.
-func per(v kernels.Tensor, l, n int) kernels.Tensor { return v.Slice(l*n, (l+1)*n) }
+func per(v kernels.Tensor, l, n int) kernels.Tensor { return lm.Layer(v, l, n) }
 
 // Forward runs b sequences of t tokens (inputs, b·t token ids) and, if
 // targets is not nil, returns the mean cross-entropy loss of predicting
@@ -114,7 +90,6 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 	m.ensure(b, t)
 	m.ToBackend()
 	m.inputs, m.targets = inputs, targets
-	m.logits = nil
 	C, BT, L := m.Width, b*t, m.Layers
 	p, a := &m.dp, &m.act
 
@@ -137,35 +112,18 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 		resid = la.resid3
 	}
 	m.be.LayerNorm(a.lnf, a.lnfMean, a.lnfRstd, resid, p.lnfw, p.lnfb, BT, C)
-	if targets == nil {
-		if a.full.Len() == 0 {
-			a.full = a.arena.Alloc(BT * m.Vocab)
-		}
-		m.matmul(a.full, a.lnf, p.wte, kernels.Tensor{}, BT, C, m.Vocab)
-		return 0, nil
-	}
-	lm.HeadLoss(m.be, a.losses, a.logits, a.lnf, p.wte, targets, BT, C, m.Vocab)
-	m.be.Download(m.losses, a.losses)
-	return lm.MeanLoss(m.losses), nil
+	// The output layer is the token embedding, transposed.
+	return m.head.Forward(a.lnf, p.wte, targets), nil
 }
 
 // SequenceLosses returns each sequence's loss (the mean over its t
 // positions) of the last Forward with targets.
-func (m *Model) SequenceLosses(t int) []float32 { return lm.SequenceLosses(m.losses, t) }
+func (m *Model) SequenceLosses(t int) []float32 { return m.head.SequenceLosses(t) }
 
 // Logits returns the output of the last Forward without targets (b·t rows of
 // vocab logits). On a device backend it is a host copy, made on the first
 // call after a Forward.
-func (m *Model) Logits() []float32 {
-	if kernels.InHostMemory(m.be) {
-		return m.act.full.Host()
-	}
-	if m.logits == nil {
-		m.logits = make([]float32, m.act.full.Len())
-		m.be.Download(m.logits, m.act.full)
-	}
-	return m.logits
-}
+func (m *Model) Logits() []float32 { return m.head.Logits() }
 
 // Backward adds the gradient of the mean loss of the last Forward (which must
 // have had targets) to Grads.
@@ -179,7 +137,7 @@ func (m *Model) Backward() error {
 	m.BeforeBackward()
 	d.arena.Zero()
 
-	lm.HeadBackward(m.be, d.lnf, g.wte, a.losses, a.logits, a.lnf, p.wte, m.targets, BT, C, m.Vocab, 1/float32(BT))
+	m.head.Backward(d.lnf, g.wte, a.lnf, p.wte, m.targets)
 	lastResid := a.encoded
 	dLast := d.encoded
 	if L > 0 {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 
 	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
 )
 
@@ -37,23 +39,21 @@ func ConfigFromCheckpoint(mc checkpoint.ModelConfig) (Config, error) {
 // peers exchange and transformers' safetensors loader reads as is. SaveHF
 // writes a whole Hugging Face directory.
 func (m *Model) Save(ctx context.Context, path string, meta map[string]string) error {
-	meta, err := checkpoint.WithModelConfig(meta, m.checkpointConfig())
-	if err != nil {
-		return err
+	// transformers' safetensors loader wants to be told the tensors are
+	// PyTorch's.
+	meta = maps.Clone(meta)
+	if meta == nil {
+		meta = map[string]string{}
 	}
 	meta["format"] = "pt"
-	return checkpoint.Save(ctx, path, m.CheckpointTensors(), meta)
+	return lm.Save(ctx, path, m.CheckpointTensors(), m.checkpointConfig(), meta)
 }
 
 // LoadParams copies a checkpoint's tensors into the model, checking that the
 // checkpoint describes this model's shape and holds exactly its tensors.
 func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
-	mc, err := ck.ModelConfig()
-	if err != nil {
+	if err := lm.CheckShape("llama", ck, m.checkpointConfig()); err != nil {
 		return err
-	}
-	if mc != m.checkpointConfig() {
-		return fmt.Errorf("llama: checkpoint is for %+v, this model is %+v", mc, m.checkpointConfig())
 	}
 	l := newLoader(m, "")
 	if err := l.take("checkpoint", ck, nil); err != nil {
@@ -64,19 +64,7 @@ func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
 
 // FromCheckpoint builds the model a decoded checkpoint describes.
 func FromCheckpoint(ck *checkpoint.Checkpoint, be kernels.Backend) (*Model, error) {
-	mc, err := ck.ModelConfig()
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := ConfigFromCheckpoint(mc)
-	if err != nil {
-		return nil, err
-	}
-	m, err := New(cfg, 0, be)
-	if err != nil {
-		return nil, err
-	}
-	return m, m.LoadParams(ck)
+	return lm.FromCheckpoint(ck, ConfigFromCheckpoint, func(c Config) (*Model, error) { return New(c, 0, be) })
 }
 
 // Load builds a model from a path: a Hugging Face directory (LoadHF) or a

@@ -179,9 +179,10 @@ func (m *Model) hfTensors(p params) []checkpoint.Tensor {
 // (views, not copies).
 func (m *Model) CheckpointTensors() []checkpoint.Tensor { return m.hfTensors(m.p) }
 
-// GradCheckpointTensors names the gradients as CheckpointTensors names the
-// parameters (views into Grads): what scripts/check-torch compares.
-func (m *Model) GradCheckpointTensors() []checkpoint.Tensor { return m.hfTensors(m.g) }
+// HFGradTensors names the gradients as CheckpointTensors names the
+// parameters, Hugging Face's names (views into Grads): what
+// scripts/check-torch compares.
+func (m *Model) HFGradTensors() []checkpoint.Tensor { return m.hfTensors(m.g) }
 
 // ignoredTensors are buffers that older transformers versions saved with
 // the weights and that hold no parameter (RoPE's inverse frequencies, which

@@ -63,8 +63,6 @@ type TensorSpec struct {
 	Shape []int
 }
 
-func (s TensorSpec) size() int { return lm.Size(s.Shape) }
-
 // qkvRows is the output width of a layer's fused query/key/value projection.
 func (c Config) qkvRows() int { return (c.Heads + 2*c.KVHeads) * c.HeadDim() }
 
@@ -89,13 +87,7 @@ func (c Config) Specs() []TensorSpec {
 }
 
 // NumParams is the number of parameters.
-func (c Config) NumParams() int {
-	n := 0
-	for _, s := range c.Specs() {
-		n += s.size()
-	}
-	return n
-}
+func (c Config) NumParams() int { return lm.NumParams(c.shapes()) }
 
 // params are views into one buffer, in Specs order; head aliases embed when
 // the head is tied.
@@ -125,9 +117,8 @@ type Model struct {
 
 	b, t            int
 	act, grad       activations
+	head            lm.Head
 	inputs, targets []uint32
-	losses          []float32 // host copy of act.losses
-	logits          []float32 // host copy of act.logits, made by Logits
 }
 
 // tparams are params as the backend keeps them.

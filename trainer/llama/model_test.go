@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/internal/modeltest"
 	"github.com/psyche-go/psyche/trainer/kernels"
 )
@@ -109,17 +108,8 @@ func TestBackendMatchesGo(t *testing.T) {
 // TestChunkedHead runs the output layer three rows at a time (a 15-token
 // batch: chunks of 3) against all at once.
 func TestChunkedHead(t *testing.T) {
-	old := lm.MaxHeadValues
-	defer func() { lm.MaxHeadValues = old }()
-	lm.MaxHeadValues = 3 * tinyTied.Vocab
-	chunked, _ := New(tinyTied, 4, kernels.OnHost(kernels.Go{}))
-	if _, err := chunked.Forward(make([]uint32, 15), make([]uint32, 15), 3, 5); err != nil {
-		t.Fatal(err)
-	}
-	if n := chunked.act.logits.Len(); n != 3*tinyTied.Vocab {
-		t.Fatalf("logits scratch of %d values, want 3 rows of %d", n, tinyTied.Vocab)
-	}
-	lm.MaxHeadValues = old
-	whole, _ := New(tinyTied, 4, kernels.OnHost(kernels.Go{}))
-	modeltest.ChunkedHead(t, chunked, whole, tinyTied.Vocab)
+	modeltest.ChunkedHead(t, func() *Model {
+		m, _ := New(tinyTied, 4, kernels.OnHost(kernels.Go{}))
+		return m
+	}, func(m *Model) int { return m.head.ChunkRows() }, tinyTied.Vocab)
 }

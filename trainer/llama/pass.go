@@ -25,9 +25,6 @@ type activations struct {
 	layers   []layerActs
 	norm     kernels.Tensor
 	normRstd kernels.Tensor
-	logits   kernels.Tensor // a chunk of the output layer's rows (lm.HeadRows), scratch
-	full     kernels.Tensor // all b·t rows of logits, made by the first Forward without targets
-	losses   kernels.Tensor
 }
 
 func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activations {
@@ -36,22 +33,9 @@ func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activat
 	f := ar.Alloc
 	a := activations{arena: ar, encoded: f(BT * C), norm: f(BT * C)}
 	if stats {
-		a.normRstd, a.losses = f(BT), f(BT)
-		a.logits = f(lm.HeadRows(c.Vocab, BT) * c.Vocab)
+		a.normRstd = f(BT)
 	}
-	// The attention probabilities are kept per layer for the backward
-	// pass; their gradient is scratch within one layer's backward, so the
-	// gradients' layers share one (a 1B model at 2048 tokens: 8.6 GB less).
-	var sharedAtt kernels.Tensor
-	if !stats {
-		sharedAtt = f(b * c.Heads * t * t)
-	}
-	att := func() kernels.Tensor {
-		if stats {
-			return f(b * c.Heads * t * t)
-		}
-		return sharedAtt
-	}
+	att := ar.AttentionProbs(b*c.Heads*t*t, stats)
 	for l := 0; l < c.Layers; l++ {
 		la := layerActs{norm1: f(BT * C), qkv: f(BT * c.qkvRows()), atty: f(BT * C), att: att(),
 			attproj: f(BT * C), resid2: f(BT * C), norm2: f(BT * C), gateUp: f(BT * 2 * I), swiglu: f(BT * I),
@@ -64,6 +48,7 @@ func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activat
 	return a
 }
 
+// ensure sizes the activation buffers for b sequences of t tokens.
 func (m *Model) ensure(b, t int) {
 	if m.b == b && m.t == t {
 		return
@@ -75,23 +60,21 @@ func (m *Model) ensure(b, t int) {
 	m.b, m.t = b, t
 	m.act = m.Config.newActivations(m.be, b, t, true)
 	m.grad = m.Config.newActivations(m.be, b, t, false)
-	m.losses = make([]float32, b*t)
-	m.logits = nil
+	m.head = lm.NewHead(m.be, m.act.arena, b*t, m.Width, m.Vocab)
 }
 
 // matmul computes out = in·wᵀ: in is rows×ic, w is oc×ic.
 func (m *Model) matmul(out, in, w kernels.Tensor, rows, ic, oc int) {
-	m.be.Gemm(false, true, rows, oc, ic, 1, in, ic, w, ic, 0, out, oc)
+	lm.Matmul(m.be, out, in, w, kernels.Tensor{}, rows, ic, oc)
 }
 
 // matmulBackward accumulates dIn += dOut·w and dW += dOutᵀ·in.
 func (m *Model) matmulBackward(dIn, dW, dOut, in, w kernels.Tensor, rows, ic, oc int) {
-	m.be.Gemm(false, false, rows, ic, oc, 1, dOut, oc, w, ic, 1, dIn, ic)
-	m.be.Gemm(true, false, oc, ic, rows, 1, dOut, oc, in, ic, 1, dW, ic)
+	lm.MatmulBackward(m.be, dIn, dW, kernels.Tensor{}, dOut, in, w, rows, ic, oc)
 }
 
 // layer is layer l's part of a stacked tensor of per-layer size n.
-func layer(v kernels.Tensor, l, n int) kernels.Tensor { return v.Slice(l*n, (l+1)*n) }
+func layer(v kernels.Tensor, l, n int) kernels.Tensor { return lm.Layer(v, l, n) }
 
 // Forward runs b sequences of t tokens (inputs, b·t token ids) and, if
 // targets is not nil, returns the mean cross-entropy loss of predicting
@@ -103,7 +86,6 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 	m.ensure(b, t)
 	m.ToBackend()
 	m.inputs, m.targets = inputs, targets
-	m.logits = nil
 	C, BT, I, W, hd := m.Width, b*t, m.Intermediate, m.qkvRows(), m.HeadDim()
 	p, a, eps := &m.dp, &m.act, m.eps()
 
@@ -126,35 +108,17 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 		resid = la.resid3
 	}
 	m.be.RMSNorm(a.norm, a.normRstd, resid, p.norm, BT, C, eps)
-	if targets == nil {
-		if a.full.Len() == 0 {
-			a.full = a.arena.Alloc(BT * m.Vocab)
-		}
-		m.matmul(a.full, a.norm, p.head, BT, C, m.Vocab)
-		return 0, nil
-	}
-	lm.HeadLoss(m.be, a.losses, a.logits, a.norm, p.head, targets, BT, C, m.Vocab)
-	m.be.Download(m.losses, a.losses)
-	return lm.MeanLoss(m.losses), nil
+	return m.head.Forward(a.norm, p.head, targets), nil
 }
 
 // SequenceLosses returns each sequence's loss (the mean over its t
 // positions) of the last Forward with targets.
-func (m *Model) SequenceLosses(t int) []float32 { return lm.SequenceLosses(m.losses, t) }
+func (m *Model) SequenceLosses(t int) []float32 { return m.head.SequenceLosses(t) }
 
 // Logits returns the output of the last Forward without targets (b·t rows of
 // vocab logits). On a device backend it is a host copy, made on the first
 // call after a Forward.
-func (m *Model) Logits() []float32 {
-	if kernels.InHostMemory(m.be) {
-		return m.act.full.Host()
-	}
-	if m.logits == nil {
-		m.logits = make([]float32, m.act.full.Len())
-		m.be.Download(m.logits, m.act.full)
-	}
-	return m.logits
-}
+func (m *Model) Logits() []float32 { return m.head.Logits() }
 
 // Backward adds the gradient of the mean loss of the last Forward (which must
 // have had targets) to Grads.
@@ -168,7 +132,7 @@ func (m *Model) Backward() error {
 	m.BeforeBackward()
 	d.arena.Zero()
 
-	lm.HeadBackward(m.be, d.norm, g.head, a.losses, a.logits, a.norm, p.head, m.targets, BT, C, m.Vocab, 1/float32(BT))
+	m.head.Backward(d.norm, g.head, a.norm, p.head, m.targets)
 	last, dLast := a.layers[L-1].resid3, d.layers[L-1].resid3
 	m.be.RMSNormBackward(dLast, g.norm, d.norm, last, p.norm, a.normRstd, BT, C)
 	for l := L - 1; l >= 0; l-- {
@@ -209,4 +173,4 @@ func (c Config) FLOPsPerToken(t int) float64 {
 }
 
 // hostLayer is layer l's part of a stacked host buffer of per-layer size n.
-func hostLayer(v []float32, l, n int) []float32 { return v[l*n : (l+1)*n] }
+func hostLayer(v []float32, l, n int) []float32 { return lm.HostLayer(v, l, n) }

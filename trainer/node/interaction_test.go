@@ -31,7 +31,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the transcripts in testdata/ 
 // Lines starting with # between blocks are comments. Run with -rewrite to
 // regenerate the expected output, then review the diff.
 func TestTranscripts(t *testing.T) {
-	transcript.RunDir(t, *rewrite, func(t *testing.T) func(cmd string) string {
+	transcript.RunDir(t, *rewrite, func(t *testing.T) func(a *transcript.Args) string {
 		h := &harness{t: t, names: map[coordinator.Pubkey]string{}, p2pNames: map[coordinator.Pubkey]string{}, frames: map[*distro.Frame]string{}}
 		return h.run
 	})
@@ -78,34 +78,11 @@ func nameVersion(s string) (string, string) {
 	return n, v
 }
 
-// args splits "cmd k=v k2=v2" into the command and its arguments.
-func args(line string) (string, map[string]string) {
-	f := strings.Fields(line)
-	kv := map[string]string{}
-	for _, a := range f[1:] {
-		k, v, _ := strings.Cut(a, "=")
-		kv[k] = v
-	}
-	return f[0], kv
-}
-
-func (h *harness) num(kv map[string]string, key string, def uint64) uint64 {
-	v, ok := kv[key]
-	if !ok {
-		return def
-	}
-	n, err := strconv.ParseUint(v, 10, 64)
-	if err != nil {
-		h.t.Fatalf("%s=%q: %v", key, v, err)
-	}
-	return n
-}
-
-func names(kv map[string]string, key string) []string {
-	if kv[key] == "" {
+func names(kv *transcript.Args, key string) []string {
+	if kv.Get(key) == "" {
 		return nil
 	}
-	return strings.Split(kv[key], ",")
+	return strings.Split(kv.Get(key), ",")
 }
 
 // run executes one command and describes what happened.
@@ -136,8 +113,8 @@ func names(kv map[string]string, key string) []string {
 //	checkpoint who=b                 b records the epoch's checkpoint
 //	pause, resume                    the run's authority pauses or resumes it
 //	state                            the coordinator, described
-func (h *harness) run(line string) string {
-	cmd, kv := args(line)
+func (h *harness) run(kv *transcript.Args) string {
+	cmd := kv.Cmd
 	switch cmd {
 	case "run":
 		return h.newRun(kv)
@@ -148,7 +125,7 @@ func (h *harness) run(line string) string {
 		}
 		return strings.Join(out, "\n") + "\n" + h.s.Describe()
 	case "tick":
-		for i := uint64(0); i < h.num(kv, "n", 1); i++ {
+		for i := uint64(0); i < kv.Uint(h.t, "n", 1); i++ {
 			h.now++
 			// A second in which nothing is due is what a backend's ticker
 			// skips; only other refusals are the transcript's business.
@@ -189,26 +166,26 @@ func (h *harness) run(line string) string {
 			h.t.Fatalf("trained: no Ready asked for a training to publish")
 		}
 		h.train = nil
-		loss, err := strconv.ParseFloat(kv["loss"], 32)
+		loss, err := strconv.ParseFloat(kv.Get("loss"), 32)
 		if err != nil {
 			loss = 2.5
 		}
 		return h.ready(h.m.trainedResult(h.announcement(h.me, w.Step, w.Batch), h.frame(h.me, w.Step), trainStats{loss: float32(loss)}))
 	case "announce":
-		who := kv["who"]
-		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
+		who := kv.Get("who")
+		step := uint32(kv.Uint(h.t, "step", uint64(h.s.Progress.Step)))
 		a := h.announcement(who, step, h.batchOf(who, step))
-		a.Commitment = versionOf(who, step, kv["v"])
+		a.Commitment = versionOf(who, step, kv.Get("v"))
 		return h.ready(h.m.announced(a))
 	case "fetched":
-		who := kv["who"]
-		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
+		who := kv.Get("who")
+		step := uint32(kv.Uint(h.t, "step", uint64(h.s.Progress.Step)))
 		a := h.announcement(who, step, h.batchOf(who, step))
-		a.Commitment = versionOf(who, step, kv["v"])
-		switch kv["err"] {
+		a.Commitment = versionOf(who, step, kv.Get("v"))
+		switch kv.Get("err") {
 		case "":
 			label := who
-			if v := kv["v"]; v != "" && v != "1" {
+			if v := kv.Get("v"); v != "" && v != "1" {
 				label += "/" + v
 			}
 			return h.ready(h.m.fetched(a, h.frame(label, step), nil, false))
@@ -217,9 +194,9 @@ func (h *harness) run(line string) string {
 		case "invalid":
 			return h.ready(h.m.fetched(a, nil, errors.New("not a frame"), true))
 		}
-		h.t.Fatalf("fetched: err=%q", kv["err"])
+		h.t.Fatalf("fetched: err=%q", kv.Get("err"))
 	case "pulled":
-		step := uint32(h.num(kv, "step", uint64(h.s.Progress.Step)))
+		step := uint32(kv.Uint(h.t, "step", uint64(h.s.Progress.Step)))
 		var list []p2p.Announcement
 		for _, nv := range names(kv, "who") {
 			n, v := nameVersion(nv)
@@ -233,7 +210,7 @@ func (h *harness) run(line string) string {
 	case "due-tick":
 		return h.ready(h.m.tickDue(h.now))
 	case "time":
-		h.now += h.num(kv, "n", 1)
+		h.now += kv.Uint(h.t, "n", 1)
 		return fmt.Sprintf("now=%d", h.now)
 	case "tick-sent":
 		out := "tick: " + h.apply(h.me, &coordinator.Tick{})
@@ -244,14 +221,14 @@ func (h *harness) run(line string) string {
 	case "checkpoint":
 		var src coordinator.CheckpointSource
 		_ = coordinator.SetFixedString(src.URL[:], "file:///ckpt")
-		return kv["who"] + ": " + h.apply(kv["who"], &coordinator.RecordCheckpoint{Source: src}) + "\n" + h.s.Describe()
+		return kv.Get("who") + ": " + h.apply(kv.Get("who"), &coordinator.RecordCheckpoint{Source: src}) + "\n" + h.s.Describe()
 	}
 	h.t.Fatalf("unknown command %q", cmd)
 	return ""
 }
 
-func (h *harness) newRun(kv map[string]string) string {
-	h.me = kv["me"]
+func (h *harness) newRun(kv *transcript.Args) string {
+	h.me = kv.Get("me")
 	admin := sha256.Sum256([]byte("admin"))
 	id, _ := coordinator.ParseRunID("transcript")
 	s, err := coordinator.New(coordinator.InitCoordinator{MainAuthority: admin, RunID: id})
@@ -263,11 +240,11 @@ func (h *harness) newRun(kv map[string]string) string {
 		h.names[idOf(n).Signer] = n
 		h.p2pNames[idOf(n).P2P] = n
 	}
-	batch := uint16(h.num(kv, "batch", 6))
-	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: h.num(kv, "train-time", 10), RoundWitnessTime: 2,
-		EpochTime: h.num(kv, "epoch-time", 100), WaitingForMembersExtraTime: 1, TotalSteps: 100,
+	batch := uint16(kv.Uint(h.t, "batch", 6))
+	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: kv.Uint(h.t, "train-time", 10), RoundWitnessTime: 2,
+		EpochTime: kv.Uint(h.t, "epoch-time", 100), WaitingForMembersExtraTime: 1, TotalSteps: 100,
 		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(len(names(kv, "clients"))),
-		MinClients: uint16(h.num(kv, "min", 2)), WitnessNodes: uint16(h.num(kv, "witness-nodes", 0))}
+		MinClients: uint16(kv.Uint(h.t, "min", 2)), WitnessNodes: uint16(kv.Uint(h.t, "witness-nodes", 0))}
 	m := coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2, MaxSeqLen: 8,
 		VocabSize: 256, DModel: 8, NLayers: 1, NHeads: 1, LR: coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 0.5},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.9, CompressionTopK: 2, CompressionChunk: 8}}
@@ -280,7 +257,7 @@ func (h *harness) newRun(kv map[string]string) string {
 		}
 	}
 	k := uint64(0)
-	h.m = newMachine(idOf(h.me), int(h.num(kv, "epochs", 0)), kv["ticking"] == "true", func() uint64 { k++; return k })
+	h.m = newMachine(idOf(h.me), int(kv.Uint(h.t, "epochs", 0)), kv.Get("ticking") == "true", func() uint64 { k++; return k })
 	return h.s.Describe()
 }
 

@@ -16,77 +16,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/schedule"
 )
 
-// Verified work. A run's verification_percent is the share of each round's
-// trainers whose results the round's witnesses check, three ways.
-//
-// Loss reports. Every result carries its trainer's loss on each sequence of
-// its batch, on the model it trained on (distro.Frame.Losses). A witness
-// measures the scored sequences of the round's sampled batches on that very
-// model (a round trains on the model two rounds back, which every node
-// holds until it has published its own result of the round; the driver
-// measures them right after publishing, before the next apply: a
-// TrainWork's Reference) and compares: the same model on the same data
-// gives the same loss but for rounding, and two sequences of a text differ
-// by tenths. A trainer that trained on other data, or reports what it did
-// not compute, fails; reportFailing failures among its last reportWindow
-// reports leave it out. This is the check that holds at any batch size,
-// for one forward pass of the scored sequences a round. What it proves is
-// that the trainer ran its assigned sequences through the round's model: a
-// trainer that does that and then sends something else is left to the
-// next two tests.
-//
-// The work test, in the spirit of Templar's Gauntlet: the witness measures
-// the loss on the scored sequences of the trainer's batch before and after
-// applying that result alone (on its current model). An honest result
-// lowers it (on localnet's batches: 0 to 1 times in 60–80 it did not),
-// noise raises it (39 times in 63 it did not lower it), and zeros leave
-// it. A trainer fails when at least workFailing of its last scoreWindow
-// drops are at or below 0, while the median trainer has at most
-// scoreClear. Noise lowers the loss about half the time (a random step's
-// first-order effect is as often up as down), so a window of 8 holds 4 or
-// more failures with probability 0.64, and each later result is another
-// chance; an honest trainer whose drops fail 1 time in 60 holds 4 with
-// probability about 4e-6.
-//
-// The assignment test, on batches of at most assignmentBatchMax sequences:
-// the same drop on a control batch (the next sampled trainer's), scored
-//
-//	(drop on its own batch − drop on the control) / (|drop on its own| + |drop on the control|)
-//
-// in [−1, 1]. A result trained on its batch lowers that batch's loss more
-// than another's, by how much depends on how few sequences the batch
-// holds: trained on 3 sequences and read on 2, honest trainers score at or
-// below 0 3–22% of the time (means about 0.1; a trainer's scores come in
-// streaks, as its update carries its earlier batches' momentum), while a
-// result of no work, or one trained on other data, scores about 0, at or
-// below 0 58–88% of the time; trained on 24 and read on 2 of them, honest
-// scores are at or below 0 20–50% of the time, and on 4 wrong data was
-// caught in 2 of 3 runs, on 8 in none: no rule tells honest from lazy there
-// from a window of scores, so above assignmentBatchMax the control is not
-// read. A trainer fails when its last assignmentWindow scores hold at
-// least assignmentFailing at or below 0 and their mean is under half the
-// median of the means of every trainer this node has a full window of,
-// while the median trainer has at most assignmentClear of its window at or
-// below 0. The window is long because honest streaks are: 5 of 8, the
-// rule before, failed 4 of 60 honest trainers' streams over two epochs of
-// TestVerificationSparesHonestTrainers (a fifth of its runs), 8 of 12 and
-// 10 of 16 none; the loss reports catch the lazy and the wrong data at
-// every batch size, so this test is left what they cannot see (a trainer
-// that reports its assigned sequences truly and sends an update of other
-// data), and it may be slow to.
-//
-// Each test judges a trainer against its peers (at least three of them
-// with full windows, itself included, so that a minority of lazy ones
-// cannot set the medians): where honest work is not visible, or this
-// node's own model went astray, nobody fails. A failing trainer is left
-// out of the witness's participant and broadcast blooms: its results are
-// not applied, and the next round's health check drops it like a trainer
-// that sent nothing. Which trainers are sampled, their scored sequences and
-// the control batches come from the round's seed, so every witness checks
-// the same results on the same data; the work and assignment tests run on
-// the witness's current model, which may be a round apart from another
-// witness's, which moves a score by far less than the margin between the
-// two kinds.
+// The rules of verified work and why these thresholds: docs/security.md.
 const (
 	scoreWindow       = 8 // the work test's
 	workFailing       = 4

@@ -1,8 +1,8 @@
 /*
  * The psyche coordinator: the account layout, the error codes and the
- * interface between the state-machine core (core.c, hash.c) and its two
- * drivers, the SBPF entrypoint (entrypoint.c) and the host test harness
- * (host/harness.c).
+ * interface between the state-machine core (the files core.h lists, and
+ * hash.c) and its two drivers, the SBPF entrypoint (entrypoint.c) and the
+ * host test harness (host/harness.c).
  *
  * Freestanding C for clang -target bpfel -mcpu=v2 (docs/architecture.md §5): no libc, no
  * mutable globals, at most five arguments per function, no struct returns,

@@ -1,6 +1,10 @@
 // Package lm holds what the language models (trainer/gpt, trainer/llama)
 // share: parameter buffers split into tensors, their initialisation, the
-// checks on a batch and the mean of the per-token losses.
+// checks on a batch, activation arenas, matrix products and their
+// gradients, the output layer (Head: chunked logits, losses, their
+// gradient) and the checkpoint plumbing (Save, CheckShape, FromCheckpoint).
+// A model keeps only what is its own: its tensors, its layers' passes and
+// their Hugging Face names.
 package lm
 
 import (

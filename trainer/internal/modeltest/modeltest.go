@@ -8,6 +8,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 )
 
 // Model is what Check needs of a model.
@@ -281,12 +283,25 @@ func MatchesGo(t testing.TB, m, goModel Model, vocab int, tol float64) {
 	}
 }
 
-// ChunkedHead compares a model whose output layer computes its logits a
-// few rows at a time (lm.MaxHeadValues lowered to chunkValues before
-// chunked was made) with one that computes them all at once (whole): same
-// loss and gradients up to the order of float32 sums.
-func ChunkedHead(t testing.TB, chunked, whole Model, vocab int) {
+// ChunkedHead compares a model whose output layer computes its logits
+// three rows at a time (a 15-token batch: five chunks) with one that
+// computes them all at once: same loss and gradients up to the order of
+// float32 sums. build makes a model (each call an equal one); chunkRows
+// reports how many rows of logits a model computes at a time.
+func ChunkedHead[M Model](t testing.TB, build func() M, chunkRows func(M) int, vocab int) {
 	t.Helper()
+	old := lm.MaxHeadValues
+	defer func() { lm.MaxHeadValues = old }()
+	lm.MaxHeadValues = 3 * vocab
+	chunked := build()
+	if _, err := chunked.Forward(make([]uint32, 15), make([]uint32, 15), 3, 5); err != nil {
+		t.Fatal(err)
+	}
+	if n := chunkRows(chunked); n != 3 {
+		t.Fatalf("the output layer computes %d rows at a time, want 3", n)
+	}
+	lm.MaxHeadValues = old
+	whole := build()
 	MatchesGo(t, chunked, whole, vocab, 1e-5)
 }
 

@@ -26,7 +26,7 @@ func run() error {
 		ns      = flag.String("n", "4,16,64,256", "numbers of trainers, comma-separated")
 		rounds  = flag.Int("rounds", 8, "training rounds per run (the first two are not measured)")
 		seed    = flag.Uint64("seed", 1, "seed of the links, the coordinator's round seeds and the bloom keys")
-		network = flag.String("network", "1G-50ms", "links: 1G-50ms (the issue's target), internet or loopback")
+		network = flag.String("network", "1G-50ms", "links: 1G-50ms (the target), internet or loopback")
 		step    = flag.Duration("step-time", 734*time.Millisecond, "compute of one trainer's step (one sequence); default: the Llama-3.2-1B shape on an H100, docs/benchmarks.md")
 		apply   = flag.Duration("apply-time", 0, "compute of applying a round, fixed part")
 		perRes  = flag.Duration("apply-per-result", 0, "compute of applying a round, per result")

@@ -1,6 +1,6 @@
 /*
  * Host stand-ins for the Solana syscalls that the coordinator core uses, so
- * that the test harness runs the very same core.c and hash.c as the chain:
+ * that the test harness runs the very same core files and hash.c as the chain:
  * sha256 (FIPS 180-4, written out here), memcpy/memset with the runtime's
  * rules (sol_memcpy_ refuses overlapping ranges) and sol_log_ to stderr.
  */

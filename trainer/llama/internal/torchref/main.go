@@ -3,6 +3,7 @@
 // and model.safetensors), a batch, and what the Go model computes from them
 // (logits, loss, every parameter's gradient, the parameters after one AdamW
 // step and after one DisTrO step), as safetensors with Hugging Face names.
+// trainer/internal/torchref describes the files.
 //
 //	go run ./trainer/llama/internal/torchref -dir DIR [-kv 2] [-tied]
 //
@@ -14,22 +15,18 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
-	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 
 	"github.com/psyche-go/psyche/distro"
-	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/internal/torchref"
 	"github.com/psyche-go/psyche/trainer/llama"
 )
 
 // The steps' hyper-parameters, also written to run.json for the reference.
 type run struct {
-	B, T                 int
-	Inputs, Targets      []uint32
+	torchref.Batch
 	LR                   float32
 	Beta1, Beta2, Eps    float32
 	WeightDecay, Clip    float32
@@ -44,64 +41,32 @@ type run struct {
 }
 
 func main() {
-	dir := flag.String("dir", "", "output directory")
 	kv := flag.Int("kv", 2, "key/value heads (of 4 query heads)")
 	tied := flag.Bool("tied", false, "tie the output head to the embeddings")
 	seed := flag.Uint64("seed", 1, "weights and batch seed")
-	flag.Parse()
-	if *dir == "" {
-		fmt.Fprintln(os.Stderr, "torchref: -dir is required")
-		os.Exit(2)
-	}
-	if err := write(*dir, *kv, *tied, *seed); err != nil {
-		fmt.Fprintln(os.Stderr, "torchref:", err)
-		os.Exit(1)
-	}
+	torchref.Main(func(ctx context.Context, dir string) error { return write(ctx, dir, *kv, *tied, *seed) })
 }
 
-func write(dir string, kv int, tied bool, seed uint64) error {
-	ctx := context.Background()
+func write(ctx context.Context, dir string, kv int, tied bool, seed uint64) error {
 	cfg := llama.Config{Vocab: 96, Context: 16, Width: 32, Layers: 2, Heads: 4, KVHeads: kv, Intermediate: 48,
 		RopeTheta: 10000, TiedHead: tied}
 	m, err := llama.New(cfg, seed, nil)
 	if err != nil {
 		return err
 	}
-	// Weights larger than the initialisation's, and norm weights away from
-	// 1, so every term of every gradient carries signal.
 	r := rand.New(rand.NewPCG(seed, 99))
-	for i := range m.Params {
-		m.Params[i] += float32(r.NormFloat64() * 0.1)
-	}
+	torchref.Perturb(r, m.Params)
 	if err := m.SaveHF(ctx, filepath.Join(dir, "model"), llama.HFOptions{}); err != nil {
 		return err
 	}
-	rn := run{B: 2, T: 12, LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1,
+	rn := run{LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1,
 		Chunk: 8, TopK: 5, Decay: 0.999, NormEps: llama.DefaultNormEps, HeadTied: tied, GQA: kv < cfg.Heads,
 		RopeTheta: cfg.RopeTheta, Vocab: cfg.Vocab, Width: cfg.Width, Layers: cfg.Layers}
-	for i := 0; i < rn.B*rn.T; i++ {
-		rn.Inputs = append(rn.Inputs, uint32(r.IntN(cfg.Vocab)))
-		rn.Targets = append(rn.Targets, uint32(r.IntN(cfg.Vocab)))
-	}
-	var out []checkpoint.Tensor
-	add := func(name string, shape []int, data []float32) {
-		out = append(out, checkpoint.Tensor{Name: name, Shape: shape, Data: append([]float32(nil), data...)})
-	}
-	if _, err := m.Forward(rn.Inputs, nil, rn.B, rn.T); err != nil {
+	rn.Batch = torchref.NewBatch(r, 2, 12, cfg.Vocab)
+	var out torchref.Out
+	add := out.Add
+	if err := out.Pass(m, rn.Batch, cfg.Vocab); err != nil {
 		return err
-	}
-	add("logits", []int{rn.B, rn.T, cfg.Vocab}, m.Logits())
-	loss, err := m.Forward(rn.Inputs, rn.Targets, rn.B, rn.T)
-	if err != nil {
-		return err
-	}
-	add("loss", []int{1}, []float32{loss})
-	m.ZeroGrad()
-	if err := m.Backward(); err != nil {
-		return err
-	}
-	for _, g := range m.GradCheckpointTensors() {
-		add("grad."+g.Name, g.Shape, g.Data)
 	}
 
 	// One AdamW step from these gradients.
@@ -202,12 +167,5 @@ func write(dir string, kv int, tied bool, seed uint64) error {
 	for i, s := range cfg.Specs() {
 		add("distro.norm.after."+s.Name, s.Shape, m.Tensors()[i])
 	}
-	if err := checkpoint.Save(ctx, filepath.Join(dir, "go.safetensors"), out, nil); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(rn, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644)
+	return out.Write(ctx, dir, rn)
 }

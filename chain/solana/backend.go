@@ -19,8 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -33,7 +31,6 @@ import (
 	"github.com/gagliardetto/solana-go/programs/system"
 	"github.com/gagliardetto/solana-go/rpc"
 	"github.com/gagliardetto/solana-go/rpc/jsonrpc"
-	"github.com/gagliardetto/solana-go/rpc/ws"
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
@@ -51,71 +48,6 @@ var (
 	ErrNotConfirmed = errors.New("solana: transaction was not confirmed in time")
 	ErrInsufficient = errors.New("solana: insufficient lamports")
 )
-
-type config struct {
-	rpcs    []string
-	wss     []string
-	program sol.PublicKey
-	log     *slog.Logger
-	retries int
-	confirm time.Duration
-}
-
-// Option configures a Backend.
-type Option func(*config) error
-
-// WithRPC sets the JSON-RPC endpoints, tried in order.
-func WithRPC(urls ...string) Option {
-	return func(c *config) error { c.rpcs = append(c.rpcs, urls...); return nil }
-}
-
-// WebsocketFor is the websocket endpoint Solana's convention puts beside an
-// RPC endpoint (web3.js derives it the same way): ws:// for http:// and
-// wss:// for https://, and when the URL names a port, the port + 1, where
-// solana-test-validator, Agave and psyche's local validator serve it. A URL
-// without a port (an RPC provider behind a proxy) keeps its host and path.
-func WebsocketFor(rpcURL string) (string, error) {
-	u, err := url.Parse(rpcURL)
-	if err != nil {
-		return "", fmt.Errorf("solana: RPC URL %q: %w", rpcURL, err)
-	}
-	switch u.Scheme {
-	case "http":
-		u.Scheme = "ws"
-	case "https":
-		u.Scheme = "wss"
-	default:
-		return "", fmt.Errorf("solana: RPC URL %q is not http(s)", rpcURL)
-	}
-	if p := u.Port(); p != "" {
-		n, err := strconv.Atoi(p)
-		if err != nil || n >= 65535 {
-			return "", fmt.Errorf("solana: RPC URL %q: bad port", rpcURL)
-		}
-		u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(n+1))
-	}
-	return u.String(), nil
-}
-
-// WithWebsocket sets the websocket endpoints, tried in order.
-func WithWebsocket(urls ...string) Option {
-	return func(c *config) error { c.wss = append(c.wss, urls...); return nil }
-}
-
-// WithProgramID sets the coordinator program's address (default LocalProgramID).
-func WithProgramID(id coordinator.Pubkey) Option {
-	return func(c *config) error { c.program = sol.PublicKeyFromBytes(id[:]); return nil }
-}
-
-// WithLogger sets the logger (default: discard).
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error { c.log = l; return nil }
-}
-
-// WithConfirmTimeout bounds the wait for a transaction to be confirmed.
-func WithConfirmTimeout(d time.Duration) Option {
-	return func(c *config) error { c.confirm = d; return nil }
-}
 
 // Backend is the Solana chain.Backend.
 type Backend struct {
@@ -613,66 +545,6 @@ func jsonOf(v any) string {
 		return fmt.Sprint(v)
 	}
 	return string(b)
-}
-
-// Subscribe implements chain.Backend: an accountSubscribe on the coordinator
-// account, re-established after any failure with an immediate fetch of the
-// account so that nothing is missed in between.
-func (b *Backend) Subscribe(ctx context.Context, runID string) (<-chan chain.Snapshot, error) {
-	_, account, err := b.coordinatorAccount(ctx, runID)
-	if err != nil {
-		return nil, err
-	}
-	return chain.Resubscribe(ctx, b.cfg.log, runID, func(ctx context.Context, attempt int, out chan<- chain.Snapshot) error {
-		return b.stream(ctx, b.cfg.wss[attempt%len(b.cfg.wss)], account, out)
-	}), nil
-}
-
-func (b *Backend) stream(ctx context.Context, url string, account sol.PublicKey, out chan<- chain.Snapshot) error {
-	client, err := ws.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	sub, err := client.AccountSubscribeWithOpts(account, rpc.CommitmentConfirmed, sol.EncodingBase64)
-	if err != nil {
-		return err
-	}
-	// No sub.Unsubscribe: in solana-go v1.14.0 it closes the subscription's
-	// channels from this goroutine while the client's reader may still send
-	// on them (a data race, and a possible send on a closed channel). The
-	// connection is this stream's alone, so closing the client ends the
-	// subscription, and the reader closes it from its own goroutine.
-	// The subscription may not be live yet; the fetch covers what lands meanwhile.
-	snap, err := b.snapshotOf(ctx, account)
-	if err != nil {
-		return err
-	}
-	select {
-	case out <- snap:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	for {
-		res, err := sub.Recv(ctx)
-		if err != nil {
-			return err
-		}
-		// Agave notifies a closed account as a default one (no lamports,
-		// no data, owned by the system program); some validators send null.
-		if res == nil || res.Value == nil || res.Value.Lamports == 0 || !res.Value.Owner.Equals(b.cfg.program) {
-			return fmt.Errorf("%w: coordinator account %s closed", chain.ErrRunNotFound, account)
-		}
-		state, err := coordinator.DecodeAccount(res.Value.Data.GetBinary())
-		if err != nil {
-			return err
-		}
-		select {
-		case out <- chain.Snapshot{State: state}:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }
 
 // Airdrop asks the node for lamports (local validators and test networks).

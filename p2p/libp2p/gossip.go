@@ -5,22 +5,17 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
-	"sync"
 	"time"
 
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	pubsubpb "github.com/libp2p/go-libp2p-pubsub/pb"
-	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
 )
-
-const pullTimeout = 10 * time.Second
 
 // messageID names a gossip message by the sha2-256 of its data.
 func messageID(m *pubsubpb.Message) string {
@@ -364,117 +359,6 @@ func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubs
 	return pubsub.ValidationAccept
 }
 
-// An announcement for the step after this node's can come before the
-// coordinator snapshot that starts that round does: its trainer saw the
-// round start first (snapshots reach trainers at different times), trained
-// and published at once. Its batch is then not in this node's assignments
-// yet. Ignoring it would cost this node the result until a pull (a second,
-// and the round waits for this node's witness report), so the validator
-// keeps it, signed and from a client of the epoch, until SetAssignments
-// installs the next view, and judges it then. It is not relayed meanwhile
-// (flood publishing has already sent it to every peer of its trainer).
-type earlyAnnouncement struct {
-	a    p2p.Announcement
-	raw  []byte
-	from peer.ID
-}
-
-// At most this many early announcements are kept per trainer and in all: an
-// honest trainer has one result per round, and a liar fills only its own
-// share.
-const (
-	maxEarlyPerTrainer = 4
-	maxEarly           = 1024
-)
-
-// holdEarly's answers.
-const (
-	earlyNo        = iota // not an early announcement: refuse it
-	earlyKept             // kept until the view moves
-	earlyViewMoved        // the view moved since view: check it again
-)
-
-// holdEarly keeps a for the next view if err says only that its batch is
-// not assigned yet at the step after this node's, and says what it did.
-// view is the view (n.views) read before the check that found err: a view
-// installed since may assign the batch already, so nothing is kept then. a's
-// signature has been verified (check verifies it before the view).
-func (n *Node) holdEarly(a p2p.Announcement, raw []byte, from peer.ID, err error, view uint64) int {
-	if !errors.Is(err, p2p.ErrNotAssigned) || errors.As(err, new(signedMalformed)) {
-		return earlyNo
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.views.Load() != view {
-		return earlyViewMoved
-	}
-	if a.Step != n.step.Load()+1 {
-		return earlyNo
-	}
-	if id, ok := n.clients[a.Trainer.P2P]; !ok || id != a.Trainer {
-		return earlyNo
-	}
-	k := nonceKey{a.Trainer.P2P, a.Nonce}
-	if _, dup := n.early[k]; dup {
-		return earlyKept
-	}
-	if len(n.early) >= maxEarly || n.earlyPer[a.Trainer.P2P] >= maxEarlyPerTrainer {
-		return earlyNo
-	}
-	n.early[k] = earlyAnnouncement{a: a, raw: raw, from: from}
-	n.earlyPer[a.Trainer.P2P]++
-	n.m.Early.Inc()
-	return earlyKept
-}
-
-// releaseEarly judges the early announcements against the view just
-// installed: it delivers those that pass, keeps those still a step ahead,
-// and refuses the rest as the validator would have.
-func (n *Node) releaseEarly() {
-	n.mu.Lock()
-	if len(n.early) == 0 {
-		n.mu.Unlock()
-		return
-	}
-	pending, view := n.early, n.views.Load()
-	n.early, n.earlyPer = map[nonceKey]earlyAnnouncement{}, map[coordinator.Pubkey]int{}
-	n.mu.Unlock()
-	for _, e := range pending {
-		err := n.checkView(&e.a)
-		switch {
-		case err == nil:
-			if !n.markSeen(&e.a) {
-				continue // it came again meanwhile, or by a pull
-			}
-			n.m.Accepted.Inc()
-			if n.hold(&e.a, e.raw) {
-				n.handOver(e.a)
-			}
-		case n.holdEarly(e.a, e.raw, e.from, err, view) == earlyKept:
-		default:
-			n.reject(err, e.from)
-		}
-	}
-}
-
-// hold keeps an accepted announcement for pullers and reports whether the
-// trainer has not had it yet (and marks it delivered).
-func (n *Node) hold(a *p2p.Announcement, raw []byte) (fresh bool) {
-	k := keyOf(a)
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if _, ok := n.heldKeys[k]; !ok && len(n.held[a.Step]) < p2p.MaxPullAnnouncements {
-		n.heldKeys[k] = struct{}{}
-		n.held[a.Step] = append(n.held[a.Step], raw)
-	}
-	if _, ok := n.delivered[k]; ok {
-		return false
-	}
-	n.delivered[k] = struct{}{}
-	n.m.Delivered.Inc()
-	return true
-}
-
 func (n *Node) receiveLoop(ctx context.Context) error {
 	for {
 		m, err := n.sub.Next(ctx)
@@ -597,132 +481,4 @@ func (n *Node) reannounceLoop(ctx context.Context) {
 			n.m.Reannounced.Inc()
 		}
 	}
-}
-
-// servePull answers one pull request with the announcements held for the
-// step. Everything it sends was validated on the way in, and the requester
-// validates it again.
-func (n *Node) servePull(req p2p.PullRequest) []byte {
-	n.mu.Lock()
-	var items [][]byte
-	size := 3
-	for _, it := range n.held[req.Step] {
-		// Stay within what a requester reads; the rest can be pulled from
-		// another peer or arrives by gossip.
-		if len(items) == p2p.MaxPullAnnouncements || size+4+len(it) > p2p.MaxPullResponseSize {
-			break
-		}
-		items = append(items, it)
-		size += 4 + len(it)
-	}
-	n.mu.Unlock()
-	resp, err := p2p.EncodePullResponse(items)
-	if err != nil {
-		return nil
-	}
-	return resp
-}
-
-// serve is the stream handler of a request/response protocol whose requests
-// use the pull request's encoding: it reads one request for this run, and
-// writes what answer returns (nil: reset the stream).
-func (n *Node) serve(timeout time.Duration, answer func(p2p.PullRequest) []byte) network.StreamHandler {
-	return func(s network.Stream) {
-		defer s.Close()
-		_ = s.SetDeadline(time.Now().Add(timeout))
-		b, err := io.ReadAll(io.LimitReader(s, p2p.MaxPullRequestSize+1))
-		if err != nil {
-			s.Reset()
-			return
-		}
-		req, err := p2p.DecodePullRequest(b)
-		if err != nil || req.RunID != *n.cfg.runID {
-			s.Reset()
-			return
-		}
-		resp := answer(req)
-		if resp == nil {
-			s.Reset()
-			return
-		}
-		if _, err := s.Write(resp); err != nil {
-			s.Reset()
-		}
-	}
-}
-
-// Pull asks every connected peer for its announcements of step and returns
-// the valid ones the trainer has not received yet (in no particular order).
-// It fails only if no peer answered.
-func (n *Node) Pull(ctx context.Context, step uint32) ([]p2p.Announcement, error) {
-	if err := n.alive(); err != nil {
-		return nil, err
-	}
-	req, err := p2p.PullRequest{RunID: *n.cfg.runID, Step: step}.MarshalBinary()
-	if err != nil {
-		return nil, err
-	}
-	peers := n.host.Network().Peers()
-	var (
-		mu       sync.Mutex
-		out      []p2p.Announcement
-		answered int
-		lastErr  error
-		wg       sync.WaitGroup
-		limit    = make(chan struct{}, 8)
-	)
-	for _, p := range peers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			limit <- struct{}{}
-			defer func() { <-limit }()
-			got, err := n.pullFrom(ctx, p, req)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				lastErr = err
-				return
-			}
-			answered++
-			out = append(out, got...)
-		}()
-	}
-	wg.Wait()
-	if answered == 0 && len(peers) > 0 {
-		return nil, fmt.Errorf("p2p: pull step %d: no peer answered: %w", step, lastErr)
-	}
-	return out, nil
-}
-
-func (n *Node) pullFrom(ctx context.Context, p peer.ID, req []byte) ([]p2p.Announcement, error) {
-	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
-	defer cancel()
-	b, err := n.request(ctx, p, p2p.PullProtocol, req, p2p.MaxPullResponseSize)
-	if err != nil {
-		return nil, err
-	}
-	remote, _ := pubkeyOf(p)
-	items, err := p2p.DecodePullResponse(b)
-	if err != nil {
-		n.peerError(remote, "pull response", err)
-		return nil, err
-	}
-	var out []p2p.Announcement
-	for _, raw := range items {
-		a, err := n.check(raw)
-		if err != nil {
-			// A peer only serves what it validated: a bad item is its fault.
-			n.reject(err, p)
-			n.peerError(remote, "pull item", err)
-			continue
-		}
-		if n.markSeen(&a) {
-			n.m.Accepted.Inc()
-		}
-		if n.hold(&a, raw) {
-			out = append(out, a)
-		}
-	}
-	return out, nil
 }

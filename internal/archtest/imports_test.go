@@ -22,6 +22,11 @@ var pureRules = map[string][]string{
 	"federated/secagg": {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/chacha20poly1305"},
 	"trainer/schedule": {"github.com/psyche-go/psyche/coordinator"},
 	"programs/abi":     {"github.com/psyche-go/psyche/coordinator"},
+	// The trainer's decision machine: its driver (trainer/node) does the
+	// clock, the network, the engine and the logs. p2p is the network's
+	// contract (types and interfaces), not a network.
+	"trainer/node/machine": {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/distro",
+		"github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule"},
 }
 
 // forbidden are standard packages that bring time, randomness, I/O or logging.
@@ -83,6 +88,9 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 		"federated/dp":     {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias"},
 		"trainer/schedule": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 		"programs/abi":     {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
+		"trainer/node/machine": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
+			"github.com/psyche-go/psyche/distro", "github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule",
+			"lukechampine.com/blake3", "github.com/klauspost/cpuid/v2"},
 	}
 	for dir, allowed := range allowedModules {
 		cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+dir)

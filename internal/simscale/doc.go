@@ -1,6 +1,6 @@
 // Package simscale owns the scale simulator (scripts/sim-scale): it runs the
 // real coordinator (package coordinator, its instructions and ticks) and the
-// real trainer decision machines (trainer/node.Machine) for N trainers over
+// real trainer decision machines (trainer/machine.Machine) for N trainers over
 // a modelled network in virtual time, and reports what a round costs at that
 // N: its time and parts, bytes and messages per trainer, witness reports,
 // quorum misses, bloom false positives, health-check drops and coordinator

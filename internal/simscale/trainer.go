@@ -8,10 +8,10 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
-	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/psyche-go/psyche/trainer/node/machine"
 )
 
-// trainer drives one real node.Machine as trainer/node's Node.Run does,
+// trainer drives one real machine.Machine as trainer/node's Node.Run does,
 // in virtual time: one event at a time, each Ready done in field order.
 // Applies, loads and training that is not ahead block it (events wait in
 // its inbox); training ahead runs beside it; instructions go out one at a
@@ -21,15 +21,15 @@ type trainer struct {
 	idx  int
 	host int
 	id   coordinator.ClientID
-	m    *node.Machine
+	m    *machine.Machine
 
 	// anns and inbox are the events waiting to be taken: announcements go
 	// first, as in Node.Run.
-	anns, inbox []func() node.Ready
+	anns, inbox []func() machine.Ready
 	busy        bool
-	work        []node.Ready // the Ready being done first, then those work answered with
-	next        []node.Ready // what the current Ready's work answered with
-	phase       int          // how far work[0] is done
+	work        []machine.Ready // the Ready being done first, then those work answered with
+	next        []machine.Ready // what the current Ready's work answered with
+	phase       int             // how far work[0] is done
 	ahead       *aheadRun
 	done        bool
 
@@ -50,7 +50,7 @@ type trainer struct {
 
 // aheadRun is a gradient being trained ahead (TrainWork.Ahead).
 type aheadRun struct {
-	work   node.TrainWork
+	work   machine.TrainWork
 	doneAt time.Duration
 }
 
@@ -73,7 +73,7 @@ const (
 func newTrainer(s *Sim, i int) *trainer {
 	t := &trainer{s: s, idx: i, host: i, id: identity(s.cfg.Seed, i), delivered: map[coordinator.Hash]bool{},
 		held: map[uint32][]p2p.Announcement{}, perPeer: map[coordinator.Pubkey]int{}, results: map[uint32]int{}}
-	t.m = node.NewMachine(t.id, 0, s.rng.Uint64)
+	t.m = machine.New(t.id, 0, false, s.rng.Uint64)
 	return t
 }
 
@@ -86,7 +86,7 @@ func (t *trainer) start() {
 			return
 		}
 		now := t.s.unixNow()
-		t.post(func() node.Ready { return t.m.Tick(now) })
+		t.post(func() machine.Ready { return t.m.Tick(now) })
 		t.s.sched.after(time.Second, tick)
 	}
 	reannounce = func() {
@@ -109,10 +109,11 @@ func (t *trainer) snapshot(st *coordinator.Coordinator) {
 			delete(t.held, s)
 		}
 	}
-	t.post(func() node.Ready { return t.m.Snapshot(st) })
+	now := t.s.unixNow()
+	t.post(func() machine.Ready { return t.m.Snapshot(st, now) })
 }
 
-func (t *trainer) post(ev func() node.Ready) {
+func (t *trainer) post(ev func() machine.Ready) {
 	t.inbox = append(t.inbox, ev)
 	t.pump()
 }
@@ -127,7 +128,7 @@ func (t *trainer) pump() {
 			}
 			continue
 		}
-		var ev func() node.Ready
+		var ev func() machine.Ready
 		switch {
 		case len(t.anns) > 0:
 			ev, t.anns = t.anns[0], t.anns[1:]
@@ -220,7 +221,7 @@ func (t *trainer) advance() bool {
 			}
 		case phasePublish:
 			ann := t.publish(rd.Train.Step, rd.Train.Batch)
-			t.next = append(t.next, t.m.Trained(ann, nil, 2.5))
+			t.next = append(t.next, t.m.Trained(ann, nil, machine.TrainStats{Loss: 2.5}))
 			t.phase = phaseRest
 		case phaseRest:
 			t.rest(rd)
@@ -233,7 +234,7 @@ func (t *trainer) advance() bool {
 }
 
 // rest does the parts of a Ready that do not block the node.
-func (t *trainer) rest(rd *node.Ready) {
+func (t *trainer) rest(rd *machine.Ready) {
 	t.outbox = append(t.outbox, rd.Send...)
 	t.sendNext()
 	t.waiting = append(t.waiting, rd.Fetch...)
@@ -308,7 +309,7 @@ func (t *trainer) receive(a p2p.Announcement) {
 	t.delivered[a.Commitment] = true
 	t.held[a.Step] = append(t.held[a.Step], a)
 	t.relay(1)
-	t.anns = append(t.anns, func() node.Ready { return t.m.Announced(a) })
+	t.anns = append(t.anns, func() machine.Ready { return t.m.Announced(a) })
 	t.pump()
 }
 
@@ -381,7 +382,7 @@ func (t *trainer) fetched(a p2p.Announcement) {
 		t.s.met.allResults(a.Step, t.s.sched.now)
 	}
 	t.startFetches()
-	t.post(func() node.Ready { return t.m.Fetched(a, nil, nil, false) })
+	t.post(func() machine.Ready { return t.m.Fetched(a, nil, nil, false) })
 }
 
 // pull asks every peer, PullParallel at a time, for the announcements it
@@ -438,7 +439,7 @@ func (t *trainer) pull(step uint32) {
 				}
 			}
 		}
-		t.post(func() node.Ready { return t.m.Pulled(list) })
+		t.post(func() machine.Ready { return t.m.Pulled(list) })
 	})
 }
 

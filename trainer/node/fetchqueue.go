@@ -89,7 +89,7 @@ func (q *fetchQueue) finished(a p2p.Announcement) {
 	}
 }
 
-// drop forgets the waiting fetches (Ready.DropFetches).
+// drop forgets the waiting fetches (machine.Ready.DropFetches).
 func (q *fetchQueue) drop() {
 	clear(q.waiting)
 	q.waiting = q.waiting[:0]

@@ -13,15 +13,12 @@
 // the model from them (P2P checkpoints) or from the run's file or http(s)
 // source. On a backend nobody ticks (Solana), it ticks (WithTicking).
 //
-// The decisions live in machine (machine.go), which does no I/O and reads no
-// clock: each event (a snapshot, an announcement, a fetched or trained
-// result, a loaded model, a pull's answer, a tick at a given time) returns a
-// Ready saying what to apply, load, train, send, fetch, pull, share, save
-// and tick; what it has done once per epoch is kept in one epochBook. Its
-// transcripts are testdata/*.txt (interaction_test.go, -rewrite). Node.Run is
-// the driver: one goroutine that feeds it events and does each Ready in
+// The decisions live in trainer/node/machine, which does no I/O and reads
+// no clock: each event returns a machine.Ready saying what to do. Node.Run
+// is the driver: one goroutine that feeds it events and does each Ready in
 // field order, queueing the Readies that work answers with, and reads
-// nothing of the machine but what Ready says.
+// nothing of the machine but what Ready says (the copycat adversary's
+// build alone asks it for the others' results, to copy them).
 package node
 
 import (
@@ -41,6 +38,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/node/machine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -77,7 +75,7 @@ type Node struct {
 	backend                  chain.Backend
 	signer                   chain.Signer
 	net                      p2p.Network
-	m                        *machine
+	m                        *machine.Machine
 
 	id coordinator.ClientID
 	// eng computes for the node once a model is loaded; engMu guards the
@@ -87,7 +85,7 @@ type Node struct {
 	last    runmodel.Model // the model held when Run closed the engine
 	fetches fetchQueue
 	// fetchCtx bounds the fetches in flight; dropFetches cancels it
-	// (Ready.DropFetches) and makes the next.
+	// (machine.Ready.DropFetches) and makes the next.
 	fetchCtx    context.Context
 	cancelFetch context.CancelFunc
 	// sends carries instructions to the sender goroutine (Run starts it),
@@ -113,7 +111,7 @@ type Node struct {
 	// by report from the same goroutine or a caller's).
 	totalSteps atomic.Uint32
 	// ahead is the gradient being trained ahead, or held, for the next
-	// round (TrainWork.Ahead); only the Run loop reads or replaces it.
+	// round (machine.TrainWork.Ahead); only the Run loop reads or replaces it.
 	ahead *aheadRun
 	// uploads are checkpoint uploads to the run's store in flight; Run
 	// returns after them.
@@ -150,8 +148,8 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 		}
 	}
 	id := coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()}
-	m := newMachine(id, cfg.epochs, cfg.ticking, randomKey)
-	m.joinAfter = cfg.joinAfter
+	m := machine.New(id, cfg.epochs, cfg.ticking, randomKey)
+	m.JoinAfter(cfg.joinAfter)
 	return &Node{cfg: cfg, runID: runID, badPeers: map[coordinator.Pubkey]bool{}, backend: backend, signer: signer, net: network, id: id,
 		m: m}, nil
 }
@@ -214,33 +212,6 @@ func (n *Node) closeEngine() {
 	n.last = m
 	n.engMu.Unlock()
 	n.setEngine(nil)
-}
-
-// assignments lists, for every round the coordinator holds in s, which
-// client trains which batch: what the p2p validator checks announcements
-// against. Rounds are trained at step = start step + height; outside
-// training (and cooldown, when the last rounds' results still arrive) there
-// are none.
-func assignments(s *coordinator.Coordinator) []p2p.Assignment {
-	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness && s.RunState != coordinator.Cooldown {
-		return []p2p.Assignment{}
-	}
-	cur := s.CurrentRound()
-	out := []p2p.Assignment{}
-	for back := uint32(0); back <= min(cur.Height, coordinator.NumRounds-1); back++ {
-		r := s.RoundAtHeight(cur.Height - back)
-		if r == nil {
-			continue
-		}
-		step := s.Epoch.StartStep + r.Height
-		for i, d := range s.RoundAssignment(r) {
-			if d.Count == 0 || i >= int(s.Epoch.ClientsLen) {
-				continue
-			}
-			out = append(out, p2p.Assignment{Step: step, Batch: p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}, Trainer: s.Epoch.Clients[i].ID})
-		}
-	}
-	return out
 }
 
 func randomKey() uint64 {
@@ -329,7 +300,7 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	for {
 		var (
-			rd    Ready
+			rd    machine.Ready
 			ended func() = func() {}
 		)
 		// Announcements already queued go before anything else: one may be
@@ -346,7 +317,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		if prior {
 			ended = n.cfg.clock.Work()
-			rd = n.m.announced(queued)
+			rd = n.m.Announced(queued)
 		} else {
 			select {
 			case <-ctx.Done():
@@ -354,16 +325,16 @@ func (n *Node) Run(ctx context.Context) error {
 			case now := <-tick:
 				ended = n.cfg.clock.Work()
 				n.connectPeers(ctx)
-				rd = n.m.tick(uint64(now.Unix()))
+				rd = n.m.Tick(uint64(now.Unix()))
 			case now := <-dueTick:
 				ended = n.cfg.clock.Work()
-				rd = n.m.tickDue(uint64(now.Unix()))
+				rd = n.m.TickDue(uint64(now.Unix()))
 			case done := <-ev.ticked:
 				ended = done
-				n.m.tickSent()
+				n.m.TickSent()
 			case p := <-ev.pulled:
 				ended = p.done
-				rd = n.m.pulled(p.list)
+				rd = n.m.Pulled(p.list)
 			case s, ok := <-snaps:
 				if !ok {
 					if ctx.Err() != nil {
@@ -373,16 +344,10 @@ func (n *Node) Run(ctx context.Context) error {
 				}
 				ended = n.cfg.clock.Work()
 				n.observe(s.State)
-				rd = n.m.snapshot(s.State)
-				if n.cfg.ticking && !rd.Tick {
-					// A transition that an instruction made due (the
-					// last witness report is in: the round ends at the
-					// next tick) is ticked now, not at the next check.
-					rd.Tick = n.m.turnToTick(uint64(n.cfg.clock.Now().Unix()))
-				}
+				rd = n.m.Snapshot(s.State, uint64(n.cfg.clock.Now().Unix()))
 			case a := <-anns:
 				ended = n.cfg.clock.Work()
-				rd = n.m.announced(a)
+				rd = n.m.Announced(a)
 			case f := <-ev.fetched:
 				ended = f.done
 				n.fetches.finished(f.ann)
@@ -413,7 +378,7 @@ func (n *Node) Run(ctx context.Context) error {
 				default:
 					n.cfg.metrics.ReceivedBytes.Add(float64(f.size))
 				}
-				rd = n.m.fetched(f.ann, f.frame, f.err, f.invalid)
+				rd = n.m.Fetched(f.ann, f.frame, f.err, f.invalid)
 			}
 		}
 		done, err := n.doAll(ctx, rd, ev)
@@ -444,11 +409,11 @@ type events struct {
 	ticked  chan func() // a tick landed or failed; call to end its work
 }
 
-// doAll carries out rd and then, in order, every Ready that the events its
+// doAll carries out rd and then, in order, every machine.Ready that the events its
 // work answered at once (a load, a training) returned: a queue, not a
-// recursion, so each Ready is done whole, in field order, before the next.
-func (n *Node) doAll(ctx context.Context, rd Ready, ev events) (bool, error) {
-	queue := []Ready{rd}
+// recursion, so each machine.Ready is done whole, in field order, before the next.
+func (n *Node) doAll(ctx context.Context, rd machine.Ready, ev events) (bool, error) {
+	queue := []machine.Ready{rd}
 	for len(queue) > 0 {
 		next, done, err := n.do(ctx, queue[0], ev)
 		if done || err != nil {
@@ -463,7 +428,7 @@ func (n *Node) doAll(ctx context.Context, rd Ready, ev events) (bool, error) {
 // rounds' assignments and the allowlist.
 func (n *Node) observe(s *coordinator.Coordinator) {
 	n.net.SetStep(s.Progress.Step)
-	n.net.SetAssignments(assignments(s))
+	n.net.SetAssignments(machine.Assignments(s))
 	n.fetches.setRing(n.id.P2P, s.Epoch.Clients[:s.Epoch.ClientsLen])
 	allowed := make([]coordinator.ClientID, 0, int(s.Epoch.ClientsLen)+int(s.PendingLen))
 	for _, c := range s.Epoch.Clients[:s.Epoch.ClientsLen] {
@@ -477,10 +442,10 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 	n.totalSteps.Store(s.Config.TotalSteps)
 }
 
-// do carries out one Ready in field order. It returns the Readies the
+// do carries out one machine.Ready in field order. It returns the Readies the
 // machine answered the work done here with (a load, a training), for
 // doAll's queue; fetches, pulls and ticks answer later, through ev.
-func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done bool, err error) {
+func (n *Node) do(ctx context.Context, rd machine.Ready, ev events) (next []machine.Ready, done bool, err error) {
 	if rd.Apply != nil {
 		if err := n.apply(ctx, rd.Apply); err != nil {
 			return nil, false, err
@@ -493,7 +458,7 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 		} else if err != nil {
 			return nil, false, err
 		} else {
-			next = append(next, n.m.loaded(rd.Load.Epoch))
+			next = append(next, n.m.Loaded(rd.Load.Epoch))
 		}
 	}
 	if w := rd.Train; w != nil && w.Ahead {
@@ -504,15 +469,15 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 		if err != nil {
 			return nil, false, err
 		}
-		next = append(next, n.m.trainedResult(ann, frame, st))
+		next = append(next, n.m.Trained(ann, frame, st))
 		if len(w.Reference) > 0 {
-			// Before the Apply that trainedResult's Ready may hold: the
+			// Before the Apply that trainedResult's machine.Ready may hold: the
 			// model is still the one the round trained on.
 			ref, err := n.referenceLosses(ctx, w.Reference)
 			if err != nil {
 				return nil, false, err
 			}
-			next = append(next, n.m.referenceLosses(w.Step, ref))
+			next = append(next, n.m.ReferenceLosses(w.Step, ref))
 		}
 	}
 	for _, w := range rd.Verify {
@@ -520,7 +485,7 @@ func (n *Node) do(ctx context.Context, rd Ready, ev events) (next []Ready, done 
 		if err != nil {
 			return nil, false, err
 		}
-		next = append(next, n.m.verified(w.Trainer, score, drop, scored))
+		next = append(next, n.m.Verified(w.Trainer, score, drop, scored))
 	}
 	for _, ix := range rd.Send {
 		o := outgoing{ix: ix, done: n.cfg.clock.Work()} // until it is sent

@@ -14,6 +14,7 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/node/machine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
 )
@@ -213,10 +214,10 @@ func (n *Node) checkpointWait(s *coordinator.Coordinator) time.Duration {
 	return max(5*time.Second, time.Duration(s.Config.WarmupTime)*time.Second/2)
 }
 
-// aheadRun is a gradient trained ahead in the background (TrainWork.Ahead):
+// aheadRun is a gradient trained ahead in the background (machine.TrainWork.Ahead):
 // the engine holds it once done is closed.
 type aheadRun struct {
-	work TrainWork
+	work machine.TrainWork
 	done chan struct{}
 	loss float32
 	// seqLosses are each sequence's loss (the frame's claim)
@@ -228,7 +229,7 @@ type aheadRun struct {
 // startAhead computes w's gradient in the background. The Run loop goes on
 // meanwhile (fetching, witnessing); anything that touches the model waits
 // for it first (finishAhead).
-func (n *Node) startAhead(ctx context.Context, w TrainWork) {
+func (n *Node) startAhead(ctx context.Context, w machine.TrainWork) {
 	a := &aheadRun{work: w, done: make(chan struct{})}
 	n.ahead = a
 	n.cfg.metrics.AheadTrained.Inc()
@@ -276,7 +277,7 @@ func (n *Node) readBatch(ctx context.Context, e engine.Engine, start, end, shift
 // gradient reads w's batch and leaves the gradient on it in the engine; it
 // returns the loss, each sequence's loss and how long computing it took
 // (reading the data not included).
-func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, []float32, time.Duration, error) {
+func (n *Node) gradient(ctx context.Context, w *machine.TrainWork) (float32, []float32, time.Duration, error) {
 	e := n.engine()
 	b, err := n.readBatch(ctx, e, w.Batch.Start, w.Batch.End, n.cfg.dataShift)
 	if err != nil {
@@ -294,7 +295,7 @@ func (n *Node) gradient(ctx context.Context, w *TrainWork) (float32, []float32, 
 // train runs this node's batch, steps the optimizer and publishes the
 // result. The gradient is the one trained ahead when the machine says it is
 // still valid and this node holds it; otherwise it is computed now.
-func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *distro.Frame, trainStats, error) {
+func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcement, *distro.Frame, machine.TrainStats, error) {
 	n.finishAhead()
 	a := n.ahead
 	n.ahead = nil
@@ -310,7 +311,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	} else {
 		var err error
 		if loss, seqLosses, computed, err = n.gradient(ctx, w); err != nil {
-			return p2p.Announcement{}, nil, trainStats{}, err
+			return p2p.Announcement{}, nil, machine.TrainStats{}, err
 		}
 	}
 	e := n.engine()
@@ -319,16 +320,16 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	start := time.Now()
 	frame, err := e.Step(ctx, w.LR)
 	if err != nil {
-		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: step %d: %w", w.Step, err)
+		return p2p.Announcement{}, nil, machine.TrainStats{}, fmt.Errorf("node: step %d: %w", w.Step, err)
 	}
 	frame.Losses = seqLosses // what this trainer saw of its batch, for the witnesses' claim checks
 	payload, err := frame.MarshalBinary()
 	if err != nil {
-		return p2p.Announcement{}, nil, trainStats{}, err
+		return p2p.Announcement{}, nil, machine.TrainStats{}, err
 	}
 	n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) // publishing is networking
 	if n.cfg.freeRide != nil {
-		payload = n.cfg.freeRide(payload, n.m.othersResults(w.Step))
+		payload = n.cfg.freeRide(payload, n.m.OthersResults(w.Step))
 	}
 	if n.cfg.corrupt != nil {
 		payload = n.cfg.corrupt(payload)
@@ -340,7 +341,7 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 		ann, err = n.net.Publish(ctx, w.Step, w.Batch, payload)
 	}
 	if err != nil {
-		return p2p.Announcement{}, nil, trainStats{}, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
+		return p2p.Announcement{}, nil, machine.TrainStats{}, fmt.Errorf("node: publishing step %d: %w", w.Step, err)
 	}
 	if ann.Trainer == (coordinator.ClientID{}) {
 		ann.Trainer = n.id // a publish hook that announced nothing yet (adversary.go)
@@ -357,11 +358,11 @@ func (n *Node) train(ctx context.Context, w *TrainWork) (p2p.Announcement, *dist
 	// trainer (its gradient's compute too when trained ahead), reported in
 	// its witness metadata.
 	secs := float32(max((computed + time.Since(start)).Seconds(), 1e-3))
-	return ann, frame, trainStats{loss: loss, tokensPerSec: float32(count*seqLen) / secs, bytesPerSec: float32(len(payload)) / secs}, nil
+	return ann, frame, machine.TrainStats{Loss: loss, TokensPerSec: float32(count*seqLen) / secs, BytesPerSec: float32(len(payload)) / secs}, nil
 }
 
 // apply applies a round's consensus results.
-func (n *Node) apply(ctx context.Context, w *ApplyWork) error {
+func (n *Node) apply(ctx context.Context, w *machine.ApplyWork) error {
 	n.dropAhead() // trained on the model before this apply
 	n.cfg.metrics.ResultsMissing.Add(float64(len(w.Missing)))
 	if len(w.Missing) > 0 {
@@ -386,7 +387,7 @@ func (n *Node) apply(ctx context.Context, w *ApplyWork) error {
 // background (the loop goes on; Run waits for it before returning) and the
 // object URL is recorded; if that fails, the file on this disk is recorded
 // instead, which this trainer offers to the others after a restart.
-func (n *Node) saveCheckpoint(ctx context.Context, w SaveWork) {
+func (n *Node) saveCheckpoint(ctx context.Context, w machine.SaveWork) {
 	st := store.FromRun(w.Store)
 	name := fmt.Sprintf("%s-epoch%d-step%d", n.runID, w.Epoch, w.Step)
 	e := n.engine()

@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"crypto/sha256"
@@ -9,7 +9,7 @@ import (
 
 // maybeWitness sends the witness report for the current round once every
 // result is in, or at the latest when the round reaches RoundWitness.
-func (m *machine) maybeWitness(rd *Ready) {
+func (m *Machine) maybeWitness(rd *Ready) {
 	s := m.snap
 	if s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness {
 		return
@@ -44,7 +44,7 @@ func (m *machine) maybeWitness(rd *Ready) {
 	m.witness(rd, false)
 }
 
-func (m *machine) warmupWitness(rd *Ready) {
+func (m *Machine) warmupWitness(rd *Ready) {
 	if book := m.cur(); !book.warmedUp {
 		book.warmedUp = true
 		m.witness(rd, true)
@@ -54,7 +54,7 @@ func (m *machine) warmupWitness(rd *Ready) {
 // witness adds this node's (warmup) witness report if it is an elected
 // witness of the current round: the trainers whose results it verified, the
 // commitments of those results, and a root over them.
-func (m *machine) witness(rd *Ready, warmup bool) {
+func (m *Machine) witness(rd *Ready, warmup bool) {
 	s := m.snap
 	i, ok := m.member()
 	if !ok {
@@ -67,9 +67,9 @@ func (m *machine) witness(rd *Ready, warmup bool) {
 	}
 	w := coordinator.Witness{Proof: proof, Key: m.newKey()}
 	w.Metadata.Step = s.Progress.Step
-	w.Metadata.Loss = m.lastBatch.loss
-	w.Metadata.TokensPerSec = m.lastBatch.tokensPerSec
-	w.Metadata.BandwidthPerSec = m.lastBatch.bytesPerSec
+	w.Metadata.Loss = m.lastBatch.Loss
+	w.Metadata.TokensPerSec = m.lastBatch.TokensPerSec
+	w.Metadata.BandwidthPerSec = m.lastBatch.BytesPerSec
 	h := sha256.New()
 	if !warmup {
 		// Clients the round gave no data (more trainers than sequences) did
@@ -115,7 +115,7 @@ func (m *machine) witness(rd *Ready, warmup bool) {
 // that lands after its round ended is refused; it is not retried, because the
 // next round computes its checks anew: a client that stays dead is missing
 // from that round's blooms too, and the next round's witnesses name it.
-func (m *machine) healthChecks(rd *Ready) {
+func (m *Machine) healthChecks(rd *Ready) {
 	s := m.snap
 	prev := s.PreviousRound()
 	if prev == nil {

@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"fmt"
@@ -8,13 +8,13 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 )
 
-// machine holds the trainer's decisions and none of its I/O, in the manner
+// Machine holds the trainer's decisions and none of its I/O, in the manner
 // of raft's RawNode: each event (a coordinator snapshot, an announcement, a
 // fetched or trained result, the model being ready, a timer tick, a pull
 // answer) returns a Ready that says what to do; the driver (Node.Run) does it
 // and reports back with more events. It is single-threaded and deterministic
 // given its inputs (witness bloom keys come from newKey).
-type machine struct {
+type Machine struct {
 	id      coordinator.ClientID
 	epochs  int  // leave after this many epochs (0: never)
 	ticking bool // send ticks when a transition is due (WithTicking)
@@ -38,7 +38,7 @@ type machine struct {
 	book      epochBook              // what this node has done in the current epoch
 	prev      epochBook              // and in the one before
 	trained   int                    // epochs this node has ended as a client
-	lastBatch trainStats             // the last trained batch: loss and rates, reported in witness metadata
+	lastBatch TrainStats             // the last trained batch: loss and rates, reported in witness metadata
 	pulling   bool                   // a pull is in flight
 	diverged  bool                   // a round was applied without every consensus result
 	// ahead is the gradient trained ahead for the next round (TrainWork.Ahead),
@@ -79,7 +79,7 @@ type epochBook struct {
 }
 
 // epochBook returns the book of epoch e, turning the page when e is new.
-func (m *machine) bookFor(e uint32) *epochBook {
+func (m *Machine) bookFor(e uint32) *epochBook {
 	if m.book.epoch != e {
 		m.prev, m.book = m.book, epochBook{epoch: e}
 	}
@@ -121,13 +121,13 @@ type dueRound struct {
 	signers    []coordinator.Pubkey
 }
 
-func newMachine(id coordinator.ClientID, epochs int, ticking bool, newKey func() uint64) *machine {
-	return &machine{id: id, epochs: epochs, ticking: ticking, newKey: newKey,
+func New(id coordinator.ClientID, epochs int, ticking bool, newKey func() uint64) *Machine {
+	return &Machine{id: id, epochs: epochs, ticking: ticking, newKey: newKey,
 		results: map[uint32]map[uint64]*result{}, claims: map[uint32]map[uint64]*claim{}, fetching: map[coordinator.Hash]bool{},
 		rejected: map[coordinator.Hash]bool{}, rounds: map[uint32]*roundState{}, prints: map[[32]byte]printSeen{}}
 }
 
-func (m *machine) round(step uint32) *roundState {
+func (m *Machine) round(step uint32) *roundState {
 	r := m.rounds[step]
 	if r == nil {
 		r = &roundState{}
@@ -137,7 +137,7 @@ func (m *machine) round(step uint32) *roundState {
 }
 
 // member returns this node's index in the epoch if it is a healthy client.
-func (m *machine) member() (uint16, bool) {
+func (m *Machine) member() (uint16, bool) {
 	s := m.snap
 	i, ok := s.ClientIndex(m.id.Signer)
 	return i, ok && s.Epoch.Clients[i].State == coordinator.Healthy
@@ -147,7 +147,7 @@ func (m *machine) member() (uint16, bool) {
 // would fetch is the epoch's results, which it no longer needs (it loads
 // the model anew when it joins the next epoch), from peers that may ignore
 // it.
-func (m *machine) dropped() bool {
+func (m *Machine) dropped() bool {
 	if m.snap == nil || (m.snap.RunState != coordinator.RoundTrain && m.snap.RunState != coordinator.RoundWitness) {
 		return false
 	}
@@ -155,11 +155,15 @@ func (m *machine) dropped() bool {
 	return !ok
 }
 
-// cur is the book of the snapshot's epoch.
-func (m *machine) cur() *epochBook { return m.bookFor(m.snap.Progress.Epoch) }
+// JoinAfter makes this node join each epoch only once the trainers after
+// have joined it (pending), so that a driver's trainers join in one order.
+func (m *Machine) JoinAfter(after []coordinator.Pubkey) { m.joinAfter = after }
 
-// snapshot takes a new coordinator state.
-func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
+// cur is the book of the snapshot's epoch.
+func (m *Machine) cur() *epochBook { return m.bookFor(m.snap.Progress.Epoch) }
+
+// Snapshot takes a new coordinator state at now (unix seconds, the driver's clock: whether it is this node's turn to tick, Ready.Tick).
+func (m *Machine) Snapshot(s *coordinator.Coordinator, now uint64) Ready {
 	m.snap = s
 	m.dueSince = 0 // whatever was due may have happened: count the turn anew
 	var rd Ready
@@ -217,12 +221,18 @@ func (m *machine) snapshot(s *coordinator.Coordinator) Ready {
 		m.cooldown(&rd)
 	}
 	m.forget()
+	if m.ticking {
+		// A transition that an instruction made due (the last witness
+		// report is in: the round ends at the next tick) is ticked now,
+		// not at the next check.
+		rd.Tick = m.TurnToTick(now)
+	}
 	return rd
 }
 
 // joinTurn reports whether every trainer that joins before this one
 // (joinAfter) is pending: a later snapshot asks again.
-func (m *machine) joinTurn(s *coordinator.Coordinator) bool {
+func (m *Machine) joinTurn(s *coordinator.Coordinator) bool {
 	for _, k := range m.joinAfter {
 		if _, pending := s.PendingIndex(k); !pending {
 			return false
@@ -234,7 +244,7 @@ func (m *machine) joinTurn(s *coordinator.Coordinator) bool {
 // loadWork asks for the model of the snapshot's epoch. The model in memory
 // may stay only if this node ended the previous epoch as a client with every
 // result applied and the run says to use peers.
-func (m *machine) loadWork() *LoadWork {
+func (m *Machine) loadWork() *LoadWork {
 	s := m.snap
 	m.cur() // turn the page: prev is the epoch before
 	keep := s.Progress.Epoch > 0 && m.prev.epoch == s.Progress.Epoch-1 && m.prev.held &&
@@ -245,7 +255,7 @@ func (m *machine) loadWork() *LoadWork {
 
 // cooldown finishes the epoch's applies, then marks the model as held and,
 // if this node is an elected checkpointer, asks to save it.
-func (m *machine) cooldown(rd *Ready) {
+func (m *Machine) cooldown(rd *Ready) {
 	book := m.cur()
 	if !book.ready {
 		return
@@ -274,8 +284,8 @@ func (m *machine) cooldown(rd *Ready) {
 	}
 }
 
-// loaded says the model for epoch is ready.
-func (m *machine) loaded(epoch uint32) Ready {
+// Loaded says the model for epoch is ready.
+func (m *Machine) Loaded(epoch uint32) Ready {
 	m.bookFor(epoch).ready = true
 	m.diverged = false
 	var rd Ready
@@ -287,7 +297,7 @@ func (m *machine) loaded(epoch uint32) Ready {
 
 // progress does what a newly settled result allows: the applies it
 // unblocks, the cooldown's end, the witness report it completes.
-func (m *machine) progress(rd *Ready) {
+func (m *Machine) progress(rd *Ready) {
 	if m.snap == nil || !m.cur().ready {
 		return
 	}
@@ -302,7 +312,7 @@ func (m *machine) progress(rd *Ready) {
 }
 
 // forget drops results and round bookkeeping that can no longer be used.
-func (m *machine) forget() {
+func (m *Machine) forget() {
 	step := m.snap.Progress.Step
 	for st := range m.results {
 		if rs := m.rounds[st]; st+4 < step && (rs == nil || rs.due == nil) {

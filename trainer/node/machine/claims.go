@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"github.com/psyche-go/psyche/coordinator"
@@ -43,7 +43,7 @@ const printWindow = 64
 // fetched the original before it could announce the copy, so every witness
 // sees the original first unless the two arrive within one fetch of each
 // other.
-func (m *machine) copied(a p2p.Announcement, f *distro.Frame) bool {
+func (m *Machine) copied(a p2p.Announcement, f *distro.Frame) bool {
 	if f == nil {
 		return false
 	}
@@ -55,8 +55,8 @@ func (m *machine) copied(a p2p.Announcement, f *distro.Frame) bool {
 	return false
 }
 
-// announced takes a peer's announcement (gossip or pull).
-func (m *machine) announced(a p2p.Announcement) Ready {
+// Announced takes a peer's announcement (gossip or pull).
+func (m *Machine) Announced(a p2p.Announcement) Ready {
 	var rd Ready
 	if m.take(a, &rd) {
 		m.progress(&rd)
@@ -67,7 +67,7 @@ func (m *machine) announced(a p2p.Announcement) Ready {
 // take records an announcement and adds its fetch to rd if the result is
 // wanted. It reports whether the announcement proved its trainer
 // equivocated (and so changed what this node may witness and apply).
-func (m *machine) take(a p2p.Announcement, rd *Ready) (evidence bool) {
+func (m *Machine) take(a p2p.Announcement, rd *Ready) (evidence bool) {
 	if a.Trainer == m.id || m.dropped() {
 		return false
 	}
@@ -105,7 +105,7 @@ const (
 // health checks, and applies no version of the batch. An announcement for
 // the batch from another trainer is no evidence against the first (the p2p
 // layer admits only the assigned one).
-func (m *machine) claim(a p2p.Announcement) int {
+func (m *Machine) claim(a p2p.Announcement) int {
 	byBatch := m.claims[a.Step]
 	if byBatch == nil {
 		byBatch = map[uint64]*claim{}
@@ -130,7 +130,7 @@ func (m *machine) claim(a p2p.Announcement) int {
 
 // equivocated reports whether the trainer of batch start at step has been
 // caught announcing two results for it.
-func (m *machine) equivocated(step uint32, start uint64) bool {
+func (m *Machine) equivocated(step uint32, start uint64) bool {
 	c := m.claims[step][start]
 	return c != nil && c.equivocated
 }
@@ -143,7 +143,7 @@ func (m *machine) equivocated(step uint32, start uint64) bool {
 // training limit. Nor may it when it comes back after a health check
 // dropped it: the network then ignores what it sends for a while (gossip
 // scoring), and waiting for its result would spend the new epoch's time.
-func (m *machine) settledWithout(step uint32, b owedBatch) bool {
+func (m *Machine) settledWithout(step uint32, b owedBatch) bool {
 	if c := m.claims[step][b.start]; c != nil && (c.equivocated || c.refused) {
 		return true
 	}
@@ -163,7 +163,7 @@ func (m *machine) settledWithout(step uint32, b owedBatch) bool {
 // (and, in a virtual-time localnet, where the run ended: 5% apart in
 // held-out loss for one seed) depended on when the trainer's result
 // reached each witness against when the check landed.
-func (m *machine) doomed(trainer coordinator.Pubkey) bool {
+func (m *Machine) doomed(trainer coordinator.Pubkey) bool {
 	s := m.snap
 	prev := s.PreviousRound()
 	if prev == nil {
@@ -177,7 +177,7 @@ func (m *machine) doomed(trainer coordinator.Pubkey) bool {
 const distrustSteps = 64
 
 // distrust records that trainer sent a result this node refused at step.
-func (m *machine) distrust(trainer coordinator.Pubkey, step uint32) {
+func (m *Machine) distrust(trainer coordinator.Pubkey, step uint32) {
 	if m.distrusted == nil {
 		m.distrusted = map[coordinator.Pubkey]uint32{}
 	}
@@ -186,10 +186,10 @@ func (m *machine) distrust(trainer coordinator.Pubkey, step uint32) {
 	}
 }
 
-// fetched takes a fetched result: its frame, or why it failed. An invalid
-// result is never fetched again; after any other failure a later
+// Fetched takes a Fetched result: its frame, or why it failed. An invalid
+// result is never Fetched again; after any other failure a later
 // announcement or pull of it starts a new fetch.
-func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invalid bool) Ready {
+func (m *Machine) Fetched(a p2p.Announcement, f *distro.Frame, err error, invalid bool) Ready {
 	delete(m.fetching, a.Commitment)
 	var rd Ready
 	if err != nil {
@@ -231,20 +231,20 @@ func (m *machine) fetched(a p2p.Announcement, f *distro.Frame, err error, invali
 	return rd
 }
 
-// trainStats is what a node reports about its last trained batch in its
+// TrainStats is what a node reports about its last trained batch in its
 // witness metadata (coordinator.WitnessMetadata): the batch's loss, and the
 // tokens and result bytes of the batch over the seconds it took to train
 // and publish it. The explorer draws the loss curve and the run's rates
 // from them, so they need no service of their own.
-type trainStats struct {
-	loss         float32
-	tokensPerSec float32
-	bytesPerSec  float32
+type TrainStats struct {
+	Loss         float32
+	TokensPerSec float32
+	BytesPerSec  float32
 }
 
-// trainedResult takes this node's own published result. The round before
+// Trained takes this node's own published result. The round before
 // it may now be applied, and then the next round trained ahead.
-func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, st trainStats) Ready {
+func (m *Machine) Trained(a p2p.Announcement, f *distro.Frame, st TrainStats) Ready {
 	m.copied(a, f) // its fingerprint, so that a copy of it is caught
 	m.store(a, f)
 	m.lastBatch = st
@@ -259,13 +259,13 @@ func (m *machine) trainedResult(a p2p.Announcement, f *distro.Frame, st trainSta
 // result is being fetched: a pull would only bring the announcement again
 // (at 256 trainers, ~95 KB from every peer, a pull a second for each
 // trainer). A failed fetch ends the claim's fetching, and pulls resume.
-func (m *machine) fetchingClaim(step uint32, b uint64) bool {
+func (m *Machine) fetchingClaim(step uint32, b uint64) bool {
 	c := m.claims[step][b]
 	return c != nil && m.fetching[c.first]
 }
 
-// pulled takes the answer to a pull.
-func (m *machine) pulled(list []p2p.Announcement) Ready {
+// Pulled takes the answer to a pull.
+func (m *Machine) Pulled(list []p2p.Announcement) Ready {
 	m.pulling = false
 	var rd Ready
 	evidence := false
@@ -278,7 +278,7 @@ func (m *machine) pulled(list []p2p.Announcement) Ready {
 	return rd
 }
 
-func (m *machine) store(a p2p.Announcement, f *distro.Frame) {
+func (m *Machine) store(a p2p.Announcement, f *distro.Frame) {
 	r := m.results[a.Step]
 	if r == nil {
 		r = map[uint64]*result{}

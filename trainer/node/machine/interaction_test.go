@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"crypto/sha256"
@@ -46,7 +46,7 @@ type harness struct {
 	s        *coordinator.Coordinator
 	now      uint64
 	me       string
-	m        *machine
+	m        *Machine
 	last     Ready
 	train    *TrainWork // the training to publish that a Ready asked for, until trained
 	names    map[coordinator.Pubkey]string
@@ -144,7 +144,7 @@ func (h *harness) run(kv *transcript.Args) string {
 		return h.s.Describe()
 	case "snapshot":
 		c := *h.s
-		return h.ready(h.m.snapshot(&c))
+		return h.ready(h.m.Snapshot(&c, h.now))
 	case "deliver":
 		var out []string
 		for _, ix := range h.last.Send {
@@ -159,7 +159,7 @@ func (h *harness) run(kv *transcript.Args) string {
 		if h.last.Load == nil {
 			h.t.Fatalf("loaded: the last Ready asked for no load")
 		}
-		return h.ready(h.m.loaded(h.last.Load.Epoch))
+		return h.ready(h.m.Loaded(h.last.Load.Epoch))
 	case "trained":
 		w := h.train
 		if w == nil {
@@ -170,13 +170,13 @@ func (h *harness) run(kv *transcript.Args) string {
 		if err != nil {
 			loss = 2.5
 		}
-		return h.ready(h.m.trainedResult(h.announcement(h.me, w.Step, w.Batch), h.frame(h.me, w.Step), trainStats{loss: float32(loss)}))
+		return h.ready(h.m.Trained(h.announcement(h.me, w.Step, w.Batch), h.frame(h.me, w.Step), TrainStats{Loss: float32(loss)}))
 	case "announce":
 		who := kv.Get("who")
 		step := uint32(kv.Uint(h.t, "step", uint64(h.s.Progress.Step)))
 		a := h.announcement(who, step, h.batchOf(who, step))
 		a.Commitment = versionOf(who, step, kv.Get("v"))
-		return h.ready(h.m.announced(a))
+		return h.ready(h.m.Announced(a))
 	case "fetched":
 		who := kv.Get("who")
 		step := uint32(kv.Uint(h.t, "step", uint64(h.s.Progress.Step)))
@@ -188,11 +188,11 @@ func (h *harness) run(kv *transcript.Args) string {
 			if v := kv.Get("v"); v != "" && v != "1" {
 				label += "/" + v
 			}
-			return h.ready(h.m.fetched(a, h.frame(label, step), nil, false))
+			return h.ready(h.m.Fetched(a, h.frame(label, step), nil, false))
 		case "timeout":
-			return h.ready(h.m.fetched(a, nil, errors.New("timeout"), false))
+			return h.ready(h.m.Fetched(a, nil, errors.New("timeout"), false))
 		case "invalid":
-			return h.ready(h.m.fetched(a, nil, errors.New("not a frame"), true))
+			return h.ready(h.m.Fetched(a, nil, errors.New("not a frame"), true))
 		}
 		h.t.Fatalf("fetched: err=%q", kv.Get("err"))
 	case "pulled":
@@ -204,17 +204,17 @@ func (h *harness) run(kv *transcript.Args) string {
 			a.Commitment = versionOf(n, step, v)
 			list = append(list, a)
 		}
-		return h.ready(h.m.pulled(list))
+		return h.ready(h.m.Pulled(list))
 	case "machine-tick":
-		return h.ready(h.m.tick(h.now))
+		return h.ready(h.m.Tick(h.now))
 	case "due-tick":
-		return h.ready(h.m.tickDue(h.now))
+		return h.ready(h.m.TickDue(h.now))
 	case "time":
 		h.now += kv.Uint(h.t, "n", 1)
 		return fmt.Sprintf("now=%d", h.now)
 	case "tick-sent":
 		out := "tick: " + h.apply(h.me, &coordinator.Tick{})
-		h.m.tickSent()
+		h.m.TickSent()
 		return out + "\n" + h.s.Describe()
 	case "witness":
 		return h.witness(names(kv, "who"), names(kv, "saw"))
@@ -257,7 +257,7 @@ func (h *harness) newRun(kv *transcript.Args) string {
 		}
 	}
 	k := uint64(0)
-	h.m = newMachine(idOf(h.me), int(kv.Uint(h.t, "epochs", 0)), kv.Get("ticking") == "true", func() uint64 { k++; return k })
+	h.m = New(idOf(h.me), int(kv.Uint(h.t, "epochs", 0)), kv.Get("ticking") == "true", func() uint64 { k++; return k })
 	return h.s.Describe()
 }
 

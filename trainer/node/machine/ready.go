@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"github.com/psyche-go/psyche/coordinator"

@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"slices"
@@ -9,10 +9,10 @@ import (
 	"github.com/psyche-go/psyche/trainer/schedule"
 )
 
-// othersResults are the frames of other trainers' results of the latest
+// OthersResults are the frames of other trainers' results of the latest
 // step before step that has any, by batch: what a free-riding adversary
 // copies (see adversary.go).
-func (m *machine) othersResults(step uint32) []*distro.Frame {
+func (m *Machine) OthersResults(step uint32) []*distro.Frame {
 	var batches map[uint64]*result
 	for back := uint32(1); back <= 4 && back <= step && len(batches) == 0; back++ {
 		batches = m.results[step-back]
@@ -46,7 +46,7 @@ func (m *machine) othersResults(step uint32) []*distro.Frame {
 // is there is applied. A round applied with anything missing leaves this
 // node's model different from the others' (diverged): it is neither served
 // nor saved, and the next epoch loads a checkpoint.
-func (m *machine) applyDue(rd *Ready) {
+func (m *Machine) applyDue(rd *Ready) {
 	s := m.snap
 	training := s.RunState == coordinator.RoundTrain || s.RunState == coordinator.RoundWitness
 	if training || s.RunState == coordinator.Cooldown {
@@ -159,7 +159,7 @@ func (m *machine) applyDue(rd *Ready) {
 // trainer's one verified commitment in its broadcast bloom together). Its
 // version winning a quorum does not then make it the only winner: with two
 // versions, each can reach a quorum of a split committee.
-func (m *machine) outvoted(r *coordinator.Round, res *result, signer coordinator.Pubkey) bool {
+func (m *Machine) outvoted(r *coordinator.Round, res *result, signer coordinator.Pubkey) bool {
 	member := coordinator.ParticipantMember(signer)
 	for i := 0; i < int(r.WitnessesLen); i++ {
 		w := &r.Witnesses[i]
@@ -171,7 +171,7 @@ func (m *machine) outvoted(r *coordinator.Round, res *result, signer coordinator
 }
 
 // hasDue reports whether a round's results are due and not yet applied.
-func (m *machine) hasDue() bool {
+func (m *Machine) hasDue() bool {
 	for _, rs := range m.rounds {
 		if rs.due != nil && !rs.applied {
 			return true
@@ -183,7 +183,7 @@ func (m *machine) hasDue() bool {
 // signers lists the signers of a round's trainers, by index: the epoch's
 // list, if no client has left it since the round (else nil, and no trainer is
 // judged missing: pulling is only a way to catch up).
-func (m *machine) signers(r *coordinator.Round) []coordinator.Pubkey {
+func (m *Machine) signers(r *coordinator.Round) []coordinator.Pubkey {
 	s := m.snap
 	out := make([]coordinator.Pubkey, 0, r.ClientsLen)
 	cur := s.Epoch.Clients[:s.Epoch.ClientsLen]

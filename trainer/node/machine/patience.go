@@ -1,4 +1,4 @@
-package node
+package machine
 
 import "github.com/psyche-go/psyche/coordinator"
 
@@ -62,14 +62,14 @@ func patienceFloor(c *coordinator.Config) uint64 {
 
 // heard records that something of step's round (an announcement, this
 // node's own result) arrived now.
-func (m *machine) heard(step uint32) {
+func (m *Machine) heard(step uint32) {
 	if rs := m.round(step); m.now > rs.heard {
 		rs.heard = m.now
 	}
 }
 
 // began records when this node first saw the current round train.
-func (m *machine) began() {
+func (m *Machine) began() {
 	s := m.snap
 	if s.RunState != coordinator.RoundTrain || m.now == 0 {
 		return
@@ -82,7 +82,7 @@ func (m *machine) began() {
 // notePace records the current round's pace (how long after it began its
 // last announcement came) once every owed batch has been announced, or
 // has its result here: a round in which nobody was silent.
-func (m *machine) notePace() {
+func (m *Machine) notePace() {
 	s := m.snap
 	if s == nil || s.RunState != coordinator.RoundTrain {
 		return
@@ -103,7 +103,7 @@ func (m *machine) notePace() {
 }
 
 // pace is the longest pace of the last complete rounds.
-func (m *machine) pace() uint64 {
+func (m *Machine) pace() uint64 {
 	var p uint64
 	for _, x := range m.paces {
 		p = max(p, x)
@@ -114,13 +114,13 @@ func (m *machine) pace() uint64 {
 // silent reports whether batch b of step has had no announcement at all
 // (nor, for this node's own batch, its result): its trainer has said
 // nothing of it.
-func (m *machine) silent(step uint32, b owedBatch) bool {
+func (m *Machine) silent(step uint32, b owedBatch) bool {
 	return b.trainer != m.id.Signer && m.claims[step][b.start] == nil && m.results[step][b.start] == nil
 }
 
 // outOfPatience reports whether this node has waited long enough for the
 // silent trainers of the current round (see the rule above).
-func (m *machine) outOfPatience() bool {
+func (m *Machine) outOfPatience() bool {
 	s := m.snap
 	rs := m.round(s.Progress.Step)
 	if rs.began == 0 || m.now == 0 {

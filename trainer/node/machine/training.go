@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"slices"
@@ -36,7 +36,7 @@ func owedBatches(s *coordinator.Coordinator, r *coordinator.Round) []owedBatch {
 }
 
 // train asks for this node's batch of the current round, once.
-func (m *machine) train(rd *Ready) {
+func (m *Machine) train(rd *Ready) {
 	s := m.snap
 	step := s.Progress.Step
 	rs := m.round(step)
@@ -69,7 +69,7 @@ func (m *machine) train(rd *Ready) {
 // trainer follows, ahead or not). If a client is dropped before the round
 // starts, or the epoch ends instead, the assignment differs and train asks
 // for the batch again; nothing trained ahead is published. Once a round.
-func (m *machine) trainAhead(rd *Ready) {
+func (m *Machine) trainAhead(rd *Ready) {
 	s := m.snap
 	if rd.Train != nil || (s.RunState != coordinator.RoundTrain && s.RunState != coordinator.RoundWitness) || !m.cur().ready {
 		return

@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"strings"
@@ -112,15 +112,15 @@ func TestVerificationSample(t *testing.T) {
 // when the low values leave the window. Where the peers' scores are as weak
 // as its own, or too few peers have full windows, nobody fails.
 func TestScoreWindow(t *testing.T) {
-	newM := func() *machine {
-		m := newMachine(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
+	newM := func() *Machine {
+		m := New(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
 		m.snap = &coordinator.Coordinator{}
 		return m
 	}
-	peers := func(m *machine, n int, score float32) {
+	peers := func(m *Machine, n int, score float32) {
 		for p := range n {
 			for range assignmentWindow {
-				m.verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, score, 0.05, true)
+				m.Verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, score, 0.05, true)
 			}
 		}
 	}
@@ -144,13 +144,13 @@ func TestScoreWindow(t *testing.T) {
 	m := newM()
 	peers(m, 3, 0.3)
 	for i := range assignmentWindow {
-		rd := m.verified(id, lazy(i), 0.05, true)
+		rd := m.Verified(id, lazy(i), 0.05, true)
 		last := i == assignmentWindow-1
 		if m.failing(id.Signer) != last || (len(rd.Refused) == 1) != last {
 			t.Fatalf("after %d scores: failing %v, refused %v", i+1, m.failing(id.Signer), rd.Refused)
 		}
 	}
-	if rd := m.verified(id, 0.5, 0.05, true); m.failing(id.Signer) || len(rd.Refused) != 0 {
+	if rd := m.Verified(id, 0.5, 0.05, true); m.failing(id.Signer) || len(rd.Refused) != 0 {
 		t.Fatal("a positive score that pushes a low one out of the window did not clear it")
 	}
 	for p := range 3 {
@@ -170,7 +170,7 @@ func TestScoreWindow(t *testing.T) {
 		m := newM()
 		peers(m, tc.peers, tc.score)
 		for i := range assignmentWindow {
-			m.verified(id, lazy(i), 0.05, true)
+			m.Verified(id, lazy(i), 0.05, true)
 		}
 		if m.failing(id.Signer) {
 			t.Fatalf("%s: the trainer fails", tc.name)
@@ -183,7 +183,7 @@ func TestScoreWindow(t *testing.T) {
 	m = newM()
 	peers(m, 3, -0.01) // large batches: relative scores tell nothing
 	for i := range scoreWindow {
-		m.verified(id, 0.3, idle(i), true)
+		m.Verified(id, 0.3, idle(i), true)
 	}
 	if !m.failing(id.Signer) {
 		t.Fatal("a trainer whose results do not lower its own batch's loss half the time does not fail")
@@ -194,16 +194,16 @@ func TestScoreWindow(t *testing.T) {
 	m = newM()
 	for p := range 3 {
 		for range scoreWindow {
-			m.verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, 0, 0.05, false)
+			m.Verified(coordinator.ClientID{Signer: coordinator.Pubkey{byte(10 + p)}}, 0, 0.05, false)
 		}
 	}
 	for range scoreWindow {
-		if m.verified(id, 0, 0.05, false); m.failing(id.Signer) {
+		if m.Verified(id, 0, 0.05, false); m.failing(id.Signer) {
 			t.Fatal("a trainer whose results lower its batch's loss fails without relative scores")
 		}
 	}
 	for i := range scoreWindow {
-		m.verified(id, 0, idle(i), false)
+		m.Verified(id, 0, idle(i), false)
 	}
 	if !m.failing(id.Signer) || len(m.scores[id.Signer].scores) != 0 {
 		t.Fatalf("without relative scores, a trainer of no work: failing %v, scores kept %v", m.failing(id.Signer), m.scores[id.Signer].scores)
@@ -218,7 +218,7 @@ func TestScoreWindow(t *testing.T) {
 // nobody. Reports that came before the node's measurements are checked
 // when they come.
 func TestLossReports(t *testing.T) {
-	m := newMachine(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
+	m := New(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
 	m.snap = &coordinator.Coordinator{}
 	batch := func(p int) p2p.BatchRange { return p2p.BatchRange{Start: uint64(10 * p), End: uint64(10*p + 4)} }
 	ref := map[uint64]float32{}
@@ -270,7 +270,7 @@ func TestLossReports(t *testing.T) {
 	if m.failing(id(3).Signer) {
 		t.Fatal("a pending report was judged")
 	}
-	rd = m.referenceLosses(7, ref)
+	rd = m.ReferenceLosses(7, ref)
 	if !m.failing(id(3).Signer) || len(rd.Refused) != 1 || !strings.Contains(rd.Refused[0].Why, "reported 3 sequence losses for a batch of 4") {
 		t.Fatalf("two failed reports of four: failing %v, refused %v", m.failing(id(3).Signer), rd.Refused)
 	}
@@ -282,7 +282,7 @@ func TestLossReports(t *testing.T) {
 
 	// A node whose own measurements are off fails everyone's reports, and
 	// so accuses no one.
-	m = newMachine(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
+	m = New(coordinator.ClientID{}, 0, false, func() uint64 { return 0 })
 	m.snap = &coordinator.Coordinator{}
 	off := map[uint64]float32{}
 	for k, v := range ref {

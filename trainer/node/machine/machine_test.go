@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"crypto/sha256"
@@ -71,15 +71,15 @@ func keys() func() uint64 {
 
 func TestMachineJoinsOncePerEpoch(t *testing.T) {
 	r := newRun(t)
-	m := newMachine(r.ids[0], 0, false, keys())
-	rd := m.snapshot(r.snap())
+	m := New(r.ids[0], 0, false, keys())
+	rd := m.Snapshot(r.snap(), 0)
 	if len(rd.Send) != 1 || rd.Send[0].Name() != "join_run" {
 		t.Fatalf("want a join, got %+v", rd)
 	}
 	if err := r.apply(r.ids[0].Signer, rd.Send[0]); err != nil {
 		t.Fatal(err)
 	}
-	if rd := m.snapshot(r.snap()); len(rd.Send) != 0 {
+	if rd := m.Snapshot(r.snap(), 0); len(rd.Send) != 0 {
 		t.Fatalf("joined twice: %+v", rd)
 	}
 }
@@ -88,17 +88,17 @@ func TestMachineJoinsOncePerEpoch(t *testing.T) {
 // trainers before it are pending, whatever order the snapshots come in.
 func TestMachineJoinsInOrder(t *testing.T) {
 	r := newRun(t)
-	m := newMachine(r.ids[2], 0, false, keys())
+	m := New(r.ids[2], 0, false, keys())
 	m.joinAfter = []coordinator.Pubkey{r.ids[0].Signer, r.ids[1].Signer}
 	for i, id := range r.ids[:2] {
-		if rd := m.snapshot(r.snap()); len(rd.Send) != 0 {
+		if rd := m.Snapshot(r.snap(), 0); len(rd.Send) != 0 {
 			t.Fatalf("joined before trainer %d: %+v", i, rd)
 		}
 		if err := r.apply(id.Signer, &coordinator.JoinRun{ID: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	rd := m.snapshot(r.snap())
+	rd := m.Snapshot(r.snap(), 0)
 	if len(rd.Send) != 1 || rd.Send[0].Name() != "join_run" {
 		t.Fatalf("want a join after the two, got %+v", rd)
 	}
@@ -112,8 +112,8 @@ func TestMachineJoinsInOrder(t *testing.T) {
 
 // toTraining brings the run to its first RoundTrain with the machine as
 // client 0, loaded, and returns the machine.
-func toTraining(t *testing.T, r *run) *machine {
-	m := newMachine(r.ids[0], 0, false, keys())
+func toTraining(t *testing.T, r *run) *Machine {
+	m := New(r.ids[0], 0, false, keys())
 	for i, id := range r.ids {
 		if err := r.apply(id.Signer, &coordinator.JoinRun{ID: id}); err != nil {
 			t.Fatal(i, err)
@@ -123,11 +123,11 @@ func toTraining(t *testing.T, r *run) *machine {
 	if r.s.RunState != coordinator.Warmup {
 		t.Fatalf("setup: %s", r.s.Describe())
 	}
-	rd := m.snapshot(r.snap())
+	rd := m.Snapshot(r.snap(), 0)
 	if rd.Load == nil || rd.Load.Keep {
 		t.Fatalf("want a fresh load in warmup, got %+v", rd)
 	}
-	rd = m.loaded(rd.Load.Epoch)
+	rd = m.Loaded(rd.Load.Epoch)
 	for _, ix := range rd.Send {
 		if ix.Name() != "warmup_witness" {
 			t.Fatalf("unexpected %s", ix.Name())
@@ -151,47 +151,47 @@ func announcement(r *run, trainer int, step uint32, b p2p.BatchRange) p2p.Announ
 func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
-	rd := m.snapshot(r.snap())
+	rd := m.Snapshot(r.snap(), 0)
 	if rd.Train == nil || rd.Train.Step != 1 || rd.Train.Batch.End-rd.Train.Batch.Start != 2 || rd.Train.LR != 0.5 {
 		t.Fatalf("want this node's 2-sequence batch of step 1, got %+v", rd.Train)
 	}
-	if again := m.snapshot(r.snap()); again.Train != nil {
+	if again := m.Snapshot(r.snap(), 0); again.Train != nil {
 		t.Fatal("trained the same round twice")
 	}
 	frame := distinctFrame(0)
-	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), frame, trainStats{loss: 2.5, tokensPerSec: 100, bytesPerSec: 50})
+	m.Trained(announcement(r, 0, 1, rd.Train.Batch), frame, TrainStats{Loss: 2.5, TokensPerSec: 100, BytesPerSec: 50})
 
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())
 	var anns []p2p.Announcement
 	for i := 1; i < 3; i++ {
 		anns = append(anns, announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count}))
 	}
-	if got := m.announced(anns[0]); len(got.Fetch) != 1 {
+	if got := m.Announced(anns[0]); len(got.Fetch) != 1 {
 		t.Fatalf("want a fetch, got %+v", got)
 	}
-	if got := m.announced(anns[0]); len(got.Fetch) != 0 {
+	if got := m.Announced(anns[0]); len(got.Fetch) != 0 {
 		t.Fatal("fetched the same result twice")
 	}
-	if got := m.announced(announcement(r, 0, 1, rd.Train.Batch)); len(got.Fetch) != 0 {
+	if got := m.Announced(announcement(r, 0, 1, rd.Train.Batch)); len(got.Fetch) != 0 {
 		t.Fatal("fetched its own result")
 	}
 	// A fetch that failed in transit is tried again when announced again.
-	m.fetched(anns[1], nil, errors.New("timeout"), false)
-	if got := m.announced(anns[1]); len(got.Fetch) != 1 {
+	m.Fetched(anns[1], nil, errors.New("timeout"), false)
+	if got := m.Announced(anns[1]); len(got.Fetch) != 1 {
 		t.Fatal("a transient failure stopped the result from being fetched again")
 	}
 	// A result that fails its checks is never fetched again.
-	if got := m.fetched(anns[1], nil, errors.New("bad frame"), true); len(got.Send) != 0 {
+	if got := m.Fetched(anns[1], nil, errors.New("bad frame"), true); len(got.Send) != 0 {
 		t.Fatal("witnessed after a bad result")
 	}
-	if got := m.announced(anns[1]); len(got.Fetch) != 0 {
+	if got := m.Announced(anns[1]); len(got.Fetch) != 0 {
 		t.Fatal("refetched a rejected result")
 	}
 	// Trainer 1's result completes the round: trainer 2's result failed
 	// its checks, so its batch is settled (no honest witness will vouch for
 	// it) and an elected witness reports at once, leaving trainer 2 out,
 	// instead of waiting for the training limit.
-	rd = m.fetched(anns[0], distinctFrame(1), nil, false)
+	rd = m.Fetched(anns[0], distinctFrame(1), nil, false)
 	proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0)
 	if !proof.IsWitness {
 		if len(rd.Send) != 0 {
@@ -219,7 +219,7 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	// version is fetched and nothing more is witnessed.
 	second := anns[1]
 	second.Commitment[0] ^= 1
-	if got := m.announced(second); len(got.Fetch) != 0 || len(got.Send) != 0 || len(got.Report) != 1 || got.Report[0] != anns[1].Trainer.P2P {
+	if got := m.Announced(second); len(got.Fetch) != 0 || len(got.Send) != 0 || len(got.Report) != 1 || got.Report[0] != anns[1].Trainer.P2P {
 		t.Fatalf("after equivocation: %+v", got)
 	}
 	if err := r.apply(r.ids[0].Signer, rd.Send[0]); err != nil {
@@ -229,13 +229,13 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 
 func TestMachineLeavesWhenDone(t *testing.T) {
 	r := newRun(t)
-	m := newMachine(r.ids[0], 1, false, keys())
+	m := New(r.ids[0], 1, false, keys())
 	m.trained = 1
-	if rd := m.snapshot(r.snap()); rd.Done == "" || len(rd.Send) != 0 {
+	if rd := m.Snapshot(r.snap(), 0); rd.Done == "" || len(rd.Send) != 0 {
 		t.Fatalf("want to leave without joining, got %+v", rd)
 	}
 	r.s.RunState = coordinator.Finished
-	if rd := newMachine(r.ids[0], 0, false, keys()).snapshot(r.snap()); rd.Done == "" {
+	if rd := New(r.ids[0], 0, false, keys()).Snapshot(r.snap(), 0); rd.Done == "" {
 		t.Fatal("a finished run did not end the node")
 	}
 }
@@ -243,17 +243,17 @@ func TestMachineLeavesWhenDone(t *testing.T) {
 func TestMachinePullsWhatGossipLost(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
-	m.snapshot(r.snap())
-	rd := m.tick(r.now)
+	m.Snapshot(r.snap(), 0)
+	rd := m.Tick(r.now)
 	if rd.Pull == nil || *rd.Pull != 1 {
 		t.Fatalf("want a pull of step 1, got %+v", rd)
 	}
-	if again := m.tick(r.now); again.Pull != nil {
+	if again := m.Tick(r.now); again.Pull != nil {
 		t.Fatal("a second pull while one is in flight")
 	}
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())
 	a := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
-	if got := m.pulled([]p2p.Announcement{a}); len(got.Fetch) != 1 {
+	if got := m.Pulled([]p2p.Announcement{a}); len(got.Fetch) != 1 {
 		t.Fatalf("want the pulled result fetched, got %+v", got)
 	}
 }
@@ -263,14 +263,14 @@ func TestMachinePullsWhatGossipLost(t *testing.T) {
 // training; a round that has left the ring is no longer listed.
 func TestAssignmentsFollowTheRing(t *testing.T) {
 	r := newRun(t)
-	if got := assignments(r.snap()); got == nil || len(got) != 0 {
+	if got := Assignments(r.snap()); got == nil || len(got) != 0 {
 		t.Fatalf("before training: %v, want an empty (not nil) list", got)
 	}
 	toTraining(t, r)
 	check := func(wantSteps ...uint32) {
 		t.Helper()
 		s := r.snap()
-		got := assignments(s)
+		got := Assignments(s)
 		bySteps := map[uint32]int{}
 		for _, a := range got {
 			bySteps[a.Step]++
@@ -313,7 +313,7 @@ func TestAssignmentsFollowTheRing(t *testing.T) {
 		check(want...)
 	}
 	r.s.RunState = coordinator.WaitingForMembers
-	if got := assignments(r.snap()); len(got) != 0 {
+	if got := Assignments(r.snap()); len(got) != 0 {
 		t.Fatalf("after the epoch: %v", got)
 	}
 }
@@ -324,35 +324,35 @@ func TestAssignmentsFollowTheRing(t *testing.T) {
 func TestMachineEquivocationEvidenceIsBounded(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
-	m.snapshot(r.snap())
+	m.Snapshot(r.snap(), 0)
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())
 	first := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
-	if rd := m.announced(first); len(rd.Fetch) != 1 {
+	if rd := m.Announced(first); len(rd.Fetch) != 1 {
 		t.Fatalf("want the first version fetched, got %+v", rd)
 	}
 	for v := byte(1); v <= 5; v++ {
 		other := first
 		other.Commitment[0] ^= v
-		if rd := m.announced(other); len(rd.Fetch) != 0 {
+		if rd := m.Announced(other); len(rd.Fetch) != 0 {
 			t.Fatalf("version %d fetched", v)
 		}
 	}
 	if n := len(m.claims[1]); n != 1 || !m.equivocated(1, first.Batch.Start) {
 		t.Fatalf("%d records for step 1 (equivocated: %v), want 1", n, m.equivocated(1, first.Batch.Start))
 	}
-	m.fetched(first, &distro.Frame{}, nil, false)
+	m.Fetched(first, &distro.Frame{}, nil, false)
 	if m.results[1][first.Batch.Start] != nil {
 		t.Fatal("kept a result fetched after its trainer was caught equivocating")
 	}
 	// A different trainer's batch is not affected.
 	other := announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})
-	if rd := m.announced(other); len(rd.Fetch) != 1 || m.equivocated(1, other.Batch.Start) {
+	if rd := m.Announced(other); len(rd.Fetch) != 1 || m.equivocated(1, other.Batch.Start) {
 		t.Fatal("an honest trainer's result was refused")
 	}
 	later := r.snap()
 	later.RunState = coordinator.WaitingForMembers
 	later.Progress.Step += 5
-	m.snapshot(later)
+	m.Snapshot(later, 0)
 	if len(m.claims) != 0 {
 		t.Fatalf("evidence of old steps kept: %v", m.claims)
 	}
@@ -372,7 +372,7 @@ func TestMachineOutvotedVersion(t *testing.T) {
 		w.Participants.Add(w.Key, coordinator.ParticipantMember(trainer))
 		w.Broadcasts.Add(w.Key, map[bool]coordinator.Hash{true: v1, false: v2}[i < 2])
 	}
-	m := newMachine(clientID(0), 0, false, keys())
+	m := New(clientID(0), 0, false, keys())
 	res := &result{ann: p2p.Announcement{Trainer: clientID(1), Commitment: v1}}
 	if !m.outvoted(&round, res, trainer) {
 		t.Fatal("half the witnesses voted for another version, and v1 is not outvoted")
@@ -393,8 +393,8 @@ func TestMachineOutvotedVersion(t *testing.T) {
 func TestMachineRefusesCopies(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
-	rd := m.snapshot(r.snap())
-	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), trainStats{})
+	rd := m.Snapshot(r.snap(), 0)
+	m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())
 	ann := func(i int) p2p.Announcement {
 		return announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count})
@@ -402,16 +402,16 @@ func TestMachineRefusesCopies(t *testing.T) {
 	original := &distro.Frame{Tensors: []distro.Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1, 6}, Values: []float32{0.5, -2}}}}
 	scaled := &distro.Frame{Tensors: []distro.Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1, 6}, Values: []float32{5, -20}}}}
 	for i := 1; i < 3; i++ {
-		m.announced(ann(i))
+		m.Announced(ann(i))
 	}
-	if got := m.fetched(ann(1), original, nil, false); len(got.Refused) != 0 {
+	if got := m.Fetched(ann(1), original, nil, false); len(got.Refused) != 0 {
 		t.Fatalf("the original was refused: %+v", got.Refused)
 	}
-	got := m.fetched(ann(2), scaled, nil, false)
+	got := m.Fetched(ann(2), scaled, nil, false)
 	if len(got.Refused) != 1 || got.Refused[0].Trainer != r.ids[2] || got.Refused[0].Step != 1 {
 		t.Fatalf("the rescaled copy: refused %+v, want trainer 2 at step 1", got.Refused)
 	}
-	if again := m.announced(ann(2)); len(again.Fetch) != 0 {
+	if again := m.Announced(ann(2)); len(again.Fetch) != 0 {
 		t.Fatal("a refused copy was fetched again")
 	}
 	if proof := r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0); proof.IsWitness {
@@ -442,12 +442,12 @@ func TestMachineRefusesCopies(t *testing.T) {
 func TestMachineDoesNotWaitForDistrusted(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
-	rd := m.snapshot(r.snap())
-	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), trainStats{})
+	rd := m.Snapshot(r.snap(), 0)
+	m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())
 	bad := announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})
-	m.announced(bad)
-	m.fetched(bad, nil, errors.New("bad frame"), true)
+	m.Announced(bad)
+	m.Fetched(bad, nil, errors.New("bad frame"), true)
 	lazy := clientID(7).Signer
 	m.bookOf(lazy).flagged = true
 	for _, tc := range []struct {
@@ -478,12 +478,12 @@ func TestMachineWitnessesWhenTheRefusedResultComesLast(t *testing.T) {
 	good := &distro.Frame{Tensors: []distro.Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1, 6}, Values: []float32{0.5, -2}}}}
 	for _, tc := range []struct {
 		name   string
-		settle func(m *machine, a p2p.Announcement) Ready
+		settle func(m *Machine, a p2p.Announcement) Ready
 	}{
-		{"an invalid frame", func(m *machine, a p2p.Announcement) Ready {
-			return m.fetched(a, nil, errors.New("bad frame"), true)
+		{"an invalid frame", func(m *Machine, a p2p.Announcement) Ready {
+			return m.Fetched(a, nil, errors.New("bad frame"), true)
 		}},
-		{"a copy", func(m *machine, a p2p.Announcement) Ready { return m.fetched(a, good, nil, false) }},
+		{"a copy", func(m *Machine, a p2p.Announcement) Ready { return m.Fetched(a, good, nil, false) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRun(t)
@@ -491,15 +491,15 @@ func TestMachineWitnessesWhenTheRefusedResultComesLast(t *testing.T) {
 			if !r.s.Config.WitnessProofFor(r.s.CurrentRound(), 0).IsWitness {
 				t.Fatal("setup: this node is no witness of the round")
 			}
-			rd := m.snapshot(r.snap())
-			m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), trainStats{})
+			rd := m.Snapshot(r.snap(), 0)
+			m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
 			ranges := r.s.RoundAssignment(r.s.CurrentRound())
 			ann := func(i int) p2p.Announcement {
 				return announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count})
 			}
-			m.announced(ann(1))
-			m.announced(ann(2))
-			if got := m.fetched(ann(1), good, nil, false); len(got.Send) != 0 {
+			m.Announced(ann(1))
+			m.Announced(ann(2))
+			if got := m.Fetched(ann(1), good, nil, false); len(got.Send) != 0 {
 				t.Fatalf("reported with trainer 2's result still due: %+v", got.Send)
 			}
 			got := tc.settle(m, ann(2))
@@ -522,25 +522,25 @@ func TestMachineWitnessesWhenTheRefusedResultComesLast(t *testing.T) {
 func TestMachineDropsFetchesWhenDropped(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
-	rd := m.snapshot(r.snap())
-	m.trainedResult(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), trainStats{})
+	rd := m.Snapshot(r.snap(), 0)
+	m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
 	ranges := r.s.RoundAssignment(r.s.CurrentRound())
 	a := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
-	if got := m.announced(a); len(got.Fetch) != 1 {
+	if got := m.Announced(a); len(got.Fetch) != 1 {
 		t.Fatalf("setup: want a fetch, got %+v", got)
 	}
-	if got := m.snapshot(r.snap()); got.DropFetches {
+	if got := m.Snapshot(r.snap(), 0); got.DropFetches {
 		t.Fatal("a client of the epoch dropped its fetches")
 	}
 	dropped := r.snap()
 	dropped.Epoch.Clients[0].State = coordinator.Dropped
-	if got := m.snapshot(dropped); !got.DropFetches {
+	if got := m.Snapshot(dropped, 0); !got.DropFetches {
 		t.Fatalf("dropped with a fetch in flight: want DropFetches, got %+v", got)
 	}
-	if got := m.snapshot(dropped); got.DropFetches {
+	if got := m.Snapshot(dropped, 0); got.DropFetches {
 		t.Fatal("asked to drop the fetches twice")
 	}
-	if got := m.announced(announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})); len(got.Fetch) != 0 {
+	if got := m.Announced(announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})); len(got.Fetch) != 0 {
 		t.Fatalf("a dropped node fetched %+v", got.Fetch)
 	}
 }

@@ -1,14 +1,14 @@
-package node
+package machine
 
 import (
 	"github.com/psyche-go/psyche/coordinator"
 )
 
-// tick runs once a second with the time (unix seconds, the coordinator's
+// Tick runs once a second with the time (unix seconds, the coordinator's
 // unit): it asks peers directly for results gossip has not delivered,
 // retries a model load that failed (peers that were not reachable yet) and,
-// WithTicking, sends a tick when its turn comes (see turnToTick).
-func (m *machine) tick(now uint64) Ready {
+// WithTicking, sends a Tick when its turn comes (see turnToTick).
+func (m *Machine) Tick(now uint64) Ready {
 	var rd Ready
 	m.now = max(m.now, now)
 	s := m.snap
@@ -16,7 +16,7 @@ func (m *machine) tick(now uint64) Ready {
 		return rd
 	}
 	m.began()
-	rd.Tick = m.turnToTick(now)
+	rd.Tick = m.TurnToTick(now)
 	if !m.cur().ready {
 		if _, ok := m.member(); ok && s.RunState == coordinator.Warmup {
 			rd.Load = m.loadWork()
@@ -46,28 +46,28 @@ func (m *machine) tick(now uint64) Ready {
 	return rd
 }
 
-// tickDue runs between the one-second ticks of a node that ticks the run
+// TickDue runs between the one-second ticks of a node that ticks the run
 // (WithTicking), with the time: it sends a tick as soon as the node's turn
 // comes (turnToTick), so a transition that falls due at a whole second does
 // not wait for the next one-second tick, nor a second more when the chain's
 // clock was a slot behind and the first tick changed nothing. It does
 // nothing else (pulls and load retries stay once a second).
-func (m *machine) tickDue(now uint64) Ready {
+func (m *Machine) TickDue(now uint64) Ready {
 	m.now = max(m.now, now)
 	if m.snap == nil {
 		return Ready{}
 	}
-	return Ready{Tick: m.turnToTick(now)}
+	return Ready{Tick: m.TurnToTick(now)}
 }
 
-// turnToTick reports whether to send a tick now: ticking the last snapshot
+// TurnToTick reports whether to send a tick now: ticking the last snapshot
 // at now would change it (the coordinator is pure, so a copy shows the
 // outcome), and it is this node's turn. Every trainer would pay for a tick
 // that only the first can use, so they take turns: the epoch's client at
 // index i waits until the transition has been due for i seconds (others for
 // one more than the clients), which costs a second per trainer that is
 // gone. At most one tick is in flight.
-func (m *machine) turnToTick(now uint64) bool {
+func (m *Machine) TurnToTick(now uint64) bool {
 	s := m.snap
 	if !m.ticking || m.tickInFlight {
 		return false
@@ -91,5 +91,5 @@ func (m *machine) turnToTick(now uint64) bool {
 	return true
 }
 
-// tickSent says the tick asked for has landed or failed.
-func (m *machine) tickSent() { m.tickInFlight = false }
+// TickSent says the tick asked for has landed or failed.
+func (m *Machine) TickSent() { m.tickInFlight = false }

@@ -30,12 +30,11 @@ func floodThenFresh(t *testing.T, addr string, n int, path string) {
 	defer flood.Stop()
 	guard := time.Now().Add(listenerGuard)
 	for {
-		served, _, closed, _ := flood.Counts()
-		if served+closed >= uint64(n) {
+		if flood.Settled() >= uint64(n) {
 			break
 		}
 		if time.Now().After(guard) {
-			t.Fatalf("the flood: %d of %d connections served or closed in %v", served+closed, n, listenerGuard)
+			t.Fatalf("the flood: %d of %d connections served or closed in %v", flood.Settled(), n, listenerGuard)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

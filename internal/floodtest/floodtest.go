@@ -57,7 +57,17 @@ type Flood struct {
 	open   atomic.Int64
 	// counts
 	served, dials, closed, refused atomic.Uint64
+	// settled counts the KeepAlive connections whose first turn is over
+	// (served, closed or not connected): served+closed counts a connection
+	// served and then shed twice, so it says nothing of the ones still
+	// arriving.
+	settled atomic.Uint64
 }
+
+// Settled is how many of a KeepAlive flood's connections have had their
+// first turn: once it is the flood's size, no connection of it is still
+// arriving (none dials again before its next turn).
+func (f *Flood) Settled() uint64 { return f.settled.Load() }
 
 // Open is how many of the flood's connections (or streams) are open now.
 func (f *Flood) Open() int { return int(f.open.Load()) }
@@ -158,14 +168,24 @@ func (f *Flood) keepAlive(ctx context.Context, addr, src, path string, every tim
 			_ = c.SetDeadline(turn)
 			if status, err := roundTrip(c, r, path); err == nil && status > 0 {
 				f.served.Add(1)
+				if first {
+					f.settled.Add(1)
+				}
 				// Idle until the next turn; a read that ends before it is
 				// the server closing the connection.
 				if _, err := r.Peek(1); !errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
 					drop(true)
 				}
-			} else if ctx.Err() == nil {
-				drop(true) // closed by the server, or too slow to answer
+			} else {
+				if ctx.Err() == nil {
+					drop(true) // closed by the server, or too slow to answer
+				}
+				if first {
+					f.settled.Add(1)
+				}
 			}
+		} else if first {
+			f.settled.Add(1)
 		}
 		select {
 		case <-ctx.Done():

@@ -476,13 +476,15 @@ func (t *tail) quote() string {
 	return "; its last output:\n  " + strings.Join(t.lines, "\n  ")
 }
 
-// rankLine is what a multi-device worker said of a rank that stopped
-// ("rank 1 (cuda:1) stopped: signal killed"), or "".
+// rankLine is what a multi-device worker said of a rank that stopped or
+// failed ("rank 1 (cuda:1) stopped: signal killed", "rank 0 (cpu): a
+// collective failed: …"), or "".
 func (t *tail) rankLine() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := len(t.lines) - 1; i >= 0; i-- {
-		if r, ok := strings.CutPrefix(t.lines[i], "psyche-worker: rank "); ok && strings.Contains(r, "): ") || ok && strings.Contains(r, ") stopped: ") {
+		r, ok := strings.CutPrefix(t.lines[i], "psyche-worker: rank ")
+		if ok && (strings.Contains(r, ") stopped: ") || strings.Contains(r, "): ")) {
 			return "rank " + r
 		}
 	}

@@ -19,6 +19,8 @@ var (
 		Usage: "what computes: go (this binary's kernels) or torch (a PyTorch worker: python3 or $PSYCHE_PYTHON with torch 1.13+ and numpy); localnet takes a list, one per trainer, repeated (go,torch: a mixed run)"}
 	deviceFlag = &cli.StringFlag{Name: "device", Value: "cpu", Category: "ENGINE",
 		Usage: "with --engine torch: cpu, cuda, cuda:N or mps"}
+	devicesFlag = &cli.StringFlag{Name: "devices", Category: "ENGINE",
+		Usage: "with --engine torch, instead of --device: one trainer over several devices, a process each under torch.distributed: cuda:0,cuda:1,… or all (every GPU torch sees; NCCL), cpu,cpu (gloo); localnet: every torch trainer"}
 	pythonFlag = &cli.StringFlag{Name: "python", Category: "ENGINE",
 		Usage: "with --engine torch: the python to run the worker under (default: python3 on PATH, then /usr/bin/python3)"}
 	compileFlag = &cli.BoolFlag{Name: "compile", Category: "ENGINE",
@@ -45,6 +47,8 @@ func engineKinds(c *cli.Context, allowMany bool) ([]string, error) {
 		switch {
 		case c.String("device") != "cpu":
 			return nil, fmt.Errorf("--device %s is for --engine torch (the go engine computes with its kernels: --precision, or a -tags cuda build)", c.String("device"))
+		case c.String("devices") != "":
+			return nil, fmt.Errorf("--devices %s is for --engine torch", c.String("devices"))
 		case c.String("python") != "":
 			return nil, fmt.Errorf("--python is for --engine torch")
 		case c.Bool("compile"):
@@ -83,7 +87,18 @@ func checkEngines(ctx context.Context, c *cli.Context, kinds []string, prec kern
 }
 
 func newTorch(c *cli.Context, prec kernels.Precision, log *slog.Logger) (*torch.Opener, error) {
-	return torch.New(torch.WithDevice(c.String("device")), torch.WithPrecision(prec), torch.WithPython(c.String("python")),
+	dev := torch.WithDevice(c.String("device"))
+	if ds := c.String("devices"); ds != "" {
+		if c.String("device") != "cpu" {
+			return nil, fmt.Errorf("--device %s and --devices %s: give one (--devices for several, --device for one)", c.String("device"), ds)
+		}
+		list := strings.Split(ds, ",")
+		for i := range list {
+			list[i] = strings.TrimSpace(list[i])
+		}
+		dev = torch.WithDevices(list)
+	}
+	return torch.New(dev, torch.WithPrecision(prec), torch.WithPython(c.String("python")),
 		torch.WithCompile(c.Bool("compile")), torch.WithLogger(log))
 }
 

@@ -35,7 +35,7 @@ func TestJoinWithoutTorch(t *testing.T) {
 }
 
 // TestEngineFlags: --engine takes go or torch (localnet a list), and
-// --device belongs to torch.
+// --device and --devices belong to torch, one of them at a time.
 func TestEngineFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -45,6 +45,12 @@ func TestEngineFlags(t *testing.T) {
 		{[]string{"localnet", "--engine", "go", "--device", "cuda"}, "--device cuda is for --engine torch"},
 		{[]string{"join", "--engine", "go,torch", "--run-id", "x"}, "a trainer has one engine"},
 		{[]string{"localnet", "--engine", "torch", "--device", "gpu0"}, `device "gpu0": want cpu, cuda, cuda:N or mps`},
+		{[]string{"localnet", "--engine", "go", "--devices", "cpu,cpu"}, "--devices cpu,cpu is for --engine torch"},
+		{[]string{"localnet", "--engine", "torch", "--device", "cuda", "--devices", "cuda:0,cuda:1"}, "--device cuda and --devices cuda:0,cuda:1: give one"},
+		{[]string{"localnet", "--engine", "torch", "--devices", "cuda:0,cpu"}, `devices "cuda:0,cpu": all cpu or all cuda:N, not both`},
+		{[]string{"localnet", "--engine", "torch", "--devices", "cuda:1,cuda:1"}, "cuda:1 is named twice"},
+		{[]string{"localnet", "--engine", "torch", "--devices", "cuda,cuda:1"}, `"cuda" cannot be one of several`},
+		{[]string{"localnet", "--engine", "torch", "--devices", "all,cuda:1"}, "all stands alone"},
 	} {
 		_, errs, code := psyche(t, tc.args...)
 		if code == 0 || !strings.Contains(errs, tc.want) {

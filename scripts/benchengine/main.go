@@ -82,6 +82,16 @@ var shapes = map[string]runmodel.Config{
 	// examples/llama-1b-run.toml's [model]
 	"1B": {Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 128256, Context: 2048, Width: 2048, Layers: 16, Heads: 32, KVHeads: 8,
 		Intermediate: 8192, RopeTheta: 500000, TiedHead: true}},
+	// Larger Llama 3 shapes, for the search of the largest that trains on
+	// a machine's GPUs (scripts/gpu-check torch-engine, part multi): about
+	// 3.2, 8.0 and 14 billion parameters (the last Llama 3's vocabulary on
+	// a Llama 2 13B body, with grouped-query attention).
+	"3B": {Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 128256, Context: 2048, Width: 3072, Layers: 28, Heads: 24, KVHeads: 8,
+		Intermediate: 8192, RopeTheta: 500000, TiedHead: true}},
+	"8B": {Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 128256, Context: 2048, Width: 4096, Layers: 32, Heads: 32, KVHeads: 8,
+		Intermediate: 14336, RopeTheta: 500000}},
+	"14B": {Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 128256, Context: 2048, Width: 5120, Layers: 40, Heads: 40, KVHeads: 8,
+		Intermediate: 13824, RopeTheta: 500000}},
 	"gpt-tiny": {Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4}},
 	"gpt-10M":  {Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 256, Context: 128, Width: 384, Layers: 6, Heads: 6}},
 }
@@ -90,8 +100,10 @@ var shapes = map[string]runmodel.Config{
 // The per-phase figures are medians over the timed rounds (a shared machine's
 // load comes and goes); the rounds' own figures are listed too.
 type result struct {
-	Engine        string    `json:"engine"` // torch, plain-torch or go
-	Mode          string    `json:"mode"`   // eager or compile (torch, plain-torch); "" for go
+	Engine        string    `json:"engine"`              // torch, torch-ranks, plain-torch or go
+	Ranks         int       `json:"ranks,omitempty"`     // torch-ranks: devices, a process each
+	Placement     string    `json:"placement,omitempty"` // torch-ranks: how the ranks hold the model (the engine's name says)
+	Mode          string    `json:"mode"`                // eager or compile (torch, plain-torch); "" for go
 	Name          string    `json:"name,omitempty"`
 	Shape         string    `json:"shape"`
 	Arch          string    `json:"arch"`
@@ -137,6 +149,7 @@ type phases struct {
 
 type settings struct {
 	shape, device, prec, python, ref string
+	devices                          []string // torch-ranks
 	cfg                              runmodel.Config
 	seq, rounds, warmup, peers       int
 	batches                          []int
@@ -156,7 +169,8 @@ func main() {
 	seq := flag.Int("seq", 128, "tokens per sequence (at most the shape's context)")
 	rounds := flag.Int("rounds", 5, "timed rounds")
 	warmup := flag.Int("warmup", 1, "untimed rounds first (torch.compile compiles in them)")
-	engines := flag.String("engines", "torch,go", "what to run, in order: torch (the engine), plain-torch (scripts/bench_engine_ref.py in lockstep), go (the engine)")
+	engines := flag.String("engines", "torch,go", "what to run, in order: torch (the engine), torch-ranks (the engine over -devices), plain-torch (scripts/bench_engine_ref.py in lockstep), go (the engine)")
+	devices := flag.String("devices", "cpu,cpu", "torch-ranks: the devices, a rank each (cuda:0,cuda:1,…, all, or cpu,cpu)")
 	modes := flag.String("modes", "eager", "the torch engine's modes: eager, compile or both (eager,compile)")
 	refModes := flag.String("ref-modes", "", "plain-torch's modes (default: -modes)")
 	interleave := flag.Bool("interleave", false, "open every engine first, then run each round on each in turn (a shared machine's load then falls on all alike)")
@@ -232,7 +246,8 @@ func main() {
 		_ = os.Setenv("OMP_NUM_THREADS", strconv.Itoa(*threads))
 		_ = os.Setenv("OPENBLAS_NUM_THREADS", strconv.Itoa(*threads))
 	}
-	s := &settings{shape: *shape, device: *device, prec: string(p), python: *python, ref: *ref, cfg: cfg, seq: *seq, rounds: *rounds,
+	s := &settings{shape: *shape, device: *device, devices: strings.Split(*devices, ","), prec: string(p), python: *python, ref: *ref,
+		cfg: cfg, seq: *seq, rounds: *rounds,
 		warmup: *warmup, peers: *peers, batches: bs, threads: runtime.GOMAXPROCS(0), seed: *seed, lr: float32(*lr),
 		nvsmi: *nvsmi && strings.HasPrefix(*device, "cuda"),
 		opts: distro.Options{Chunk: *chunk, TopK: *topk, Quantize1Bit: *quant, RiceIndices: true, Decay: float32(*decay),
@@ -259,10 +274,12 @@ func main() {
 					runners = append(runners, &refRunner{s: s, compile: m == "compile"})
 				}
 			}
+		case "torch-ranks":
+			runners = append(runners, &torchRunner{engineRunner: engineRunner{s: s}, ranks: true})
 		case "go":
 			runners = append(runners, &goRunner{engineRunner{s: s}})
 		default:
-			fail(fmt.Errorf("-engines %q: want torch, plain-torch and/or go", *engines))
+			fail(fmt.Errorf("-engines %q: want torch, torch-ranks, plain-torch and/or go", *engines))
 		}
 	}
 
@@ -541,6 +558,7 @@ func (er *engineRunner) round(ctx context.Context, round, b int) (float32, time.
 type torchRunner struct {
 	engineRunner
 	compile bool
+	ranks   bool // over the settings' devices
 	pid     int
 }
 
@@ -548,7 +566,12 @@ func (tr *torchRunner) open(ctx context.Context) {
 	s := tr.s
 	mode := map[bool]string{false: "eager", true: "compile"}[tr.compile]
 	tr.r = newResult(s, "torch", mode)
-	opts := []torch.Option{torch.WithDevice(s.device), torch.WithPrecision(kernels.Precision(s.prec)), torch.WithCompile(tr.compile)}
+	dev := torch.WithDevice(s.device)
+	if tr.ranks {
+		tr.r.Engine, tr.r.Device, tr.r.Ranks = "torch-ranks", strings.Join(s.devices, ","), len(s.devices)
+		dev = torch.WithDevices(s.devices)
+	}
+	opts := []torch.Option{dev, torch.WithPrecision(kernels.Precision(s.prec)), torch.WithCompile(tr.compile)}
 	if s.python != "" {
 		opts = append(opts, torch.WithPython(s.python))
 	}
@@ -566,6 +589,12 @@ func (tr *torchRunner) open(ctx context.Context) {
 	if tr.e != nil {
 		if p, ok := tr.e.(interface{ Pid() int }); ok {
 			tr.pid = p.Pid()
+		}
+		if tr.ranks {
+			tr.r.Name = tr.e.Name()
+			if i := strings.LastIndex(tr.r.Name, " ranks, "); i >= 0 {
+				tr.r.Placement = strings.TrimSuffix(tr.r.Name[i+len(" ranks, "):], ")")
+			}
 		}
 	}
 }

@@ -20,13 +20,20 @@ func torchOpener(t *testing.T) *torch.Opener {
 	return op
 }
 
-// engines gives trainer i the options of kinds[i]: go (the default) or a
-// torch opener of its own.
+// engines gives trainer i the options of kinds[i]: go (the default), a
+// torch opener of its own, or torch2: a torch opener over two CPU ranks.
 func engines(t *testing.T, kinds ...string) (func(i int) []node.Option, []*torch.Opener) {
 	ops := make([]*torch.Opener, len(kinds))
 	for i, k := range kinds {
-		if k == "torch" {
+		switch k {
+		case "torch":
 			ops[i] = torchOpener(t)
+		case "torch2":
+			op, err := torch.New(torch.WithDevices([]string{"cpu", "cpu"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ops[i] = op
 		}
 	}
 	return func(i int) []node.Option {
@@ -132,4 +139,32 @@ func TestWorkerKilledMidRound(t *testing.T) {
 	})
 	c.stopAll(0, 1)
 	c.sameWeights(0, 1)
+}
+
+// TestMultiDeviceTrainerTrains: a trainer whose worker runs over two ranks
+// (gloo on the CPU: its batch split, its gradients summed) trains among a
+// one-device torch trainer and a Go one. To the run it is one trainer: one
+// frame a round; it ends with the one-device torch trainer's weights, bit
+// for bit, and a lower loss.
+func TestMultiDeviceTrainerTrains(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	opts, ops := engines(t, "torch2", "torch", "go")
+	c := newCluster(t, 3, nil, opts)
+	ranks := 0
+	c.waitFor("an epoch", func(s *coordinator.Coordinator) bool {
+		ranks = max(ranks, len(ops[0].RankPids()))
+		return s.Progress.Epoch >= 1 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1, 2)
+	if ranks != 1 {
+		t.Fatalf("trainer 0's worker ran %d further ranks, want 1", ranks)
+	}
+	c.sameWeights(0, 1)
+	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
+	t.Logf("held-out loss %.3f -> %.3f", before, after)
+	if after >= before-0.2 {
+		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
+	}
 }

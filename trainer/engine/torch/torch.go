@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,8 @@ import (
 type options struct {
 	python    string
 	device    string
+	devices   []string // several: one rank per device (WithDevices)
+	placement string   // "" (the worker decides), "replicate" or "shard"
 	precision string
 	compile   bool
 	log       *slog.Logger
@@ -59,6 +62,75 @@ func WithDevice(d string) Option {
 			return fmt.Errorf("torch engine: device %q: want cpu, cuda, cuda:N or mps", d)
 		}
 		o.device = d
+		return nil
+	}
+}
+
+// WithDevices runs the worker over several devices, one process (rank)
+// per device under torch.distributed: cuda:0,cuda:1,… (NCCL), all (every
+// CUDA device torch sees), or cpu,cpu,… (gloo: tests and benchmarks). The
+// trainer's batch is split across the ranks and their gradients summed;
+// psyche still sees one engine, one frame a round. One device is
+// WithDevice's.
+func WithDevices(ds []string) Option {
+	return func(o *options) error {
+		if err := checkDevices(ds); err != nil {
+			return err
+		}
+		if len(ds) == 1 && ds[0] != "all" {
+			o.device, o.devices = ds[0], nil
+			return nil
+		}
+		o.devices = slices.Clone(ds)
+		return nil
+	}
+}
+
+var cudaIndexRE = regexp.MustCompile(`^cuda:[0-9]+$`)
+
+// checkDevices says what is wrong with a list of devices, in one line.
+func checkDevices(ds []string) error {
+	list := strings.Join(ds, ",")
+	switch {
+	case len(ds) == 0:
+		return errors.New("torch engine: devices: none given; want cuda:0,cuda:1,…, all or cpu,cpu")
+	case len(ds) == 1 && ds[0] == "all":
+		return nil
+	case len(ds) == 1:
+		if !deviceRE.MatchString(ds[0]) {
+			return fmt.Errorf("torch engine: devices %q: want cpu, cuda, cuda:N or mps, a list of them, or all", list)
+		}
+		return nil
+	}
+	seen := map[string]bool{}
+	for _, d := range ds {
+		switch {
+		case d == "all":
+			return fmt.Errorf("torch engine: devices %q: all stands alone (every CUDA device)", list)
+		case d != "cpu" && !cudaIndexRE.MatchString(d):
+			return fmt.Errorf("torch engine: devices %q: %q cannot be one of several; want cuda:N for each GPU (or cpu,cpu)", list, d)
+		case (d == "cpu") != (ds[0] == "cpu"):
+			return fmt.Errorf("torch engine: devices %q: all cpu or all cuda:N, not both", list)
+		case d != "cpu" && seen[d]:
+			return fmt.Errorf("torch engine: devices %q: %s is named twice", list, d)
+		}
+		seen[d] = true
+	}
+	return nil
+}
+
+// WithPlacement overrides how a multi-device worker holds the model, which
+// the worker otherwise decides from the model's size and the devices'
+// memory: "replicate" (data parallel: every device holds the model, its
+// gradient and DisTrO state) or "shard" (each device holds the model and
+// its share of the gradient and DisTrO state). Tests use it to run the
+// sharded mode on small models.
+func WithPlacement(p string) Option {
+	return func(o *options) error {
+		if p != "" && p != "replicate" && p != "shard" {
+			return fmt.Errorf("torch engine: placement %q: want replicate or shard", p)
+		}
+		o.placement = p
 		return nil
 	}
 }
@@ -113,6 +185,20 @@ func (op *Opener) Pids() []int {
 	return out
 }
 
+// RankPids lists the processes of this opener's open engines' further
+// ranks (a multi-device worker's ranks 1 and up).
+func (op *Opener) RankPids() []int {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	var out []int
+	for e := range op.open {
+		if len(e.w.pids) > 1 {
+			out = append(out, e.w.pids[1:]...)
+		}
+	}
+	return out
+}
+
 // New returns an Opener. Nothing starts until Check or Open.
 func New(opts ...Option) (*Opener, error) {
 	o := options{device: "cpu", precision: "fp32", log: slog.New(slog.DiscardHandler)}
@@ -133,12 +219,18 @@ func (*Opener) Name() string { return "torch" }
 // Info is what Check found: the interpreter and its torch, and the device.
 type Info struct {
 	Python, Torch, Device, DeviceName string
-	Memory                            int64
-	SDPA, Compile                     bool
+	// Devices are a multi-device worker's, one rank each (Device joins
+	// them with commas).
+	Devices       []string
+	Memory        int64 // the smallest device's
+	SDPA, Compile bool
 }
 
 func (i Info) String() string {
 	s := fmt.Sprintf("torch %s (%s) on %s", i.Torch, i.Python, i.Device)
+	if len(i.Devices) > 1 {
+		s += fmt.Sprintf(" (%d ranks)", len(i.Devices))
+	}
 	if i.DeviceName != "" {
 		s += " (" + i.DeviceName + ")"
 	}
@@ -150,7 +242,7 @@ func (i Info) String() string {
 // with torch and numpy, the device present). Errors wrap ErrNoTorch when
 // the python or its torch is missing.
 func (op *Opener) Check(ctx context.Context) (Info, error) {
-	w, h, err := startWorker(ctx, &op.o)
+	w, h, err := startWorker(ctx, &op.o, 0)
 	if err != nil {
 		return Info{}, err
 	}
@@ -159,7 +251,8 @@ func (op *Opener) Check(ctx context.Context) (Info, error) {
 }
 
 func info(w *worker, h *hello) Info {
-	return Info{Python: w.python, Torch: h.Torch, Device: h.Device, DeviceName: h.DeviceName, Memory: h.Memory, SDPA: h.SDPA, Compile: h.Compile}
+	return Info{Python: w.python, Torch: h.Torch, Device: h.Device, DeviceName: h.DeviceName, Devices: h.Devices, Memory: h.Memory,
+		SDPA: h.SDPA, Compile: h.Compile}
 }
 
 // Open starts a worker and hands it the model and the run's optimizer.
@@ -178,13 +271,13 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	if err != nil {
 		return nil, err
 	}
-	w, h, err := startWorker(ctx, &op.o)
-	if err != nil {
-		return nil, err
-	}
 	timeout := s.Timeout
 	if timeout <= 0 {
 		timeout = 10 * time.Minute
+	}
+	w, h, err := startWorker(ctx, &op.o, timeout)
+	if err != nil {
+		return nil, err
 	}
 	e := &eng{w: w, o: op.o, cfg: cfg, plan: plan, timeout: timeout, shapes: s.Model.Shapes(), info: info(w, h),
 		params: s.Model.NumParams()}
@@ -192,9 +285,13 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	if h.DeviceName != "" {
 		e.name = fmt.Sprintf("torch %s on %s (%s), %s", h.Torch, h.Device, h.DeviceName, op.o.precision)
 	}
-	if err := e.open(ctx, s.Model, s.Optimizer); err != nil {
+	placement, err := e.open(ctx, s.Model, s.Optimizer)
+	if err != nil {
 		w.kill()
 		return nil, err
+	}
+	if len(h.Devices) > 1 {
+		e.name = fmt.Sprintf("%s (%d ranks, %s)", e.name, len(h.Devices), placement)
 	}
 	op.mu.Lock()
 	op.open[e] = true
@@ -231,6 +328,10 @@ func (e *eng) Info() Info { return e.info }
 
 // Pid is the worker process's id (tests kill it).
 func (e *eng) Pid() int { return e.w.pid() }
+
+// Pids are the worker's processes: rank 0 (Pid) and, on several devices,
+// every further rank in order.
+func (e *eng) Pids() []int { return slices.Clone(e.w.pids) }
 
 // bulkTimeout bounds a call that moves every parameter (open, Model): a
 // minute plus a second per 20M parameters, at least the round's.
@@ -301,7 +402,7 @@ func modelConfig(c runmodel.Config) (string, map[string]any) {
 	return "gpt", map[string]any{"vocab": g.Vocab, "context": g.Context, "width": g.Width, "layers": g.Layers, "heads": g.Heads}
 }
 
-func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) error {
+func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) (string, error) {
 	arch, mc := modelConfig(e.cfg)
 	var layouts []map[string]any
 	for _, l := range e.plan.Layouts() {
@@ -311,7 +412,7 @@ func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) erro
 	h := header{"op": "open", "arch": arch, "config": mc, "layouts": layouts, "shapes": e.shapes,
 		"distro": map[string]any{"decay": o.Decay, "weight_decay": o.WeightDecay, "clip": o.ClipGradNorm,
 			"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS},
-		"precision": e.o.precision, "compile": e.o.compile}
+		"precision": e.o.precision, "compile": e.o.compile, "placement": e.o.placement}
 	ts := m.Tensors()
 	blobs := make([][]byte, len(ts))
 	for i, t := range ts {
@@ -319,8 +420,29 @@ func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) erro
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.bulkTimeout(), h, blobs)
-	return err
+	a, err := e.do(ctx, e.bulkTimeout(), h, blobs)
+	if err != nil {
+		return "", err
+	}
+	var f struct {
+		Placement string `json:"placement"`
+	}
+	return f.Placement, a.fields(&f)
+}
+
+// Digests are each rank's digest of the parameters it holds (tests: every
+// rank of a multi-device worker holds the same weights).
+func (e *eng) Digests(ctx context.Context) ([]string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a, err := e.do(ctx, e.bulkTimeout(), header{"op": "digests"}, nil)
+	if err != nil {
+		return nil, err
+	}
+	var f struct {
+		Digests []string `json:"digests"`
+	}
+	return f.Digests, a.fields(&f)
 }
 
 func (e *eng) batchCall(ctx context.Context, op string, b engine.Batch) (engine.Losses, error) {

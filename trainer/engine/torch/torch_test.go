@@ -552,3 +552,226 @@ func TestOutOfMemory(t *testing.T) {
 		t.Fatalf("the next batch after running out of memory: %v", err)
 	}
 }
+
+func openRanks(t *testing.T, cfg runmodel.Config, seed uint64, o distro.Options, devices []string, placement string) *eng {
+	t.Helper()
+	op, err := New(WithDevices(devices), WithPlacement(placement))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return open(t, op, cfg, seed, o).(*eng)
+}
+
+// TestRanksMatchOneDevice: a worker over two CPU ranks (gloo), data
+// parallel and sharded, computes what a one-device worker computes on the
+// same weights and batch: the same losses (each sequence on one rank), the
+// gradient within float32 reduction order (two halves summed against one
+// sum), the same frame, and after a round applied, the same weights on
+// every rank and as the one-device worker's. A batch of 5 splits 2+3.
+// Measured here: the losses equal, the gradient within 1e-7 of its norm,
+// the frame's values within 1e-6 of the tensor's largest, and a tile in
+// a few hundred (a near-tie at the k-th place) choosing another
+// coefficient.
+func TestRanksMatchOneDevice(t *testing.T) {
+	ctx := context.Background()
+	_, one := openers(t)
+	for _, tc := range []struct {
+		placement string
+		model     int
+	}{{"replicate", 1}, {"shard", 0}} {
+		placement, pm := tc.placement, parityModels[tc.model]
+		{
+			t.Run(placement+"/"+pm.name, func(t *testing.T) {
+				o := runOptions(false)
+				single := open(t, one, pm.cfg, 5, o).(*eng)
+				multi := openRanks(t, pm.cfg, 5, o, []string{"cpu", "cpu"}, placement)
+				if !strings.Contains(multi.Name(), "2 ranks") {
+					t.Errorf("name %q does not say the ranks", multi.Name())
+				}
+				r := rand.New(rand.NewPCG(7, 8))
+				b := randomBatch(r, vocabOf(pm.cfg), 5, pm.cfg.Context())
+				sl, err := single.Gradient(ctx, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ml, err := multi.Gradient(ctx, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lossErr := relErr(float64(ml.Mean), float64(sl.Mean))
+				if lossErr > 1e-6 || len(ml.Seqs) != len(sl.Seqs) {
+					t.Errorf("loss %v over %d sequences, one device %v over %d", ml.Mean, len(ml.Seqs), sl.Mean, len(sl.Seqs))
+				}
+				seqErr := 0.0
+				for i := range sl.Seqs {
+					seqErr = max(seqErr, relErr(float64(ml.Seqs[i]), float64(sl.Seqs[i])))
+				}
+				if seqErr > 1e-6 {
+					t.Errorf("a sequence's loss differs by %.2g relative", seqErr)
+				}
+				sg, err := single.Gradients(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mg, err := multi.Gradients(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				worst := 0.0
+				for i := range sg {
+					worst = max(worst, gradErr(mg[i], sg[i]))
+				}
+				if worst > 1e-5 {
+					t.Errorf("a gradient tensor differs by %.3g of its norm", worst)
+				}
+				sf, err := single.Step(ctx, 0.02)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mf, err := multi.Step(ctx, 0.02)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tiles, differ := tileDiff(mf, sf)
+				// A value's error is relative to the largest of its tensor
+				// (a tile of near-zero coefficients has large relative
+				// errors in absolute terms too small to matter).
+				valErr := 0.0
+				for i := range sf.Tensors {
+					top := 0.0
+					for _, v := range sf.Tensors[i].Values {
+						top = max(top, math.Abs(float64(v)))
+					}
+					for j, v := range sf.Tensors[i].Values {
+						if mf.Tensors[i].Indices[j] == sf.Tensors[i].Indices[j] {
+							valErr = max(valErr, math.Abs(float64(mf.Tensors[i].Values[j]-v))/max(top, 1e-30))
+						}
+					}
+				}
+				t.Logf("loss %.2g, sequences %.2g, gradient %.2g of the norm, frame values %.2g apart; %d of %d tiles chose otherwise",
+					lossErr, seqErr, worst, valErr, differ, tiles)
+				if differ*200 > tiles || valErr > 1e-4 {
+					t.Errorf("the frames differ: %d of %d tiles, values by %.2g", differ, tiles, valErr)
+				}
+				// A round of other trainers' frames and this one's.
+				fs := append(frames(t, pm.cfg, o, 2), sf)
+				for _, e := range []*eng{single, multi} {
+					if err := e.Apply(ctx, fs, 0.01); err != nil {
+						t.Fatal(err)
+					}
+				}
+				sameRanks(t, multi)
+				sm, _ := single.Model(ctx)
+				mm, err := multi.Model(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if runmodel.Revision(sm) != runmodel.Revision(mm) {
+					t.Errorf("after a round the ranks hold %s, the one-device worker %s", runmodel.Revision(mm), runmodel.Revision(sm))
+				}
+				// Try and Undo put every rank back.
+				if err := multi.Try(ctx, fs, 0.05); err != nil {
+					t.Fatal(err)
+				}
+				if err := multi.Undo(ctx); err != nil {
+					t.Fatal(err)
+				}
+				sameRanks(t, multi)
+				if back, _ := multi.Model(ctx); runmodel.Revision(back) != runmodel.Revision(mm) {
+					t.Errorf("Undo left %s, not %s", runmodel.Revision(back), runmodel.Revision(mm))
+				}
+			})
+		}
+	}
+}
+
+// sameRanks fails unless every rank of e holds the same weights.
+func sameRanks(t *testing.T, e *eng) {
+	t.Helper()
+	ds, err := e.Digests(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 2 || ds[0] != ds[1] {
+		t.Fatalf("the ranks' weights differ: %v", ds)
+	}
+}
+
+// gone waits until process pid has ended (a zombie counts as ended: its
+// parent, gone too, cannot reap it where init does not), at most a minute.
+func gone(t *testing.T, pid int) {
+	t.Helper()
+	for range 1200 {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if err != nil {
+			return
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && strings.HasPrefix(string(b[i+1:]), " Z") {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("process %d is still there", pid)
+}
+
+// TestRankKilled: killing one rank of a two-rank worker ends the worker:
+// the next call fails naming the rank, its device and how it ended, every
+// later call too, and no process of the worker is left.
+func TestRankKilled(t *testing.T) {
+	ctx := context.Background()
+	pm := parityModels[0]
+	e := openRanks(t, pm.cfg, 3, runOptions(true), []string{"cpu", "cpu"}, "")
+	pids := e.Pids()
+	if len(pids) != 2 {
+		t.Fatalf("pids %v, want two ranks", pids)
+	}
+	if err := syscall.Kill(pids[1], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	b := randomBatch(rand.New(rand.NewPCG(1, 1)), vocabOf(pm.cfg), 2, pm.cfg.Context())
+	_, err := e.Gradient(ctx, b)
+	if !errors.Is(err, errWorker) || !strings.Contains(err.Error(), "rank 1 (cpu) stopped: signal killed") {
+		t.Fatalf("after rank 1 was killed: %v, want it named", err)
+	}
+	t.Log(firstLine(err.Error()))
+	if _, err2 := e.Step(ctx, 0.01); !errors.Is(err2, errWorker) {
+		t.Fatalf("a later call: %v, want the worker's failure again", err2)
+	}
+	e.Close()
+	for _, pid := range pids {
+		gone(t, pid)
+	}
+}
+
+// TestRankHangs: a rank that stops answering (stopped by a signal) holds
+// the others in a collective; when the round's time is over the call fails
+// naming that rank, and every rank is killed.
+func TestRankHangs(t *testing.T) {
+	ctx := context.Background()
+	pm := parityModels[0]
+	op, err := New(WithDevices([]string{"cpu", "cpu"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := runmodel.New(pm.cfg, 3, nil)
+	ee, err := op.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true), Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := ee.(*eng)
+	defer e.Close()
+	pids := e.Pids()
+	if err := syscall.Kill(pids[1], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	b := randomBatch(rand.New(rand.NewPCG(1, 1)), vocabOf(pm.cfg), 2, pm.cfg.Context())
+	_, err = e.Gradient(ctx, b)
+	if !errors.Is(err, errWorker) || !strings.Contains(err.Error(), "rank 1 (cpu) hangs") {
+		t.Fatalf("a stopped rank: %v, want it named", err)
+	}
+	t.Log(firstLine(err.Error()))
+	e.Close()
+	for _, pid := range pids {
+		gone(t, pid)
+	}
+}

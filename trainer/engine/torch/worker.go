@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +46,10 @@ type worker struct {
 	exited chan struct{} // closed once Wait returned
 	err    error         // Wait's answer, once exited is closed
 	log    *slog.Logger
+	// A multi-device worker's ranks, from its hello: their processes
+	// (rank 0's first) and devices.
+	pids    []int
+	devices []string
 }
 
 // pythons lists the interpreters to try, in order: PSYCHE_PYTHON (or the
@@ -82,14 +88,14 @@ var ErrNoTorch = errors.New("torch engine: no python with torch and numpy")
 
 // startWorker starts a worker under the first python that imports torch
 // and numpy, and reads its hello.
-func startWorker(ctx context.Context, o *options) (*worker, *hello, error) {
+func startWorker(ctx context.Context, o *options, timeout time.Duration) (*worker, *hello, error) {
 	cands := pythons(o.python)
 	if len(cands) == 0 {
 		return nil, nil, fmt.Errorf("%w: no python3 on PATH; install Python 3 with PyTorch 1.13 or newer and numpy (pip install torch numpy, or on Debian: apt-get install python3-torch), or set PSYCHE_PYTHON to a python that has them", ErrNoTorch)
 	}
 	var missing []string
 	for _, py := range cands {
-		w, h, err := startOne(ctx, o, py)
+		w, h, err := startOne(ctx, o, py, timeout)
 		if err == nil {
 			return w, h, nil
 		}
@@ -107,7 +113,7 @@ type missingError struct{ module string }
 
 func (e *missingError) Error() string { return "missing python module " + e.module }
 
-func startOne(ctx context.Context, o *options, python string) (*worker, *hello, error) {
+func startOne(ctx context.Context, o *options, python string, timeout time.Duration) (*worker, *hello, error) {
 	dir, err := os.MkdirTemp("", "psyche-worker-")
 	if err != nil {
 		return nil, nil, err
@@ -155,7 +161,7 @@ func startOne(ctx context.Context, o *options, python string) (*worker, *hello, 
 		t.flush()
 		close(w.exited)
 	}()
-	h, err := w.hello(ctx, o)
+	h, err := w.hello(ctx, o, timeout)
 	if err != nil {
 		w.kill()
 		switch code := w.exitCode(); {
@@ -202,12 +208,27 @@ type hello struct {
 	SDPA       bool   `json:"sdpa"`
 	Compile    bool   `json:"compile"` // torch.compile exists
 	BF16       bool   `json:"bf16"`    // the device computes in bfloat16
+	// A multi-device worker's: one device and one process per rank.
+	Devices []string `json:"devices"`
+	Pids    []int    `json:"pids"`
 }
 
-func (w *worker) hello(ctx context.Context, o *options) (*hello, error) {
+func (w *worker) hello(ctx context.Context, o *options, timeout time.Duration) (*hello, error) {
 	// Importing torch takes seconds on a loaded machine, and a CUDA
-	// torch initialises its device: a minute is ample.
-	a, err := w.call(ctx, time.Minute, header{"op": "hello", "protocol": protocolVersion, "device": o.device}, nil)
+	// torch initialises its device: a minute is ample, two when the
+	// worker starts a process per device and they meet.
+	req := header{"op": "hello", "protocol": protocolVersion, "device": o.device}
+	wait := time.Minute
+	if len(o.devices) > 0 {
+		req["devices"] = o.devices
+		wait = 2 * time.Minute
+	}
+	if timeout > 0 {
+		// The ranks' collectives time out with the round: a rank that
+		// hangs cannot hold the others longer.
+		req["timeout"] = timeout.Seconds()
+	}
+	a, err := w.call(ctx, wait, req, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -218,6 +239,7 @@ func (w *worker) hello(ctx context.Context, o *options) (*hello, error) {
 	if h.Protocol != protocolVersion {
 		return nil, fmt.Errorf("torch engine: the worker speaks protocol %d, this psyche %d", h.Protocol, protocolVersion)
 	}
+	w.pids, w.devices = h.Pids, h.Devices
 	return &h, nil
 }
 
@@ -261,8 +283,9 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blob
 		}
 		return r.a, nil
 	case <-timer.C:
+		behind := w.behind()
 		w.kill()
-		return nil, fmt.Errorf("%w: no answer to %s within %v (it hangs); killed it%s", errWorker, op, timeout, w.tail.quote())
+		return nil, fmt.Errorf("%w: no answer to %s within %v (%s); killed it%s", errWorker, op, timeout, behind, w.tail.quote())
 	case <-ctx.Done():
 		w.kill()
 		return nil, fmt.Errorf("%w: %s interrupted (%w); killed it", errWorker, op, ctx.Err())
@@ -282,7 +305,43 @@ func (w *worker) deadError(op string) error {
 	if w.err != nil {
 		how = w.err.Error()
 	}
+	if r := w.tail.rankLine(); r != "" {
+		// A multi-device worker ends itself when a rank stops, saying
+		// which and how: that is the reason.
+		return fmt.Errorf("%w: %s, during %s (the worker %s)%s", errWorker, r, op, how, w.tail.quote())
+	}
 	return fmt.Errorf("%w: it stopped during %s (%s)%s", errWorker, op, how, w.tail.quote())
+}
+
+// behind says which rank of a worker that did not answer in time fell
+// behind the others: each rank counts the collectives it entered in a
+// file of its own (ranks.py), and the ranks enter the same ones in the
+// same order, so the ranks with the lowest count are those the others
+// wait for. One device: "it hangs".
+func (w *worker) behind() string {
+	if len(w.devices) < 2 {
+		return "it hangs"
+	}
+	counts := make([]uint64, len(w.devices))
+	low, high := uint64(math.MaxUint64), uint64(0)
+	for r := range counts {
+		b, err := os.ReadFile(filepath.Join(w.dir, fmt.Sprintf("progress.%d", r)))
+		if err != nil || len(b) < 8 {
+			return "it hangs"
+		}
+		counts[r] = binary.LittleEndian.Uint64(b)
+		low, high = min(low, counts[r]), max(high, counts[r])
+	}
+	if low == high {
+		return fmt.Sprintf("all %d ranks hang or compute", len(counts))
+	}
+	var late []string
+	for r, n := range counts {
+		if n == low {
+			late = append(late, fmt.Sprintf("rank %d (%s)", r, w.devices[r]))
+		}
+	}
+	return fmt.Sprintf("%s hangs: the other ranks wait for it in a collective", strings.Join(late, ", "))
 }
 
 // howExited is the worker's exit as Wait reported it.
@@ -415,6 +474,21 @@ func (t *tail) quote() string {
 		return ""
 	}
 	return "; its last output:\n  " + strings.Join(t.lines, "\n  ")
+}
+
+// rankLine is what a multi-device worker said of a rank that stopped or
+// failed ("rank 1 (cuda:1) stopped: signal killed", "rank 0 (cpu): a
+// collective failed: …"), or "".
+func (t *tail) rankLine() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := len(t.lines) - 1; i >= 0; i-- {
+		r, ok := strings.CutPrefix(t.lines[i], "psyche-worker: rank ")
+		if ok && (strings.Contains(r, ") stopped: ") || strings.Contains(r, "): ")) {
+			return "rank " + r
+		}
+	}
+	return ""
 }
 
 // missingModule is the module worker.py said it could not import.

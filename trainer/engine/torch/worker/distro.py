@@ -233,7 +233,7 @@ class DeMo:
     """One trainer's DisTrO optimizer state on a device (Go's distro.DeMo less
     the aggregation, which Go's Plan.Combine does)."""
 
-    def __init__(self, layouts, opts, device):
+    def __init__(self, layouts, opts, device, state=True):
         self.device = torch.device(device)
         self.decay = f32(opts["decay"])
         self.weight_decay = f32(opts.get("weight_decay", 0.0))
@@ -248,7 +248,10 @@ class DeMo:
         self.chunk_elems = CHUNK_ELEMS if self.device.type != "cpu" else CPU_CHUNK_ELEMS
         self.bases = {}
         self.layouts = [_Layout(d, self.bases, self.device, self.chunk_elems) for d in layouts]
-        self.delta = [torch.zeros(l.tiles, l.ts, dtype=torch.float32, device=self.device) for l in self.layouts]
+        # state=False: a rank of a data-parallel worker that applies rounds
+        # but never steps (rank 0 does) keeps no momentum.
+        self.delta = [torch.zeros(l.tiles if state else 0, l.ts, dtype=torch.float32, device=self.device)
+                      for l in self.layouts]
         self.mean_sq = [torch.zeros_like(d) for d in self.delta] if self.normalize else None
         self.steps = 0
 
@@ -287,7 +290,7 @@ class DeMo:
         return s
 
     @torch.no_grad()
-    def step(self, grads, lr):
+    def step(self, grads, lr, all_sum=None):
         """Folds grads into the momentum and returns, per tensor, the top-k
         indices (int32, tiles*k, ascending within each tile) and values
         (float32; +-1 in 1-bit runs), on the device: what distro.Plan.FrameOf
@@ -298,7 +301,14 @@ class DeMo:
         grads = [g.detach() for g in grads]
         # One sync: the norm is finite exactly when every gradient is (a
         # float32's square cannot overflow a float64, nor can their sum).
-        total = float(torch.stack([self._sum_squares(g) for g in grads]).sum()) if grads else 0.0
+        # all_sum adds a 0-dim float64 tensor over the ranks of a sharded
+        # worker (each holds a share of the gradient; the clip needs its
+        # whole norm).
+        total = torch.stack([self._sum_squares(g) for g in grads]).sum() if grads else \
+            torch.zeros((), dtype=torch.float64, device=self.device)
+        if all_sum is not None:
+            total = all_sum(total)
+        total = float(total)
         if not math.isfinite(total):
             raise NonFinite("distro: gradient is not finite")
         norm = math.sqrt(total)
@@ -333,6 +343,8 @@ class DeMo:
                 vals = torch.where(vals < 0, -torch.ones_like(vals), torch.ones_like(vals))
             idx_out.append(idx.to(torch.int32).reshape(-1))
             val_out.append(vals.reshape(-1))
+        if not idx_out:  # a rank's share of this tensor is empty
+            return torch.zeros(0, dtype=torch.int32, device=self.device), torch.zeros(0, device=self.device)
         if len(idx_out) == 1:
             return idx_out[0], val_out[0]
         return torch.cat(idx_out), torch.cat(val_out)

@@ -102,12 +102,19 @@ class Model(torch.nn.Module):
         attention run under autocast in that dtype; the weights stay
         float32 (the gradients too), the norms and the loss are float32."""
         b, t = inputs.shape
+        return token_losses_to_means(self.token_losses(inputs, targets, amp_dtype), b, t)
+
+    def token_losses(self, inputs: torch.Tensor, targets: torch.Tensor,
+                     amp_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Each token's loss, [b*t] float32 (a rank of a multi-device
+        worker sums its share of a batch's tokens and divides by the whole
+        batch's count, so that the ranks' gradients add up to the mean's)."""
         if amp_dtype is None:
             logits = self.logits(inputs, None)
         else:
             with torch.autocast(device_type=self.device.type, dtype=amp_dtype):
                 logits = self.logits(inputs, amp_dtype)
-        return token_losses_to_means(cross_entropy(logits, targets.reshape(-1).long()), b, t)
+        return cross_entropy(logits, targets.reshape(-1).long())
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor,
                 amp_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -53,7 +53,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // DeltaEvent is the delta event from prev to cur, or nil where the whole
 // account is as small (other lengths, or most of it changed). The scale
-// simulator (internal/simscale) sizes its streams with it.
+// simulator (tools/simscale) sizes its streams with it.
 func DeltaEvent(prev, cur []byte) []byte {
 	if len(prev) != len(cur) || len(cur) > 1<<31 {
 		return nil

@@ -197,3 +197,34 @@ func TestOnlyTheWiringKnowsLibp2p(t *testing.T) {
 		}
 	}
 }
+
+// TestInternalHoldsOnlyLeaves: a package under internal/ imports, of this
+// module, only other internal/ packages and coordinator (the data model), so
+// any layer may use it without pulling in another; a helper that needs more
+// (the scale simulator drives the server and the trainer's machine) is a
+// tool under tools/.
+func TestInternalHoldsOnlyLeaves(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go command not found")
+	}
+	const module = "github.com/psyche-go/psyche/"
+	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./internal/...")
+	cmd.Dir = repoRoot(t)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		pkg := fields[0] // its tests may import what they check against
+		for _, imp := range fields[1:] {
+			if !strings.HasPrefix(imp, module) || strings.HasPrefix(imp, module+"internal/") || imp == module+"coordinator" {
+				continue
+			}
+			t.Errorf("%s imports %s: internal/ holds leaves (standard library, outside modules, internal/, coordinator); move what needs more to tools/ or its layer", pkg, imp)
+		}
+	}
+}

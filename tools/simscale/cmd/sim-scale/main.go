@@ -1,4 +1,4 @@
-// Command sim-scale runs internal/simscale for several numbers of trainers
+// Command sim-scale runs tools/simscale for several numbers of trainers
 // and prints one table (scripts/sim-scale runs it).
 package main
 
@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/psyche-go/psyche/internal/simscale"
+	"github.com/psyche-go/psyche/tools/simscale"
 )
 
 func main() {

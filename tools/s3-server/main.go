@@ -1,7 +1,7 @@
 // Command s3-server builds (once, cached) and runs the tests' S3 server:
 //
-//	go run ./internal/s3test/cmd/s3-server --install          # build; print its path
-//	go run ./internal/s3test/cmd/s3-server --root DIR --addr 127.0.0.1:9000 [--bucket NAME]...
+//	go run ./tools/s3-server --install          # build; print its path
+//	go run ./tools/s3-server --root DIR --addr 127.0.0.1:9000 [--bucket NAME]...
 //
 // It serves DIR's subdirectories as buckets with the keys that
 // internal/s3test names, until interrupted.

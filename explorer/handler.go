@@ -81,7 +81,7 @@ func (l *streamLimit) limited(h http.HandlerFunc) http.HandlerFunc {
 		release, ok := l.acquire(r.RemoteAddr, cancel)
 		if !ok {
 			w.Header().Set("Retry-After", "10")
-			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many open event streams; try again later"})
+			httpserve.WriteJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many open event streams; try again later"})
 			return
 		}
 		defer release()
@@ -105,7 +105,7 @@ func (e *Explorer) Handler() http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		files.ServeHTTP(w, r)
 	}))
-	mux.HandleFunc("GET /api/runs", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, e.list()) })
+	mux.HandleFunc("GET /api/runs", func(w http.ResponseWriter, _ *http.Request) { httpserve.WriteJSON(w, http.StatusOK, e.list()) })
 	mux.HandleFunc("GET /api/runs/events", lim.limited(func(w http.ResponseWriter, r *http.Request) {
 		ch, cancel := e.watchList()
 		defer cancel()
@@ -121,7 +121,7 @@ func (e *Explorer) Handler() http.Handler {
 			notFound(w, id)
 			return
 		}
-		writeJSON(w, http.StatusOK, u)
+		httpserve.WriteJSON(w, http.StatusOK, u)
 	})
 	mux.HandleFunc("GET /api/runs/{id}/history.csv", func(w http.ResponseWriter, r *http.Request) {
 		id, ok := runID(w, r)
@@ -171,7 +171,7 @@ func (e *Explorer) clock() int64 { return e.cfg.now().Unix() }
 func runID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	id := r.PathValue("id")
 	if _, err := coordinator.ParseRunID(id); err != nil {
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: fmt.Sprintf("%q is not a run id: %v", id, err)})
+		httpserve.WriteJSON(w, http.StatusBadRequest, errorBody{Error: fmt.Sprintf("%q is not a run id: %v", id, err)})
 		return "", false
 	}
 	return id, true
@@ -182,14 +182,7 @@ type errorBody struct {
 }
 
 func notFound(w http.ResponseWriter, id string) {
-	writeJSON(w, http.StatusNotFound, errorBody{Error: fmt.Sprintf("no run %q on this backend", id)})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	httpserve.WriteJSON(w, http.StatusNotFound, errorBody{Error: fmt.Sprintf("no run %q on this backend", id)})
 }
 
 // stream sends next() as a server-sent event at once and after every wake
@@ -198,7 +191,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func stream(w http.ResponseWriter, r *http.Request, ch <-chan struct{}, next func() (any, bool), clock func() int64) {
 	flusher, ok := w.(http.Flusher)
 	if !ok {
-		writeJSON(w, http.StatusInternalServerError, errorBody{Error: "streaming is not supported here"})
+		httpserve.WriteJSON(w, http.StatusInternalServerError, errorBody{Error: "streaming is not supported here"})
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")

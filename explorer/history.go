@@ -2,8 +2,9 @@ package explorer
 
 import (
 	"cmp"
-	"github.com/psyche-go/psyche/trainer/runmodel"
 	"slices"
+
+	"github.com/psyche-go/psyche/trainer/runmodel"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -107,26 +106,26 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/instructions", func(w http.ResponseWriter, req *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, maxBody))
 		if err != nil {
-			writeJSON(w, http.StatusRequestEntityTooLarge, &Failure{Name: "BadRequest", Error: err.Error()})
+			httpserve.WriteJSON(w, http.StatusRequestEntityTooLarge, &Failure{Name: "BadRequest", Error: err.Error()})
 			return
 		}
 		res, fail, status := s.Execute(body)
 		if fail != nil {
-			writeJSON(w, status, fail)
+			httpserve.WriteJSON(w, status, fail)
 			return
 		}
-		writeJSON(w, status, res)
+		httpserve.WriteJSON(w, status, res)
 	})
-	mux.HandleFunc("GET /v1/runs", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.Runs()) })
+	mux.HandleFunc("GET /v1/runs", func(w http.ResponseWriter, _ *http.Request) { httpserve.WriteJSON(w, http.StatusOK, s.Runs()) })
 	mux.HandleFunc("GET /v1/runs/{id}", func(w http.ResponseWriter, req *http.Request) {
 		id := req.PathValue("id")
 		if _, f, st := s.liveRun(id); f != nil {
-			writeJSON(w, st, f)
+			httpserve.WriteJSON(w, st, f)
 			return
 		}
 		acct, ok := s.Account(id)
 		if !ok {
-			writeJSON(w, http.StatusNotFound, &Failure{Name: "RunNotFound", Error: "server: no such run"})
+			httpserve.WriteJSON(w, http.StatusNotFound, &Failure{Name: "RunNotFound", Error: "server: no such run"})
 			return
 		}
 		// A client polling the run (its stream refused: Client) asks
@@ -144,18 +143,18 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/runs/{id}/binding", func(w http.ResponseWriter, req *http.Request) {
 		b, f, st := s.Binding(req.PathValue("id"))
 		if f != nil {
-			writeJSON(w, st, f)
+			httpserve.WriteJSON(w, st, f)
 			return
 		}
-		writeJSON(w, http.StatusOK, BindingInfo{Server: hex.EncodeToString(b.Server[:]), Incarnation: b.Incarnation, Floor: b.Floor, Now: b.Now})
+		httpserve.WriteJSON(w, http.StatusOK, BindingInfo{Server: hex.EncodeToString(b.Server[:]), Incarnation: b.Incarnation, Floor: b.Floor, Now: b.Now})
 	})
 	mux.HandleFunc("GET /v1/runs/{id}/events", s.serveEvents)
 	mux.HandleFunc("GET /v1/p2p", func(w http.ResponseWriter, _ *http.Request) {
 		if s.cfg.p2p == nil {
-			writeJSON(w, http.StatusNotFound, &Failure{Name: "NoP2P", Error: "server: this server runs no p2p host"})
+			httpserve.WriteJSON(w, http.StatusNotFound, &Failure{Name: "NoP2P", Error: "server: this server runs no p2p host"})
 			return
 		}
-		writeJSON(w, http.StatusOK, P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
+		httpserve.WriteJSON(w, http.StatusOK, P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	for _, add := range s.cfg.routes {
@@ -195,7 +194,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 		if st == http.StatusTooManyRequests {
 			w.Header().Set("Retry-After", strconv.Itoa(streamRetryAfter))
 		}
-		writeJSON(w, st, f)
+		httpserve.WriteJSON(w, st, f)
 		return
 	}
 	defer cancel()
@@ -243,12 +242,6 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 			}
 		}
 	}
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }
 
 // Serve runs the HTTP API on l and ticks every run on the configured

@@ -3,14 +3,12 @@ package solana
 import (
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
-	"strconv"
 	"time"
 
 	sol "github.com/gagliardetto/solana-go"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/solurl"
 )
 
 type config struct {
@@ -30,32 +28,14 @@ func WithRPC(urls ...string) Option {
 	return func(c *config) error { c.rpcs = append(c.rpcs, urls...); return nil }
 }
 
-// WebsocketFor is the websocket endpoint Solana's convention puts beside an
-// RPC endpoint (web3.js derives it the same way): ws:// for http:// and
-// wss:// for https://, and when the URL names a port, the port + 1, where
-// solana-test-validator, Agave and psyche's local validator serve it. A URL
-// without a port (an RPC provider behind a proxy) keeps its host and path.
+// WebsocketFor is the websocket endpoint beside an RPC endpoint
+// (internal/solurl: ws(s) for http(s), the port + 1 when it names one).
 func WebsocketFor(rpcURL string) (string, error) {
-	u, err := url.Parse(rpcURL)
+	ws, err := solurl.WebsocketBeside(rpcURL)
 	if err != nil {
-		return "", fmt.Errorf("solana: RPC URL %q: %w", rpcURL, err)
+		return "", fmt.Errorf("solana: %w", err)
 	}
-	switch u.Scheme {
-	case "http":
-		u.Scheme = "ws"
-	case "https":
-		u.Scheme = "wss"
-	default:
-		return "", fmt.Errorf("solana: RPC URL %q is not http(s)", rpcURL)
-	}
-	if p := u.Port(); p != "" {
-		n, err := strconv.Atoi(p)
-		if err != nil || n >= 65535 {
-			return "", fmt.Errorf("solana: RPC URL %q: bad port", rpcURL)
-		}
-		u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(n+1))
-	}
-	return u.String(), nil
+	return ws, nil
 }
 
 // WithWebsocket sets the websocket endpoints, tried in order.

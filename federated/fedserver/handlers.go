@@ -2,7 +2,6 @@ package fedserver
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,18 +10,13 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
+	"github.com/psyche-go/psyche/internal/httpserve"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 func fail(w http.ResponseWriter, status int, name string, err error) {
-	writeJSON(w, status, &federated.Failure{Name: name, Error: err.Error()})
+	httpserve.WriteJSON(w, status, &federated.Failure{Name: name, Error: err.Error()})
 }
 
 // MaxInflight bounds the bytes of request bodies the service holds at once,
@@ -183,7 +177,7 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		s.mu.Unlock()
 		s.observe(id, m.State())
 		s.log.Info("federated run created", "run", id, "params", len(params), "capacity", cfg.Capacity)
-		writeJSON(w, http.StatusOK, federated.InfoOf(id, m.State(), halted(acct)))
+		httpserve.WriteJSON(w, http.StatusOK, federated.InfoOf(id, m.State(), halted(acct)))
 		return
 	}
 	s.mu.Unlock()
@@ -199,7 +193,7 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		close(fr.changed)
 		fr.changed = make(chan struct{})
 		s.log.Info("federated run reconfigured", "run", id, "capacity", cfg.Capacity)
-		writeJSON(w, http.StatusOK, federated.InfoOf(id, fr.m.State(), halted(acct)))
+		httpserve.WriteJSON(w, http.StatusOK, federated.InfoOf(id, fr.m.State(), halted(acct)))
 	}
 }
 
@@ -309,7 +303,7 @@ func (s *Service) join(w http.ResponseWriter, id string, acct *coordinator.Coord
 		}
 	}
 	fr.m.Advance()
-	writeJSON(w, http.StatusOK, federated.InfoOf(id, st, halted(acct)))
+	httpserve.WriteJSON(w, http.StatusOK, federated.InfoOf(id, st, halted(acct)))
 }
 
 func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coordinator, r *federated.Request) {
@@ -360,16 +354,19 @@ func (s *Service) update(w http.ResponseWriter, id string, acct *coordinator.Coo
 			status = http.StatusForbidden
 		}
 		s.log.Debug("federated update refused", "run", id, "client", r.Signer.String(), "reason", outcome, "base", u.Base, "round", st.Round)
-		writeJSON(w, status, &federated.Failure{Name: outcome, Error: stepErr.Error(), Round: st.Round})
+		httpserve.WriteJSON(w, status, &federated.Failure{Name: outcome, Error: stepErr.Error(), Round: st.Round})
 	default:
-		writeJSON(w, http.StatusOK, &federated.PushResult{Round: st.Round, Buffered: len(st.Buffer), Capacity: st.Config.Capacity})
+		httpserve.WriteJSON(w, http.StatusOK, &federated.PushResult{Round: st.Round, Buffered: len(st.Buffer), Capacity: st.Config.Capacity})
 	}
 }
 
-func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
+// federatedRun is the federated run a read names (its path's id) and its
+// account (nil when the run is gone), or false once it has answered why
+// there is none.
+func (s *Service) federatedRun(w http.ResponseWriter, req *http.Request) (string, *run, *coordinator.Coordinator, bool) {
 	id := req.PathValue("id")
 	if s.quarantine(w, id) {
-		return
+		return "", nil, nil, false
 	}
 	acct, ok := s.account(id)
 	if !ok {
@@ -378,26 +375,25 @@ func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
 	fr := s.current(id, acct)
 	if fr == nil {
 		fail(w, http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: no federated run %q", id))
+		return "", nil, nil, false
+	}
+	return id, fr, acct, true
+}
+
+func (s *Service) handleInfo(w http.ResponseWriter, req *http.Request) {
+	id, fr, acct, ok := s.federatedRun(w, req)
+	if !ok {
 		return
 	}
 	fr.mu.Lock()
 	info := federated.InfoOf(id, fr.m.State(), halted(acct))
 	fr.mu.Unlock()
-	writeJSON(w, http.StatusOK, info)
+	httpserve.WriteJSON(w, http.StatusOK, info)
 }
 
 func (s *Service) handleModel(w http.ResponseWriter, req *http.Request) {
-	id := req.PathValue("id")
-	if s.quarantine(w, id) {
-		return
-	}
-	acct, ok := s.account(id)
+	_, fr, _, ok := s.federatedRun(w, req)
 	if !ok {
-		acct = nil
-	}
-	fr := s.current(id, acct)
-	if fr == nil {
-		fail(w, http.StatusNotFound, "NotFederated", fmt.Errorf("fedserver: no federated run %q", id))
 		return
 	}
 	after := int64(-1)

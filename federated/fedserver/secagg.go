@@ -11,6 +11,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/secagg"
+	"github.com/psyche-go/psyche/internal/httpserve"
 )
 
 // saRound is a run's secure aggregation round in progress: the pure
@@ -149,7 +150,7 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 			return false
 		}
 		outcome = "Stale"
-		writeJSON(w, http.StatusConflict, &federated.Failure{Name: "Stale", Round: st.Round,
+		httpserve.WriteJSON(w, http.StatusConflict, &federated.Failure{Name: "Stale", Round: st.Round,
 			Error: (&federated.StaleError{Base: base, Round: st.Round}).Error()})
 		return true
 	}
@@ -226,7 +227,7 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 			if fresh {
 				sa.fresh++
 			}
-			writeJSON(w, http.StatusOK, &secagg.View{Base: sa.base, ID: sid, FractionBits: sa.f})
+			httpserve.WriteJSON(w, http.StatusOK, &secagg.View{Base: sa.base, ID: sid, FractionBits: sa.f})
 		}
 	case federated.KindSecAggShares:
 		base, from, cts, derr := secagg.DecodeShares(r.Payload)
@@ -239,7 +240,7 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 		}
 		if err = sa.srv.Shares(from, cts); err == nil {
 			sa.got++
-			writeJSON(w, http.StatusOK, &secagg.View{Base: base, ID: from})
+			httpserve.WriteJSON(w, http.StatusOK, &secagg.View{Base: base, ID: from})
 		}
 	case federated.KindSecAggMasked:
 		base, from, y, derr := secagg.DecodeMasked(r.Payload)
@@ -252,7 +253,7 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 		}
 		if err = sa.srv.Masked(from, y); err == nil {
 			sa.got++
-			writeJSON(w, http.StatusOK, &secagg.View{Base: base, ID: from})
+			httpserve.WriteJSON(w, http.StatusOK, &secagg.View{Base: base, ID: from})
 		}
 	case federated.KindSecAggReveal:
 		base, rv, derr := secagg.DecodeReveal(r.Payload)
@@ -265,7 +266,7 @@ func (s *Service) secaggRequest(w http.ResponseWriter, id string, acct *coordina
 		}
 		if err = sa.srv.Unmask(rv); err == nil {
 			sa.got++
-			writeJSON(w, http.StatusOK, &secagg.View{Base: base, ID: rv.From})
+			httpserve.WriteJSON(w, http.StatusOK, &secagg.View{Base: base, ID: rv.From})
 		}
 	}
 	if err != nil {
@@ -316,7 +317,7 @@ func (s *Service) handleSecAgg(w http.ResponseWriter, req *http.Request) {
 				v.Survivors = sa.survivors
 			}
 			fr.mu.Unlock()
-			writeJSON(w, http.StatusOK, v)
+			httpserve.WriteJSON(w, http.StatusOK, v)
 			return
 		}
 		ch := sa.changed

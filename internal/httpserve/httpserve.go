@@ -10,6 +10,7 @@ package httpserve
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"time"
@@ -101,4 +102,13 @@ func (l Limits) Serve(ctx context.Context, ln net.Listener, h http.Handler, grac
 	case err := <-errc:
 		return err
 	}
+}
+
+// WriteJSON answers v as JSON with status. API answers describe state that
+// changes, so no cache keeps them.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
 }

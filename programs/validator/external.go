@@ -12,8 +12,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strconv"
 	"time"
+
+	"github.com/psyche-go/psyche/internal/solurl"
 )
 
 // EnvValidator names the environment variable that points the repository's
@@ -44,37 +45,12 @@ func FromEnv() (v *Validator, ok bool, err error) {
 	}
 	ws := os.Getenv(EnvValidatorWebSocket)
 	if ws == "" {
-		if ws, err = websocketBeside(rpc); err != nil {
+		if ws, err = solurl.WebsocketBeside(rpc); err != nil {
 			return nil, true, fmt.Errorf("validator: $%s: %w", EnvValidator, err)
 		}
 	}
 	v, err = Attach(rpc, ws)
 	return v, true, err
-}
-
-// websocketBeside is Solana's convention for a validator's websocket URL:
-// the RPC URL with ws(s) for http(s) and the port plus one.
-func websocketBeside(rpc string) (string, error) {
-	u, err := url.Parse(rpc)
-	if err != nil {
-		return "", err
-	}
-	switch u.Scheme {
-	case "http":
-		u.Scheme = "ws"
-	case "https":
-		u.Scheme = "wss"
-	default:
-		return "", fmt.Errorf("%q is not an http(s) URL", rpc)
-	}
-	if p := u.Port(); p != "" {
-		n, err := strconv.Atoi(p)
-		if err != nil {
-			return "", fmt.Errorf("port of %q: %w", rpc, err)
-		}
-		u.Host = u.Hostname() + ":" + strconv.Itoa(n+1)
-	}
-	return u.String(), nil
 }
 
 // Attach returns a Validator for one that is already running at the given

@@ -9,21 +9,6 @@ import (
 	"github.com/psyche-go/psyche/internal/soltest"
 )
 
-func TestWebsocketBeside(t *testing.T) {
-	for rpc, want := range map[string]string{
-		"http://127.0.0.1:8899":      "ws://127.0.0.1:8900",
-		"https://example.com/rpc":    "wss://example.com/rpc",
-		"https://example.com:8443/x": "wss://example.com:8444/x",
-	} {
-		if got, err := websocketBeside(rpc); err != nil || got != want {
-			t.Errorf("websocketBeside(%q) = %q, %v; want %q", rpc, got, err, want)
-		}
-	}
-	if got, err := websocketBeside("tcp://x:1"); err == nil {
-		t.Errorf("websocketBeside(tcp://x:1) = %q, want an error", got)
-	}
-}
-
 // TestAttach attaches to a validator on wall time through the environment
 // variable, as the Solana tests do with solana-test-validator: the URLs
 // follow Solana's convention, SetClock waits for the chain's clock instead

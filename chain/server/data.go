@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/internal/connlimit"
-	"github.com/psyche-go/psyche/trainer/data"
 )
 
 // Defaults of the data server (WithData, WithDataLimits).
@@ -22,7 +22,7 @@ const (
 // for its address's cap: a trainer's reader backs off and tries again.
 const dataRetryAfter = 1
 
-// dataServer serves a directory's files read-only at data.ServerDataPath.
+// dataServer serves a directory's files read-only at chain.ServerDataPath.
 type dataServer struct {
 	dir  string   // as given, for messages
 	root *os.Root // every open goes through it: nothing outside dir, symbolic links included
@@ -122,7 +122,7 @@ func (s *Server) DataDir() string {
 	return s.cfg.data.dir
 }
 
-// serveData answers a request for data.ServerDataPath + name. The path is
+// serveData answers a request for chain.ServerDataPath + name. The path is
 // taken as the client sent it, before the mux cleans it (it would redirect
 // "/data/../x" to "/x" rather than refuse it).
 func (s *Server) serveData(w http.ResponseWriter, req *http.Request) {
@@ -132,8 +132,8 @@ func (s *Server) serveData(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "server: data is read-only: GET or HEAD", http.StatusMethodNotAllowed)
 		return
 	}
-	name := strings.TrimPrefix(req.URL.Path, data.ServerDataPath)
-	if err := data.ValidDataPath(name); err != nil {
+	name := strings.TrimPrefix(req.URL.Path, chain.ServerDataPath)
+	if err := chain.ValidDataPath(name); err != nil {
 		http.Error(w, "server: "+err.Error(), http.StatusBadRequest)
 		return
 	}
@@ -167,9 +167,9 @@ func (s *Server) serveData(w http.ResponseWriter, req *http.Request) {
 }
 
 // isDataPath says whether a request is for the data server: its path as
-// sent or as decoded starts with data.ServerDataPath.
+// sent or as decoded starts with chain.ServerDataPath.
 func isDataPath(req *http.Request) bool {
-	return strings.HasPrefix(req.URL.Path, data.ServerDataPath) || strings.HasPrefix(req.URL.EscapedPath(), data.ServerDataPath)
+	return strings.HasPrefix(req.URL.Path, chain.ServerDataPath) || strings.HasPrefix(req.URL.EscapedPath(), chain.ServerDataPath)
 }
 
 // URL is the server's base URL, as given to NewClient: a run's

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/urfave/cli/v2"
@@ -129,5 +130,5 @@ func printDataServed(w io.Writer, dir, addr string) {
 		return
 	}
 	fmt.Fprintf(w, "data: %s served read-only at http://%s%s (a run names a file under it as data = \"%sPATH\")\n",
-		dir, addr, data.ServerDataPath, data.ServerPrefix)
+		dir, addr, chain.ServerDataPath, data.ServerPrefix)
 }

@@ -228,3 +228,56 @@ func TestInternalHoldsOnlyLeaves(t *testing.T) {
 		}
 	}
 }
+
+// layerRules: what a package under each folder may not import, of this
+// module (docs/architecture.md, "The map"): the backends and the network
+// know nothing of the trainer or of the programs built on them, and no
+// library imports the CLI or the tools.
+var layerRules = []struct {
+	under     string
+	forbidden []string
+}{
+	{"chain", []string{"trainer", "explorer", "federated", "cmd", "tools"}},
+	{"p2p", []string{"chain", "trainer", "explorer", "federated", "cmd", "tools"}},
+	{"programs", []string{"chain", "p2p", "trainer", "explorer", "federated", "cmd", "tools"}},
+	{"trainer", []string{"explorer", "federated/fedserver", "cmd", "tools"}},
+	{"federated", []string{"explorer", "cmd", "tools"}},
+	{"explorer", []string{"federated", "cmd", "tools"}},
+}
+
+// TestLayersHold: no package imports upward (layerRules).
+func TestLayersHold(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go command not found")
+	}
+	const module = "github.com/psyche-go/psyche/"
+	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./...")
+	cmd.Dir = repoRoot(t)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		pkg := strings.TrimPrefix(fields[0], module)
+		for _, r := range layerRules {
+			if pkg != r.under && !strings.HasPrefix(pkg, r.under+"/") {
+				continue
+			}
+			for _, imp := range fields[1:] {
+				dep, ok := strings.CutPrefix(imp, module)
+				if !ok {
+					continue
+				}
+				for _, f := range r.forbidden {
+					if dep == f || strings.HasPrefix(dep, f+"/") {
+						t.Errorf("%s imports %s: %s/ may not import %s/ (docs/architecture.md, The map)", pkg, dep, r.under, f)
+					}
+				}
+			}
+		}
+	}
+}

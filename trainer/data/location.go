@@ -3,10 +3,11 @@ package data
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/psyche-go/psyche/chain"
 )
 
 // Data location forms beyond a local path, a file:// or http(s):// URL and
@@ -15,63 +16,36 @@ const (
 	// ServerPrefix starts a location served by the run's coordinator
 	// server (psyche server --data DIR): "server:tokens/shard0.bin" is
 	// DIR/tokens/shard0.bin, fetched by each trainer from the server it
-	// talks to, at ServerDataPath + the path. The run names no host, so
+	// talks to, at chain.ServerDataPath + the path. The run names no host, so
 	// every trainer reaches the data where it reaches the server.
 	ServerPrefix = "server:"
 	// S3Prefix starts an object of an S3-compatible bucket,
 	// "s3://bucket/key", read through the run's checkpoint store settings
 	// (endpoint, region) and the trainer's own rules on credentials.
 	S3Prefix = "s3://"
-	// ServerDataPath is where a server serves its data directory.
-	ServerDataPath = "/data/"
 )
 
 // maxS3Key is S3's longest object key, in bytes.
 const maxS3Key = 1024
 
 // ServerPath returns the path under the server's data directory that a
-// "server:" location names, checked as the server checks it (ValidDataPath);
+// "server:" location names, checked as the server checks it (chain.ValidDataPath);
 // ok is false for any other location.
 func ServerPath(location string) (path string, ok bool, err error) {
 	p, ok := strings.CutPrefix(location, ServerPrefix)
 	if !ok {
 		return "", false, nil
 	}
-	if err := ValidDataPath(p); err != nil {
+	if err := chain.ValidDataPath(p); err != nil {
 		return "", true, fmt.Errorf("data location %q: %w", location, err)
 	}
 	return p, true, nil
 }
 
-// ValidDataPath says whether p can name a file of a server's data
-// directory: slash-separated names, none empty, ".", ".." or hidden
-// (starting with "."), no backslash or NUL. Whatever passes stays inside
-// the directory as written; the server also refuses symbolic links out.
-func ValidDataPath(p string) error {
-	switch {
-	case p == "":
-		return fmt.Errorf("empty path: write server:NAME, a file under the server's --data directory")
-	case !utf8.ValidString(p):
-		return fmt.Errorf("path %q is not UTF-8", p)
-	case strings.HasPrefix(p, "/"):
-		return fmt.Errorf("path %q is absolute: write it relative to the server's --data directory", p)
-	case strings.ContainsAny(p, "\\\x00"):
-		return fmt.Errorf("path %q holds a backslash or NUL", p)
-	case !fs.ValidPath(p):
-		return fmt.Errorf("path %q has an empty, \".\" or \"..\" element: write it relative to the server's --data directory, inside it", p)
-	}
-	for _, el := range strings.Split(p, "/") {
-		if strings.HasPrefix(el, ".") {
-			return fmt.Errorf("path %q names a hidden file or directory (%q), which the server does not serve", p, el)
-		}
-	}
-	return nil
-}
-
-// ServerDataURL is the URL of path (ValidDataPath) on the server at base
+// ServerDataURL is the URL of path (chain.ValidDataPath) on the server at base
 // (http(s)://host[:port], perhaps with a path prefix).
 func ServerDataURL(base, path string) (string, error) {
-	if err := ValidDataPath(path); err != nil {
+	if err := chain.ValidDataPath(path); err != nil {
 		return "", err
 	}
 	u, err := url.Parse(strings.TrimRight(base, "/"))
@@ -82,7 +56,7 @@ func ServerDataURL(base, path string) (string, error) {
 	for i, el := range els {
 		els[i] = url.PathEscape(el)
 	}
-	return u.String() + ServerDataPath + strings.Join(els, "/"), nil
+	return u.String() + chain.ServerDataPath + strings.Join(els, "/"), nil
 }
 
 // ParseS3 reads an "s3://bucket/key" data location. The bucket follows S3's
@@ -155,7 +129,7 @@ func CheckLocation(location string) error {
 			BuiltinPrefix, strings.Join(Builtins(), ", "+BuiltinPrefix))
 	}
 	if p, ok := strings.CutPrefix(location, ServerPrefix); ok {
-		return ValidDataPath(p)
+		return chain.ValidDataPath(p)
 	}
 	scheme, _, isURL := strings.Cut(location, "://")
 	if !isURL {
@@ -188,7 +162,7 @@ func Describe(location string) string {
 		return "built-in corpus " + name
 	}
 	if p, ok, err := ServerPath(location); ok && err == nil {
-		return "server " + ServerDataPath + p
+		return "server " + chain.ServerDataPath + p
 	}
 	scheme, _, isURL := strings.Cut(location, "://")
 	switch strings.ToLower(scheme) {

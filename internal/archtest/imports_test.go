@@ -198,33 +198,49 @@ func TestOnlyTheWiringKnowsLibp2p(t *testing.T) {
 	}
 }
 
-// TestInternalHoldsOnlyLeaves: a package under internal/ imports, of this
-// module, only other internal/ packages and coordinator (the data model), so
-// any layer may use it without pulling in another; a helper that needs more
-// (the scale simulator drives the server and the trainer's machine) is a
-// tool under tools/.
-func TestInternalHoldsOnlyLeaves(t *testing.T) {
+// moduleImports lists, for every package of this module matching pattern
+// (a go list pattern), its own imports from this module, both without the
+// module's prefix: package → imports.
+func moduleImports(t *testing.T, pattern string) map[string][]string {
+	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("go command not found")
 	}
 	const module = "github.com/psyche-go/psyche/"
-	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./internal/...")
+	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", pattern)
 	cmd.Dir = repoRoot(t)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
+	deps := map[string][]string{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
 		if len(fields) == 0 {
 			continue
 		}
-		pkg := fields[0] // its tests may import what they check against
+		pkg := strings.TrimPrefix(fields[0], module)
+		deps[pkg] = nil
 		for _, imp := range fields[1:] {
-			if !strings.HasPrefix(imp, module) || strings.HasPrefix(imp, module+"internal/") || imp == module+"coordinator" {
-				continue
+			if dep, ok := strings.CutPrefix(imp, module); ok {
+				deps[pkg] = append(deps[pkg], dep)
 			}
-			t.Errorf("%s imports %s: internal/ holds leaves (standard library, outside modules, internal/, coordinator); move what needs more to tools/ or its layer", pkg, imp)
+		}
+	}
+	return deps
+}
+
+// TestInternalHoldsOnlyLeaves: a package under internal/ imports, of this
+// module, only other internal/ packages and coordinator (the data model), so
+// any layer may use it without pulling in another; a helper that needs more
+// (the scale simulator drives the server and the trainer's machine) is a
+// tool under tools/. (Its tests may import what they check against.)
+func TestInternalHoldsOnlyLeaves(t *testing.T) {
+	for pkg, deps := range moduleImports(t, "./internal/...") {
+		for _, dep := range deps {
+			if !strings.HasPrefix(dep, "internal/") && dep != "coordinator" {
+				t.Errorf("%s imports %s: internal/ holds leaves (standard library, outside modules, internal/, coordinator); move what needs more to tools/ or its layer", pkg, dep)
+			}
 		}
 	}
 }
@@ -247,31 +263,12 @@ var layerRules = []struct {
 
 // TestLayersHold: no package imports upward (layerRules).
 func TestLayersHold(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("go command not found")
-	}
-	const module = "github.com/psyche-go/psyche/"
-	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./...")
-	cmd.Dir = repoRoot(t)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) == 0 {
-			continue
-		}
-		pkg := strings.TrimPrefix(fields[0], module)
+	for pkg, deps := range moduleImports(t, "./...") {
 		for _, r := range layerRules {
 			if pkg != r.under && !strings.HasPrefix(pkg, r.under+"/") {
 				continue
 			}
-			for _, imp := range fields[1:] {
-				dep, ok := strings.CutPrefix(imp, module)
-				if !ok {
-					continue
-				}
+			for _, dep := range deps {
 				for _, f := range r.forbidden {
 					if dep == f || strings.HasPrefix(dep, f+"/") {
 						t.Errorf("%s imports %s: %s/ may not import %s/ (docs/architecture.md, The map)", pkg, dep, r.under, f)

@@ -110,9 +110,9 @@ func TestReferenceRules(t *testing.T) {
 		{"docs/a.md", "see Issues 3 and 4", true},
 		{"x.go", "// fixed in #45.", true},
 		{"x.go", "// (#45)", true},
-		{"scripts/x", "# see ../shared/notes", true},
+		{"scripts/x", "# see ../" + "shared/notes", true}, // split: this file must not hold the words it checks for
 		{"scripts/x", "# docs: /work/shared/notes/gpu.md", true},
-		{"x.go", "// as DESIGN.md says", true},
+		{"x.go", "// as DESIGN" + ".md says", true},
 		{"x.c", "#include <stdint.h>", false},
 		{"docs/a.md", "## 2. Join", false},
 		{"docs/a.md", "# Running", false},

@@ -27,6 +27,10 @@ var pureRules = map[string][]string{
 	// contract (types and interfaces), not a network.
 	"trainer/node/machine": {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/distro",
 		"github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule"},
+	// How a machine's Readies are carried out (field order, pauses): the
+	// node and the simulator bring the effects.
+	"trainer/node/drive": {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/distro",
+		"github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/node/machine"},
 }
 
 // forbidden are standard packages that bring time, randomness, I/O or logging.
@@ -91,6 +95,9 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 		"trainer/node/machine": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
 			"github.com/psyche-go/psyche/distro", "github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule",
 			"lukechampine.com/blake3", "github.com/klauspost/cpuid/v2"},
+		"trainer/node/drive": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
+			"github.com/psyche-go/psyche/distro", "github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule",
+			"github.com/psyche-go/psyche/trainer/node/machine", "lukechampine.com/blake3", "github.com/klauspost/cpuid/v2"},
 	}
 	for dir, allowed := range allowedModules {
 		cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+dir)

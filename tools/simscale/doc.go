@@ -1,6 +1,6 @@
 // Package simscale owns the scale simulator (scripts/sim-scale): it runs the
 // real coordinator (package coordinator, its instructions and ticks) and the
-// real trainer decision machines (trainer/machine.Machine) for N trainers over
+// real trainer decision machines (trainer/node/machine) for N trainers over
 // a modelled network in virtual time, and reports what a round costs at that
 // N: its time and parts, bytes and messages per trainer, witness reports,
 // quorum misses, bloom false positives, health-check drops and coordinator
@@ -27,11 +27,13 @@
 //     that loses no message); a result blob is streamed from its announcer;
 //     a pull asks every peer, eight at a time, and costs what each peer
 //     answers.
-//   - The trainer driver (trainer.go) does what trainer/node's Node.Run does
-//     with each Ready, in field order and one event at a time: applies and
-//     loads block it, training ahead runs beside it, instructions go out one
-//     at a time, fetches are bounded in total and per peer as there. Compute
-//     is synthetic: a fixed time per sequence trained and per apply.
+//   - The trainer driver is trainer/node's own step (trainer/node/drive):
+//     each Ready in field order, one event at a time, announcements first.
+//     The effects (trainer.go) take modelled time where Node.Run's compute:
+//     applies and loads pause the driver, training ahead runs beside it,
+//     instructions go out one at a time, fetches are bounded in total and
+//     per peer as there. Compute is synthetic: a fixed time per sequence
+//     trained and per apply.
 //   - The coordinator server (server.go), after chain/server: it applies
 //     each instruction when it arrives, ticks after every change and when
 //     the next transition falls due (coordinator.DueAt), and streams the

@@ -162,6 +162,14 @@ type Sim struct {
 	byP2P    map[coordinator.Pubkey]*trainer
 	annBytes int // an announcement's encoded size
 	met      metrics
+	err      error // the first error a trainer's driver met; it ends the run
+}
+
+// fail records a trainer's driver error; the run stops at the next event.
+func (s *Sim) fail(err error) {
+	if err != nil && s.err == nil {
+		s.err = err
+	}
 }
 
 // unixNow is the coordinator's clock: whole seconds.
@@ -195,7 +203,10 @@ func Run(cfg Config) (*Report, error) {
 		t.start()
 	}
 	s.server.start()
-	finished := s.sched.run(s.server.over, cfg.Limit)
+	finished := s.sched.run(func() bool { return s.err != nil || s.server.over() }, cfg.Limit)
+	if s.err != nil {
+		return nil, s.err
+	}
 	if !finished {
 		return nil, fmt.Errorf("simscale: %d trainers: the run did not finish its %d rounds within %v of virtual time (it is at step %d, %s)",
 			cfg.Trainers, cfg.Rounds, cfg.Limit, s.server.state.Progress.Step, s.server.state.RunState)

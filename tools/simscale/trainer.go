@@ -3,35 +3,32 @@ package simscale
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"sort"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/node/drive"
 	"github.com/psyche-go/psyche/trainer/node/machine"
 )
 
-// trainer drives one real machine.Machine as trainer/node's Node.Run does,
-// in virtual time: one event at a time, each Ready done in field order.
-// Applies, loads and training that is not ahead block it (events wait in
-// its inbox); training ahead runs beside it; instructions go out one at a
-// time; fetches are bounded in total and per announcer.
+// trainer drives one real machine.Machine through trainer/node's own
+// driver (drive.Driver), in virtual time: it is the driver's Effects, and
+// where a real node computes, it pauses the driver for the modelled time.
+// Applies, loads and training that is not ahead hold the driver (events
+// wait in its queue); training ahead runs beside it; instructions go out
+// one at a time; fetches are bounded in total and per announcer.
 type trainer struct {
 	s    *Sim
 	idx  int
 	host int
 	id   coordinator.ClientID
 	m    *machine.Machine
+	d    *drive.Driver
 
-	// anns and inbox are the events waiting to be taken: announcements go
-	// first, as in Node.Run.
-	anns, inbox []func() machine.Ready
-	busy        bool
-	work        []machine.Ready // the Ready being done first, then those work answered with
-	next        []machine.Ready // what the current Ready's work answered with
-	phase       int             // how far work[0] is done
-	ahead       *aheadRun
-	done        bool
+	ahead *aheadRun
 
 	// The p2p layer's state.
 	step      uint32 // SetStep's window
@@ -54,15 +51,6 @@ type aheadRun struct {
 	doneAt time.Duration
 }
 
-// Phases of doing one Ready, in its field order.
-const (
-	phaseApply = iota
-	phaseLoad
-	phaseTrain
-	phasePublish
-	phaseRest
-)
-
 // Sizes of the small messages the model counts.
 const (
 	fetchRequestBytes = 128 // a blob stream request: the block list's digest, framing
@@ -74,15 +62,19 @@ func newTrainer(s *Sim, i int) *trainer {
 	t := &trainer{s: s, idx: i, host: i, id: identity(s.cfg.Seed, i), delivered: map[coordinator.Hash]bool{},
 		held: map[uint32][]p2p.Announcement{}, perPeer: map[coordinator.Pubkey]int{}, results: map[uint32]int{}}
 	t.m = machine.New(t.id, 0, false, s.rng.Uint64)
+	t.d = drive.New(t.m, t)
 	return t
 }
+
+// done says the machine has told this node to stop.
+func (t *trainer) done() bool { return t.d.Done() != "" }
 
 // start begins the node's one-second tick and its re-announcements, each at
 // a phase of its own.
 func (t *trainer) start() {
 	var tick, reannounce func()
 	tick = func() {
-		if t.done {
+		if t.done() {
 			return
 		}
 		now := t.s.unixNow()
@@ -90,7 +82,7 @@ func (t *trainer) start() {
 		t.s.sched.after(time.Second, tick)
 	}
 	reannounce = func() {
-		if t.done {
+		if t.done() {
 			return
 		}
 		t.reannounce()
@@ -114,131 +106,102 @@ func (t *trainer) snapshot(st *coordinator.Coordinator) {
 }
 
 func (t *trainer) post(ev func() machine.Ready) {
-	t.inbox = append(t.inbox, ev)
+	t.d.Post(ev)
 	t.pump()
 }
 
-// pump takes events and does their Readies until the node blocks or has
-// nothing to do.
-func (t *trainer) pump() {
-	for !t.busy && !t.done {
-		if len(t.work) > 0 {
-			if !t.advance() {
-				return
-			}
-			continue
-		}
-		var ev func() machine.Ready
-		switch {
-		case len(t.anns) > 0:
-			ev, t.anns = t.anns[0], t.anns[1:]
-		case len(t.inbox) > 0:
-			ev, t.inbox = t.inbox[0], t.inbox[1:]
-		default:
-			return
-		}
-		t.work = append(t.work, ev())
-		t.phase = phaseApply
-	}
+// pump lets the driver take events and do their Readies until it pauses
+// or has nothing to do.
+func (t *trainer) pump() { t.s.fail(t.d.Pump()) }
+
+// hold pauses the driver for d of virtual time.
+func (t *trainer) hold(d time.Duration) drive.Step {
+	t.s.sched.after(d, func() { t.s.fail(t.d.Resume()) })
+	return drive.Later
 }
 
-// block keeps the node busy for d.
-func (t *trainer) block(d time.Duration) {
-	t.busy = true
-	t.s.sched.after(d, func() {
-		t.busy = false
-		t.pump()
-	})
-}
-
-// waitAhead blocks the node until the gradient trained ahead is done, as
+// waitAhead holds the driver until the gradient trained ahead is done, as
 // Node.finishAhead does, and reports whether it had to.
 func (t *trainer) waitAhead() bool {
 	if t.ahead != nil && t.ahead.doneAt > t.s.sched.now {
-		t.block(t.ahead.doneAt - t.s.sched.now)
+		t.s.sched.after(t.ahead.doneAt-t.s.sched.now, func() { t.s.fail(t.d.Resume()) })
 		return true
 	}
 	return false
 }
 
-// advance does work[0] from its phase on; it reports false when the node
-// blocked on the way.
-func (t *trainer) advance() bool {
-	rd := &t.work[0]
-	cfg := &t.s.cfg
-	for {
-		switch t.phase {
-		case phaseApply:
-			if rd.Apply != nil {
-				if t.waitAhead() { // Node.apply drops the gradient trained ahead
-					return false
-				}
-				t.ahead = nil
-				d := cfg.ApplyTime + time.Duration(len(rd.Apply.Frames))*cfg.ApplyPerResult
-				t.s.met.applied(rd.Apply.Step, len(rd.Apply.Frames), len(rd.Apply.Missing))
-				t.phase = phaseLoad
-				if d > 0 {
-					t.block(d)
-					return false
-				}
-			}
-			t.phase = phaseLoad
-		case phaseLoad:
-			if rd.Load != nil {
-				if t.waitAhead() {
-					return false
-				}
-				t.ahead = nil
-				t.next = append(t.next, t.m.Loaded(rd.Load.Epoch))
-				t.phase = phaseTrain
-				if cfg.LoadTime > 0 {
-					t.block(cfg.LoadTime)
-					return false
-				}
-			}
-			t.phase = phaseTrain
-		case phaseTrain:
-			w := rd.Train
-			if w == nil {
-				t.phase = phaseRest
-				continue
-			}
-			if t.waitAhead() {
-				return false
-			}
-			if w.Ahead {
-				t.ahead = &aheadRun{work: *w, doneAt: t.s.sched.now + cfg.StepTime}
-				t.phase = phaseRest
-				continue
-			}
-			a := t.ahead
-			t.ahead = nil
-			reuse := w.Reuse && a != nil && a.work.Step == w.Step && a.work.Batch == w.Batch
-			t.phase = phasePublish
-			if !reuse && cfg.StepTime > 0 {
-				t.block(cfg.StepTime)
-				return false
-			}
-		case phasePublish:
-			ann := t.publish(rd.Train.Step, rd.Train.Batch)
-			t.next = append(t.next, t.m.Trained(ann, nil, machine.TrainStats{Loss: 2.5}))
-			t.phase = phaseRest
-		case phaseRest:
-			t.rest(rd)
-			t.work = append(t.work[1:], t.next...)
-			t.next = nil
-			t.phase = phaseApply
-			return true
-		}
+// The driver's effects (drive.Effects): compute is modelled time, the
+// network is the simulated one.
+
+func (t *trainer) Apply(w *machine.ApplyWork) (drive.Step, error) {
+	if t.waitAhead() { // Node.apply drops the gradient trained ahead
+		return drive.Again, nil
 	}
+	t.ahead = nil
+	d := t.s.cfg.ApplyTime + time.Duration(len(w.Frames))*t.s.cfg.ApplyPerResult
+	t.s.met.applied(w.Step, len(w.Frames), len(w.Missing))
+	if d > 0 {
+		return t.hold(d), nil
+	}
+	return drive.Done, nil
 }
 
-// rest does the parts of a Ready that do not block the node.
-func (t *trainer) rest(rd *machine.Ready) {
-	t.outbox = append(t.outbox, rd.Send...)
+func (t *trainer) Load(*machine.LoadWork) (bool, drive.Step, error) {
+	if t.waitAhead() {
+		return false, drive.Again, nil
+	}
+	t.ahead = nil
+	if t.s.cfg.LoadTime > 0 {
+		return true, t.hold(t.s.cfg.LoadTime), nil
+	}
+	return true, drive.Done, nil
+}
+
+func (t *trainer) TrainAhead(w machine.TrainWork) (drive.Step, error) {
+	if t.waitAhead() {
+		return drive.Again, nil
+	}
+	t.ahead = &aheadRun{work: w, doneAt: t.s.sched.now + t.s.cfg.StepTime}
+	return drive.Done, nil
+}
+
+func (t *trainer) Train(w *machine.TrainWork) (drive.Step, error) {
+	if t.waitAhead() {
+		return drive.Again, nil
+	}
+	a := t.ahead
+	t.ahead = nil
+	reuse := w.Reuse && a != nil && a.work.Step == w.Step && a.work.Batch == w.Batch
+	if !reuse && t.s.cfg.StepTime > 0 {
+		return t.hold(t.s.cfg.StepTime), nil
+	}
+	return drive.Done, nil
+}
+
+func (t *trainer) Trained(w *machine.TrainWork) (p2p.Announcement, *distro.Frame, machine.TrainStats, error) {
+	return t.publish(w.Step, w.Batch), nil, machine.TrainStats{Loss: 2.5}, nil
+}
+
+// errNotModelled answers the work the simulator does not model: its runs
+// verify nothing (verification_percent 0).
+var errNotModelled = errors.New("simscale: verified work is not modelled")
+
+func (t *trainer) ReferenceLosses(*machine.TrainWork) (map[uint64]float32, error) {
+	return nil, errNotModelled
+}
+
+func (t *trainer) Verify(machine.VerifyWork) (float32, float32, bool, error) {
+	return 0, 0, false, errNotModelled
+}
+
+func (t *trainer) Send(ixs []coordinator.Instruction) {
+	t.outbox = append(t.outbox, ixs...)
 	t.sendNext()
-	t.waiting = append(t.waiting, rd.Fetch...)
-	if t.s.cfg.FetchOrder == FetchRing && len(rd.Fetch) > 0 {
+}
+
+func (t *trainer) Fetch(anns []p2p.Announcement) {
+	t.waiting = append(t.waiting, anns...)
+	if t.s.cfg.FetchOrder == FetchRing && len(anns) > 0 {
 		// Each node starts with the announcer after itself on a ring of
 		// p2p keys, so the nodes' first fetches spread over every uplink
 		// instead of all going to the first announcers.
@@ -248,18 +211,25 @@ func (t *trainer) rest(rd *machine.Ready) {
 		})
 	}
 	t.startFetches()
-	if rd.Pull != nil {
-		t.pull(*rd.Pull)
-	}
-	if rd.Done != "" {
-		t.done = true
-	}
 }
+
+// The simulated runs have no equivocators, copies, checkpoints or ticking
+// trainers; what a real node does for these is logging and network
+// scoring, which the model does not count.
+
+func (t *trainer) DropFetches()                    {}
+func (t *trainer) Report([]coordinator.Pubkey)     {}
+func (t *trainer) Checked([]machine.ReportChecked) {}
+func (t *trainer) Refused([]machine.RefusedResult) {}
+func (t *trainer) Share(uint32)                    {}
+func (t *trainer) Save(machine.SaveWork)           {}
+func (t *trainer) Tick()                           {}
+func (t *trainer) Pull(step uint32)                { t.pull(step) }
 
 // sendNext sends the next instruction once the one before has been
 // answered (Node.Run's sender goroutine).
 func (t *trainer) sendNext() {
-	if t.sending || len(t.outbox) == 0 || t.done {
+	if t.sending || len(t.outbox) == 0 || t.done() {
 		return
 	}
 	ix := t.outbox[0]
@@ -303,13 +273,13 @@ func (t *trainer) publish(step uint32, batch p2p.BatchRange) p2p.Announcement {
 // receive takes an announcement from the network: the first copy is
 // validated, held for pulls, relayed to the mesh and delivered.
 func (t *trainer) receive(a p2p.Announcement) {
-	if t.delivered[a.Commitment] || t.done {
+	if t.delivered[a.Commitment] || t.done() {
 		return
 	}
 	t.delivered[a.Commitment] = true
 	t.held[a.Step] = append(t.held[a.Step], a)
 	t.relay(1)
-	t.anns = append(t.anns, func() machine.Ready { return t.m.Announced(a) })
+	t.d.Announce(func() machine.Ready { return t.m.Announced(a) })
 	t.pump()
 }
 

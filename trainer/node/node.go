@@ -15,10 +15,12 @@
 //
 // The decisions live in trainer/node/machine, which does no I/O and reads
 // no clock: each event returns a machine.Ready saying what to do. Node.Run
-// is the driver: one goroutine that feeds it events and does each Ready in
-// field order, queueing the Readies that work answers with, and reads
-// nothing of the machine but what Ready says (the copycat adversary's
-// build alone asks it for the others' results, to copy them).
+// is the driver: one goroutine that feeds it events and does each Ready
+// through trainer/node/drive (field order, the queue of Readies the work
+// answers with), whose effects are here (effects.go); it reads nothing of
+// the machine but what Ready says (the copycat adversary's build alone
+// asks it for the others' results, to copy them). The simulator in
+// tools/simscale does its Readies through the same drive step.
 package node
 
 import (
@@ -38,6 +40,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/node/drive"
 	"github.com/psyche-go/psyche/trainer/node/machine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
@@ -288,6 +291,7 @@ func (n *Node) Run(ctx context.Context) error {
 	n.fetchCtx, n.cancelFetch = context.WithCancel(ctx)
 	defer func() { n.cancelFetch() }()
 	anns := n.net.Announcements()
+	drv := drive.New(n.m, effects{n: n, ctx: ctx, ev: ev})
 	tick, stopTick := n.cfg.clock.Ticker(time.Second)
 	defer stopTick()
 	// A node that ticks the run checks for a due transition more often
@@ -381,7 +385,7 @@ func (n *Node) Run(ctx context.Context) error {
 				rd = n.m.Fetched(f.ann, f.frame, f.err, f.invalid)
 			}
 		}
-		done, err := n.doAll(ctx, rd, ev)
+		err := drv.Do(rd)
 		n.report()
 		ended()
 		if err != nil {
@@ -390,7 +394,8 @@ func (n *Node) Run(ctx context.Context) error {
 			}
 			return err
 		}
-		if done {
+		if why := drv.Done(); why != "" {
+			n.cfg.log.Info("leaving", "why", why)
 			return nil
 		}
 	}
@@ -409,21 +414,6 @@ type events struct {
 	ticked  chan func() // a tick landed or failed; call to end its work
 }
 
-// doAll carries out rd and then, in order, every machine.Ready that the events its
-// work answered at once (a load, a training) returned: a queue, not a
-// recursion, so each machine.Ready is done whole, in field order, before the next.
-func (n *Node) doAll(ctx context.Context, rd machine.Ready, ev events) (bool, error) {
-	queue := []machine.Ready{rd}
-	for len(queue) > 0 {
-		next, done, err := n.do(ctx, queue[0], ev)
-		if done || err != nil {
-			return done, err
-		}
-		queue = append(queue[1:], next...)
-	}
-	return false, nil
-}
-
 // observe passes a snapshot to the network as data: the step window, the
 // rounds' assignments and the allowlist.
 func (n *Node) observe(s *coordinator.Coordinator) {
@@ -440,119 +430,6 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 	n.cfg.metrics.Epoch.Set(float64(s.Progress.Epoch))
 	n.cfg.metrics.Step.Set(float64(s.Progress.Step))
 	n.totalSteps.Store(s.Config.TotalSteps)
-}
-
-// do carries out one machine.Ready in field order. It returns the Readies the
-// machine answered the work done here with (a load, a training), for
-// doAll's queue; fetches, pulls and ticks answer later, through ev.
-func (n *Node) do(ctx context.Context, rd machine.Ready, ev events) (next []machine.Ready, done bool, err error) {
-	if rd.Apply != nil {
-		if err := n.apply(ctx, rd.Apply); err != nil {
-			return nil, false, err
-		}
-	}
-	if rd.Load != nil {
-		if err := n.load(ctx, rd.Load.State, rd.Load.Keep); errors.Is(err, errLoadLater) {
-			// The machine asks again on the next tick while the warmup lasts.
-			n.cfg.log.Warn("model not loaded yet", "err", err)
-		} else if err != nil {
-			return nil, false, err
-		} else {
-			next = append(next, n.m.Loaded(rd.Load.Epoch))
-		}
-	}
-	if w := rd.Train; w != nil && w.Ahead {
-		n.dropAhead()
-		n.startAhead(ctx, *w)
-	} else if w != nil {
-		ann, frame, st, err := n.train(ctx, w)
-		if err != nil {
-			return nil, false, err
-		}
-		next = append(next, n.m.Trained(ann, frame, st))
-		if len(w.Reference) > 0 {
-			// Before the Apply that trainedResult's machine.Ready may hold: the
-			// model is still the one the round trained on.
-			ref, err := n.referenceLosses(ctx, w.Reference)
-			if err != nil {
-				return nil, false, err
-			}
-			next = append(next, n.m.ReferenceLosses(w.Step, ref))
-		}
-	}
-	for _, w := range rd.Verify {
-		score, drop, scored, err := n.verify(ctx, w)
-		if err != nil {
-			return nil, false, err
-		}
-		next = append(next, n.m.Verified(w.Trainer, score, drop, scored))
-	}
-	for _, ix := range rd.Send {
-		o := outgoing{ix: ix, done: n.cfg.clock.Work()} // until it is sent
-		select {
-		case n.sends <- o:
-		case <-ctx.Done():
-			o.done()
-		}
-	}
-	if rd.DropFetches {
-		// The cancelled fetches still answer through ev (their slots in
-		// the queue are freed there), each with ctx's error.
-		n.cancelFetch()
-		n.fetchCtx, n.cancelFetch = context.WithCancel(ctx)
-		n.fetches.drop()
-	}
-	n.fetches.waiting = append(n.fetches.waiting, rd.Fetch...)
-	n.startFetches(ctx, ev)
-	for _, k := range rd.Report {
-		n.net.ReportPeer(k, "equivocation")
-	}
-	for _, r := range rd.Reports {
-		if r.Why == "" {
-			n.cfg.log.Debug("loss report checked", "trainer", r.Trainer.Signer.String(), "step", r.Step, "ok", true)
-		} else {
-			n.cfg.log.Debug("loss report checked", "trainer", r.Trainer.Signer.String(), "step", r.Step, "ok", false, "why", r.Why)
-		}
-	}
-	for _, r := range rd.Refused {
-		n.cfg.metrics.ResultsRefused.Inc()
-		n.cfg.log.Warn("result refused: no work of its own", "trainer", r.Trainer.Signer.String(), "step", r.Step, "why", r.Why)
-		n.net.ReportPeer(r.Trainer.P2P, "copied result")
-	}
-	if rd.Pull != nil {
-		step := *rd.Pull
-		working := n.cfg.clock.Work() // until Run has taken the answer
-		go func() {
-			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			list, err := n.net.Pull(pctx, step)
-			if err != nil {
-				n.cfg.log.Debug("pull", "step", step, "err", err)
-			}
-			select {
-			case ev.pulled <- pullResult{list: list, done: working}:
-			case <-ctx.Done():
-				working()
-			}
-		}()
-	}
-	if rd.Share != nil || rd.Save != nil {
-		n.finishAhead() // a gradient trained ahead for a round that never came
-	}
-	if rd.Share != nil {
-		n.shareModel(ctx, *rd.Share)
-	}
-	if rd.Save != nil && n.cfg.checkpoints != "" {
-		n.saveCheckpoint(ctx, *rd.Save)
-	}
-	if rd.Tick {
-		n.sendTick(ctx, ev)
-	}
-	if rd.Done != "" {
-		n.cfg.log.Info("leaving", "why", rd.Done)
-		return nil, true, nil
-	}
-	return next, false, nil
 }
 
 // connectPeers dials the configured peers that are not connected (the

@@ -10,8 +10,9 @@
 // fetched or trained result, a loaded model, a pull's answer, a tick at a
 // time, verified work's answer) returns a Ready saying what to apply, load,
 // train, send, fetch, pull, share, save, verify and tick, and the driver
-// (trainer/node's Node.Run, or tools/simscale's virtual-time trainers)
-// does it and answers with the next event. What it has done once per epoch
+// (trainer/node/drive's step, with trainer/node's effects or
+// tools/simscale's virtual-time ones) does it and answers with the next
+// event. What it has done once per epoch
 // is kept in one epochBook. Its transcripts are testdata/*.txt
 // (interaction_test.go; -rewrite regenerates them).
 package machine

@@ -148,6 +148,25 @@ func announcement(r *run, trainer int, step uint32, b p2p.BatchRange) p2p.Announ
 		Commitment: sha256.Sum256([]byte(fmt.Sprint(trainer, step, b.Start)))}
 }
 
+// step1Results returns each trainer's announcement of its batch of step 1,
+// as the round now assigns them.
+func step1Results(r *run) func(trainer int) p2p.Announcement {
+	ranges := r.s.RoundAssignment(r.s.CurrentRound())
+	return func(i int) p2p.Announcement {
+		return announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count})
+	}
+}
+
+// trainedStep1 brings the run to its first round with the machine as
+// client 0, which has trained and published its batch; it returns the
+// machine and the others' announcements.
+func trainedStep1(t *testing.T, r *run) (*Machine, func(trainer int) p2p.Announcement) {
+	m := toTraining(t, r)
+	rd := m.Snapshot(r.snap(), 0)
+	m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
+	return m, step1Results(r)
+}
+
 func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
@@ -161,10 +180,9 @@ func TestMachineTrainsFetchesAndWitnesses(t *testing.T) {
 	frame := distinctFrame(0)
 	m.Trained(announcement(r, 0, 1, rd.Train.Batch), frame, TrainStats{Loss: 2.5, TokensPerSec: 100, BytesPerSec: 50})
 
-	ranges := r.s.RoundAssignment(r.s.CurrentRound())
 	var anns []p2p.Announcement
 	for i := 1; i < 3; i++ {
-		anns = append(anns, announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count}))
+		anns = append(anns, step1Results(r)(i))
 	}
 	if got := m.Announced(anns[0]); len(got.Fetch) != 1 {
 		t.Fatalf("want a fetch, got %+v", got)
@@ -251,8 +269,7 @@ func TestMachinePullsWhatGossipLost(t *testing.T) {
 	if again := m.Tick(r.now); again.Pull != nil {
 		t.Fatal("a second pull while one is in flight")
 	}
-	ranges := r.s.RoundAssignment(r.s.CurrentRound())
-	a := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
+	a := step1Results(r)(1)
 	if got := m.Pulled([]p2p.Announcement{a}); len(got.Fetch) != 1 {
 		t.Fatalf("want the pulled result fetched, got %+v", got)
 	}
@@ -325,8 +342,8 @@ func TestMachineEquivocationEvidenceIsBounded(t *testing.T) {
 	r := newRun(t)
 	m := toTraining(t, r)
 	m.Snapshot(r.snap(), 0)
-	ranges := r.s.RoundAssignment(r.s.CurrentRound())
-	first := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
+	ann := step1Results(r)
+	first := ann(1)
 	if rd := m.Announced(first); len(rd.Fetch) != 1 {
 		t.Fatalf("want the first version fetched, got %+v", rd)
 	}
@@ -345,7 +362,7 @@ func TestMachineEquivocationEvidenceIsBounded(t *testing.T) {
 		t.Fatal("kept a result fetched after its trainer was caught equivocating")
 	}
 	// A different trainer's batch is not affected.
-	other := announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})
+	other := ann(2)
 	if rd := m.Announced(other); len(rd.Fetch) != 1 || m.equivocated(1, other.Batch.Start) {
 		t.Fatal("an honest trainer's result was refused")
 	}
@@ -392,13 +409,7 @@ func TestMachineOutvotedVersion(t *testing.T) {
 // earlier result.
 func TestMachineRefusesCopies(t *testing.T) {
 	r := newRun(t)
-	m := toTraining(t, r)
-	rd := m.Snapshot(r.snap(), 0)
-	m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
-	ranges := r.s.RoundAssignment(r.s.CurrentRound())
-	ann := func(i int) p2p.Announcement {
-		return announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count})
-	}
+	m, ann := trainedStep1(t, r)
 	original := &distro.Frame{Tensors: []distro.Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1, 6}, Values: []float32{0.5, -2}}}}
 	scaled := &distro.Frame{Tensors: []distro.Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1, 6}, Values: []float32{5, -20}}}}
 	for i := 1; i < 3; i++ {
@@ -441,11 +452,8 @@ func TestMachineRefusesCopies(t *testing.T) {
 // trainer whose verified work is failing; others are waited for.
 func TestMachineDoesNotWaitForDistrusted(t *testing.T) {
 	r := newRun(t)
-	m := toTraining(t, r)
-	rd := m.Snapshot(r.snap(), 0)
-	m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
-	ranges := r.s.RoundAssignment(r.s.CurrentRound())
-	bad := announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})
+	m, ann := trainedStep1(t, r)
+	bad := ann(2)
 	m.Announced(bad)
 	m.Fetched(bad, nil, errors.New("bad frame"), true)
 	lazy := clientID(7).Signer
@@ -493,10 +501,7 @@ func TestMachineWitnessesWhenTheRefusedResultComesLast(t *testing.T) {
 			}
 			rd := m.Snapshot(r.snap(), 0)
 			m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
-			ranges := r.s.RoundAssignment(r.s.CurrentRound())
-			ann := func(i int) p2p.Announcement {
-				return announcement(r, i, 1, p2p.BatchRange{Start: ranges[i].Start, End: ranges[i].Start + ranges[i].Count})
-			}
+			ann := step1Results(r)
 			m.Announced(ann(1))
 			m.Announced(ann(2))
 			if got := m.Fetched(ann(1), good, nil, false); len(got.Send) != 0 {
@@ -521,11 +526,8 @@ func TestMachineWitnessesWhenTheRefusedResultComesLast(t *testing.T) {
 // never answer it), and fetches nothing of the epoch after that.
 func TestMachineDropsFetchesWhenDropped(t *testing.T) {
 	r := newRun(t)
-	m := toTraining(t, r)
-	rd := m.Snapshot(r.snap(), 0)
-	m.Trained(announcement(r, 0, 1, rd.Train.Batch), distinctFrame(0), TrainStats{})
-	ranges := r.s.RoundAssignment(r.s.CurrentRound())
-	a := announcement(r, 1, 1, p2p.BatchRange{Start: ranges[1].Start, End: ranges[1].Start + ranges[1].Count})
+	m, ann := trainedStep1(t, r)
+	a := ann(1)
 	if got := m.Announced(a); len(got.Fetch) != 1 {
 		t.Fatalf("setup: want a fetch, got %+v", got)
 	}
@@ -540,7 +542,7 @@ func TestMachineDropsFetchesWhenDropped(t *testing.T) {
 	if got := m.Snapshot(dropped, 0); got.DropFetches {
 		t.Fatal("asked to drop the fetches twice")
 	}
-	if got := m.Announced(announcement(r, 2, 1, p2p.BatchRange{Start: ranges[2].Start, End: ranges[2].Start + ranges[2].Count})); len(got.Fetch) != 0 {
+	if got := m.Announced(ann(2)); len(got.Fetch) != 0 {
 		t.Fatalf("a dropped node fetched %+v", got.Fetch)
 	}
 }

@@ -228,7 +228,7 @@ func TestRunFileErrors(t *testing.T) {
 		{"normalize.toml", "[model.optimizer]\nnormalize = \"adam\"\n",
 			[]string{`model.optimizer.normalize = "adam": want one of none, rms`}},
 		{"sources.toml", "[model]\ndata = \"builtin:shakespeare\"\n[model.checkpoint]\nurl = \"seed:one\"\n",
-			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file://, http(s):// and s3:// are): "seed:one"`,
+			[]string{`model.checkpoint.url: modelspec: unsupported checkpoint source (seed:N, file://, http(s):// and s3:// are): "seed:one"`,
 				`model.data = "builtin:shakespeare": no such built-in corpus (the built-in ones are builtin:opticks)`}},
 		{"llama-range.toml", "[model]\nn_kv_heads = 5000000000\n", []string{"model.n_kv_heads = 5000000000 does not fit"}},
 		// TOML's decoder wrapped these into 2⁶⁴−n: an epoch of 584 billion

@@ -26,6 +26,7 @@ import (
 	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/start"
@@ -109,7 +110,7 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true}}
 	model.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(model.Checkpoint.Source.URL[:], runmodel.SeedURL(1))
+	_ = coordinator.SetFixedString(model.Checkpoint.Source.URL[:], modelspec.SeedURL(1))
 	_ = coordinator.SetFixedString(model.Checkpoint.Source.Revision[:], runmodel.Revision(c.initial))
 	_ = coordinator.SetFixedString(model.DataLocation[:], tokenPath)
 	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},

@@ -18,6 +18,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/quietclock"
@@ -185,7 +186,7 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 		}
 		go func() { lb.up <- srv.Serve(runCtx, l) }()
 		lb.server = srv
-		lb.backend, lb.where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
+		lb.backend, lb.where = serverclient.New("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
 	}
 	if lb.clock != nil {
 		lb.nodeOpts = append(lb.nodeOpts, node.WithClock(lb.clock))

@@ -18,6 +18,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/internal/quietclock"
@@ -43,7 +44,7 @@ type cluster struct {
 	clock   *quietclock.Clock
 	hub     *memnet.Hub // nil: libp2p
 	dir     string
-	backend *server.Client
+	backend *serverclient.Client
 	admin   *chain.Keypair
 	tokens  []uint32
 	initial *gpt.Model
@@ -92,7 +93,7 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 	go func() { _ = srv.Serve(ctx, l); close(served) }()
 	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
 	t.Cleanup(func() { cancel(); <-served; <-ticking })
-	c.backend = server.NewClient("http://"+l.Addr().String(), nil)
+	c.backend = serverclient.New("http://"+l.Addr().String(), nil)
 
 	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("admin")))
 	c.admin = admin

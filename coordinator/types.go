@@ -333,7 +333,7 @@ func (k OptimizerKind) String() string {
 // Aggregation is how trainers combine the DisTrO results of a round before
 // applying them. It is consensus (every trainer must apply the same rule, or
 // their models drift apart), so it lives in the run's model;
-// trainer/runmodel maps it to distro.Aggregation, which documents the rules.
+// trainer/modelspec maps it to distro.Aggregation, which documents the rules.
 // The zero value is the robust rule, so a model that does not name one (and
 // an account written before the field existed, where its byte was padding)
 // gets the default.

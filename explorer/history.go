@@ -4,10 +4,9 @@ import (
 	"cmp"
 	"slices"
 
-	"github.com/psyche-go/psyche/trainer/runmodel"
-
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // Health of a client as the page shows it.
@@ -148,7 +147,7 @@ func (h *history) observeView(s *coordinator.Coordinator) {
 	if v.Parameters == 0 {
 		// The run file's metadata may leave it out: the model the run
 		// describes says it (a GPT of 120,576 parameters showed 0).
-		if mc, err := runmodel.ModelConfig(&s.Model); err == nil {
+		if mc, err := modelspec.ModelConfig(&s.Model); err == nil {
 			v.Parameters = uint64(mc.NumParams())
 		}
 	}

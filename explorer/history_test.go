@@ -10,7 +10,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/gpt"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 func pub(b byte) coordinator.Pubkey {
@@ -201,7 +201,7 @@ func TestPeerIDIsLibp2ps(t *testing.T) {
 func TestParametersFromTheModel(t *testing.T) {
 	s := trainingRun()
 	cfg := gpt.Config{Vocab: 256, Context: 64, Width: 32, Layers: 2, Heads: 2}
-	runmodel.SetGPT(&s.Model, cfg)
+	modelspec.SetGPT(&s.Model, cfg)
 	h := newHistory("demo")
 	h.observe(s)
 	if got, want := h.view.Parameters, uint64(cfg.NumParams()); got != want {

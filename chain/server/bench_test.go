@@ -20,6 +20,8 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/backendtest"
+	"github.com/psyche-go/psyche/chain/serverclient"
+	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
@@ -56,7 +58,7 @@ func BenchmarkServerLoad(b *testing.B) {
 	url, pid, kill := startChildProc(b, dir, childCreatorsEnv+"="+hex.EncodeToString(pub[:]))
 	defer kill()
 	ctx := context.Background()
-	c := NewClient(url, nil)
+	c := serverclient.New(url, nil)
 	rid, _ := coordinator.ParseRunID("bench")
 	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
 	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: pub, RunID: rid},
@@ -65,7 +67,7 @@ func BenchmarkServerLoad(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	bind, err := c.binding(ctx, "bench", true)
+	bind, err := fetchBinding(url, "bench")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -81,8 +83,8 @@ func BenchmarkServerLoad(b *testing.B) {
 	seq.Store(uint64(time.Now().UnixNano()))
 	// send posts one signed request and returns its latency; every
 	// outcome but a transport error is expected (refusals are the point).
-	send := func(ix coordinator.Instruction, id [coordinator.MaxRunIDLen]byte, bd Binding, from *chain.Keypair, want int) time.Duration {
-		body, err := EncodeRequest(bd, id, seq.Add(1), coordinator.EncodeInstruction(ix), from, nil)
+	send := func(ix coordinator.Instruction, id [coordinator.MaxRunIDLen]byte, bd serverwire.Binding, from *chain.Keypair, want int) time.Duration {
+		body, err := serverwire.EncodeRequest(bd, id, seq.Add(1), coordinator.EncodeInstruction(ix), from, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -121,7 +123,7 @@ func BenchmarkServerLoad(b *testing.B) {
 					if i%2 == 1 {
 						ix = &coordinator.SetPaused{Paused: true}
 					}
-					lat[i] = send(ix, rid, bind.b, ks[i%len(ks)], http.StatusConflict)
+					lat[i] = send(ix, rid, bind, ks[i%len(ks)], http.StatusConflict)
 				}
 			}()
 		}
@@ -160,7 +162,7 @@ func BenchmarkServerLoad(b *testing.B) {
 				}
 				id, _ := coordinator.ParseRunID(fmt.Sprintf("anon-%d", i))
 				send(&coordinator.InitCoordinator{MainAuthority: creators[i].Public(), RunID: id}, id,
-					Binding{Server: bind.b.Server, Incarnation: 1}, creators[i], http.StatusForbidden)
+					serverwire.Binding{Server: bind.Server, Incarnation: 1}, creators[i], http.StatusForbidden)
 			}
 		}()
 	}
@@ -222,4 +224,26 @@ func rssMB(b *testing.B, pid int) float64 {
 	}
 	b.Fatal("no VmRSS")
 	return 0
+}
+
+// fetchBinding reads what requests for run id are signed for (GET
+// /v1/runs/{id}/binding), as a client does before signing.
+func fetchBinding(url, id string) (serverwire.Binding, error) {
+	resp, err := http.Get(url + "/v1/runs/" + id + "/binding")
+	if err != nil {
+		return serverwire.Binding{}, err
+	}
+	defer resp.Body.Close()
+	var info serverwire.BindingInfo
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+		return serverwire.Binding{}, err
+	}
+	b := serverwire.Binding{Incarnation: info.Incarnation, Floor: info.Floor, Now: info.Now}
+	if len(info.Server) != 2*len(b.Server) {
+		return serverwire.Binding{}, fmt.Errorf("bad server identity %q", info.Server)
+	}
+	if _, err := hex.Decode(b.Server[:], []byte(info.Server)); err != nil {
+		return serverwire.Binding{}, fmt.Errorf("bad server identity %q", info.Server)
+	}
+	return b, nil
 }

@@ -171,7 +171,3 @@ func (s *Server) serveData(w http.ResponseWriter, req *http.Request) {
 func isDataPath(req *http.Request) bool {
 	return strings.HasPrefix(req.URL.Path, chain.ServerDataPath) || strings.HasPrefix(req.URL.EscapedPath(), chain.ServerDataPath)
 }
-
-// URL is the server's base URL, as given to NewClient: a run's
-// "server:PATH" data is read from it.
-func (c *Client) URL() string { return c.base }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
@@ -16,38 +17,22 @@ import (
 // free to be created again by another key).
 func checkRunID(id string) error {
 	if _, err := coordinator.ParseRunID(id); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidRunID, err)
+		return fmt.Errorf("%w: %w", serverwire.ErrInvalidRunID, err)
 	}
 	if strings.HasPrefix(id, ".") {
-		return fmt.Errorf("%w: %q starts with \".\" (refused by the server backend, whose temporary files start with \".\")", ErrInvalidRunID, id)
+		return fmt.Errorf("%w: %q starts with \".\" (refused by the server backend, whose temporary files start with \".\")", serverwire.ErrInvalidRunID, id)
 	}
 	return nil
 }
 
 // refuseRunID is the refusal for an error of checkRunID.
-func refuseRunID(err error) (*Failure, int) {
-	return refuse("InvalidRunID", strings.TrimPrefix(err.Error(), ErrInvalidRunID.Error()+": "))
-}
-
-// Result is the reply to a request.
-type Result struct {
-	Changed     bool   `json:"changed"`
-	From        string `json:"from"`
-	To          string `json:"to"`
-	Nonce       uint64 `json:"nonce"`
-	Incarnation uint64 `json:"incarnation"` // the run's (after init_coordinator: the new one)
-}
-
-// Failure is the reply to a rejected request.
-type Failure struct {
-	Code  uint32 `json:"code,omitempty"` // coordinator error code, if any
-	Name  string `json:"name"`
-	Error string `json:"error"`
+func refuseRunID(err error) (*serverwire.Failure, int) {
+	return serverwire.Refuse("InvalidRunID", strings.TrimPrefix(err.Error(), serverwire.ErrInvalidRunID.Error()+": "))
 }
 
 // Execute verifies and applies one encoded request. It returns the HTTP
 // status that goes with the outcome.
-func (s *Server) Execute(body []byte) (*Result, *Failure, int) {
+func (s *Server) Execute(body []byte) (*serverwire.Result, *serverwire.Failure, int) {
 	ix, res, fail, status := s.execute(body)
 	outcome := "ok"
 	if fail != nil {
@@ -60,15 +45,15 @@ func (s *Server) Execute(body []byte) (*Result, *Failure, int) {
 // execute is Execute; it also names the instruction ("?" when the request
 // could not be read). Every check that can refuse a request comes before
 // anything is written, and a refused request leaves no trace but a metric.
-func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int) {
+func (s *Server) execute(body []byte) (name string, _ *serverwire.Result, _ *serverwire.Failure, _ int) {
 	name = "?"
-	req, err := DecodeRequest(body)
+	req, err := serverwire.DecodeRequest(body)
 	if err != nil {
-		if errors.Is(err, ErrSignature) {
-			f, st := refuse("BadSignature", strings.TrimPrefix(err.Error(), ErrSignature.Error()+": "))
+		if errors.Is(err, serverwire.ErrSignature) {
+			f, st := serverwire.Refuse("BadSignature", strings.TrimPrefix(err.Error(), serverwire.ErrSignature.Error()+": "))
 			return name, nil, f, st
 		}
-		f, st := refuse("BadRequest", strings.TrimPrefix(err.Error(), ErrBadRequest.Error()+": "))
+		f, st := serverwire.Refuse("BadRequest", strings.TrimPrefix(err.Error(), serverwire.ErrBadRequest.Error()+": "))
 		return name, nil, f, st
 	}
 	ix, err := coordinator.DecodeInstruction(req.Data)
@@ -77,7 +62,7 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 	}
 	name = ix.Name()
 	if req.Server != s.id {
-		f, st := refuse("Stale", fmt.Sprintf("signed for server %x, this is %x", req.Server[:8], s.id[:8]))
+		f, st := serverwire.Refuse("Stale", fmt.Sprintf("signed for server %x, this is %x", req.Server[:8], s.id[:8]))
 		return name, nil, f, st
 	}
 	id := coordinator.FixedString(req.RunID[:])
@@ -86,7 +71,7 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 		return name, nil, f, st
 	}
 	if packed, _ := coordinator.ParseRunID(id); packed != req.RunID {
-		f, st := refuse("InvalidRunID", fmt.Sprintf("%q is followed by bytes other than zero padding", id))
+		f, st := serverwire.Refuse("InvalidRunID", fmt.Sprintf("%q is followed by bytes other than zero padding", id))
 		return name, nil, f, st
 	}
 	if f, st := s.checkWindow(req.Sequence); f != nil {
@@ -104,14 +89,14 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gone {
-		return name, nil, &Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
+		return name, nil, &serverwire.Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
 	}
 	if req.Incarnation != r.incarnation {
-		f, st := refuse("Stale", fmt.Sprintf("signed for incarnation %d of run %q, which is at %d", req.Incarnation, id, r.incarnation))
+		f, st := serverwire.Refuse("Stale", fmt.Sprintf("signed for incarnation %d of run %q, which is at %d", req.Incarnation, id, r.incarnation))
 		return name, nil, f, st
 	}
 	if req.Sequence <= r.replay.last(req.Sender) {
-		f, st := refuse("Replay", "")
+		f, st := serverwire.Refuse("Replay", "")
 		return name, nil, f, st
 	}
 	next := *r.state
@@ -124,7 +109,7 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 		out, fail, status := s.freeRun(id, r, &res)
 		return name, out, fail, status
 	}
-	out := &Result{Changed: res.Changed, From: res.From.String(), To: res.To.String(), Nonce: next.Nonce, Incarnation: r.incarnation}
+	out := &serverwire.Result{Changed: res.Changed, From: res.From.String(), To: res.To.String(), Nonce: next.Nonce, Incarnation: r.incarnation}
 	if !res.Changed {
 		// Nothing to persist, so nothing is stored: replaying a request
 		// that changed nothing (a tick with nothing due, a join that was
@@ -134,7 +119,7 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 	replay := r.replay.record(&next, req.Sender, req.Sequence)
 	if err := saveRun(s.dir, id, &stored{incarnation: r.incarnation, state: &next, replay: replay}); err != nil {
 		s.cfg.log.Error("persisting failed; the instruction is rejected", "run", id, "err", err)
-		f, st := refuse("Storage", err.Error())
+		f, st := serverwire.Refuse("Storage", err.Error())
 		return name, nil, f, st
 	}
 	*r.state, r.replay = next, replay
@@ -149,58 +134,58 @@ func (s *Server) execute(body []byte) (name string, _ *Result, _ *Failure, _ int
 // wall clock (nanoseconds). The wall clock, not the run clock (WithClock):
 // expiry is about the network, and a run in virtual time may be hours
 // ahead.
-func (s *Server) checkWindow(seq uint64) (*Failure, int) {
+func (s *Server) checkWindow(seq uint64) (*serverwire.Failure, int) {
 	now := time.Now().UnixNano()
 	w := s.cfg.window.Nanoseconds()
 	if d := int64(seq - uint64(now)); d > w || d < -w {
-		return refuse("Stale", fmt.Sprintf("sequence %d is %v from the server's clock, more than the window of %v (fetch the binding again)",
+		return serverwire.Refuse("Stale", fmt.Sprintf("sequence %d is %v from the server's clock, more than the window of %v (fetch the binding again)",
 			seq, time.Duration(d).Round(time.Millisecond), s.cfg.window))
 	}
 	return nil, 0
 }
 
 // liveRun finds a run, or says why there is none.
-func (s *Server) liveRun(id string) (*run, *Failure, int) {
+func (s *Server) liveRun(id string) (*run, *serverwire.Failure, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err, bad := s.quarantined[id]; bad {
-		f, st := refuse("Quarantined", err.Error())
+		f, st := serverwire.Refuse("Quarantined", err.Error())
 		return nil, f, st
 	}
 	if r := s.runs[id]; r != nil {
 		return r, nil, 0
 	}
-	return nil, &Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
+	return nil, &serverwire.Failure{Name: "RunNotFound", Error: fmt.Sprintf("server: no run %q", id)}, http.StatusNotFound
 }
 
-func (s *Server) initRun(id string, req *Request, ix *coordinator.InitCoordinator, ctx coordinator.Context) (*Result, *Failure, int) {
+func (s *Server) initRun(id string, req *serverwire.Request, ix *coordinator.InitCoordinator, ctx coordinator.Context) (*serverwire.Result, *serverwire.Failure, int) {
 	if ix.RunID != req.RunID {
-		f, st := refuse("BadRequest", "init_coordinator names another run than the request")
+		f, st := serverwire.Refuse("BadRequest", "init_coordinator names another run than the request")
 		return nil, f, st
 	}
 	if req.Sender != ix.MainAuthority {
-		f, st := refuse("NotMainAuthority", fmt.Sprintf("signed by %s, names %s", req.Sender, ix.MainAuthority))
+		f, st := serverwire.Refuse("NotMainAuthority", fmt.Sprintf("signed by %s, names %s", req.Sender, ix.MainAuthority))
 		return nil, f, st
 	}
 	if _, ok := s.cfg.creators[req.Sender]; !ok && !s.cfg.anyCreator {
-		f, st := refuse("NotCreator", req.Sender.String())
+		f, st := serverwire.Refuse("NotCreator", req.Sender.String())
 		return nil, f, st
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err, bad := s.quarantined[id]; bad {
-		f, st := refuse("Quarantined", err.Error())
+		f, st := serverwire.Refuse("Quarantined", err.Error())
 		return nil, f, st
 	}
 	if _, exists := s.runs[id]; exists {
 		return nil, failure(coordinator.ErrAlreadyInitialized), http.StatusConflict
 	}
 	if want := s.freed[id] + 1; req.Incarnation != want {
-		f, st := refuse("Stale", fmt.Sprintf("init_coordinator signed for incarnation %d of run %q, the next is %d", req.Incarnation, id, want))
+		f, st := serverwire.Refuse("Stale", fmt.Sprintf("init_coordinator signed for incarnation %d of run %q, the next is %d", req.Incarnation, id, want))
 		return nil, f, st
 	}
 	if s.owned[req.Sender] >= s.cfg.quota {
-		f, st := refuse("CreatorQuota", fmt.Sprintf("%s holds %d runs", req.Sender, s.owned[req.Sender]))
+		f, st := serverwire.Refuse("CreatorQuota", fmt.Sprintf("%s holds %d runs", req.Sender, s.owned[req.Sender]))
 		return nil, f, st
 	}
 	state := new(coordinator.Coordinator)
@@ -211,7 +196,7 @@ func (s *Server) initRun(id string, req *Request, ix *coordinator.InitCoordinato
 	st := &stored{incarnation: req.Incarnation, state: state}
 	st.replay = st.replay.record(state, req.Sender, req.Sequence)
 	if err := saveRun(s.dir, id, st); err != nil {
-		f, status := refuse("Storage", err.Error())
+		f, status := serverwire.Refuse("Storage", err.Error())
 		return nil, f, status
 	}
 	r := newRun(st)
@@ -221,15 +206,15 @@ func (s *Server) initRun(id string, req *Request, ix *coordinator.InitCoordinato
 	s.setMembers(id, state)
 	s.cfg.metrics.Runs.Set(float64(len(s.runs)))
 	s.cfg.log.Info("run created", "run", id, "incarnation", st.incarnation, "creator", req.Sender.String())
-	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: state.Nonce, Incarnation: st.incarnation}, nil, http.StatusOK
+	return &serverwire.Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: state.Nonce, Incarnation: st.incarnation}, nil, http.StatusOK
 }
 
 // freeRun deletes a run (the caller holds r.mu): its file becomes a
 // tombstone that keeps its incarnation, so the id's next init is signed for
 // the next one and nothing signed for this one applies again.
-func (s *Server) freeRun(id string, r *run, res *coordinator.Result) (*Result, *Failure, int) {
+func (s *Server) freeRun(id string, r *run, res *coordinator.Result) (*serverwire.Result, *serverwire.Failure, int) {
 	if err := saveRun(s.dir, id, &stored{incarnation: r.incarnation, freed: true}); err != nil {
-		f, st := refuse("Storage", err.Error())
+		f, st := serverwire.Refuse("Storage", err.Error())
 		return nil, f, st
 	}
 	r.gone = true
@@ -250,29 +235,29 @@ func (s *Server) freeRun(id string, r *run, res *coordinator.Result) (*Result, *
 	if s.cfg.onFree != nil {
 		s.cfg.onFree(id)
 	}
-	return &Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: r.state.Nonce, Incarnation: r.incarnation}, nil, http.StatusOK
+	return &serverwire.Result{Changed: true, From: res.From.String(), To: res.To.String(), Nonce: r.state.Nonce, Incarnation: r.incarnation}, nil, http.StatusOK
 }
 
-func failure(err error) *Failure {
+func failure(err error) *serverwire.Failure {
 	var e *coordinator.Error
 	if errors.As(err, &e) {
-		return &Failure{Code: e.Code, Name: e.Name, Error: err.Error()}
+		return &serverwire.Failure{Code: e.Code, Name: e.Name, Error: err.Error()}
 	}
-	return &Failure{Name: "Error", Error: err.Error()}
+	return &serverwire.Failure{Name: "Error", Error: err.Error()}
 }
 
 // Binding is what a request for run id must be signed for (see Binding).
-func (s *Server) Binding(id string) (Binding, *Failure, int) {
+func (s *Server) Binding(id string) (serverwire.Binding, *serverwire.Failure, int) {
 	if err := checkRunID(id); err != nil {
 		f, st := refuseRunID(err)
-		return Binding{}, f, st
+		return serverwire.Binding{}, f, st
 	}
-	b := Binding{Server: s.id}
+	b := serverwire.Binding{Server: s.id}
 	s.mu.Lock()
 	if err, bad := s.quarantined[id]; bad {
 		s.mu.Unlock()
-		f, st := refuse("Quarantined", err.Error())
-		return Binding{}, f, st
+		f, st := serverwire.Refuse("Quarantined", err.Error())
+		return serverwire.Binding{}, f, st
 	}
 	r := s.runs[id]
 	b.Incarnation = s.freed[id] + 1

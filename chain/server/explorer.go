@@ -2,9 +2,7 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 
 	"github.com/psyche-go/psyche/chain"
@@ -75,25 +73,4 @@ const inProcess = "in-process"
 // decodeEvent reads an event's account.
 func decodeEvent(ev *event) (*coordinator.Coordinator, error) {
 	return coordinator.DecodeAccount(ev.acct)
-}
-
-// Runs lists the server's run ids (GET /v1/runs).
-func (c *Client) Runs(ctx context.Context) ([]string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs", nil)
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("server: listing runs: HTTP %d", resp.StatusCode)
-	}
-	var ids []string
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&ids); err != nil {
-		return nil, fmt.Errorf("server: listing runs: %w", err)
-	}
-	return ids, nil
 }

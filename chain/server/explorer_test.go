@@ -12,6 +12,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/backendtest"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
@@ -56,7 +57,7 @@ func TestExplorerHooks(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	client := NewClient(hs.URL, nil)
+	client := serverclient.New(hs.URL, nil)
 	admin := backendtest.Key("admin")
 	if _, err := s.Subscribe(ctx, "watched"); !errors.Is(err, chain.ErrRunNotFound) {
 		t.Fatalf("subscribing to a missing run: %v", err)
@@ -90,7 +91,7 @@ func TestExplorerHooks(t *testing.T) {
 	if id := <-freed; id != "watched" || len(freed) != 0 {
 		t.Errorf("WithOnFree heard of %q (and %d more), want watched once", id, len(freed))
 	}
-	down := NewClient("http://127.0.0.1:1", nil)
+	down := serverclient.New("http://127.0.0.1:1", nil)
 	if _, err := down.Runs(ctx); err == nil {
 		t.Error("listing the runs of a server that is down succeeded")
 	}

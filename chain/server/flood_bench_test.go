@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/chain/backendtest"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/floodtest"
 )
@@ -27,7 +28,7 @@ func floodRun(b *testing.B, url, id string) {
 	b.Helper()
 	admin := backendtest.Key("admin")
 	rid, _ := coordinator.ParseRunID(id)
-	if _, err := NewClient(url, nil).Send(context.Background(), id, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}); err != nil {
+	if _, err := serverclient.New(url, nil).Send(context.Background(), id, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}); err != nil {
 		b.Fatal(err)
 	}
 }

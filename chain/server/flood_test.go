@@ -18,6 +18,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/backendtest"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/floodtest"
 	"github.com/psyche-go/psyche/internal/promread"
@@ -132,7 +133,7 @@ func initRun(t *testing.T, url, id string) {
 	t.Helper()
 	admin := backendtest.Key("admin")
 	rid, _ := coordinator.ParseRunID(id)
-	if _, err := NewClient(url, nil).Send(context.Background(), id, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}); err != nil {
+	if _, err := serverclient.New(url, nil).Send(context.Background(), id, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -310,8 +311,7 @@ func TestClientPollsWhileItsStreamIsRefused(t *testing.T) {
 		resp.Body.Close()
 	}
 
-	c := NewClient(hs.URL, nil)
-	c.pollEvery, c.streamRetry = 10*time.Millisecond, 50*time.Millisecond
+	c := serverclient.New(hs.URL, nil, serverclient.WithPolling(10*time.Millisecond, 50*time.Millisecond))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	snaps, err := c.Subscribe(ctx, "poll")

@@ -24,6 +24,8 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/backendtest"
+	"github.com/psyche-go/psyche/chain/serverclient"
+	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/promread"
 )
@@ -57,7 +59,7 @@ func fingerprint(t *testing.T, s *Server) string {
 	return b.String()
 }
 
-func (g *signer) signAt(b Binding, id string, seq uint64, ix coordinator.Instruction, from, co chain.Signer) []byte {
+func (g *signer) signAt(b serverwire.Binding, id string, seq uint64, ix coordinator.Instruction, from, co chain.Signer) []byte {
 	g.t.Helper()
 	saved := g.base
 	g.base = 0
@@ -96,7 +98,7 @@ func TestRefusals(t *testing.T) {
 		return &coordinator.InitCoordinator{MainAuthority: main.Public(), RunID: r}
 	}
 	forged := g.sign("r", 10, &coordinator.SetPaused{Paused: true}, admin, nil)
-	forged[headerSize] ^= 1
+	forged[serverwire.HeaderSize] ^= 1
 	for _, tt := range []struct {
 		name   string
 		req    []byte
@@ -107,8 +109,8 @@ func TestRefusals(t *testing.T) {
 		{"garbage", []byte("hello"), http.StatusBadRequest, "BadRequest", "malformed"},
 		{"old version", append([]byte("PSRQ\x01"), make([]byte, 200)...), http.StatusBadRequest, "BadRequest", "malformed"},
 		{"bad signature", forged, http.StatusUnauthorized, "BadSignature", "signature 0"},
-		{"another server", g.signFor(Binding{Server: [32]byte{9}, Incarnation: 1}, "r", 11, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "signed for server 09"},
-		{"another incarnation", g.signFor(Binding{Server: s.ID(), Incarnation: 2}, "r", 12, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "incarnation 2"},
+		{"another server", g.signFor(serverwire.Binding{Server: [32]byte{9}, Incarnation: 1}, "r", 11, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "signed for server 09"},
+		{"another incarnation", g.signFor(serverwire.Binding{Server: s.ID(), Incarnation: 2}, "r", 12, &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "incarnation 2"},
 		{"sequence too old", g.signAt(bind, "r", now-uint64(2*time.Minute), &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "window"},
 		{"sequence too far ahead", g.signAt(bind, "r", now+uint64(2*time.Minute), &coordinator.SetPaused{Paused: true}, admin, nil), http.StatusConflict, "Stale", "window"},
 		{"replay", resume, http.StatusConflict, "Replay", "already used"},
@@ -119,14 +121,14 @@ func TestRefusals(t *testing.T) {
 		{"init by a key that may not create", g.sign("m", 16, initFor("m", mallory), mallory, nil), http.StatusForbidden, "NotCreator", mallory.Public().String()},
 		{"init over the quota", g.sign("r2", 17, initFor("r2", admin), admin, nil), http.StatusForbidden, "CreatorQuota", "holds 1 runs"},
 		{"init of a live run", g.sign("r", 18, initFor("r", carol), carol, nil), http.StatusConflict, "AlreadyInitialized", "already initialized"},
-		{"init for a later incarnation", g.signFor(Binding{Server: s.ID(), Incarnation: 2}, "c", 19, initFor("c", carol), carol, nil), http.StatusConflict, "Stale", "the next is 1"},
+		{"init for a later incarnation", g.signFor(serverwire.Binding{Server: s.ID(), Incarnation: 2}, "c", 19, initFor("c", carol), carol, nil), http.StatusConflict, "Stale", "the next is 1"},
 		{"rejected by the coordinator", g.sign("r", 20, &coordinator.SetPaused{Paused: true}, mallory, nil), http.StatusConflict, "Unauthorized", "authority"},
 		{"a run that does not exist", g.sign("nope", 21, &coordinator.Tick{}, mallory, nil), http.StatusNotFound, "RunNotFound", `"nope"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := fingerprint(t, s)
 			code, body := post(t, hs.URL, tt.req)
-			var f Failure
+			var f serverwire.Failure
 			if err := json.Unmarshal([]byte(body), &f); err != nil || code != tt.status || f.Name != tt.want || f.Error == "" {
 				t.Fatalf("got %d %s, want %d %s with a message", code, body, tt.status, tt.want)
 			}
@@ -154,7 +156,7 @@ func TestRefusals(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `starts with \".\"`) {
 		t.Fatalf("binding of .hidden: %d %s", resp.StatusCode, body)
 	}
-	if _, err := NewClient(hs.URL, nil).Send(context.Background(), ".hidden", admin, nil, initFor(".hidden", admin)); !errors.Is(err, ErrInvalidRunID) {
+	if _, err := serverclient.New(hs.URL, nil).Send(context.Background(), ".hidden", admin, nil, initFor(".hidden", admin)); !errors.Is(err, serverwire.ErrInvalidRunID) {
 		t.Fatalf("a client creating .hidden: %v", err)
 	}
 	if after := fingerprint(t, s); after != before {
@@ -176,7 +178,7 @@ func TestRefusals(t *testing.T) {
 // be replayed.
 func TestAnonymousKeysStoreNothing(t *testing.T) {
 	s, _, hs := newTestServer(t, t.TempDir())
-	c := NewClient(hs.URL, nil)
+	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	admin := backendtest.Key("admin")
 	id, _ := coordinator.ParseRunID("anon")
@@ -270,7 +272,7 @@ func TestReplayAfterFree(t *testing.T) {
 			t.Fatalf("first life: %d %s", code, body)
 		}
 	}
-	c := NewClient(hs.URL, nil) // fetches the first life's binding
+	c := serverclient.New(hs.URL, nil) // fetches the first life's binding
 	if _, err := c.Send(context.Background(), "phoenix", admin, nil, &coordinator.SetPaused{Paused: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +317,7 @@ func TestReplayAfterFree(t *testing.T) {
 		t.Fatal("the server's identity changed across a restart")
 	}
 	refusedAll("after a restart", hs2.URL)
-	c2 := NewClient(hs2.URL, nil)
+	c2 := serverclient.New(hs2.URL, nil)
 	for _, ix := range []coordinator.Instruction{&coordinator.FreeCoordinator{}} {
 		if _, err := c2.Send(context.Background(), "phoenix", admin, nil, ix); err != nil {
 			t.Fatal(err)
@@ -337,7 +339,7 @@ func TestReplayAfterFree(t *testing.T) {
 func TestCorruptRunIsQuarantined(t *testing.T) {
 	dir := t.TempDir()
 	_, _, hs := newTestServer(t, dir)
-	c := NewClient(hs.URL, nil)
+	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	admin := backendtest.Key("admin")
 	for _, id := range []string{"good", "flipped", "garbage", "old"} {
@@ -394,7 +396,7 @@ func TestCorruptRunIsQuarantined(t *testing.T) {
 	if got := s2.Runs(); strings.Join(got, ",") != "good,old" {
 		t.Fatalf("served runs %v, want good and old", got)
 	}
-	c2 := NewClient(hs2.URL, nil)
+	c2 := serverclient.New(hs2.URL, nil)
 	var md coordinator.Metadata
 	copy(md.Name[:], "still served")
 	for _, id := range []string{"good", "old"} {
@@ -407,7 +409,7 @@ func TestCorruptRunIsQuarantined(t *testing.T) {
 	}
 	rid, _ := coordinator.ParseRunID("flipped")
 	for _, ix := range []coordinator.Instruction{&coordinator.Update{Metadata: &md}, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}} {
-		if _, err := c2.Send(ctx, "flipped", admin, nil, ix); !errors.Is(err, ErrQuarantined) || !strings.Contains(err.Error(), "checksum mismatch") {
+		if _, err := c2.Send(ctx, "flipped", admin, nil, ix); !errors.Is(err, serverwire.ErrQuarantined) || !strings.Contains(err.Error(), "checksum mismatch") {
 			t.Fatalf("%s on a quarantined run: %v", ix.Name(), err)
 		}
 	}
@@ -432,7 +434,7 @@ func TestCorruptRunIsQuarantined(t *testing.T) {
 func TestKillDuringWritesLeavesEveryRunReadable(t *testing.T) {
 	dir := t.TempDir()
 	url, kill := startChild(t, dir)
-	c := NewClient(url, nil)
+	c := serverclient.New(url, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	admin := backendtest.Key("admin")
@@ -451,7 +453,7 @@ func TestKillDuringWritesLeavesEveryRunReadable(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl := NewClient(url, nil) // one sequence per writer
+			cl := serverclient.New(url, nil) // one sequence per writer
 			for i := 0; ctx.Err() == nil; i++ {
 				var md coordinator.Metadata
 				copy(md.Name[:], fmt.Sprintf("%s-%d", id, i))
@@ -531,7 +533,7 @@ func TestSubscriberLimits(t *testing.T) {
 	defer hs.Close()
 	admin := backendtest.Key("admin")
 	rid, _ := coordinator.ParseRunID("sse")
-	if _, err := NewClient(hs.URL, nil).Send(context.Background(), "sse", admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}); err != nil {
+	if _, err := serverclient.New(hs.URL, nil).Send(context.Background(), "sse", admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}); err != nil {
 		t.Fatal(err)
 	}
 	one, two := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
@@ -575,7 +577,7 @@ func TestSubscriberLimits(t *testing.T) {
 	for i := range 4 {
 		id := fmt.Sprintf("page%d", i)
 		pid, _ := coordinator.ParseRunID(id)
-		if _, err := NewClient(hs.URL, nil).Send(ctx, id, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: pid}); err != nil {
+		if _, err := serverclient.New(hs.URL, nil).Send(ctx, id, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: pid}); err != nil {
 			t.Fatal(err)
 		}
 		snaps, err := s.Subscribe(ctx, id)
@@ -614,7 +616,7 @@ func TestSlowSubscriberIsDropped(t *testing.T) {
 	hs := httptest.NewServer(s.Handler())
 	defer hs.Close()
 	admin := backendtest.Key("admin")
-	c := NewClient(hs.URL, nil)
+	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	rid, _ := coordinator.ParseRunID("slow")
 	if _, err := c.Send(ctx, "slow", admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}); err != nil {

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/internal/connlimit"
 	"github.com/psyche-go/psyche/internal/httpserve"
 )
@@ -30,7 +31,7 @@ type subscriber struct {
 // current one, within the subscriber limits. shed, if not nil, is called
 // when the stream is closed to make room for a lighter address group's
 // (WithSubscriberLimits): the caller must then end it.
-func (s *Server) subscribe(id, addr string, shed func()) (*subscriber, func(), *Failure, int) {
+func (s *Server) subscribe(id, addr string, shed func()) (*subscriber, func(), *serverwire.Failure, int) {
 	r, f, st := s.liveRun(id)
 	if f != nil {
 		return nil, nil, f, st
@@ -54,7 +55,7 @@ func (s *Server) subscribe(id, addr string, shed func()) (*subscriber, func(), *
 			if held < s.cfg.maxSubsPerAddr {
 				detail = fmt.Sprintf("the server holds %d streams", total)
 			}
-			f, st := refuse("TooManySubscribers", detail)
+			f, st := serverwire.Refuse("TooManySubscribers", detail)
 			return nil, nil, f, st
 		}
 	}
@@ -83,7 +84,7 @@ func (s *Server) subscribe(id, addr string, shed func()) (*subscriber, func(), *
 }
 
 // streamRetryAfter is what a refused stream's Retry-After says (seconds):
-// the client polls meanwhile (Client).
+// the client polls meanwhile (serverclient.Client).
 const streamRetryAfter = 10
 
 const maxBody = 1 << 16
@@ -100,13 +101,13 @@ const maxBody = 1 << 16
 //	GET  /data/{path...}           a file of the data directory, WithData (data.go): ranges, HEAD; 429 with Retry-After past the read caps
 //	GET  /                         the run explorer's page, WithPage (read-only)
 //
-// Every refusal is a JSON Failure with an HTTP status (errors.go).
+// Every refusal is a JSON Failure with an HTTP status (serverwire/errors.go).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/instructions", func(w http.ResponseWriter, req *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, maxBody))
 		if err != nil {
-			httpserve.WriteJSON(w, http.StatusRequestEntityTooLarge, &Failure{Name: "BadRequest", Error: err.Error()})
+			httpserve.WriteJSON(w, http.StatusRequestEntityTooLarge, &serverwire.Failure{Name: "BadRequest", Error: err.Error()})
 			return
 		}
 		res, fail, status := s.Execute(body)
@@ -125,10 +126,10 @@ func (s *Server) Handler() http.Handler {
 		}
 		acct, ok := s.Account(id)
 		if !ok {
-			httpserve.WriteJSON(w, http.StatusNotFound, &Failure{Name: "RunNotFound", Error: "server: no such run"})
+			httpserve.WriteJSON(w, http.StatusNotFound, &serverwire.Failure{Name: "RunNotFound", Error: "server: no such run"})
 			return
 		}
-		// A client polling the run (its stream refused: Client) asks
+		// A client polling the run (its stream refused: serverclient.Client) asks
 		// whether it changed, and is told so in a few bytes.
 		tag := fmt.Sprintf(`"%016x"`, maphash.Bytes(s.etagSeed, acct))
 		w.Header().Set("ETag", tag)
@@ -146,15 +147,15 @@ func (s *Server) Handler() http.Handler {
 			httpserve.WriteJSON(w, st, f)
 			return
 		}
-		httpserve.WriteJSON(w, http.StatusOK, BindingInfo{Server: hex.EncodeToString(b.Server[:]), Incarnation: b.Incarnation, Floor: b.Floor, Now: b.Now})
+		httpserve.WriteJSON(w, http.StatusOK, serverwire.BindingInfo{Server: hex.EncodeToString(b.Server[:]), Incarnation: b.Incarnation, Floor: b.Floor, Now: b.Now})
 	})
 	mux.HandleFunc("GET /v1/runs/{id}/events", s.serveEvents)
 	mux.HandleFunc("GET /v1/p2p", func(w http.ResponseWriter, _ *http.Request) {
 		if s.cfg.p2p == nil {
-			httpserve.WriteJSON(w, http.StatusNotFound, &Failure{Name: "NoP2P", Error: "server: this server runs no p2p host"})
+			httpserve.WriteJSON(w, http.StatusNotFound, &serverwire.Failure{Name: "NoP2P", Error: "server: this server runs no p2p host"})
 			return
 		}
-		httpserve.WriteJSON(w, http.StatusOK, P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
+		httpserve.WriteJSON(w, http.StatusOK, serverwire.P2PInfo{Addrs: s.cfg.p2p.Addrs(), Relay: s.cfg.p2p.Relay()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	for _, add := range s.cfg.routes {
@@ -209,7 +210,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.slowWrite))
 	w.WriteHeader(http.StatusOK)
 	// A subscriber that takes deltas gets, after the first account, what
-	// changed since the one this stream sent last (events.go).
+	// changed since the one this stream sent last (serverwire/delta.go).
 	deltas := req.URL.Query().Get("deltas") == "1"
 	var sent []byte
 	for {
@@ -222,7 +223,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 			}
 			out := ev.full
 			if deltas && sent != nil {
-				if d := DeltaEvent(sent, ev.acct); d != nil {
+				if d := serverwire.DeltaEvent(sent, ev.acct); d != nil {
 					out = d
 				}
 			}

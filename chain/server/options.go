@@ -107,7 +107,7 @@ func WithRequestWindow(d time.Duration) Option {
 // its group's cap is refused with 429 (and Retry-After); one over the total
 // takes the place of the oldest stream of the group that holds the most, if
 // that group holds at least two more than its own, and is refused
-// otherwise. A client refused a stream polls the run instead (Client).
+// otherwise. A client refused a stream polls the run instead (serverclient.Client).
 func WithSubscriberLimits(total, perAddr int) Option {
 	return func(c *config) error {
 		if total < 1 || perAddr < 1 {

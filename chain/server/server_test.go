@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/backendtest"
+	"github.com/psyche-go/psyche/chain/serverclient"
+	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/promread"
 )
@@ -54,7 +56,7 @@ func newTestServer(t *testing.T, dir string) (*Server, *fakeClock, *httptest.Ser
 func TestBackendSuite(t *testing.T) {
 	s, clock, hs := newTestServer(t, t.TempDir())
 	backendtest.Run(t, "suite", backendtest.Harness{
-		Backend: NewClient(hs.URL, nil),
+		Backend: serverclient.New(hs.URL, nil),
 		Advance: func(t *testing.T, seconds uint64) {
 			for i := uint64(0); i < seconds; i++ {
 				clock.Advance(time.Second)
@@ -100,7 +102,7 @@ func (g *signer) sign(id string, n uint64, ix coordinator.Instruction, from, co 
 	return g.signFor(b, id, n, ix, from, co)
 }
 
-func (g *signer) signFor(b Binding, id string, n uint64, ix coordinator.Instruction, from, co chain.Signer) []byte {
+func (g *signer) signFor(b serverwire.Binding, id string, n uint64, ix coordinator.Instruction, from, co chain.Signer) []byte {
 	g.t.Helper()
 	rid, err := coordinator.ParseRunID(id)
 	if err != nil {
@@ -109,9 +111,9 @@ func (g *signer) signFor(b Binding, id string, n uint64, ix coordinator.Instruct
 	}
 	var req []byte
 	if co != nil {
-		req, err = EncodeRequest(b, rid, g.base+n, coordinator.EncodeInstruction(ix), from, co)
+		req, err = serverwire.EncodeRequest(b, rid, g.base+n, coordinator.EncodeInstruction(ix), from, co)
 	} else {
-		req, err = EncodeRequest(b, rid, g.base+n, coordinator.EncodeInstruction(ix), from, nil)
+		req, err = serverwire.EncodeRequest(b, rid, g.base+n, coordinator.EncodeInstruction(ix), from, nil)
 	}
 	if err != nil {
 		g.t.Fatal(err)
@@ -144,7 +146,7 @@ func TestRequestsAreAuthenticatedAndNotReplayable(t *testing.T) {
 	}
 	// A flipped byte in the instruction breaks the signature.
 	forged := g.sign("auth", 3, &coordinator.SetPaused{}, admin, nil)
-	forged[headerSize] ^= 1
+	forged[serverwire.HeaderSize] ^= 1
 	if code, _ := post(t, hs.URL, forged); code != http.StatusUnauthorized {
 		t.Fatalf("forged: %d", code)
 	}
@@ -159,7 +161,7 @@ func TestRequestsAreAuthenticatedAndNotReplayable(t *testing.T) {
 		t.Fatalf("resume: %d %s", code, body)
 	}
 	// A coordinator error keeps its code across the network.
-	c := NewClient(hs.URL, nil)
+	c := serverclient.New(hs.URL, nil)
 	_, err := c.Send(context.Background(), "auth", backendtest.Key("mallory"), nil, &coordinator.SetPaused{Paused: true})
 	if !errors.Is(err, coordinator.ErrUnauthorized) {
 		t.Fatalf("got %v", err)
@@ -171,7 +173,7 @@ func TestRequestsAreAuthenticatedAndNotReplayable(t *testing.T) {
 
 func TestJoinAuthorityCoSigns(t *testing.T) {
 	_, _, hs := newTestServer(t, t.TempDir())
-	c := NewClient(hs.URL, nil)
+	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	admin, gate, alice := backendtest.Key("admin"), backendtest.Key("gate"), backendtest.Key("alice")
 	id, _ := coordinator.ParseRunID("gated")
@@ -199,7 +201,7 @@ func TestJoinAuthorityCoSigns(t *testing.T) {
 func TestRestartLosesNothing(t *testing.T) {
 	dir := t.TempDir()
 	url, kill := startChild(t, dir)
-	c := NewClient(url, nil)
+	c := serverclient.New(url, nil)
 	ctx := context.Background()
 	admin := backendtest.Key("admin")
 	id, _ := coordinator.ParseRunID("durable")
@@ -226,7 +228,7 @@ func TestRestartLosesNothing(t *testing.T) {
 	kill()
 	url, kill = startChild(t, dir)
 	defer kill()
-	after, err := NewClient(url, nil).Snapshot(ctx, "durable")
+	after, err := serverclient.New(url, nil).Snapshot(ctx, "durable")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,28 +319,6 @@ func startChildProc(t testing.TB, dir string, env ...string) (string, int, func(
 	return strings.TrimSpace(strings.TrimPrefix(line, "listening ")), cmd.Process.Pid, kill
 }
 
-func FuzzDecodeRequest(f *testing.F) {
-	admin := backendtest.Key("admin")
-	id, _ := coordinator.ParseRunID("fuzz")
-	bind := Binding{Server: [32]byte{1, 2, 3}, Incarnation: 2}
-	for _, ix := range []coordinator.Instruction{&coordinator.Tick{}, &coordinator.SetPaused{Paused: true}} {
-		b, _ := EncodeRequest(bind, id, 7, coordinator.EncodeInstruction(ix), admin, nil)
-		f.Add(b)
-		b2, _ := EncodeRequest(bind, id, 8, coordinator.EncodeInstruction(ix), admin, backendtest.Key("gate"))
-		f.Add(b2)
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := DecodeRequest(data)
-		if err != nil {
-			return
-		}
-		sigs := int(data[5]) // DecodeRequest accepted it, so it is 1 or 2
-		if len(r.Data) > MaxInstruction || len(data) != headerSize+len(r.Data)+sigs*sigSize {
-			t.Fatalf("accepted %d bytes carrying %d instruction bytes and %d signatures", len(data), len(r.Data), sigs)
-		}
-	})
-}
-
 // TestMetrics: requests are counted by instruction and outcome, runs and
 // open streams as gauges, and the registry exports them.
 func TestMetrics(t *testing.T) {
@@ -359,7 +339,7 @@ func TestMetrics(t *testing.T) {
 		post(t, hs.URL, req)
 	}
 	post(t, hs.URL, []byte("not a request"))
-	stream, err := NewClient(hs.URL, nil).Subscribe(ctx, "counted")
+	stream, err := serverclient.New(hs.URL, nil).Subscribe(ctx, "counted")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +408,7 @@ func TestP2PHost(t *testing.T) {
 	}
 	hs := httptest.NewServer(s.Handler())
 	defer hs.Close()
-	c := NewClient(hs.URL, nil)
+	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	info, err := c.P2PBootstrap(ctx)
 	if err != nil || len(info.Addrs) != 1 || len(info.Relays) != 1 {
@@ -463,7 +443,7 @@ func TestP2PHost(t *testing.T) {
 	}
 
 	_, _, plain := newTestServer(t, t.TempDir())
-	if _, err := NewClient(plain.URL, nil).P2PBootstrap(ctx); !errors.Is(err, chain.ErrNoP2P) {
+	if _, err := serverclient.New(plain.URL, nil).P2PBootstrap(ctx); !errors.Is(err, chain.ErrNoP2P) {
 		t.Errorf("a server without a p2p host: %v, want ErrNoP2P", err)
 	}
 }
@@ -479,7 +459,7 @@ func TestTicksWhenDue(t *testing.T) {
 	}
 	hs := httptest.NewServer(s.Handler())
 	defer hs.Close()
-	c := NewClient(hs.URL, nil)
+	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	admin := backendtest.Key("admin")
 	id, _ := coordinator.ParseRunID("due")
@@ -515,24 +495,5 @@ func TestTicksWhenDue(t *testing.T) {
 	s.Tick()
 	if snap, err := c.Snapshot(ctx, "due"); err != nil || snap.State.RunState != coordinator.Warmup {
 		t.Fatalf("the tick at the due second did not start the warmup: %v %v", snap, err)
-	}
-}
-
-// TestFailureAsError: a coordinator error comes back across the network as
-// itself (errors.Is), its text once, and a detail the server added after
-// it in parentheses (the CLI printed "coordinator is already initialized
-// (coordinator: coordinator is already initialized)").
-func TestFailureAsError(t *testing.T) {
-	e := coordinator.ErrAlreadyInitialized
-	for _, tc := range []struct {
-		text, want string
-	}{
-		{e.Error(), e.Error()},
-		{e.Error() + ": run r", e.Error() + " (run r)"},
-	} {
-		got := (&Failure{Code: e.Code, Name: e.Name, Error: tc.text}).asError()
-		if !errors.Is(got, e) || got.Error() != tc.want {
-			t.Errorf("%q: %q, want %q", tc.text, got, tc.want)
-		}
 	}
 }

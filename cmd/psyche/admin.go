@@ -13,6 +13,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/urfave/cli/v2"
@@ -197,7 +198,7 @@ func backend(c *cli.Context, needKey bool) (chain.Backend, *chain.Keypair, error
 	if err := checkBackendFlags(c); err != nil {
 		return nil, nil, err
 	}
-	var b chain.Backend = server.NewClient(c.String("server"), logger(c))
+	var b chain.Backend = serverclient.New(c.String("server"), logger(c))
 	if rpcs := c.StringSlice("rpc"); len(rpcs) > 0 {
 		wss := c.StringSlice("ws-rpc")
 		if len(wss) == 0 {

@@ -19,6 +19,8 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
+	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/explorer"
 )
@@ -160,10 +162,10 @@ func joinAs(b chain.Backend, runID, keyFile string, p2pByte byte) error {
 func TestAdminFlowOnTheServerBackend(t *testing.T) {
 	url, clock := startServer(t)
 	backendArgs := []string{"--server", url}
-	keys, as := adminFlow(t, server.NewClient(url, nil), backendArgs, "cli", func(*chain.Keypair) {})
+	keys, as := adminFlow(t, serverclient.New(url, nil), backendArgs, "cli", func(*chain.Keypair) {})
 	// A third trainer makes init_min_clients; once the extra wait is over a
 	// tick starts the epoch.
-	if err := joinAs(server.NewClient(url, nil), "cli", keys["carol"], 3); err != nil {
+	if err := joinAs(serverclient.New(url, nil), "cli", keys["carol"], 3); err != nil {
 		t.Fatal(err)
 	}
 	clock.add(3 * time.Second)
@@ -228,7 +230,7 @@ func TestRunFileErrors(t *testing.T) {
 		{"normalize.toml", "[model.optimizer]\nnormalize = \"adam\"\n",
 			[]string{`model.optimizer.normalize = "adam": want one of none, rms`}},
 		{"sources.toml", "[model]\ndata = \"builtin:shakespeare\"\n[model.checkpoint]\nurl = \"seed:one\"\n",
-			[]string{`model.checkpoint.url: runmodel: unsupported checkpoint source (seed:N, file://, http(s):// and s3:// are): "seed:one"`,
+			[]string{`model.checkpoint.url: modelspec: unsupported checkpoint source (seed:N, file://, http(s):// and s3:// are): "seed:one"`,
 				`model.data = "builtin:shakespeare": no such built-in corpus (the built-in ones are builtin:opticks)`}},
 		{"llama-range.toml", "[model]\nn_kv_heads = 5000000000\n", []string{"model.n_kv_heads = 5000000000 does not fit"}},
 		// TOML's decoder wrapped these into 2⁶⁴−n: an epoch of 584 billion
@@ -395,12 +397,12 @@ func TestServerCreators(t *testing.T) {
 				t.Fatalf("got %v, printed %q, want it to say %q", err, out.String(), tt.says)
 			}
 			url := serve(t, opt)
-			c := server.NewClient(url, nil)
+			c := serverclient.New(url, nil)
 			for i, k := range []*chain.Keypair{admin, other} {
 				id := fmt.Sprintf("run%d", i)
 				rid, _ := coordinator.ParseRunID(id)
 				_, err := c.Send(context.Background(), id, k, nil, &coordinator.InitCoordinator{MainAuthority: k.Public(), RunID: rid})
-				if want := slices.Contains(tt.allowed, k); want != (err == nil) || !want && !errors.Is(err, server.ErrNotCreator) {
+				if want := slices.Contains(tt.allowed, k); want != (err == nil) || !want && !errors.Is(err, serverwire.ErrNotCreator) {
 					t.Errorf("key %d creating a run: %v (allowed: %v)", i, err, want)
 				}
 			}
@@ -589,7 +591,7 @@ func TestJoinNamesMissingData(t *testing.T) {
 // same id; a run in an epoch, or another key, is refused with what to do.
 func TestFreeCoordinator(t *testing.T) {
 	url, clock := startServer(t)
-	b := server.NewClient(url, nil)
+	b := serverclient.New(url, nil)
 	keys, as := adminFlow(t, b, []string{"--server", url}, "again", func(*chain.Keypair) {})
 	if _, errs, code := as("alice", "free-coordinator"); code == 0 || !strings.Contains(errs, "main authority") {
 		t.Fatalf("free by alice: %d %s", code, errs)

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/s3test"
 	"github.com/psyche-go/psyche/trainer/data"
@@ -131,7 +131,7 @@ func TestDataFromServerAndBucketAcrossProcesses(t *testing.T) {
 		"max_round_train_time = 20", "max_round_train_time = 600", "epoch_time = 30 ", "epoch_time = 3600 ",
 		"round_witness_time = 3", "round_witness_time = 1", "waiting_for_members_extra_time = 2",
 		"waiting_for_members_extra_time = 1", "init_min_clients = 3", "init_min_clients = 2").Replace(string(tiny))
-	backend := server.NewClient(url, nil)
+	backend := serverclient.New(url, nil)
 	for _, tc := range []struct {
 		run, data, store string
 		env, joinArgs    []string
@@ -179,7 +179,7 @@ func TestDataFromServerAndBucketAcrossProcesses(t *testing.T) {
 
 // waitSteps waits until the run has trained n steps (a hang guard bounds
 // the wait; steps are events, not times), failing if a trainer exits.
-func waitSteps(t *testing.T, b *server.Client, run string, n uint32, trainers []*proc) {
+func waitSteps(t *testing.T, b *serverclient.Client, run string, n uint32, trainers []*proc) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

@@ -140,5 +140,14 @@ func modelError(path string, err error) error {
 		}
 		return fmt.Errorf("--model %s: %s: give a .safetensors file a run wrote (psyche status shows the recorded one), or a Hugging Face model directory", path, what)
 	}
-	return fmt.Errorf("--model %s: %s", path, strings.TrimPrefix(strings.TrimPrefix(err.Error(), "runmodel: "), path+": "))
+	return fmt.Errorf("--model %s: %s", path, strings.TrimPrefix(trimPackage(err.Error()), path+": "))
+}
+
+// trimPackage drops the package prefix (runmodel's or modelspec's) that
+// begins a model's load error: it names Go code, not anything a user set.
+func trimPackage(msg string) string {
+	for _, p := range []string{"runmodel: ", "modelspec: "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	return msg
 }

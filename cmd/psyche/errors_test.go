@@ -11,7 +11,7 @@ import (
 // goInternal is text of Go's libraries that a failing command must not
 // print: it says nothing a user can act on.
 var goInternal = []string{"unsupported protocol scheme", "dial tcp", "strconv.", "%!", "<nil>", "json: cannot unmarshal",
-	"toml: line", "runmodel: ", "chain: ", "Get \"", "Post \"", "connect: connection refused"}
+	"toml: line", "runmodel: ", "modelspec: ", "chain: ", "Get \"", "Post \"", "connect: connection refused"}
 
 // TestErrorsFollowTheRule runs the commands' failure paths a new user
 // meets and checks each error against the rule of docs/running.md: one

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/explorer"
 	"github.com/urfave/cli/v2"
 )
@@ -41,7 +42,7 @@ func runExplorerCommand(c *cli.Context) error {
 		return err
 	}
 	var src explorer.Source
-	switch client, ok := b.(*server.Client); {
+	switch client, ok := b.(*serverclient.Client); {
 	case len(ids) > 0:
 		src = explorer.FixedRuns(b, ids...)
 	case ok:

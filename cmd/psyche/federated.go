@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/browser/web"
@@ -224,7 +225,7 @@ func joinFederated(c *cli.Context, signer *chain.Keypair) error {
 	defer l.Unlock()
 	log := logger(c)
 	run := c.String("run-id")
-	b := server.NewClient(c.String("server"), log)
+	b := serverclient.New(c.String("server"), log)
 	snap, err := b.Snapshot(ctx, run)
 	if err != nil {
 		return err

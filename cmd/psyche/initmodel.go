@@ -8,6 +8,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/urfave/cli/v2"
 )
@@ -51,8 +52,8 @@ func initModel(c *cli.Context) error {
 	seed := c.Uint64("seed")
 	if !c.IsSet("seed") {
 		// loadRunFile accepted the url, so it parses.
-		src, err := runmodel.ParseSource(url)
-		if err != nil || src.Kind != runmodel.FromSeed {
+		src, err := modelspec.ParseSource(url)
+		if err != nil || src.Kind != modelspec.FromSeed {
 			return fmt.Errorf("--seed is needed: %s's checkpoint url is %q, not seed:N", path, url)
 		}
 		seed = src.Seed
@@ -63,8 +64,8 @@ func initModel(c *cli.Context) error {
 	}
 	w := c.App.Writer
 	rev := runmodel.Revision(model)
-	fmt.Fprintf(w, "model: %d parameters, weights drawn from %s\n", model.NumParams(), runmodel.SeedURL(seed))
-	url = runmodel.SeedURL(seed)
+	fmt.Fprintf(w, "model: %d parameters, weights drawn from %s\n", model.NumParams(), modelspec.SeedURL(seed))
+	url = modelspec.SeedURL(seed)
 	if out := c.String("out"); out != "" {
 		abs, err := filepath.Abs(out)
 		if err != nil {

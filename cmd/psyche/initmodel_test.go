@@ -11,6 +11,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -167,8 +168,8 @@ func checkSeedExample(t *testing.T, path string) *coordinator.Update {
 		t.Fatal(err)
 	}
 	url := coordinator.FixedString(u.Model.Checkpoint.Source.URL[:])
-	src, err := runmodel.ParseSource(url)
-	if err != nil || src.Kind != runmodel.FromSeed {
+	src, err := modelspec.ParseSource(url)
+	if err != nil || src.Kind != modelspec.FromSeed {
 		t.Fatalf("the example's url %q is not seed:N (%v)", url, err)
 	}
 	m, err := runmodel.Init(u.Model, src.Seed, nil)

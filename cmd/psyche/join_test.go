@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
-	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/filelock"
 )
@@ -67,7 +67,7 @@ func TestJoinTrains(t *testing.T) {
 	}()
 	// Wait for the run to reach step 4 (snapshots are events); the guard
 	// only stops a hung test.
-	client := server.NewClient(url, nil)
+	client := serverclient.New(url, nil)
 	wctx, cancelWait := context.WithTimeout(ctx, 8*time.Minute)
 	defer cancelWait()
 	snaps, err := client.Subscribe(wctx, "joined")

@@ -18,6 +18,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/quietclock"
@@ -25,6 +26,7 @@ import (
 	program "github.com/psyche-go/psyche/programs/coordinator"
 	"github.com/psyche-go/psyche/programs/validator"
 	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/start"
@@ -62,7 +64,7 @@ func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model
 	if err := data.WriteTokenFile(ctx, f.tokens, tokens[:cut], f.tokenSize); err != nil {
 		return f, err
 	}
-	cfg, err := runmodel.ModelConfig(model)
+	cfg, err := modelspec.ModelConfig(model)
 	if err != nil {
 		return f, err
 	}
@@ -184,7 +186,7 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 		}
 		go func() { lb.up <- srv.Serve(runCtx, l) }()
 		lb.server = srv
-		lb.backend, lb.where = server.NewClient("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
+		lb.backend, lb.where = serverclient.New("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
 	}
 	if lb.clock != nil {
 		lb.nodeOpts = append(lb.nodeOpts, node.WithClock(lb.clock))
@@ -248,7 +250,7 @@ func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *c
 	// The trainers draw the model from the seed and check it against its
 	// hash, as in a run file with url = "seed:N".
 	m.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], runmodel.SeedURL(files.seed))          // at most 25 bytes: fits
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedURL(files.seed))         // at most 25 bytes: fits
 	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(files.initial)) // 32 bytes: fits
 	m.DataKind, m.TokenSize = coordinator.DataLocal, uint8(files.tokenSize)
 	if err := coordinator.SetFixedString(m.DataLocation[:], files.tokens); err != nil {

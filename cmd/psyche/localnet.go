@@ -16,8 +16,8 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node"
-	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/urfave/cli/v2"
 )
 
@@ -96,7 +96,7 @@ func localnetRunFile(c *cli.Context) (*coordinator.Model, uint64, int, error) {
 	m := &coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3, WarmupSteps: 5},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true, ClipGradNorm: 1}}
-	runmodel.SetGPT(m, localnetModel)
+	modelspec.SetGPT(m, localnetModel)
 	_ = coordinator.SetFixedString(m.DataLocation[:], data.BuiltinPrefix+"opticks")
 	path := c.String("run")
 	if path == "" {
@@ -109,11 +109,11 @@ func localnetRunFile(c *cli.Context) (*coordinator.Model, uint64, int, error) {
 	if u.Model == nil {
 		return nil, 0, 0, fmt.Errorf("--run %s: the file has no [model]", path)
 	}
-	src, err := runmodel.ParseSource(coordinator.FixedString(u.Model.Checkpoint.Source.URL[:]))
-	if err != nil || src.Kind != runmodel.FromSeed {
+	src, err := modelspec.ParseSource(coordinator.FixedString(u.Model.Checkpoint.Source.URL[:]))
+	if err != nil || src.Kind != modelspec.FromSeed {
 		return nil, 0, 0, fmt.Errorf("--run %s: localnet draws the model from a seed: model.checkpoint.url must be seed:N", path)
 	}
-	if _, err := runmodel.ModelConfig(u.Model); err != nil {
+	if _, err := modelspec.ModelConfig(u.Model); err != nil {
 		return nil, 0, 0, fmt.Errorf("--run %s: %w", path, err)
 	}
 	perTrainer := 0

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
-	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/programs/validator"
@@ -198,7 +198,7 @@ func TestServerFlowAcrossProcesses(t *testing.T) {
 	srv := startProc(t, "server", "server", "--dir", filepath.Join(dir, "server"), "--listen", "127.0.0.1:0",
 		"--tick-interval", "200ms", "--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--relay", "--creators", adminKey)
 	url := "http://" + srv.waitLine(t, regexp.MustCompile(`server listening on http://(\S+)`))[1]
-	flowAcrossProcesses(t, flowBackend{runID: "tiny", args: []string{"--server", url}, backend: server.NewClient(url, nil), adminKey: adminKey})
+	flowAcrossProcesses(t, flowBackend{runID: "tiny", args: []string{"--server", url}, backend: serverclient.New(url, nil), adminKey: adminKey})
 }
 
 // TestSolanaFlowAcrossProcesses is the same run on the Solana backend: a

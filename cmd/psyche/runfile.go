@@ -9,7 +9,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // runFile is the TOML form of a run's metadata, config and model (see
@@ -233,7 +233,7 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 		// The coordinator stores these as text; what trainers can load is
 		// checked here, so a typo fails the update instead of every trainer.
 		if m.Checkpoint.URL != "" {
-			if _, err := runmodel.ParseSource(m.Checkpoint.URL); err != nil {
+			if _, err := modelspec.ParseSource(m.Checkpoint.URL); err != nil {
 				errs = append(errs, fmt.Errorf("model.checkpoint.url: %w", err))
 			}
 		}

@@ -43,7 +43,7 @@ type Options struct {
 	JoinToken []byte
 	// Distro, for a run whose optimizer is DisTrO, compresses each update
 	// into a frame (its momentum is the error feedback: what a round's
-	// frame leaves out is sent later); runmodel.FederatedDistro builds it.
+	// frame leaves out is sent later); federated.Distro builds it.
 	Distro *distro.DeMo
 }
 

@@ -18,7 +18,7 @@ import (
 	"github.com/psyche-go/psyche/federated/fedserver"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 type signer struct{ priv ed25519.PrivateKey }
@@ -46,7 +46,7 @@ func TestParticipateWithLocalDP(t *testing.T) {
 	acct := new(coordinator.Coordinator)
 	acct.MainAuthority = admin.Public()
 	acct.RunState = coordinator.WaitingForMembers
-	runmodel.SetGPT(&acct.Model, shape)
+	modelspec.SetGPT(&acct.Model, shape)
 	if err := coordinator.SetFixedString(acct.Model.Checkpoint.Source.URL[:], "seed:3"); err != nil {
 		t.Fatal(err)
 	}

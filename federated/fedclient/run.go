@@ -2,7 +2,8 @@ package fedclient
 
 import (
 	"github.com/psyche-go/psyche/coordinator"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/federated"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // ForRun builds what a client of a run whose model is m trains with: a
@@ -12,7 +13,7 @@ import (
 // clients on the same text draw different batches), and the options a
 // DisTrO run's compressed updates need.
 func ForRun(m *coordinator.Model, name string, text []byte, batch int, key coordinator.Pubkey) (*Trainer, Options, error) {
-	gcfg, err := runmodel.GPT(m)
+	gcfg, err := modelspec.GPT(m)
 	if err != nil {
 		return nil, Options{}, err
 	}
@@ -34,7 +35,7 @@ func ForRun(m *coordinator.Model, name string, text []byte, batch int, key coord
 	}
 	var o Options
 	if m.Optimizer.Kind == coordinator.OptimizerDistro {
-		if o.Distro, _, err = runmodel.FederatedDistro(m); err != nil {
+		if o.Distro, _, err = federated.Distro(m); err != nil {
 			return nil, Options{}, err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/federated"
-	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // A run whose optimizer is DisTrO takes DisTrO-compressed updates: each
@@ -23,7 +22,7 @@ func (fr *run) decompress(acct *coordinator.Coordinator, frame []byte) ([]float3
 		return nil, fmt.Errorf("%w: a DisTrO frame for a run whose optimizer is not distro (send dense updates)", federated.ErrEncoding)
 	}
 	if fr.demo == nil {
-		d, sizes, err := runmodel.FederatedDistro(&acct.Model)
+		d, sizes, err := federated.Distro(&acct.Model)
 		if err != nil {
 			return nil, err
 		}

@@ -12,7 +12,7 @@ import (
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/internal/httpserve"
 	"github.com/psyche-go/psyche/trainer/gpt"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 func fail(w http.ResponseWriter, status int, name string, err error) {
@@ -207,21 +207,21 @@ func halted(acct *coordinator.Coordinator) bool {
 // file.
 func initialModel(acct *coordinator.Coordinator) ([]float32, error) {
 	url := coordinator.FixedString(acct.Model.Checkpoint.Source.URL[:])
-	src, err := runmodel.ParseSource(url)
+	src, err := modelspec.ParseSource(url)
 	if err != nil {
 		return nil, fmt.Errorf("fedserver: the run's model: %w", err)
 	}
 	// Federated clients train GPT models (fedclient): a run of another
 	// architecture is refused here, with the reason.
-	cfg, err := runmodel.GPT(&acct.Model)
+	cfg, err := modelspec.GPT(&acct.Model)
 	if err != nil {
 		return nil, fmt.Errorf("fedserver: %w", err)
 	}
 	var m *gpt.Model
 	switch src.Kind {
-	case runmodel.FromSeed:
+	case modelspec.FromSeed:
 		m, err = gpt.New(cfg, src.Seed, nil)
-	case runmodel.FromFile:
+	case modelspec.FromFile:
 		m, err = gpt.Load(src.Path, nil)
 	default:
 		err = fmt.Errorf("fedserver: a federated run starts from seed:N or file://, not %q", url)

@@ -26,7 +26,7 @@ import (
 	"github.com/psyche-go/psyche/federated/fedclient"
 	"github.com/psyche-go/psyche/federated/secagg"
 	"github.com/psyche-go/psyche/trainer/gpt"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 type signer struct{ priv ed25519.PrivateKey }
@@ -55,7 +55,7 @@ func newAccounts(t testing.TB, authority coordinator.Pubkey) *accounts {
 	if err := coordinator.SetFixedString(c.RunID[:], "fed"); err != nil {
 		t.Fatal(err)
 	}
-	runmodel.SetGPT(&c.Model, gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2})
+	modelspec.SetGPT(&c.Model, gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2})
 	if err := coordinator.SetFixedString(c.Model.Checkpoint.Source.URL[:], "seed:1"); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestDistroCompressedUpdates(t *testing.T) {
 	if _, _, err := c.Push(ctx, 0, 1, ones(info.Params, 1)); !errors.Is(err, federated.ErrEncoding) && err == nil {
 		t.Fatal("a dense update was taken by a DisTrO run")
 	}
-	demo, sizes, err := runmodel.FederatedDistro(m)
+	demo, sizes, err := federated.Distro(m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,13 +15,16 @@ import (
 // pureRules lists the packages that must stay pure (no clock, randomness, I/O
 // or logging) and the modules outside the standard library they may use.
 var pureRules = map[string][]string{
-	"coordinator":      {"github.com/bits-and-blooms/bloom/v3"},
-	"distro":           nil,
-	"federated":        {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/federated/dp"},
+	"coordinator": {"github.com/bits-and-blooms/bloom/v3"},
+	"distro":      nil,
+	"federated": {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/distro",
+		"github.com/psyche-go/psyche/federated/dp", "github.com/psyche-go/psyche/trainer/modelspec"},
 	"federated/dp":     {"golang.org/x/crypto/chacha20"},
 	"federated/secagg": {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/chacha20poly1305"},
 	"trainer/schedule": {"github.com/psyche-go/psyche/coordinator"},
 	"programs/abi":     {"github.com/psyche-go/psyche/coordinator"},
+	// What a run says about its model, read without building one.
+	"trainer/modelspec": {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/distro"},
 	// The trainer's decision machine: its driver (trainer/node) does the
 	// clock, the network, the engine and the logs. p2p is the network's
 	// contract (types and interfaces), not a network.
@@ -88,10 +91,13 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 		"coordinator": {"github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 		"distro":      nil,
 		"federated": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
-			"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias"},
+			"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias", "github.com/psyche-go/psyche/distro",
+			"github.com/psyche-go/psyche/trainer/modelspec"},
 		"federated/dp":     {"golang.org/x/crypto/chacha20", "golang.org/x/crypto/internal/alias"},
 		"trainer/schedule": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
 		"programs/abi":     {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset"},
+		"trainer/modelspec": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
+			"github.com/psyche-go/psyche/distro"},
 		"trainer/node/machine": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
 			"github.com/psyche-go/psyche/distro", "github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule",
 			"lukechampine.com/blake3", "github.com/klauspost/cpuid/v2"},
@@ -280,6 +286,53 @@ func TestLayersHold(t *testing.T) {
 					if dep == f || strings.HasPrefix(dep, f+"/") {
 						t.Errorf("%s imports %s: %s/ may not import %s/ (docs/architecture.md, The map)", pkg, dep, r.under, f)
 					}
+				}
+			}
+		}
+	}
+}
+
+// dependencyBans: packages that must not be compiled into another, however
+// indirectly (its non-test dependencies): a part that only reads runs or
+// only talks to a server stays small and builds without what it does not
+// run (docs/architecture.md, The map).
+var dependencyBans = []struct {
+	pkg    string
+	banned []string
+	why    string
+}{
+	// The explorer reads what a run says about its model (trainer/modelspec);
+	// it builds no model, so it compiles no model, kernel or engine (nor,
+	// with -tags cuda, the CUDA bindings they bring).
+	{"explorer", []string{"trainer/runmodel", "trainer/gpt", "trainer/llama", "trainer/kernels", "trainer/internal/lm", "trainer/engine"},
+		"the explorer reads runs through trainer/modelspec and builds no model"},
+	// The client speaks serverwire's formats; the server is another program.
+	{"chain/serverclient", []string{"chain/server"}, "a program that only talks to a server does not compile one"},
+	// The server answers clients; it never is one (its tests may use one).
+	{"chain/server", []string{"chain/serverclient"}, "the server does not talk to servers"},
+}
+
+// TestDependencyBans: no package depends on what dependencyBans forbids it.
+func TestDependencyBans(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go command not found")
+	}
+	const module = "github.com/psyche-go/psyche/"
+	for _, b := range dependencyBans {
+		cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "./"+b.pkg)
+		cmd.Dir = repoRoot(t)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", b.pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			dep, ok := strings.CutPrefix(dep, module)
+			if !ok {
+				continue
+			}
+			for _, banned := range b.banned {
+				if dep == banned || strings.HasPrefix(dep, banned+"/") {
+					t.Errorf("%s depends on %s: %s", b.pkg, dep, b.why)
 				}
 			}
 		}

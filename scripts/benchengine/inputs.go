@@ -16,7 +16,7 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/llama"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 func firstLine(s string) string {
@@ -91,7 +91,7 @@ func peerFrames(plan *distro.Plan, n int) ([]*distro.Frame, error) {
 
 // modelConfig is the shape as the worker's models.build reads it (the
 // torch engine sends the same).
-func modelConfig(c runmodel.Config) map[string]any {
+func modelConfig(c modelspec.Config) map[string]any {
 	if c.Arch == coordinator.ArchLlama {
 		l := c.Llama
 		eps := l.NormEps

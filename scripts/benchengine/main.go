@@ -56,13 +56,14 @@ import (
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // shapes are the benchmark's models: the Llamas of stepbench
 // (trainer/llama/internal/stepbench) and scripts/gpu_torch_ref.py, a tiny
 // one for quick runs, and bench-train's GPTs.
-var shapes = map[string]runmodel.Config{
+var shapes = map[string]modelspec.Config{
 	"tiny": {Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4, KVHeads: 2,
 		Intermediate: 176, RopeTheta: 10000, TiedHead: true}},
 	"10M": {Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 256, Context: 128, Width: 384, Layers: 6, Heads: 6, KVHeads: 2,
@@ -142,7 +143,7 @@ type phases struct {
 type settings struct {
 	shape, device, prec, python, ref string
 	devices                          []string // torch-ranks
-	cfg                              runmodel.Config
+	cfg                              modelspec.Config
 	seq, rounds, warmup, peers       int
 	batches                          []int
 	threads                          int
@@ -340,21 +341,21 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "benchengine: "+format+"\n", args...)
 }
 
-func archName(c runmodel.Config) string {
+func archName(c modelspec.Config) string {
 	if c.Arch == coordinator.ArchLlama {
 		return "llama"
 	}
 	return "gpt"
 }
 
-func vocab(c runmodel.Config) int {
+func vocab(c modelspec.Config) int {
 	if c.Arch == coordinator.ArchLlama {
 		return c.Llama.Vocab
 	}
 	return c.GPT.Vocab
 }
 
-func flopsPerToken(c runmodel.Config, t int) float64 {
+func flopsPerToken(c modelspec.Config, t int) float64 {
 	if c.Arch == coordinator.ArchLlama {
 		return c.Llama.FLOPsPerToken(t)
 	}

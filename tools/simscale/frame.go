@@ -23,7 +23,7 @@ func Llama1B() [][]int {
 
 // FrameSize is the size of one trainer's result for a model of these
 // parameter shapes at DisTrO's chunk and top-k, 1-bit values and
-// Rice-coded indices (what runmodel.Distro sends), computed by the frame
+// Rice-coded indices (what modelspec.Distro sends), computed by the frame
 // encoding itself (distro.Frame.WireSize) on a frame whose kept
 // coefficients are drawn uniformly in each tile, and the largest an honest
 // frame of the model can be (distro.FrameBounds). Rice codes make the size

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"time"
 
-	chainserver "github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
@@ -189,7 +189,7 @@ func (sv *server) send(sub *subscriber) {
 	sv.s.met.snapshots++
 	size := snapshotBytes
 	if sub.sent != nil {
-		if d := chainserver.DeltaEvent(sub.sent, acct); d != nil {
+		if d := serverwire.DeltaEvent(sub.sent, acct); d != nil {
 			size = len(d)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -45,7 +46,7 @@ type Engine interface {
 	// 2.11 on cuda:0, bf16").
 	Name() string
 	// Config is the shape of the model the engine holds.
-	Config() runmodel.Config
+	Config() modelspec.Config
 	// Plan is the run's DisTrO plan: how tensors are cut into tiles,
 	// what a peer's frame must look like, and the aggregation rule.
 	Plan() *distro.Plan

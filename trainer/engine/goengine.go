@@ -7,6 +7,7 @@ import (
 
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -49,16 +50,16 @@ type goEngine struct {
 	mu     sync.Mutex
 	name   string
 	m      runmodel.Model
-	cfg    runmodel.Config
+	cfg    modelspec.Config
 	opt    *distro.DeMo
 	backup [][]float32 // Try's saved parameters, reused between tries
 	trying bool
 	closed bool
 }
 
-func (e *goEngine) Name() string            { return e.name }
-func (e *goEngine) Config() runmodel.Config { return e.cfg }
-func (e *goEngine) Plan() *distro.Plan      { return e.opt.Plan() }
+func (e *goEngine) Name() string             { return e.name }
+func (e *goEngine) Config() modelspec.Config { return e.cfg }
+func (e *goEngine) Plan() *distro.Plan       { return e.opt.Plan() }
 
 // Optimizer is the engine's DisTrO state, for tests that compare engines.
 func (e *goEngine) Optimizer() *distro.DeMo { return e.opt }

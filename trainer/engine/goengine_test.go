@@ -11,10 +11,11 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
-var small = runmodel.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 32, Context: 8, Width: 16, Layers: 1, Heads: 2}}
+var small = modelspec.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 32, Context: 8, Width: 16, Layers: 1, Heads: 2}}
 
 func openGo(t *testing.T, seed uint64) engine.Engine {
 	t.Helper()

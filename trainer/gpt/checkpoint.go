@@ -10,7 +10,7 @@ import (
 )
 
 // checkpointConfig describes the model in the checkpoint's metadata.
-func (c Config) checkpointConfig() checkpoint.ModelConfig {
+func checkpointConfig(c Config) checkpoint.ModelConfig {
 	return checkpoint.ModelConfig{Architecture: checkpoint.ArchGPT, VocabSize: uint32(c.Vocab),
 		MaxSeqLen: uint32(c.Context), DModel: uint32(c.Width), NLayers: uint32(c.Layers), NHeads: uint32(c.Heads)}
 }
@@ -36,14 +36,14 @@ func (m *Model) CheckpointTensors() []checkpoint.Tensor {
 // Save writes the parameters and the model shape (plus meta) to a
 // safetensors file atomically.
 func (m *Model) Save(ctx context.Context, path string, meta map[string]string) error {
-	return lm.Save(ctx, path, m.CheckpointTensors(), m.checkpointConfig(), meta)
+	return lm.Save(ctx, path, m.CheckpointTensors(), checkpointConfig(m.Config), meta)
 }
 
 // LoadParams copies a checkpoint's tensors into the model, checking that the
 // checkpoint describes this model's shape and that every tensor is there with
 // the right shape.
 func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
-	if err := lm.CheckShape("gpt", ck, m.checkpointConfig()); err != nil {
+	if err := lm.CheckShape("gpt", ck, checkpointConfig(m.Config)); err != nil {
 		return err
 	}
 	for i, s := range m.Specs() {

@@ -63,7 +63,7 @@ type hfConfig struct {
 }
 
 // HFConfigJSON is config.json for this shape.
-func (c Config) HFConfigJSON() ([]byte, error) {
+func HFConfigJSON(c Config) ([]byte, error) {
 	yes := true
 	h := hfConfig{Architectures: []string{"GPT2LMHeadModel"}, ModelType: "gpt2", VocabSize: c.Vocab, NPositions: c.Context,
 		NCtx: c.Context, NEmbd: c.Width, NLayer: c.Layers, NHead: c.Heads, ActivationFunction: "gelu_new",
@@ -160,7 +160,7 @@ func (m *Model) HFGradTensors() []checkpoint.Tensor { return m.hfTensors(m.g) }
 // SaveHF writes the model as a Hugging Face GPT-2 directory: config.json
 // and model.safetensors (float32), each written atomically.
 func (m *Model) SaveHF(ctx context.Context, dir string) error {
-	cfg, err := m.HFConfigJSON()
+	cfg, err := HFConfigJSON(m.Config)
 	if err != nil {
 		return err
 	}

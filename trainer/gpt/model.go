@@ -1,67 +1,21 @@
 package gpt
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 
 	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
-// Config is the shape of a model.
-type Config struct {
-	Vocab   int // tokens (256 for the byte tokenizer)
-	Context int // maximum sequence length
-	Width   int // d_model
-	Layers  int
-	Heads   int // must divide Width
-}
-
-// Validate checks the shape.
-func (c Config) Validate() error {
-	var errs []error
-	if c.Vocab <= 0 || c.Context <= 0 || c.Width <= 0 || c.Layers <= 0 || c.Heads <= 0 {
-		errs = append(errs, fmt.Errorf("gpt: vocab, context, width, layers and heads must be positive: %+v", c))
-	}
-	if c.Heads > 0 && c.Width%c.Heads != 0 {
-		errs = append(errs, fmt.Errorf("gpt: heads (%d) must divide width (%d)", c.Heads, c.Width))
-	}
-	return errors.Join(errs...)
-}
+// Config is the shape of a model. It is modelspec's, so what a run's
+// account says about its model (parameter counts, tensor shapes) is known
+// without compiling the model or its kernels.
+type Config = modelspec.GPTConfig
 
 // TensorSpec names one parameter tensor.
-type TensorSpec struct {
-	Name  string
-	Shape []int
-}
-
-// Specs lists the parameter tensors in storage order.
-func (c Config) Specs() []TensorSpec {
-	V, T, C, L := c.Vocab, c.Context, c.Width, c.Layers
-	return []TensorSpec{
-		{"wte", []int{V, C}},
-		{"wpe", []int{T, C}},
-		{"ln1.weight", []int{L, C}},
-		{"ln1.bias", []int{L, C}},
-		{"attn.qkv.weight", []int{L, 3 * C, C}},
-		{"attn.qkv.bias", []int{L, 3 * C}},
-		{"attn.proj.weight", []int{L, C, C}},
-		{"attn.proj.bias", []int{L, C}},
-		{"ln2.weight", []int{L, C}},
-		{"ln2.bias", []int{L, C}},
-		{"mlp.fc.weight", []int{L, 4 * C, C}},
-		{"mlp.fc.bias", []int{L, 4 * C}},
-		{"mlp.proj.weight", []int{L, C, 4 * C}},
-		{"mlp.proj.bias", []int{L, C}},
-		{"lnf.weight", []int{C}},
-		{"lnf.bias", []int{C}},
-	}
-}
-
-// NumParams is the number of parameters.
-func (c Config) NumParams() int { return lm.NumParams(c.shapes()) }
+type TensorSpec = modelspec.TensorSpec
 
 // params are views into one buffer, in Specs order.
 type params struct {
@@ -72,11 +26,11 @@ type params struct {
 	lnfw, lnfb                 []float32
 }
 
-func (c Config) views(buf []float32) (params, [][]float32) {
+func views(c Config, buf []float32) (params, [][]float32) {
 	var p params
 	dst := []*[]float32{&p.wte, &p.wpe, &p.ln1w, &p.ln1b, &p.qkvw, &p.qkvb, &p.projw, &p.projb,
 		&p.ln2w, &p.ln2b, &p.fcw, &p.fcb, &p.fcprojw, &p.fcprojb, &p.lnfw, &p.lnfb}
-	all := lm.Split(buf, c.shapes(), dst)
+	all := lm.Split(buf, c.Shapes(), dst)
 	return p, all
 }
 
@@ -89,9 +43,9 @@ type tparams struct {
 	lnfw, lnfb                 kernels.Tensor
 }
 
-func (c Config) tviews(buf kernels.Tensor) tparams {
+func tviews(c Config, buf kernels.Tensor) tparams {
 	var p tparams
-	lm.SplitTensor(buf, c.shapes(), []*kernels.Tensor{&p.wte, &p.wpe, &p.ln1w, &p.ln1b, &p.qkvw, &p.qkvb, &p.projw, &p.projb,
+	lm.SplitTensor(buf, c.Shapes(), []*kernels.Tensor{&p.wte, &p.wpe, &p.ln1w, &p.ln1b, &p.qkvw, &p.qkvb, &p.projw, &p.projb,
 		&p.ln2w, &p.ln2b, &p.fcw, &p.fcb, &p.fcprojw, &p.fcprojb, &p.lnfw, &p.lnfb})
 	return p
 }
@@ -126,8 +80,8 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 		be = kernels.Default()
 	}
 	m := &Model{Config: c, be: be}
-	m.Buffers, m.p, m.g = lm.NewBuffers(be, c.NumParams(), c.views)
-	m.dp, m.dg = c.tviews(m.ParamsOnBackend()), c.tviews(m.GradsOnBackend())
+	m.Buffers, m.p, m.g = lm.NewBuffers(be, c.NumParams(), func(buf []float32) (params, [][]float32) { return views(c, buf) })
+	m.dp, m.dg = tviews(c, m.ParamsOnBackend()), tviews(c, m.GradsOnBackend())
 	r := rand.New(rand.NewPCG(seed, 0x677074))
 	normal := func(v []float32, std float64) { lm.Normal(r, v, std) }
 	ones := lm.Ones
@@ -148,13 +102,4 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 func (m *Model) Backend() kernels.Backend { return m.be }
 
 // Shapes returns the parameter shapes, Specs order.
-func (m *Model) Shapes() [][]int { return m.shapes() }
-
-// shapes lists the parameter shapes, Specs order.
-func (c Config) shapes() [][]int {
-	var out [][]int
-	for _, s := range c.Specs() {
-		out = append(out, s.Shape)
-	}
-	return out
-}
+func (m *Model) Shapes() [][]int { return m.Config.Shapes() }

@@ -27,7 +27,7 @@ type activations struct {
 	lnfRstd kernels.Tensor
 }
 
-func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activations {
+func newActivations(c Config, be kernels.Backend, b, t int, stats bool) activations {
 	C, BT := c.Width, b*t
 	ar := lm.NewArena(be)
 	f := ar.Alloc
@@ -58,8 +58,8 @@ func (m *Model) ensure(b, t int) {
 		m.grad.arena.Free()
 	}
 	m.b, m.t = b, t
-	m.act = m.Config.newActivations(m.be, b, t, true)
-	m.grad = m.Config.newActivations(m.be, b, t, false)
+	m.act = newActivations(m.Config, m.be, b, t, true)
+	m.grad = newActivations(m.Config, m.be, b, t, false)
 	m.head = lm.NewHead(m.be, m.act.arena, b*t, m.Width, m.Vocab)
 	m.positions = make([]uint32, b*t)
 	for i := range m.positions {
@@ -168,14 +168,4 @@ func (m *Model) Backward() error {
 	m.be.EmbedBackward(g.wpe, d.encoded, m.positions, C)
 	m.FromBackend()
 	return nil
-}
-
-// FLOPsPerToken estimates the floating-point operations of one forward and
-// backward pass per token (6 per parameter for the matrix products, plus
-// attention): the figure tokens/s is turned into GFLOP/s with.
-func (c Config) FLOPsPerToken(t int) float64 {
-	C, L := float64(c.Width), float64(c.Layers)
-	matmul := 6 * (L*12*C*C + float64(c.Vocab)*C)
-	attention := 6 * L * float64(t) * C // q·k and att·v, forward and backward, about half masked
-	return matmul + attention
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // checkpointConfig describes the model in a checkpoint's metadata.
-func (c Config) checkpointConfig() checkpoint.ModelConfig {
+func checkpointConfig(c Config) checkpoint.ModelConfig {
 	return checkpoint.ModelConfig{Architecture: checkpoint.ArchLlama, VocabSize: uint32(c.Vocab),
 		MaxSeqLen: uint32(c.Context), DModel: uint32(c.Width), NLayers: uint32(c.Layers), NHeads: uint32(c.Heads),
 		NKVHeads: uint32(c.KVHeads), IntermediateSize: uint32(c.Intermediate), RopeTheta: c.RopeTheta, TiedHead: c.TiedHead}
@@ -46,13 +46,13 @@ func (m *Model) Save(ctx context.Context, path string, meta map[string]string) e
 		meta = map[string]string{}
 	}
 	meta["format"] = "pt"
-	return lm.Save(ctx, path, m.CheckpointTensors(), m.checkpointConfig(), meta)
+	return lm.Save(ctx, path, m.CheckpointTensors(), checkpointConfig(m.Config), meta)
 }
 
 // LoadParams copies a checkpoint's tensors into the model, checking that the
 // checkpoint describes this model's shape and holds exactly its tensors.
 func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
-	if err := lm.CheckShape("llama", ck, m.checkpointConfig()); err != nil {
+	if err := lm.CheckShape("llama", ck, checkpointConfig(m.Config)); err != nil {
 		return err
 	}
 	l := newLoader(m, "")

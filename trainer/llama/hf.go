@@ -67,7 +67,7 @@ var (
 
 // HFConfigJSON is config.json for this model's shape with tensors stored
 // as dtype ("F32", "F16" or "BF16").
-func (c Config) HFConfigJSON(dtype string) ([]byte, error) {
+func HFConfigJSON(c Config, dtype string) ([]byte, error) {
 	td, ok := stToTorch[dtype]
 	if !ok {
 		return nil, fmt.Errorf("llama: dtype %q is not F32, F16 or BF16", dtype)
@@ -75,7 +75,7 @@ func (c Config) HFConfigJSON(dtype string) ([]byte, error) {
 	h := hfConfig{Architectures: []string{"LlamaForCausalLM"}, ModelType: "llama", VocabSize: c.Vocab,
 		HiddenSize: c.Width, IntermediateSize: c.Intermediate, NumHiddenLayers: c.Layers,
 		NumAttentionHeads: c.Heads, NumKeyValueHeads: c.KVHeads, MaxPositionEmbeddings: c.Context,
-		RMSNormEps: shortest(c.eps()), RopeTheta: shortest(c.RopeTheta), TieWordEmbeddings: c.TiedHead,
+		RMSNormEps: shortest(c.Eps()), RopeTheta: shortest(c.RopeTheta), TieWordEmbeddings: c.TiedHead,
 		HiddenAct: "silu", TorchDType: td, InitializerRange: 0.02}
 	b, err := json.MarshalIndent(h, "", "  ")
 	return append(b, '\n'), err
@@ -150,7 +150,7 @@ func ParseHFConfig(file string, b []byte) (Config, string, error) {
 // input). The head is left out when tied.
 func (m *Model) hfTensors(p params) []checkpoint.Tensor {
 	C, I, hd := m.Width, m.Intermediate, m.HeadDim()
-	W := m.qkvRows()
+	W := m.QKVRows()
 	out := []checkpoint.Tensor{{Name: "model.embed_tokens.weight", Shape: []int{m.Vocab, C}, Data: p.embed}}
 	for l := 0; l < m.Layers; l++ {
 		pre := "model.layers." + strconv.Itoa(l) + "."
@@ -461,7 +461,7 @@ func (m *Model) SaveHF(ctx context.Context, dir string, o HFOptions) error {
 	if dtype == "" {
 		dtype = "F32"
 	}
-	cfgJSON, err := m.HFConfigJSON(dtype)
+	cfgJSON, err := HFConfigJSON(m.Config, dtype)
 	if err != nil {
 		return err
 	}

@@ -154,7 +154,7 @@ func TestHFConfigEps(t *testing.T) {
 	for _, eps := range []float32{0, DefaultNormEps, 1e-6} {
 		c := tiny
 		c.NormEps = eps
-		b, err := c.HFConfigJSON("F32")
+		b, err := HFConfigJSON(c, "F32")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +173,7 @@ func TestHFRejects(t *testing.T) {
 	ctx := context.Background()
 	m := newTiny(t, tiny, 3)
 	tensors := m.CheckpointTensors()
-	cfgJSON, _ := tiny.HFConfigJSON("F32")
+	cfgJSON, _ := HFConfigJSON(tiny, "F32")
 	edit := func(ts []checkpoint.Tensor, f func([]checkpoint.Tensor) []checkpoint.Tensor) []checkpoint.Tensor {
 		return f(slices.Clone(ts))
 	}
@@ -303,7 +303,7 @@ func FuzzLoadHF(f *testing.F) {
 	ctx := context.Background()
 	for _, c := range []Config{tiny, tinyTied} {
 		m := newTiny(f, c, 1)
-		cfg, _ := c.HFConfigJSON("BF16")
+		cfg, _ := HFConfigJSON(c, "BF16")
 		ts := m.CheckpointTensors()
 		for i := range ts {
 			ts[i].DType = "BF16"

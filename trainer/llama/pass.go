@@ -27,7 +27,7 @@ type activations struct {
 	normRstd kernels.Tensor
 }
 
-func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activations {
+func newActivations(c Config, be kernels.Backend, b, t int, stats bool) activations {
 	C, BT, I := c.Width, b*t, c.Intermediate
 	ar := lm.NewArena(be)
 	f := ar.Alloc
@@ -37,7 +37,7 @@ func (c Config) newActivations(be kernels.Backend, b, t int, stats bool) activat
 	}
 	att := ar.AttentionProbs(b*c.Heads*t*t, stats)
 	for l := 0; l < c.Layers; l++ {
-		la := layerActs{norm1: f(BT * C), qkv: f(BT * c.qkvRows()), atty: f(BT * C), att: att(),
+		la := layerActs{norm1: f(BT * C), qkv: f(BT * c.QKVRows()), atty: f(BT * C), att: att(),
 			attproj: f(BT * C), resid2: f(BT * C), norm2: f(BT * C), gateUp: f(BT * 2 * I), swiglu: f(BT * I),
 			down: f(BT * C), resid3: f(BT * C)}
 		if stats {
@@ -58,8 +58,8 @@ func (m *Model) ensure(b, t int) {
 		m.grad.arena.Free()
 	}
 	m.b, m.t = b, t
-	m.act = m.Config.newActivations(m.be, b, t, true)
-	m.grad = m.Config.newActivations(m.be, b, t, false)
+	m.act = newActivations(m.Config, m.be, b, t, true)
+	m.grad = newActivations(m.Config, m.be, b, t, false)
 	m.head = lm.NewHead(m.be, m.act.arena, b*t, m.Width, m.Vocab)
 }
 
@@ -86,8 +86,8 @@ func (m *Model) Forward(inputs, targets []uint32, b, t int) (float32, error) {
 	m.ensure(b, t)
 	m.ToBackend()
 	m.inputs, m.targets = inputs, targets
-	C, BT, I, W, hd := m.Width, b*t, m.Intermediate, m.qkvRows(), m.HeadDim()
-	p, a, eps := &m.dp, &m.act, m.eps()
+	C, BT, I, W, hd := m.Width, b*t, m.Intermediate, m.QKVRows(), m.HeadDim()
+	p, a, eps := &m.dp, &m.act, m.Eps()
 
 	m.be.Embed(a.encoded, p.embed, inputs, C, false)
 	resid := a.encoded
@@ -127,7 +127,7 @@ func (m *Model) Backward() error {
 		return fmt.Errorf("llama: backward needs a forward pass with targets")
 	}
 	b, t := m.b, m.t
-	C, BT, I, W, hd, L := m.Width, b*t, m.Intermediate, m.qkvRows(), m.HeadDim(), m.Layers
+	C, BT, I, W, hd, L := m.Width, b*t, m.Intermediate, m.QKVRows(), m.HeadDim(), m.Layers
 	p, g, a, d := &m.dp, &m.dg, &m.act, &m.grad
 	m.BeforeBackward()
 	d.arena.Zero()
@@ -160,16 +160,6 @@ func (m *Model) Backward() error {
 	m.be.EmbedBackward(g.embed, d.encoded, m.inputs, C)
 	m.FromBackend()
 	return nil
-}
-
-// FLOPsPerToken estimates the floating-point operations of one forward and
-// backward pass per token: 6 per weight of the matrix products (forward 2,
-// backward 4) plus attention's q·k and att·v, about half of them masked.
-func (c Config) FLOPsPerToken(t int) float64 {
-	C, L, I := float64(c.Width), float64(c.Layers), float64(c.Intermediate)
-	matmul := 6 * (L*(float64(c.qkvRows())*C+C*C+3*I*C) + float64(c.Vocab)*C)
-	attention := 6 * L * float64(t) * C
-	return matmul + attention
 }
 
 // hostLayer is layer l's part of a stacked host buffer of per-layer size n.

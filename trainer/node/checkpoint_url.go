@@ -13,11 +13,12 @@ import (
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
 )
 
-// loadURL loads the run's checkpoint source (as runmodel.ParseSource reads
+// loadURL loads the run's checkpoint source (as modelspec.ParseSource reads
 // it): fresh weights drawn from a seed (seed:N, the run's model built here,
 // the same on every trainer), a file:// path on this machine, or an
 // http(s):// URL read with range requests (the data provider's HTTP source,
@@ -27,25 +28,25 @@ import (
 // A checkpoint whose config (config.json, or a checkpoint file's psyche.model
 // metadata) is not cfg is refused before its model is allocated: whoever
 // recorded the URL may have put any size there.
-func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config, st coordinator.CheckpointStore) (runmodel.Model, error) {
-	src, err := runmodel.ParseSource(url)
+func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st coordinator.CheckpointStore) (runmodel.Model, error) {
+	src, err := modelspec.ParseSource(url)
 	if err != nil {
 		return nil, err
 	}
-	accept := func(c runmodel.Config) error { return runmodel.Compare(c, cfg) }
+	accept := func(c modelspec.Config) error { return modelspec.Compare(c, cfg) }
 	switch src.Kind {
-	case runmodel.FromSeed:
+	case modelspec.FromSeed:
 		return runmodel.New(cfg, src.Seed, n.cfg.kernels)
-	case runmodel.FromFile:
+	case modelspec.FromFile:
 		return runmodel.LoadChecked(ctx, src.Path, n.cfg.kernels, accept)
-	case runmodel.FromS3:
+	case modelspec.FromS3:
 		path, err := n.downloadCheckpoint(ctx, url, cfg, st)
 		if err != nil {
 			return nil, err
 		}
 		return runmodel.LoadChecked(ctx, path, n.cfg.kernels, accept)
 	}
-	// runmodel.FromHTTP. A Llama run's URL that does not name a
+	// modelspec.FromHTTP. A Llama run's URL that does not name a
 	// .safetensors file is a Hugging Face directory.
 	if cfg.Arch == coordinator.ArchLlama && !strings.HasSuffix(strings.SplitN(url, "?", 2)[0], ".safetensors") {
 		return runmodel.LoadHFChecked(ctx, llama.HTTPDir{URL: url, Opts: n.cfg.dataOpts}, n.cfg.kernels, accept)
@@ -75,7 +76,7 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg runmodel.Config, st 
 // checkpoint directory (or a temporary one), where it stays: this trainer
 // can then offer it to others. No more bytes are accepted than the run's
 // model can have.
-func (n *Node) downloadCheckpoint(ctx context.Context, url string, cfg runmodel.Config, st coordinator.CheckpointStore) (string, error) {
+func (n *Node) downloadCheckpoint(ctx context.Context, url string, cfg modelspec.Config, st coordinator.CheckpointStore) (string, error) {
 	sc := store.FromRun(st)
 	bucket, _, _ := strings.Cut(strings.TrimPrefix(url, "s3://"), "/")
 	sc.URL = "s3://" + bucket // the URL's bucket, with the run's endpoint and region

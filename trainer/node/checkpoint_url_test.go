@@ -21,6 +21,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -73,10 +74,10 @@ func TestLoadCheckpointURL(t *testing.T) {
 		{"missing", srv.URL + "/files/none.safetensors", data.ErrNotFound},
 		{"truncated", srv.URL + "/short", checkpoint.ErrMalformed}, // the header names bytes past the end
 		{"more tensor bytes than the run's model", srv.URL + "/files/bigger.safetensors", checkpoint.ErrTooLarge},
-		{"a terabyte model's metadata over http", srv.URL + "/files/huge.safetensors", runmodel.ErrMismatch},
-		{"a terabyte model's metadata on this machine", "file://" + filepath.Join(dir, "huge.safetensors"), runmodel.ErrMismatch},
+		{"a terabyte model's metadata over http", srv.URL + "/files/huge.safetensors", modelspec.ErrMismatch},
+		{"a terabyte model's metadata on this machine", "file://" + filepath.Join(dir, "huge.safetensors"), modelspec.ErrMismatch},
 	} {
-		got, err := n.loadURL(context.Background(), tc.url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{})
+		got, err := n.loadURL(context.Background(), tc.url, modelspec.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{})
 		switch {
 		case tc.err == nil && err != nil:
 			t.Errorf("%s: %v", tc.name, err)
@@ -87,8 +88,8 @@ func TestLoadCheckpointURL(t *testing.T) {
 		}
 	}
 	for _, url := range []string{"s3://bucket", "gs://bucket/model", "seed:x", "seed:-1"} {
-		if _, err := n.loadURL(context.Background(), url, runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{}); !errors.Is(err, runmodel.ErrSource) {
-			t.Errorf("%s: %v, want runmodel.ErrSource", url, err)
+		if _, err := n.loadURL(context.Background(), url, modelspec.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{}); !errors.Is(err, modelspec.ErrSource) {
+			t.Errorf("%s: %v, want modelspec.ErrSource", url, err)
 		}
 	}
 }
@@ -126,7 +127,7 @@ func TestLoadChecksRevision(t *testing.T) {
 			s := &coordinator.Coordinator{}
 			s.Model = coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
 				Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64}}
-			runmodel.SetGPT(&s.Model, cfg)
+			modelspec.SetGPT(&s.Model, cfg)
 			s.Model.Checkpoint.Kind = coordinator.CheckpointHub
 			_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], url)
 			_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], tc.revision)
@@ -204,7 +205,7 @@ func TestRestartOnSeparateMachines(t *testing.T) {
 		s := &coordinator.Coordinator{}
 		s.Model = coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
 			Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64}}
-		runmodel.SetGPT(&s.Model, cfg)
+		modelspec.SetGPT(&s.Model, cfg)
 		s.Model.Checkpoint.Kind = coordinator.CheckpointHub // what a full restart falls back to
 		_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], url)
 		_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], runmodel.Revision(recorded))

@@ -18,6 +18,7 @@ import (
 	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/engine/torch"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -66,7 +67,7 @@ func TestEnginesDisagreeAtRestart(t *testing.T) {
 	s := &coordinator.Coordinator{}
 	s.Model = coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64}}
-	runmodel.SetGPT(&s.Model, cfg)
+	modelspec.SetGPT(&s.Model, cfg)
 	s.Model.Checkpoint.Kind = coordinator.CheckpointP2P
 	_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], "file://"+path)
 	_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], runmodel.Revision(recorded))

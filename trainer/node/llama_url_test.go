@@ -15,6 +15,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -68,7 +69,7 @@ func TestLoadLlamaCheckpointDirectory(t *testing.T) {
 			s := &coordinator.Coordinator{}
 			s.Model = coordinator.Model{DataKind: coordinator.DataLocal, TokenSize: 2,
 				Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64}}
-			runmodel.SetLlama(&s.Model, cfg)
+			modelspec.SetLlama(&s.Model, cfg)
 			s.Model.Checkpoint.Kind = coordinator.CheckpointHub
 			_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], tc.url)
 			_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], tc.revision)
@@ -91,7 +92,7 @@ func TestLoadLlamaCheckpointDirectory(t *testing.T) {
 			}
 			// The next epoch keeps this model only if its config is the
 			// run's, whatever file it came from.
-			if run, _ := runmodel.ModelConfig(&s.Model); n.engine().Config() != run {
+			if run, _ := modelspec.ModelConfig(&s.Model); n.engine().Config() != run {
 				t.Fatalf("the loaded model's config %+v is not the run's %+v", n.engine().Config(), run)
 			}
 		})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
+	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/internal/quietclock"
@@ -26,6 +27,7 @@ import (
 	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/start"
@@ -42,7 +44,7 @@ type cluster struct {
 	clock   *quietclock.Clock
 	hub     *memnet.Hub // nil: libp2p
 	dir     string
-	backend *server.Client
+	backend *serverclient.Client
 	admin   *chain.Keypair
 	tokens  []uint32
 	initial *gpt.Model
@@ -91,7 +93,7 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 	go func() { _ = srv.Serve(ctx, l); close(served) }()
 	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
 	t.Cleanup(func() { cancel(); <-served; <-ticking })
-	c.backend = server.NewClient("http://"+l.Addr().String(), nil)
+	c.backend = serverclient.New("http://"+l.Addr().String(), nil)
 
 	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("admin")))
 	c.admin = admin
@@ -109,7 +111,7 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true}}
 	model.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(model.Checkpoint.Source.URL[:], runmodel.SeedURL(1))
+	_ = coordinator.SetFixedString(model.Checkpoint.Source.URL[:], modelspec.SeedURL(1))
 	_ = coordinator.SetFixedString(model.Checkpoint.Source.Revision[:], runmodel.Revision(c.initial))
 	_ = coordinator.SetFixedString(model.DataLocation[:], tokenPath)
 	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},

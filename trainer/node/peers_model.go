@@ -10,6 +10,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -55,7 +56,7 @@ func (n *Node) shareModel(ctx context.Context, epoch uint32) {
 // loadFromPeers fetches the model the epoch starts from from the clients
 // that held it at the end of the previous one: the manifest id most of them
 // offer, then every tensor, checked against the run's model shape.
-func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg runmodel.Config) (runmodel.Model, error) {
+func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, error) {
 	var from []coordinator.Pubkey
 	for _, c := range s.CheckpointHolders() {
 		if c.P2P != n.net.ID() {

@@ -14,6 +14,7 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node/machine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
@@ -26,11 +27,11 @@ import (
 func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel bool) error {
 	n.dropAhead()
 	m := &s.Model
-	cfg, err := runmodel.ModelConfig(m)
+	cfg, err := modelspec.ModelConfig(m)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	opts, err := runmodel.Distro(m, n.cfg.workers)
+	opts, err := modelspec.Distro(m, n.cfg.workers)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
@@ -105,7 +106,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		}
 		loaded, err := runmodel.ConfigOf(model)
 		if err == nil {
-			err = runmodel.Check(loaded, m)
+			err = modelspec.Check(loaded, m)
 		}
 		if err != nil {
 			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
@@ -519,7 +520,7 @@ func unreadableHere(err error) bool {
 // checkpoint checks what it gets against the recorded hash.
 func recordedOffer(epoch uint32) uint32 { return epoch | 1<<31 }
 
-func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator, cfg runmodel.Config, url, rev string) (runmodel.Model, error) {
+func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config, url, rev string) (runmodel.Model, error) {
 	if !runmodel.IsHash(rev) {
 		return n.loadFromPeers(ctx, s, cfg)
 	}
@@ -562,23 +563,23 @@ func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator
 
 // isFileURL says whether url names a file on the trainer's own disk.
 func isFileURL(url string) bool {
-	src, err := runmodel.ParseSource(url)
-	return err == nil && src.Kind == runmodel.FromFile
+	src, err := modelspec.ParseSource(url)
+	return err == nil && src.Kind == modelspec.FromFile
 }
 
 // isStoreURL says whether url is an s3:// checkpoint: read with this
 // trainer's own credentials, so what fails here may work for another
 // trainer, which can then offer it.
 func isStoreURL(url string) bool {
-	src, err := runmodel.ParseSource(url)
-	return err == nil && src.Kind == runmodel.FromS3
+	src, err := modelspec.ParseSource(url)
+	return err == nil && src.Kind == modelspec.FromS3
 }
 
 // fileMissingHere says whether url is a file:// checkpoint that this
 // machine cannot read (not on its disk, or not readable by this user).
 func fileMissingHere(url string) bool {
-	src, err := runmodel.ParseSource(url)
-	if err != nil || src.Kind != runmodel.FromFile {
+	src, err := modelspec.ParseSource(url)
+	if err != nil || src.Kind != modelspec.FromFile {
 		return false
 	}
 	f, err := os.Open(src.Path)

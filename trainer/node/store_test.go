@@ -20,6 +20,7 @@ import (
 	"github.com/psyche-go/psyche/internal/s3test"
 	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
 )
@@ -81,7 +82,7 @@ func TestStoreCheckpoints(t *testing.T) {
 		s := &coordinator.Coordinator{}
 		s.Model = coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
 			Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64}}
-		runmodel.SetGPT(&s.Model, cfg)
+		modelspec.SetGPT(&s.Model, cfg)
 		s.Model.Checkpoint.Kind = coordinator.CheckpointHub
 		_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.URL[:], url)
 		_ = coordinator.SetFixedString(s.Model.Checkpoint.Source.Revision[:], rev)
@@ -198,7 +199,7 @@ func TestStoreEndpointGetsNoCredentials(t *testing.T) {
 	n.checkStore(ctx, st)
 	n.uploads.Wait()
 	cfg := gpt.Config{Vocab: 256, Context: 16, Width: 16, Layers: 1, Heads: 2}
-	_, errDownload := n.downloadCheckpoint(ctx, "s3://ckpt/runs/run/step-1", runmodel.Config{Arch: coordinator.ArchGPT, GPT: cfg}, st)
+	_, errDownload := n.downloadCheckpoint(ctx, "s3://ckpt/runs/run/step-1", modelspec.Config{Arch: coordinator.ArchGPT, GPT: cfg}, st)
 	model, _ := gpt.New(cfg, 5, nil)
 	dir := filepath.Join(t.TempDir(), "ckpt")
 	if err := model.SaveHF(ctx, dir); err != nil {

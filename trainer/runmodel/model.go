@@ -12,6 +12,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // Model is what a trainer trains, whatever the architecture: *gpt.Model or
@@ -38,49 +39,16 @@ var (
 	_ Model = (*llama.Model)(nil)
 )
 
-// Config is the shape of a model of either architecture: Arch says which
-// of GPT and Llama applies (the other is zero). It is comparable, so a node
-// can tell whether the model it holds is the run's.
-type Config struct {
-	Arch  coordinator.Architecture
-	GPT   gpt.Config
-	Llama llama.Config
-}
-
-// NumParams is the number of parameters.
-func (c Config) NumParams() int {
-	if c.Arch == coordinator.ArchLlama {
-		return c.Llama.NumParams()
-	}
-	return c.GPT.NumParams()
-}
-
-// Layers is the number of transformer blocks.
-func (c Config) Layers() int {
-	if c.Arch == coordinator.ArchLlama {
-		return c.Llama.Layers
-	}
-	return c.GPT.Layers
-}
-
-// Context is the longest sequence the model takes.
-func (c Config) Context() int {
-	if c.Arch == coordinator.ArchLlama {
-		return c.Llama.Context
-	}
-	return c.GPT.Context
-}
-
 // ConfigOf is the config of a model; a model of a type this package does
 // not build wraps ErrArchitecture.
-func ConfigOf(m Model) (Config, error) {
+func ConfigOf(m Model) (modelspec.Config, error) {
 	switch m := m.(type) {
 	case *gpt.Model:
-		return Config{Arch: coordinator.ArchGPT, GPT: m.Config}, nil
+		return modelspec.Config{Arch: coordinator.ArchGPT, GPT: m.Config}, nil
 	case *llama.Model:
-		return Config{Arch: coordinator.ArchLlama, Llama: m.Config}, nil
+		return modelspec.Config{Arch: coordinator.ArchLlama, Llama: m.Config}, nil
 	}
-	return Config{}, fmt.Errorf("%w: a model of type %T", ErrArchitecture, m)
+	return modelspec.Config{}, fmt.Errorf("%w: a model of type %T", modelspec.ErrArchitecture, m)
 }
 
 // Save writes m to path as a checkpoint: a Hugging Face directory
@@ -98,69 +66,31 @@ func Save(ctx context.Context, m Model, path string, hf bool, meta map[string]st
 		}
 		return m.Save(ctx, path, meta)
 	}
-	return fmt.Errorf("%w: a model of type %T", ErrArchitecture, m)
+	return fmt.Errorf("%w: a model of type %T", modelspec.ErrArchitecture, m)
 }
 
 // SavesHF says whether Save writes m as a Hugging Face directory rather
 // than one file.
-func SavesHF(c Config, hf bool) bool { return hf || c.Arch == coordinator.ArchLlama }
-
-// Llama is the Llama config the run describes, failing (wrapping
-// ErrArchitecture) for another architecture. A run trains with RMSNorm's
-// default ε (llama.DefaultNormEps): the account has no field for it.
-func Llama(m *coordinator.Model) (llama.Config, error) {
-	if m.Architecture != coordinator.ArchLlama {
-		return llama.Config{}, fmt.Errorf("%w: %d is not %d, Llama", ErrArchitecture, m.Architecture, coordinator.ArchLlama)
-	}
-	c := llama.Config{Vocab: int(m.VocabSize), Context: int(m.MaxSeqLen), Width: int(m.DModel), Layers: int(m.NLayers),
-		Heads: int(m.NHeads), KVHeads: int(m.NKVHeads), Intermediate: int(m.IntermediateSize), RopeTheta: m.RopeTheta,
-		TiedHead: m.TiedHead}
-	if err := c.Validate(); err != nil {
-		return llama.Config{}, fmt.Errorf("runmodel: the run's model: %w", err)
-	}
-	return c, nil
-}
-
-// SetLlama writes c into the architecture and shape fields of m.
-func SetLlama(m *coordinator.Model, c llama.Config) {
-	m.Architecture = coordinator.ArchLlama
-	m.VocabSize, m.MaxSeqLen = uint32(c.Vocab), uint32(c.Context)
-	m.DModel, m.NLayers, m.NHeads = uint32(c.Width), uint32(c.Layers), uint32(c.Heads)
-	m.NKVHeads, m.IntermediateSize, m.RopeTheta, m.TiedHead = uint32(c.KVHeads), uint32(c.Intermediate), c.RopeTheta, c.TiedHead
-}
-
-// ModelConfig is the config of the network the run describes, of whichever
-// architecture it names; any other wraps ErrArchitecture.
-func ModelConfig(m *coordinator.Model) (Config, error) {
-	switch m.Architecture {
-	case coordinator.ArchGPT:
-		c, err := GPT(m)
-		return Config{Arch: coordinator.ArchGPT, GPT: c}, err
-	case coordinator.ArchLlama:
-		c, err := Llama(m)
-		return Config{Arch: coordinator.ArchLlama, Llama: c}, err
-	}
-	return Config{}, fmt.Errorf("%w: %d (this trainer builds %d, GPT, and %d, Llama)", ErrArchitecture, m.Architecture, coordinator.ArchGPT, coordinator.ArchLlama)
-}
+func SavesHF(c modelspec.Config, hf bool) bool { return hf || c.Arch == coordinator.ArchLlama }
 
 // New builds a model of config c with initial weights drawn from seed.
-func New(c Config, seed uint64, be kernels.Backend) (Model, error) {
+func New(c modelspec.Config, seed uint64, be kernels.Backend) (Model, error) {
 	switch c.Arch {
 	case coordinator.ArchGPT:
 		return gpt.New(c.GPT, seed, be)
 	case coordinator.ArchLlama:
 		return llama.New(c.Llama, seed, be)
 	}
-	return nil, fmt.Errorf("%w: %d", ErrArchitecture, c.Arch)
+	return nil, fmt.Errorf("%w: %d", modelspec.ErrArchitecture, c.Arch)
 }
 
 // Accept vets the config a checkpoint describes before anything is
 // allocated for its model: a checkpoint from elsewhere (a URL an elected
 // checkpointer recorded) may describe any size, and a trainer allocates only
 // for the run's model (Compare). Nil accepts every config.
-type Accept func(Config) error
+type Accept func(modelspec.Config) error
 
-func (a Accept) check(c Config) error {
+func (a Accept) check(c modelspec.Config) error {
 	if a == nil {
 		return nil
 	}
@@ -185,7 +115,7 @@ func FromCheckpointChecked(ck *checkpoint.Checkpoint, be kernels.Backend, accept
 		if err != nil {
 			return nil, err
 		}
-		if err := accept.check(Config{Arch: coordinator.ArchLlama, Llama: c}); err != nil {
+		if err := accept.check(modelspec.Config{Arch: coordinator.ArchLlama, Llama: c}); err != nil {
 			return nil, err
 		}
 		return llama.FromCheckpoint(ck, be)
@@ -194,7 +124,7 @@ func FromCheckpointChecked(ck *checkpoint.Checkpoint, be kernels.Backend, accept
 	if err != nil {
 		return nil, err
 	}
-	if err := accept.check(Config{Arch: coordinator.ArchGPT, GPT: c}); err != nil {
+	if err := accept.check(modelspec.Config{Arch: coordinator.ArchGPT, GPT: c}); err != nil {
 		return nil, err
 	}
 	return gpt.FromCheckpoint(ck, be)
@@ -212,7 +142,7 @@ func LoadChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		if gpt.IsHFDir(path) {
 			return gpt.LoadHF(path, be, func(c gpt.Config) error {
-				return accept.check(Config{Arch: coordinator.ArchGPT, GPT: c})
+				return accept.check(modelspec.Config{Arch: coordinator.ArchGPT, GPT: c})
 			})
 		}
 		return LoadHFChecked(ctx, llama.LocalDir(path), be, accept)
@@ -232,6 +162,6 @@ func LoadChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 // its config.json before building the model.
 func LoadHFChecked(ctx context.Context, d llama.Dir, be kernels.Backend, accept Accept) (*llama.Model, error) {
 	return llama.LoadHFChecked(ctx, d, be, func(c llama.Config) error {
-		return accept.check(Config{Arch: coordinator.ArchLlama, Llama: c})
+		return accept.check(modelspec.Config{Arch: coordinator.ArchLlama, Llama: c})
 	})
 }

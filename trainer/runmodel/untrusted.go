@@ -20,6 +20,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // ErrLargerThanTensors means a checkpoint's config describes more
@@ -40,7 +41,7 @@ func LoadUntrusted(ctx context.Context, path string, be kernels.Backend) (Model,
 	if err != nil {
 		return nil, err
 	}
-	return LoadChecked(ctx, path, be, func(c Config) error {
+	return LoadChecked(ctx, path, be, func(c modelspec.Config) error {
 		if n := configValues(c); n > float64(held) {
 			return fmt.Errorf("%w: %s describes %.4g parameters, its safetensors headers hold %d values", ErrLargerThanTensors, path, n, held)
 		}
@@ -50,7 +51,7 @@ func LoadUntrusted(ctx context.Context, path string, be kernels.Backend) (Model,
 
 // configValues is c's parameter count, in float64 so that no config can
 // overflow it.
-func configValues(c Config) float64 {
+func configValues(c modelspec.Config) float64 {
 	var shapes [][]int
 	if c.Arch == coordinator.ArchLlama {
 		for _, s := range c.Llama.Specs() {

@@ -31,6 +31,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -305,7 +306,7 @@ type eng struct {
 	mu      sync.Mutex // one request at a time
 	w       *worker
 	o       options
-	cfg     runmodel.Config
+	cfg     modelspec.Config
 	plan    *distro.Plan
 	shapes  [][]int
 	params  int
@@ -319,9 +320,9 @@ type eng struct {
 
 var _ engine.Engine = (*eng)(nil)
 
-func (e *eng) Name() string            { return e.name }
-func (e *eng) Config() runmodel.Config { return e.cfg }
-func (e *eng) Plan() *distro.Plan      { return e.plan }
+func (e *eng) Name() string             { return e.name }
+func (e *eng) Config() modelspec.Config { return e.cfg }
+func (e *eng) Plan() *distro.Plan       { return e.plan }
 
 // Info is what the worker said of itself.
 func (e *eng) Info() Info { return e.info }
@@ -387,7 +388,7 @@ func archName(a coordinator.Architecture) string {
 }
 
 // modelConfig is the model's shape as the worker's models.build reads it.
-func modelConfig(c runmodel.Config) (string, map[string]any) {
+func modelConfig(c modelspec.Config) (string, map[string]any) {
 	if c.Arch == coordinator.ArchLlama {
 		l := c.Llama
 		eps := l.NormEps

@@ -19,6 +19,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -28,16 +29,16 @@ import (
 // head.
 var parityModels = []struct {
 	name string
-	cfg  runmodel.Config
+	cfg  modelspec.Config
 }{
-	{"gpt", runmodel.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 96, Context: 24, Width: 48, Layers: 2, Heads: 4}}},
-	{"llama-gqa", runmodel.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 96, Context: 24, Width: 64, Layers: 2,
+	{"gpt", modelspec.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 96, Context: 24, Width: 48, Layers: 2, Heads: 4}}},
+	{"llama-gqa", modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 96, Context: 24, Width: 64, Layers: 2,
 		Heads: 4, KVHeads: 2, Intermediate: 96, RopeTheta: 10000}}},
-	{"llama-tied", runmodel.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 64, Context: 16, Width: 32, Layers: 2,
+	{"llama-tied", modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 64, Context: 16, Width: 32, Layers: 2,
 		Heads: 4, KVHeads: 4, Intermediate: 64, RopeTheta: 500000, TiedHead: true}}},
 }
 
-// runOptions are DisTrO's options as a run sets them (runmodel.Distro),
+// runOptions are DisTrO's options as a run sets them (modelspec.Distro),
 // with small tiles so that every tensor has several.
 func runOptions(quantize bool) distro.Options {
 	return distro.Options{Chunk: 16, TopK: 8, Quantize1Bit: quantize, RiceIndices: true, Decay: 0.999, WeightDecay: 0.1,
@@ -53,7 +54,7 @@ func openers(t *testing.T) (engine.Opener, *Opener) {
 	return engine.Go(nil), op
 }
 
-func open(t *testing.T, op engine.Opener, cfg runmodel.Config, seed uint64, o distro.Options) engine.Engine {
+func open(t *testing.T, op engine.Opener, cfg modelspec.Config, seed uint64, o distro.Options) engine.Engine {
 	t.Helper()
 	m, err := runmodel.New(cfg, seed, nil)
 	if err != nil {
@@ -243,7 +244,7 @@ func TestFrameParity(t *testing.T) {
 }
 
 // frames makes n frames of distinct gradients with the Go engine.
-func frames(t *testing.T, cfg runmodel.Config, o distro.Options, n int) []*distro.Frame {
+func frames(t *testing.T, cfg modelspec.Config, o distro.Options, n int) []*distro.Frame {
 	ctx := context.Background()
 	var out []*distro.Frame
 	r := rand.New(rand.NewPCG(9, uint64(n)))
@@ -474,7 +475,7 @@ func TestNoTorch(t *testing.T) {
 	}
 }
 
-func vocabOf(c runmodel.Config) int {
+func vocabOf(c modelspec.Config) int {
 	if c.Arch == coordinator.ArchLlama {
 		return c.Llama.Vocab
 	}
@@ -539,7 +540,7 @@ func TestOutOfMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := runmodel.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 64, Context: 512, Width: 32, Layers: 1, Heads: 4}}
+	cfg := modelspec.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 64, Context: 512, Width: 32, Layers: 1, Heads: 4}}
 	e := open(t, op, cfg, 1, runOptions(true))
 	r := rand.New(rand.NewPCG(1, 1))
 	_, err = e.Gradient(ctx, randomBatch(r, 64, 1024, 512))
@@ -553,7 +554,7 @@ func TestOutOfMemory(t *testing.T) {
 	}
 }
 
-func openRanks(t *testing.T, cfg runmodel.Config, seed uint64, o distro.Options, devices []string, placement string) *eng {
+func openRanks(t *testing.T, cfg modelspec.Config, seed uint64, o distro.Options, devices []string, placement string) *eng {
 	t.Helper()
 	op, err := New(WithDevices(devices), WithPlacement(placement))
 	if err != nil {

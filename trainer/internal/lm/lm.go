@@ -12,24 +12,16 @@ import (
 	"math/rand/v2"
 
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
-// Size is the number of elements of a tensor of the given shape.
-func Size(shape []int) int {
-	n := 1
-	for _, d := range shape {
-		n *= d
-	}
-	return n
-}
-
-// Split points each dst[i] at the next Size(shapes[i]) elements of buf (with
+// Split points each dst[i] at the next modelspec.Size(shapes[i]) elements of buf (with
 // the capacity cut to the length) and returns the views, in order.
 func Split(buf []float32, shapes [][]int, dst []*[]float32) [][]float32 {
 	var all [][]float32
 	off := 0
 	for i, s := range shapes {
-		n := Size(s)
+		n := modelspec.Size(s)
 		*dst[i] = buf[off : off+n : off+n]
 		all = append(all, *dst[i])
 		off += n
@@ -197,7 +189,7 @@ func (b *Buffers) FromBackend() {
 func SplitTensor(t kernels.Tensor, shapes [][]int, dst []*kernels.Tensor) {
 	off := 0
 	for i, s := range shapes {
-		n := Size(s)
+		n := modelspec.Size(s)
 		*dst[i] = t.Slice(off, off+n)
 		off += n
 	}

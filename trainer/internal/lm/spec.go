@@ -7,15 +7,6 @@ import (
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 )
 
-// NumParams is the number of values in tensors of the given shapes.
-func NumParams(shapes [][]int) int {
-	n := 0
-	for _, s := range shapes {
-		n += Size(s)
-	}
-	return n
-}
-
 // Save writes tensors and the model shape mc (plus meta) to a safetensors
 // file atomically.
 func Save(ctx context.Context, path string, tensors []checkpoint.Tensor, mc checkpoint.ModelConfig, meta map[string]string) error {

@@ -1,4 +1,4 @@
-package server
+package serverwire
 
 import (
 	"encoding/binary"
@@ -36,9 +36,10 @@ import (
 const (
 	RequestVersion = 2
 	MaxInstruction = 4096
-	requestMagic   = "PSRQ"
-	headerSize     = 92
-	sigSize        = 32 + 64
+	// HeaderSize is the bytes before a request's instruction data.
+	HeaderSize   = 92
+	requestMagic = "PSRQ"
+	sigSize      = 32 + 64
 )
 
 var (
@@ -82,7 +83,7 @@ func EncodeRequest(b Binding, runID [coordinator.MaxRunIDLen]byte, seq uint64, d
 	if coSigner != nil {
 		n = 2
 	}
-	out := make([]byte, 0, headerSize+len(data)+int(n)*sigSize)
+	out := make([]byte, 0, HeaderSize+len(data)+int(n)*sigSize)
 	out = append(out, requestMagic...)
 	out = append(out, RequestVersion, n, 0, 0)
 	out = append(out, b.Server[:]...)
@@ -102,7 +103,7 @@ func EncodeRequest(b Binding, runID [coordinator.MaxRunIDLen]byte, seq uint64, d
 
 // DecodeRequest parses a request and verifies every signature.
 func DecodeRequest(b []byte) (*Request, error) {
-	if len(b) < headerSize {
+	if len(b) < HeaderSize {
 		return nil, fmt.Errorf("%w: %d bytes", ErrBadRequest, len(b))
 	}
 	if string(b[:4]) != requestMagic {
@@ -122,11 +123,11 @@ func DecodeRequest(b []byte) (*Request, error) {
 	if n > MaxInstruction {
 		return nil, fmt.Errorf("%w: instruction of %d bytes", ErrBadRequest, n)
 	}
-	end := headerSize + int(n)
+	end := HeaderSize + int(n)
 	if len(b) != end+nsig*sigSize {
 		return nil, fmt.Errorf("%w: %d bytes, want %d", ErrBadRequest, len(b), end+nsig*sigSize)
 	}
-	r.Data = b[headerSize:end]
+	r.Data = b[HeaderSize:end]
 	msg := b[:end]
 	for i := 0; i < nsig; i++ {
 		s := b[end+i*sigSize:]

@@ -1,4 +1,4 @@
-package server
+package serverclient
 
 import (
 	"bufio"
@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/chain"
+	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
@@ -33,7 +34,7 @@ type Client struct {
 
 	// A refused event stream (Subscribe): how often the run is polled
 	// instead, and how long before the stream is tried again (0: what the
-	// server's Retry-After says). Tests shorten them.
+	// server's Retry-After says). Tests shorten them (WithPolling).
 	pollEvery, streamRetry time.Duration
 }
 
@@ -51,19 +52,34 @@ const (
 // clientBinding is a run's binding as last fetched, with the offset of the
 // server's clock from ours (nanoseconds) at the time.
 type clientBinding struct {
-	b      Binding
+	b      serverwire.Binding
 	offset int64
 }
 
 var _ chain.Backend = (*Client)(nil)
 
-// NewClient talks to the server at base (for example http://127.0.0.1:7600).
-func NewClient(base string, log *slog.Logger) *Client {
+// New talks to the server at base (for example http://127.0.0.1:7600).
+func New(base string, log *slog.Logger, opts ...Option) *Client {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{}, log: log, bindings: map[string]clientBinding{},
+	c := &Client{base: strings.TrimRight(base, "/"), http: &http.Client{}, log: log, bindings: map[string]clientBinding{},
 		pollEvery: DefaultPollInterval}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Option changes a Client New makes.
+type Option func(*Client)
+
+// WithPolling sets how often a client whose event stream the server refuses
+// polls the run (every) and how long before it tries the stream again
+// (streamRetry; 0: what the server's Retry-After says). Tests shorten both;
+// the defaults suit everything else.
+func WithPolling(every, streamRetry time.Duration) Option {
+	return func(c *Client) { c.pollEvery, c.streamRetry = every, streamRetry }
 }
 
 // binding returns what requests for runID are signed for, fetching it when
@@ -86,13 +102,13 @@ func (c *Client) binding(ctx context.Context, runID string, refresh bool) (clien
 	defer resp.Body.Close()
 	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<16))
 	if resp.StatusCode != http.StatusOK {
-		var f Failure
+		var f serverwire.Failure
 		if err := dec.Decode(&f); err != nil {
 			return cb, fmt.Errorf("server: binding of run %q: HTTP %d", runID, resp.StatusCode)
 		}
-		return cb, f.asError()
+		return cb, f.Err()
 	}
-	var info BindingInfo
+	var info serverwire.BindingInfo
 	if err := dec.Decode(&info); err != nil {
 		return cb, fmt.Errorf("server: binding of run %q: %w", runID, err)
 	}
@@ -100,7 +116,7 @@ func (c *Client) binding(ctx context.Context, runID string, refresh bool) (clien
 	if err != nil || len(id) != 32 {
 		return cb, fmt.Errorf("server: binding of run %q: bad server identity %q", runID, info.Server)
 	}
-	cb = clientBinding{b: Binding{Incarnation: info.Incarnation, Floor: info.Floor, Now: info.Now},
+	cb = clientBinding{b: serverwire.Binding{Incarnation: info.Incarnation, Floor: info.Floor, Now: info.Now},
 		offset: int64(info.Now) - time.Now().UnixNano()}
 	copy(cb.b.Server[:], id)
 	c.setBinding(runID, cb)
@@ -145,15 +161,15 @@ func (c *Client) Send(ctx context.Context, runID string, signer, coSigner chain.
 		var body []byte
 		seq := c.sequence(cb)
 		if coSigner != nil {
-			body, err = EncodeRequest(cb.b, id, seq, data, signer, coSigner)
+			body, err = serverwire.EncodeRequest(cb.b, id, seq, data, signer, coSigner)
 		} else {
-			body, err = EncodeRequest(cb.b, id, seq, data, signer, nil)
+			body, err = serverwire.EncodeRequest(cb.b, id, seq, data, signer, nil)
 		}
 		if err != nil {
 			return chain.Receipt{}, err
 		}
 		r, err := c.post(ctx, body, seq, ix)
-		if (errors.Is(err, ErrStale) || errors.Is(err, ErrReplay)) && attempt == 0 {
+		if (errors.Is(err, serverwire.ErrStale) || errors.Is(err, serverwire.ErrReplay)) && attempt == 0 {
 			continue
 		}
 		if err != nil {
@@ -181,7 +197,7 @@ func (c *Client) Send(ctx context.Context, runID string, signer, coSigner chain.
 // noticing it). Seen once in a localnet of 4 trainers on a loaded machine:
 // a witness report lost to EOF, and its round waited for its training
 // limit.
-func (c *Client) post(ctx context.Context, body []byte, seq uint64, ix coordinator.Instruction) (*Result, error) {
+func (c *Client) post(ctx context.Context, body []byte, seq uint64, ix coordinator.Instruction) (*serverwire.Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/instructions", bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
@@ -194,43 +210,17 @@ func (c *Client) post(ctx context.Context, body []byte, seq uint64, ix coordinat
 	defer resp.Body.Close()
 	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
-		var f Failure
+		var f serverwire.Failure
 		if err := dec.Decode(&f); err != nil {
 			return nil, fmt.Errorf("server: %s: HTTP %d", ix.Name(), resp.StatusCode)
 		}
-		return nil, f.asError()
+		return nil, f.Err()
 	}
-	var r Result
+	var r serverwire.Result
 	if err := dec.Decode(&r); err != nil {
 		return nil, fmt.Errorf("server: decoding the reply to %s: %w", ix.Name(), err)
 	}
 	return &r, nil
-}
-
-// asError turns a failure back into the error the server saw: coordinator
-// errors and the server's refusals keep their identity, so errors.Is works
-// across the network.
-func (f *Failure) asError() error {
-	if e := coordinator.ErrorFromCode(f.Code); e != nil {
-		// The failure's text is the error's own, perhaps with a detail
-		// after it: only a detail is added (the text said everything
-		// twice: "already initialized (coordinator: … already initialized)").
-		detail := strings.TrimPrefix(strings.TrimPrefix(f.Error, e.Error()), ": ")
-		if detail == "" {
-			return e
-		}
-		return fmt.Errorf("%w (%s)", e, detail)
-	}
-	if f.Name == "RunNotFound" {
-		return fmt.Errorf("%w: %s", chain.ErrRunNotFound, f.Error)
-	}
-	if r, ok := refusals[f.Name]; ok {
-		if detail := strings.TrimPrefix(f.Error, r.err.Error()); detail != f.Error {
-			return fmt.Errorf("%w%s", r.err, detail)
-		}
-		return fmt.Errorf("%w: %s", r.err, f.Error)
-	}
-	return errors.New(f.Error)
 }
 
 func parseState(name string) coordinator.RunState {
@@ -303,7 +293,7 @@ func (c *Client) refusedStream(resp *http.Response) *streamRefused {
 		retry = c.streamRetry
 	}
 	detail := "HTTP 429"
-	var f Failure
+	var f serverwire.Failure
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&f); err == nil && f.Error != "" {
 		detail = f.Error
 	}
@@ -398,7 +388,7 @@ func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snap
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
-	// The account as the stream has it (events.go): whole events replace
+	// The account as the stream has it (serverwire/delta.go): whole events replace
 	// it, deltas change it in place; one buffer each for the stream's life.
 	var acct, delta []byte
 	isDelta := false
@@ -422,7 +412,7 @@ func (c *Client) stream(ctx context.Context, runID string, out chan<- chain.Snap
 			if delta, err = base64.StdEncoding.AppendDecode(delta[:0], data); err != nil {
 				return fmt.Errorf("bad event: %w", err)
 			}
-			if err := applyDelta(acct, delta); err != nil {
+			if err := serverwire.ApplyDelta(acct, delta); err != nil {
 				return err
 			}
 		} else if acct, err = base64.StdEncoding.AppendDecode(acct[:0], data); err != nil {
@@ -461,7 +451,7 @@ func (c *Client) P2PBootstrap(ctx context.Context) (chain.P2PBootstrap, error) {
 	if resp.StatusCode != http.StatusOK {
 		return chain.P2PBootstrap{}, fmt.Errorf("server: p2p info: HTTP %d", resp.StatusCode)
 	}
-	var info P2PInfo
+	var info serverwire.P2PInfo
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&info); err != nil {
 		return chain.P2PBootstrap{}, fmt.Errorf("server: p2p info: %w", err)
 	}
@@ -471,3 +461,28 @@ func (c *Client) P2PBootstrap(ctx context.Context) (chain.P2PBootstrap, error) {
 	}
 	return out, nil
 }
+
+// Runs lists the server's run ids (GET /v1/runs).
+func (c *Client) Runs(ctx context.Context) ([]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/runs", nil)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("server: listing runs: HTTP %d", resp.StatusCode)
+	}
+	var ids []string
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&ids); err != nil {
+		return nil, fmt.Errorf("server: listing runs: %w", err)
+	}
+	return ids, nil
+}
+
+// URL is the server's base URL, as given to New: a run's
+// "server:PATH" data is read from it.
+func (c *Client) URL() string { return c.base }

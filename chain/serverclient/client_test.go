@@ -1,4 +1,4 @@
-package server
+package serverclient
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func TestPostSurvivesAClosedKeepAlive(t *testing.T) {
 		_, _ = w.Write([]byte(`{"changed":true}`))
 	}))
 	defer srv.Close()
-	c := NewClient(srv.URL, nil)
+	c := New(srv.URL, nil)
 	for i := range 2 {
 		r, err := c.post(context.Background(), []byte("signed request"), uint64(i+1), &coordinator.Tick{})
 		if err != nil {

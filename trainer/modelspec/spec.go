@@ -1,14 +1,4 @@
-// Package runmodel owns the one translation between a run's description of
-// its model (coordinator.Model: what the coordinator account stores and run
-// files set) and what a trainer builds from it: the network's config
-// (gpt.Config) and the DisTrO optimizer's options. Every part that needs one
-// side from the other (the node loading an epoch's model, localnet and run
-// creators describing a model, checks of a checkpoint against a run) goes
-// through here, so a new architecture or optimizer field is added in one
-// place. The same holds for where the model starts: the checkpoint URL
-// (ParseSource: seed:N, file://, http(s)://) and the revision, which is the
-// model's hash when it is 32 lowercase hex digits (Revision, CheckRevision).
-package runmodel
+package modelspec
 
 import (
 	"errors"
@@ -16,37 +6,35 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
-	"github.com/psyche-go/psyche/trainer/gpt"
-	"github.com/psyche-go/psyche/trainer/llama"
 )
 
 var (
 	// ErrArchitecture means the run's architecture is not one this trainer
 	// builds.
-	ErrArchitecture = errors.New("runmodel: unsupported architecture")
+	ErrArchitecture = errors.New("modelspec: unsupported architecture")
 	// ErrOptimizer means the run's optimizer cannot train a distributed run.
-	ErrOptimizer = errors.New("runmodel: unsupported optimizer")
+	ErrOptimizer = errors.New("modelspec: unsupported optimizer")
 	// ErrMismatch means a model's config differs from the run's.
-	ErrMismatch = errors.New("runmodel: the model differs from the run's")
+	ErrMismatch = errors.New("modelspec: the model differs from the run's")
 )
 
 // GPT is the config of the network the run describes. It fails (wrapping
 // ErrArchitecture) for an architecture other than GPT, and with gpt's
 // validation error for an impossible shape.
-func GPT(m *coordinator.Model) (gpt.Config, error) {
+func GPT(m *coordinator.Model) (GPTConfig, error) {
 	if m.Architecture != coordinator.ArchGPT {
-		return gpt.Config{}, fmt.Errorf("%w: %d (this trainer builds %d, GPT)", ErrArchitecture, m.Architecture, coordinator.ArchGPT)
+		return GPTConfig{}, fmt.Errorf("%w: %d (this trainer builds %d, GPT)", ErrArchitecture, m.Architecture, coordinator.ArchGPT)
 	}
-	c := gpt.Config{Vocab: int(m.VocabSize), Context: int(m.MaxSeqLen), Width: int(m.DModel), Layers: int(m.NLayers), Heads: int(m.NHeads)}
+	c := GPTConfig{Vocab: int(m.VocabSize), Context: int(m.MaxSeqLen), Width: int(m.DModel), Layers: int(m.NLayers), Heads: int(m.NHeads)}
 	if err := c.Validate(); err != nil {
-		return gpt.Config{}, fmt.Errorf("runmodel: the run's model: %w", err)
+		return GPTConfig{}, fmt.Errorf("modelspec: the run's model: %w", err)
 	}
 	return c, nil
 }
 
 // SetGPT writes c into the architecture and shape fields of m, leaving the
 // rest (data, checkpoint, schedule, optimizer) as it is. GPT(m) then returns c.
-func SetGPT(m *coordinator.Model, c gpt.Config) {
+func SetGPT(m *coordinator.Model, c GPTConfig) {
 	m.Architecture = coordinator.ArchGPT
 	m.VocabSize, m.MaxSeqLen = uint32(c.Vocab), uint32(c.Context)
 	m.DModel, m.NLayers, m.NHeads = uint32(c.Width), uint32(c.Layers), uint32(c.Heads)
@@ -130,8 +118,79 @@ func Compare(c, want Config) error {
 	diff("tied_head", l.TiedHead, w.TiedHead)
 	// A run has no ε field and trains with the default; a checkpoint made
 	// with another would compute something else.
-	if l.NormEps != 0 && l.NormEps != llama.DefaultNormEps {
-		errs = append(errs, fmt.Errorf("%w: rms_norm_eps is %g in the model; runs train with %g", ErrMismatch, l.NormEps, llama.DefaultNormEps))
+	if l.NormEps != 0 && l.NormEps != DefaultNormEps {
+		errs = append(errs, fmt.Errorf("%w: rms_norm_eps is %g in the model; runs train with %g", ErrMismatch, l.NormEps, DefaultNormEps))
 	}
 	return errors.Join(errs...)
+}
+
+// Config is the shape of a model of either architecture: Arch says which
+// of GPT and Llama applies (the other is zero). It is comparable, so a node
+// can tell whether the model it holds is the run's.
+type Config struct {
+	Arch  coordinator.Architecture
+	GPT   GPTConfig
+	Llama LlamaConfig
+}
+
+// NumParams is the number of parameters.
+func (c Config) NumParams() int {
+	if c.Arch == coordinator.ArchLlama {
+		return c.Llama.NumParams()
+	}
+	return c.GPT.NumParams()
+}
+
+// Layers is the number of transformer blocks.
+func (c Config) Layers() int {
+	if c.Arch == coordinator.ArchLlama {
+		return c.Llama.Layers
+	}
+	return c.GPT.Layers
+}
+
+// Context is the longest sequence the model takes.
+func (c Config) Context() int {
+	if c.Arch == coordinator.ArchLlama {
+		return c.Llama.Context
+	}
+	return c.GPT.Context
+}
+
+// Llama is the Llama config the run describes, failing (wrapping
+// ErrArchitecture) for another architecture. A run trains with RMSNorm's
+// default ε (DefaultNormEps): the account has no field for it.
+func Llama(m *coordinator.Model) (LlamaConfig, error) {
+	if m.Architecture != coordinator.ArchLlama {
+		return LlamaConfig{}, fmt.Errorf("%w: %d is not %d, Llama", ErrArchitecture, m.Architecture, coordinator.ArchLlama)
+	}
+	c := LlamaConfig{Vocab: int(m.VocabSize), Context: int(m.MaxSeqLen), Width: int(m.DModel), Layers: int(m.NLayers),
+		Heads: int(m.NHeads), KVHeads: int(m.NKVHeads), Intermediate: int(m.IntermediateSize), RopeTheta: m.RopeTheta,
+		TiedHead: m.TiedHead}
+	if err := c.Validate(); err != nil {
+		return LlamaConfig{}, fmt.Errorf("modelspec: the run's model: %w", err)
+	}
+	return c, nil
+}
+
+// SetLlama writes c into the architecture and shape fields of m.
+func SetLlama(m *coordinator.Model, c LlamaConfig) {
+	m.Architecture = coordinator.ArchLlama
+	m.VocabSize, m.MaxSeqLen = uint32(c.Vocab), uint32(c.Context)
+	m.DModel, m.NLayers, m.NHeads = uint32(c.Width), uint32(c.Layers), uint32(c.Heads)
+	m.NKVHeads, m.IntermediateSize, m.RopeTheta, m.TiedHead = uint32(c.KVHeads), uint32(c.Intermediate), c.RopeTheta, c.TiedHead
+}
+
+// ModelConfig is the config of the network the run describes, of whichever
+// architecture it names; any other wraps ErrArchitecture.
+func ModelConfig(m *coordinator.Model) (Config, error) {
+	switch m.Architecture {
+	case coordinator.ArchGPT:
+		c, err := GPT(m)
+		return Config{Arch: coordinator.ArchGPT, GPT: c}, err
+	case coordinator.ArchLlama:
+		c, err := Llama(m)
+		return Config{Arch: coordinator.ArchLlama, Llama: c}, err
+	}
+	return Config{}, fmt.Errorf("%w: %d (this trainer builds %d, GPT, and %d, Llama)", ErrArchitecture, m.Architecture, coordinator.ArchGPT, coordinator.ArchLlama)
 }

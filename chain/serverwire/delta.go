@@ -41,7 +41,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // account is as small (other lengths, or most of it changed). The scale
 // simulator (tools/simscale) sizes its streams with it.
 func DeltaEvent(prev, cur []byte) []byte {
-	if len(prev) != len(cur) || len(cur) > 1<<31 {
+	if len(prev) != len(cur) || uint64(len(cur)) > 1<<31 {
 		return nil
 	}
 	d := binary.LittleEndian.AppendUint32(nil, uint32(len(cur)))

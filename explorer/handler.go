@@ -189,22 +189,12 @@ func notFound(w http.ResponseWriter, id string) {
 // on ch, and the clock every keepAlive, until the client goes or next says
 // the thing is gone. next returns nil to send nothing this time.
 func stream(w http.ResponseWriter, r *http.Request, ch <-chan struct{}, next func() (any, bool), clock func() int64) {
-	flusher, ok := w.(http.Flusher)
-	if !ok {
+	if _, ok := w.(http.Flusher); !ok {
 		httpserve.WriteJSON(w, http.StatusInternalServerError, errorBody{Error: "streaming is not supported here"})
 		return
 	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Accel-Buffering", "no")
-	// Each event gets its own write deadline (servers such as psyche
-	// server's have a WriteTimeout for ordinary requests, which would end a
-	// long-lived stream); a client that does not take one in slowWrite is
-	// dropped.
-	rc := http.NewResponseController(w)
-	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(slowWrite)) }
-	deadline()
-	w.WriteHeader(http.StatusOK)
+	// A client that does not take an event within slowWrite is dropped.
+	events := httpserve.StartEvents(w, slowWrite)
 	send := func() bool {
 		v, ok := next()
 		if !ok {
@@ -217,12 +207,7 @@ func stream(w http.ResponseWriter, r *http.Request, ch <-chan struct{}, next fun
 		if err != nil {
 			return false
 		}
-		deadline()
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return false
-		}
-		flusher.Flush()
-		return true
+		return events.Send(fmt.Appendf(nil, "data: %s\n\n", b)) == nil
 	}
 	if !send() {
 		return
@@ -238,11 +223,9 @@ func stream(w http.ResponseWriter, r *http.Request, ch <-chan struct{}, next fun
 				return
 			}
 		case <-t.C:
-			deadline()
-			if _, err := fmt.Fprintf(w, "event: clock\ndata: %d\n\n", clock()); err != nil {
+			if events.Send(fmt.Appendf(nil, "event: clock\ndata: %d\n\n", clock())) != nil {
 				return
 			}
-			flusher.Flush()
 		}
 	}
 }

@@ -199,16 +199,9 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	defer cancel()
-	rc := http.NewResponseController(w)
-	// The server's write timeout would cut a stream that lives longer than
-	// it: each write gets its own deadline instead. (The read timeout does
-	// not matter here: net/http clears it before the read that notices the
-	// client going away.) An error means the writer cannot set deadlines (a
-	// test recorder): then the stream just has none.
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.slowWrite))
-	w.WriteHeader(http.StatusOK)
+	// (The server's read timeout does not matter to a stream: net/http
+	// clears it before the read that notices the client going away.)
+	events := httpserve.StartEvents(w, s.cfg.slowWrite)
 	// A subscriber that takes deltas gets, after the first account, what
 	// changed since the one this stream sent last (serverwire/delta.go).
 	deltas := req.URL.Query().Get("deltas") == "1"
@@ -229,12 +222,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, req *http.Request) {
 			}
 			sent = ev.acct
 			s.cfg.metrics.EventBytes.Add(float64(len(out)))
-			_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.slowWrite))
-			_, err := w.Write(out)
-			if err == nil {
-				err = rc.Flush()
-			}
-			if err != nil {
+			if err := events.Send(out); err != nil {
 				if errors.Is(err, os.ErrDeadlineExceeded) {
 					s.cfg.metrics.SlowSubscribers.Inc()
 					s.cfg.log.Debug("dropping a slow event stream", "run", req.PathValue("id"), "addr", sub.addr)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -212,6 +213,50 @@ func TestBusyConnectionsAreNotShed(t *testing.T) {
 	for range busy {
 		if got := <-answers; got != "ok" {
 			t.Fatalf("a request in progress: %q", got)
+		}
+	}
+}
+
+// TestEventsOutliveTheWriteTimeout: a stream's writes each get a deadline
+// of their own, so events still arrive after the server's WriteTimeout has
+// passed since the request, and each is flushed as it is sent.
+func TestEventsOutliveTheWriteTimeout(t *testing.T) {
+	next := make(chan string)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ev := StartEvents(w, time.Minute)
+		for msg := range next {
+			if err := ev.Send([]byte("data: " + msg + "\n\n")); err != nil {
+				return
+			}
+		}
+	})
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.WriteTimeout = 50 * time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	defer close(next)
+	resp, err := (&http.Client{Timeout: hangGuard}).Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct, cc := resp.Header.Get("Content-Type"), resp.Header.Get("Cache-Control"); ct != "text/event-stream" || cc != "no-store" {
+		t.Fatalf("headers: Content-Type %q, Cache-Control %q", ct, cc)
+	}
+	r := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		// Past the server's write timeout, measured from the request: the
+		// stream must still carry the event. (Waiting longer only makes
+		// the check stricter; a slow machine cannot fail it.)
+		time.Sleep(60 * time.Millisecond)
+		msg := fmt.Sprint("event ", i)
+		next <- msg
+		line, err := r.ReadString('\n')
+		if err != nil || line != "data: "+msg+"\n" {
+			t.Fatalf("event %d: %q, %v", i, line, err)
+		}
+		if blank, _ := r.ReadString('\n'); blank != "\n" {
+			t.Fatalf("event %d is not ended by a blank line: %q", i, blank)
 		}
 	}
 }

@@ -87,10 +87,7 @@ func (s *HTTPSource) Size(ctx context.Context) (int64, error) {
 		defer drainClose(resp)
 		switch resp.StatusCode {
 		case http.StatusPartialContent:
-			if err := checkIdentity(resp); err != nil {
-				return err
-			}
-			_, _, total, err := parseContentRange(resp.Header.Get("Content-Range"))
+			_, _, total, err := servedRange(resp)
 			if err != nil {
 				return err
 			}
@@ -156,10 +153,7 @@ func (s *HTTPSource) ReadAt(ctx context.Context, p []byte, off int64) error {
 		defer drainClose(resp)
 		switch resp.StatusCode {
 		case http.StatusPartialContent:
-			if err := checkIdentity(resp); err != nil {
-				return err
-			}
-			first, last, total, err := parseContentRange(resp.Header.Get("Content-Range"))
+			first, last, total, err := servedRange(resp)
 			if err != nil {
 				return err
 			}
@@ -309,6 +303,15 @@ func statusError(resp *http.Response) error {
 	default:
 		return fmt.Errorf("unexpected HTTP status %s", resp.Status)
 	}
+}
+
+// servedRange is the range a 206 answer holds: its Content-Range, once the
+// body is known to be the file's own bytes (checkIdentity).
+func servedRange(resp *http.Response) (first, last, total int64, err error) {
+	if err := checkIdentity(resp); err != nil {
+		return 0, 0, 0, err
+	}
+	return parseContentRange(resp.Header.Get("Content-Range"))
 }
 
 // checkIdentity rejects a response whose body is encoded (say gzip): its

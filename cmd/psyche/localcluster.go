@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,27 +16,21 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/server"
-	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/chain/solana"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/quietclock"
-	"github.com/psyche-go/psyche/p2p/libp2p"
 	program "github.com/psyche-go/psyche/programs/coordinator"
 	"github.com/psyche-go/psyche/programs/validator"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/localrun"
 	"github.com/psyche-go/psyche/trainer/node"
-	"github.com/psyche-go/psyche/trainer/runmodel"
-	"github.com/psyche-go/psyche/trainer/start"
 )
 
-// localFiles are the run's data and initial model.
+// localFiles are the run's data and initial model (localrun.Files), and
+// the data held out of training for the summary's loss.
 type localFiles struct {
-	tokens    string   // path of the token file the trainers read
-	tokenSize int      // its bytes per token
-	heldOut   []uint32 // the last tenth of the data, never trained on
-	seed      uint64   // the run starts from seed:seed, which every trainer draws
-	initial   runmodel.Model
+	localrun.Files
+	heldOut []uint32 // the last tenth of the data, never trained on
 }
 
 // prepareLocalFiles reads the run's data whole (builtin:opticks as byte
@@ -48,28 +40,20 @@ type localFiles struct {
 // the trainers will, for the summary's before-and-after loss and the run's
 // revision.
 func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model, seed uint64) (localFiles, error) {
-	f := localFiles{tokens: filepath.Join(dir, "train.tokens"), tokenSize: data.TokenSize16, seed: seed}
+	tokenSize := data.TokenSize16
 	var tokens []uint32
 	if loc := coordinator.FixedString(model.DataLocation[:]); loc == data.BuiltinPrefix+"opticks" {
 		tokens = data.Tokenize(data.Opticks())
 	} else {
 		var err error
 		if tokens, err = readRunTokens(ctx, loc, model); err != nil {
-			return f, err
+			return localFiles{}, err
 		}
-		f.tokenSize = int(model.TokenSize)
+		tokenSize = int(model.TokenSize)
 	}
 	cut := len(tokens) * 9 / 10
-	f.heldOut = tokens[cut:]
-	if err := data.WriteTokenFile(ctx, f.tokens, tokens[:cut], f.tokenSize); err != nil {
-		return f, err
-	}
-	cfg, err := modelspec.ModelConfig(model)
-	if err != nil {
-		return f, err
-	}
-	f.initial, err = runmodel.New(cfg, seed, nil)
-	return f, err
+	files, err := localrun.WriteFiles(ctx, dir, model, tokens[:cut], tokenSize, seed)
+	return localFiles{Files: files, heldOut: tokens[cut:]}, err
 }
 
 // nonIID rewrites the trainers' token file in blocks of one trainer's batch
@@ -80,7 +64,7 @@ func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model
 // round's seed draws, so each round one trainer trains on backward text;
 // the held-out loss stays the forward text's.
 func (f *localFiles) nonIID(ctx context.Context, seqLen, perTrainer, n int) error {
-	fwd, err := data.ReadTokenFile(ctx, f.tokens, f.tokenSize)
+	fwd, err := data.ReadTokenFile(ctx, f.Tokens, f.TokenSize)
 	if err != nil {
 		return err
 	}
@@ -95,7 +79,7 @@ func (f *localFiles) nonIID(ctx context.Context, seqLen, perTrainer, n int) erro
 		}
 		mixed = append(mixed, src[at:min(at+block, len(fwd))]...)
 	}
-	return data.WriteTokenFile(ctx, f.tokens, mixed, f.tokenSize)
+	return data.WriteTokenFile(ctx, f.Tokens, mixed, f.TokenSize)
 }
 
 // readRunTokens reads every token of the run's data at loc, as the trainers
@@ -165,28 +149,19 @@ func startLocalBackend(ctx, runCtx context.Context, dir string, log *slog.Logger
 			})
 		}
 	} else {
-		// The server ticks when a transition falls due: no short interval needed.
-		opts := []server.Option{server.WithLogger(log), server.WithCreators(creator)}
+		opts := []localrun.Option{localrun.WithLogger(log), localrun.WithServerOptions(server.WithCreators(creator))}
 		if virtual {
 			lb.clock = newClock()
-			// The server ticks when the clock moves, not by itself.
-			opts = []server.Option{server.WithManualTicks(), server.WithLogger(log), server.WithCreators(creator),
-				server.WithClock(lb.clock.Now), server.WithStateSeeds(func(s *coordinator.Coordinator) uint64 { return reproducibleSeed(seed, s) })}
+			opts = append(opts, localrun.WithClock(lb.clock),
+				localrun.WithServerOptions(server.WithStateSeeds(func(s *coordinator.Coordinator) uint64 { return reproducibleSeed(seed, s) })))
 		}
-		srv, err := server.New(filepath.Join(dir, "server"), opts...)
+		srv, err := localrun.StartServer(runCtx, dir, opts...)
 		if err != nil {
 			return nil, err
 		}
-		if lb.clock != nil {
-			lb.clock.OnAdvance(func(time.Time) { srv.Tick() })
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		go func() { lb.up <- srv.Serve(runCtx, l) }()
-		lb.server = srv
-		lb.backend, lb.where = serverclient.New("http://"+l.Addr().String(), log), "server http://"+l.Addr().String()
+		go func() { lb.up <- srv.Wait() }()
+		lb.server = srv.Server
+		lb.backend, lb.where = srv.Client, "server "+srv.URL
 	}
 	if lb.clock != nil {
 		lb.nodeOpts = append(lb.nodeOpts, node.WithClock(lb.clock))
@@ -224,9 +199,9 @@ func startLocalSolana(ctx context.Context, dir string, log *slog.Logger, manualC
 	return b, v, nil
 }
 
+// localTrainer is a started trainer and the progress it reports.
 type localTrainer struct {
-	node *node.Node
-	net  *libp2p.Node
+	*localrun.Trainer
 	mu   sync.Mutex
 	prog node.Progress
 }
@@ -237,34 +212,19 @@ func (t *localTrainer) progress() node.Progress {
 	return t.prog
 }
 
-func createLocalRun(ctx context.Context, b chain.Backend, runID string, admin *chain.Keypair, n, perTrainer, epochTime int, m coordinator.Model, files localFiles, tune func(*coordinator.Config, *coordinator.Model)) error {
-	id, err := coordinator.ParseRunID(runID)
-	if err != nil {
-		return err
+// localnetRun is the run localnet creates: n trainers training perTrainer
+// sequences each a round of model, epochs of epochTime seconds, for as many
+// steps as anyone waits, on files; tune makes the flags' changes.
+func localnetRun(runID string, n, perTrainer, epochTime int, model coordinator.Model, files localFiles, tune func(*coordinator.Config, *coordinator.Model)) (localrun.Run, error) {
+	r := localrun.NewRun(runID, n, perTrainer, func(k *coordinator.Config, m *coordinator.Model) {
+		k.CooldownTime, k.MaxRoundTrainTime, k.EpochTime, k.TotalSteps = 5, uint64(min(30, epochTime-1)), uint64(epochTime), 100_000
+		*m = model
+	}, tune)
+	r.Name = "localnet"
+	if err := r.UseFiles(files.Files); err != nil {
+		return r, fmt.Errorf("the working directory's path is too long for a data location: %w", err)
 	}
-	batch := uint16(perTrainer * n)
-	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: uint64(min(30, epochTime-1)), RoundWitnessTime: 1,
-		EpochTime: uint64(epochTime), WaitingForMembersExtraTime: 1, TotalSteps: 100_000,
-		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(n), MinClients: uint16(max(1, n-1))}
-	tune(&cfg, &m)
-	// The trainers draw the model from the seed and check it against its
-	// hash, as in a run file with url = "seed:N".
-	m.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedURL(files.seed))         // at most 25 bytes: fits
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(files.initial)) // 32 bytes: fits
-	m.DataKind, m.TokenSize = coordinator.DataLocal, uint8(files.tokenSize)
-	if err := coordinator.SetFixedString(m.DataLocation[:], files.tokens); err != nil {
-		return fmt.Errorf("the working directory's path is too long for a data location: %w", err)
-	}
-	var meta coordinator.Metadata
-	_ = coordinator.SetFixedString(meta.Name[:], "localnet")
-	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
-		&coordinator.Update{Metadata: &meta, Config: &cfg, Model: &m}, &coordinator.SetPaused{}} {
-		if _, err := b.Send(ctx, runID, admin, nil, ix); err != nil {
-			return fmt.Errorf("%s: %w", ix.Name(), err)
-		}
-	}
-	return nil
+	return r, nil
 }
 
 // watchHeap samples the heap in use every 50 ms until ctx ends; the returned
@@ -294,34 +254,35 @@ func watchHeap(ctx context.Context) func() uint64 {
 	return func() uint64 { sample(); mu.Lock(); defer mu.Unlock(); return peak }
 }
 
-// startTrainers starts a trainer for each signer, the last with lastOpts
-// too, trainer i with engines[i % len(engines)] (none: the go engine);
-// ordered ones join each epoch in the signers' order (node.WithJoinOrder).
-func startTrainers(ctx context.Context, runID string, signers []*chain.Keypair, b chain.Backend, dir string, log *slog.Logger, ordered bool, lastOpts []node.Option, engines [][]node.Option, opts ...node.Option) ([]*localTrainer, error) {
-	var trainers []*localTrainer
-	var addrs []string
-	var earlier []coordinator.Pubkey
-	for i, signer := range signers {
-		own := opts
-		if ordered {
-			own = append(slices.Clone(opts), node.WithJoinOrder(earlier...))
-			earlier = append(earlier, signer.Public())
-		}
-		if len(engines) > 0 {
-			own = append(slices.Clone(own), engines[i%len(engines)]...)
-		}
-		seed := sha256.Sum256([]byte(fmt.Sprintf("localnet p2p %d %s", i, runID)))
-		t := &localTrainer{}
-		nd, pn, err := start.Trainer(ctx, runID, b, signer, []libp2p.Option{libp2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
-			libp2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), libp2p.WithLogger(log.With("trainer", i))},
-			append([]node.Option{node.WithPeers(addrs...), node.WithCheckpointDir(dir), node.WithLogger(log.With("trainer", i)),
-				node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}, trainerOpts(i, len(signers), lastOpts, own)...)...)
-		if err != nil {
-			return nil, err
-		}
-		t.node, t.net = nd, pn
-		addrs = append(addrs, pn.Addrs()...)
-		trainers = append(trainers, t)
+// startTrainers starts n trainers with keys, the last with lastOpts too,
+// trainer i with engines[i % len(engines)] (none: the go engine); ordered
+// ones join each epoch in the order they were started (node.WithJoinOrder).
+func startTrainers(ctx context.Context, runID string, keys localrun.Keys, n int, b chain.Backend, dir string, log *slog.Logger, ordered bool, lastOpts []node.Option, engines [][]node.Option, opts ...node.Option) ([]*localTrainer, error) {
+	trainers := make([]*localTrainer, n)
+	for i := range trainers {
+		trainers[i] = &localTrainer{}
+	}
+	ropts := []localrun.Option{localrun.WithLogger(log), localrun.WithCheckpointDir(dir), localrun.WithNodeOptions(opts...),
+		localrun.WithTrainerOptions(func(i int) []node.Option {
+			t := trainers[i]
+			own := []node.Option{node.WithProgress(func(p node.Progress) { t.mu.Lock(); t.prog = p; t.mu.Unlock() })}
+			if len(engines) > 0 {
+				own = append(own, engines[i%len(engines)]...)
+			}
+			if i == n-1 {
+				own = append(own, lastOpts...)
+			}
+			return own
+		})}
+	if ordered {
+		ropts = append(ropts, localrun.WithJoinOrder())
+	}
+	started, err := localrun.NewTrainers(runID, b, keys, ropts...).Start(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	for i, t := range started {
+		trainers[i].Trainer = t
 	}
 	return trainers, nil
 }
@@ -347,12 +308,4 @@ func reproducibleSeed(seed uint64, s *coordinator.Coordinator) uint64 {
 	b[24] = byte(phase)
 	sum := sha256.Sum256(b[:])
 	return binary.LittleEndian.Uint64(sum[:8])
-}
-
-// trainerOpts are trainer i's options: opts, and lastOpts for the last.
-func trainerOpts(i, n int, lastOpts, opts []node.Option) []node.Option {
-	if i == n-1 {
-		return append(slices.Clone(opts), lastOpts...)
-	}
-	return opts
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/localrun"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/urfave/cli/v2"
@@ -177,10 +177,11 @@ func localnet(c *cli.Context) (err error) {
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
 	runID := fmt.Sprintf("localnet-%d", time.Now().Unix())
-	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("localnet admin " + runID)))
+	keys := localrun.Keys{Prefix: "localnet", Suffix: runID}
+	admin := keys.Admin()
 	signers := make([]*chain.Keypair, n)
 	for i := range signers {
-		signers[i] = chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("localnet trainer %d %s", i, runID))))
+		signers[i] = keys.Trainer(i)
 	}
 	lb, err := startLocalBackend(ctx, runCtx, dir, log, c.Bool("solana"), c.Bool("virtual-time"), seed, admin.Public(), append([]*chain.Keypair{admin}, signers...))
 	if err != nil {
@@ -207,11 +208,15 @@ func localnet(c *cli.Context) (err error) {
 	if v := c.Int("verification-percent"); v < 0 || v > 100 {
 		return fmt.Errorf("--verification-percent %d: want 0 to 100", v)
 	}
-	if err := createLocalRun(ctx, lb.backend, runID, admin, n, perTrainer, c.Int("epoch-time"), *model, files, tune); err != nil {
+	run, err := localnetRun(runID, n, perTrainer, c.Int("epoch-time"), *model, files, tune)
+	if err != nil {
+		return err
+	}
+	if err := localrun.Create(ctx, lb.backend, run, admin); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter %s, %d sequences per trainer per round, %s, files in %s\n",
-		runID, n, files.initial.NumParams(), archName(model.Architecture), perTrainer, lb.where, dir)
+		runID, n, files.Initial.NumParams(), archName(model.Architecture), perTrainer, lb.where, dir)
 	if err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID, epochs, files); err != nil {
 		return err
 	}
@@ -245,7 +250,7 @@ func localnet(c *cli.Context) (err error) {
 	if len(kinds) > 1 || kinds[0] != "go" {
 		fmt.Fprintf(out, "localnet: engines %s, one per trainer in turn\n", strings.Join(kinds, ","))
 	}
-	trainers, err := startTrainers(runCtx, runID, signers, lb.backend, dir, log, c.Bool("virtual-time"), bad, engines, append(lb.nodeOpts, node.WithPrecision(prec))...)
+	trainers, err := startTrainers(runCtx, runID, keys, n, lb.backend, dir, log, c.Bool("virtual-time"), bad, engines, append(lb.nodeOpts, node.WithPrecision(prec))...)
 	if err != nil {
 		return err
 	}
@@ -257,7 +262,7 @@ func localnet(c *cli.Context) (err error) {
 	heap := watchHeap(runCtx)
 	errs := make(chan error, n)
 	for _, t := range trainers[:n-1] {
-		go func() { errs <- t.node.Run(runCtx) }()
+		go func() { errs <- t.Node.Run(runCtx) }()
 	}
 	drop := dropLast(runCtx, out, trainers[n-1], c.Int("drop-trainer-at"), errs)
 	if c.Int("drop-trainer-at") > 0 && n > 1 {
@@ -285,7 +290,7 @@ func localnet(c *cli.Context) (err error) {
 		<-errs
 	}
 	<-lb.up
-	if err := summarize(out, last, files.initial, honest, files.heldOut, time.Since(start)); err != nil {
+	if err := summarize(out, last, files.Initial, honest, files.heldOut, time.Since(start)); err != nil {
 		return err
 	}
 	if ctx.Err() != nil && last != nil {

@@ -21,7 +21,7 @@ import (
 // weights when it was interrupted, beside the run's other files and says
 // where.
 func saveInterrupted(out io.Writer, dir, runID string, s *coordinator.Coordinator, trainers []*localTrainer) error {
-	m := trainers[0].node.Model()
+	m := trainers[0].Node.Model()
 	if m == nil {
 		return nil
 	}
@@ -81,7 +81,7 @@ func reportDrops(out io.Writer, s *coordinator.Coordinator, trainers []*localTra
 		}
 		seen[c.ID] = true
 		for i, t := range trainers {
-			if t.node.ID() == c.ID {
+			if t.Node.ID() == c.ID {
 				fmt.Fprintf(out, "localnet: trainer %d was dropped by a health check (epoch %d, step %d)\n", i, s.Progress.Epoch, s.Progress.Step)
 			}
 		}
@@ -197,7 +197,7 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 	if s == nil {
 		return fmt.Errorf("no coordinator state was received")
 	}
-	final := trainers[0].node.Model()
+	final := trainers[0].Node.Model()
 	var tokens, sent, results uint64
 	for _, t := range trainers {
 		p := t.progress()
@@ -217,7 +217,7 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 		fmt.Fprintf(w, "held-out loss: %.3f -> %.3f\n", before, after)
 		same := true
 		for _, t := range trainers[1:] {
-			if m := t.node.Model(); m == nil || m.Hash() != final.Hash() {
+			if m := t.Node.Model(); m == nil || m.Hash() != final.Hash() {
 				same = false
 			}
 		}
@@ -276,7 +276,7 @@ func archName(a coordinator.Architecture) string {
 func dropLast(runCtx context.Context, out io.Writer, t *localTrainer, at int, errs chan<- error) func(*coordinator.Coordinator) {
 	ctx, stop := context.WithCancel(runCtx)
 	go func() {
-		err := t.node.Run(ctx)
+		err := t.Node.Run(ctx)
 		if ctx.Err() != nil && runCtx.Err() == nil {
 			<-runCtx.Done() // stopped on purpose: not a failure of the run
 			err = nil
@@ -289,9 +289,9 @@ func dropLast(runCtx context.Context, out io.Writer, t *localTrainer, at int, er
 			return
 		}
 		once.Do(func() {
-			fmt.Fprintf(out, "localnet: stopping trainer %s at step %d (--drop-trainer-at)\n", t.node.ID().Signer.String(), s.Progress.Step)
+			fmt.Fprintf(out, "localnet: stopping trainer %s at step %d (--drop-trainer-at)\n", t.Node.ID().Signer.String(), s.Progress.Step)
 			stop()
-			_ = t.net.Close()
+			t.Close() // leaves the network
 		})
 	}
 }
@@ -320,7 +320,7 @@ func startLocalExplorer(ctx context.Context, addr string, out io.Writer, log *sl
 	if err != nil {
 		return fmt.Errorf("--explorer-addr: %w", err)
 	}
-	if before, err := heldOutLoss(files.initial, files.heldOut); err == nil {
+	if before, err := heldOutLoss(files.Initial, files.heldOut); err == nil {
 		ex.RecordHeldOut(runID, 0, 0, float64(before))
 	}
 	snaps, err := lb.backend.Subscribe(ctx, runID)

@@ -1,13 +1,13 @@
 package simscale
 
 import (
-	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"time"
 
 	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/localrun"
 )
 
 // server is the coordinator server (after chain/server): the real
@@ -50,16 +50,22 @@ var snapshotBytes = len("data: ") + base64.StdEncoding.EncodedLen(coordinator.Ac
 const slowSubscriber = 10 * time.Second
 
 func newServer(s *Sim, h int) (*server, error) {
-	sv := &server{s: s, host: h, admin: sha256.Sum256([]byte("admin")), tickAt: -1, roundStarted: map[uint32]bool{}}
-	id, err := coordinator.ParseRunID(runID)
+	sv := &server{s: s, host: h, admin: localrun.Keys{}.Admin().Public(), tickAt: -1, roundStarted: map[uint32]bool{}}
+	run, err := s.run()
 	if err != nil {
 		return nil, err
 	}
-	if sv.state, err = coordinator.New(coordinator.InitCoordinator{MainAuthority: sv.admin, RunID: id}); err != nil {
+	// The admin's instructions, as localrun.Create sends them, applied
+	// directly: the first makes the state, the others configure and start
+	// the run.
+	ixs, err := run.Instructions(sv.admin)
+	if err != nil {
 		return nil, err
 	}
-	cfg, model := s.runConfig()
-	for _, ix := range []coordinator.Instruction{&coordinator.Update{Config: &cfg, Model: &model}, &coordinator.SetPaused{Paused: false}} {
+	if sv.state, err = coordinator.New(*ixs[0].(*coordinator.InitCoordinator)); err != nil {
+		return nil, err
+	}
+	for _, ix := range ixs[1:] {
 		if _, err := sv.state.Apply(coordinator.Context{Sender: sv.admin, Now: s.unixNow()}, ix); err != nil {
 			return nil, err
 		}
@@ -67,24 +73,23 @@ func newServer(s *Sim, h int) (*server, error) {
 	return sv, nil
 }
 
-// runConfig is the simulated run: one epoch of cfg.Rounds rounds of one
-// sequence per trainer, with the timeouts of examples/llama-1b-run.toml
-// (a round waits up to 120 s for its witnesses), and the model of that
-// file (which only sets the learning rate schedule here: results have the
-// configured size whatever the model says).
-func (s *Sim) runConfig() (coordinator.Config, coordinator.Model) {
-	n := uint16(s.cfg.Trainers)
-	k := coordinator.Config{WarmupTime: 300, CooldownTime: 300, MaxRoundTrainTime: 120, RoundWitnessTime: 3,
-		EpochTime: 1 << 30, WaitingForMembersExtraTime: 2, TotalSteps: uint32(s.cfg.Rounds),
-		GlobalBatchSizeStart: n, GlobalBatchSizeEnd: n, InitMinClients: n, MinClients: 1}
-	m := coordinator.Model{Architecture: coordinator.ArchLlama, DataKind: coordinator.DataLocal, TokenSize: 4, MaxSeqLen: 2048,
-		VocabSize: 128256, DModel: 2048, NLayers: 16, NHeads: 32, NKVHeads: 8, IntermediateSize: 8192, RopeTheta: 500000, TiedHead: true,
-		LR:        coordinator.LRSchedule{Kind: coordinator.LRCosine, BaseLR: 0.004, FinalLR: 0.0004, WarmupSteps: 10, DecaySteps: 190},
-		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, Quantize1Bit: true, CompressionTopK: 12, CompressionChunk: 64, CompressionDecay: 0.97, ClipGradNorm: 1}}
-	m.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "seed:1")
-	_ = coordinator.SetFixedString(m.DataLocation[:], "tokens")
-	return k, m
+// run is the simulated run (localrun's definition, as psyche localnet and
+// the trainer's tests make theirs): one epoch of cfg.Rounds rounds of one
+// sequence per trainer, with the timeouts of examples/llama-1b-run.toml (a
+// round waits up to 120 s for its witnesses), and the model of that file
+// (which only sets the learning rate schedule here: results have the
+// configured size whatever the model says), starting from seed:1 and
+// reading a token file it never opens.
+func (s *Sim) run() (localrun.Run, error) {
+	r := localrun.NewRun(runID, s.cfg.Trainers, 1, func(k *coordinator.Config, m *coordinator.Model) {
+		k.WarmupTime, k.CooldownTime, k.MaxRoundTrainTime, k.RoundWitnessTime = 300, 300, 120, 3
+		k.EpochTime, k.WaitingForMembersExtraTime, k.TotalSteps, k.MinClients = 1<<30, 2, uint32(s.cfg.Rounds), 1
+		*m = coordinator.Model{Architecture: coordinator.ArchLlama, MaxSeqLen: 2048,
+			VocabSize: 128256, DModel: 2048, NLayers: 16, NHeads: 32, NKVHeads: 8, IntermediateSize: 8192, RopeTheta: 500000, TiedHead: true,
+			LR:        coordinator.LRSchedule{Kind: coordinator.LRCosine, BaseLR: 0.004, FinalLR: 0.0004, WarmupSteps: 10, DecaySteps: 190},
+			Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, Quantize1Bit: true, CompressionTopK: 12, CompressionChunk: 64, CompressionDecay: 0.97, ClipGradNorm: 1}}
+	})
+	return r, r.UseFiles(localrun.Files{Tokens: "tokens", TokenSize: 4, Seed: 1})
 }
 
 // start opens every trainer's stream (each begins with the current state).

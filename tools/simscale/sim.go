@@ -295,7 +295,10 @@ func announcementSize(size int64) (int, error) {
 const runID = "sim-scale"
 
 // identity is trainer i's client id: keys derived from the seed (nothing
-// is signed in the simulation, so they need no private halves).
+// is signed in the simulation, so they need no private halves). They are
+// not localrun.Keys' (whose ids are ed25519 public keys): the server's
+// deltas carry the ids' bytes, so other ids would change the simulated
+// byte counts and every report made so far.
 func identity(seed uint64, i int) coordinator.ClientID {
 	var b [16]byte
 	binary.LittleEndian.PutUint64(b[:], seed)

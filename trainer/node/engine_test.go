@@ -122,7 +122,7 @@ func TestWorkerKilledMidRound(t *testing.T) {
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	err := <-c.errs[2]
+	err := c.result(2)
 	if err == nil || !strings.Contains(err.Error(), "worker failed") || !strings.Contains(err.Error(), "signal: killed") {
 		t.Fatalf("trainer 2 after its worker was killed: %v, want the worker's death", err)
 	}

@@ -2,13 +2,9 @@ package node_test
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -17,7 +13,6 @@ import (
 	"github.com/psyche-go/psyche/internal/promread"
 
 	"github.com/psyche-go/psyche/chain"
-	"github.com/psyche-go/psyche/chain/server"
 	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
@@ -27,33 +22,31 @@ import (
 	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
-	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/localrun"
 	"github.com/psyche-go/psyche/trainer/node"
 	"github.com/psyche-go/psyche/trainer/runmodel"
-	"github.com/psyche-go/psyche/trainer/start"
 )
 
-// cluster is a server backend and trainers over real libp2p on 127.0.0.1,
-// in virtual time: the run's clock advances a second only once the server
-// and every trainer have nothing left to do (quietclock), so each timeout
-// measures waiting, never training, and a loaded machine plays the same run
-// a fast one does, only slower.
+// cluster is a local run (trainer/localrun): a server backend and trainers
+// over real libp2p on 127.0.0.1 (or memnet), in virtual time: the run's
+// clock advances a second only once the server and every trainer have
+// nothing left to do (quietclock), so each timeout measures waiting, never
+// training, and a loaded machine plays the same run a fast one does, only
+// slower. It holds the test, for failing it.
 type cluster struct {
-	t       *testing.T
-	ctx     context.Context
-	clock   *quietclock.Clock
-	hub     *memnet.Hub // nil: libp2p
-	dir     string
-	backend *serverclient.Client
-	admin   *chain.Keypair
-	tokens  []uint32
-	initial *gpt.Model
-	nodes   []*node.Node
-	nets    []p2p.Network
-	stops   []context.CancelFunc
-	errs    []chan error
-	addrs   []string
-	stopped map[int]bool
+	t        *testing.T
+	ctx      context.Context
+	clock    *quietclock.Clock
+	dir      string
+	backend  *serverclient.Client
+	admin    *chain.Keypair
+	tokens   []uint32
+	initial  *gpt.Model
+	run      *localrun.Trainers
+	trainers []*localrun.Trainer
+	nodes    []*node.Node
+	nets     []p2p.Network
+	stopped  map[int]bool
 }
 
 func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts ...func(i int) []node.Option) *cluster {
@@ -66,111 +59,77 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 	dir := t.TempDir() // removed last: cleanups run in reverse order
 	// A guard against a hang, not a time budget: the runs below take seconds.
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0)), hub: hub}
-	c.tokens = data.Tokenize(data.Opticks()[:200_000])
-	tokenPath := filepath.Join(dir, "opticks.tokens")
-	if err := data.WriteTokenFile(ctx, tokenPath, c.tokens[:150_000], 2); err != nil {
-		t.Fatal(err)
-	}
-	// The run starts from seed:1, which every trainer draws itself; its
-	// revision is the model's hash, which each of them checks.
-	var err error
-	if c.initial, err = gpt.New(gpt.Config{Vocab: 256, Context: 32, Width: 32, Layers: 1, Heads: 2}, 1, nil); err != nil {
-		t.Fatal(err)
-	}
-	// The server ticks when the clock moves (and not by itself).
-	srv, err := server.New(filepath.Join(dir, "server"), server.WithClock(c.clock.Now), server.WithManualTicks())
+	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0))}
+	srv, err := localrun.StartServer(ctx, dir, localrun.WithClock(c.clock))
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
-	c.clock.OnAdvance(func(time.Time) { srv.Tick() })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
 	ticking := make(chan struct{})
-	go func() { _ = srv.Serve(ctx, l); close(served) }()
 	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
-	t.Cleanup(func() { cancel(); <-served; <-ticking })
-	c.backend = serverclient.New("http://"+l.Addr().String(), nil)
+	t.Cleanup(func() { cancel(); _ = srv.Wait(); <-ticking })
+	c.backend = srv.Client
 
-	admin := chain.KeypairFromSeed(sha256.Sum256([]byte("admin")))
-	c.admin = admin
-	id, _ := coordinator.ParseRunID("e2e")
-	// Rounds end as soon as every witness has reported; the training limit
-	// only passes when a trainer is gone or its result is refused.
-	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 6, MaxRoundTrainTime: 7, RoundWitnessTime: 1, EpochTime: 8,
-		WaitingForMembersExtraTime: 1, TotalSteps: 1000, GlobalBatchSizeStart: 12, GlobalBatchSizeEnd: 12,
-		InitMinClients: uint16(trainers), MinClients: 2}
-	if edit != nil {
-		edit(&cfg)
-	}
-	model := coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2,
-		MaxSeqLen: 32, VocabSize: 256, DModel: 32, NLayers: 1, NHeads: 2,
-		LR:        coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 4e-3},
-		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.97, CompressionTopK: 12, CompressionChunk: 64, Quantize1Bit: true}}
-	model.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(model.Checkpoint.Source.URL[:], modelspec.SeedURL(1))
-	_ = coordinator.SetFixedString(model.Checkpoint.Source.Revision[:], runmodel.Revision(c.initial))
-	_ = coordinator.SetFixedString(model.DataLocation[:], tokenPath)
-	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
-		&coordinator.Update{Config: &cfg, Model: &model}, &coordinator.SetPaused{}} {
-		if _, err := c.backend.Send(ctx, "e2e", admin, nil, ix); err != nil {
-			t.Fatal(err)
+	// 12 sequences a round however many trainers share them; two trainers
+	// are enough to go on.
+	run := localrun.NewRun("e2e", trainers, 1, func(k *coordinator.Config, _ *coordinator.Model) {
+		k.GlobalBatchSizeStart, k.GlobalBatchSizeEnd, k.MinClients = 12, 12, 2
+		if edit != nil {
+			edit(k)
 		}
+	})
+	c.tokens = data.Tokenize(data.Opticks()[:200_000])
+	files, err := localrun.WriteFiles(ctx, dir, &run.Model, c.tokens[:150_000], 2, 1)
+	if err != nil {
+		t.Fatal(err)
 	}
+	c.initial = files.Initial.(*gpt.Model)
+	if err := run.UseFiles(files); err != nil {
+		t.Fatal(err)
+	}
+	keys := localrun.Keys{}
+	c.admin = keys.Admin()
+	if err := localrun.Create(ctx, c.backend, run, c.admin); err != nil {
+		t.Fatal(err)
+	}
+	topts := []localrun.Option{localrun.WithClock(c.clock), localrun.WithCheckpointDir(dir),
+		localrun.WithTrainerOptions(func(i int) []node.Option { return []node.Option{node.WithLogger(testLogger(t, i))} })}
+	if hub != nil {
+		topts = append(topts, localrun.WithMemnet(hub))
+	} else {
+		// A fetch holds the clock still, so one from a trainer that died
+		// gives up sooner than the default.
+		topts = append(topts, localrun.WithLibp2pOptions(libp2p.WithFetchTimeout(5*time.Second)))
+	}
+	c.run = localrun.NewTrainers("e2e", c.backend, keys, topts...)
 	c.addTrainers(0, trainers, opts...)
 	return c
 }
 
-// addTrainers starts trainers first..first+n-1 (their keys derive from the
-// index), each dialling every trainer started before it.
+// addTrainers starts trainers first..first+n-1 (first is the number started
+// so far; their keys derive from the index), each dialling every trainer
+// started before it.
 func (c *cluster) addTrainers(first, n int, opts ...func(i int) []node.Option) {
-	t := c.t
-	for i := first; i < first+n; i++ {
-		signer := chain.KeypairFromSeed(sha256.Sum256([]byte(fmt.Sprintf("trainer %d", i))))
-		seed := sha256.Sum256([]byte(fmt.Sprintf("p2p %d", i)))
-		nctx, stop := context.WithCancel(c.ctx)
-		nodeOpts := []node.Option{node.WithPeers(c.addrs...), node.WithCheckpointDir(c.dir), node.WithLogger(testLogger(t, i)),
-			node.WithClock(c.clock)}
-		for _, o := range opts {
-			nodeOpts = append(nodeOpts, o(i)...)
-		}
-		var (
-			nd      *node.Node
-			addrs   []string
-			leave   func()
-			network p2p.Network
-		)
-		if c.hub != nil {
-			mn := c.hub.Join("e2e", ed25519.NewKeyFromSeed(seed[:]), signer.Public())
-			var err error
-			if nd, err = node.New("e2e", c.backend, signer, mn, nodeOpts...); err != nil {
-				t.Fatal(err)
-			}
-			addrs, leave, network = mn.Addrs(), mn.Close, mn
-		} else {
-			// A fetch holds the clock still, so one from a trainer that died
-			// gives up sooner than the default.
-			var pn *libp2p.Node
-			var err error
-			nd, pn, err = start.Trainer(nctx, "e2e", c.backend, signer, []libp2p.Option{libp2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"),
-				libp2p.WithKey(ed25519.NewKeyFromSeed(seed[:])), libp2p.WithFetchTimeout(5 * time.Second)}, nodeOpts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			addrs, leave, network = pn.Addrs(), func() { _ = pn.Close() }, pn
-		}
-		t.Cleanup(leave)
-		c.addrs = append(c.addrs, addrs...)
-		c.nets = append(c.nets, network)
-		errc := make(chan error, 1)
-		go func() { errc <- nd.Run(nctx) }()
-		c.nodes = append(c.nodes, nd)
-		c.stops = append(c.stops, func() { stop(); leave() })
-		c.errs = append(c.errs, errc)
+	if first != len(c.trainers) {
+		c.t.Fatalf("adding trainer %d after %d trainers", first, len(c.trainers))
 	}
+	started, err := c.run.Start(c.ctx, n, opts...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, tr := range started {
+		c.t.Cleanup(tr.Close)
+		tr.Go(c.ctx)
+		c.trainers = append(c.trainers, tr)
+		c.nodes = append(c.nodes, tr.Node)
+		c.nets = append(c.nets, tr.Net)
+	}
+}
+
+// result waits for trainer i's node to return and returns its result.
+func (c *cluster) result(i int) error {
+	<-c.trainers[i].Done()
+	return c.trainers[i].Err()
 }
 
 // settle is how long (real time) the cluster must be idle before its clock
@@ -190,16 +149,15 @@ func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool)
 		if cond(s.State) {
 			return s.State
 		}
-		for i, errc := range c.errs {
+		for i, tr := range c.trainers {
 			if c.stopped[i] {
 				continue
 			}
 			select {
-			case err := <-errc:
-				if err != nil {
+			case <-tr.Done():
+				if err := tr.Err(); err != nil {
 					c.t.Fatalf("trainer %d stopped: %v", i, err)
-				}
-				errc <- err // it left cleanly (WithEpochs); keep the result for whoever waits
+				} // else it left cleanly (WithEpochs)
 			default:
 			}
 		}
@@ -211,12 +169,12 @@ func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool)
 // stopAll stops trainers.
 func (c *cluster) stopAll(which ...int) {
 	for _, i := range which {
-		c.stops[i]()
+		c.trainers[i].Stop()
 		if c.stopped == nil {
 			c.stopped = map[int]bool{}
 		}
 		c.stopped[i] = true
-		if err := <-c.errs[i]; err != nil {
+		if err := c.result(i); err != nil {
 			c.t.Fatalf("trainer %d: %v", i, err)
 		}
 	}
@@ -411,11 +369,11 @@ func TestAllTrainersLeave(t *testing.T) {
 	})
 	c.stopped = map[int]bool{}
 	for i := 0; i < 3; i++ {
-		if err := <-c.errs[i]; err != nil { // they leave by themselves
+		if err := c.result(i); err != nil { // they leave by themselves
 			t.Fatalf("trainer %d: %v", i, err)
 		}
 		c.stopped[i] = true
-		c.stops[i]()
+		c.trainers[i].Stop()
 	}
 	final := slices.Clone(paramsOf(c.nodes[0].Model()))
 	url := coordinator.FixedString(ended.Model.Checkpoint.Source.URL[:])

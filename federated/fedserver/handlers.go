@@ -405,24 +405,37 @@ func (s *Service) handleModel(w http.ResponseWriter, req *http.Request) {
 		}
 		after = v
 	}
+	s.longPoll(w, req, fr, func() (func(), <-chan struct{}) {
+		st := fr.m.State()
+		if int64(st.Round) <= after && !st.Finished() {
+			return nil, fr.changed
+		}
+		b := federated.EncodeModel(st.Round, st.Model)
+		return func() {
+			w.Header().Set("Content-Type", "application/octet-stream")
+			_, _ = w.Write(b)
+		}, nil
+	})
+}
+
+// longPoll answers a read that waits for the run to move: ready, called
+// with fr.mu held, returns the answer to write once the lock is released,
+// or else the channel closed at the next change. After s.maxWait with
+// nothing to say it answers 204, and the client asks again.
+func (s *Service) longPoll(w http.ResponseWriter, req *http.Request, fr *run, ready func() (answer func(), changed <-chan struct{})) {
 	ctx, cancel := context.WithTimeout(req.Context(), s.maxWait)
 	defer cancel()
 	for {
 		fr.mu.Lock()
-		st := fr.m.State()
-		if int64(st.Round) > after || st.Finished() {
-			b := federated.EncodeModel(st.Round, st.Model)
-			fr.mu.Unlock()
-			w.Header().Set("Content-Type", "application/octet-stream")
-			_, _ = w.Write(b)
+		answer, ch := ready()
+		fr.mu.Unlock()
+		if answer != nil {
+			answer()
 			return
 		}
-		ch := fr.changed
-		fr.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			// No new round yet: 204, and the client asks again.
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}

@@ -1,7 +1,7 @@
 package fedserver
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -292,41 +292,27 @@ func (s *Service) handleSecAgg(w http.ResponseWriter, req *http.Request) {
 		fail(w, http.StatusBadRequest, "BadRequest", fmt.Errorf("fedserver: want a federated run, base=R, phase=keys|inbox|survivors|done and id=N"))
 		return
 	}
-	ctx, cancel := context.WithTimeout(req.Context(), s.maxWait)
-	defer cancel()
-	for {
-		fr.mu.Lock()
+	s.longPoll(w, req, fr, func() (func(), <-chan struct{}) {
 		sa := fr.sa
 		if sa == nil || sa.base != base || sa.err != nil {
 			msg := fmt.Sprintf("fedserver: no secure aggregation round %d under way; start again", base)
 			if sa != nil && sa.base == base && sa.err != nil {
 				msg = sa.err.Error()
 			}
-			fr.mu.Unlock()
-			fail(w, http.StatusConflict, "Aborted", fmt.Errorf("%s", msg))
-			return
+			return func() { fail(w, http.StatusConflict, "Aborted", errors.New(msg)) }, nil
 		}
-		if sa.phase >= want {
-			v := &secagg.View{Base: base, ID: secagg.ID(who), FractionBits: sa.f}
-			switch want {
-			case secagg.PhaseShare:
-				v.Keys = sa.keys
-			case secagg.PhaseMask:
-				v.Inbox = sa.inbox[secagg.ID(who)]
-			case secagg.PhaseUnmask:
-				v.Survivors = sa.survivors
-			}
-			fr.mu.Unlock()
-			httpserve.WriteJSON(w, http.StatusOK, v)
-			return
+		if sa.phase < want {
+			return nil, sa.changed
 		}
-		ch := sa.changed
-		fr.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			w.WriteHeader(http.StatusNoContent)
-			return
+		v := &secagg.View{Base: base, ID: secagg.ID(who), FractionBits: sa.f}
+		switch want {
+		case secagg.PhaseShare:
+			v.Keys = sa.keys
+		case secagg.PhaseMask:
+			v.Inbox = sa.inbox[secagg.ID(who)]
+		case secagg.PhaseUnmask:
+			v.Survivors = sa.survivors
 		}
-	}
+		return func() { httpserve.WriteJSON(w, http.StatusOK, v) }, nil
+	})
 }

@@ -52,21 +52,28 @@ func floodThenFresh(t *testing.T, addr string, n int, path string) {
 // client waited until a flood connection closed (> 163 s when they sent a
 // request every 20 s).
 func TestExplorerServesAFreshClientUnderAKeepAliveFlood(t *testing.T) {
+	floodThenFresh(t, startTestExplorer(t), explorer.ServeLimits.MaxConns, "/api/runs")
+}
+
+// startTestExplorer serves psyche explorer's listener (serveExplorer, with
+// its caps) on 127.0.0.1 over a backend with no runs, until the test ends,
+// and returns its address.
+func startTestExplorer(tb testing.TB) string {
 	ex, err := explorer.New()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	src := explorer.NewSource(func(context.Context) ([]string, error) { return nil, nil },
 		func(context.Context, string) (<-chan chain.Snapshot, error) { return nil, chain.ErrRunNotFound })
 	go func() { done <- serveExplorer(ctx, l, ex, src, slog.New(slog.DiscardHandler)) }()
-	defer func() { cancel(); <-done }()
-	floodThenFresh(t, l.Addr().String(), explorer.ServeLimits.MaxConns, "/api/runs")
+	tb.Cleanup(func() { cancel(); <-done })
+	return l.Addr().String()
 }
 
 // TestMetricsServesAFreshClientUnderAKeepAliveFlood: the metrics listener
@@ -93,21 +100,8 @@ func TestMetricsServesAFreshClientUnderAKeepAliveFlood(t *testing.T) {
 func BenchmarkExplorerFlood(b *testing.B) {
 	wait := floodtest.EnvDuration("PSYCHE_FLOOD_WAIT", 30*time.Second)
 	hold := floodtest.EnvDuration("PSYCHE_FLOOD_HOLD", 25*time.Second)
-	ex, err := explorer.New()
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	src := explorer.NewSource(func(context.Context) ([]string, error) { return nil, nil },
-		func(context.Context, string) (<-chan chain.Snapshot, error) { return nil, chain.ErrRunNotFound })
-	go func() { done <- serveExplorer(ctx, l, ex, src, slog.New(slog.DiscardHandler)) }()
-	defer func() { cancel(); <-done }()
-	addr := l.Addr().String()
+	addr := startTestExplorer(b)
+	ctx := b.Context()
 	b.ResetTimer()
 	if err := floodtest.MeasureKeepAlive(ctx, addr, []string{"127.0.0.1"}, 1024, "/api/runs",
 		[]floodtest.FreshSource{{From: "127.0.0.2", Name: "other"}, {From: "127.0.0.1", Name: "same"}}, "/api/runs",

@@ -112,25 +112,15 @@ func (e *Explorer) Handler() http.Handler {
 		stream(w, r, ch, func() (any, bool) { return e.list(), true }, e.clock)
 	}))
 	mux.HandleFunc("GET /api/runs/{id}", func(w http.ResponseWriter, r *http.Request) {
-		id, ok := runID(w, r)
+		_, u, ok := e.knownRun(w, r)
 		if !ok {
-			return
-		}
-		u, _, ok := e.update(id, 0)
-		if !ok {
-			notFound(w, id)
 			return
 		}
 		httpserve.WriteJSON(w, http.StatusOK, u)
 	})
 	mux.HandleFunc("GET /api/runs/{id}/history.csv", func(w http.ResponseWriter, r *http.Request) {
-		id, ok := runID(w, r)
+		id, u, ok := e.knownRun(w, r)
 		if !ok {
-			return
-		}
-		u, _, ok := e.update(id, 0)
-		if !ok {
-			notFound(w, id)
 			return
 		}
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
@@ -138,12 +128,8 @@ func (e *Explorer) Handler() http.Handler {
 		_ = WriteHistoryCSV(w, u.Points)
 	})
 	mux.HandleFunc("GET /api/runs/{id}/events", lim.limited(func(w http.ResponseWriter, r *http.Request) {
-		id, ok := runID(w, r)
+		id, _, ok := e.knownRun(w, r)
 		if !ok {
-			return
-		}
-		if _, _, ok := e.update(id, 0); !ok {
-			notFound(w, id)
 			return
 		}
 		ch, cancel, ok := e.watchRun(id)
@@ -166,6 +152,21 @@ func (e *Explorer) Handler() http.Handler {
 }
 
 func (e *Explorer) clock() int64 { return e.cfg.now().Unix() }
+
+// knownRun is the run the path names and its update, or false once it has
+// answered 400 (not a run id) or 404 (no such run here).
+func (e *Explorer) knownRun(w http.ResponseWriter, r *http.Request) (string, Update, bool) {
+	id, ok := runID(w, r)
+	if !ok {
+		return "", Update{}, false
+	}
+	u, _, ok := e.update(id, 0)
+	if !ok {
+		notFound(w, id)
+		return "", Update{}, false
+	}
+	return id, u, true
+}
 
 // runID checks the path's run id: the same rule as the coordinator's.
 func runID(w http.ResponseWriter, r *http.Request) (string, bool) {

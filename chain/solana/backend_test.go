@@ -218,6 +218,26 @@ func (p *proxy) cut() {
 	p.conns = nil
 }
 
+// subscribedRun creates a run (named for tag) with a funded admin (named
+// adminName) and subscribes to it.
+func subscribedRun(ctx context.Context, t *testing.T, v *validator.Validator, b *solana.Backend, adminName, tag string) (*chain.Keypair, string, <-chan chain.Snapshot) {
+	t.Helper()
+	admin := backendtest.Key(adminName)
+	if err := b.Airdrop(ctx, admin.Public(), 10_000_000_000); err != nil {
+		t.Fatal(err)
+	}
+	run := runName(t, v, tag)
+	id, _ := coordinator.ParseRunID(run)
+	if _, err := b.Send(ctx, run, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := b.Subscribe(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admin, run, snaps
+}
+
 // TestWebsocketDropIsRecovered cuts the subscription's connection: the
 // backend reconnects, resubscribes and resyncs, and later changes still
 // arrive in nonce order.
@@ -231,19 +251,7 @@ func TestWebsocketDropIsRecovered(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin := backendtest.Key("ws-admin")
-	if err := b.Airdrop(ctx, admin.Public(), 10_000_000_000); err != nil {
-		t.Fatal(err)
-	}
-	run := runName(t, v, "ws")
-	id, _ := coordinator.ParseRunID(run)
-	if _, err := b.Send(ctx, run, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
-		t.Fatal(err)
-	}
-	snaps, err := b.Subscribe(ctx, run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin, run, snaps := subscribedRun(ctx, t, v, b, "ws-admin", "ws")
 	first := <-snaps
 	rename := func(name string) uint64 {
 		var m coordinator.Metadata
@@ -324,19 +332,7 @@ func TestSubscriptionEndsWhenFreed(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin := backendtest.Key("free-admin")
-	if err := b.Airdrop(ctx, admin.Public(), 10_000_000_000); err != nil {
-		t.Fatal(err)
-	}
-	run := runName(t, v, "freed")
-	id, _ := coordinator.ParseRunID(run)
-	if _, err := b.Send(ctx, run, admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id}); err != nil {
-		t.Fatal(err)
-	}
-	snaps, err := b.Subscribe(ctx, run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin, run, snaps := subscribedRun(ctx, t, v, b, "free-admin", "freed")
 	<-snaps
 	// The subscription may not be live yet: a metadata change observed
 	// through it proves it is.

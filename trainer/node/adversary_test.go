@@ -194,27 +194,7 @@ func TestVerificationDropsLazyTrainers(t *testing.T) {
 // TestVerificationSparesHonestTrainers: verification on every result of
 // four honest trainers, one of them slow, for two epochs: nobody dropped.
 func TestVerificationSparesHonestTrainers(t *testing.T) {
-	slow, err := node.WithAdversary("slow")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 40; k.VerificationPercent = 100 },
-		func(i int) []node.Option {
-			if i == 3 {
-				return []node.Option{slow}
-			}
-			return nil
-		})
-	var dropped []coordinator.ClientID
-	c.waitFor("the end of the second epoch", func(s *coordinator.Coordinator) bool {
-		dropped = append(dropped, droppedIn(s)...)
-		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
-	})
-	if len(dropped) > 0 {
-		t.Errorf("honest trainers dropped: %v", dropped)
-	}
-	c.stopAll(0, 1, 2, 3)
-	c.sameWeights(0, 1, 2, 3)
+	nobodyDropped(t, "slow", func(k *coordinator.Config) { k.EpochTime = 40; k.VerificationPercent = 100 })
 }
 
 // TestSilentTrainerCostsNoTrainingLimit: a trainer that trains and never
@@ -283,24 +263,30 @@ func TestSilentTrainerCostsNoTrainingLimit(t *testing.T) {
 // including each epoch's first, when nobody trained ahead: nobody is
 // dropped, and all four end with the same weights.
 func TestLateTrainerKeepsItsPlace(t *testing.T) {
-	late, err := node.WithAdversary("late")
+	nobodyDropped(t, "late", func(k *coordinator.Config) { k.EpochTime = 12 })
+}
+
+// nobodyDropped plays two epochs of four trainers, the fourth the honest
+// adversary kind (slow, late), and wants nobody dropped and every trainer
+// ending with the same weights.
+func nobodyDropped(t *testing.T, kind string, edit func(*coordinator.Config)) {
+	opt, err := node.WithAdversary(kind)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 12 },
-		func(i int) []node.Option {
-			if i == 3 {
-				return []node.Option{late}
-			}
-			return nil
-		})
+	c := newClusterOn(t, memnet.NewHub(), 4, edit, func(i int) []node.Option {
+		if i == 3 {
+			return []node.Option{opt}
+		}
+		return nil
+	})
 	var dropped []coordinator.ClientID
 	c.waitFor("the end of the second epoch", func(s *coordinator.Coordinator) bool {
 		dropped = addNew(dropped, droppedIn(s)...)
 		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
 	})
 	if len(dropped) > 0 {
-		t.Errorf("trainers dropped: %v", dropped)
+		t.Errorf("trainers dropped beside a %s one: %v", kind, dropped)
 	}
 	c.stopAll(0, 1, 2, 3)
 	c.sameWeights(0, 1, 2, 3)

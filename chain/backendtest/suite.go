@@ -46,6 +46,23 @@ func TinyModel() coordinator.Model {
 	return m
 }
 
+// CreateTinyRun creates run runID on b as admin, configured with TinyConfig
+// and TinyModel, and unpauses it: the run waits for its members.
+func CreateTinyRun(ctx context.Context, tb testing.TB, b chain.Backend, runID string, admin *chain.Keypair) {
+	tb.Helper()
+	id, err := coordinator.ParseRunID(runID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	k, m := TinyConfig(), TinyModel()
+	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
+		&coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{}} {
+		if _, err := b.Send(ctx, runID, admin, nil, ix); err != nil {
+			tb.Fatalf("creating run %s: %s: %v", runID, ix.Name(), err)
+		}
+	}
+}
+
 // Run drives a run through the backend: create, configure, resume, two
 // joins, the start of an epoch, and the rejections on the way.
 func Run(t *testing.T, runID string, h Harness) {

@@ -181,14 +181,7 @@ func TestAnonymousKeysStoreNothing(t *testing.T) {
 	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	admin := backendtest.Key("admin")
-	id, _ := coordinator.ParseRunID("anon")
-	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
-	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
-		&coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{}} {
-		if _, err := c.Send(ctx, "anon", admin, nil, ix); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backendtest.CreateTinyRun(ctx, t, c, "anon", admin)
 	before := fingerprint(t, s)
 	for i := range 300 {
 		key := backendtest.Key(fmt.Sprintf("anon%d", i))

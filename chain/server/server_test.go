@@ -204,14 +204,7 @@ func TestRestartLosesNothing(t *testing.T) {
 	c := serverclient.New(url, nil)
 	ctx := context.Background()
 	admin := backendtest.Key("admin")
-	id, _ := coordinator.ParseRunID("durable")
-	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
-	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
-		&coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{}} {
-		if _, err := c.Send(ctx, "durable", admin, nil, ix); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backendtest.CreateTinyRun(ctx, t, c, "durable", admin)
 	var last uint64
 	for i := 0; i < 4; i++ { // the tiny config takes 4 joiners
 		who := backendtest.Key(fmt.Sprintf("client%d", i))
@@ -415,14 +408,7 @@ func TestP2PHost(t *testing.T) {
 		t.Fatalf("P2PBootstrap = %+v, %v", info, err)
 	}
 	admin, alice := backendtest.Key("admin"), backendtest.Key("alice")
-	id, _ := coordinator.ParseRunID("p2p")
-	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
-	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
-		&coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{}} {
-		if _, err := c.Send(ctx, "p2p", admin, nil, ix); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backendtest.CreateTinyRun(ctx, t, c, "p2p", admin)
 	if got := rec.last(); got == nil || len(got["p2p"]) != 0 {
 		t.Fatalf("after init: %v, want the run with no members", got)
 	}
@@ -462,14 +448,8 @@ func TestTicksWhenDue(t *testing.T) {
 	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	admin := backendtest.Key("admin")
-	id, _ := coordinator.ParseRunID("due")
-	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
-	for _, ix := range []coordinator.Instruction{&coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: id},
-		&coordinator.Update{Config: &k, Model: &m}, &coordinator.SetPaused{}} {
-		if _, err := c.Send(ctx, "due", admin, nil, ix); err != nil {
-			t.Fatal(err)
-		}
-	}
+	backendtest.CreateTinyRun(ctx, t, c, "due", admin)
+	k := backendtest.TinyConfig()
 	if got := s.untilDue(); got != time.Hour {
 		t.Fatalf("waiting for members, none pending: sleeps %v, want the interval", got)
 	}

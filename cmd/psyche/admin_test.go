@@ -208,13 +208,7 @@ func TestAdminFlowOnTheServerBackend(t *testing.T) {
 
 func TestRunFileErrors(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := fileWriter(t, dir)
 	for _, tc := range []struct {
 		name, content string
 		want          []string

@@ -20,13 +20,7 @@ var goInternal = []string{"unsupported protocol scheme", "dial tcp", "strconv.",
 // to do.
 func TestErrorsFollowTheRule(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := fileWriter(t, dir)
 	tiny, err := os.ReadFile(filepath.Join("..", "..", "examples", "tiny-run.toml"))
 	if err != nil {
 		t.Fatal(err)
@@ -97,5 +91,17 @@ func TestErrorsFollowTheRule(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// fileWriter returns a function that writes a file named name in dir with
+// content and returns its path: the test cases' run files and inputs.
+func fileWriter(t *testing.T, dir string) func(name, content string) string {
+	return func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
 }

@@ -80,13 +80,7 @@ func TestInitModelPrintsTheRunsHash(t *testing.T) {
 
 func TestInitModelRejects(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := fileWriter(t, dir)
 	tiny, err := os.ReadFile(tinyRun)
 	if err != nil {
 		t.Fatal(err)

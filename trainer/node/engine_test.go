@@ -57,11 +57,7 @@ func TestTorchTrainersTrainTogether(t *testing.T) {
 	})
 	c.stopAll(0, 1, 2)
 	c.sameWeights(0, 1, 2)
-	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
-	t.Logf("held-out loss %.3f -> %.3f", before, after)
-	if after >= before-0.2 {
-		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
-	}
+	c.lossWentDown(0)
 }
 
 // TestMixedEnginesTrainTogether: a Go trainer and two torch trainers in one
@@ -91,13 +87,8 @@ func TestMixedEnginesTrainTogether(t *testing.T) {
 	if differ*100 > len(goW) {
 		t.Errorf("the engines drifted apart: %d of %d parameters differ", differ, len(goW))
 	}
-	for _, i := range []int{0, 1} {
-		before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[i].Model())
-		t.Logf("trainer %d: held-out loss %.3f -> %.3f", i, before, after)
-		if after >= before-0.2 {
-			t.Fatalf("trainer %d: loss did not go down: %.3f -> %.3f", i, before, after)
-		}
-	}
+	c.lossWentDown(0)
+	c.lossWentDown(1)
 }
 
 // TestWorkerKilledMidRound: the worker of one trainer is killed while the
@@ -162,9 +153,5 @@ func TestMultiDeviceTrainerTrains(t *testing.T) {
 		t.Fatalf("trainer 0's worker ran %d further ranks, want 1", ranks)
 	}
 	c.sameWeights(0, 1)
-	before, after := c.heldOutLoss(c.initial), c.heldOutLoss(c.nodes[0].Model())
-	t.Logf("held-out loss %.3f -> %.3f", before, after)
-	if after >= before-0.2 {
-		t.Fatalf("loss did not go down: %.3f -> %.3f", before, after)
-	}
+	c.lossWentDown(0)
 }

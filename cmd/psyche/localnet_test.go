@@ -93,10 +93,7 @@ func TestLocalnetTrainsLlama(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
-	var before, after float64
-	if _, err := fmt.Sscanf(got[strings.Index(got, "held-out loss: "):], "held-out loss: %f -> %f", &before, &after); err != nil {
-		t.Fatal(err)
-	} else if after >= before-0.2 {
+	if before, after := summaryLoss(t, got); after >= before-0.2 {
 		t.Errorf("held-out loss %.3f -> %.3f: no better", before, after)
 	}
 	ck := strings.Fields(got[strings.Index(got, "checkpoint: "):])[1]
@@ -169,12 +166,7 @@ func TestLocalnetTrainsLlama3(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
-	var before, after float64
-	if i := strings.Index(got, "held-out loss: "); i < 0 {
-		t.Fatal("no held-out loss")
-	} else if _, err := fmt.Sscanf(got[i:], "held-out loss: %f -> %f", &before, &after); err != nil {
-		t.Fatal(err)
-	}
+	before, after := summaryLoss(t, got)
 	// A fresh model's loss is about ln 128256 = 11.76.
 	if before < 11.5 || before > 12 || after >= before-0.05 {
 		t.Errorf("held-out loss %.3f -> %.3f: not a fresh model that got better", before, after)
@@ -282,15 +274,25 @@ func TestLocalnetOnSolana(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
-	var before, after float64
-	if _, err := fmt.Sscanf(got[strings.Index(got, "held-out loss: "):], "held-out loss: %f -> %f", &before, &after); err != nil {
-		t.Fatal(err)
-	} else if after >= before-0.2 {
+	if before, after := summaryLoss(t, got); after >= before-0.2 {
 		t.Errorf("held-out loss %.3f -> %.3f: no better", before, after)
 	}
 	if t.Failed() {
 		t.Log("the last log lines:\n" + tail(errb.String(), 150))
 	}
+}
+
+// summaryLoss reads the summary's "held-out loss: before -> after".
+func summaryLoss(t *testing.T, summary string) (before, after float64) {
+	t.Helper()
+	i := strings.Index(summary, "held-out loss: ")
+	if i < 0 {
+		t.Fatal("the summary has no held-out loss")
+	}
+	if _, err := fmt.Sscanf(summary[i:], "held-out loss: %f -> %f", &before, &after); err != nil {
+		t.Fatal(err)
+	}
+	return before, after
 }
 
 // tail is the last n lines of s.

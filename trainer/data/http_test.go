@@ -251,6 +251,16 @@ func TestHTTPSourceTruncatedFile(t *testing.T) {
 	}
 }
 
+// partial is a table case's server answering 206 with the Content-Range and
+// body given: the short-body cases differ only in those two.
+func partial(contentRange string, body []byte) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Range", contentRange)
+		w.WriteHeader(http.StatusPartialContent)
+		w.Write(body)
+	}
+}
+
 func TestHTTPSourceShortBodies(t *testing.T) {
 	content := []byte("0123456789abcdef")
 	for _, tc := range []struct {
@@ -267,30 +277,14 @@ func TestHTTPSourceShortBodies(t *testing.T) {
 			w.WriteHeader(http.StatusPartialContent)
 			w.Write(content[4:7])
 		}, 3, ErrShortRead, "giving up after 3 attempts"},
-		{"shorter range than asked", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Range", "bytes 4-7/*")
-			w.WriteHeader(http.StatusPartialContent)
-			w.Write(content[4:8])
-		}, 1, ErrShortRead, "only bytes 4-7"},
-		{"file shorter than the range", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Range", "bytes 4-9/10")
-			w.WriteHeader(http.StatusPartialContent)
-			w.Write(content[4:10])
-		}, 1, ErrShortRead, "the file has 10 bytes"},
+		{"shorter range than asked", partial("bytes 4-7/*", content[4:8]), 1, ErrShortRead, "only bytes 4-7"},
+		{"file shorter than the range", partial("bytes 4-9/10", content[4:10]), 1, ErrShortRead, "the file has 10 bytes"},
 		{"not satisfiable", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Range", "bytes */3")
 			w.WriteHeader(http.StatusRequestedRangeNotSatisfiable)
 		}, 1, ErrShortRead, "the file has 3 bytes"},
-		{"other range", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Range", "bytes 0-7/16")
-			w.WriteHeader(http.StatusPartialContent)
-			w.Write(content[:8])
-		}, 1, nil, "sent bytes 0-7 instead"},
-		{"malformed Content-Range", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Range", "4-11")
-			w.WriteHeader(http.StatusPartialContent)
-			w.Write(content[4:12])
-		}, 1, nil, "malformed Content-Range"},
+		{"other range", partial("bytes 0-7/16", content[:8]), 1, nil, "sent bytes 0-7 instead"},
+		{"malformed Content-Range", partial("4-11", content[4:12]), 1, nil, "malformed Content-Range"},
 		{"gzip", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Encoding", "gzip")
 			w.Header().Set("Content-Range", "bytes 4-11/16")

@@ -2,29 +2,21 @@ package federated
 
 import (
 	"bytes"
-	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
 	"math"
 	"slices"
 	"testing"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
 )
 
-type testSigner struct{ priv ed25519.PrivateKey }
-
-func newTestSigner(name string) testSigner {
-	seed := sha256.Sum256([]byte(name))
-	return testSigner{ed25519.NewKeyFromSeed(seed[:])}
+// newTestSigner is the key pair a name stands for, the same in every run of the
+// tests (chain.Keypair already signs as federated.Signer asks).
+func newTestSigner(name string) *chain.Keypair {
+	return chain.KeypairFromSeed(sha256.Sum256([]byte(name)))
 }
-
-func (s testSigner) Public() (k coordinator.Pubkey) {
-	copy(k[:], s.priv.Public().(ed25519.PublicKey))
-	return k
-}
-
-func (s testSigner) Sign(msg []byte) []byte { return ed25519.Sign(s.priv, msg) }
 
 // TestRequestLayout checks the offsets table of wire_request.go and
 // wire_update.go.

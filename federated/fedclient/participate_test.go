@@ -2,7 +2,6 @@ package fedclient_test
 
 import (
 	"context"
-	"crypto/ed25519"
 	"crypto/sha256"
 	"math"
 	"net/http"
@@ -11,6 +10,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/dp"
@@ -21,19 +21,11 @@ import (
 	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
-type signer struct{ priv ed25519.PrivateKey }
-
-func newSigner(name string) signer {
-	seed := sha256.Sum256([]byte(name))
-	return signer{ed25519.NewKeyFromSeed(seed[:])}
+// newSigner is the key pair a name stands for, the same in every run of the
+// tests (chain.Keypair already signs as federated.Signer asks).
+func newSigner(name string) *chain.Keypair {
+	return chain.KeypairFromSeed(sha256.Sum256([]byte(name)))
 }
-
-func (s signer) Public() (k coordinator.Pubkey) {
-	copy(k[:], s.priv.Public().(ed25519.PublicKey))
-	return k
-}
-
-func (s signer) Sign(msg []byte) []byte { return ed25519.Sign(s.priv, msg) }
 
 // TestParticipateWithLocalDP: one client of a run with local differential
 // privacy (clip 0.5, σ = 1) trains three rounds through the real service;

@@ -14,13 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/fedclient"
 	"github.com/psyche-go/psyche/federated/secagg"
 )
 
 // post sends one signed request to mux in process and returns the status.
-func post(t testing.TB, mux http.Handler, kind federated.Kind, seq uint64, payload []byte, s signer) (int, string, int) {
+func post(t testing.TB, mux http.Handler, kind federated.Kind, seq uint64, payload []byte, s *chain.Keypair) (int, string, int) {
 	t.Helper()
 	body, err := federated.EncodeRequest(kind, "fed", seq, payload, s)
 	if err != nil {
@@ -264,7 +265,7 @@ func TestFederatedJoinJournalRecovery(t *testing.T) {
 
 // advertise sends a secure aggregation advertisement for round base as s
 // (keys from a fixed seed) and returns the HTTP status.
-func advertise(t *testing.T, url string, s signer, base uint64) (int, string) {
+func advertise(t *testing.T, url string, s *chain.Keypair, base uint64) (int, string) {
 	t.Helper()
 	pre, err := secagg.NewClient(1, 2, 0, [32]byte{byte(base), 9})
 	if err != nil {
@@ -295,14 +296,8 @@ func advertise(t *testing.T, url string, s signer, base uint64) (int, string) {
 // keys take part.
 func TestFederatedOpenRunKeepsSlotsForEarlierClients(t *testing.T) {
 	ctx := context.Background()
-	admin := newSigner("admin")
-	acc := newAccounts(t, admin.Public())
-	_, url := serve(t, t.TempDir(), acc)
 	cfg := &federated.Config{Capacity: 3, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 2, SecAggTimeout: 5}
-	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, url, info := configuredRun(t, t.TempDir(), cfg)
 	honest := []string{"a", "b", "c"}
 	round := func(base uint64, names []string) []error {
 		errs := make([]error, len(names))
@@ -347,7 +342,7 @@ func TestFederatedOpenRunKeepsSlotsForEarlierClients(t *testing.T) {
 	// reservation holds, and take part after RecentRounds failed tries
 	// (whose rounds end at their deadline, now 1 s, with nobody).
 	cfg.SecAggTimeout = 1
-	if _, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg); err != nil {
+	if _, err := fedclient.New(url, "fed", newSigner("admin")).Configure(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	tries := 0

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -21,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/federated/fedclient"
@@ -29,19 +29,11 @@ import (
 	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
-type signer struct{ priv ed25519.PrivateKey }
-
-func newSigner(name string) signer {
-	seed := sha256.Sum256([]byte(name))
-	return signer{ed25519.NewKeyFromSeed(seed[:])}
+// newSigner is the key pair a name stands for, the same in every run of the
+// tests (chain.Keypair already signs as federated.Signer asks).
+func newSigner(name string) *chain.Keypair {
+	return chain.KeypairFromSeed(sha256.Sum256([]byte(name)))
 }
-
-func (s signer) Public() (k coordinator.Pubkey) {
-	copy(k[:], s.priv.Public().(ed25519.PublicKey))
-	return k
-}
-
-func (s signer) Sign(msg []byte) []byte { return ed25519.Sign(s.priv, msg) }
 
 // accounts is a fake server holding one run's coordinator.
 type accounts struct {
@@ -88,6 +80,21 @@ func serve(t *testing.T, dir string, acc *accounts) (*Service, string) {
 	hs := httptest.NewServer(mux)
 	t.Cleanup(hs.Close)
 	return svc, hs.URL
+}
+
+// configuredRun serves, in dir, the run "fed" once its authority (the signer
+// "admin") has configured it with cfg: the start most tests of a live run
+// share.
+func configuredRun(t *testing.T, dir string, cfg *federated.Config) (*accounts, string, *federated.Info) {
+	t.Helper()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	_, url := serve(t, dir, acc)
+	info, err := fedclient.New(url, "fed", admin).Configure(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return acc, url, info
 }
 
 // join is a client of the run at url named name, once it has joined (only
@@ -219,14 +226,7 @@ func TestFederatedService(t *testing.T) {
 // of the three updates, within fixed-point error.
 func TestSecureAggregationWithADropout(t *testing.T) {
 	ctx := context.Background()
-	admin := newSigner("admin")
-	acc := newAccounts(t, admin.Public())
-	_, url := serve(t, t.TempDir(), acc)
-	cfg := &federated.Config{Capacity: 4, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 3, SecAggTimeout: 1}
-	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, url, info := configuredRun(t, t.TempDir(), &federated.Config{Capacity: 4, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 3, SecAggTimeout: 1})
 	n := info.Params
 	probe := fedclient.New(url, "fed", newSigner("probe"))
 	_, model0, err := probe.Model(ctx, -1)
@@ -424,12 +424,8 @@ func TestCorruptStateIsQuarantined(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	admin := newSigner("admin")
-	acc := newAccounts(t, admin.Public())
-	_, url := serve(t, dir, acc)
 	cfg := &federated.Config{Capacity: 2, RoundDuration: 1}
-	if _, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	acc, _, _ := configuredRun(t, dir, cfg)
 	file := filepath.Join(dir, "fed"+fileExt)
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -471,13 +467,7 @@ func TestSecAggRoundAbortedByRestart(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	admin := newSigner("admin")
-	acc := newAccounts(t, admin.Public())
-	_, url := serve(t, dir, acc)
-	cfg := &federated.Config{Capacity: 3, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 2, SecAggTimeout: 60}
-	info, err := fedclient.New(url, "fed", admin).Configure(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	acc, url, info := configuredRun(t, dir, &federated.Config{Capacity: 3, RoundDuration: 1, Clip: 1, SecAgg: true, SecAggThreshold: 2, SecAggTimeout: 60})
 	// They join the first server; the restarted one knows them.
 	for _, name := range []string{"a", "b", "c"} {
 		join(t, url, name)
@@ -531,12 +521,7 @@ func TestSecAggRoundAbortedByRestart(t *testing.T) {
 func TestRefusalsWriteNothing(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	acc := newAccounts(t, newSigner("admin").Public())
-	_, url := serve(t, dir, acc)
-	info, err := fedclient.New(url, "fed", newSigner("admin")).Configure(ctx, &federated.Config{Capacity: 2, RoundDuration: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, url, info := configuredRun(t, dir, &federated.Config{Capacity: 2, RoundDuration: 1})
 	file := filepath.Join(dir, "fed"+fileExt)
 	before, err := os.Stat(file)
 	if err != nil {

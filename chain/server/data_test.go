@@ -2,7 +2,6 @@ package server
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -21,15 +20,7 @@ func serveDataDir(t *testing.T, data string, opts ...Option) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := listenLocal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = s.Serve(ctx, l); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return l.Addr().String()
+	return serveLocal(t, s)
 }
 
 // rawGet sends a request line exactly as written (no client cleans the

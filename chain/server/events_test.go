@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/psyche-go/psyche/chain/backendtest"
@@ -18,12 +17,7 @@ import (
 // the whole accounts.
 func TestEventDeltas(t *testing.T) {
 	m := NewMetrics(nil)
-	s, err := New(t.TempDir(), WithMetrics(m), WithManualTicks())
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	s, hs := serveHTTP(t, WithMetrics(m), WithManualTicks())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	admin := backendtest.Key("admin")

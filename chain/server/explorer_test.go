@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -23,12 +22,7 @@ import (
 func TestExplorerHooks(t *testing.T) {
 	page := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "the page") })
 	freed := make(chan string, 2)
-	s, err := New(t.TempDir(), WithPage(page), WithOnFree(func(id string) { freed <- id }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	s, hs := serveHTTP(t, WithPage(page), WithOnFree(func(id string) { freed <- id }))
 	for _, c := range []struct {
 		method, path string
 		status       int

@@ -206,12 +206,7 @@ func (w *streamWriter) Flush()                      {}
 // cap). The handler is called with the remote addresses a listener would
 // give it: the loopback interface has one IPv6 address.
 func TestStreamCapGroupsIPv6By64(t *testing.T) {
-	s, err := New(t.TempDir(), WithSubscriberLimits(1024, 4), WithManualTicks())
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	s, hs := serveHTTP(t, WithSubscriberLimits(1024, 4), WithManualTicks())
 	initRun(t, hs.URL, "six")
 	h := s.Handler()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -71,12 +71,7 @@ func (g *signer) signAt(b serverwire.Binding, id string, seq uint64, ix coordina
 // name, and a refused request stores nothing, in memory or on disk.
 func TestRefusals(t *testing.T) {
 	admin, carol, mallory := backendtest.Key("admin"), backendtest.Key("carol"), backendtest.Key("mallory")
-	s, err := New(t.TempDir(), WithCreators(admin.Public(), carol.Public()), WithCreatorQuota(1), WithRequestWindow(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	s, hs := serveHTTP(t, WithCreators(admin.Public(), carol.Public()), WithCreatorQuota(1), WithRequestWindow(time.Minute))
 	g := newSigner(t, s)
 	rid, _ := coordinator.ParseRunID("r")
 	k, m := backendtest.TinyConfig(), backendtest.TinyModel()
@@ -518,12 +513,7 @@ func waitGauge(t *testing.T, what string, get func() float64, want float64) {
 // refused with 429 and a message, and a closed stream gives its place back.
 func TestSubscriberLimits(t *testing.T) {
 	m := NewMetrics(nil)
-	s, err := New(t.TempDir(), WithSubscriberLimits(3, 2), WithMetrics(m))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	s, hs := serveHTTP(t, WithSubscriberLimits(3, 2), WithMetrics(m))
 	admin := backendtest.Key("admin")
 	rid, _ := coordinator.ParseRunID("sse")
 	if _, err := serverclient.New(hs.URL, nil).Send(context.Background(), "sse", admin, nil, &coordinator.InitCoordinator{MainAuthority: admin.Public(), RunID: rid}); err != nil {
@@ -602,12 +592,7 @@ func TestSubscriberLimits(t *testing.T) {
 // server goes on serving.
 func TestSlowSubscriberIsDropped(t *testing.T) {
 	m := NewMetrics(nil)
-	s, err := New(t.TempDir(), WithSlowSubscriber(50*time.Millisecond), WithMetrics(m))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	_, hs := serveHTTP(t, WithSlowSubscriber(50*time.Millisecond), WithMetrics(m))
 	admin := backendtest.Key("admin")
 	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
@@ -655,15 +640,7 @@ func TestStreamsOutliveHTTPTimeouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := listenLocal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
-	url := "http://" + l.Addr().String()
+	url := "http://" + serveLocal(t, s)
 	admin := backendtest.Key("admin")
 	// Instructions go to Execute directly: over HTTP, the tight write
 	// timeout would bound how long persisting them may take.

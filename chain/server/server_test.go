@@ -53,6 +53,20 @@ func newTestServer(t *testing.T, dir string) (*Server, *fakeClock, *httptest.Ser
 	return s, clock, hs
 }
 
+// serveHTTP starts a server with opts over a fresh state directory, behind
+// an httptest server closed when the test ends: the start shared by the
+// tests that talk to one server over HTTP.
+func serveHTTP(t *testing.T, opts ...Option) (*Server, *httptest.Server) {
+	t.Helper()
+	s, err := New(t.TempDir(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(hs.Close)
+	return s, hs
+}
+
 func TestBackendSuite(t *testing.T) {
 	s, clock, hs := newTestServer(t, t.TempDir())
 	backendtest.Run(t, "suite", backendtest.Harness{
@@ -317,12 +331,7 @@ func startChildProc(t testing.TB, dir string, env ...string) (string, int, func(
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	s, err := New(t.TempDir(), WithMetrics(m))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	s, hs := serveHTTP(t, WithMetrics(m))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel() // before hs.Close, which waits for the stream to end
 	admin := backendtest.Key("admin")
@@ -395,12 +404,7 @@ func (r *p2pRecorder) last() map[string][]coordinator.Pubkey {
 // so.
 func TestP2PHost(t *testing.T) {
 	rec := &p2pRecorder{}
-	s, err := New(t.TempDir(), WithP2P(rec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	_, hs := serveHTTP(t, WithP2P(rec))
 	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	info, err := c.P2PBootstrap(ctx)
@@ -439,12 +443,7 @@ func TestP2PHost(t *testing.T) {
 // transition has a deadline, it sleeps exactly until that second.
 func TestTicksWhenDue(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1_700_000_000, 250_000_000)}
-	s, err := New(t.TempDir(), WithClock(clock.Now), WithTickInterval(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	s, hs := serveHTTP(t, WithClock(clock.Now), WithTickInterval(time.Hour))
 	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()
 	admin := backendtest.Key("admin")

@@ -49,7 +49,7 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 type DeMo struct {
 	*plan                   // the options and the tensors' tiles; its methods are DeMo's
 	delta       [][]float32 // per tensor, tile-major: tile t at [t*tileSize, (t+1)*tileSize)
-	backup      [][]float32 // parameters saved by Speculate
+	backup      Snapshot    // parameters saved by Speculate
 	speculating bool
 	// UpdateAdam's moments, the decoded aggregate's buffer, steps taken
 	adamM, adamV, adamA [][]float32
@@ -254,15 +254,7 @@ func (d *DeMo) Speculate(params [][]float32, own *Frame, lr float32) error {
 	if err := d.checkTensors("parameter", params); err != nil {
 		return err
 	}
-	if d.backup == nil {
-		d.backup = make([][]float32, len(params))
-		for i, p := range params {
-			d.backup[i] = make([]float32, len(p))
-		}
-	}
-	for i, p := range params {
-		copy(d.backup[i], p)
-	}
+	d.backup.Save(params)
 	d.speculating = true
 	return d.Apply(params, []*Frame{own}, lr)
 }
@@ -273,8 +265,6 @@ func (d *DeMo) Undo(params [][]float32) {
 	if !d.speculating {
 		return
 	}
-	for i, p := range params {
-		copy(p, d.backup[i])
-	}
+	d.backup.Restore(params)
 	d.speculating = false
 }

@@ -52,7 +52,7 @@ type goEngine struct {
 	m      runmodel.Model
 	cfg    modelspec.Config
 	opt    *distro.DeMo
-	backup [][]float32 // Try's saved parameters, reused between tries
+	backup distro.Snapshot // Try's saved parameters
 	trying bool
 	closed bool
 }
@@ -126,15 +126,7 @@ func (e *goEngine) Try(_ context.Context, frames []*distro.Frame, lr float32) er
 		return ErrClosed
 	}
 	params := e.m.Tensors()
-	if e.backup == nil {
-		e.backup = make([][]float32, len(params))
-		for i, p := range params {
-			e.backup[i] = make([]float32, len(p))
-		}
-	}
-	for i, p := range params {
-		copy(e.backup[i], p)
-	}
+	e.backup.Save(params)
 	e.trying = true
 	if err := e.opt.Apply(params, frames, lr); err != nil {
 		e.restore()
@@ -157,9 +149,7 @@ func (e *goEngine) Undo(context.Context) error {
 }
 
 func (e *goEngine) restore() {
-	for i, p := range e.m.Tensors() {
-		copy(p, e.backup[i])
-	}
+	e.backup.Restore(e.m.Tensors())
 	e.trying = false
 }
 
@@ -176,7 +166,7 @@ func (e *goEngine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.closed = true
-	e.backup = nil
+	e.backup = distro.Snapshot{} // the buffers go with the engine
 	return nil
 }
 

@@ -25,24 +25,12 @@ import (
 	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/promread"
+	"github.com/psyche-go/psyche/internal/quietclock"
 )
 
-// fakeClock is a settable unix clock for deterministic tests.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
-func newTestServer(t *testing.T, dir string) (*Server, *fakeClock, *httptest.Server) {
+func newTestServer(t *testing.T, dir string) (*Server, *quietclock.Clock, *httptest.Server) {
 	t.Helper()
-	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clock := quietclock.New(time.Unix(1_700_000_000, 0)) // moved only by the test
 	var seed uint64
 	s, err := New(dir, WithClock(clock.Now), WithSeeds(func() uint64 { seed++; return seed }))
 	if err != nil {
@@ -442,7 +430,7 @@ func TestP2PHost(t *testing.T) {
 // the whole interval; an instruction that changes a run wakes it; once a
 // transition has a deadline, it sleeps exactly until that second.
 func TestTicksWhenDue(t *testing.T) {
-	clock := &fakeClock{now: time.Unix(1_700_000_000, 250_000_000)}
+	clock := quietclock.New(time.Unix(1_700_000_000, 250_000_000))
 	s, hs := serveHTTP(t, WithClock(clock.Now), WithTickInterval(time.Hour))
 	c := serverclient.New(hs.URL, nil)
 	ctx := context.Background()

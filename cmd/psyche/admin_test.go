@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,25 +22,14 @@ import (
 	"github.com/psyche-go/psyche/chain/serverwire"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/explorer"
+	"github.com/psyche-go/psyche/internal/quietclock"
 )
-
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *testClock) add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // startServer runs a server backend on 127.0.0.1 with a settable clock (no
 // background ticks: the test ticks through the CLI).
-func startServer(t *testing.T) (string, *testClock) {
+func startServer(t *testing.T) (string, *quietclock.Clock) {
 	t.Helper()
-	clock := &testClock{now: time.Unix(1_750_000_000, 0)}
+	clock := quietclock.New(time.Unix(1_750_000_000, 0)) // moved only by the test
 	return serve(t, server.WithClock(clock.Now), server.WithManualTicks()), clock
 }
 
@@ -168,7 +156,7 @@ func TestAdminFlowOnTheServerBackend(t *testing.T) {
 	if err := joinAs(serverclient.New(url, nil), "cli", keys["carol"], 3); err != nil {
 		t.Fatal(err)
 	}
-	clock.add(3 * time.Second)
+	clock.Advance(3 * time.Second)
 	if out, errs, code := as("bob", "tick"); code != 0 || !strings.Contains(out, "WaitingForMembers -> Warmup") {
 		t.Fatalf("tick: %d %s %s", code, out, errs)
 	}
@@ -593,7 +581,7 @@ func TestFreeCoordinator(t *testing.T) {
 	if err := joinAs(b, "again", keys["carol"], 3); err != nil {
 		t.Fatal(err)
 	}
-	clock.add(3 * time.Second)
+	clock.Advance(3 * time.Second)
 	if out, errs, code := as("bob", "tick"); code != 0 || !strings.Contains(out, "-> Warmup") {
 		t.Fatalf("tick: %d %s %s", code, out, errs)
 	}
@@ -613,7 +601,7 @@ func TestFreeCoordinator(t *testing.T) {
 		if snap.State.RunState.Halted() {
 			break
 		}
-		clock.add(5 * time.Second)
+		clock.Advance(5 * time.Second)
 		as("bob", "tick")
 	}
 	// It says the run is gone (it printed "ok (Paused -> Paused …)").

@@ -114,9 +114,14 @@ func (t *trainer) post(ev func() machine.Ready) {
 // or has nothing to do.
 func (t *trainer) pump() { t.s.fail(t.d.Pump()) }
 
+// resumeAfter resumes the paused driver d of virtual time from now.
+func (t *trainer) resumeAfter(d time.Duration) {
+	t.s.sched.after(d, func() { t.s.fail(t.d.Resume()) })
+}
+
 // hold pauses the driver for d of virtual time.
 func (t *trainer) hold(d time.Duration) drive.Step {
-	t.s.sched.after(d, func() { t.s.fail(t.d.Resume()) })
+	t.resumeAfter(d)
 	return drive.Later
 }
 
@@ -124,7 +129,7 @@ func (t *trainer) hold(d time.Duration) drive.Step {
 // Node.finishAhead does, and reports whether it had to.
 func (t *trainer) waitAhead() bool {
 	if t.ahead != nil && t.ahead.doneAt > t.s.sched.now {
-		t.s.sched.after(t.ahead.doneAt-t.s.sched.now, func() { t.s.fail(t.d.Resume()) })
+		t.resumeAfter(t.ahead.doneAt - t.s.sched.now)
 		return true
 	}
 	return false

@@ -355,8 +355,13 @@ func TestBitswapOnlyFetch(t *testing.T) {
 	if !bytes.Equal(got, payload) {
 		t.Fatal("payload differs")
 	}
-	if n := fetcher.Stats().BlocksFrom[announcer.ID()]; n != 4 {
-		t.Errorf("%d blocks from the announcer, want 4", n)
+	// Every one of the 4 blocks came from the announcer, the only holder.
+	// The count is of blocks received, and bitswap delivers a block twice
+	// when the fetcher re-sends its want before the first answer lands (a
+	// loaded machine: CI's race stage saw 5), so it is at least 4, never
+	// exactly 4 by promise.
+	if n := fetcher.Stats().BlocksFrom[announcer.ID()]; n < 4 {
+		t.Errorf("%d blocks from the announcer, want all 4", n)
 	}
 }
 

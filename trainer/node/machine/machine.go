@@ -55,12 +55,16 @@ type Machine struct {
 	dueSince     uint64 // when a tick became due (unix seconds; 0: none is due)
 	tickInFlight bool   // a tick instruction is on its way
 
-	// now is the time of the latest tick (unix seconds; 0 before the
-	// first): when results arrive, for a witness's patience with silent
-	// trainers (patience.go).
+	// now is the time of the latest tick or due check (unix seconds; 0
+	// before the first).
 	now uint64
-	// paces are the paces of the last complete rounds (patience.go), a
-	// ring written at paceNext.
+	// watched counts the seconds this node has watched the run: the
+	// one-second ticks it handled, each counted once however long after
+	// the one before it came (patience.go); tickedAt is the latest one's
+	// time.
+	watched, tickedAt uint64
+	// paces are the paces of the last complete rounds (patience.go), in
+	// watched seconds, a ring written at paceNext.
 	paces    [paceRounds]uint64
 	paceNext int
 }
@@ -102,8 +106,8 @@ type roundState struct {
 	done bool
 	due  *dueRound // set when the round's results are due and not yet applied
 	// began and heard are when this node first saw the round train and
-	// when the latest of its announcements (or this node's result) came;
-	// paced: its pace is recorded (patience.go).
+	// when the latest of its announcements (or this node's result) came,
+	// in watched seconds (patience.go); paced: its pace is recorded.
 	began, heard uint64
 	paced        bool
 	// reference are this node's losses of the round's sampled sequences on

@@ -31,11 +31,22 @@ import "github.com/psyche-go/psyche/coordinator"
 // A batch whose announcement came is never given up on here: its fetch has
 // its own limits, and a result that fails its checks settles the batch.
 //
-// Every time is this node's (the time of its latest tick), in the
-// coordinator's unit, seconds; the rule lives in the trainer and not in the
-// coordinator because only a trainer sees when results arrive. Witnesses
-// that see different arrival times may disagree about a late trainer, as
-// they already did at the training limit; the quorum decides.
+// Every time here is counted in the seconds this node has watched the
+// run: its one-second ticks (Tick), each counted once, however long after
+// the one before it came. A node's loop is busy at times (loading a model,
+// which for a PyTorch engine starts a worker process; training, applying)
+// and handles no tick meanwhile; when it comes back, the time on the clock
+// has moved by the whole stall. Measured on the clock, a stall of a few
+// seconds spent the whole patience at once: a round that began while the
+// node loaded (stamped with the last tick's time, seconds stale) was out
+// of patience at the first tick after the load, and the witness reported
+// without the trainers that were still training, so an honest trainer was
+// dropped (half of the PyTorch localnets did this). Counted in watched
+// seconds, a stall costs one second of patience, and a witness gives up on
+// a trainer only after watching for it. The rule lives in the trainer and
+// not in the coordinator because only a trainer sees when results arrive.
+// Witnesses that see different arrival times may disagree about a late
+// trainer, as they already did at the training limit; the quorum decides.
 const (
 	// patienceFactor multiplies the observed pace.
 	patienceFactor = 2
@@ -60,22 +71,32 @@ func patienceFloor(c *coordinator.Config) uint64 {
 	return max(patienceFloorMin, c.MaxRoundTrainTime/patienceFloorDivisor)
 }
 
+// watch counts a one-second tick at now among the watched seconds: once,
+// however long after the one before it came (see above), and never twice
+// for the same second.
+func (m *Machine) watch(now uint64) {
+	if now > m.tickedAt {
+		m.tickedAt = now
+		m.watched++
+	}
+}
+
 // heard records that something of step's round (an announcement, this
 // node's own result) arrived now.
 func (m *Machine) heard(step uint32) {
-	if rs := m.round(step); m.now > rs.heard {
-		rs.heard = m.now
+	if rs := m.round(step); m.watched > rs.heard {
+		rs.heard = m.watched
 	}
 }
 
 // began records when this node first saw the current round train.
 func (m *Machine) began() {
 	s := m.snap
-	if s.RunState != coordinator.RoundTrain || m.now == 0 {
+	if s.RunState != coordinator.RoundTrain || m.watched == 0 {
 		return
 	}
 	if rs := m.round(s.Progress.Step); rs.began == 0 {
-		rs.began = m.now
+		rs.began = m.watched
 	}
 }
 
@@ -123,10 +144,10 @@ func (m *Machine) silent(step uint32, b owedBatch) bool {
 func (m *Machine) outOfPatience() bool {
 	s := m.snap
 	rs := m.round(s.Progress.Step)
-	if rs.began == 0 || m.now == 0 {
+	if rs.began == 0 || m.watched == 0 {
 		return false
 	}
 	last := max(rs.heard, rs.began)
 	wait := max(patienceFloor(&s.Config), patienceFactor*max(last-rs.began, m.pace()))
-	return m.now >= last+wait
+	return m.watched >= last+wait
 }

@@ -10,6 +10,7 @@ import (
 // WithTicking, sends a Tick when its turn comes (see turnToTick).
 func (m *Machine) Tick(now uint64) Ready {
 	var rd Ready
+	m.watch(now)
 	m.now = max(m.now, now)
 	s := m.snap
 	if s == nil {

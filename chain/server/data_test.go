@@ -2,6 +2,8 @@ package server
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/psyche-go/psyche/internal/floodtest"
 )
 
 // serveDataDir runs a server over a fresh state directory serving data at
@@ -173,5 +178,136 @@ func TestDataDirMustNotOverlapState(t *testing.T) {
 	}
 	if _, err := New(state, WithData(filepath.Join(base, "ok"))); err != nil {
 		t.Errorf("a separate data directory: %v", err)
+	}
+}
+
+// bigDataDir is a data directory holding big.bin, a sparse file larger than
+// the sockets' buffers: a reader that stops reading holds its read in
+// flight.
+func bigDataDir(t *testing.T, size int64) string {
+	t.Helper()
+	data := t.TempDir()
+	big := filepath.Join(data, "big.bin")
+	if err := os.WriteFile(big, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, size); err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// startRead sends GET target from the source address from and returns the
+// response once its headers are in (the read has begun writing), with its
+// body unread. The connection closes with the test.
+func startRead(t *testing.T, addr, from, target string) *http.Response {
+	t.Helper()
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}).Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(floodGuard))
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", target); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("GET %s from %s: %v", target, from, err)
+	}
+	return resp
+}
+
+// TestServeDataShedsTheHeaviestSlowReader: reads that their clients do not
+// take hold every place of the data server, three from one address and one
+// from another; a fresh address's read is served all the same, in the
+// place of the heaviest address's oldest read, whose connection closes;
+// the lighter address keeps its read. Before, the fresh address got 429
+// for as long as the slow reads lasted.
+func TestServeDataShedsTheHeaviestSlowReader(t *testing.T) {
+	const size = 64 << 20
+	s, err := New(t.TempDir(), WithData(bigDataDir(t, size)), WithDataLimits(4, 3), WithManualTicks())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveLocal(t, s)
+	var heavy []*http.Response
+	for range 3 {
+		heavy = append(heavy, startRead(t, addr, "127.0.0.2", "/data/big.bin"))
+	}
+	light := startRead(t, addr, "127.0.0.3", "/data/big.bin")
+	for _, r := range append(heavy, light) {
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("a slow read within the caps: %s", r.Status)
+		}
+	}
+	pool := s.cfg.data.reads
+	if total, _ := pool.Len(""); total != 4 {
+		t.Fatalf("%d reads in flight, want 4", total)
+	}
+	_, status, err := floodtest.Get(context.Background(), addr, "127.0.0.4", "/data/big.bin", floodGuard)
+	if err != nil || status != http.StatusOK {
+		t.Fatalf("a fresh address's read while the slow reads hold every place: %d %v", status, err)
+	}
+	if _, held := pool.Len("127.0.0.2/32"); held != 2 {
+		t.Errorf("the heaviest address holds %d reads, want 2 (one shed)", held)
+	}
+	if _, held := pool.Len("127.0.0.3/32"); held != 1 {
+		t.Errorf("the lighter address holds %d reads, want its 1", held)
+	}
+	if shed, _ := pool.Counts(); shed != 1 {
+		t.Errorf("%d reads shed, want 1", shed)
+	}
+	// The shed read's connection is closed: its body ends short, while the
+	// others, read now, come whole.
+	short := 0
+	for _, r := range heavy {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil || n != size {
+			short++
+		}
+	}
+	if short != 1 {
+		t.Errorf("%d of the heaviest address's reads ended short, want 1 (the shed one)", short)
+	}
+}
+
+// TestServeDataReadTime: a read that takes longer than its deadline, or
+// reads slower than the minimum rate, has its connection closed before
+// its reader has had the file (the server's own write timeout is an hour
+// here, so only the read's bounds end it).
+func TestServeDataReadTime(t *testing.T) {
+	const size = 1 << 30
+	data := bigDataDir(t, size)
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration
+		minRate  int
+	}{
+		{"deadline", 300 * time.Millisecond, 1},
+		{"minimum rate", time.Hour, 1 << 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := serveDataDir(t, data, WithDataReadTime(tc.deadline, tc.minRate),
+				WithHTTPTimeouts(time.Hour, time.Hour, time.Hour))
+			resp := startRead(t, addr, "127.0.0.1", "/data/big.bin")
+			// 16 KiB a millisecond at most: the whole file would take
+			// over a minute.
+			buf := make([]byte, 16<<10)
+			var got int64
+			var err error
+			for err == nil {
+				var n int
+				n, err = resp.Body.Read(buf)
+				got += int64(n)
+				time.Sleep(time.Millisecond)
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("the slow read was not cut off in %v", floodGuard)
+			}
+			if err == io.EOF || got >= size {
+				t.Fatalf("the slow reader had the whole file (%d bytes)", got)
+			}
+		})
 	}
 }

@@ -1,12 +1,15 @@
 package archtest
 
 import (
+	"bytes"
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,6 +46,33 @@ var forbidden = []string{"time", "math/rand", "math/rand/v2", "crypto/rand", "os
 func repoRoot(t *testing.T) string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// goList runs go list with args in the repository root and returns its
+// answer: what it printed on stdout.
+func goList(t *testing.T, args ...string) string {
+	t.Helper()
+	out, _ := goListEnv(t, nil, args...)
+	return out
+}
+
+// goListEnv runs go list with args in the repository root, with env added
+// to the environment, and returns its stdout and its stderr apart. go
+// reports its own progress on stderr ("go: downloading …" when the module
+// cache lacks a module), which is no package and no import: only stdout is
+// parsed, and stderr is quoted when go list fails.
+func goListEnv(t *testing.T, env []string, args ...string) (stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	cmd.Dir = repoRoot(t)
+	cmd.Env = append(os.Environ(), env...)
+	var errBuf bytes.Buffer
+	cmd.Stderr = &errBuf
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, errBuf.Bytes())
+	}
+	return string(out), errBuf.String()
 }
 
 func isStdlib(path string) bool {
@@ -106,13 +136,8 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 			"github.com/psyche-go/psyche/trainer/node/machine", "lukechampine.com/blake3", "github.com/klauspost/cpuid/v2"},
 	}
 	for dir, allowed := range allowedModules {
-		cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+dir)
-		cmd.Dir = repoRoot(t)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("go list %s: %v\n%s", dir, err, out)
-		}
-		for _, pkg := range strings.Fields(string(out)) {
+		out := goList(t, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+dir)
+		for _, pkg := range strings.Fields(out) {
 			if strings.HasPrefix(pkg, "github.com/psyche-go/psyche/"+dir) {
 				continue
 			}
@@ -194,24 +219,11 @@ func TestOnlyTheWiringKnowsLibp2p(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("go command not found")
 	}
-	root := repoRoot(t)
-	cmd := exec.Command("go", "list", "./p2p", "./trainer/...")
-	cmd.Dir = root
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	for _, pkg := range strings.Fields(string(out)) {
+	for _, pkg := range strings.Fields(goList(t, "./p2p", "./trainer/...")) {
 		if wiring[pkg] {
 			continue
 		}
-		deps := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg)
-		deps.Dir = root
-		list, err := deps.CombinedOutput()
-		if err != nil {
-			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, list)
-		}
-		for _, d := range strings.Fields(string(list)) {
+		for _, d := range strings.Fields(goList(t, "-deps", "-f", "{{.ImportPath}}", pkg)) {
 			if strings.HasPrefix(d, "github.com/libp2p/") || d == "github.com/psyche-go/psyche/p2p/libp2p" {
 				t.Errorf("%s depends on %s: only the wiring (trainer/start, trainer/localrun) may wire libp2p in", pkg, d)
 				break
@@ -229,14 +241,9 @@ func moduleImports(t *testing.T, pattern string) map[string][]string {
 		t.Skip("go command not found")
 	}
 	const module = "github.com/psyche-go/psyche/"
-	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", pattern)
-	cmd.Dir = repoRoot(t)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
+	out := goList(t, "-f", "{{.ImportPath}} {{join .Imports \" \"}}", pattern)
 	deps := map[string][]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		fields := strings.Fields(line)
 		if len(fields) == 0 {
 			continue
@@ -328,13 +335,7 @@ func TestDependencyBans(t *testing.T) {
 	}
 	const module = "github.com/psyche-go/psyche/"
 	for _, b := range dependencyBans {
-		cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "./"+b.pkg)
-		cmd.Dir = repoRoot(t)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("go list -deps %s: %v\n%s", b.pkg, err, out)
-		}
-		for _, dep := range strings.Fields(string(out)) {
+		for _, dep := range strings.Fields(goList(t, "-deps", "-f", "{{.ImportPath}}", "./"+b.pkg)) {
 			dep, ok := strings.CutPrefix(dep, module)
 			if !ok {
 				continue
@@ -345,5 +346,39 @@ func TestDependencyBans(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestGoListAnswersOnStdout: on a fresh module cache go list prints "go:
+// downloading …" for each module it fetches, and the rules above must
+// still read packages, not those words (read together with stdout, they
+// were a package named "go:" that no rule allows). The fresh cache is
+// filled from this machine's own through a file:// proxy: no network.
+func TestGoListAnswersOnStdout(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go command not found")
+	}
+	out, err := exec.Command("go", "env", "GOMODCACHE", "GOFLAGS").Output()
+	if err != nil {
+		t.Fatalf("go env: %v", err)
+	}
+	cache, flags, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	download := filepath.Join(cache, "cache", "download")
+	if _, err := os.Stat(filepath.Join(download, "github.com", "bits-and-blooms", "bloom")); err != nil {
+		t.Fatalf("the module cache %s has not downloaded coordinator's dependency (%v): build the module first", cache, err)
+	}
+	env := []string{"GOMODCACHE=" + t.TempDir(), "GOPROXY=file://" + filepath.ToSlash(download), "GOSUMDB=off",
+		// writable module files, so that the test's temporary cache can
+		// be removed; go.sum still checks every module's hash
+		"GOFLAGS=" + strings.TrimSpace(flags+" -modcacherw")}
+	stdout, stderr := goListEnv(t, env, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./coordinator")
+	got := strings.Fields(stdout)
+	slices.Sort(got)
+	want := []string{"github.com/bits-and-blooms/bitset", "github.com/bits-and-blooms/bloom/v3", "github.com/psyche-go/psyche/coordinator"}
+	if !slices.Equal(got, want) {
+		t.Errorf("go list -deps ./coordinator read as %q, want %q", got, want)
+	}
+	if !strings.Contains(stderr, "go: downloading ") {
+		t.Errorf("go list on an empty module cache reported no download (stderr %q): the case this test is for did not arise", stderr)
 	}
 }

@@ -347,7 +347,8 @@ func (c *combiner) tile(tile []float32, frames []*Frame, i, t int) {
 }
 
 // mean is Psyche's rule: the plain per-index average, in float32 as it
-// always was (the frames are in canonical order, so the sums are too).
+// always was (the frames are in canonical order, so the sums are too; a
+// decoded frame's values are within ±MaxValue, so the sums are finite).
 func (c *combiner) mean(tile []float32, frames []*Frame, i, t int) {
 	k := c.k
 	c.touched = c.touched[:0]
@@ -374,7 +375,8 @@ func (c *combiner) mean(tile []float32, frames []*Frame, i, t int) {
 // median tile norm over its own norm when it is above it. The median is the
 // lower one (element ⌊(n−1)/2⌋ of the sorted norms), so with two peers the
 // larger is clipped to the smaller: a poisoner facing one honest peer gets
-// no more than the honest norm. Norms are summed in float64 (frames may
+// no more than the honest norm. Norms are summed in float64 (a decoded
+// frame's values are within ±MaxValue, but a Frame built in process may
 // carry values up to float32's maximum, whose squares a float32 cannot
 // hold), each product converted explicitly so that no compiler fuses it
 // into a multiply-add and changes the bits on some machines.

@@ -118,7 +118,8 @@ func parallelParts(parts, n int, fn func(part, lo, hi int)) {
 // index within its tile. Within a tile the entries may come in any order:
 // they are put in ascending index order, the order Step emits (and the
 // frame format requires). An index outside its tile, one sent twice in a
-// tile, a value that is not finite (ErrNonFinite) and, in 1-bit runs, a
+// tile, a value that is not finite (ErrNonFinite), a value beyond
+// ±MaxValue (the engine must clamp as Step does) and, in 1-bit runs, a
 // value other than ±1 are refused. The frame's values and indices are
 // copies; it carries no losses.
 func (p *Plan) FrameOf(indices [][]uint32, values [][]float32) (*Frame, error) {
@@ -139,6 +140,9 @@ func (p *Plan) FrameOf(indices [][]uint32, values [][]float32) (*Frame, error) {
 		for j, v := range t.Values {
 			if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
 				return nil, fmt.Errorf("%w: tensor %d: value %v", ErrNonFinite, i, v)
+			}
+			if v > MaxValue || v < -MaxValue {
+				return nil, fmt.Errorf("distro: tensor %d: value %v at %d beyond ±2^40 (distro.MaxValue): the engine must clamp what it sends", i, v, j)
 			}
 			if t.Quantized && v != 1 && v != -1 {
 				return nil, fmt.Errorf("distro: tensor %d: value %v at %d of a 1-bit run is not ±1", i, v, j)

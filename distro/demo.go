@@ -32,7 +32,8 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 // A step is: δ ← β·δ + lr·g; q = TopK(DCT(δ)) per tile (with
 // Options.NormalizeRMS, each coefficient of DCT(g) is first divided by its
 // own running RMS); δ −= IDCT(q) (the residual keeps what was not sent,
-// using the unquantized values); q is transmitted. Applying a set of
+// using the unquantized values); q is transmitted, each float value within
+// ±MaxValue (the excess of one beyond it stays in δ). Applying a set of
 // results combines every peer's q into dense tiles (Options.Aggregation: by
 // default a robust rule, or Psyche's average of duplicate indices), inverts
 // the DCT, takes the sign (or, with Options.Update = UpdateRMS, scales each
@@ -156,12 +157,18 @@ func (d *DeMo) compressTensor(p *tensorPlan, delta, meanSq, g []float32, out *Te
 			vals := out.Values[t*k : (t+1)*k]
 			topK(m, idx, mag)
 			for j, ix := range idx {
+				// The residual keeps everything but what is sent,
+				// unquantized; a float value beyond MaxValue is sent as
+				// ±MaxValue and the excess kept (v − v is +0).
 				v := m[ix]
-				m[ix] = 0 // the residual keeps everything but what is sent, unquantized
 				if quantize {
-					v = signBit(v)
+					m[ix] = 0
+					vals[j] = signBit(v)
+					continue
 				}
-				vals[j] = v
+				sent := max(-MaxValue, min(MaxValue, v))
+				m[ix] = v - sent
+				vals[j] = sent
 			}
 		}
 	})

@@ -37,9 +37,9 @@ import (
 //	              coefficients; with flag bit 1, Golomb–Rice codes of the
 //	              gaps instead (below), one bit stream for the tensor packed
 //	              LSB first, the last byte's spare bits 0
-//	        values: k per tile, float32, or with flag bit 0 one bit per
-//	              entry packed LSB first (1 = +1, 0 = −1), the last byte's
-//	              spare bits 0
+//	        values: k per tile, float32 within ±MaxValue, or with flag bit
+//	              0 one bit per entry packed LSB first (1 = +1, 0 = −1), the
+//	              last byte's spare bits 0
 //
 //	then, with frame flag bit 0:
 //	        var   sequence count (1..MaxLosses)
@@ -63,6 +63,51 @@ const (
 	MaxDims      = 8
 	frameMagic   = "PSDF"
 )
+
+// MaxValue bounds a float frame's values: a value beyond ±MaxValue makes
+// the frame malformed (ErrFrame), so its sender is refused like any liar,
+// and Step clamps what it sends to the bound (the excess stays in its
+// residual), so no honest frame exceeds it whatever the run's settings. A
+// bound the decoder checks, rather than arithmetic that tolerates anything
+// finite, keeps the aggregation's arithmetic (and the torch worker's, which
+// must match it bit for bit) as it is, and names a value no honest trainer
+// sends as what it is.
+//
+// It is far above any honest value. A value is a top-k coefficient of the
+// momentum δ ← β·δ + s·c (s ≤ lr, the step's rate). With NormalizeRMS each
+// coefficient c is divided by at least the root of its own running mean
+// square, which holds (1 − normBeta)·c² (the bias correction is ≥ 1), so
+// the normalized coefficient is at most √20 ≈ 4.47; with a gradient clip,
+// s·|c| ≤ lr·clip (a coefficient is at most the gradient's L2 norm).
+// Sending never enlarges an entry, so |δ| ≤ lr·4.47/(1 − β): at lr 1 (far
+// above a run's) and decay 0.999, 4,472 ≈ 2^12, about 2^28 below the
+// bound. A run with neither normalization nor clip has no bound of its
+// own: there the clamp acts, if ever. (TestHonestValuesWithinTheirBound
+// reaches these bounds.)
+//
+// And no arithmetic on bounded values overflows float32 (its maximum is
+// just below 2^128), for any number of frames n and the largest tiles the
+// format allows (ts ≤ 2^47 coefficients; a run's chunk ≤ 65,535 gives
+// ts < 2^32):
+//   - Combine: the mean sums an index's ≤ n values in float32, ≤ n·2^40
+//     (< 2^56 for 2^16 frames; a round has at most 256), the other rules
+//     in float64. Every rule's result is an average of (clipped) values or
+//     a vote, so |combined| ≤ 2^40: the bound is a power of two, so the
+//     float32 partial sums j·2^40 round to themselves and the mean's
+//     quotient cannot round above it.
+//   - The inverse DCT of a tile of ts combined coefficients: whatever
+//     either engine computes on the way (Go's butterflies, torch's matrix
+//     products) is, but for rounding, at most the sum of the magnitudes of
+//     the terms it gathers, at most ts coefficients times basis values ≤
+//     1: ≤ ts·2^40 ≤ 2^87 (2^72 for a run's tiles). The orthonormal output
+//     is at most √ts·2^40 (its L2 norm is the coefficients').
+//   - The update: θ·keep − lr·sign is finite for finite θ; UpdateRMS sums
+//     its squares in float64; UpdateAdam squares the decoded value in
+//     float32, ≤ ts·2^80 < 2^112 for a run's tiles.
+//
+// TestBoundedFramesStayFinite runs 256 frames at the bound, and tiles of
+// up to 2^15 coefficients all at it, through every rule.
+const MaxValue = 1 << 40
 
 var (
 	ErrFrame      = errors.New("distro: malformed frame")
@@ -382,7 +427,7 @@ func checkLosses(losses []float32) error {
 }
 
 // checkEntries verifies indices (in range, strictly ascending per tile) and
-// values (finite; exactly ±1 when quantized).
+// values (finite and within ±MaxValue; exactly ±1 when quantized).
 func checkEntries(t *Tensor, tileSize int) error {
 	for start := 0; start < len(t.Indices); start += t.K {
 		prev := -1
@@ -404,6 +449,8 @@ func checkEntries(t *Tensor, tileSize int) error {
 			}
 		} else if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
 			return fmt.Errorf("%w: value %v is not finite", ErrFrame, v)
+		} else if v > MaxValue || v < -MaxValue {
+			return fmt.Errorf("%w: value %v beyond ±2^40 (distro.MaxValue)", ErrFrame, v)
 		}
 	}
 	return nil

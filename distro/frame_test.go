@@ -125,6 +125,8 @@ func TestDecodeFrameRejects(t *testing.T) {
 		{"duplicate index", setByte(idxAt+1, 1), ErrFrame},
 		{"NaN", setU32(valAt, nan), ErrFrame},
 		{"Inf", setU32(valAt+4, inf), ErrFrame},
+		{"beyond MaxValue", setU32(valAt+8, math.Float32bits(math.Nextafter32(MaxValue, math.MaxFloat32))), ErrFrame},
+		{"minus float32's maximum", setU32(valAt+12, math.Float32bits(-math.MaxFloat32)), ErrFrame},
 		{"too many tensors", mutate(func(b []byte) []byte { b[6], b[7] = 0xff, 0xff; return b }), ErrFrameLimit},
 		{"huge tensor", replace(dimAt, 0xf8, 0xff, 0xff, 0xff, 0x07), ErrFrameLimit}, // 2^31 − 8
 	} {
@@ -207,6 +209,7 @@ func TestMarshalRefusesInvalidFrames(t *testing.T) {
 	for _, f := range []*Frame{
 		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 1, Indices: []uint32{9}, Values: []float32{1}}}},
 		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 1, Indices: []uint32{1}, Values: []float32{float32(math.NaN())}}}},
+		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 1, Indices: []uint32{1}, Values: []float32{-2 * MaxValue}}}},
 		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 1, Quantized: true, Indices: []uint32{1}, Values: []float32{0.5}}}},
 		{Tensors: []Tensor{{Shape: []int{8}, TileH: 1, TileW: 8, K: 2, Indices: []uint32{1}, Values: []float32{1}}}},
 	} {
@@ -292,8 +295,18 @@ func gpt2SmallShapes() [][]int {
 	return append(shapes, []int{768}, []int{768})
 }
 
+// FuzzDecodeFrame: whatever decodes re-encodes to the same bytes, and its
+// values are what aggregation may rely on: finite and within ±MaxValue (±1
+// when quantized).
 func FuzzDecodeFrame(f *testing.F) {
 	for _, b := range sampleFrames(f) {
+		f.Add(b)
+	}
+	// A float frame at the bound, and one just beyond it.
+	for _, v := range []float32{-MaxValue, math.Nextafter32(MaxValue, math.MaxFloat32)} {
+		b := (&Frame{Tensors: []Tensor{{Shape: []int{16}, TileH: 1, TileW: 8, K: 2,
+			Indices: []uint32{1, 5, 0, 7}, Values: []float32{0.5, -1, 2, 3}}}}).mustMarshal(f)
+		binary.LittleEndian.PutUint32(b[len(b)-4:], math.Float32bits(v))
 		f.Add(b)
 	}
 	lim, _, err := FrameBounds(gpt2SmallShapes(), Options{Chunk: 64, TopK: 32, Quantize1Bit: true})
@@ -304,6 +317,13 @@ func FuzzDecodeFrame(f *testing.F) {
 		fr, err := DecodeFrame(data, lim)
 		if err != nil {
 			return
+		}
+		for _, ft := range fr.Tensors {
+			for _, v := range ft.Values {
+				if !(v >= -MaxValue && v <= MaxValue) || (ft.Quantized && v != 1 && v != -1) {
+					t.Fatalf("decoded a value of %v (quantized %v)", v, ft.Quantized)
+				}
+			}
 		}
 		b, err := fr.MarshalBinary()
 		if err != nil {

@@ -127,7 +127,7 @@ func writeSpec(s *settings, specPath, weightsPath string) error {
 			"shape": s.shape, "arch": archName(s.cfg), "config": modelConfig(s.cfg), "shapes": m.Shapes(), "layouts": layouts,
 			"params": m.NumParams(), "flops_per_token": flopsPerToken(s.cfg, s.seq),
 			"distro": map[string]any{"decay": o.Decay, "weight_decay": o.WeightDecay, "clip": o.ClipGradNorm,
-				"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS},
+				"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS, "max_value": distro.MaxValue},
 			"aggregation": o.Aggregation.String(), "peers": s.peers, "lr": s.lr, "seq": s.seq, "vocab": vocab(s.cfg),
 		}
 		b, err := json.MarshalIndent(spec, "", " ")

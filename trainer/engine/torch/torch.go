@@ -412,7 +412,7 @@ func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) (str
 	}
 	h := header{"op": "open", "arch": arch, "config": mc, "layouts": layouts, "shapes": e.shapes,
 		"distro": map[string]any{"decay": o.Decay, "weight_decay": o.WeightDecay, "clip": o.ClipGradNorm,
-			"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS},
+			"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS, "max_value": distro.MaxValue},
 		"precision": e.o.precision, "compile": e.o.compile, "placement": e.o.placement}
 	ts := m.Tensors()
 	blobs := make([][]byte, len(ts))

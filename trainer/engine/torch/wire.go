@@ -24,7 +24,7 @@ import (
 // worker's side of this format is worker/worker.py; protocolVersion changes
 // with either, and the worker refuses a psyche of another version (the two
 // ship in one binary, so only a stale worker directory could differ).
-const protocolVersion = 2
+const protocolVersion = 3
 
 // Limits on what psyche reads from a worker: a header is small, and no blob
 // is larger than the largest tensor the protocol carries (a model's

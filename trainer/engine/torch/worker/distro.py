@@ -240,6 +240,14 @@ class DeMo:
         self.clip = f32(opts.get("clip", 0.0))
         self.quantize = bool(opts.get("quantize", False))
         self.normalize = bool(opts.get("normalize_rms", False))
+        # The bound on a frame's float values (Go's distro.MaxValue, 2^40,
+        # sent by psyche: the one definition): step clamps what it sends to
+        # it, and apply refuses a combined value beyond it.
+        if "max_value" not in opts:
+            raise ValueError("distro: psyche sent no max_value (a frame's bound on its values)")
+        self.max_value = f32(opts["max_value"])
+        if not 0 < self.max_value < math.inf:
+            raise ValueError("distro: max_value %r is not positive and finite" % (opts["max_value"],))
         if not (0 <= self.decay < 1) or not self.weight_decay >= 0 or not self.clip >= 0:
             raise ValueError("distro: need 0 <= decay < 1, weight decay >= 0 and clip >= 0")
         # Tiles are processed this many coefficients at a time: the
@@ -338,9 +346,16 @@ class DeMo:
             m.mul_(self.decay).add_(c)
             pos, idx = top_k(m.abs(), l.k, l.index_of)
             vals = m.gather(1, pos)
-            m.scatter_(1, pos, 0.0)  # the residual keeps what was not sent, unquantized
+            # The residual keeps what was not sent, unquantized; a float
+            # value beyond max_value is sent as +-max_value and the excess
+            # kept (Go's Step: v - v is +0, as the 0 a 1-bit run leaves).
             if self.quantize:
+                m.scatter_(1, pos, 0.0)
                 vals = torch.where(vals < 0, -torch.ones_like(vals), torch.ones_like(vals))
+            else:
+                sent = vals.clamp(-self.max_value, self.max_value)
+                m.scatter_(1, pos, vals - sent)
+                vals = sent
             idx_out.append(idx.to(torch.int32).reshape(-1))
             val_out.append(vals.reshape(-1))
         if not idx_out:  # a rank's share of this tensor is empty
@@ -375,6 +390,14 @@ class DeMo:
         self._check("parameter", params)
         if len(combined) != len(self.layouts):
             raise ValueError("distro: %d combined tensors, the model has %d" % (len(combined), len(self.layouts)))
+        # Go's decoder refuses a frame value beyond max_value and every rule
+        # combines values into one within them, so the inverse DCT below
+        # cannot overflow (distro.MaxValue says why). A combined value
+        # beyond it (or NaN) is psyche's fault: refused, one sync, before
+        # any parameter moves.
+        vals = [v for _, _, v in combined if v.numel()]
+        if vals and not bool(torch.stack([(v.abs() <= self.max_value).all() for v in vals]).all()):
+            raise ValueError("distro: a combined value beyond +-%g (distro.MaxValue) or not a number" % self.max_value)
         lr32 = np.float32(lr)
         keep = float(np.float32(1) - lr32 * np.float32(self.weight_decay))
         lr = float(lr32)
@@ -423,8 +446,9 @@ class DeMo:
                     ix = l.pos_of[ix]
                 dense[(tiles[e0:e1] - t0) * l.ts + ix] = values[e0:e1]
             x = l.inverse(dense.view(t1 - t0, l.ts))  # [b-a, th, tiles_c, tw], the tensor's own layout
-            # Go's signs: -1, +1, and +0 for +-0 (they differ only on NaN,
-            # which a finite aggregate does not give)
+            # Go's signs: -1, +1, and +0 for +-0. They differ on NaN (Go
+            # takes its sign bit, +-1; torch gives 0), which only an inverse
+            # DCT that overflows gives: values within max_value cannot.
             s = torch.sign(x).mul_(lr)
             view = blocks[a:b]
             if view.dtype == torch.float32:

@@ -20,7 +20,7 @@ import struct
 import sys
 import traceback
 
-PROTOCOL = 2
+PROTOCOL = 3
 EXIT_MISSING = 3  # torch or numpy cannot be imported: psyche tries another python
 
 try:

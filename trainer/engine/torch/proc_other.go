@@ -3,6 +3,8 @@
 package torch
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"syscall"
 )
@@ -12,3 +14,11 @@ import (
 func sysProcAttr() *syscall.SysProcAttr { return nil }
 
 func killTree(p *os.Process) { _ = p.Kill() }
+
+// processStart: outside Linux no process's start time is read, so worker
+// directories are never judged and a killed psyche's stays.
+func processStart(int) (uint64, bool, error) { return 0, false, errors.ErrUnsupported }
+
+func pidNamespace() string { return "-" }
+
+func ownedByUs(fs.FileInfo) bool { return false }

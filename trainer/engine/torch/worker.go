@@ -21,7 +21,7 @@ import (
 
 // The worker's code ships in the binary, so the psyche that starts a worker
 // and the worker always speak the same protocol. It is written to a fresh
-// directory at each start and removed at exit.
+// directory at each start (makeWorkerDir) and removed when the worker ends.
 //
 //go:embed worker/*.py
 var workerFiles embed.FS
@@ -114,7 +114,7 @@ type missingError struct{ module string }
 func (e *missingError) Error() string { return "missing python module " + e.module }
 
 func startOne(ctx context.Context, o *options, python string, timeout time.Duration) (*worker, *hello, error) {
-	dir, err := os.MkdirTemp("", "psyche-worker-")
+	dir, err := makeWorkerDir(o.log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -384,16 +384,23 @@ func (w *worker) close() error {
 		killTree(w.cmd.Process)
 		<-w.exited
 	}
-	w.cleanup()
+	// Now, not in cleanup's goroutine: a psyche that exits right after
+	// Close would leave the directory behind.
+	w.release()
 	return nil
 }
 
+// cleanup releases the worker's pipe and directory once it has exited.
 func (w *worker) cleanup() {
 	go func() {
 		<-w.exited
-		w.ansF.Close()
-		os.RemoveAll(w.dir)
+		w.release()
 	}()
+}
+
+func (w *worker) release() {
+	w.ansF.Close()
+	os.RemoveAll(w.dir)
 }
 
 // workerError is the worker's own refusal of a request: the worker lives

@@ -27,8 +27,9 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "
 	"copycat", "stale", "lazy-zero", "lazy-noise", "wrong-data", "slow", "withhold", "late"}
 
 // WithAdversary makes the node publish, instead of its result:
-//   - huge: float values of ±1e30 against its own signs (a float frame, which
-//     a 1-bit run refuses);
+//   - huge: float values of ±distro.MaxValue, the largest a frame may carry,
+//     against its own signs (a float frame, which a 1-bit run refuses;
+//     anything larger every decoder refuses);
 //   - nonfinite: its frame with NaN values (refused by every decoder);
 //   - flip: every value negated (a sign frame in a 1-bit run: well formed);
 //   - noise: random indices and values of the right shape and magnitude;
@@ -76,7 +77,7 @@ func WithAdversary(kind string) (Option, error) {
 			for i := range f.Tensors {
 				t := &f.Tensors[i]
 				for j, v := range t.Values {
-					t.Values[j] = float32(math.Copysign(1e30, -float64(v)))
+					t.Values[j] = float32(math.Copysign(distro.MaxValue, -float64(v)))
 				}
 				t.Quantized = false
 			}

@@ -239,10 +239,17 @@ func (s *HTTPSource) retry(ctx context.Context, what string, attempt func(contex
 		if !errors.As(err, &te) {
 			return wrapf(err, "%s %s", what, s.display)
 		}
-		if try >= s.cfg.retries {
-			return wrapf(err, "%s %s: giving up after %d attempts", what, s.display, try+1)
-		}
 		wait := s.backoff(try, te.retryAfter)
+		if try >= s.cfg.retries {
+			until, ok := ctx.Value(retryUntilKey{}).(time.Time)
+			if !ok {
+				return wrapf(err, "%s %s: giving up after %d attempts", what, s.display, try+1)
+			}
+			if time.Now().Add(wait).After(until) {
+				return wrapf(err, "%s %s: giving up after %d attempts: no time to try again before %s", what, s.display, try+1,
+					until.Format(time.TimeOnly))
+			}
+		}
 		s.cfg.logger.Warn("data: retrying HTTP request", "url", s.display, "op", what,
 			"attempt", try+1, "wait", wait, "err", err)
 		timer := time.NewTimer(wait)
@@ -253,6 +260,28 @@ func (s *HTTPSource) retry(ctx context.Context, what string, attempt func(contex
 		case <-timer.C:
 		}
 	}
+}
+
+type retryUntilKey struct{}
+
+// RetryUntil is ctx under which an HTTP source (and so a Provider or
+// ReadAhead reading one) retries a transient failure past its retry count
+// (WithRetries), with the same backoff, for as long as the next attempt
+// starts before t: a trainer reads its round's batch until the round's
+// training time ends, through a server that answers 429 under load, and
+// only then sits the round out. The attempt in flight is not cut at t
+// (ctx's own deadline, if any, does that).
+func RetryUntil(ctx context.Context, t time.Time) context.Context {
+	return context.WithValue(ctx, retryUntilKey{}, t)
+}
+
+// Transient says whether err is a failure that another try may not meet
+// (a 429 or 5xx answer, a dropped or refused connection, an attempt that
+// timed out), as opposed to one that every try meets (ErrNotFound, a
+// file of the wrong format or size).
+func Transient(err error) bool {
+	var te *transientError
+	return errors.As(err, &te)
 }
 
 // runAttempt runs one attempt under the per-request timeout. Running out of

@@ -468,3 +468,51 @@ func TestBackoffIsBounded(t *testing.T) {
 		t.Errorf("Retry-After is not capped: %v", d)
 	}
 }
+
+// TestHTTPSourceRetriesUntilTheDeadline: under RetryUntil, a transient
+// failure is retried past the retry count for as long as the next attempt
+// starts before the deadline; a permanent one is not retried at all; and
+// past the deadline, the count holds again.
+func TestHTTPSourceRetriesUntilTheDeadline(t *testing.T) {
+	content := []byte("0123456789abcdef")
+	far := time.Now().Add(time.Hour)
+	for _, tc := range []struct {
+		name     string
+		until    *time.Time // nil: no RetryUntil
+		status   int        // what the first 5 attempts get
+		attempts int64
+		ok       bool
+	}{
+		{"429 until the deadline", &far, http.StatusTooManyRequests, 6, true},
+		{"503 until the deadline", &far, http.StatusServiceUnavailable, 6, true},
+		{"404 is not retried", &far, http.StatusNotFound, 1, false},
+		{"no deadline: the count", nil, http.StatusTooManyRequests, 2, false},
+		{"a deadline passed: the count", new(time.Now()), http.StatusTooManyRequests, 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &counted{h: func(w http.ResponseWriter, r *http.Request, attempt int64) {
+				if attempt <= 5 {
+					w.WriteHeader(tc.status)
+					return
+				}
+				serveBytes(content).ServeHTTP(w, r)
+			}}
+			s, _ := newSource(t, h, fastRetries(1)...)
+			ctx := context.Background()
+			if tc.until != nil {
+				ctx = RetryUntil(ctx, *tc.until)
+			}
+			p := make([]byte, 5)
+			err := s.ReadAt(ctx, p, 3)
+			if got := h.n.Load(); got != tc.attempts {
+				t.Errorf("%d attempts, want %d", got, tc.attempts)
+			}
+			if tc.ok != (err == nil) {
+				t.Fatalf("ReadAt: %v", err)
+			}
+			if !tc.ok && Transient(err) == (tc.status == http.StatusNotFound) {
+				t.Errorf("Transient(%v) = %v", err, Transient(err))
+			}
+		})
+	}
+}

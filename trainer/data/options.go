@@ -94,7 +94,8 @@ func WithHTTPClient(client *http.Client) Option {
 
 // WithRetries sets how many times the HTTP source retries a request after a
 // transient failure (a network error, a 5xx or a 429); 0 disables retries.
-// The default is DefaultRetries.
+// The default is DefaultRetries. Under RetryUntil, retries go on past it
+// until that time.
 func WithRetries(n int) Option {
 	return func(c *config) error {
 		if n < 0 {

@@ -56,6 +56,13 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts
 // newClusterOn is newCluster over an in-memory network (hub), or over
 // libp2p when hub is nil.
 func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordinator.Config), opts ...func(i int) []node.Option) *cluster {
+	return newClusterServing(t, hub, trainers, edit, nil, opts...)
+}
+
+// newClusterServing is newClusterOn whose run reads its data at the
+// http(s) URL that serve gives for the token file's path (nil: the file).
+func newClusterServing(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordinator.Config), serve func(tokens string) string,
+	opts ...func(i int) []node.Option) *cluster {
 	dir := t.TempDir() // removed last: cleanups run in reverse order
 	// A guard against a hang, not a time budget: the runs below take seconds.
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -86,6 +93,12 @@ func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordi
 	c.initial = files.Initial.(*gpt.Model)
 	if err := run.UseFiles(files); err != nil {
 		t.Fatal(err)
+	}
+	if serve != nil {
+		run.Model.DataKind = coordinator.DataHTTP
+		if err := coordinator.SetFixedString(run.Model.DataLocation[:], serve(files.Tokens)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	keys := localrun.Keys{}
 	c.admin = keys.Admin()

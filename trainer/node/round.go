@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/node/drive"
 	"github.com/psyche-go/psyche/trainer/node/machine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
@@ -27,6 +29,20 @@ import (
 func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel bool) error {
 	n.dropAhead()
 	m := &s.Model
+	// The data first: a server that does not answer yet (429 under load)
+	// makes the load wait for the next try, and no model is loaded for
+	// nothing meanwhile.
+	loc := coordinator.FixedString(m.DataLocation[:])
+	if n.data == nil || n.dataLoc != loc {
+		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), n.dataOptions(m)...)
+		if err != nil {
+			n.logNoData(ctx, err, "the model waits for it", "data", data.Describe(loc))
+			return fmt.Errorf("%w: the run's data cannot be opened yet", errLoadLater)
+		}
+		n.cfg.log.Info("training data opened", "data", data.Describe(loc), "source", p.Source(),
+			"tokens", p.NumTokens(), "sequences", p.NumSequences())
+		n.data, n.dataLoc = p, loc
+	}
 	cfg, err := modelspec.ModelConfig(m)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
@@ -169,16 +185,6 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 			return fmt.Errorf("node: %w", err)
 		}
 	}
-	loc := coordinator.FixedString(m.DataLocation[:])
-	if n.data == nil || n.dataLoc != loc {
-		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), n.dataOptions(m)...)
-		if err != nil {
-			return fmt.Errorf("node: opening the data: %w", err)
-		}
-		n.cfg.log.Info("training data opened", "data", data.Describe(loc), "source", p.Source(),
-			"tokens", p.NumTokens(), "sequences", p.NumSequences())
-		n.data, n.dataLoc = p, loc
-	}
 	return nil
 }
 
@@ -267,12 +273,34 @@ func (n *Node) readBatch(ctx context.Context, e engine.Engine, start, end, shift
 	for idx := start; idx < end; idx++ {
 		seq, err := n.data.Sequence(ctx, idx+shift, buf)
 		if err != nil {
-			return engine.Batch{}, fmt.Errorf("node: data index %d: %w", idx, err)
+			return engine.Batch{}, &dataError{fmt.Errorf("node: data index %d: %w", idx, err)}
 		}
 		b.Inputs = append(b.Inputs, seq[:seqLen]...)
 		b.Targets = append(b.Targets, seq[1:seqLen+1]...)
 	}
 	return b, nil
+}
+
+// dataError is a failure to read the run's data: it costs the node a
+// round (drive.ErrNoData), never its run. It reads as its cause.
+type dataError struct{ err error }
+
+func (e *dataError) Error() string   { return e.err.Error() }
+func (e *dataError) Unwrap() []error { return []error{e.err, drive.ErrNoData} }
+
+// logNoData says why the node does without its data for what, unless the
+// node is stopping: a failure that trying again may mend (a busy server)
+// as a warning, one that it cannot (no such file, a file of another
+// format) as an error.
+func (n *Node) logNoData(ctx context.Context, err error, what string, attrs ...any) {
+	if ctx.Err() != nil {
+		return
+	}
+	level := slog.LevelError
+	if data.Transient(err) {
+		level = slog.LevelWarn
+	}
+	n.cfg.log.Log(ctx, level, "the run's data could not be read; "+what, append(attrs, "err", err)...)
 }
 
 // gradient reads w's batch and leaves the gradient on it in the engine; it
@@ -310,8 +338,14 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 		loss, seqLosses, computed, reused = a.loss, a.seqLosses, a.took, true
 		n.cfg.metrics.AheadReused.Inc()
 	} else {
+		// The data may take until the round's training time ends (a data
+		// server that answers 429 under load): the reads retry until then.
+		until := time.Now().Add(time.Unix(int64(w.Deadline), 0).Sub(n.cfg.clock.Now()))
 		var err error
-		if loss, seqLosses, computed, err = n.gradient(ctx, w); err != nil {
+		if loss, seqLosses, computed, err = n.gradient(data.RetryUntil(ctx, until), w); err != nil {
+			if errors.Is(err, drive.ErrNoData) {
+				n.logNoData(ctx, err, "sitting this round out", "step", w.Step)
+			}
 			return p2p.Announcement{}, nil, machine.TrainStats{}, err
 		}
 	}

@@ -26,6 +26,7 @@ func (n *Node) referenceLosses(ctx context.Context, ranges []p2p.BatchRange) (ma
 	for _, r := range ranges {
 		rb, err := n.readBatch(ctx, e, r.Start, r.End, 0)
 		if err != nil {
+			n.logNoData(ctx, err, "the round's loss reports stay unchecked")
 			return nil, err
 		}
 		b.Inputs, b.Targets = append(b.Inputs, rb.Inputs...), append(b.Targets, rb.Targets...)
@@ -57,15 +58,14 @@ func (n *Node) verify(ctx context.Context, w machine.VerifyWork) (score, drop fl
 	}()
 	e := n.engine()
 	trained, err := n.readBatch(ctx, e, w.Batch.Start, w.Batch.End, 0)
-	if err != nil {
-		return 0, 0, false, err
-	}
 	scored = w.Control.End > w.Control.Start
 	var control engine.Batch
-	if scored {
-		if control, err = n.readBatch(ctx, e, w.Control.Start, w.Control.End, 0); err != nil {
-			return 0, 0, false, err
-		}
+	if err == nil && scored {
+		control, err = n.readBatch(ctx, e, w.Control.Start, w.Control.End, 0)
+	}
+	if err != nil {
+		n.logNoData(ctx, err, "a sampled result stays unscored", "trainer", w.Trainer.Signer.String(), "step", w.Step)
+		return 0, 0, false, err
 	}
 	losses := func() (float64, float64, error) {
 		lo, err := e.Losses(ctx, trained)

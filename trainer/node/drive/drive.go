@@ -9,6 +9,12 @@ import (
 	"github.com/psyche-go/psyche/trainer/node/machine"
 )
 
+// ErrNoData is what an effect's error wraps when the node could not read
+// the run's data for it (the data server did not answer in time, or the
+// file cannot be read): the node sits the round out (Machine.SatOut), or
+// leaves a result unscored, and goes on; it does not stop.
+var ErrNoData = errors.New("drive: the run's data could not be read")
+
 // Step is what an effect that may take a while says it did.
 type Step int
 
@@ -40,12 +46,15 @@ type Effects interface {
 	// ahead may already hold it); Trained follows once it is Done.
 	Train(w *machine.TrainWork) (Step, error)
 	// Trained publishes the node's result for w and returns what the
-	// machine's Trained takes.
+	// machine's Trained takes; an error wrapping ErrNoData: the node sat
+	// the round out.
 	Trained(w *machine.TrainWork) (p2p.Announcement, *distro.Frame, machine.TrainStats, error)
 	// ReferenceLosses measures the losses of w.Reference on the model the
-	// round was trained on, before anything changes it.
+	// round was trained on, before anything changes it (ErrNoData: the
+	// reports stay unchecked).
 	ReferenceLosses(w *machine.TrainWork) (map[uint64]float32, error)
-	// Verify scores a sampled result (Ready.Verify).
+	// Verify scores a sampled result (Ready.Verify; ErrNoData: it stays
+	// unscored).
 	Verify(w machine.VerifyWork) (score, drop float32, scored bool, err error)
 
 	// Send queues instructions for the coordinator, sent in this order.
@@ -236,6 +245,13 @@ func (d *Driver) advance() error {
 		case phaseTrained:
 			w := rd.Train
 			a, f, st, err := d.fx.Trained(w)
+			if errors.Is(err, ErrNoData) {
+				// Nothing trained, nothing published: the reports this
+				// node would check against its own losses stay unchecked.
+				d.next = append(d.next, d.m.SatOut(w.Step))
+				d.phase = phaseRest
+				continue
+			}
 			if err != nil {
 				return err
 			}
@@ -244,10 +260,14 @@ func (d *Driver) advance() error {
 				// Before the Apply that Trained's Ready may hold: the model
 				// is still the one the round trained on.
 				ref, err := d.fx.ReferenceLosses(w)
-				if err != nil {
+				switch {
+				case errors.Is(err, ErrNoData):
+					// The sampled reports stay unchecked.
+				case err != nil:
 					return err
+				default:
+					d.next = append(d.next, d.m.ReferenceLosses(w.Step, ref))
 				}
-				d.next = append(d.next, d.m.ReferenceLosses(w.Step, ref))
 			}
 			d.phase = phaseRest
 		case phaseRest:
@@ -266,6 +286,9 @@ func (d *Driver) advance() error {
 func (d *Driver) rest(rd *machine.Ready) error {
 	for _, w := range rd.Verify {
 		score, drop, scored, err := d.fx.Verify(w)
+		if errors.Is(err, ErrNoData) {
+			continue // left unscored: no verdict either way
+		}
 		if err != nil {
 			return err
 		}

@@ -147,6 +147,9 @@ func (m *Machine) settledWithout(step uint32, b owedBatch) bool {
 	if c := m.claims[step][b.start]; c != nil && (c.equivocated || c.refused) {
 		return true
 	}
+	if rs := m.rounds[step]; b.trainer == m.id.Signer && rs != nil && rs.satOut {
+		return true // this node's own, which it sat out (SatOut)
+	}
 	if last, ok := m.distrusted[b.trainer]; ok && last <= step && step-last <= distrustSteps {
 		return true
 	}

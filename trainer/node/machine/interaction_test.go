@@ -100,6 +100,8 @@ func names(kv *transcript.Args, key string) []string {
 //	trained [loss=2.5]               the batch a Ready asked for is trained and published (other
 //	                                 events may come between; a batch trained ahead answers
 //	                                 nothing: the driver keeps it)
+//	sat-out                          the batch a Ready asked for was not trained: its data did
+//	                                 not come (nothing is published)
 //	announce who=b [step=S] [v=2]    b's result for step S (default: the current one) is announced;
 //	                                 v names another version of it (b equivocates)
 //	fetched who=b [step=S] [v=2] [err=timeout|invalid]   b's result arrived, or its fetch failed
@@ -171,6 +173,13 @@ func (h *harness) run(kv *transcript.Args) string {
 			loss = 2.5
 		}
 		return h.ready(h.m.Trained(h.announcement(h.me, w.Step, w.Batch), h.frame(h.me, w.Step), TrainStats{Loss: float32(loss)}))
+	case "sat-out":
+		w := h.train
+		if w == nil {
+			h.t.Fatalf("sat-out: no Ready asked for a training to publish")
+		}
+		h.train = nil
+		return h.ready(h.m.SatOut(w.Step))
 	case "announce":
 		who := kv.Get("who")
 		step := uint32(kv.Uint(h.t, "step", uint64(h.s.Progress.Step)))

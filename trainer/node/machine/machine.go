@@ -102,7 +102,8 @@ type result struct {
 type roundState struct {
 	trained, witnessed, applied, checked bool
 	// done: this node's training of the round is published (or it had no
-	// batch): the round before may now be applied (see applyDue).
+	// batch, or sat the round out): the round before may now be applied
+	// (see applyDue).
 	done bool
 	due  *dueRound // set when the round's results are due and not yet applied
 	// began and heard are when this node first saw the round train and
@@ -115,6 +116,10 @@ type roundState struct {
 	// results that came before them, to check once they are in.
 	reference map[uint64]float32
 	pending   []lossReport
+
+	// satOut: this node did not train its batch (SatOut); nobody waits
+	// for it.
+	satOut bool
 }
 
 // dueRound keeps what deciding a round's consensus needs after the

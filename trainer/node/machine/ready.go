@@ -18,7 +18,7 @@ type Ready struct {
 	// checkpoints serve). Answer with loaded.
 	Load *LoadWork
 	// Train asks to train this node's batch and publish it. Answer with
-	// trainedResult.
+	// trainedResult, or SatOut when its data did not come.
 	Train *TrainWork
 	// Send lists instructions for the coordinator.
 	Send []coordinator.Instruction
@@ -108,6 +108,11 @@ type TrainWork struct {
 	LR    float32
 	Ahead bool
 	Reuse bool
+	// Deadline is when the round's training time ends (unix seconds, the
+	// run's clock; 0 for a batch trained ahead): the driver may read the
+	// batch's data until then, and if it has not come, answer SatOut
+	// instead of Trained.
+	Deadline uint64
 	// Reference lists sequences whose losses this node measures once the
 	// result is published, on the model it was trained on (the round's
 	// sampled batches' scored sequences, verification_percent): what the

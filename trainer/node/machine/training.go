@@ -53,12 +53,27 @@ func (m *Machine) train(rd *Ready) {
 		return // more trainers than sequences this round
 	}
 	d := assignment[i]
-	w := &TrainWork{Step: step, Batch: p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}, LR: schedule.LR(s.Model.LR, step)}
+	w := &TrainWork{Step: step, Batch: p2p.BatchRange{Start: d.Start, End: d.Start + d.Count}, LR: schedule.LR(s.Model.LR, step),
+		Deadline: s.RunStateStart + s.Config.MaxRoundTrainTime}
 	// The guess was right (the same clients started the round): the
 	// gradient trained ahead is this batch's, on this model.
 	w.Reuse = ahead != nil && ahead.Step == w.Step && ahead.Batch == w.Batch
 	w.Reference = m.referenceSequences()
 	rd.Train = w
+}
+
+// SatOut says this node did not train its batch of step: its data did not
+// come by the round's deadline (TrainWork.Deadline), or cannot be read.
+// Nothing is published, and the witnesses leave this node out of the round
+// as they leave out any trainer whose result does not come; its training
+// of the round counts as done, so the rounds before are applied as they
+// would have been (applyDue) and its model stays the others'.
+func (m *Machine) SatOut(step uint32) Ready {
+	rs := m.round(step)
+	rs.done, rs.satOut = true, true
+	var rd Ready
+	m.progress(&rd)
+	return rd
 }
 
 // trainAhead trains the next round's batch while this one is witnessed: its

@@ -32,6 +32,7 @@ type Bootstrap struct {
 	life   context.Context
 	cancel context.CancelFunc
 	closed sync.Once
+	caps   *connCap // the cap on inbound connections in all
 
 	mu      sync.Mutex
 	dhts    map[string]*dht.IpfsDHT
@@ -62,10 +63,11 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 		golibp2p.EnableAutoNATv2(),
 		golibp2p.DisableMetrics(),
 	}
-	limits, err := bootstrapLimits(cfg)
+	limits, caps, err := bootstrapLimits(cfg, b.knownPeer)
 	if err != nil {
 		return nil, err
 	}
+	b.caps = caps
 	hostOpts = append(hostOpts, limits...)
 	if b.relay {
 		// Results and checkpoints must move when the relay is the only path,
@@ -84,6 +86,7 @@ func NewBootstrap(opts ...Option) (*Bootstrap, error) {
 		return nil, fmt.Errorf("p2p: bootstrap host: %w", err)
 	}
 	b.host = h
+	h.Network().Notify(caps)
 	b.life, b.cancel = context.WithCancel(context.Background())
 	go b.reapIdle(cfg.idleTimeout)
 	return b, nil

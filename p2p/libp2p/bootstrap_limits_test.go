@@ -2,6 +2,7 @@ package libp2p
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -73,6 +74,65 @@ func TestBootstrapBoundsConnections(t *testing.T) {
 	// Room again for a newcomer.
 	if err := stranger(t).Connect(ctx, ai); err != nil {
 		t.Errorf("a newcomer after the idle ones left: %v", err)
+	}
+}
+
+// strangerFrom is a stranger whose connections come from the loopback
+// address ip: it listens there, and libp2p's TCP transport dials a
+// loopback address from its loopback listener's address.
+func strangerFrom(t *testing.T, ip string) host.Host {
+	t.Helper()
+	h, err := golibp2p.New(golibp2p.ListenAddrStrings("/ip4/"+ip+"/tcp/0"), golibp2p.Transport(tcp.NewTCPTransport),
+		golibp2p.DisableMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// A bootstrap host whose connections in all are taken by several
+// addresses still admits a fresh address: its connection takes the place
+// of the oldest one of the address that holds the most, and a lighter
+// address keeps its own. Before, the fresh address was refused for as long
+// as the others held on.
+func TestBootstrapShedsTheHeaviestAddress(t *testing.T) {
+	b, err := NewBootstrap(WithKey(testKey("heaviest")), WithListenAddrs("/ip4/127.0.0.1/tcp/0"), WithOpenRelay(),
+		WithConnLimits(3, 4), WithIdleTimeout(time.Hour), limitLoopback())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ai := peer.AddrInfo{ID: b.host.ID(), Addrs: b.host.Addrs()}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Each connection is counted before the next is made: the oldest is
+	// the first.
+	connect := func(ip string, count int) host.Host {
+		h := strangerFrom(t, ip)
+		if err := h.Connect(ctx, ai); err != nil {
+			t.Fatalf("a connection from %s: %v", ip, err)
+		}
+		waitFor(t, ctx, fmt.Sprintf("%d connections counted", count), func() bool { n, _ := b.caps.pool.Len(""); return n == count })
+		return h
+	}
+	var heavy []host.Host
+	for i := range 3 {
+		heavy = append(heavy, connect("127.0.0.2", i+1))
+	}
+	light := connect("127.0.0.3", 4)
+	fresh := connect("127.0.0.4", 4)
+	// The oldest of the heaviest address's goes, and nothing else.
+	waitFor(t, ctx, "the heaviest address's oldest connection closed", func() bool {
+		return b.host.Network().Connectedness(heavy[0].ID()) != network.Connected
+	})
+	for _, h := range append(heavy[1:], light, fresh) {
+		if b.host.Network().Connectedness(h.ID()) != network.Connected {
+			t.Errorf("%s's connection was closed", h.Addrs())
+		}
+	}
+	if shed, _ := b.caps.pool.Counts(); shed != 1 {
+		t.Errorf("%d connections shed, want 1", shed)
 	}
 }
 

@@ -3,6 +3,7 @@ package torch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -156,58 +157,36 @@ func TestSeededHash(t *testing.T) {
 	}
 }
 
-// tileDiff compares two frames tile by tile: the tiles whose index sets or
-// signs differ.
-func tileDiff(a, b *distro.Frame) (tiles, differ int) {
-	for i := range a.Tensors {
-		ta, tb := &a.Tensors[i], &b.Tensors[i]
-		k := ta.K
-		for t := 0; t*k < len(ta.Indices); t++ {
-			tiles++
-			sa := map[uint32]bool{}
-			for j := t * k; j < (t+1)*k; j++ {
-				sa[ta.Indices[j]] = ta.Values[j] > 0
-			}
-			same := true
-			for j := t * k; j < (t+1)*k; j++ {
-				pos, ok := sa[tb.Indices[j]]
-				if !ok || pos != (tb.Values[j] > 0) {
-					same = false
-				}
-			}
-			if !same {
-				differ++
-			}
-		}
-	}
-	return tiles, differ
-}
-
 // TestFrameParity: fed the same gradient over several steps, the torch
-// engine's frames select the Go engine's index sets with the same signs.
-// The two compute the DCT and the momentum in float32 in different orders,
-// so a coefficient whose magnitude ties another's to the last bits may be
-// chosen by one and not the other: such near-ties are counted and must
-// stay rare (measured: none in these shapes).
+// engine's frames select the Go engine's index sets with the same signs
+// and (unquantized) values. The two compute the DCT in float32 by other
+// algorithms (Go's fast transform, torch's matrix products), so a tile
+// whose k-th and (k+1)-th coefficients lie within the rounding of the two
+// may choose either: such near-ties are counted, and every other tile must
+// match. What the rounding may move is bounded per coefficient against the
+// momentum computed exactly (exactMomentum), and both engines' values must
+// lie within that bound of it.
 func TestFrameParity(t *testing.T) {
 	ctx := context.Background()
 	goOp, torchOp := openers(t)
 	for _, pm := range parityModels {
 		for _, quantize := range []bool{true, false} {
 			for _, norm := range []bool{false, true} {
+				name := fmt.Sprintf("%s 1-bit=%v rms=%v", pm.name, quantize, norm)
 				o := runOptions(quantize)
 				o.NormalizeRMS = norm
 				g := open(t, goOp, pm.cfg, 3, o)
 				tt := open(t, torchOp, pm.cfg, 3, o)
-				r := rand.New(rand.NewPCG(5, 6))
 				gm, _ := g.Model(ctx)
-				tiles, differ := 0, 0
-				worstVal := 0.0
+				exact := newExactMomentum(g.Plan().Layouts(), o)
+				r := rand.New(rand.NewPCG(5, 6))
+				var sum choiceCount
 				for step := range 4 {
 					if _, err := g.Gradient(ctx, randomBatch(r, vocabOf(pm.cfg), 2, pm.cfg.Context())); err != nil {
 						t.Fatal(err)
 					}
-					if err := tt.(*eng).SetGradients(ctx, gm.GradTensors()); err != nil {
+					grads := gm.GradTensors()
+					if err := tt.(*eng).SetGradients(ctx, grads); err != nil {
 						t.Fatal(err)
 					}
 					lr := float32(0.01) * float32(step+1)
@@ -219,25 +198,11 @@ func TestFrameParity(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					n, d := tileDiff(tf, gf)
-					tiles, differ = tiles+n, differ+d
-					if !quantize {
-						for i := range gf.Tensors {
-							for j, v := range gf.Tensors[i].Values {
-								if tf.Tensors[i].Indices[j] == gf.Tensors[i].Indices[j] {
-									worstVal = max(worstVal, relErr(float64(tf.Tensors[i].Values[j]), float64(v)))
-								}
-							}
-						}
-					}
+					exact.step(grads, lr)
+					sum.add(exact.compare(gf, tf))
 				}
-				t.Logf("%s 1-bit=%v rms=%v: %d of %d tiles differ; worst value error %.2g", pm.name, quantize, norm, differ, tiles, worstVal)
-				if differ*200 > tiles {
-					t.Errorf("%s 1-bit=%v rms=%v: %d of %d tiles chose other coefficients (more than 0.5%%: not near-ties)", pm.name, quantize, norm, differ, tiles)
-				}
-				if worstVal > 1e-4 {
-					t.Errorf("%s: a sent value differs by %.2g relative", pm.name, worstVal)
-				}
+				t.Logf("%s: %v", name, sum)
+				reportBad(t, name, sum.bad)
 			}
 		}
 	}
@@ -263,11 +228,12 @@ func frames(t *testing.T, cfg modelspec.Config, o distro.Options, n int) []*dist
 }
 
 // TestApplyParity: the same round applied by both engines to the same
-// weights. The torch engine inverts the DCT as a matrix product, so an
-// element whose decoded value is within rounding of zero may take the
-// other sign: such elements move by 2·lr where the other engine's do not.
-// They are counted and must be rare; every other element is equal to the
-// float32 rounding of the update.
+// weights. The torch engine inverts the DCT as a matrix product, Go by its
+// fast transform, so an element whose decoded value lies within the two's
+// rounding of zero (dctErr of its tile's coefficients, against the exact
+// inverse) may take the other sign and move by 2·lr where the other
+// engine's does not: such elements are counted, and every other element is
+// equal to the float32 rounding of the update.
 func TestApplyParity(t *testing.T) {
 	ctx := context.Background()
 	goOp, torchOp := openers(t)
@@ -283,6 +249,11 @@ func TestApplyParity(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			comb, err := g.Plan().Combine(fs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			layouts := g.Plan().Layouts()
 			gm, _ := g.Model(ctx)
 			tm, err := tt.Model(ctx)
 			if err != nil {
@@ -295,16 +266,19 @@ func TestApplyParity(t *testing.T) {
 					total++
 					d := math.Abs(float64(got[j] - want[j]))
 					if d > lr/2 {
+						tile, r, c := tileOf(layouts[i], j)
+						x, norm := exactInverse(layouts[i], &comb.Tensors[i], tile, r, c)
+						if tol := dctErr(layouts[i]) * norm; math.Abs(x) > tol {
+							t.Errorf("%s 1-bit=%v: tensor %d element %d moved by %g on one engine, %g on the other, but its decoded value %.3g is more than %.3g from zero",
+								pm.name, quantize, i, j, got[j], want[j], x, tol)
+						}
 						flipped++
 						continue
 					}
 					worst = max(worst, d/max(math.Abs(float64(want[j])), 1e-3))
 				}
 			}
-			t.Logf("%s 1-bit=%v: %d of %d parameters took another sign; the rest within %.2g relative", pm.name, quantize, flipped, total, worst)
-			if flipped*1000 > total {
-				t.Errorf("%s: %d of %d parameters moved the other way", pm.name, flipped, total)
-			}
+			t.Logf("%s 1-bit=%v: %d of %d parameters took another sign (decoded within rounding of zero); the rest within %.2g relative", pm.name, quantize, flipped, total, worst)
 			if worst > 1e-6 {
 				t.Errorf("%s: a parameter differs by %.2g relative", pm.name, worst)
 			}
@@ -567,12 +541,13 @@ func openRanks(t *testing.T, cfg modelspec.Config, seed uint64, o distro.Options
 // parallel and sharded, computes what a one-device worker computes on the
 // same weights and batch: the same losses (each sequence on one rank), the
 // gradient within float32 reduction order (two halves summed against one
-// sum), the same frame, and after a round applied, the same weights on
-// every rank and as the one-device worker's. A batch of 5 splits 2+3.
+// sum), the same frame but where that difference decides a near-tie at a
+// tile's k-th place (each counted; every value within the bound the
+// gradients' difference sets), and after a round applied, the same weights
+// on every rank and as the one-device worker's. A batch of 5 splits 2+3.
 // Measured here: the losses equal, the gradient within 1e-7 of its norm,
-// the frame's values within 1e-6 of the tensor's largest, and a tile in
-// a few hundred (a near-tie at the k-th place) choosing another
-// coefficient.
+// shared values within 0.4 of the bound, and one tile of 285 a near-tie
+// (how many moves with the machine: a loaded one has seen three).
 func TestRanksMatchOneDevice(t *testing.T) {
 	ctx := context.Background()
 	_, one := openers(t)
@@ -633,27 +608,12 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				tiles, differ := tileDiff(mf, sf)
-				// A value's error is relative to the largest of its tensor
-				// (a tile of near-zero coefficients has large relative
-				// errors in absolute terms too small to matter).
-				valErr := 0.0
-				for i := range sf.Tensors {
-					top := 0.0
-					for _, v := range sf.Tensors[i].Values {
-						top = max(top, math.Abs(float64(v)))
-					}
-					for j, v := range sf.Tensors[i].Values {
-						if mf.Tensors[i].Indices[j] == sf.Tensors[i].Indices[j] {
-							valErr = max(valErr, math.Abs(float64(mf.Tensors[i].Values[j]-v))/max(top, 1e-30))
-						}
-					}
-				}
-				t.Logf("loss %.2g, sequences %.2g, gradient %.2g of the norm, frame values %.2g apart; %d of %d tiles chose otherwise",
-					lossErr, seqErr, worst, valErr, differ, tiles)
-				if differ*200 > tiles || valErr > 1e-4 {
-					t.Errorf("the frames differ: %d of %d tiles, values by %.2g", differ, tiles, valErr)
-				}
+				// The two workers step on those two gradients, computed in
+				// orders of their own: their frames may differ only at
+				// near-ties of that difference (gradientBound).
+				c := compareFrames(sf, mf, gradientBound(single.Plan().Layouts(), o, 0.02, sg, mg))
+				t.Logf("loss %.2g, sequences %.2g, gradient %.2g of the norm; frames: %v", lossErr, seqErr, worst, c)
+				reportBad(t, "the frames differ beyond a near-tie", c.bad)
 				// A round of other trainers' frames and this one's.
 				fs := append(frames(t, pm.cfg, o, 2), sf)
 				for _, e := range []*eng{single, multi} {

@@ -95,6 +95,18 @@ type Opener interface {
 	Name() string
 }
 
+// Preparer is an Opener that can get ready before there is a model to
+// open: a PyTorch engine starts its worker processes (seconds: Python,
+// torch's import, a rank per device), so that the load in a run's warmup
+// only moves the weights and a trainer does not spend the warmup starting
+// processes while the others begin the first round. A node prepares once,
+// before it first joins, and releases the preparation when its run ends.
+type Preparer interface {
+	// Prepare readies an Open with this timeout (Spec.Timeout); release
+	// undoes it if no Open has used it.
+	Prepare(ctx context.Context, timeout time.Duration) (release func(), err error)
+}
+
 // ErrClosed is returned by an engine used after Close.
 var ErrClosed = errors.New("engine: closed")
 

@@ -36,7 +36,7 @@ func (n *Node) shareModel(ctx context.Context, epoch uint32) {
 	if e == nil {
 		return
 	}
-	model, err := e.Model(ctx)
+	model, err := e.Model(computing(ctx))
 	if err != nil {
 		n.cfg.log.Warn("sharing the model with joiners failed: the engine cannot give its model", "engine", e.Name(), "err", err)
 		return

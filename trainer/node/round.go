@@ -248,6 +248,15 @@ func (n *Node) startAhead(ctx context.Context, w machine.TrainWork) {
 	}()
 }
 
+// computing is the context of one computation of the engine: the end of
+// Run does not interrupt it (the engine's own timeout bounds it, and Run
+// waits for it). Interrupted, a PyTorch worker is killed (its state in the
+// middle of a request is unknown) and with it the model the node keeps
+// after Run: a trainer stopped while it trained ahead lost its weights, and
+// a localnet that compares its trainers' weights at the end found one
+// without any.
+func computing(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
 // finishAhead waits for the gradient trained ahead, if one is running.
 func (n *Node) finishAhead() {
 	if n.ahead != nil {
@@ -314,7 +323,7 @@ func (n *Node) gradient(ctx context.Context, w *machine.TrainWork) (float32, []f
 	}
 	start := time.Now()
 	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
-	l, err := e.Gradient(ctx, b)
+	l, err := e.Gradient(computing(ctx), b)
 	if err != nil {
 		return 0, nil, 0, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
@@ -353,7 +362,7 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 	count := int(w.Batch.End - w.Batch.Start)
 	seqLen := e.Config().Context()
 	start := time.Now()
-	frame, err := e.Step(ctx, w.LR)
+	frame, err := e.Step(computing(ctx), w.LR)
 	if err != nil {
 		return p2p.Announcement{}, nil, machine.TrainStats{}, fmt.Errorf("node: step %d: %w", w.Step, err)
 	}
@@ -408,7 +417,7 @@ func (n *Node) apply(ctx context.Context, w *machine.ApplyWork) error {
 	}
 	start := time.Now()
 	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
-	if err := n.engine().Apply(ctx, w.Frames, w.LR); err != nil {
+	if err := n.engine().Apply(computing(ctx), w.Frames, w.LR); err != nil {
 		return fmt.Errorf("node: applying step %d: %w", w.Step, err)
 	}
 	n.cfg.metrics.RoundsApplied.Inc()
@@ -426,7 +435,7 @@ func (n *Node) saveCheckpoint(ctx context.Context, w machine.SaveWork) {
 	st := store.FromRun(w.Store)
 	name := fmt.Sprintf("%s-epoch%d-step%d", n.runID, w.Epoch, w.Step)
 	e := n.engine()
-	model, err := e.Model(ctx)
+	model, err := e.Model(computing(ctx))
 	if err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed: the engine cannot give its model", "engine", e.Name(), "err", err)
 		return

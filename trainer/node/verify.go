@@ -35,7 +35,7 @@ func (n *Node) referenceLosses(ctx context.Context, ranges []p2p.BatchRange) (ma
 		}
 	}
 	b.Seqs = len(idxs)
-	l, err := e.Losses(ctx, b)
+	l, err := e.Losses(computing(ctx), b)
 	if err != nil {
 		return nil, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
@@ -68,11 +68,11 @@ func (n *Node) verify(ctx context.Context, w machine.VerifyWork) (score, drop fl
 		return 0, 0, false, err
 	}
 	losses := func() (float64, float64, error) {
-		lo, err := e.Losses(ctx, trained)
+		lo, err := e.Losses(computing(ctx), trained)
 		if err != nil || !scored {
 			return float64(lo.Mean), 0, err
 		}
-		lc, err := e.Losses(ctx, control)
+		lc, err := e.Losses(computing(ctx), control)
 		return float64(lo.Mean), float64(lc.Mean), err
 	}
 	before0, beforeC, err := losses()
@@ -83,11 +83,11 @@ func (n *Node) verify(ctx context.Context, w machine.VerifyWork) (score, drop fl
 	if err := e.Plan().Check(w.Frame); err != nil {
 		return nan, nan, scored, nil // a frame the run's optimizer refuses did no work
 	}
-	if err := e.Try(ctx, []*distro.Frame{w.Frame}, w.LR); err != nil {
+	if err := e.Try(computing(ctx), []*distro.Frame{w.Frame}, w.LR); err != nil {
 		return 0, 0, false, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
 	after0, afterC, err := losses()
-	if uerr := e.Undo(ctx); err == nil && uerr != nil {
+	if uerr := e.Undo(computing(ctx)); err == nil && uerr != nil {
 		err = uerr
 	}
 	if err != nil {

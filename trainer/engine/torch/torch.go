@@ -173,6 +173,71 @@ type Opener struct {
 	o    options
 	mu   sync.Mutex
 	open map[*eng]bool // engines not yet closed
+	// spares are workers started by Prepare and not yet opened on a model;
+	// an Open with the timeout one was started for takes it.
+	spares []*spare
+}
+
+// spare is a prepared worker and the timeout it was started for.
+type spare struct {
+	w       *worker
+	h       *hello
+	timeout time.Duration
+}
+
+var _ engine.Preparer = (*Opener)(nil)
+
+// Prepare starts a worker that an Open with this timeout will take (its
+// processes, torch's import, a multi-device worker's ranks: seconds, more
+// on a busy machine), so that opening it on a model in a run's warmup only
+// moves the weights. Each call starts one; release stops it if no Open has
+// taken it (trainers that share an opener may take each other's).
+func (op *Opener) Prepare(ctx context.Context, timeout time.Duration) (release func(), err error) {
+	w, h, err := startWorker(ctx, &op.o, workerTimeout(timeout))
+	if err != nil {
+		return func() {}, err
+	}
+	sp := &spare{w: w, h: h, timeout: workerTimeout(timeout)}
+	op.mu.Lock()
+	op.spares = append(op.spares, sp)
+	op.mu.Unlock()
+	return func() {
+		op.mu.Lock()
+		i := slices.Index(op.spares, sp)
+		if i >= 0 {
+			op.spares = slices.Delete(op.spares, i, i+1)
+		}
+		op.mu.Unlock()
+		if i >= 0 {
+			sp.w.close()
+		}
+	}, nil
+}
+
+// worker hands out a prepared worker started for timeout that is still
+// alive, and otherwise starts one.
+func (op *Opener) worker(ctx context.Context, timeout time.Duration) (*worker, *hello, error) {
+	op.mu.Lock()
+	i := slices.IndexFunc(op.spares, func(sp *spare) bool { return sp.timeout == timeout && sp.w.alive() })
+	var sp *spare
+	if i >= 0 {
+		sp = op.spares[i]
+		op.spares = slices.Delete(op.spares, i, i+1)
+	}
+	op.mu.Unlock()
+	if sp != nil {
+		return sp.w, sp.h, nil
+	}
+	return startWorker(ctx, &op.o, timeout)
+}
+
+// workerTimeout is the engine's timeout for one round's computation: the
+// spec's, or ten minutes.
+func workerTimeout(t time.Duration) time.Duration {
+	if t <= 0 {
+		return 10 * time.Minute
+	}
+	return t
 }
 
 // Pids lists the worker processes of this opener's open engines.
@@ -272,11 +337,8 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	if err != nil {
 		return nil, err
 	}
-	timeout := s.Timeout
-	if timeout <= 0 {
-		timeout = 10 * time.Minute
-	}
-	w, h, err := startWorker(ctx, &op.o, timeout)
+	timeout := workerTimeout(s.Timeout)
+	w, h, err := op.worker(ctx, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -646,4 +708,14 @@ func (e *eng) Close() error {
 		e.opener.mu.Unlock()
 	}
 	return e.w.close()
+}
+
+// alive reports whether the worker process has not exited.
+func (w *worker) alive() bool {
+	select {
+	case <-w.exited:
+		return false
+	default:
+		return true
+	}
 }

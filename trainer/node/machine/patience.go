@@ -43,7 +43,12 @@ import "github.com/psyche-go/psyche/coordinator"
 // without the trainers that were still training, so an honest trainer was
 // dropped (half of the PyTorch localnets did this). Counted in watched
 // seconds, a stall costs one second of patience, and a witness gives up on
-// a trainer only after watching for it. The rule lives in the trainer and
+// a trainer only after watching for it. A time is the count of the last
+// tick before it, so the second in which the last result came is not
+// counted: patience is that many whole seconds watched after it (counting
+// it, a round's arrivals just before a tick left a witness half its
+// patience, and a trainer 1.3 s behind the others in one round of a busy
+// machine was dropped). The rule lives in the trainer and
 // not in the coordinator because only a trainer sees when results arrive.
 // Witnesses that see different arrival times may disagree about a late
 // trainer, as they already did at the training limit; the quorum decides.
@@ -149,5 +154,7 @@ func (m *Machine) outOfPatience() bool {
 	}
 	last := max(rs.heard, rs.began)
 	wait := max(patienceFloor(&s.Config), patienceFactor*max(last-rs.began, m.pace()))
-	return m.watched >= last+wait
+	// last is the watched second in which the last result came, anywhere
+	// in it: only the seconds watched after it count whole.
+	return m.watched > last+wait
 }

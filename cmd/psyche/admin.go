@@ -60,6 +60,7 @@ var adminCommands = []*cli.Command{
 			&cli.StringSliceFlag{Name: "p2p-listen", Value: cli.NewStringSlice("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"), Usage: "the p2p host's listen addresses (multiaddrs)", Category: "P2P"},
 			&cli.BoolFlag{Name: "relay", Usage: "relay connections between the runs' trainers that cannot reach each other directly (circuit relay v2)", Category: "P2P"},
 			dataDirFlag,
+			&cli.BoolFlag{Name: "browser-trainer", Value: true, Usage: "serve the browser trainer at /train/<run>; a binary without its WebAssembly module (no go generate) builds it with the go command on PATH from the checkout it was compiled from, once a federated run exists or a visitor asks: false serves and builds nothing (docs/security.md)", Category: "SERVER"},
 		},
 		Action: runServer,
 	},

@@ -183,19 +183,30 @@ func printFederated(w io.Writer, in *federated.Info) {
 // mountFederated builds the federated service for psyche server: its state
 // lives in <dir>/federated, and it reads the runs from the server that
 // *srv will hold once it exists (before it serves); a freed run's state
-// goes with it. The browser trainer's page comes with it: its module is the
-// binary's, or one built from the binary's source in the background (the
-// log says which, or why the page cannot train).
-func mountFederated(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, srv **server.Server) ([]server.Option, error) {
+// goes with it. The browser trainer's page comes with it unless browser is
+// false: its module is the binary's, or one built from the binary's
+// source in the background once a federated run exists or a visitor asks
+// for it (the log says which, or why the page cannot train).
+func mountFederated(ctx context.Context, dir string, browser bool, log *slog.Logger, reg prometheus.Registerer, srv **server.Server) ([]server.Option, error) {
+	var page *web.Page
+	if browser {
+		page = web.NewPage(web.WithLogger(log))
+	} else {
+		page = web.NewPage(web.WithLogger(log), web.WithOff(browserOff))
+	}
 	fed, err := fedserver.New(filepath.Join(dir, "federated"), func(id string) ([]byte, bool) { return (*srv).Account(id) },
-		fedserver.WithLogger(log), fedserver.WithMetrics(fedserver.NewMetrics(reg)))
+		fedserver.WithLogger(log), fedserver.WithMetrics(fedserver.NewMetrics(reg)), fedserver.WithOnRun(func(string) { page.Need() }))
 	if err != nil {
 		return nil, err
 	}
-	page := web.NewPage(web.WithLogger(log))
 	go func() { _ = page.Run(ctx) }()
 	return []server.Option{server.WithRoutes(fed.Routes), server.WithRoutes(page.Routes), server.WithOnFree(fed.Forget)}, nil
 }
+
+// browserOff is what /train/<run> answers on a server started with
+// --browser-trainer=false.
+const browserOff = "the browser trainer is off on this server (psyche server --browser-trainer=false, or PSYCHE_BROWSER_TRAINER=false); " +
+	"join its federated runs with psyche join --local-data"
 
 // dpNoiseFor is the central noise multiplier that spends target ε over
 // the config's rounds.

@@ -80,7 +80,7 @@ func runServer(c *cli.Context) error {
 	}
 	opts = append(opts, server.WithPage(ex.Handler()))
 	var s *server.Server
-	fed, err := mountFederated(ctx, c.String("dir"), logger(c), reg, &s)
+	fed, err := mountFederated(ctx, c.String("dir"), c.Bool("browser-trainer"), logger(c), reg, &s)
 	if err != nil {
 		return err
 	}

@@ -177,6 +177,7 @@ func (s *Service) configure(w http.ResponseWriter, id string, acct *coordinator.
 		s.mu.Unlock()
 		s.observe(id, m.State())
 		s.log.Info("federated run created", "run", id, "params", len(params), "capacity", cfg.Capacity)
+		s.onRun(id)
 		httpserve.WriteJSON(w, http.StatusOK, federated.InfoOf(id, m.State(), halted(acct)))
 		return
 	}

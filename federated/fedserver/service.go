@@ -46,6 +46,7 @@ type Service struct {
 	metrics  *Metrics
 	noise    func() [32]byte
 	maxWait  time.Duration
+	onRun    func(id string)
 
 	mu   sync.Mutex
 	runs map[string]*run
@@ -75,6 +76,14 @@ func WithNoiseSeeds(f func() [32]byte) Option {
 	return func(s *Service) error { s.noise = f; return nil }
 }
 
+// WithOnRun tells f of every federated run the service holds: each loaded
+// at start, and each a first config creates (psyche server builds the
+// browser trainer's module on the first). f is called from the service's
+// goroutine and must not block.
+func WithOnRun(f func(id string)) Option {
+	return func(s *Service) error { s.onRun = f; return nil }
+}
+
 func randomSeed() [32]byte {
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -89,7 +98,7 @@ const fileExt = ".fed"
 // every federated run there; accounts reads the coordinators.
 func New(dir string, accounts Accounts, opts ...Option) (*Service, error) {
 	s := &Service{dir: dir, accounts: accounts, log: slog.New(slog.DiscardHandler), noise: randomSeed,
-		maxWait: 20 * time.Second, runs: map[string]*run{}, quarantined: map[string]error{}}
+		maxWait: 20 * time.Second, onRun: func(string) {}, runs: map[string]*run{}, quarantined: map[string]error{}}
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
@@ -121,6 +130,7 @@ func New(dir string, accounts Accounts, opts ...Option) (*Service, error) {
 		s.runs[id] = fr
 		s.observe(id, st)
 		s.log.Info("loaded federated run", "run", id, "round", st.Round, "buffered", len(st.Buffer), "members", len(st.Members))
+		s.onRun(id)
 	}
 	s.metrics.Quarantined.Set(float64(len(s.quarantined)))
 	return s, nil

@@ -645,3 +645,46 @@ func TestJoinAuthority(t *testing.T) {
 		t.Fatalf("joining again: %v", err)
 	}
 }
+
+// TestOnRunTellsOfEveryRun: WithOnRun hears of each federated run once
+// the service holds it (its first config, or its state loaded at start),
+// and of nothing else: psyche server builds the browser trainer's module
+// on the first, and a server with no federated run builds none.
+func TestOnRunTellsOfEveryRun(t *testing.T) {
+	dir := t.TempDir()
+	admin := newSigner("admin")
+	acc := newAccounts(t, admin.Public())
+	var told []string
+	open := func() *http.ServeMux {
+		svc, err := New(dir, acc.get, WithOnRun(func(id string) { told = append(told, id) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mux := http.NewServeMux()
+		svc.Routes(mux)
+		return mux
+	}
+	mux := open()
+	if len(told) != 0 {
+		t.Fatalf("told of %v with no federated run", told)
+	}
+	if code, _, _ := post(t, mux, federated.KindJoin, 1, nil, newSigner("early")); code == http.StatusOK {
+		t.Fatal("a join before any config was taken")
+	}
+	if len(told) != 0 {
+		t.Fatalf("told of %v after a refused join", told)
+	}
+	for seq := uint64(1); seq <= 2; seq++ {
+		if code, body, _ := post(t, mux, federated.KindConfig, seq, federated.EncodeConfig(&federated.Config{Capacity: 2, RoundDuration: 1}), admin); code != http.StatusOK {
+			t.Fatalf("config %d: %d %s", seq, code, body)
+		}
+	}
+	if !slices.Equal(told, []string{"fed"}) {
+		t.Fatalf("after a config and a reconfig: told of %v, want [fed]", told)
+	}
+	told = nil
+	open()
+	if !slices.Equal(told, []string{"fed"}) {
+		t.Fatalf("after a restart: told of %v, want [fed]", told)
+	}
+}

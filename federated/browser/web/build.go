@@ -26,8 +26,12 @@ const WasmPackage = "federated/browser/wasm"
 
 // Build compiles the module from the psyche source at root (a repository
 // holding WasmPackage) with the go command on PATH. It is what go generate
-// runs, and what a server whose binary holds no module runs at start: the
-// Go build cache makes every build after the first take about a second.
+// runs, and what a server whose binary holds no module runs when the
+// module is first needed (Page.Run): the Go build cache makes every build
+// after the first take about a second. It trusts what such a go command
+// does: the files under root (go.mod, the package's sources), the go
+// found on PATH at run time and its toolchain, and the module cache or
+// proxy it reads dependencies from.
 func Build(ctx context.Context, root string) (*Module, error) {
 	goCmd, err := exec.LookPath("go")
 	if err != nil {

@@ -3,6 +3,7 @@ package web
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,7 +12,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestTrainPageHeaders: the page and every file it loads carry a
@@ -179,5 +183,298 @@ func TestSourceIsThisCheckout(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "federated", "browser", "web", "web.go")); err != nil {
 		t.Errorf("Source() = %s, not this checkout: %v", root, err)
+	}
+}
+
+// heldBuild is a build the test lets finish: started receives once per
+// build begun, and each build returns once release is closed.
+type heldBuild struct {
+	started chan struct{}
+	release chan struct{}
+	builds  atomic.Int32
+}
+
+func newHeldBuild() *heldBuild {
+	return &heldBuild{started: make(chan struct{}, 16), release: make(chan struct{})}
+}
+
+// tinyModule is a module's smallest valid bytes, gzipped, as Build returns
+// them.
+func tinyModule(t *testing.T) *Module {
+	raw := []byte("\x00asm\x01\x00\x00\x00")
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	if _, err := zw.Write(raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return &Module{WasmGz: gz.Bytes(), ExecJS: []byte("globalThis.Go = class {};\n"), Size: len(raw)}
+}
+
+func (h *heldBuild) build(m *Module) func(context.Context, string) (*Module, error) {
+	return func(ctx context.Context, _ string) (*Module, error) {
+		h.builds.Add(1)
+		h.started <- struct{}{}
+		select {
+		case <-h.release:
+			return m, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// TestWaitingVisitorsOutlastTheWriteTimeout: visitors who ask for the
+// module while it is built all get it once it is, however long after the
+// server's write timeout that is. The module's first build takes longer
+// than psyche server's 30 s write timeout, and the visitors who had asked
+// early got a dropped connection (HTTP 000; 147 of 300 with a 35 s build).
+// The build here is held back until the write deadline every waiting
+// request was given has passed, which a canary request asked after them
+// on the same server observes; the server's write timeout is short so
+// that the test does not wait long for it.
+func TestWaitingVisitorsOutlastTheWriteTimeout(t *testing.T) {
+	const visitors = 300
+	held := newHeldBuild()
+	mod := tinyModule(t)
+	p := NewPage(WithSource("the source"), WithBuild(held.build(mod)))
+	mux := http.NewServeMux()
+	p.Routes(mux)
+	expired := make(chan struct{})
+	mux.HandleFunc("GET /canary", func(w http.ResponseWriter, r *http.Request) {
+		// Writes a byte at a time until the server's write deadline,
+		// given when this request was read, refuses one.
+		rc := http.NewResponseController(w)
+		for {
+			if _, err := w.Write([]byte{'.'}); err != nil {
+				break
+			}
+			if err := rc.Flush(); err != nil {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		close(expired)
+	})
+	var entered sync.WaitGroup
+	entered.Add(visitors)
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/canary" {
+			entered.Done()
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	hs.Config.WriteTimeout = 100 * time.Millisecond
+	hs.Start()
+	defer hs.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	ran := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(ran) }()
+	defer func() { cancel(); <-ran }()
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: visitors}}
+	defer client.CloseIdleConnections()
+	type answer struct {
+		code int
+		body []byte
+		err  error
+	}
+	answers := make(chan answer, visitors)
+	for range visitors {
+		go func() {
+			resp, err := client.Get(hs.URL + "/train/static/psyche.wasm")
+			if err != nil {
+				answers <- answer{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			answers <- answer{code: resp.StatusCode, body: body, err: err}
+		}()
+	}
+	entered.Wait()
+	<-held.started
+	resp, err := client.Get(hs.URL + "/canary")
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	<-expired
+	close(held.release)
+	raw, _ := io.ReadAll(must(gzip.NewReader(bytes.NewReader(mod.WasmGz))))
+	failed := 0
+	for range visitors {
+		a := <-answers
+		if a.err != nil || a.code != http.StatusOK || !bytes.Equal(a.body, raw) {
+			if failed++; failed <= 3 {
+				t.Errorf("a visitor waiting for the module: HTTP %d, %d bytes, %v", a.code, len(a.body), a.err)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d waiting visitors got no module", failed, visitors)
+	}
+	if n := held.builds.Load(); n != 1 {
+		t.Errorf("%d builds for %d visitors, want 1", n, visitors)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// TestPageBuildsOnFirstNeed: a server whose binary holds no module builds
+// it when it is first needed, once: a federated run exists (Need), or a
+// visitor asks for the page, the module or wasm_exec.js. Before, every
+// server start ran the go command, federated runs or not; now one that
+// only serves the page's other files never does.
+func TestPageBuildsOnFirstNeed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// need says the module is needed; what it asked has its answer
+		// once answered is closed.
+		need func(t *testing.T, p *Page, mux *http.ServeMux) (answered <-chan struct{})
+	}{
+		{"a federated run", func(_ *testing.T, p *Page, _ *http.ServeMux) <-chan struct{} { p.Need(); p.Need(); return closed() }},
+		{"the page", func(t *testing.T, _ *Page, mux *http.ServeMux) <-chan struct{} {
+			get(t, mux, "/train/some-run", http.StatusOK)
+			return closed()
+		}},
+		{"the module", func(t *testing.T, _ *Page, mux *http.ServeMux) <-chan struct{} {
+			return inBackground(func() { get(t, mux, "/train/static/psyche.wasm", http.StatusOK) })
+		}},
+		{"wasm_exec.js", func(t *testing.T, _ *Page, mux *http.ServeMux) <-chan struct{} {
+			return inBackground(func() { get(t, mux, "/train/static/wasm_exec.js", http.StatusOK) })
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			held := newHeldBuild()
+			var log bytes.Buffer
+			p := NewPage(WithSource("the source"), WithBuild(held.build(tinyModule(t))), WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+			mux := http.NewServeMux()
+			p.Routes(mux)
+			ran := make(chan struct{})
+			go func() { _ = p.Run(t.Context()); close(ran) }()
+			for _, f := range []string{"/train/static/app.js", "/train/static/worker.js", "/train/static/style.css"} {
+				get(t, mux, f, http.StatusOK)
+			}
+			answered := tc.need(t, p, mux)
+			<-held.started
+			close(held.release)
+			<-ran
+			<-answered
+			get(t, mux, "/train/static/psyche.wasm", http.StatusOK)
+			<-tc.need(t, p, mux)
+			if n := held.builds.Load(); n != 1 {
+				t.Errorf("%d builds, want 1", n)
+			}
+			if !strings.Contains(log.String(), "when first needed") || !strings.Contains(log.String(), "building its WebAssembly module from the source") {
+				t.Errorf("the log does not say the module is built on first need:\n%s", log.String())
+			}
+		})
+	}
+}
+
+// TestPageWithoutNeedBuildsNothing: a server that stops before anything
+// needed the module never built one, and says so to a late visitor.
+func TestPageWithoutNeedBuildsNothing(t *testing.T) {
+	held := newHeldBuild()
+	p := NewPage(WithSource("the source"), WithBuild(held.build(tinyModule(t))))
+	mux := http.NewServeMux()
+	p.Routes(mux)
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(ran) }()
+	get(t, mux, "/train/static/app.js", http.StatusOK)
+	cancel()
+	<-ran
+	if n := held.builds.Load(); n != 0 {
+		t.Errorf("%d builds with nothing needing the module, want 0", n)
+	}
+	if body := get(t, mux, "/train/static/psyche.wasm", http.StatusNotFound); !strings.Contains(body, "stopped before") {
+		t.Errorf("psyche.wasm after the server stopped: %q", body)
+	}
+}
+
+// TestBrowserTrainerOff: with the browser trainer off (psyche server
+// --browser-trainer=false) no build ever runs, and the page and every file
+// under it answer 404 with the one line that says why.
+func TestBrowserTrainerOff(t *testing.T) {
+	const why = "the browser trainer is off on this server"
+	held := newHeldBuild()
+	var log bytes.Buffer
+	p := NewPage(WithSource("the source"), WithBuild(held.build(tinyModule(t))), WithOff(why), WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	if err := p.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	p.Need()
+	mux := http.NewServeMux()
+	p.Routes(mux)
+	for _, path := range []string{"/train/some-run", "/train/static/app.js", "/train/static/worker.js", "/train/static/psyche.wasm", "/train/static/wasm_exec.js"} {
+		if body := get(t, mux, path, http.StatusNotFound); strings.TrimSpace(body) != why {
+			t.Errorf("%s: %q, want %q", path, body, why)
+		}
+	}
+	if n := held.builds.Load(); n != 0 {
+		t.Errorf("%d builds with the browser trainer off, want 0", n)
+	}
+	if !strings.Contains(log.String(), "the browser trainer is off") {
+		t.Errorf("the log does not say the browser trainer is off:\n%s", log.String())
+	}
+}
+
+// TestBuildTimeout: a build that outlasts its bound is stopped, and the
+// visitors waiting for it are told so (not left waiting, nor cut off).
+func TestBuildTimeout(t *testing.T) {
+	p := NewPage(WithSource("the source"), WithBuildTimeout(time.Nanosecond),
+		WithBuild(func(ctx context.Context, _ string) (*Module, error) { <-ctx.Done(); return nil, ctx.Err() }))
+	mux := http.NewServeMux()
+	p.Routes(mux)
+	go func() { _ = p.Run(t.Context()) }()
+	if body := get(t, mux, "/train/static/psyche.wasm", http.StatusNotFound); !strings.Contains(body, "took more than 1ns and was stopped") {
+		t.Errorf("psyche.wasm after the build timed out: %q", body)
+	}
+}
+
+func closed() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// inBackground runs f in a goroutine and closes the channel it returns
+// when f returns.
+func inBackground(f func()) <-chan struct{} {
+	c := make(chan struct{})
+	go func() { defer close(c); f() }()
+	return c
+}
+
+// get asks mux for path and checks the answer's status.
+func get(t *testing.T, mux *http.ServeMux, path string, want int) string {
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	if rec.Code != want {
+		t.Errorf("%s: HTTP %d, want %d: %s", path, rec.Code, want, rec.Body)
+	}
+	return rec.Body.String()
+}
+
+// TestBuildTimeIsTheDocs: the log line that starts a build and
+// docs/browser.md state the first build's time in the same words (the log
+// said "a minute or two", the doc "about 30 s").
+func TestBuildTimeIsTheDocs(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "browser.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(string(doc)), " "), BuildTime) {
+		t.Errorf("docs/browser.md does not state the first build's time as the log does: %q", BuildTime)
 	}
 }

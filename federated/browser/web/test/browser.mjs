@@ -95,10 +95,10 @@ const server = start("server", ["server", "--dir", join(dir, "server"), "--liste
 const url = "http://" + (await server.wait(/server listening on http:\/\/(\S+)/))[1];
 log(`server at ${url}`);
 // The binary was built without go generate, as the README builds it: its
-// server builds the module from the source and says so in its log.
-const built = await server.wait(/WebAssembly module is built.* mib=([\d.]+) gzipped_mib=([\d.]+)/);
-const wasmMiB = { raw: Number(built[1]), gz: Number(built[2]) };
-check(/building its WebAssembly module from the source/.test(server.output), "the server built the browser trainer's module from its source and said so");
+// server builds the module from the source once it is needed (here, once
+// the first federated run exists), never before, and says so in its log.
+await server.wait(/its WebAssembly module will be built from the source when first needed/);
+check(!/building its WebAssembly module/.test(server.output), "the server builds no module before a federated run exists");
 const example = readFileSync(join(repo, "examples/federated-run.toml"), "utf8");
 async function createRun(id, toml) {
 	const f = join(dir, `${id}.toml`);
@@ -116,6 +116,9 @@ await createRun("dz", example.replace("capacity = 3 ", "capacity = 1 ").replace(
 	.replace("quantize_1bit = false", "quantize_1bit = true").replace("compression_decay = 0.0", "compression_decay = 0.9"));
 // Central DP with one client a round: what the page shows of the privacy spent.
 await createRun("dp", example.replace("capacity = 3 ", "capacity = 1 ").replace("noise_multiplier = 0.0", "noise_multiplier = 1.0"));
+const built = await server.wait(/WebAssembly module is built.* mib=([\d.]+) gzipped_mib=([\d.]+)/);
+const wasmMiB = { raw: Number(built[1]), gz: Number(built[2]) };
+check(/building its WebAssembly module from the source/.test(server.output), "the server built the browser trainer's module from its source once a federated run existed, and said so");
 
 let browser;
 let failed = false;

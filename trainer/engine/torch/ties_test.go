@@ -3,7 +3,6 @@ package torch
 import (
 	"fmt"
 	"math"
-	"sort"
 	"testing"
 
 	"github.com/psyche-go/psyche/distro"
@@ -404,18 +403,4 @@ func gradientBound(layouts []distro.TileLayout, o distro.Options, lr float32, a,
 		}
 	}
 	return out
-}
-
-// exactInverse is the inverse DCT, in float64 with exact cosines, of tile
-// t of a combined tensor of layout l at row r and column c of the tile,
-// and the L2 norm of the tile's coefficients.
-func exactInverse(l distro.TileLayout, ct *distro.CombinedTensor, t, r, c int) (x, norm float64) {
-	bh, bw := basis(l.TileH), basis(l.TileW)
-	lo := sort.Search(len(ct.Tiles), func(j int) bool { return int(ct.Tiles[j]) >= t })
-	for j := lo; j < len(ct.Tiles) && int(ct.Tiles[j]) == t; j++ {
-		v := float64(ct.Values[j])
-		x += v * bh[int(ct.Index[j])/l.TileW][r] * bw[int(ct.Index[j])%l.TileW][c]
-		norm += v * v
-	}
-	return x, math.Sqrt(norm)
 }

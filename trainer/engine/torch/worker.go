@@ -103,15 +103,17 @@ func startWorker(ctx context.Context, o *options, timeout time.Duration) (*worke
 		if !errors.As(err, &m) {
 			return nil, nil, err
 		}
-		missing = append(missing, fmt.Sprintf("%s lacks %s", py, m.module))
+		missing = append(missing, fmt.Sprintf("%s lacks %s", py, strings.Join(m.modules, " and ")))
 	}
 	return nil, nil, fmt.Errorf("%w (%s): install PyTorch 1.13 or newer and numpy for it (pip install torch numpy, or on Debian: apt-get install python3-torch), or set PSYCHE_PYTHON to a python that has them",
 		ErrNoTorch, strings.Join(missing, "; "))
 }
 
-type missingError struct{ module string }
+type missingError struct{ modules []string }
 
-func (e *missingError) Error() string { return "missing python module " + e.module }
+func (e *missingError) Error() string {
+	return "missing python modules " + strings.Join(e.modules, ", ")
+}
 
 func startOne(ctx context.Context, o *options, python string, timeout time.Duration) (*worker, *hello, error) {
 	dir, err := makeWorkerDir(o.log)
@@ -166,7 +168,7 @@ func startOne(ctx context.Context, o *options, python string, timeout time.Durat
 		w.kill()
 		switch code := w.exitCode(); {
 		case code == exitMissing:
-			return nil, nil, &missingError{module: w.tail.missingModule()}
+			return nil, nil, &missingError{modules: w.tail.missingModules()}
 		case errors.Is(err, errWorker):
 			// It ended before saying hello: not a python that runs the
 			// worker at all.
@@ -498,16 +500,21 @@ func (t *tail) rankLine() string {
 	return ""
 }
 
-// missingModule is the module worker.py said it could not import.
-func (t *tail) missingModule() string {
+// missingModules are the modules worker.py said its python lacks (torch,
+// if it named none).
+func (t *tail) missingModules() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, l := range t.lines {
-		if m, ok := strings.CutPrefix(l, "psyche-worker: missing python module "); ok {
-			return m
+		if m, ok := strings.CutPrefix(l, missingLine); ok {
+			return strings.Fields(m)
 		}
 	}
-	return "torch"
+	return []string{"torch"}
 }
+
+// missingLine begins the line in which the worker names every module its
+// python lacks, separated by spaces (worker.py's MISSING).
+const missingLine = "psyche-worker: missing python modules: "
 
 var _ io.Writer = (*tail)(nil)

@@ -23,12 +23,21 @@ import traceback
 PROTOCOL = 3
 EXIT_MISSING = 3  # torch or numpy cannot be imported: psyche tries another python
 
-try:
-    import numpy as np
-    import torch
-except ImportError as exc:  # the one failure psyche explains to the user itself
-    sys.stderr.write("psyche-worker: missing python module %s\n" % (exc.name or exc))
+# The one failure psyche explains to the user itself: every module this
+# python lacks, on one line (worker.go's missingModules reads it), so that
+# the user installs them all at once.
+MISSING = "psyche-worker: missing python modules: "
+_missing = []
+for _name in ("numpy", "torch"):
+    try:
+        __import__(_name)
+    except ImportError:
+        _missing.append(_name)
+if _missing:
+    sys.stderr.write(MISSING + " ".join(_missing) + "\n")
     sys.exit(EXIT_MISSING)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import distro  # noqa: E402  (beside this file)

@@ -1,0 +1,43 @@
+package torch
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestMissingModulesNamedTogether: a python with neither numpy nor torch
+// is told to install both in one line (it named numpy alone, the first
+// import that failed, and the user found torch missing on the next try).
+// The worker's line and the Go side's reading of it are one format:
+// worker.py's MISSING is missingLine.
+func TestMissingModulesNamedTogether(t *testing.T) {
+	src, err := workerFiles.ReadFile("worker/worker.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(src), `MISSING = "`+missingLine+`"`) {
+		t.Fatalf("worker.py does not define MISSING as %q", missingLine)
+	}
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on PATH")
+	}
+	// The same python without its site packages (-S): numpy and torch,
+	// never part of the standard library, are both missing there.
+	bare := filepath.Join(t.TempDir(), "bare-python")
+	if err := os.WriteFile(bare, []byte("#!/bin/sh\nexec "+python+" -S \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	op, err := New(WithPython(bare))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = op.Check(context.Background())
+	if err == nil || !strings.Contains(err.Error(), bare+" lacks numpy and torch") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("a python without numpy and torch: %v; want one line saying it lacks numpy and torch", err)
+	}
+}

@@ -269,10 +269,8 @@ func update(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if u.Config != nil {
-		if w := witnessWarning(u.Config); w != "" {
-			fmt.Fprintf(c.App.ErrWriter, "warning: %s\n", w)
-		}
+	if w := updateWarning(u, fed); w != "" {
+		fmt.Fprintf(c.App.ErrWriter, "warning: %s\n", w)
 	}
 	if err := send(c, u); err != nil || fed == nil {
 		return finishedHint(c, err)

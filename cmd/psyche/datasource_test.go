@@ -130,7 +130,7 @@ func TestDataFromServerAndBucketAcrossProcesses(t *testing.T) {
 	base := strings.NewReplacer("warmup_time = 10", "warmup_time = 600", "cooldown_time = 10", "cooldown_time = 600",
 		"max_round_train_time = 20", "max_round_train_time = 600", "epoch_time = 30 ", "epoch_time = 3600 ",
 		"round_witness_time = 3", "round_witness_time = 1", "waiting_for_members_extra_time = 2",
-		"waiting_for_members_extra_time = 1", "init_min_clients = 3", "init_min_clients = 2").Replace(string(tiny))
+		"waiting_for_members_extra_time = 1", "init_min_clients = 3", "init_min_clients = 2", "min_clients = 3", "min_clients = 2").Replace(string(tiny))
 	backend := serverclient.New(url, nil)
 	for _, tc := range []struct {
 		run, data, store string

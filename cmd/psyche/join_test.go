@@ -39,7 +39,7 @@ func TestJoinTrains(t *testing.T) {
 	// One trainer, the only witness: its report ends each round, so the
 	// training limit and the epoch are long enough never to pass on a
 	// loaded machine (the run's clock is the wall's: join has no other).
-	cfg := strings.NewReplacer("init_min_clients = 3", "init_min_clients = 1", "min_clients = 2", "min_clients = 1",
+	cfg := strings.NewReplacer("init_min_clients = 3", "init_min_clients = 1", "min_clients = 3", "min_clients = 1",
 		"warmup_time = 10", "warmup_time = 2", "max_round_train_time = 20", "max_round_train_time = 600",
 		"epoch_time = 30 ", "epoch_time = 3600 ", "round_witness_time = 3", "round_witness_time = 1").Replace(string(tiny))
 	if err := os.WriteFile(runFile, []byte(cfg), 0o644); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 )
@@ -85,6 +86,18 @@ type runFile struct {
 	// Federated is read by loadFederated (federated.go); it is named here
 	// so that its keys are not unknown.
 	Federated *federatedSection `toml:"federated"`
+}
+
+// updateWarning is what update warns of for a run file (empty: nothing):
+// rounds so short of witnesses that one lying witness decides
+// (witnessWarning). A federated run (a [federated] section) has no
+// witnesses to warn of: its server aggregates the clients' updates, and
+// its [config]'s clients and timers drive no rounds.
+func updateWarning(u *coordinator.Update, fed *federated.Config) string {
+	if u.Config == nil || fed != nil {
+		return ""
+	}
+	return witnessWarning(u.Config)
 }
 
 // witnessWarning says what update warns of when a run's rounds can have so

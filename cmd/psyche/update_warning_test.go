@@ -67,3 +67,33 @@ func TestUpdateWarnsOfOneLyingWitness(t *testing.T) {
 		}
 	}
 }
+
+// TestExamplesPassUpdateWithoutWarnings runs update's checks over every run
+// file in examples/: each loads, and none draws a warning (tiny-run.toml and
+// federated-run.toml both did, so the README's first update warned). A
+// federated run's file is not warned of its witnesses: it has none (the
+// server aggregates), so only the same [config] without [federated] is.
+func TestExamplesPassUpdateWithoutWarnings(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "examples", "*.toml"))
+	if err != nil || len(files) < 6 {
+		t.Fatalf("examples/*.toml: %d files, %v", len(files), err)
+	}
+	for _, path := range files {
+		u, err := loadRunFile(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+			continue
+		}
+		fed, err := loadFederated(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+			continue
+		}
+		if w := updateWarning(u, fed); w != "" {
+			t.Errorf("%s: update warns: %s", path, w)
+		}
+		if fed != nil && u.Config != nil && u.Config.MinClients < 3 && updateWarning(u, nil) == "" {
+			t.Errorf("%s: min_clients %d without [federated] draws no warning", path, u.Config.MinClients)
+		}
+	}
+}

@@ -66,6 +66,9 @@ func (s *Coordinator) DescribeClients(name func(Pubkey) string) string {
 	b.WriteString("pending:")
 	for _, id := range s.Pending[:s.PendingLen] {
 		fmt.Fprintf(&b, " %s", name(id.Signer))
+		if s.SitsOut(id.Signer) {
+			b.WriteString("(sits-out)")
+		}
 	}
 	b.WriteString("\n")
 	return b.String()

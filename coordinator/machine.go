@@ -160,6 +160,18 @@ func (s *Coordinator) Tick(now, seed uint64) (bool, error) {
 	return true, nil
 }
 
+// SitsOut reports whether the pending joiner signer would be left out of
+// the next epoch if it started now (admitted): status and the trainer say
+// so before it happens, by the warmup's own rule.
+func (s *Coordinator) SitsOut(signer Pubkey) bool {
+	i, ok := s.PendingIndex(signer)
+	if !ok {
+		return false
+	}
+	keep := s.admitted()
+	return !keep[i]
+}
+
 // startWarmup begins an epoch with the pending joiners.
 func (s *Coordinator) startWarmup(now, seed uint64) {
 	e := &s.Epoch

@@ -117,7 +117,7 @@ var adminCommands = []*cli.Command{
 	},
 	{
 		Name:  "status",
-		Usage: "show a run",
+		Usage: "show a run: its state (and what a waiting run needs), the round, the checkpoint, and each member once with its latest state",
 		Flags: []cli.Flag{serverFlag, runIDFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON", Category: "OUTPUT"},
 			&cli.BoolFlag{Name: "history", Usage: "print the run's per-step history as CSV (step, epoch, loss, held-out loss, tokens/s, bytes, witnesses), as the server's explorer keeps it", Category: "OUTPUT"},
 			&cli.StringFlag{Name: "explorer", Usage: "with --history: the explorer to ask (default: the --server; for a Solana run, a psyche explorer's URL)", Category: "OUTPUT"}},

@@ -172,7 +172,7 @@ func TestAdminFlowOnTheServerBackend(t *testing.T) {
 		t.Fatalf("status: %+v", v)
 	}
 	out, _, _ = psyche(t, "status", "--server", url, "--run-id", "cli")
-	for _, want := range []string{"run cli: Warmup", "clients (3)", "checkpoint: Hub"} {
+	for _, want := range []string{"run cli: Warmup", "members (3)", "checkpoint: Hub"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}

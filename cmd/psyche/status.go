@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
@@ -18,17 +17,25 @@ import (
 
 // statusView is what `psyche status --json` prints.
 type statusView struct {
-	RunID        string       `json:"run_id"`
-	State        string       `json:"state"`
-	StateSince   uint64       `json:"state_since"`
-	Epoch        uint32       `json:"epoch"`
-	Step         uint32       `json:"step"`
-	Nonce        uint64       `json:"nonce"`
-	PendingPause bool         `json:"pending_pause"`
-	Clients      []clientView `json:"clients"`
-	Pending      []string     `json:"pending"`
-	Exited       []clientView `json:"exited"`
-	Round        *roundView   `json:"round,omitempty"`
+	RunID        string `json:"run_id"`
+	State        string `json:"state"`
+	StateSince   uint64 `json:"state_since"`
+	Epoch        uint32 `json:"epoch"`
+	Step         uint32 `json:"step"`
+	Nonce        uint64 `json:"nonce"`
+	PendingPause bool   `json:"pending_pause"`
+	// Waiting, in WaitingForMembers: what the run needs to start its next
+	// epoch, and how long it has waited.
+	Waiting *waitingView `json:"waiting,omitempty"`
+	// Members lists every client the run holds once, with its latest
+	// state: the coordinator's three lists below name one client in
+	// several (a trainer that stopped was both a member of the last epoch
+	// and a removal of this one).
+	Members []clientView `json:"members"`
+	Clients []clientView `json:"clients"`
+	Pending []string     `json:"pending"`
+	Exited  []clientView `json:"exited"`
+	Round   *roundView   `json:"round,omitempty"`
 	// Unattended, in a round nobody has reported in for a while: that no
 	// trainer may be left to drop the listed ones (they drop each other).
 	Unattended string `json:"unattended,omitempty"`
@@ -52,6 +59,22 @@ type clientView struct {
 	// witness had its result (nil: in none of them).
 	LastSeen  *uint32 `json:"last_seen_round,omitempty"`
 	seenKnown bool    // LastSeen applies (the member is in a round's epoch)
+	// SitsOut, for a pending joiner the next epoch leaves out: that epoch
+	// (a health check dropped it, at DroppedAt, in the one before).
+	SitsOut   *uint32 `json:"sits_out_epoch,omitempty"`
+	DroppedAt *uint32 `json:"dropped_at_round,omitempty"`
+}
+
+// waitingView is what a run in WaitingForMembers needs to start its next
+// epoch: Needed joiners (init_min_clients), and then ExtraTime seconds
+// (waiting_for_members_extra_time) since it began waiting.
+type waitingView struct {
+	Epoch     uint32 `json:"epoch"`
+	Joined    int    `json:"joined"`
+	Needed    uint16 `json:"needed"`
+	SitOut    int    `json:"sitting_out"` // joiners the epoch leaves out (they count towards Needed)
+	Waited    uint64 `json:"waited_seconds"`
+	ExtraTime uint64 `json:"extra_time_seconds"`
 }
 
 // What `psyche status` calls a client besides the coordinator's removals
@@ -160,6 +183,20 @@ func viewOf(s *coordinator.Coordinator, now time.Time) statusView {
 	for _, id := range s.Pending[:s.PendingLen] {
 		v.Pending = append(v.Pending, id.Signer.String())
 	}
+	v.Members = membersOf(s, v)
+	if s.RunState == coordinator.WaitingForMembers {
+		w := &waitingView{Epoch: s.Progress.Epoch, Joined: int(s.PendingLen), Needed: s.Config.InitMinClients,
+			ExtraTime: s.Config.WaitingForMembersExtraTime}
+		if now.Unix() > int64(s.RunStateStart) {
+			w.Waited = uint64(now.Unix()) - s.RunStateStart
+		}
+		for _, m := range v.Members {
+			if m.SitsOut != nil {
+				w.SitOut++
+			}
+		}
+		v.Waiting = w
+	}
 	if epochInProgress(s.RunState) {
 		r := s.CurrentRound()
 		v.Round = &roundView{Height: r.Height, DataIndex: r.DataIndex, BatchSize: s.RoundBatchSize(r),
@@ -171,6 +208,57 @@ func viewOf(s *coordinator.Coordinator, now time.Time) statusView {
 	v.Checkpoint.Endpoint = coordinator.FixedString(s.Model.Store.Endpoint[:])
 	v.Checkpoint.Revision = coordinator.FixedString(s.Model.Checkpoint.Source.Revision[:])
 	return v
+}
+
+// membersOf lists each client of the run's lists once, in the order they
+// first appear (the epoch's clients, the joiners, the exited), with its
+// latest state: a member of the epoch in progress as it stands in it;
+// else a joiner as Pending (with the epoch it sits out, if the next epoch
+// leaves it out); else its entry in the last epoch's clients; else its
+// last entry in the exited list, which holds the epoch before's members
+// first and then this epoch's removals.
+func membersOf(s *coordinator.Coordinator, v statusView) []clientView {
+	latest := map[string]clientView{}
+	for _, c := range v.Exited {
+		latest[c.Address] = c
+	}
+	for _, c := range v.Clients {
+		latest[c.Address] = c
+	}
+	for i, id := range s.Pending[:s.PendingLen] {
+		addr := v.Pending[i]
+		if j, ok := s.ClientIndex(id.Signer); ok && epochInProgress(s.RunState) && s.Epoch.Clients[j].State == coordinator.Healthy {
+			continue // training now: that is its latest state
+		}
+		c := clientView{Address: addr, P2P: explorer.PeerID(id.P2P), State: labelPending}
+		if s.SitsOut(id.Signer) {
+			epoch := s.Progress.Epoch
+			c.SitsOut = &epoch
+			if prev, ok := latest[addr]; ok && prev.State == coordinator.Dropped.String() {
+				h := prev.Height
+				c.DroppedAt = &h
+			}
+		}
+		latest[addr] = c
+	}
+	var out []clientView
+	seen := map[string]bool{}
+	add := func(addr string) {
+		if !seen[addr] {
+			seen[addr] = true
+			out = append(out, latest[addr])
+		}
+	}
+	for _, c := range v.Clients {
+		add(c.Address)
+	}
+	for _, a := range v.Pending {
+		add(a)
+	}
+	for _, c := range v.Exited {
+		add(c.Address)
+	}
+	return out
 }
 
 func status(c *cli.Context) error {
@@ -208,6 +296,9 @@ func printStatus(w io.Writer, v statusView) {
 	if v.PendingPause {
 		fmt.Fprintln(w, "a pause is pending: the run pauses when this epoch ends")
 	}
+	if v.Waiting != nil {
+		fmt.Fprintln(w, waitingLine(v.Waiting))
+	}
 	if v.Round != nil {
 		fmt.Fprintf(w, "round %d: data [%d, %d), witnesses %d/%d\n", v.Round.Height, v.Round.DataIndex,
 			v.Round.DataIndex+uint64(v.Round.BatchSize), v.Round.Witnesses, v.Round.Of)
@@ -224,36 +315,34 @@ func printStatus(w io.Writer, v statusView) {
 		}
 		fmt.Fprintf(w, "checkpoint store: %s at %s\n", v.Checkpoint.Store, at)
 	}
-	// There is a round only while an epoch is in progress; otherwise the
-	// clients are those of the epoch that ended.
-	if v.Round == nil && len(v.Clients) > 0 {
-		fmt.Fprintf(w, "clients of the last epoch (%d):\n", len(v.Clients))
-	} else {
-		fmt.Fprintf(w, "clients (%d):\n", len(v.Clients))
-	}
 	// Addresses are 32-44 characters: the column is as wide as the longest.
 	width := 0
-	for _, cl := range slices.Concat(v.Clients, v.Exited) {
+	for _, cl := range v.Members {
 		width = max(width, len(cl.Address))
 	}
-	for _, cl := range v.Clients {
+	fmt.Fprintf(w, "members (%d):\n", len(v.Members))
+	for _, cl := range v.Members {
 		fmt.Fprintf(w, "  %-*s %s\n", width, cl.Address, clientStatus(cl, v.Round))
 	}
-	if len(v.Pending) > 0 {
-		fmt.Fprintf(w, "pending for the next epoch (%d):\n", len(v.Pending))
-		for _, p := range v.Pending {
-			fmt.Fprintf(w, "  %s\n", p)
-		}
+}
+
+// waitingLine says what a run waiting for members needs to start its next
+// epoch and how long it has waited.
+func waitingLine(w *waitingView) string {
+	waited := (time.Duration(w.Waited) * time.Second).String()
+	sitting := ""
+	switch {
+	case w.SitOut == 1:
+		sitting = " (1 of them sits the epoch out, below, and counts towards it)"
+	case w.SitOut > 1:
+		sitting = fmt.Sprintf(" (%d of them sit the epoch out, below, and count towards it)", w.SitOut)
 	}
-	if len(v.Exited) > 0 {
-		// The coordinator's Exited list: the members of the epoch before
-		// this one and the clients removed during this one. Its labels say
-		// where each is now (a member who stayed on is Healthy above too).
-		fmt.Fprintf(w, "last epoch's members and this epoch's removals (%d):\n", len(v.Exited))
-		for _, cl := range v.Exited {
-			fmt.Fprintf(w, "  %-*s %s\n", width, cl.Address, clientStatus(cl, nil))
-		}
+	if w.Joined < int(w.Needed) {
+		return fmt.Sprintf("waiting for members for %s: %d of the %d needed to start epoch %d have joined%s (init_min_clients); it starts %d s after the last of them joins",
+			waited, w.Joined, w.Needed, w.Epoch, sitting, w.ExtraTime)
 	}
+	return fmt.Sprintf("waiting for members for %s: %d joined, %d needed%s: epoch %d starts once the run has waited %d s (waiting_for_members_extra_time)",
+		waited, w.Joined, w.Needed, sitting, w.Epoch, w.ExtraTime)
 }
 
 // clientStatus is a client's label, with the round of a removal, and for
@@ -272,7 +361,17 @@ func clientStatus(cl clientView, round *roundView) string {
 		default:
 			return fmt.Sprintf("%s, last seen in round %d", cl.State, *cl.LastSeen)
 		}
-	case labelPending, labelLeft:
+	case labelPending:
+		if cl.SitsOut == nil {
+			return cl.State
+		}
+		why := "a health check dropped it in the epoch before"
+		if cl.DroppedAt != nil {
+			why = fmt.Sprintf("a health check dropped it at round %d of the epoch before", *cl.DroppedAt)
+		}
+		return fmt.Sprintf("%s, sits out epoch %d: %s, and the run has min_clients without it; it may join epoch %d",
+			cl.State, *cl.SitsOut, why, *cl.SitsOut+1)
+	case labelLeft:
 		return cl.State
 	}
 	return fmt.Sprintf("%s at round %d", cl.State, cl.Height)

@@ -215,7 +215,7 @@ func TestStatusBetweenEpochs(t *testing.T) {
 	}
 	var out bytes.Buffer
 	printStatus(&out, v)
-	for _, want := range []string{"clients of the last epoch (2):\n", alice.String() + " Left\n", bob.String() + " Pending\n", "Dropped at round 7\n"} {
+	for _, want := range []string{"members (3):\n", alice.String() + " Left\n", bob.String() + " Pending\n", "Dropped at round 7\n"} {
 		if !strings.Contains(regexp.MustCompile(` +`).ReplaceAllString(out.String(), " "), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
 		}
@@ -312,5 +312,67 @@ func TestStatusSaysWhenTrainersWereLastSeen(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStatusListsEachMemberOnce: after one of three trainers stopped, a
+// run waiting for members says what it needs (members present of those
+// needed, and how long it has waited) and lists each member once with its
+// latest state: the stopped trainer was listed as Left (a member of the
+// epoch before) and as Dropped at round 1 (this epoch's removal). Once it
+// joins again, it is listed as Pending and says that it sits the next
+// epoch out, why, and until when.
+func TestStatusListsEachMemberOnce(t *testing.T) {
+	alice, bob, carol := coordinator.Pubkey{1}, coordinator.Pubkey{2}, coordinator.Pubkey{3}
+	id := func(k coordinator.Pubkey) coordinator.ClientID {
+		return coordinator.ClientID{Signer: k, P2P: coordinator.Pubkey{0xa0, k[0]}}
+	}
+	s := &coordinator.Coordinator{RunState: coordinator.WaitingForMembers, RunStateStart: 1000}
+	s.Progress.Epoch = 2
+	s.Config.InitMinClients, s.Config.MinClients, s.Config.WaitingForMembersExtraTime = 3, 2, 2
+	// The epoch that ended: alice and bob to its end, carol dropped at
+	// round 1 (after the three were the epoch before's members).
+	s.Epoch.ClientsLen = uint16(copy(s.Epoch.Clients[:], []coordinator.Client{{ID: id(alice)}, {ID: id(bob)}}))
+	s.Epoch.ExitedLen = uint16(copy(s.Epoch.Exited[:], []coordinator.Client{{ID: id(alice)}, {ID: id(bob)}, {ID: id(carol)},
+		{ID: id(carol), State: coordinator.Dropped, ExitedHeight: 1}}))
+	s.PendingLen = uint16(copy(s.Pending[:], []coordinator.ClientID{id(alice), id(bob)}))
+	text := func() string {
+		var out bytes.Buffer
+		printStatus(&out, viewOf(s, time.Unix(1250, 0)))
+		return regexp.MustCompile(` +`).ReplaceAllString(out.String(), " ")
+	}
+	for _, tc := range []struct {
+		name    string
+		pending []coordinator.ClientID
+		want    []string
+	}{
+		{"two of three back", []coordinator.ClientID{id(alice), id(bob)}, []string{
+			"waiting for members for 4m10s: 2 of the 3 needed to start epoch 2 have joined (init_min_clients)",
+			"members (3):\n", alice.String() + " Pending\n", bob.String() + " Pending\n", carol.String() + " Dropped at round 1\n",
+		}},
+		{"the dropped one back", []coordinator.ClientID{id(alice), id(bob), id(carol)}, []string{
+			"waiting for members for 4m10s: 3 joined, 3 needed (1 of them sits the epoch out, below, and counts towards it): epoch 2 starts once the run has waited 2 s",
+			"members (3):\n", carol.String() + " Pending, sits out epoch 2: a health check dropped it at round 1 of the epoch before, and the run has min_clients without it; it may join epoch 3\n",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s.PendingLen = uint16(copy(s.Pending[:], tc.pending))
+			got := text()
+			for _, want := range tc.want {
+				if !strings.Contains(got, want) {
+					t.Errorf("status lacks %q:\n%s", want, got)
+				}
+			}
+			for _, k := range []coordinator.Pubkey{alice, bob, carol} {
+				if n := strings.Count(got, k.String()); n != 1 {
+					t.Errorf("%s is listed %d times:\n%s", k, n, got)
+				}
+			}
+		})
+	}
+	v := viewOf(s, time.Unix(1250, 0))
+	if v.Waiting == nil || v.Waiting.Joined != 3 || v.Waiting.Needed != 3 || v.Waiting.SitOut != 1 || v.Waiting.Waited != 250 ||
+		len(v.Members) != 3 || v.Members[2].SitsOut == nil || *v.Members[2].SitsOut != 2 {
+		t.Errorf("the JSON view: %+v, members %+v", v.Waiting, v.Members)
 	}
 }

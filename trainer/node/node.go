@@ -107,6 +107,9 @@ type Node struct {
 	// unreadableEpoch is 1 + the epoch in which this node found the run's
 	// recorded checkpoint unreadable here (0: none); the Run loop's alone.
 	unreadableEpoch uint32
+	// sitOut is what the node knows of an epoch it sits out (the Run
+	// loop's alone).
+	sitOut sitOut
 	// storeChecked is the run's checkpoint store this node last checked
 	// (checkStore); the Run loop's alone.
 	storeChecked coordinator.CheckpointStore
@@ -415,8 +418,10 @@ type events struct {
 }
 
 // observe passes a snapshot to the network as data: the step window, the
-// rounds' assignments and the allowlist.
+// rounds' assignments and the allowlist; and says when the run leaves this
+// node out of an epoch (reportSitOut).
 func (n *Node) observe(s *coordinator.Coordinator) {
+	n.reportSitOut(s)
 	n.net.SetStep(s.Progress.Step)
 	n.net.SetAssignments(machine.Assignments(s))
 	n.fetches.setRing(n.id.P2P, s.Epoch.Clients[:s.Epoch.ClientsLen])

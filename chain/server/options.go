@@ -263,8 +263,9 @@ func randomSeed(*coordinator.Coordinator) uint64 {
 type P2P interface {
 	Addrs() []string
 	Relay() bool
-	// SetRuns is called with every run and the p2p keys of its clients and
-	// joiners whenever they change.
+	// SetRuns is called with every run and the p2p keys of its members
+	// (clients, joiners and the exited list: setMembers) whenever they
+	// change.
 	SetRuns(runs map[string][]coordinator.Pubkey)
 }
 

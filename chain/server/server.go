@@ -89,7 +89,13 @@ type Server struct {
 }
 
 // setMembers records a run's members (nil state: the run is gone) and
-// tells the p2p host if they changed. Callers may hold the run's mutex.
+// tells the p2p host if they changed: the epoch's clients, its joiners,
+// and its exited list (the epoch before's members and this epoch's
+// removals), but for one the run ejected. A trainer that stopped and was dropped is on the exited list
+// only, and restarted (with its key, so its p2p identity) it needs the
+// relay before it can join again: admitting clients and joiners alone,
+// the relay refused its reservation (PERMISSION_DENIED) for the rest of
+// the epoch. Callers may hold the run's mutex.
 func (s *Server) setMembers(id string, st *coordinator.Coordinator) {
 	if s.cfg.p2p == nil {
 		return
@@ -103,12 +109,19 @@ func (s *Server) setMembers(id string, st *coordinator.Coordinator) {
 		}
 		delete(s.members, id)
 	} else {
-		keys := make([]coordinator.Pubkey, 0, int(st.Epoch.ClientsLen)+int(st.PendingLen))
+		keys := make([]coordinator.Pubkey, 0, int(st.Epoch.ClientsLen)+int(st.PendingLen)+int(st.Epoch.ExitedLen))
 		for _, c := range st.Epoch.Clients[:st.Epoch.ClientsLen] {
 			keys = append(keys, c.ID.P2P)
 		}
 		for _, p := range st.Pending[:st.PendingLen] {
 			keys = append(keys, p.P2P)
+		}
+		exited := st.Epoch.Exited[:st.Epoch.ExitedLen]
+		for _, c := range exited {
+			ejected := slices.ContainsFunc(exited, func(x coordinator.Client) bool { return x.ID.P2P == c.ID.P2P && x.State == coordinator.Ejected })
+			if !ejected {
+				keys = append(keys, c.ID.P2P)
+			}
 		}
 		if had && slices.Equal(old, keys) {
 			return

@@ -435,7 +435,9 @@ func (n *Node) Peers() []coordinator.Pubkey {
 }
 
 // SetClients replaces the allowlist with the epoch's clients and closes
-// connections to peers that are no longer allowed.
+// connections to peers that are no longer allowed. Whether the node is on
+// it (a member of its run) is whom a server's relay admits: becoming one
+// makes a refused reservation be asked for again at once.
 func (n *Node) SetClients(ids []coordinator.ClientID) {
 	pids := make([]peer.ID, 0, len(ids))
 	clients := make(map[coordinator.Pubkey]coordinator.ClientID, len(ids))
@@ -448,6 +450,8 @@ func (n *Node) SetClients(ids []coordinator.ClientID) {
 	n.mu.Lock()
 	n.clients = clients
 	n.mu.Unlock()
+	_, member := clients[n.self]
+	n.relays.setMember(member)
 	for _, p := range n.gate.setClients(pids) {
 		n.log.Debug("peer left the allowlist", "remote", p.String())
 		_ = n.host.Network().ClosePeer(p)

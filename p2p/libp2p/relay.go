@@ -38,10 +38,37 @@ type relays struct {
 
 	mu       sync.Mutex
 	reserved map[peer.ID]time.Time // relay → when our reservation expires
+	// member says whether the node is a member of its run (its key is in
+	// the allowlist SetClients gives it: a client or a joiner), which is
+	// whom a server's relay admits; joined wakes the reservation loops
+	// when it becomes one, so that a refused node asks again at once
+	// rather than at the end of its backoff.
+	member bool
+	joined chan struct{}
 }
 
 func newRelays(list []peer.AddrInfo) *relays {
-	return &relays{list: list, reserved: map[peer.ID]time.Time{}}
+	return &relays{list: list, reserved: map[peer.ID]time.Time{}, joined: make(chan struct{})}
+}
+
+// setMember records whether the node is a member of its run; becoming one
+// wakes the reservation loops.
+func (r *relays) setMember(member bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if member && !r.member {
+		close(r.joined)
+		r.joined = make(chan struct{})
+	}
+	r.member = member
+}
+
+// membership is whether the node is a member, and the channel closed when
+// it next becomes one.
+func (r *relays) membership() (bool, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.member, r.joined
 }
 
 // circuitAddrs are the relayed addresses of the reservations held now.
@@ -95,9 +122,10 @@ func (n *Node) relayLoop(ctx context.Context) {
 	wg.Wait()
 }
 
-// warnAfterFailures is how many refused reservations in a row make a
-// warning: with the backoff, about 7 s of trying (a joining trainer is a
-// member within a few seconds).
+// warnAfterFailures is how many refused reservations in a row, while the
+// node is a member of its run, make a warning: with the backoff, about 7 s
+// of trying (a server's relay learns of a member as the join is recorded,
+// before the trainer does).
 const warnAfterFailures = 4
 
 func (n *Node) keepReservation(ctx context.Context, ai peer.AddrInfo) {
@@ -121,24 +149,31 @@ func (n *Node) keepReservation(ctx context.Context, ai peer.AddrInfo) {
 			}
 			if err != nil {
 				renewAt = time.Time{}
-				failures++
-				// A relay admits a run's members only (the server's ACL):
-				// a trainer's first tries come before its join is
-				// recorded and are refused on a healthy start. So a
-				// reservation lost, or refused warnAfterFailures times in
-				// a row, is a warning; the tries before, DEBUG.
+				member, joined := n.relays.membership()
+				// A server's relay admits its runs' members only (its
+				// ACL): a trainer that has not joined yet, or that sits
+				// an epoch out, is refused, and asks again as soon as it
+				// joins (joined). So only a member's refusals count: a
+				// reservation a member lost, or one refused
+				// warnAfterFailures times in a row, is a warning; the
+				// rest, DEBUG.
+				if member {
+					failures++
+				}
 				level := slog.LevelDebug
-				if lost := n.relays.set(ai.ID, time.Time{}, false); lost || failures == warnAfterFailures {
+				if lost := n.relays.set(ai.ID, time.Time{}, false); member && (lost || failures == warnAfterFailures) {
 					level = slog.LevelWarn
 				}
 				n.log.Log(ctx, level, "no reservation on a relay; trying again (direct connections and other relays still work)",
-					"relay", ai.ID.String(), "tries", failures, "err", reservationError(err))
+					"relay", ai.ID.String(), "tries", failures, "member", member, "err", reservationError(err))
 				select {
 				case <-ctx.Done():
 					return
 				case <-time.After(backoff):
+					backoff = min(2*backoff, reachMaxBackoff)
+				case <-joined:
+					backoff, failures = time.Second, 0
 				}
-				backoff = min(2*backoff, reachMaxBackoff)
 				continue
 			}
 			backoff, failures = time.Second, 0

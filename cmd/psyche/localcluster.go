@@ -202,8 +202,9 @@ func startLocalSolana(ctx context.Context, dir string, log *slog.Logger, manualC
 // localTrainer is a started trainer and the progress it reports.
 type localTrainer struct {
 	*localrun.Trainer
-	mu   sync.Mutex
-	prog node.Progress
+	engine string // what computes for it (--engine)
+	mu     sync.Mutex
+	prog   node.Progress
 }
 
 func (t *localTrainer) progress() node.Progress {

@@ -25,10 +25,13 @@ var localnetCommand = &cli.Command{
 	Name:  "localnet",
 	Usage: "run a whole training run on this machine: the embedded server (or a local Solana validator) and N trainers",
 	Description: `Starts the server backend and --trainers trainers on 127.0.0.1, each with its own
-libp2p host, and trains a small GPT on the bundled Opticks text with DisTrO for
---epochs epochs: the trainers join, warm up, train their assigned batches, exchange
-compressed results over libp2p, witness each other, apply the consensus results and
-record checkpoints, exactly as separate machines would. Ends with a summary.
+libp2p host, and trains a small GPT on the bundled Opticks text (or, with --run, a
+run file's model on its data) with DisTrO for --epochs epochs: the trainers join,
+warm up, train their assigned batches, exchange compressed results over libp2p,
+witness each other, apply the consensus results and record checkpoints, exactly as
+separate machines would. Ends with a summary: the held-out loss before and after,
+whether each engine's trainers hold identical weights, and, with several engines,
+how far the engines' weights differ.
 
 With --solana the run lives in the coordinator program on a local Solana validator
 (the one psyche validator starts; it needs Node 20): every instruction is a signed
@@ -253,6 +256,9 @@ func localnet(c *cli.Context) (err error) {
 	trainers, err := startTrainers(runCtx, runID, keys, n, lb.backend, dir, log, c.Bool("virtual-time"), bad, engines, append(lb.nodeOpts, node.WithPrecision(prec))...)
 	if err != nil {
 		return err
+	}
+	for i, t := range trainers {
+		t.engine = kinds[i%len(kinds)]
 	}
 	honest := trainers
 	if len(bad) > 0 {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +40,10 @@ func TestLocalnetTrains(t *testing.T) {
 	}
 }
 
+// sameWeightsRE is the summary's line for the Go trainers of a run, with
+// the hash of the weights they all hold.
+var sameWeightsRE = regexp.MustCompile(`trainers hold identical weights: true \(go: \d+ trainers?, hash ([0-9a-f]{32})\)`)
+
 // TestLocalnetIsReproducible runs the same short virtual-time run twice: the
 // server draws its round seeds from --seed and the run's state, and the
 // trainers join in order, so the second run trains the same batches on the
@@ -57,15 +62,11 @@ func TestLocalnetIsReproducible(t *testing.T) {
 			t.Fatalf("exit %d: %s\n%s", code, tail(errb.String(), 150), out.String())
 		}
 		got := out.String()
-		at := strings.Index(got, "trainers hold identical weights: true (the first's hash ")
-		if at < 0 {
-			t.Fatalf("no summary of identical weights:\n%s", got)
+		m := sameWeightsRE.FindStringSubmatch(got)
+		if m == nil {
+			t.Fatalf("no summary of identical weights with their hash:\n%s", got)
 		}
-		hash := strings.TrimSuffix(strings.Fields(got[at:])[8], ")")
-		if len(hash) != 32 {
-			t.Fatalf("summary %q: no model hash", strings.SplitN(got[at:], "\n", 2)[0])
-		}
-		hashes = append(hashes, hash)
+		hashes = append(hashes, m[1])
 	}
 	if hashes[0] != hashes[1] {
 		t.Errorf("the same run twice ended at weights %s and %s", hashes[0], hashes[1])

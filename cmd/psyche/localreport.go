@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -215,15 +217,11 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 			return err
 		}
 		fmt.Fprintf(w, "held-out loss: %.3f -> %.3f\n", before, after)
-		same := true
-		for _, t := range trainers[1:] {
-			if m := t.Node.Model(); m == nil || m.Hash() != final.Hash() {
-				same = false
-			}
+		held := make([]heldModel, len(trainers))
+		for i, t := range trainers {
+			held[i] = heldModel{engine: t.engine, model: t.Node.Model()}
 		}
-		// The hash tells runs apart: a --virtual-time run with the same
-		// --seed ends at the same one.
-		fmt.Fprintf(w, "trainers hold identical weights: %v (the first's hash %s)\n", same, runmodel.Revision(final))
+		reportWeights(w, held)
 		if final.Hash() == initial.Hash() && tokens > 0 {
 			fmt.Fprintf(w, "note: the trainers trained but no round's results were applied: when batches take longer than a round may last (%d s here), "+
 				"the rounds end without them; on a slow or busy machine use --virtual-time (timeouts then never race compute) or a smaller --batch\n",
@@ -255,6 +253,120 @@ func summarize(w io.Writer, s *coordinator.Coordinator, initial runmodel.Model, 
 	}
 	fmt.Fprintf(w, "checkpoint: %s (%s%s)\n", strings.TrimPrefix(url, "file://"), s.Model.Checkpoint.Kind, note)
 	return nil
+}
+
+// engineDriftBound is the share of parameters in which two engines'
+// weights may differ after a mixed run: each round, a parameter whose
+// update is within rounding of zero before its sign may take the other
+// sign on the other engine (docs/running.md, "Mixed runs"; measured: none
+// to a few in a million a round).
+const engineDriftBound = 0.01
+
+// heldModel is the model a trainer of engine holds at the end (nil: none).
+type heldModel struct {
+	engine string
+	model  runmodel.Model
+}
+
+// reportWeights prints, for each engine in the order the trainers use
+// them, one line saying whether its trainers hold identical weights:
+// trainers of one engine and device type apply every round bit for bit
+// alike, so false there is a fault (the soak script counts these lines).
+// With several engines, one more line says how far the engines' weights
+// differ (engines may differ by rounding: engineDriftBound), so that a
+// mixed run's summary does not read as a failure. A line's hash tells
+// runs apart: a --virtual-time run with the same --seed ends at the same.
+func reportWeights(w io.Writer, held []heldModel) {
+	var engines []string
+	by := map[string][]runmodel.Model{}
+	for _, h := range held {
+		if _, ok := by[h.engine]; !ok {
+			engines = append(engines, h.engine)
+		}
+		by[h.engine] = append(by[h.engine], h.model)
+	}
+	for _, e := range engines {
+		ms := by[e]
+		what := fmt.Sprintf("%s: %d %s", e, len(ms), plural(len(ms), "trainer", "trainers"))
+		switch first := ms[0]; {
+		case slices.Contains(ms, nil):
+			fmt.Fprintf(w, "trainers hold identical weights: false (%s; a trainer holds no model)\n", what)
+		case slices.ContainsFunc(ms, func(m runmodel.Model) bool { return m.Hash() != first.Hash() }):
+			var worst weightsDiff
+			for _, m := range ms[1:] {
+				worst = worst.max(diffWeights(first, m))
+			}
+			fmt.Fprintf(w, "trainers hold identical weights: false (%s; %s)\n", what, worst)
+		default:
+			fmt.Fprintf(w, "trainers hold identical weights: true (%s, hash %s)\n", what, runmodel.Revision(first))
+		}
+	}
+	if len(engines) < 2 {
+		return
+	}
+	base := by[engines[0]][0]
+	if base == nil {
+		return
+	}
+	var worst weightsDiff
+	for _, e := range engines[1:] {
+		if m := by[e][0]; m != nil {
+			worst = worst.max(diffWeights(base, m))
+		}
+	}
+	verdict := ""
+	switch {
+	case worst.differ == 0:
+	case float64(worst.differ) > engineDriftBound*float64(worst.of):
+		verdict = fmt.Sprintf(": beyond the bound of %g%% of parameters that rounding allows (docs/running.md, \"Mixed runs\"), the engines drifted apart", 100*engineDriftBound)
+	default:
+		verdict = fmt.Sprintf(": within the bound of %g%% of parameters that rounding allows (docs/running.md, \"Mixed runs\")", 100*engineDriftBound)
+	}
+	fmt.Fprintf(w, "engines %s: %s%s\n", strings.Join(engines, " and "), worst, verdict)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// weightsDiff is how far two models' weights are apart.
+type weightsDiff struct {
+	differ, of int     // parameters that differ, of all
+	largest    float64 // the largest absolute difference
+}
+
+// max is the farther apart of d and o (o, when d compared nothing).
+func (d weightsDiff) max(o weightsDiff) weightsDiff {
+	if d.of == 0 || o.differ > d.differ || (o.differ == d.differ && o.largest > d.largest) {
+		return o
+	}
+	return d
+}
+
+func (d weightsDiff) String() string {
+	if d.differ == 0 {
+		return fmt.Sprintf("identical weights (%d parameters)", d.of)
+	}
+	return fmt.Sprintf("%d of %d parameters differ (%.4f%%), the largest by %.3g", d.differ, d.of, 100*float64(d.differ)/float64(d.of), d.largest)
+}
+
+// diffWeights compares two models of one shape parameter by parameter.
+func diffWeights(a, b runmodel.Model) weightsDiff {
+	var d weightsDiff
+	ta, tb := a.Tensors(), b.Tensors()
+	for i := range min(len(ta), len(tb)) {
+		for j := range min(len(ta[i]), len(tb[i])) {
+			d.of++
+			if x, y := ta[i][j], tb[i][j]; x != y {
+				d.differ++
+				d.largest = max(d.largest, math.Abs(float64(x)-float64(y)))
+			}
+		}
+	}
+	return d
 }
 
 // archName names an architecture as run files do.

@@ -257,7 +257,31 @@ func initCoordinator(c *cli.Context) error {
 			return err
 		}
 	}
-	return send(c, ix)
+	if err := send(c, ix); !errors.Is(err, coordinator.ErrAlreadyInitialized) {
+		return err
+	}
+	return runExists(c)
+}
+
+// runExists says what to do about a run id that is taken: a paused or
+// finished run is removed with free-coordinator (by its main authority)
+// and can then be created anew; a live one must be paused first.
+func runExists(c *cli.Context) error {
+	id := c.String("run-id")
+	state := ""
+	halted := true
+	if b, _, err := backend(c, false); err == nil {
+		if snap, err := b.Snapshot(c.Context, id); err == nil {
+			state = fmt.Sprintf(" (%s, epoch %d, step %d)", snap.State.RunState, snap.State.Progress.Epoch, snap.State.Progress.Step)
+			halted = snap.State.RunState.Halted()
+		}
+	}
+	if halted {
+		return fmt.Errorf("run %q exists already%s: remove it with psyche free-coordinator --run-id %s (its main authority; a paused or finished run), then create it anew, or pick another --run-id",
+			id, state, id)
+	}
+	return fmt.Errorf("run %q exists already%s: pause it (psyche set-paused --run-id %s; it pauses when its epoch ends), remove it with psyche free-coordinator --run-id %[3]s, then create it anew, or pick another --run-id",
+		id, state, id)
 }
 
 func update(c *cli.Context) error {

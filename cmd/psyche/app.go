@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"regexp"
 	"runtime/debug"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -57,7 +59,94 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	}
 	withSolanaFlags(app.Commands)
 	deriveEnvVars(&cli.Command{Flags: app.Flags, Subcommands: app.Commands})
+	app.OnUsageError = usageError("psyche", func() []cli.Flag { return app.Flags })
+	var withUsage func(path string, cmds []*cli.Command)
+	withUsage = func(path string, cmds []*cli.Command) {
+		for _, cmd := range cmds {
+			cmd.OnUsageError = usageError(path+" "+cmd.Name, func() []cli.Flag { return cmd.Flags })
+			withUsage(path+" "+cmd.Name, cmd.Subcommands)
+		}
+	}
+	withUsage("psyche", app.Commands)
 	return app
+}
+
+// usageError says a flag that does not parse in one line, naming the
+// nearest flag the command has for one it does not ("did you mean
+// --engine?") and where its flags are listed. urfave/cli's default printed
+// the command's whole help first (63 lines for localnet), which buried the
+// one line that mattered.
+func usageError(cmd string, flags func() []cli.Flag) cli.OnUsageErrorFunc {
+	return func(_ *cli.Context, err error, _ bool) error {
+		help := fmt.Sprintf("(%s --help lists its flags)", cmd)
+		msg := err.Error()
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
+			name = strings.TrimLeft(name, "-")
+			if near := nearestFlag(flags(), name); near != "" {
+				return fmt.Errorf("--%s is not a flag of %s; did you mean --%s? %s", name, cmd, near, help)
+			}
+			return fmt.Errorf("--%s is not a flag of %s %s", name, cmd, help)
+		}
+		if name, ok := strings.CutPrefix(msg, "flag needs an argument: "); ok {
+			return fmt.Errorf("--%s needs a value %s", strings.TrimLeft(name, "-"), help)
+		}
+		if m := badValue.FindStringSubmatch(msg); m != nil {
+			return fmt.Errorf("--%s %q: want %s %s", m[2], m[1], valueKind(flags(), m[2]), help)
+		}
+		return fmt.Errorf("%s %s", msg, help)
+	}
+}
+
+// badValue is Go's flag package's error for a value that does not parse
+// ("invalid value "x" for flag -epochs: parse error"; for a boolean,
+// "invalid boolean value "x" for -mdns: parse error").
+var badValue = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-(\S+): (.*)$`)
+
+// valueKind says what the flag called name takes, for a value that did
+// not parse.
+func valueKind(flags []cli.Flag, name string) string {
+	for _, f := range flags {
+		if !slices.Contains(f.Names(), name) {
+			continue
+		}
+		switch f.(type) {
+		case *cli.IntFlag:
+			return "a whole number"
+		case *cli.Uint64Flag:
+			return "a whole number of 0 or more"
+		case *cli.Float64Flag:
+			return "a number"
+		case *cli.BoolFlag:
+			return "true or false"
+		case *cli.DurationFlag:
+			return "a duration such as 30s or 2m"
+		}
+	}
+	return "another value"
+}
+
+// nearestFlag is the flag name (or long alias) closest to name, at most
+// two edits away ("help" included: every command has it); "" if none is.
+// One-letter aliases are never offered: every short typo is near them.
+func nearestFlag(flags []cli.Flag, name string) string {
+	best, bestD := "", 3
+	for _, n := range append([]string{"help"}, flagNames(flags)...) {
+		if len(n) < 2 {
+			continue
+		}
+		if d := editDistance(name, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+func flagNames(flags []cli.Flag) []string {
+	var out []string
+	for _, f := range flags {
+		out = append(out, f.Names()...)
+	}
+	return out
 }
 
 // flagEnv is the environment variable of flag f of the command at path

@@ -41,6 +41,9 @@ func TestErrorsFollowTheRule(t *testing.T) {
 	}
 	closed := "http://" + l.Addr().String()
 	l.Close() // a port nothing listens on
+	if out, errs, code := psyche(t, "init-coordinator", "--server", url, "--key", key, "--run-id", "taken"); code != 0 {
+		t.Fatalf("init-coordinator: %s %s", out, errs)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -70,11 +73,27 @@ func TestErrorsFollowTheRule(t *testing.T) {
 			[]string{"--model ../../examples/tiny-run.toml: a run file, not a checkpoint: give a .safetensors file"}},
 		{"generate from nothing", []string{"generate", "--model", filepath.Join(dir, "none.safetensors"), "--prompt", "Of the"},
 			[]string{"none.safetensors: no such file or directory: give a .safetensors file"}},
+		{"a flag typo", []string{"localnet", "--engin", "torch"},
+			[]string{"--engin is not a flag of psyche localnet; did you mean --engine?", "(psyche localnet --help lists its flags)"}},
+		{"a global flag typo", []string{"--log-levl", "debug", "status", "--run-id", "x"},
+			[]string{"--log-levl is not a flag of psyche; did you mean --log-level?"}},
+		{"a flag without its value", []string{"status", "--run-id"},
+			[]string{"--run-id needs a value (psyche status --help lists its flags)"}},
+		{"a flag with a bad value", []string{"localnet", "--epochs", "many"},
+			[]string{`--epochs "many": want a whole number (psyche localnet --help lists its flags)`}},
+		{"create a run that exists", []string{"init-coordinator", "--server", url, "--key", key, "--run-id", "taken"},
+			[]string{`run "taken" exists already (Uninitialized, epoch 0, step 0): remove it with psyche free-coordinator --run-id taken`}},
+		{"join a server that is not there", []string{"join", "--server", closed, "--key", key, "--run-id", "tiny", "--data-dir", dir, "--mdns=false"},
+			[]string{"nothing listens at " + closed + " (--server)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, errs, code := psyche(t, tc.args...)
+			out, errs, code := psyche(t, tc.args...)
 			if code == 0 {
 				t.Fatalf("exit 0:\n%s", errs)
+			}
+			// Nothing before the error: no help, no networking started.
+			if out != "" {
+				t.Errorf("stdout before the error:\n%s", out)
 			}
 			lines := strings.Split(strings.TrimRight(errs, "\n"), "\n")
 			if len(lines) != 1 {

@@ -96,7 +96,7 @@ func TestInitModelRejects(t *testing.T) {
 		{"a missing run file", []string{"--config", filepath.Join(dir, "none.toml")}, "none.toml: no such file"},
 		{"no [model]", []string{"--config", noModel}, "nomodel.toml has no [model] section: init-model builds the model it describes"},
 		{"no seed", []string{"--config", fromFile}, `--seed is needed: ` + fromFile + `'s checkpoint url is "file:///var/lib/init.safetensors", not seed:N`},
-		{"a bad seed", []string{"--config", tinyRun, "--seed", "-1"}, `invalid value "-1" for flag -seed`},
+		{"a bad seed", []string{"--config", tinyRun, "--seed", "-1"}, `--seed "-1": want a whole number of 0 or more`},
 	} {
 		out, errs, code := psyche(t, append([]string{"init-model"}, tc.args...)...)
 		if code == 0 || !strings.Contains(errs, tc.want) {

@@ -191,6 +191,15 @@ func join(c *cli.Context) error {
 	for _, a := range pn.Addrs() {
 		fmt.Fprintf(c.App.Writer, "p2p address: %s\n", a)
 	}
+	if !interactive {
+		pctx, stopProgress := context.WithCancel(ctx)
+		defer stopProgress()
+		go logProgress(pctx, log, wallTicker, func() (node.Progress, int) {
+			seenMu.Lock()
+			defer seenMu.Unlock()
+			return seen, len(pn.Peers())
+		})
+	}
 	err = nd.Run(ctx)
 	status.Done()
 	if err == nil && ctx.Err() == nil {
@@ -312,6 +321,48 @@ func joinStatus(p node.Progress, peers int, eta time.Duration) string {
 		p.State, p.Epoch, step, left, loss, p.Tokens, peers, bytesString(p.Sent), bytesString(p.Received))
 }
 
+// progressEvery is how often a trainer whose output is no terminal logs
+// its progress.
+const progressEvery = 30 * time.Second
+
+// ticker starts a channel that receives the time every period, and returns
+// it with the function that stops it: the wall clock's (wallTicker), or a
+// test's clock's.
+type ticker func(period time.Duration) (<-chan time.Time, func())
+
+func wallTicker(period time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTicker(period)
+	return t.C, t.Stop
+}
+
+// logProgress logs the trainer's progress (what the live line shows on a
+// terminal: progress() is the last reported and the peers) every
+// progressEvery of newTicker's clock until ctx ends. Where the output is
+// no terminal (a file, a journal) a trainer otherwise logs one INFO line
+// an epoch, and a reader could not tell a trainer that waits (for members,
+// for its epoch's end) from one that hangs.
+func logProgress(ctx context.Context, log *slog.Logger, newTicker ticker, progress func() (node.Progress, int)) {
+	ticks, stop := newTicker(progressEvery)
+	defer stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticks:
+			p, peers := progress()
+			step := fmt.Sprint(p.Step)
+			if p.TotalSteps > 0 {
+				step = fmt.Sprintf("%d/%d", p.Step, p.TotalSteps)
+			}
+			attrs := []any{"state", p.State.String(), "epoch", p.Epoch, "step", step}
+			if p.Tokens > 0 {
+				attrs = append(attrs, "loss", fmt.Sprintf("%.3f", p.Loss))
+			}
+			log.Info("progress", append(attrs, "tokens", p.Tokens, "peers", peers, "sent_bytes", p.Sent, "received_bytes", p.Received)...)
+		}
+	}
+}
+
 // stepRate estimates the time to a run's last step from the time spent in
 // rounds (RoundTrain, RoundWitness) per step since it started watching (or
 // since the step went back: a restart). Warmups and cooldowns advance no
@@ -374,8 +425,8 @@ func isTerminal(w any) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-// keyInUse refuses a key that the run's current epoch holds under another
-// p2p identity: another trainer is using it (each join would replace the
+// keyInUse checks the backend (it answers, and holds the run) and refuses
+// a key that the run's current epoch holds under another p2p identity: another trainer is using it (each join would replace the
 // other's identity, and this one would wait for a model no peer offers it).
 // A pending join under another identity is only warned about: it may be a
 // trainer of this key that crashed.
@@ -387,7 +438,10 @@ func keyInUse(ctx context.Context, b chain.Backend, runID string, signer, p2p co
 		return fmt.Errorf("--run-id %s: no such run at this backend: check the id (psyche status --run-id ID), or create the run with psyche init-coordinator", runID)
 	}
 	if err != nil {
-		return nil // the node reports an unreachable backend itself
+		// Said before any networking starts: a wrong --server was reported
+		// only after the p2p host had started (its warnings and addresses
+		// first), by the node's first subscription.
+		return err
 	}
 	s := snap.State
 	for _, cl := range s.Epoch.Clients[:s.Epoch.ClientsLen] {

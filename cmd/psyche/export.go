@@ -26,7 +26,7 @@ The model's tokenizer is not part of a checkpoint: copy the run's
 tokenizer.json into DIR (a byte run's ids are the bytes themselves).`,
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "to", Value: "hf", Usage: "the layout to write: hf", Category: "EXPORT"},
-		&cli.StringFlag{Name: "model", Required: true, Usage: "the checkpoint to read", Category: "EXPORT"},
+		&cli.StringFlag{Name: "model", Required: true, Usage: "the checkpoint to read: a .safetensors file a run wrote, or a Hugging Face directory (GPT-2 or Llama)", Category: "EXPORT"},
 		&cli.StringFlag{Name: "out", Required: true, Usage: "the directory to write (created if needed)", Category: "EXPORT"},
 	},
 	Action: export,

@@ -26,7 +26,7 @@ prints the continuation as it grows. The text is tokenized with --tokenizer
 Hugging Face checkpoint directory that has one, or byte by byte for a model
 whose vocabulary is the 256 bytes (psyche's byte runs).`,
 	Flags: []cli.Flag{
-		&cli.StringFlag{Name: "model", Required: true, Usage: "a checkpoint: a .safetensors file psyche wrote, or a Hugging Face Llama directory", Category: "MODEL"},
+		&cli.StringFlag{Name: "model", Required: true, Usage: "a checkpoint: a .safetensors file psyche wrote, or a Hugging Face directory (GPT-2 or Llama: what psyche export writes, or transformers saves)", Category: "MODEL"},
 		&cli.StringFlag{Name: "tokenizer", Usage: "tokenizer.json (default: the model directory's, or bytes for a 256-token vocabulary)", Category: "MODEL"},
 		&cli.StringFlag{Name: "prompt", Required: true, Usage: "the text to continue", Category: "SAMPLING"},
 		&cli.IntFlag{Name: "tokens", Value: 200, Usage: "tokens to generate", Category: "SAMPLING"},

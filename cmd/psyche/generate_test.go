@@ -66,6 +66,18 @@ func TestGenerate(t *testing.T) {
 	if want := "che psyche psyche psyche"; !strings.HasPrefix(out, want) {
 		t.Fatalf("greedy continuation %q, want it to begin %q", out, want)
 	}
+	// The same model as a Hugging Face GPT-2 directory (what psyche export
+	// writes) continues the text alike, as --help says it does.
+	hf := filepath.Join(t.TempDir(), "tiny-hf")
+	if err := m.SaveHF(context.Background(), hf); err != nil {
+		t.Fatal(err)
+	}
+	if fromDir, errs, code := psyche(t, "generate", "--model", hf, "--prompt", "psyche psy", "--tokens", "24", "--temperature", "0"); code != 0 || fromDir != out {
+		t.Fatalf("generate from a GPT-2 directory: %d %q %s, want %q", code, fromDir, errs, out)
+	}
+	if help, _, _ := psyche(t, "generate", "--help"); !strings.Contains(help, "Hugging Face directory (GPT-2 or Llama") {
+		t.Errorf("generate --help does not say that a GPT-2 directory works:\n%s", help)
+	}
 	sampled := func(seed string) string {
 		out, errs, code := psyche(t, "generate", "--model", path, "--prompt", "psy", "--tokens", "30", "--temperature", "1.5", "--top-k", "0", "--seed", seed)
 		if code != 0 {

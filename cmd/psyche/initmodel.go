@@ -34,7 +34,7 @@ directory (config.json, model.safetensors) that transformers loads too.`,
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "config", Usage: "the run file (TOML) whose [model] to build", Required: true, Category: "MODEL"},
 		&cli.Uint64Flag{Name: "seed", Usage: "seed of the initial weights", DefaultText: `N of the run file's url = "seed:N"`, Category: "MODEL"},
-		&cli.StringFlag{Name: "out", Usage: "write the model to this safetensors file (a Llama: or Hugging Face directory)", Category: "MODEL"},
+		&cli.StringFlag{Name: "out", Usage: "write the model to this safetensors file (a Llama to a Hugging Face directory unless the name ends in .safetensors)", Category: "MODEL"},
 	},
 	Action: initModel,
 }

@@ -62,6 +62,9 @@ func (e effects) Verify(w machine.VerifyWork) (float32, float32, bool, error) {
 
 func (e effects) Send(ixs []coordinator.Instruction) {
 	for _, ix := range ixs {
+		if _, join := ix.(*coordinator.JoinRun); join {
+			e.n.awaitEngine(e.ctx)
+		}
 		o := outgoing{ix: ix, done: e.n.cfg.clock.Work()} // until it is sent
 		select {
 		case e.n.sends <- o:

@@ -79,6 +79,12 @@ type Node struct {
 	signer                   chain.Signer
 	net                      p2p.Network
 	m                        *machine.Machine
+	// engineTimeout is the run's bound on one round's computation, from
+	// the latest snapshot; preparing is the engine's preparation in
+	// progress or done, closed when it ends (Run's goroutine only).
+	engineTimeout time.Duration
+	preparing     chan struct{}
+	release       func() // undoes the preparation, once preparing is closed
 
 	id coordinator.ClientID
 	// eng computes for the node once a model is loaded; engMu guards the
@@ -268,6 +274,7 @@ func (n *Node) Run(ctx context.Context) error {
 		return err
 	}
 	defer n.uploads.Wait()
+	defer n.releaseEngine()
 	defer n.closeEngine()
 	defer n.finishAhead() // nothing uses the model after Run
 	// Instructions go out from a goroutine of their own, one at a time in
@@ -351,6 +358,7 @@ func (n *Node) Run(ctx context.Context) error {
 				}
 				ended = n.cfg.clock.Work()
 				n.observe(s.State)
+				n.prepareEngine(ctx)
 				rd = n.m.Snapshot(s.State, uint64(n.cfg.clock.Now().Unix()))
 			case a := <-anns:
 				ended = n.cfg.clock.Work()
@@ -435,6 +443,58 @@ func (n *Node) observe(s *coordinator.Coordinator) {
 	n.cfg.metrics.Epoch.Set(float64(s.Progress.Epoch))
 	n.cfg.metrics.Step.Set(float64(s.Progress.Step))
 	n.totalSteps.Store(s.Config.TotalSteps)
+	n.engineTimeout = engineTimeout(s)
+}
+
+// prepareEngine readies the engine opener while this node holds no engine
+// (engine.Preparer), in the background: a PyTorch worker starts as soon as
+// the node sees the run, not in the warmup, where starting it took longer
+// than the warmup on a busy machine and the trainer began the first round
+// seconds after the others. awaitEngine waits for it before the node
+// joins. A failure is only logged: the load opens the engine again and
+// says why it cannot.
+func (n *Node) prepareEngine(ctx context.Context) {
+	p, ok := n.cfg.engine.(engine.Preparer)
+	if !ok || n.engine() != nil || n.preparing != nil {
+		return
+	}
+	done := make(chan struct{})
+	n.preparing = done
+	timeout := n.engineTimeout
+	go func() {
+		defer close(done)
+		release, err := p.Prepare(ctx, timeout)
+		n.release = release
+		if err != nil && ctx.Err() == nil {
+			n.cfg.log.Warn("preparing the engine before joining", "engine", n.cfg.engine.Name(), "err", err)
+		}
+	}()
+}
+
+// awaitEngine waits, before a join, for the engine's preparation, starting
+// it if it has not started. A node prepares once a run: later epochs keep
+// or reload the engine the first load opened.
+func (n *Node) awaitEngine(ctx context.Context) {
+	n.prepareEngine(ctx)
+	if n.preparing == nil {
+		return
+	}
+	select {
+	case <-n.preparing:
+	case <-ctx.Done():
+	}
+}
+
+// releaseEngine waits for a preparation still in progress and releases
+// what it prepared that no load opened: a worker does not outlive Run.
+func (n *Node) releaseEngine() {
+	if n.preparing == nil {
+		return
+	}
+	<-n.preparing
+	if n.release != nil {
+		n.release()
+	}
 }
 
 // connectPeers dials the configured peers that are not connected (the

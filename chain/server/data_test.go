@@ -226,7 +226,9 @@ func startRead(t *testing.T, addr, from, target string) *http.Response {
 // for as long as the slow reads lasted.
 func TestServeDataShedsTheHeaviestSlowReader(t *testing.T) {
 	const size = 64 << 20
-	s, err := New(t.TempDir(), WithData(bigDataDir(t, size)), WithDataLimits(4, 3), WithManualTicks())
+	// No read time to speak of: the reads that are not shed are read to
+	// their end at the test's pace.
+	s, err := New(t.TempDir(), WithData(bigDataDir(t, size)), WithDataLimits(4, 3), WithDataReadTime(time.Hour, 1), WithManualTicks())
 	if err != nil {
 		t.Fatal(err)
 	}

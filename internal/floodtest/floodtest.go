@@ -303,6 +303,99 @@ func (f *Flood) hold(ctx context.Context, addr, from, path string, ready func())
 	return true
 }
 
+// SlowReads has per connections from each source address of from ask for
+// path every every, on a new connection each time, each answer read at rate
+// bytes a second through a small receive buffer (a reader that holds a
+// server's read open) until the server ends it or hold has passed: a
+// reader that does not wait for its answers before it asks again. The
+// connections' first asks are spread over the first turn, so that asks
+// come all the time, not in bursts. It runs until Stop or ctx ends. Its
+// counts: answers begun (served), asks (dials), answers the server ended
+// before their whole body (closed; counted once the reader has read what
+// the server sent before it), asks refused (429).
+func SlowReads(ctx context.Context, addr string, from []string, per int, path string, every, hold time.Duration, rate int) (*Flood, error) {
+	if err := checkLoopback(addr); err != nil {
+		return nil, err
+	}
+	if rate < 1 || every <= 0 || hold <= 0 {
+		return nil, fmt.Errorf("floodtest: read rate %d, turn %v and hold %v must be positive", rate, every, hold)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	f := &Flood{cancel: cancel}
+	n := len(from) * per
+	for i := range n {
+		src := from[i%len(from)]
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			for wait := every * time.Duration(i) / time.Duration(n); ; wait = every {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+				f.dials.Add(1)
+				read, end := context.WithTimeout(ctx, hold)
+				f.wg.Add(1)
+				go func() {
+					defer f.wg.Done()
+					defer end()
+					f.slowRead(read, addr, src, path, rate)
+				}()
+			}
+		}()
+	}
+	return f, nil
+}
+
+// slowRead asks for path once and reads the answer at rate bytes a second,
+// 10 reads a second, until it ends or ctx does.
+func (f *Flood) slowRead(ctx context.Context, addr, from, path string, rate int) {
+	c, err := dial(ctx, from, addr)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: flood\r\n\r\n", path); err != nil {
+		return
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusPartialContent:
+	case http.StatusTooManyRequests:
+		f.refused.Add(1)
+		return
+	default:
+		return
+	}
+	f.served.Add(1)
+	f.open.Add(1)
+	defer f.open.Add(-1)
+	buf := make([]byte, max(rate/10, 1))
+	for {
+		if _, err := io.ReadFull(resp.Body, buf); err != nil {
+			if !errors.Is(err, io.EOF) && ctx.Err() == nil {
+				f.closed.Add(1)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // ErrRefused is a stream the server refused (429).
 var ErrRefused = errors.New("floodtest: stream refused (429)")
 

@@ -21,9 +21,18 @@ func limitLoopback() Option {
 }
 
 // stranger is a plain libp2p host (not psyche's) that dials out over TCP.
-func stranger(t *testing.T) host.Host {
+func stranger(t *testing.T) host.Host { return strangerWith(t, golibp2p.NoListenAddrs) }
+
+// strangerFrom is a stranger whose connections come from the loopback
+// address ip: it listens there, and libp2p's TCP transport dials a
+// loopback address from its loopback listener's address.
+func strangerFrom(t *testing.T, ip string) host.Host {
+	return strangerWith(t, golibp2p.ListenAddrStrings("/ip4/"+ip+"/tcp/0"))
+}
+
+func strangerWith(t *testing.T, listen golibp2p.Option) host.Host {
 	t.Helper()
-	h, err := golibp2p.New(golibp2p.NoListenAddrs, golibp2p.Transport(tcp.NewTCPTransport), golibp2p.DisableMetrics())
+	h, err := golibp2p.New(listen, golibp2p.Transport(tcp.NewTCPTransport), golibp2p.DisableMetrics())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,19 +40,27 @@ func stranger(t *testing.T) host.Host {
 	return h
 }
 
+// limitedBootstrap is an open bootstrap host on 127.0.0.1 with these
+// connection caps (per address, in all) and idle timeout, its address, and
+// a context that bounds the test.
+func limitedBootstrap(t *testing.T, name string, perAddr, total int, idle time.Duration) (*Bootstrap, peer.AddrInfo, context.Context) {
+	t.Helper()
+	b, err := NewBootstrap(WithKey(testKey(name)), WithListenAddrs("/ip4/127.0.0.1/tcp/0"), WithOpenRelay(),
+		WithConnLimits(perAddr, total), WithIdleTimeout(idle), limitLoopback())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return b, peer.AddrInfo{ID: b.host.ID(), Addrs: b.host.Addrs()}, ctx
+}
+
 // A bootstrap host open to anyone holds at most its per-address cap of
 // connections from one address, closes the ones that sit idle, and keeps a
 // reserved peer's however idle it is.
 func TestBootstrapBoundsConnections(t *testing.T) {
-	b, err := NewBootstrap(WithKey(testKey("bounded")), WithListenAddrs("/ip4/127.0.0.1/tcp/0"), WithOpenRelay(),
-		WithConnLimits(3, 64), WithIdleTimeout(time.Second), limitLoopback())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ai := peer.AddrInfo{ID: b.host.ID(), Addrs: b.host.Addrs()}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	b, ai, ctx := limitedBootstrap(t, "bounded", 3, 64, time.Second)
 
 	// The cap: three connections from 127.0.0.1, the fourth refused.
 	var held []host.Host
@@ -77,35 +94,13 @@ func TestBootstrapBoundsConnections(t *testing.T) {
 	}
 }
 
-// strangerFrom is a stranger whose connections come from the loopback
-// address ip: it listens there, and libp2p's TCP transport dials a
-// loopback address from its loopback listener's address.
-func strangerFrom(t *testing.T, ip string) host.Host {
-	t.Helper()
-	h, err := golibp2p.New(golibp2p.ListenAddrStrings("/ip4/"+ip+"/tcp/0"), golibp2p.Transport(tcp.NewTCPTransport),
-		golibp2p.DisableMetrics())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h
-}
-
 // A bootstrap host whose connections in all are taken by several
 // addresses still admits a fresh address: its connection takes the place
 // of the oldest one of the address that holds the most, and a lighter
 // address keeps its own. Before, the fresh address was refused for as long
 // as the others held on.
 func TestBootstrapShedsTheHeaviestAddress(t *testing.T) {
-	b, err := NewBootstrap(WithKey(testKey("heaviest")), WithListenAddrs("/ip4/127.0.0.1/tcp/0"), WithOpenRelay(),
-		WithConnLimits(3, 4), WithIdleTimeout(time.Hour), limitLoopback())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ai := peer.AddrInfo{ID: b.host.ID(), Addrs: b.host.Addrs()}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	b, ai, ctx := limitedBootstrap(t, "heaviest", 3, 4, time.Hour)
 	// Each connection is counted before the next is made: the oldest is
 	// the first.
 	connect := func(ip string, count int) host.Host {

@@ -70,20 +70,6 @@ func received(plan *distro.Plan, payloads [][]byte) (kept []*distro.Frame, refus
 // times that sum, so where the value is within that of zero its sign is
 // rounding's, and either engine may take either.
 func decodedF64(plan *distro.Plan, c *distro.Combined) (value, scale [][]float64) {
-	basis := func(n int) [][]float64 {
-		b := make([][]float64, n)
-		for k := range b {
-			b[k] = make([]float64, n)
-			s := math.Sqrt(2 / float64(n))
-			if k == 0 {
-				s = math.Sqrt(1 / float64(n))
-			}
-			for i := range b[k] {
-				b[k][i] = s * math.Cos(math.Pi*float64((2*i+1)*k)/float64(2*n))
-			}
-		}
-		return b
-	}
 	for ti, l := range plan.Layouts() {
 		bh, bw := basis(l.TileH), basis(l.TileW)
 		val := make([]float64, l.Outer*l.Rows*l.Cols)

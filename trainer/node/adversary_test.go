@@ -37,7 +37,7 @@ func TestAdversariesCannotForkHonestTrainers(t *testing.T) {
 					return []node.Option{bad}
 				}
 				return nil
-			})
+			}, oneEpoch)
 			c.waitFor("the end of the first epoch", func(s *coordinator.Coordinator) bool {
 				return s.RunState == coordinator.WaitingForMembers && s.Progress.Epoch == 1
 			})
@@ -102,7 +102,7 @@ func TestFreeRidersAreDropped(t *testing.T) {
 					return []node.Option{bad}
 				}
 				return nil
-			})
+			}, oneEpoch)
 			rogue := c.nodes[3].ID()
 			dropped := false
 			c.waitFor("the end of the first epoch", func(s *coordinator.Coordinator) bool {

@@ -145,6 +145,14 @@ func (c *cluster) result(i int) error {
 	return c.trainers[i].Err()
 }
 
+// oneEpoch makes trainers leave after one epoch, for tests that wait for
+// the end of a given epoch: that state then stays the run's, where otherwise
+// the next epoch could start before the waiter looks. A subscriber keeps only
+// the latest snapshot, and on a loaded machine the wait between two epochs
+// can pass unseen; the waiter then waited for a state that had come and gone
+// (CI: 480 s).
+func oneEpoch(int) []node.Option { return []node.Option{node.WithEpochs(1)} }
+
 // settle is how long (real time) the cluster must be idle before its clock
 // moves: long enough for a message in flight between two trainers.
 const settle = 100 * time.Millisecond
@@ -265,18 +273,18 @@ func TestDeadTrainerIsDropped(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run")
 	}
-	c := newCluster(t, 3, func(k *coordinator.Config) { k.EpochTime = 12 })
+	// The trainers leave after the epoch (oneEpoch): the exited list is
+	// rewritten when the next epoch starts.
+	c := newCluster(t, 3, func(k *coordinator.Config) { k.EpochTime = 12 }, oneEpoch)
 	s := c.waitFor("training", func(s *coordinator.Coordinator) bool {
 		return s.RunState == coordinator.RoundTrain && s.CurrentRound().Height >= 1
 	})
 	killed := s.Progress.Step
 	c.stopAll(2)
 	dead := c.nodes[2].ID()
-	// One wait for all three: a subscriber may miss snapshots in between
-	// (the stream keeps the latest), so the first snapshot that shows the
-	// drop can be the epoch's last; counting steps from it waited for two
-	// that never came (CI, under load: 480 s). The steps count from the
-	// kill instead.
+	// One wait for all three: a subscriber may miss snapshots in between,
+	// so the first snapshot that shows the drop can be the epoch's last;
+	// the steps count from the kill.
 	c.waitFor("the dead trainer dropped, two more steps and the end of the epoch", func(s *coordinator.Coordinator) bool {
 		dropped := false
 		for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
@@ -380,7 +388,7 @@ func TestAllTrainersLeave(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	// The first trainers train one epoch and leave.
-	c := newCluster(t, 3, nil, func(int) []node.Option { return []node.Option{node.WithEpochs(1)} })
+	c := newCluster(t, 3, nil, oneEpoch)
 	ended := c.waitFor("a recorded checkpoint", func(s *coordinator.Coordinator) bool {
 		return s.RunState == coordinator.Cooldown && s.Epoch.Checkpointed
 	})
@@ -394,7 +402,7 @@ func TestAllTrainersLeave(t *testing.T) {
 	}
 	final := slices.Clone(paramsOf(c.nodes[0].Model()))
 	url := coordinator.FixedString(ended.Model.Checkpoint.Source.URL[:])
-	c.addTrainers(3, 3)
+	c.addTrainers(3, 3, oneEpoch)
 	warm := c.waitFor("the next epoch's warmup", func(s *coordinator.Coordinator) bool { return s.RunState == coordinator.Warmup })
 	if warm.Model.Checkpoint.Kind != coordinator.CheckpointHub || coordinator.FixedString(warm.Model.Checkpoint.Source.URL[:]) != url {
 		t.Fatalf("the checkpoint did not fall back to the recorded one: %s %q", warm.Model.Checkpoint.Kind, coordinator.FixedString(warm.Model.Checkpoint.Source.URL[:]))
@@ -500,7 +508,7 @@ func TestEquivocatorIsDropped(t *testing.T) {
 			return []node.Option{node.WithMetrics(metrics[i])}
 		}
 		return []node.Option{node.WithEquivocation(equivocate)}
-	})
+	}, oneEpoch)
 	key := func(i int) coordinator.Pubkey { return c.nodes[i].ID().P2P }
 	to.Store(&target{net: c.nets[rogue].(*memnet.Node), groups: [][]coordinator.Pubkey{{key(0)}, {key(1), key(2)}}})
 	bad := c.nodes[rogue].ID()

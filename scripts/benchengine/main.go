@@ -8,7 +8,7 @@
 // runs the torch engine at the Llama-3.2-1B shape on a GPU.
 //
 //	go run ./scripts/benchengine -shape 10M -batch 8 -seq 128 -engines torch,plain-torch,go -interleave \
-//	    -threads 1 -python /usr/bin/python3
+//	    -threads 1 -python "$(bash scripts/setup-torch --python)"
 //	benchengine -shape 1B -seq 2048 -batches 16,8,4,2,1 -engines torch,plain-torch -modes eager,compile \
 //	    -ref-modes eager -device cuda -precision bf16
 //

@@ -41,3 +41,37 @@ func TestMissingModulesNamedTogether(t *testing.T) {
 		t.Fatalf("a python without numpy and torch: %v; want one line saying it lacks numpy and torch", err)
 	}
 }
+
+// TestOldTorchRefused: Debian bookworm's torch (1.13, in /usr/bin/python3
+// once python3-torch is installed, as scripts/test does) is refused in one
+// line that names its version and the minimum, and says what to run. The
+// line's format is worker.py's OLD, its minimum MIN_TORCH.
+func TestOldTorchRefused(t *testing.T) {
+	src, err := workerFiles.ReadFile("worker/worker.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, def := range []string{`OLD = "` + oldLine + `"`, `MIN_TORCH = "` + MinTorch + `"`} {
+		if !strings.Contains(string(src), def) {
+			t.Fatalf("worker.py does not define %s", def)
+		}
+	}
+	const debian = "/usr/bin/python3"
+	out, err := exec.Command(debian, "-c", "import torch; print(torch.__version__)").Output()
+	if err != nil || !strings.HasPrefix(string(out), "1.") {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s has no torch 1.x (%q, %v): scripts/test installs Debian's python3-torch for this test", debian, out, err)
+		}
+		t.Skipf("%s has no torch 1.x to refuse (apt-get install python3-torch)", debian)
+	}
+	op, err := New(WithPython(debian))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = op.Check(context.Background())
+	want := debian + " has torch " + strings.TrimSpace(string(out)) + ", older than " + MinTorch
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "scripts/setup-torch") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("Debian's torch: %v; want one line with %q and what to run", err, want)
+	}
+	t.Log(err)
+}

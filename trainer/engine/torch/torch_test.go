@@ -46,6 +46,21 @@ func runOptions(quantize bool) distro.Options {
 		ClipGradNorm: 1, Workers: 2}
 }
 
+// torchPython is the python the engine runs its worker under by default
+// (PSYCHE_PYTHON, else the environment scripts/setup-torch installs), for
+// tests that wrap it.
+func torchPython(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("PSYCHE_PYTHON"); p != "" {
+		return p
+	}
+	if p := SetupPython(); p != "" {
+		return p
+	}
+	t.Fatal("no python for the worker: run bash scripts/setup-torch (scripts/test does), or set PSYCHE_PYTHON")
+	return ""
+}
+
 func openers(t *testing.T) (engine.Opener, *Opener) {
 	t.Helper()
 	op, err := New()
@@ -64,7 +79,7 @@ func open(t *testing.T, op engine.Opener, cfg modelspec.Config, seed uint64, o d
 	e, err := op.Open(context.Background(), engine.Spec{Model: m, Optimizer: o})
 	if err != nil {
 		if errors.Is(err, ErrNoTorch) {
-			t.Fatalf("%v\n(the tests need PyTorch: on Debian, apt-get install python3-torch; scripts/test installs it)", err)
+			t.Fatalf("%v\n(the tests need the engine's environment: bash scripts/setup-torch; scripts/test installs it)", err)
 		}
 		t.Fatal(err)
 	}
@@ -427,7 +442,7 @@ func TestNoTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	py := filepath.Join(dir, "python-without-torch")
-	script := "#!/bin/sh\nPYTHONPATH=" + filepath.Join(dir, "shadow") + " exec /usr/bin/python3 \"$@\"\n"
+	script := "#!/bin/sh\nPYTHONPATH=" + filepath.Join(dir, "shadow") + " exec " + torchPython(t) + " \"$@\"\n"
 	if err := os.WriteFile(py, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -501,27 +516,29 @@ func TestLossReportGap(t *testing.T) {
 // TestOutOfMemory: a batch the device cannot hold is an error naming the
 // model, the batch and the device, and the worker lives on for the next
 // batch. The device is the CPU of a worker whose address space is capped
-// (ulimit -v) below what the batch's attention scores need.
+// (ulimit -v) below what the batch's logits need (8.6 GB: 1024×512 tokens
+// by 4096 words), and above what torch itself takes (about 3.2 GB of
+// address space once the CUDA build of torch 2.x is imported).
 func TestOutOfMemory(t *testing.T) {
 	ctx := context.Background()
-	py := filepath.Join(t.TempDir(), "python-in-3g")
-	if err := os.WriteFile(py, []byte("#!/bin/sh\nulimit -v 3000000\nexec /usr/bin/python3 \"$@\"\n"), 0o755); err != nil {
+	py := filepath.Join(t.TempDir(), "python-in-6g")
+	if err := os.WriteFile(py, []byte("#!/bin/sh\nulimit -v 6000000\nexec "+torchPython(t)+" \"$@\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	op, err := New(WithPython(py))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := modelspec.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 64, Context: 512, Width: 32, Layers: 1, Heads: 4}}
+	cfg := modelspec.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 4096, Context: 512, Width: 32, Layers: 1, Heads: 4}}
 	e := open(t, op, cfg, 1, runOptions(true))
 	r := rand.New(rand.NewPCG(1, 1))
-	_, err = e.Gradient(ctx, randomBatch(r, 64, 1024, 512))
+	_, err = e.Gradient(ctx, randomBatch(r, 4096, 1024, 512))
 	want := "out of memory on cpu for the GPT of"
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "1024×512 tokens") {
 		t.Fatalf("a batch too large: %v, want %q naming the batch", err, want)
 	}
 	t.Log(err)
-	if _, err := e.Gradient(ctx, randomBatch(r, 64, 2, 512)); err != nil {
+	if _, err := e.Gradient(ctx, randomBatch(r, 4096, 2, 512)); err != nil {
 		t.Fatalf("the next batch after running out of memory: %v", err)
 	}
 }

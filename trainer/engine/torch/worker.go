@@ -53,9 +53,8 @@ type worker struct {
 }
 
 // pythons lists the interpreters to try, in order: PSYCHE_PYTHON (or the
-// option) alone when set; otherwise python3 on PATH and then Debian's
-// /usr/bin/python3, where the system's python3-torch lives when PATH leads
-// to another python (pyenv, a virtualenv) first.
+// option) alone when set; otherwise the environment scripts/setup-torch
+// installs (SetupPython), python3 on PATH and Debian's /usr/bin/python3.
 func pythons(explicit string) []string {
 	if explicit != "" {
 		return []string{explicit}
@@ -65,33 +64,74 @@ func pythons(explicit string) []string {
 	}
 	out := []string{}
 	seen := map[string]bool{}
-	for _, c := range []string{"python3", "/usr/bin/python3"} {
+	cands := []string{"python3", "/usr/bin/python3"}
+	if p := SetupPython(); p != "" {
+		cands = append([]string{p}, cands...)
+	}
+	for _, c := range cands {
 		p, err := exec.LookPath(c)
 		if err != nil {
 			continue
 		}
-		real, err := filepath.EvalSymlinks(p)
-		if err != nil {
-			real = p
+		// A virtual environment's python is a link to its base
+		// interpreter, and yet another python: what it imports differs.
+		// Only the same path twice is the same candidate.
+		if abs, err := filepath.Abs(p); err == nil {
+			p = abs
 		}
-		if !seen[real] {
-			seen[real] = true
+		if !seen[p] {
+			seen[p] = true
 			out = append(out, p)
 		}
 	}
 	return out
 }
 
+// SetupPython is the python of the environment scripts/setup-torch installs,
+// or "" when there is none: $PSYCHE_TORCH_ENV, else
+// $XDG_DATA_HOME/psyche/torch-env, else ~/.local/share/psyche/torch-env
+// (the script's rule), once the script has finished there.
+func SetupPython() string {
+	env := os.Getenv("PSYCHE_TORCH_ENV")
+	if env == "" {
+		data := os.Getenv("XDG_DATA_HOME")
+		if data == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return ""
+			}
+			data = filepath.Join(home, ".local", "share")
+		}
+		env = filepath.Join(data, "psyche", "torch-env")
+	}
+	// The script copies the requirements it installed last: without that
+	// copy the install did not finish.
+	if _, err := os.Stat(filepath.Join(env, "psyche-requirements.txt")); err != nil {
+		return ""
+	}
+	p := filepath.Join(env, "bin", "python3")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// MinTorch is the oldest torch the worker runs on (worker.py's MIN_TORCH).
+const MinTorch = "2.6"
+
+// install says how to get a python the worker runs under.
+const install = "run bash scripts/setup-torch (it installs the pinned torch " + MinTorch + "+ environment psyche finds by itself), or set PSYCHE_PYTHON to a python with torch " + MinTorch + " or newer and numpy"
+
 // ErrNoTorch means no python could import torch and numpy: the worker cannot
 // run on this machine as it is.
-var ErrNoTorch = errors.New("torch engine: no python with torch and numpy")
+var ErrNoTorch = errors.New("torch engine: no python with torch " + MinTorch + " or newer and numpy")
 
 // startWorker starts a worker under the first python that imports torch
-// and numpy, and reads its hello.
+// (MinTorch or newer) and numpy, and reads its hello.
 func startWorker(ctx context.Context, o *options, timeout time.Duration) (*worker, *hello, error) {
 	cands := pythons(o.python)
 	if len(cands) == 0 {
-		return nil, nil, fmt.Errorf("%w: no python3 on PATH; install Python 3 with PyTorch 1.13 or newer and numpy (pip install torch numpy, or on Debian: apt-get install python3-torch), or set PSYCHE_PYTHON to a python that has them", ErrNoTorch)
+		return nil, nil, fmt.Errorf("%w: no python3 on PATH; %s", ErrNoTorch, install)
 	}
 	var missing []string
 	for _, py := range cands {
@@ -103,13 +143,21 @@ func startWorker(ctx context.Context, o *options, timeout time.Duration) (*worke
 		if !errors.As(err, &m) {
 			return nil, nil, err
 		}
+		if m.oldTorch != "" {
+			missing = append(missing, fmt.Sprintf("%s has torch %s, older than %s", py, m.oldTorch, MinTorch))
+			continue
+		}
 		missing = append(missing, fmt.Sprintf("%s lacks %s", py, strings.Join(m.modules, " and ")))
 	}
-	return nil, nil, fmt.Errorf("%w (%s): install PyTorch 1.13 or newer and numpy for it (pip install torch numpy, or on Debian: apt-get install python3-torch), or set PSYCHE_PYTHON to a python that has them",
-		ErrNoTorch, strings.Join(missing, "; "))
+	return nil, nil, fmt.Errorf("%w (%s): %s", ErrNoTorch, strings.Join(missing, "; "), install)
 }
 
-type missingError struct{ modules []string }
+// missingError: the python lacks modules, or has a torch older than
+// MinTorch.
+type missingError struct {
+	modules  []string
+	oldTorch string
+}
 
 func (e *missingError) Error() string {
 	return "missing python modules " + strings.Join(e.modules, ", ")
@@ -150,7 +198,7 @@ func startOne(ctx context.Context, o *options, python string, timeout time.Durat
 		ansW.Close()
 		os.RemoveAll(dir)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, fmt.Errorf("%w: %s cannot be started (%v); install Python 3 with PyTorch and numpy, or set PSYCHE_PYTHON to a python that has them", ErrNoTorch, python, err)
+			return nil, nil, fmt.Errorf("%w: %s cannot be started (%v); %s", ErrNoTorch, python, err, install)
 		}
 		return nil, nil, fmt.Errorf("torch engine: starting %s: %w", python, err)
 	}
@@ -168,12 +216,12 @@ func startOne(ctx context.Context, o *options, python string, timeout time.Durat
 		w.kill()
 		switch code := w.exitCode(); {
 		case code == exitMissing:
-			return nil, nil, &missingError{modules: w.tail.missingModules()}
+			return nil, nil, w.tail.missing()
 		case errors.Is(err, errWorker):
 			// It ended before saying hello: not a python that runs the
 			// worker at all.
-			return nil, nil, fmt.Errorf("%w: %s did not run the worker (%s%s); it must be Python 3 with PyTorch 1.13 or newer and numpy: install them, or set PSYCHE_PYTHON to a python that has them",
-				ErrNoTorch, python, w.howExited(), w.tail.last())
+			return nil, nil, fmt.Errorf("%w: %s did not run the worker (%s%s); %s",
+				ErrNoTorch, python, w.howExited(), w.tail.last(), install)
 		}
 		return nil, nil, err
 	}
@@ -500,21 +548,28 @@ func (t *tail) rankLine() string {
 	return ""
 }
 
-// missingModules are the modules worker.py said its python lacks (torch,
-// if it named none).
-func (t *tail) missingModules() []string {
+// missing is what worker.py said its python lacks: modules (torch, if it
+// named none), or a torch new enough.
+func (t *tail) missing() *missingError {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, l := range t.lines {
 		if m, ok := strings.CutPrefix(l, missingLine); ok {
-			return strings.Fields(m)
+			return &missingError{modules: strings.Fields(m)}
+		}
+		if v, ok := strings.CutPrefix(l, oldLine); ok {
+			return &missingError{oldTorch: strings.TrimSpace(v)}
 		}
 	}
-	return []string{"torch"}
+	return &missingError{modules: []string{"torch"}}
 }
 
 // missingLine begins the line in which the worker names every module its
-// python lacks, separated by spaces (worker.py's MISSING).
-const missingLine = "psyche-worker: missing python modules: "
+// python lacks, separated by spaces (worker.py's MISSING); oldLine the one
+// that names its torch's version when that is older than MinTorch (OLD).
+const (
+	missingLine = "psyche-worker: missing python modules: "
+	oldLine     = "psyche-worker: torch too old: "
+)
 
 var _ io.Writer = (*tail)(nil)

@@ -39,6 +39,16 @@ if _missing:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+# The oldest torch the worker runs on: transformers 5 needs it, and it is
+# the first with FSDP2's fully_shard under torch.distributed.fsdp. An older
+# one (Debian bookworm's python3-torch is 1.13) is refused like a missing
+# one, so that psyche tries its next python and then says what to install.
+MIN_TORCH = "2.6"
+OLD = "psyche-worker: torch too old: "
+if torch.__version__ < MIN_TORCH:
+    sys.stderr.write(OLD + str(torch.__version__) + "\n")
+    sys.exit(EXIT_MISSING)
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import distro  # noqa: E402  (beside this file)
 import models  # noqa: E402

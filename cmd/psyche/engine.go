@@ -16,15 +16,15 @@ import (
 // The engine flags of join and localnet: what computes a trainer's rounds.
 var (
 	engineFlag = &cli.StringFlag{Name: "engine", Value: "go", Category: "ENGINE",
-		Usage: "what computes: go (this binary's kernels) or torch (a PyTorch worker under --python, which needs torch 1.13+ and numpy); localnet takes a list, one per trainer, repeated (go,torch: a mixed run)"}
+		Usage: "what computes: go (this binary's kernels) or torch (a PyTorch worker under --python, which needs torch 2.6+ and numpy: bash scripts/setup-torch installs them); localnet takes a list, one per trainer, repeated (go,torch: a mixed run)"}
 	deviceFlag = &cli.StringFlag{Name: "device", Value: "cpu", Category: "ENGINE",
 		Usage: "with --engine torch: cpu, cuda, cuda:N or mps"}
 	devicesFlag = &cli.StringFlag{Name: "devices", Category: "ENGINE",
 		Usage: "with --engine torch, instead of --device: one trainer over several devices, a process each under torch.distributed: cuda:0,cuda:1,… or all (every GPU torch sees; NCCL), cpu,cpu (gloo); localnet: every torch trainer"}
 	pythonFlag = &cli.StringFlag{Name: "python", Category: "ENGINE",
-		Usage: "with --engine torch: the python to run the worker under (default: python3 on PATH, then /usr/bin/python3: the first that has torch and numpy)"}
+		Usage: "with --engine torch: the python to run the worker under (default: the environment bash scripts/setup-torch installs, then python3 on PATH, then /usr/bin/python3: the first with torch 2.6+ and numpy)"}
 	compileFlag = &cli.BoolFlag{Name: "compile", Category: "ENGINE",
-		Usage: "with --engine torch: compile the model with torch.compile (torch 2.x; an older torch runs eagerly and says so)"}
+		Usage: "with --engine torch: compile the model with torch.compile"}
 )
 
 // engineKinds reads --engine: one kind, or (allowMany) a comma-separated

@@ -2,7 +2,8 @@
 // process (its code is embedded in this package, worker/*.py) that holds
 // the model's parameters, gradients and DisTrO state on a torch device (the
 // CPU, a CUDA or ROCm GPU, Apple's mps) and does the arithmetic there. The
-// worker needs only torch (1.13 or newer) and numpy. Per round, what
+// worker needs torch (2.6 or newer) and numpy: scripts/setup-torch installs
+// the pinned versions where SetupPython finds them. Per round, what
 // crosses the pipe is the batch's tokens, the frame's entries, the round's
 // combined coefficients (distro.Plan.Combine: the aggregation rule runs in
 // Go, once, for every engine) and losses; the parameters cross only when a
@@ -49,8 +50,9 @@ type options struct {
 // Option configures the engine.
 type Option func(*options) error
 
-// WithPython sets the interpreter (default: $PSYCHE_PYTHON, else python3 on
-// PATH, then /usr/bin/python3).
+// WithPython sets the interpreter (default: $PSYCHE_PYTHON, else
+// SetupPython's, else python3 on PATH, then /usr/bin/python3: the first with
+// torch 2.6+ and numpy).
 func WithPython(path string) Option { return func(o *options) error { o.python = path; return nil } }
 
 var deviceRE = regexp.MustCompile(`^(cpu|mps|cuda(:[0-9]+)?)$`)

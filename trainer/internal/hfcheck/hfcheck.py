@@ -1,8 +1,9 @@
 """The Python side of trainer/internal/hfcheck's TestModelsMatchTransformers.
 
-Run as `python hfcheck.py DIR` by the Go test, with the engine's pinned
-environment (torch, transformers, safetensors). DIR holds what the test
-wrote: ours/ (the Go model saved as a Hugging Face directory, as psyche
+Run as `python hfcheck.py DIR...` by the Go test, with the engine's pinned
+environment (torch, transformers, safetensors): one process for every model
+the test checks, as importing transformers takes seconds. Each DIR holds
+what the test wrote for one model: ours/ (the Go model saved as a Hugging Face directory, as psyche
 export writes it), go.safetensors (the Go model's logits and loss on the
 batch, and its parameters in its own fused layout as param.<Specs name>)
 and run.json (the batch, the architecture and the config in the form the
@@ -18,9 +19,10 @@ and writes, for the Go test to load and compare: theirs/ (a model of the
 same config that transformers built and save_pretrained wrote, safetensors)
 and theirs.safetensors (its logits and loss on the batch).
 
-It prints one JSON object: every comparison's name and error. The error of
-a tensor is max|got - want| / max|want| with transformers as want (why that
-measure: see the Go test). It exits 1 when one exceeds TOL.
+It prints one JSON object: for each DIR, every comparison's name and
+error; the Go test judges them. The error of a tensor is
+max|got - want| / max|want| with transformers as want (why that measure:
+see the Go test).
 """
 
 import json
@@ -37,9 +39,6 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Llam
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "engine", "torch", "worker"))
 import models  # noqa: E402  (the torch worker's models)
-
-TOL = 1e-5
-
 
 def rel_err(got, want):
     got, want = got.double(), want.double()
@@ -81,7 +80,7 @@ def their_model(run):
     return m
 
 
-def main(d):
+def check(d):
     with open(os.path.join(d, "run.json")) as f:
         run = json.load(f)
     b, t, vocab = run["B"], run["T"], run["config"]["vocab"]
@@ -124,13 +123,8 @@ def main(d):
     save_file({"logits": logits.contiguous(), "loss": loss.reshape(1).contiguous()},
               os.path.join(d, "theirs.safetensors"))
 
-    print(json.dumps(errs))
-    bad = [k for k, v in errs.items() if not v <= TOL]
-    if bad:
-        print("over %g: %s" % (TOL, ", ".join(bad)), file=sys.stderr)
-        return 1
-    return 0
+    return errs
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    print(json.dumps({d: check(d) for d in sys.argv[1:]}))

@@ -74,7 +74,7 @@ func TestMatchesTokenizers(t *testing.T) {
 		path func(t *testing.T) string
 		// casesOf is the model name referenceCases takes: llama2 splits
 		// the corpus into paragraphs (a text without a pre-tokenizer is
-		// one BPE word).
+		// one BPE word), any other name keeps it whole.
 		casesOf string
 	}{
 		{"llama3", func(t *testing.T) string { return abs(needReference(t, "llama3")) }, "llama3"},

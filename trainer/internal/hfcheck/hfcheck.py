@@ -3,8 +3,8 @@
 Run as `python hfcheck.py DIR...` by the Go test, with the engine's pinned
 environment (torch, transformers, safetensors): one process for every model
 the test checks, as importing transformers takes seconds. Each DIR holds
-what the test wrote for one model: ours/ (the Go model saved as a Hugging Face directory, as psyche
-export writes it), go.safetensors (the Go model's logits and loss on the
+what the test wrote for one model: ours/ (the Go model saved as a Hugging
+Face directory, as psyche export writes it), go.safetensors (the Go model's logits and loss on the
 batch, and its parameters in its own fused layout as param.<Specs name>)
 and run.json (the batch, the architecture and the config in the form the
 torch worker's models.build takes).

@@ -53,10 +53,23 @@ type hfConfig struct {
 	AttentionBias         bool     `json:"attention_bias"`
 	MLPBias               bool     `json:"mlp_bias"`
 	TorchDType            string   `json:"torch_dtype"`
-	InitializerRange      float64  `json:"initializer_range"`
+	// DType is the name transformers 5 writes torch_dtype under.
+	DType            string  `json:"dtype,omitempty"`
+	InitializerRange float64 `json:"initializer_range"`
+	// RopeParameters is where transformers 5 writes rope_theta (and the
+	// rope type, "default" for plain RoPE): its LlamaConfig saves no
+	// top-level rope_theta, so reading only that would silently load a
+	// Llama 3 checkpoint with θ = 10000.
+	RopeParameters *hfRopeParameters `json:"rope_parameters,omitempty"`
 	// Read only, to refuse what is not implemented.
 	RopeScaling json.RawMessage `json:"rope_scaling,omitempty"`
 	HeadDim     int             `json:"head_dim,omitempty"`
+}
+
+// hfRopeParameters is config.json's rope_parameters (transformers 5).
+type hfRopeParameters struct {
+	RopeTheta *float64 `json:"rope_theta"`
+	RopeType  string   `json:"rope_type"`
 }
 
 // torch dtype names and safetensors dtypes.
@@ -101,6 +114,17 @@ func ParseHFConfig(file string, b []byte) (Config, string, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if err := dec.Decode(&h); err != nil {
 		return fail("%v", err)
+	}
+	if rp := h.RopeParameters; rp != nil {
+		if rp.RopeType != "" && rp.RopeType != "default" {
+			return fail("rope_parameters.rope_type %q is not supported (plain RoPE only)", rp.RopeType)
+		}
+		if rp.RopeTheta != nil {
+			h.RopeTheta = *rp.RopeTheta
+		}
+	}
+	if h.TorchDType == "" {
+		h.TorchDType = h.DType
 	}
 	switch {
 	case h.ModelType != "llama":

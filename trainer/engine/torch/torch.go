@@ -2,7 +2,7 @@
 // process (its code is embedded in this package, worker/*.py) that holds
 // the model's parameters, gradients and DisTrO state on a torch device (the
 // CPU, a CUDA or ROCm GPU, Apple's mps) and does the arithmetic there. The
-// worker needs only torch (1.13 or newer) and numpy. Per round, what
+// worker needs only torch (MinTorch or newer) and numpy. Per round, what
 // crosses the pipe is the batch's tokens, the frame's entries, the round's
 // combined coefficients (distro.Plan.Combine: the aggregation rule runs in
 // Go, once, for every engine) and losses; the parameters cross only when a
@@ -153,9 +153,10 @@ func WithPrecision(p kernels.Precision) Option {
 	}
 }
 
-// WithCompile compiles the model's forward and backward with torch.compile
-// where the installed torch has it (2.0 and newer); an older torch says so
-// in the log and runs eagerly.
+// WithCompile compiles the model's forward and backward with torch.compile.
+// Each batch shape compiles at its first use (a minute or more on a CPU);
+// the kernels persist in psyche's cache directory (inductorCacheEnv), so a
+// later worker on the same shapes starts in seconds.
 func WithCompile(on bool) Option { return func(o *options) error { o.compile = on; return nil } }
 
 // WithLogger sets the logger (default: discard); the worker's start line is

@@ -26,7 +26,7 @@ float32 ulps, and a coefficient within that of another at the k-th place
 of a tile (a near-tie) may be chosen differently, as may the sign of an
 inverse-DCT output within that of zero.
 
-Works on torch 1.13 and 2.x, on CPU and CUDA. Needs torch and numpy only.
+Runs on the CPU and CUDA; needs torch (2.6 or newer) and numpy only.
 """
 
 import math
@@ -107,17 +107,15 @@ def dct_basis(n, device):
 class _HighestPrecision:
     """float32 matrix products in full float32 (no TF32 on CUDA, no bf16)
     while DeMo runs, whatever the model's training set; restored after.
-    Only torch's public setting (torch >= 1.12) is touched, never the
-    backend flags behind it (allow_tf32, and the per-backend fp32_precision
+    Only torch's public setting is touched, never the backend flags behind it (allow_tf32, and the per-backend fp32_precision
     of newer torch, which refuses to see the two kinds mixed)."""
 
     def __enter__(self):
         self.prec = None
-        if hasattr(torch, "get_float32_matmul_precision"):
-            prec = torch.get_float32_matmul_precision()
-            if prec != "highest":
-                self.prec = prec
-                torch.set_float32_matmul_precision("highest")
+        prec = torch.get_float32_matmul_precision()
+        if prec != "highest":
+            self.prec = prec
+            torch.set_float32_matmul_precision("highest")
         return self
 
     def __exit__(self, *exc):

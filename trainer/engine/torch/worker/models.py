@@ -20,8 +20,10 @@ gradients tensor by tensor, by index), and the same arithmetic:
     their mean and a sequence's loss the mean of its tokens, both summed
     in float64 as lm.MeanLoss and lm.SequenceLosses sum.
 
-Only torch is needed; it runs on torch 1.13 (no scaled_dot_product_attention
-there: attention falls back to a masked softmax) and on torch 2.x.
+Only torch (2.6 or newer, as worker.py requires) is needed. Attention is
+torch's scaled_dot_product_attention, grouped queries included (enable_gqa),
+so that torch picks its fused kernel for the device and torch.compile sees
+one attention op.
 """
 
 import math
@@ -29,9 +31,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-
-# Whether this torch has fused attention (2.0 and later).
-HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 
 # kernels.layerNormEps: GPT's LayerNorm epsilon, fixed.
 LAYER_NORM_EPS = 1e-5
@@ -41,10 +40,6 @@ DEFAULT_NORM_EPS = 1e-5
 # probability, so a token's loss never exceeds this (only reached when a
 # probability underflows float32, i.e. a diverged model).
 LOSS_CAP = -math.log(1e-30)
-
-# Where a build asks for neither: use fused attention when torch has it.
-# Tests may set this to False to force the fallback everywhere.
-USE_SDPA = True
 
 
 class Model(torch.nn.Module):
@@ -57,9 +52,8 @@ class Model(torch.nn.Module):
 
     arch = ""
 
-    def __init__(self, sdpa: bool):
+    def __init__(self) -> None:
         super().__init__()
-        self.sdpa = sdpa
         self.names: List[str] = []
         self.tensors: List[torch.nn.Parameter] = []
 
@@ -154,34 +148,18 @@ def layer_views(p: torch.Tensor, dtype: Optional[torch.dtype]) -> Tuple[torch.Te
     return p.unbind(0)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sdpa: bool) -> torch.Tensor:
-    """softmax(q kᵀ / sqrt(d) + causal mask) v for [b, heads, t, d] inputs
-    (k and v already one per query head)."""
-    if sdpa:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    t, d = q.shape[-2], q.shape[-1]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
-    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-    scores = scores.masked_fill(future, float("-inf"))
-    # The softmax in float32 at least, whatever the scores' dtype.
-    att = torch.softmax(scores, dim=-1, dtype=torch.float64 if scores.dtype == torch.float64 else torch.float32)
-    return torch.matmul(att.to(v.dtype), v)
-
-
-def repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
-    """[b, kv, t, d] -> [b, kv*rep, t, d] with query head h reading key/value
-    head h // rep (Go's gqaLayout: consecutive query heads share one)."""
-    if rep == 1:
-        return x
-    b, kv, t, d = x.shape
-    return x[:, :, None].expand(b, kv, rep, t, d).reshape(b, kv * rep, t, d)
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(d) + causal mask) v for q [b, heads, t, d] and k,
+    v [b, kv_heads, t, d], query head h reading key/value head h // (heads /
+    kv_heads) (Go's gqaLayout: consecutive query heads share one)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class GPT(Model):
     arch = "gpt"
 
-    def __init__(self, cfg: Dict, device: torch.device, sdpa: bool):
-        super().__init__(sdpa)
+    def __init__(self, cfg: Dict, device: torch.device):
+        super().__init__()
         V, T, C, L, H = (int(cfg[k]) for k in ("vocab", "context", "width", "layers", "heads"))
         if min(V, T, C, L, H) <= 0:
             raise ValueError("gpt: vocab, context, width, layers and heads must be positive: %r" % (cfg,))
@@ -233,7 +211,7 @@ class GPT(Model):
             # A qkv row is q | k | v, each C wide with head h at h*hd.
             qkv = F.linear(h, qkvw[l], qkvb[l]).view(b, t, 3, H, hd)
             q, k, v = [z.transpose(1, 2) for z in qkv.unbind(2)]
-            y = causal_attention(q, k, v, self.sdpa).transpose(1, 2).reshape(b, t, C)
+            y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, C)
             x = x + F.linear(y, projw[l], projb[l])
             h = F.layer_norm(x, (C,), ln2w[l], ln2b[l], LAYER_NORM_EPS)
             h = F.gelu(F.linear(h, fcw[l], fcb[l]), approximate="tanh")
@@ -277,8 +255,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class Llama(Model):
     arch = "llama"
 
-    def __init__(self, cfg: Dict, device: torch.device, sdpa: bool):
-        super().__init__(sdpa)
+    def __init__(self, cfg: Dict, device: torch.device):
+        super().__init__()
         V, T, C, L = (int(cfg[k]) for k in ("vocab", "context", "width", "layers"))
         H, KV, I = int(cfg["heads"]), int(cfg["kv_heads"]), int(cfg["intermediate"])
         theta = float(cfg["rope_theta"])
@@ -339,8 +317,7 @@ class Llama(Model):
             qk, v = qkv.split([H + KV, KV], dim=2)
             q, k = rope(qk, cos, sin).split([H, KV], dim=2)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            k, v = repeat_kv(k, H // KV), repeat_kv(v, H // KV)
-            y = causal_attention(q, k, v, self.sdpa).transpose(1, 2).reshape(b, t, C)
+            y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, C)
             x = x + F.linear(y, ow[l])
             h = rms_norm(x, mlp_norm[l], eps)
             # A gate_up row is the gate (I wide), then the up projection.
@@ -350,20 +327,12 @@ class Llama(Model):
         return F.linear(x, head).view(b * t, self.vocab)
 
 
-def build(arch: str, cfg: Dict, device: torch.device, sdpa: Optional[bool] = None) -> Model:
+def build(arch: str, cfg: Dict, device: torch.device) -> Model:
     """A model of the given architecture ("gpt" or "llama") and config (the
-    keys are listed on GPT and Llama), its tensors zero float32 on device.
-
-    sdpa: True requires torch's scaled_dot_product_attention, False forces
-    the plain masked softmax, None uses the former when torch has it (and
-    USE_SDPA is left True)."""
+    keys are listed on GPT and Llama), its tensors zero float32 on device."""
     device = torch.device(device)
-    if sdpa is None:
-        sdpa = HAS_SDPA and USE_SDPA
-    elif sdpa and not HAS_SDPA:
-        raise ValueError("this torch (%s) has no scaled_dot_product_attention" % torch.__version__)
     if arch == "gpt":
-        return GPT(cfg, device, sdpa)
+        return GPT(cfg, device)
     if arch == "llama":
-        return Llama(cfg, device, sdpa)
+        return Llama(cfg, device)
     raise ValueError("unknown architecture %r (want gpt or llama)" % (arch,))

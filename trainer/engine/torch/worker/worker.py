@@ -112,8 +112,7 @@ def u32_bytes(t: "torch.Tensor") -> bytes:
 
 
 def is_oom(exc: BaseException) -> bool:
-    oom = getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom is not None and isinstance(exc, oom):
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
     msg = str(exc).lower()
     return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
@@ -130,8 +129,7 @@ def resolve_device(dev: str) -> "torch.device":
             raise Refused("input", "device %s: this machine has %d CUDA devices" % (dev, torch.cuda.device_count()))
         return torch.device("cuda", idx)
     if d.type == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
+        if not torch.backends.mps.is_available():
             raise Refused("input", "device mps: this torch (%s) has no usable mps backend" % torch.__version__)
     return d
 
@@ -208,7 +206,7 @@ class Worker:
                 props = torch.cuda.get_device_properties(d.index)
                 names.append(props.name)
                 memory.append(int(props.total_memory))
-                bf16 = bf16 and bool(getattr(torch.cuda, "is_bf16_supported", lambda: True)())
+                bf16 = bf16 and torch.cuda.is_bf16_supported()
             else:
                 names.append("")
                 memory.append(0)
@@ -232,8 +230,10 @@ class Worker:
             "device_name": names[0],
             "memory": min(memory),
             "pids": self.g.pids() if self.g is not None else [os.getpid()],
-            "sdpa": hasattr(torch.nn.functional, "scaled_dot_product_attention"),
-            "compile": hasattr(torch, "compile"),
+            # Every torch the worker accepts has both (the fields stay for
+            # psyche's Info).
+            "sdpa": True,
+            "compile": True,
             "bf16": bf16,
         }, []
 
@@ -254,7 +254,7 @@ class Worker:
                     p.copy_(torch.from_numpy(np.frombuffer(b, dtype="<f4").astype(np.float32)).view(p.shape))
             if self.g is not None:
                 for p in tensors:
-                    self.g.broadcast(p.data, 0)
+                    self.g.broadcast(p, 0)
         self.amp = torch.bfloat16 if h.get("precision") == "bf16" else None
         self.saved = None
         self.trying = False
@@ -271,14 +271,14 @@ class Worker:
             else:
                 self.demo = distro.DeMo(layouts, h["distro"], self.device, state=self.rank == 0)
         self.loss_fn, self.tok_fn = self.model.forward_losses, self.model.token_losses
-        compiled = False
-        if h.get("compile"):
-            if hasattr(torch, "compile"):
-                self.loss_fn = torch.compile(self.model.forward_losses)
-                self.tok_fn = torch.compile(self.model.token_losses)
-                compiled = True
-            elif self.rank == 0:
-                say("torch %s has no torch.compile: running eagerly" % torch.__version__)
+        compiled = bool(h.get("compile"))
+        if compiled:
+            # torch.compile compiles at a shape's first call (a minute or
+            # more on a CPU); the kernels persist in TORCHINDUCTOR_CACHE_DIR
+            # (psyche points it at its cache directory: inductorCacheEnv),
+            # so that a later worker on the same shapes starts in seconds.
+            self.loss_fn = torch.compile(self.model.forward_losses)
+            self.tok_fn = torch.compile(self.model.token_losses)
         params = sum(p.numel() for p in tensors)
         mem = self.memory()
         if self.rank == 0:
@@ -573,7 +573,8 @@ class Worker:
         return out
 
     def apply_combined(self, comb, lr):
-        ts = [p.data for p in self.model.tensors]
+        # Detached views: DeMo writes the weights in place.
+        ts = [p.detach() for p in self.model.tensors]
         if self.mode != SHARD:
             self.demo.apply(ts, comb, lr)
             return
@@ -606,9 +607,9 @@ class Worker:
             raise Refused("input", "undo without a try")
         with torch.no_grad():
             for i, (s, p) in enumerate(zip(self.saved, self.model.tensors)):
-                (p.data if self.mode != SHARD else self.share(p.data, i)).copy_(s)
+                (p if self.mode != SHARD else self.share(p, i)).copy_(s)
             if self.mode == SHARD:
-                self.gather_shares([p.data for p in self.model.tensors])
+                self.gather_shares([p.detach() for p in self.model.tensors])
         self.trying = False
         return {}, []
 

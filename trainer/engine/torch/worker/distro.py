@@ -393,15 +393,28 @@ class DeMo:
         # cannot overflow (distro.MaxValue says why). A combined value
         # beyond it (or NaN) is psyche's fault: refused, one sync, before
         # any parameter moves.
-        vals = [v for _, _, v in combined if v.numel()]
-        if vals and not bool(torch.stack([(v.abs() <= self.max_value).all() for v in vals]).all()):
-            raise ValueError("distro: a combined value beyond +-%g (distro.MaxValue) or not a number" % self.max_value)
-        lr32 = np.float32(lr)
-        keep = float(np.float32(1) - lr32 * np.float32(self.weight_decay))
-        lr = float(lr32)
+        self.check_values(combined)
+        lr, keep = self._rates(lr)
         with _HighestPrecision():
             for p, comb, l in zip(params, combined, self.layouts):
                 self._apply_tensor(p, comb, l, lr, keep)
+
+    def check_values(self, combined):
+        vals = [v for _, _, v in combined if v.numel()]
+        if vals and not bool(torch.stack([(v.abs() <= self.max_value).all() for v in vals]).all()):
+            raise ValueError("distro: a combined value beyond +-%g (distro.MaxValue) or not a number" % self.max_value)
+
+    def _rates(self, lr):
+        lr32 = np.float32(lr)
+        return float(lr32), float(np.float32(1) - lr32 * np.float32(self.weight_decay))
+
+    @torch.no_grad()
+    def apply_one(self, i, p, comb, lr):
+        """apply for tensor i alone, its combined values already checked
+        (check_values): a sharded worker holds one whole tensor at a time."""
+        lr, keep = self._rates(lr)
+        with _HighestPrecision():
+            self._apply_tensor(p, comb, self.layouts[i], lr, keep)
 
     def _apply_tensor(self, p, comb, l, lr, keep):
         tiles, index, values = comb

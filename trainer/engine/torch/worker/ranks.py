@@ -234,6 +234,12 @@ class Group:
         self.enter()
         dist.all_gather(out, t, group=self.group_of(t))
 
+    def all_gather_into(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        """Every rank's t, rank order, into out (world times t's size): one
+        buffer, one collective."""
+        self.enter()
+        dist.all_gather_into_tensor(out, t, group=self.group_of(t))
+
 
 def split(n: int, world: int, r: int):
     """Rank r's contiguous share [a, b) of n things (shares differ by one

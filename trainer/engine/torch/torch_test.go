@@ -553,7 +553,9 @@ func openRanks(t *testing.T, cfg modelspec.Config, seed uint64, o distro.Options
 }
 
 // TestRanksMatchOneDevice: a worker over two CPU ranks (gloo), data
-// parallel and sharded, computes what a one-device worker computes on the
+// parallel (GPT) and sharded by FSDP2 (GPT and Llama: the parameters and
+// gradients in per-block shards, DisTrO's state in shares of tiles),
+// computes what a one-device worker computes on the
 // same weights and batch: the same losses (each sequence on one rank), the
 // gradient within float32 reduction order (two halves summed against one
 // sum), the same frame but where that difference decides a near-tie at a
@@ -569,7 +571,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 	for _, tc := range []struct {
 		placement string
 		model     int
-	}{{"replicate", 1}, {"shard", 0}} {
+	}{{"replicate", 1}, {"shard", 0}, {"shard", 1}} {
 		placement, pm := tc.placement, parityModels[tc.model]
 		{
 			t.Run(placement+"/"+pm.name, func(t *testing.T) {
@@ -578,6 +580,9 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				multi := openRanks(t, pm.cfg, 5, o, []string{"cpu", "cpu"}, placement)
 				if !strings.Contains(multi.Name(), "2 ranks") {
 					t.Errorf("name %q does not say the ranks", multi.Name())
+				}
+				if placement == "shard" && !strings.Contains(multi.Name(), "FSDP2") {
+					t.Errorf("name %q does not say the parameters are sharded by FSDP2", multi.Name())
 				}
 				r := rand.New(rand.NewPCG(7, 8))
 				b := randomBatch(r, vocabOf(pm.cfg), 5, pm.cfg.Context())

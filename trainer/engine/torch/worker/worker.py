@@ -158,7 +158,7 @@ def cpu_threads(world: int) -> None:
 
 # How the ranks of a multi-device worker hold the model (SHARD: FSDP2,
 # fsdp.py).
-SINGLE, REPLICATE, SHARD = "single device", "data parallel", "sharded"
+SINGLE, REPLICATE, SHARD = "single device", "data parallel", "sharded (FSDP2)"
 # The most elements one bucketed collective carries (64 MiB of float32).
 BUCKET = 1 << 24
 

@@ -16,7 +16,7 @@ import (
 // The engine flags of join and localnet: what computes a trainer's rounds.
 var (
 	engineFlag = &cli.StringFlag{Name: "engine", Value: "go", Category: "ENGINE",
-		Usage: "what computes: go (this binary's kernels) or torch (a PyTorch worker under --python, which needs torch 1.13+ and numpy); localnet takes a list, one per trainer, repeated (go,torch: a mixed run)"}
+		Usage: "what computes: go (this binary's kernels) or torch (a PyTorch worker under --python, which needs torch 2.6+ and numpy); localnet takes a list, one per trainer, repeated (go,torch: a mixed run)"}
 	deviceFlag = &cli.StringFlag{Name: "device", Value: "cpu", Category: "ENGINE",
 		Usage: "with --engine torch: cpu, cuda, cuda:N or mps"}
 	devicesFlag = &cli.StringFlag{Name: "devices", Category: "ENGINE",
@@ -24,7 +24,9 @@ var (
 	pythonFlag = &cli.StringFlag{Name: "python", Category: "ENGINE",
 		Usage: "with --engine torch: the python to run the worker under (default: python3 on PATH, then /usr/bin/python3: the first that has torch and numpy)"}
 	compileFlag = &cli.BoolFlag{Name: "compile", Category: "ENGINE",
-		Usage: "with --engine torch: compile the model with torch.compile (torch 2.x; an older torch runs eagerly and says so)"}
+		Usage: "with --engine torch: compile the model with torch.compile (a shape's first use compiles it; the kernels are cached in the user's cache directory)"}
+	placementFlag = &cli.StringFlag{Name: "placement", Value: "auto", Category: "ENGINE",
+		Usage: "with --engine torch and --devices: how the devices hold the model: auto (data parallel when each device holds it, its gradient and DisTrO state; else shard), replicate, or shard (FSDP2: parameters and gradients sharded per transformer block)"}
 )
 
 // engineKinds reads --engine: one kind, or (allowMany) a comma-separated
@@ -53,6 +55,8 @@ func engineKinds(c *cli.Context, allowMany bool) ([]string, error) {
 			return nil, fmt.Errorf("--python is for --engine torch")
 		case c.Bool("compile"):
 			return nil, fmt.Errorf("--compile is for --engine torch")
+		case c.String("placement") != "auto":
+			return nil, fmt.Errorf("--placement is for --engine torch with --devices")
 		}
 	}
 	return kinds, nil
@@ -99,7 +103,7 @@ func newTorch(c *cli.Context, prec kernels.Precision, log *slog.Logger) (*torch.
 		dev = torch.WithDevices(list)
 	}
 	return torch.New(dev, torch.WithPrecision(prec), torch.WithPython(c.String("python")),
-		torch.WithCompile(c.Bool("compile")), torch.WithLogger(log))
+		torch.WithCompile(c.Bool("compile")), torch.WithPlacement(c.String("placement")), torch.WithLogger(log))
 }
 
 // engineOption is the node option of an engine kind (none for go: the

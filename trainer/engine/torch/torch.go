@@ -122,14 +122,18 @@ func checkDevices(ds []string) error {
 
 // WithPlacement overrides how a multi-device worker holds the model, which
 // the worker otherwise decides from the model's size and the devices'
-// memory: "replicate" (data parallel: every device holds the model, its
-// gradient and DisTrO state) or "shard" (each device holds the model and
-// its share of the gradient and DisTrO state). Tests use it to run the
-// sharded mode on small models.
+// memory ("" or "auto"): "replicate" (data parallel: every device holds the
+// model, its gradient and DisTrO state) or "shard" (FSDP2: each device holds
+// its shard of the parameters and the gradient, fully_shard per transformer
+// block, and its share of DisTrO's state). Tests use it to run the sharded
+// mode on small models.
 func WithPlacement(p string) Option {
 	return func(o *options) error {
+		if p == "auto" {
+			p = ""
+		}
 		if p != "" && p != "replicate" && p != "shard" {
-			return fmt.Errorf("torch engine: placement %q: want replicate or shard", p)
+			return fmt.Errorf("torch engine: placement %q: want auto, replicate or shard", p)
 		}
 		o.placement = p
 		return nil

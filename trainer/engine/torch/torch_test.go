@@ -661,6 +661,9 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				if back, _ := multi.Model(ctx); runmodel.Revision(back) != runmodel.Revision(mm) {
 					t.Errorf("Undo left %s, not %s", runmodel.Revision(back), runmodel.Revision(mm))
 				}
+				if placement == "shard" {
+					oneSequence(t, single, multi, vocabOf(pm.cfg), pm.cfg.Context())
+				}
 			})
 		}
 	}
@@ -754,5 +757,44 @@ func TestRankHangs(t *testing.T) {
 	e.Close()
 	for _, pid := range pids {
 		gone(t, pid)
+	}
+}
+
+// oneSequence: FSDP gathers every block's parameters with all ranks, so a
+// sharded rank whose share of the batch is empty (one sequence over two
+// ranks) still takes part in the forward and backward passes: the call
+// completes with the one-device worker's loss and gradient (single and
+// multi hold the same weights).
+func oneSequence(t *testing.T, single, multi *eng, vocab, seqLen int) {
+	t.Helper()
+	ctx := context.Background()
+	b := randomBatch(rand.New(rand.NewPCG(9, 10)), vocab, 1, seqLen)
+	sl, err := single.Gradient(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ml, err := multi.Gradient(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One rank computes the whole batch: the one-device arithmetic but for
+	// its thread count (the bound above).
+	if relErr(float64(ml.Mean), float64(sl.Mean)) > 1e-6 || len(ml.Seqs) != 1 || relErr(float64(ml.Seqs[0]), float64(sl.Seqs[0])) > 1e-6 {
+		t.Errorf("one sequence: loss %v %v, one device %v %v", ml.Mean, ml.Seqs, sl.Mean, sl.Seqs)
+	}
+	sg, err := single.Gradients(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mg, err := multi.Gradients(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worst := 0.0
+	for i := range sg {
+		worst = max(worst, gradErr(mg[i], sg[i]))
+	}
+	if worst > 1e-5 {
+		t.Errorf("one sequence: a gradient tensor differs by %.3g of its norm", worst)
 	}
 }

@@ -14,7 +14,7 @@ parameters exist only here. The Go tensor i is addressed as a whole by
 full (gathered), full_grad and load (scattered back into the shards).
 """
 
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -43,8 +43,12 @@ class Block(nn.Module):
 
 
 class Sharded(nn.Module):
-    def __init__(self, model: models.Model, device: torch.device, world: int, rank: int):
+    def __init__(self, model: models.Model, device: torch.device, world: int, rank: int,
+                 all_gather_into: Callable[[torch.Tensor, torch.Tensor], None]):
+        """all_gather_into(out, t): every rank's t into out, rank order (the
+        worker's, which counts its collectives)."""
         super().__init__()
+        self.all_gather_into = all_gather_into
         object.__setattr__(self, "m", model)  # not a submodule: see Block.fn
         self.world, self.rank, self.device_type = world, rank, device.type
         self.rest = nn.ParameterList([nn.Parameter(torch.empty(model.tensors[i].shape, device="meta"))
@@ -91,20 +95,33 @@ class Sharded(nn.Module):
         stacked, j = self.slot[i]
         return [b.ps[j] for b in self.blocks] if stacked else [self.rest[j]]
 
-    def _whole(self, i: int, parts: List[torch.Tensor]) -> torch.Tensor:
-        return torch.stack(parts) if i in self.stacked else parts[0]
-
     @torch.no_grad()
+    def _gather(self, i: int, parts: List[torch.Tensor]) -> torch.Tensor:
+        """Go tensor i whole from every rank's row chunks of its parts (one
+        a layer, or one): one all_gather_into_tensor for the tensor, every
+        layer's chunk padded to torch.chunk's chunk size."""
+        stacked = i in self.stacked
+        rows = self.m.tensors[i].shape[1 if stacked else 0]
+        cs = -(-rows // self.world)
+        mine = torch.stack(parts)  # [parts, this rank's rows, ...]
+        rest = tuple(mine.shape[2:])
+        pad = torch.zeros((len(parts), cs) + rest, dtype=mine.dtype, device=mine.device)
+        pad[:, :mine.shape[1]] = mine
+        out = torch.empty((self.world * len(parts), cs) + rest, dtype=pad.dtype, device=pad.device)
+        self.all_gather_into(out, pad)
+        # [world, parts, cs, ...] -> [parts, world*cs, ...]: rank r's rows
+        # start at r*cs, as torch.chunk cut them.
+        whole = out.view((self.world, len(parts), cs) + rest).transpose(0, 1).reshape((len(parts), self.world * cs) + rest)[:, :rows]
+        return whole.contiguous() if stacked else whole[0].contiguous()
+
     def full(self, i: int) -> torch.Tensor:
         """Go tensor i, gathered from every rank (a collective)."""
-        return self._whole(i, [p.full_tensor() for p in self.where(i)])
+        return self._gather(i, [p.to_local() for p in self.where(i)])
 
-    @torch.no_grad()
     def full_grad(self, i: int) -> torch.Tensor:
         """Go tensor i's gradient, gathered (a collective)."""
-        return self._whole(i, [p.grad.full_tensor() if p.grad is not None else
-                               torch.zeros(p.shape, dtype=p.dtype, device=p.to_local().device)
-                               for p in self.where(i)])
+        return self._gather(i, [p.grad.to_local() if p.grad is not None else torch.zeros_like(p.to_local())
+                                for p in self.where(i)])
 
     @torch.no_grad()
     def load(self, i: int, full: torch.Tensor) -> None:
@@ -121,7 +138,7 @@ class Sharded(nn.Module):
                                    % (i, tuple(local.shape), tuple(mine.shape)))
             local.copy_(mine)
 
-    def locals(self) -> Iterable[torch.Tensor]:
+    def locals(self) -> List[torch.Tensor]:
         """This rank's shards of every parameter (views: writing them writes
         the model)."""
         return [p.to_local() for p in self.parameters()]

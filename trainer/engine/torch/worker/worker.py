@@ -260,7 +260,7 @@ class Worker:
                 raise Refused("input", "tensor %d has shape %s here, %s in psyche" % (i, list(p.shape), self.shapes[i]))
         if self.mode == SHARD:
             import fsdp  # noqa: E402  (only a sharded worker needs FSDP)
-            self.sharded = fsdp.Sharded(self.model, self.device, self.g.world, self.rank)
+            self.sharded = fsdp.Sharded(self.model, self.device, self.g.world, self.rank, self.g.all_gather_into)
         with torch.no_grad():
             for i, p in enumerate(tensors):
                 # A sharded rank holds one whole tensor at a time.
@@ -471,7 +471,6 @@ class Worker:
             # shares are other rows (shares): each tensor gathered whole in
             # turn, this rank keeps its share.
             for i in range(len(self.model.tensors)):
-                self.g.enter()
                 self.own_grads.append(self.share(self.sharded.full_grad(i), i).clone())
             self.sharded.drop_grads()
         self.has_grad = True
@@ -639,7 +638,6 @@ class Worker:
         # shares are gathered, and each rank keeps its FSDP rows.
         self.demo.check_values(comb)
         for i, own in enumerate(self.own_combined(comb)):
-            self.g.enter()
             full = self.sharded.full(i)
             self.demo.apply_one(i, self.share(full, i), own, lr)
             self.gather_shares([full], i)
@@ -686,7 +684,6 @@ class Worker:
             yield from self.model.tensors
             return
         for i in range(len(self.model.tensors)):
-            self.g.enter()
             yield self.sharded.full(i)
 
     def grads(self, h, blobs):

@@ -226,10 +226,6 @@ class Group:
         self.enter()
         dist.all_reduce(t, op, group=self.group_of(t))
 
-    def reduce(self, t: torch.Tensor, dst: int) -> None:
-        self.enter()
-        dist.reduce(t, dst, group=self.group_of(t))
-
     def all_gather(self, out, t: torch.Tensor) -> None:
         self.enter()
         dist.all_gather(out, t, group=self.group_of(t))

@@ -75,9 +75,10 @@ func trainPair(t *testing.T, a, b engine.Engine, batch engine.Batch, rounds int,
 // is cold, and seconds when warm: the compiled engines see one batch shape
 // and only the training graph (no Losses), and the kernels persist in the
 // user's cache directory (inductorCacheEnv), so the second compiled engine
-// and later runs of this test reuse them. Measured on a loaded 2-core
-// machine: the compile subtest takes 81 s cold (47 s of it the first
-// compile) and 21 s warm (2 s); sdpa-fp32 and bf16 10 to 14 s each.
+// and later runs of this test reuse them. Measured on a shared 2-core
+// machine: the compile subtest takes 35 to 81 s with an empty cache (the
+// first compile 20 to 47 s) and 17 to 21 s warm (the first compile 2 s);
+// sdpa-fp32 and bf16 4 to 14 s each.
 func TestTorch2Trains(t *testing.T) {
 	ctx := context.Background()
 	pm := parityModels[1] // Llama with grouped-query attention

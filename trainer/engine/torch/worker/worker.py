@@ -345,7 +345,7 @@ class Worker:
         if self.rank == 0:
             need = replicate if mode == REPLICATE else shard
             what = "each device holds the model, its gradient and DisTrO state" if mode == REPLICATE else \
-                ("FSDP2: each device holds 1/%d of every parameter (fully_shard per transformer block: a block's "
+                ("each device holds 1/%d of every parameter (fully_shard per transformer block: a block's "
                  "parameters whole only while it computes), of the gradient and of the DisTrO state, and one "
                  "tensor whole while stepping" % self.g.world)
             room = "unlimited on the CPU" if free == float("inf") else "%.2f GiB free on the smallest" % (free / 2**30)
@@ -491,7 +491,9 @@ class Worker:
         msg = ""
         try:
             # FSDP gathers each block's parameters with every rank: a
-            # sharded rank without sequences runs an empty share.
+            # sharded rank without sequences runs an empty share. (A
+            # sharded rank out of memory mid-pass leaves the others in
+            # FSDP's collectives: the worker ends when they time out.)
             if e > a or self.sharded is not None:
                 if self.sharded is not None:
                     self.g.enter()

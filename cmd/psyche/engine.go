@@ -24,7 +24,9 @@ var (
 	pythonFlag = &cli.StringFlag{Name: "python", Category: "ENGINE",
 		Usage: "with --engine torch: the python to run the worker under (default: the environment bash scripts/setup-torch installs, then python3 on PATH, then /usr/bin/python3: the first with torch 2.6+ and numpy)"}
 	compileFlag = &cli.BoolFlag{Name: "compile", Category: "ENGINE",
-		Usage: "with --engine torch: compile the model with torch.compile"}
+		Usage: "with --engine torch: compile the model with torch.compile (a shape's first use compiles it; the kernels are cached in the user's cache directory)"}
+	placementFlag = &cli.StringFlag{Name: "placement", Value: "auto", Category: "ENGINE",
+		Usage: "with --engine torch and --devices: how the devices hold the model: auto (data parallel when each device holds it, its gradient and DisTrO state; else shard), replicate, or shard (FSDP2: parameters and gradients sharded per transformer block)"}
 )
 
 // engineKinds reads --engine: one kind, or (allowMany) a comma-separated
@@ -53,6 +55,8 @@ func engineKinds(c *cli.Context, allowMany bool) ([]string, error) {
 			return nil, fmt.Errorf("--python is for --engine torch")
 		case c.Bool("compile"):
 			return nil, fmt.Errorf("--compile is for --engine torch")
+		case c.String("placement") != "auto":
+			return nil, fmt.Errorf("--placement is for --engine torch with --devices")
 		}
 	}
 	return kinds, nil
@@ -99,7 +103,7 @@ func newTorch(c *cli.Context, prec kernels.Precision, log *slog.Logger) (*torch.
 		dev = torch.WithDevices(list)
 	}
 	return torch.New(dev, torch.WithPrecision(prec), torch.WithPython(c.String("python")),
-		torch.WithCompile(c.Bool("compile")), torch.WithLogger(log))
+		torch.WithCompile(c.Bool("compile")), torch.WithPlacement(c.String("placement")), torch.WithLogger(log))
 }
 
 // engineOption is the node option of an engine kind (none for go: the

@@ -51,6 +51,8 @@ func TestEngineFlags(t *testing.T) {
 		{[]string{"localnet", "--engine", "torch", "--devices", "cuda:1,cuda:1"}, "cuda:1 is named twice"},
 		{[]string{"localnet", "--engine", "torch", "--devices", "cuda,cuda:1"}, `"cuda" cannot be one of several`},
 		{[]string{"localnet", "--engine", "torch", "--devices", "all,cuda:1"}, "all stands alone"},
+		{[]string{"localnet", "--engine", "go", "--placement", "shard"}, "--placement is for --engine torch"},
+		{[]string{"localnet", "--engine", "torch", "--devices", "cpu,cpu", "--placement", "zero"}, `placement "zero": want auto, replicate or shard`},
 	} {
 		_, errs, code := psyche(t, tc.args...)
 		if code == 0 || !strings.Contains(errs, tc.want) {

@@ -49,7 +49,7 @@ state, and the trainers join in order, so the same --seed ends at the same weigh
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
-		precisionFlag, engineFlag, deviceFlag, devicesFlag, pythonFlag, compileFlag,
+		precisionFlag, engineFlag, deviceFlag, devicesFlag, pythonFlag, compileFlag, placementFlag,
 		&cli.IntFlag{Name: "epoch-time", Value: 20, Usage: "target epoch length in seconds", Category: "RUN"},
 		&cli.StringFlag{Name: "dir", Usage: "working directory for state, data and checkpoints (default: a new temporary one)", Category: "RUN"},
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},

@@ -124,14 +124,18 @@ func checkDevices(ds []string) error {
 
 // WithPlacement overrides how a multi-device worker holds the model, which
 // the worker otherwise decides from the model's size and the devices'
-// memory: "replicate" (data parallel: every device holds the model, its
-// gradient and DisTrO state) or "shard" (each device holds the model and
-// its share of the gradient and DisTrO state). Tests use it to run the
-// sharded mode on small models.
+// memory ("" or "auto"): "replicate" (data parallel: every device holds the
+// model, its gradient and DisTrO state) or "shard" (FSDP2: each device holds
+// its shard of the parameters and the gradient, fully_shard per transformer
+// block, and its share of DisTrO's state). Tests use it to run the sharded
+// mode on small models.
 func WithPlacement(p string) Option {
 	return func(o *options) error {
+		if p == "auto" {
+			p = ""
+		}
 		if p != "" && p != "replicate" && p != "shard" {
-			return fmt.Errorf("torch engine: placement %q: want replicate or shard", p)
+			return fmt.Errorf("torch engine: placement %q: want auto, replicate or shard", p)
 		}
 		o.placement = p
 		return nil
@@ -155,9 +159,10 @@ func WithPrecision(p kernels.Precision) Option {
 	}
 }
 
-// WithCompile compiles the model's forward and backward with torch.compile
-// where the installed torch has it (2.0 and newer); an older torch says so
-// in the log and runs eagerly.
+// WithCompile compiles the model's forward and backward with torch.compile.
+// Each batch shape compiles at its first use (a minute or more on a CPU);
+// the kernels persist in psyche's cache directory (inductorCacheEnv), so a
+// later worker on the same shapes starts in seconds.
 func WithCompile(on bool) Option { return func(o *options) error { o.compile = on; return nil } }
 
 // WithLogger sets the logger (default: discard); the worker's start line is

@@ -553,7 +553,9 @@ func openRanks(t *testing.T, cfg modelspec.Config, seed uint64, o distro.Options
 }
 
 // TestRanksMatchOneDevice: a worker over two CPU ranks (gloo), data
-// parallel and sharded, computes what a one-device worker computes on the
+// parallel (GPT) and sharded by FSDP2 (GPT and Llama: the parameters and
+// gradients in per-block shards, DisTrO's state in shares of tiles),
+// computes what a one-device worker computes on the
 // same weights and batch: the same losses (each sequence on one rank), the
 // gradient within float32 reduction order (two halves summed against one
 // sum), the same frame but where that difference decides a near-tie at a
@@ -569,7 +571,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 	for _, tc := range []struct {
 		placement string
 		model     int
-	}{{"replicate", 1}, {"shard", 0}} {
+	}{{"replicate", 1}, {"shard", 0}, {"shard", 1}} {
 		placement, pm := tc.placement, parityModels[tc.model]
 		{
 			t.Run(placement+"/"+pm.name, func(t *testing.T) {
@@ -578,6 +580,9 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				multi := openRanks(t, pm.cfg, 5, o, []string{"cpu", "cpu"}, placement)
 				if !strings.Contains(multi.Name(), "2 ranks") {
 					t.Errorf("name %q does not say the ranks", multi.Name())
+				}
+				if placement == "shard" && !strings.Contains(multi.Name(), "FSDP2") {
+					t.Errorf("name %q does not say the parameters are sharded by FSDP2", multi.Name())
 				}
 				r := rand.New(rand.NewPCG(7, 8))
 				b := randomBatch(r, vocabOf(pm.cfg), 5, pm.cfg.Context())
@@ -655,6 +660,9 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				sameRanks(t, multi)
 				if back, _ := multi.Model(ctx); runmodel.Revision(back) != runmodel.Revision(mm) {
 					t.Errorf("Undo left %s, not %s", runmodel.Revision(back), runmodel.Revision(mm))
+				}
+				if placement == "shard" {
+					oneSequence(t, single, multi, vocabOf(pm.cfg), pm.cfg.Context())
 				}
 			})
 		}
@@ -749,5 +757,44 @@ func TestRankHangs(t *testing.T) {
 	e.Close()
 	for _, pid := range pids {
 		gone(t, pid)
+	}
+}
+
+// oneSequence: FSDP gathers every block's parameters with all ranks, so a
+// sharded rank whose share of the batch is empty (one sequence over two
+// ranks) still takes part in the forward and backward passes: the call
+// completes with the one-device worker's loss and gradient (single and
+// multi hold the same weights).
+func oneSequence(t *testing.T, single, multi *eng, vocab, seqLen int) {
+	t.Helper()
+	ctx := context.Background()
+	b := randomBatch(rand.New(rand.NewPCG(9, 10)), vocab, 1, seqLen)
+	sl, err := single.Gradient(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ml, err := multi.Gradient(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One rank computes the whole batch: the one-device arithmetic but for
+	// its thread count (the bound above).
+	if relErr(float64(ml.Mean), float64(sl.Mean)) > 1e-6 || len(ml.Seqs) != 1 || relErr(float64(ml.Seqs[0]), float64(sl.Seqs[0])) > 1e-6 {
+		t.Errorf("one sequence: loss %v %v, one device %v %v", ml.Mean, ml.Seqs, sl.Mean, sl.Seqs)
+	}
+	sg, err := single.Gradients(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mg, err := multi.Gradients(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worst := 0.0
+	for i := range sg {
+		worst = max(worst, gradErr(mg[i], sg[i]))
+	}
+	if worst > 1e-5 {
+		t.Errorf("one sequence: a gradient tensor differs by %.3g of its norm", worst)
 	}
 }

@@ -187,6 +187,9 @@ func startOne(ctx context.Context, o *options, python string, timeout time.Durat
 	cmd := exec.Command(python, "-u", filepath.Join(dir, "worker.py"))
 	cmd.ExtraFiles = []*os.File{reqR, ansW} // fds 3 and 4
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	if env, ok := inductorCacheEnv(); ok {
+		cmd.Env = append(cmd.Env, env)
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	t := newTail(stderrLines, o.log)
 	cmd.Stdout = t
@@ -573,3 +576,20 @@ const (
 )
 
 var _ io.Writer = (*tail)(nil)
+
+// inductorCacheEnv points torch.compile's kernel cache at psyche's own cache
+// directory ($XDG_CACHE_HOME/psyche/torchinductor, else
+// ~/.cache/psyche/torchinductor) unless TORCHINDUCTOR_CACHE_DIR is set.
+// torch's default lies under /tmp, which a reboot or a CI runner empties:
+// there a compiled worker would pay a minute or more per shape on every
+// start instead of seconds.
+func inductorCacheEnv() (string, bool) {
+	if os.Getenv("TORCHINDUCTOR_CACHE_DIR") != "" {
+		return "", false
+	}
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return "", false
+	}
+	return "TORCHINDUCTOR_CACHE_DIR=" + filepath.Join(dir, "psyche", "torchinductor"), true
+}

@@ -12,8 +12,8 @@ torch worker's models.build takes).
 It checks, on the same weights and batch, in float32:
   * transformers (AutoModelForCausalLM.from_pretrained on ours/, with eager
     and with sdpa attention) against the Go model's logits and loss;
-  * the torch worker's model (trainer/engine/torch/worker/models.py, with
-    and without fused attention), given the Go parameters, against
+  * the torch worker's model (trainer/engine/torch/worker/models.py,
+    scaled_dot_product_attention), given the Go parameters, against
     transformers;
 and writes, for the Go test to load and compare: theirs/ (a model of the
 same config that transformers built and save_pretrained wrote, safetensors)
@@ -104,17 +104,16 @@ def check(d):
             by_hand = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
             errs["transformers loss vs its logits' cross-entropy"] = rel_err(loss, by_hand)
 
-    # The torch worker's model on the Go parameters, against transformers.
-    for sdpa in (False, True):
-        w = models.build(run["arch"], run["config"], "cpu", sdpa=sdpa)
-        with torch.no_grad():
-            for name, p in zip(w.names, w.tensors):
-                p.copy_(go["param." + name])
-            loss, _ = w.forward_losses(ids, targets)
-            logits = w.logits(ids, None).view(b, t, vocab)
-        kind = "sdpa" if sdpa else "masked softmax"
-        errs["worker logits (%s) vs transformers" % kind] = rel_err(logits, ref[0])
-        errs["worker loss (%s) vs transformers" % kind] = rel_err(loss, ref[1])
+    # The torch worker's model (scaled_dot_product_attention) on the Go
+    # parameters, against transformers.
+    w = models.build(run["arch"], run["config"], "cpu")
+    with torch.no_grad():
+        for name, p in zip(w.names, w.tensors):
+            p.copy_(go["param." + name])
+        loss, _ = w.forward_losses(ids, targets)
+        logits = w.logits(ids, None).view(b, t, vocab)
+    errs["worker logits vs transformers"] = rel_err(logits, ref[0])
+    errs["worker loss vs transformers"] = rel_err(loss, ref[1])
 
     # Theirs: written by transformers, for the Go test to load.
     m = their_model(run)

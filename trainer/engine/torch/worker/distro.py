@@ -26,7 +26,7 @@ float32 ulps, and a coefficient within that of another at the k-th place
 of a tile (a near-tie) may be chosen differently, as may the sign of an
 inverse-DCT output within that of zero.
 
-Works on torch 1.13 and 2.x, on CPU and CUDA. Needs torch and numpy only.
+Runs on the CPU and CUDA; needs torch (2.6 or newer) and numpy only.
 """
 
 import math
@@ -107,17 +107,15 @@ def dct_basis(n, device):
 class _HighestPrecision:
     """float32 matrix products in full float32 (no TF32 on CUDA, no bf16)
     while DeMo runs, whatever the model's training set; restored after.
-    Only torch's public setting (torch >= 1.12) is touched, never the
-    backend flags behind it (allow_tf32, and the per-backend fp32_precision
+    Only torch's public setting is touched, never the backend flags behind it (allow_tf32, and the per-backend fp32_precision
     of newer torch, which refuses to see the two kinds mixed)."""
 
     def __enter__(self):
         self.prec = None
-        if hasattr(torch, "get_float32_matmul_precision"):
-            prec = torch.get_float32_matmul_precision()
-            if prec != "highest":
-                self.prec = prec
-                torch.set_float32_matmul_precision("highest")
+        prec = torch.get_float32_matmul_precision()
+        if prec != "highest":
+            self.prec = prec
+            torch.set_float32_matmul_precision("highest")
         return self
 
     def __exit__(self, *exc):
@@ -395,15 +393,28 @@ class DeMo:
         # cannot overflow (distro.MaxValue says why). A combined value
         # beyond it (or NaN) is psyche's fault: refused, one sync, before
         # any parameter moves.
-        vals = [v for _, _, v in combined if v.numel()]
-        if vals and not bool(torch.stack([(v.abs() <= self.max_value).all() for v in vals]).all()):
-            raise ValueError("distro: a combined value beyond +-%g (distro.MaxValue) or not a number" % self.max_value)
-        lr32 = np.float32(lr)
-        keep = float(np.float32(1) - lr32 * np.float32(self.weight_decay))
-        lr = float(lr32)
+        self.check_values(combined)
+        lr, keep = self._rates(lr)
         with _HighestPrecision():
             for p, comb, l in zip(params, combined, self.layouts):
                 self._apply_tensor(p, comb, l, lr, keep)
+
+    def check_values(self, combined):
+        vals = [v for _, _, v in combined if v.numel()]
+        if vals and not bool(torch.stack([(v.abs() <= self.max_value).all() for v in vals]).all()):
+            raise ValueError("distro: a combined value beyond +-%g (distro.MaxValue) or not a number" % self.max_value)
+
+    def _rates(self, lr):
+        lr32 = np.float32(lr)
+        return float(lr32), float(np.float32(1) - lr32 * np.float32(self.weight_decay))
+
+    @torch.no_grad()
+    def apply_one(self, i, p, comb, lr):
+        """apply for tensor i alone, its combined values already checked
+        (check_values): a sharded worker holds one whole tensor at a time."""
+        lr, keep = self._rates(lr)
+        with _HighestPrecision():
+            self._apply_tensor(p, comb, self.layouts[i], lr, keep)
 
     def _apply_tensor(self, p, comb, l, lr, keep):
         tiles, index, values = comb

@@ -20,8 +20,10 @@ gradients tensor by tensor, by index), and the same arithmetic:
     their mean and a sequence's loss the mean of its tokens, both summed
     in float64 as lm.MeanLoss and lm.SequenceLosses sum.
 
-Only torch is needed; it runs on torch 1.13 (no scaled_dot_product_attention
-there: attention falls back to a masked softmax) and on torch 2.x.
+Only torch (2.6 or newer, as worker.py requires) is needed. Attention is
+torch's scaled_dot_product_attention, grouped queries included (enable_gqa),
+so that torch picks its fused kernel for the device and torch.compile sees
+one attention op.
 """
 
 import math
@@ -29,9 +31,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-
-# Whether this torch has fused attention (2.0 and later).
-HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 
 # kernels.layerNormEps: GPT's LayerNorm epsilon, fixed.
 LAYER_NORM_EPS = 1e-5
@@ -41,10 +40,6 @@ DEFAULT_NORM_EPS = 1e-5
 # probability, so a token's loss never exceeds this (only reached when a
 # probability underflows float32, i.e. a diverged model).
 LOSS_CAP = -math.log(1e-30)
-
-# Where a build asks for neither: use fused attention when torch has it.
-# Tests may set this to False to force the fallback everywhere.
-USE_SDPA = True
 
 
 class Model(torch.nn.Module):
@@ -57,9 +52,8 @@ class Model(torch.nn.Module):
 
     arch = ""
 
-    def __init__(self, sdpa: bool):
+    def __init__(self) -> None:
         super().__init__()
-        self.sdpa = sdpa
         self.names: List[str] = []
         self.tensors: List[torch.nn.Parameter] = []
 
@@ -85,11 +79,48 @@ class Model(torch.nn.Module):
     def shapes(self) -> List[List[int]]:
         return [list(p.shape) for p in self.tensors]
 
+    # Which tensors (indices into tensors) are stacked per layer ([L, ...]),
+    # in the order block takes a layer's slices, and which of those the
+    # matrix products use (cast to the autocast dtype; the norms' stay
+    # float32). The rest (embeddings, final norm, head) go to embed_tokens
+    # and head.
+    layer_index: List[int] = []
+    layer_cast: List[bool] = []
+
+    @property
+    def rest_index(self) -> List[int]:
+        stacked = set(self.layer_index)
+        return [i for i in range(len(self.tensors)) if i not in stacked]
+
     def logits(self, inputs: torch.Tensor, amp_dtype: Optional[torch.dtype]) -> torch.Tensor:
         """The head's output for inputs [b, t]: [b*t, vocab], float32 or
-        amp_dtype (call inside autocast when amp_dtype is set). GPT and Llama
-        define it; this base class is never built on its own."""
+        amp_dtype (call inside autocast when amp_dtype is set)."""
+        rest = [self.tensors[i] for i in self.rest_index]
+        stacked = [layer_views(self.tensors[i], amp_dtype if cast else None)
+                   for i, cast in zip(self.layer_index, self.layer_cast)]
+        x, extra = self.embed_tokens(inputs, rest)
+        for l in range(self.layers):
+            x = self.block(x, [s[l] for s in stacked], extra)
+        return self.head(x, rest)
+
+    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, object]:
+        """The residual stream [b, t, C] before the first block, and what
+        every block needs besides its own tensors (Llama: the rotary
+        tables). GPT and Llama define it, block and head; this base class
+        is never built on its own."""
         raise TypeError("%s is not a model psyche builds (GPT or Llama)" % type(self).__name__)
+
+    def block(self, x: torch.Tensor, ps: Sequence[torch.Tensor], extra: object) -> torch.Tensor:
+        """One transformer block on x [b, t, C], given its layer's slice of
+        each stacked tensor (layer_index order)."""
+        raise TypeError("%s is not a model psyche builds (GPT or Llama)" % type(self).__name__)
+
+    def head(self, x: torch.Tensor, rest: Sequence[torch.Tensor]) -> torch.Tensor:
+        raise TypeError("%s is not a model psyche builds (GPT or Llama)" % type(self).__name__)
+
+    def real_buffers(self, device: torch.device) -> None:
+        """Computes the model's buffers on device (a model built on the meta
+        device, whose parameters live elsewhere: fsdp.py)."""
 
     def forward_losses(self, inputs: torch.Tensor, targets: torch.Tensor,
                        amp_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -154,34 +185,18 @@ def layer_views(p: torch.Tensor, dtype: Optional[torch.dtype]) -> Tuple[torch.Te
     return p.unbind(0)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sdpa: bool) -> torch.Tensor:
-    """softmax(q kᵀ / sqrt(d) + causal mask) v for [b, heads, t, d] inputs
-    (k and v already one per query head)."""
-    if sdpa:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    t, d = q.shape[-2], q.shape[-1]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
-    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-    scores = scores.masked_fill(future, float("-inf"))
-    # The softmax in float32 at least, whatever the scores' dtype.
-    att = torch.softmax(scores, dim=-1, dtype=torch.float64 if scores.dtype == torch.float64 else torch.float32)
-    return torch.matmul(att.to(v.dtype), v)
-
-
-def repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
-    """[b, kv, t, d] -> [b, kv*rep, t, d] with query head h reading key/value
-    head h // rep (Go's gqaLayout: consecutive query heads share one)."""
-    if rep == 1:
-        return x
-    b, kv, t, d = x.shape
-    return x[:, :, None].expand(b, kv, rep, t, d).reshape(b, kv * rep, t, d)
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(d) + causal mask) v for q [b, heads, t, d] and k,
+    v [b, kv_heads, t, d], query head h reading key/value head h // (heads /
+    kv_heads) (Go's gqaLayout: consecutive query heads share one)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class GPT(Model):
     arch = "gpt"
 
-    def __init__(self, cfg: Dict, device: torch.device, sdpa: bool):
-        super().__init__(sdpa)
+    def __init__(self, cfg: Dict, device: torch.device):
+        super().__init__()
         V, T, C, L, H = (int(cfg[k]) for k in ("vocab", "context", "width", "layers", "heads"))
         if min(V, T, C, L, H) <= 0:
             raise ValueError("gpt: vocab, context, width, layers and heads must be positive: %r" % (cfg,))
@@ -209,35 +224,39 @@ class GPT(Model):
         ]
         self._add_tensors(specs, device)
 
-    def logits(self, inputs: torch.Tensor, amp_dtype: Optional[torch.dtype]) -> torch.Tensor:
-        b, t = inputs.shape
+    # ln1 (weight, bias), attn.qkv, attn.proj, ln2, mlp.fc, mlp.proj.
+    layer_index = list(range(2, 14))
+    layer_cast = [False, False, True, True, True, True, False, False, True, True, True, True]
+
+    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, object]:
+        t = inputs.shape[1]
         if t > self.context:
             raise ValueError("gpt: %d tokens exceed the context of %d" % (t, self.context))
-        C, H = self.width, self.heads
-        hd = C // H
-        (wte, wpe, ln1w, ln1b, qkvw, qkvb, projw, projb,
-         ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb) = self.tensors
-        # The norms' weights stay float32 (LayerNorm runs in float32 under
-        # autocast); the products' weights and biases go to amp_dtype.
-        # (List comprehensions rather than generators: torch.compile traces
-        # them without trouble on every 2.x.)
-        ln1w, ln1b, ln2w, ln2b = [layer_views(p, None) for p in (ln1w, ln1b, ln2w, ln2b)]
-        qkvw, qkvb, projw, projb, fcw, fcb, fcprojw, fcprojb = [
-            layer_views(p, amp_dtype) for p in (qkvw, qkvb, projw, projb, fcw, fcb, fcprojw, fcprojb)]
-
+        wte, wpe = rest[0], rest[1]
         # The residual stream is float32 throughout (float32 + amp_dtype
         # promotes), as Go keeps it.
-        x = F.embedding(inputs, wte) + wpe[:t]
-        for l in range(self.layers):
-            h = F.layer_norm(x, (C,), ln1w[l], ln1b[l], LAYER_NORM_EPS)
-            # A qkv row is q | k | v, each C wide with head h at h*hd.
-            qkv = F.linear(h, qkvw[l], qkvb[l]).view(b, t, 3, H, hd)
-            q, k, v = [z.transpose(1, 2) for z in qkv.unbind(2)]
-            y = causal_attention(q, k, v, self.sdpa).transpose(1, 2).reshape(b, t, C)
-            x = x + F.linear(y, projw[l], projb[l])
-            h = F.layer_norm(x, (C,), ln2w[l], ln2b[l], LAYER_NORM_EPS)
-            h = F.gelu(F.linear(h, fcw[l], fcb[l]), approximate="tanh")
-            x = x + F.linear(h, fcprojw[l], fcprojb[l])
+        return F.embedding(inputs, wte) + wpe[:t], None
+
+    def block(self, x: torch.Tensor, ps: Sequence[torch.Tensor], extra: object) -> torch.Tensor:
+        b, t, C = x.shape
+        H = self.heads
+        hd = C // H
+        # The norms' weights are float32 (LayerNorm runs in float32 under
+        # autocast); the products' weights and biases come in amp_dtype.
+        ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb = ps
+        h = F.layer_norm(x, (C,), ln1w, ln1b, LAYER_NORM_EPS)
+        # A qkv row is q | k | v, each C wide with head h at h*hd.
+        qkv = F.linear(h, qkvw, qkvb).view(b, t, 3, H, hd)
+        q, k, v = [z.transpose(1, 2) for z in qkv.unbind(2)]
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, C)
+        x = x + F.linear(y, projw, projb)
+        h = F.layer_norm(x, (C,), ln2w, ln2b, LAYER_NORM_EPS)
+        h = F.gelu(F.linear(h, fcw, fcb), approximate="tanh")
+        return x + F.linear(h, fcprojw, fcprojb)
+
+    def head(self, x: torch.Tensor, rest: Sequence[torch.Tensor]) -> torch.Tensor:
+        b, t, C = x.shape
+        wte, _, lnfw, lnfb = rest
         x = F.layer_norm(x, (C,), lnfw, lnfb, LAYER_NORM_EPS)
         # The head is the token embedding, no bias.
         return F.linear(x, wte).view(b * t, self.vocab)
@@ -277,8 +296,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class Llama(Model):
     arch = "llama"
 
-    def __init__(self, cfg: Dict, device: torch.device, sdpa: bool):
-        super().__init__(sdpa)
+    def __init__(self, cfg: Dict, device: torch.device):
+        super().__init__()
         V, T, C, L = (int(cfg[k]) for k in ("vocab", "context", "width", "layers"))
         H, KV, I = int(cfg["heads"]), int(cfg["kv_heads"]), int(cfg["intermediate"])
         theta = float(cfg["rope_theta"])
@@ -319,51 +338,52 @@ class Llama(Model):
         self.register_buffer("rope_cos", cos.to(device), persistent=False)
         self.register_buffer("rope_sin", sin.to(device), persistent=False)
 
-    def logits(self, inputs: torch.Tensor, amp_dtype: Optional[torch.dtype]) -> torch.Tensor:
-        b, t = inputs.shape
+    # attn_norm, attn.qkv, attn.o, mlp_norm, mlp.gate_up, mlp.down.
+    layer_index = list(range(1, 7))
+    layer_cast = [False, True, True, False, True, True]
+
+    def real_buffers(self, device: torch.device) -> None:
+        cos, sin = rope_tables(self.context, self.head_dim, self.rope_theta)
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+
+    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, object]:
+        t = inputs.shape[1]
         if t > self.context:
             raise ValueError("llama: %d tokens exceed the context of %d" % (t, self.context))
-        C, H, KV, hd, eps = self.width, self.heads, self.kv_heads, self.head_dim, self.norm_eps
-        embed, attn_norm, qkvw, ow, mlp_norm, gate_up, down, norm = self.tensors[:8]
-        head = embed if self.tied_head else self.tensors[8]
-        attn_norm, mlp_norm = layer_views(attn_norm, None), layer_views(mlp_norm, None)
-        qkvw, ow, gate_up, down = [layer_views(p, amp_dtype) for p in (qkvw, ow, gate_up, down)]
-        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        return F.embedding(inputs, rest[0]), (self.rope_cos[:t], self.rope_sin[:t])
 
-        x = F.embedding(inputs, embed)
-        for l in range(self.layers):
-            h = rms_norm(x, attn_norm[l], eps)
-            # A qkv row is H query heads, then KV key heads, then KV value
-            # heads; the rotation turns the first H+KV (queries and keys).
-            qkv = F.linear(h, qkvw[l]).view(b, t, H + 2 * KV, hd)
-            qk, v = qkv.split([H + KV, KV], dim=2)
-            q, k = rope(qk, cos, sin).split([H, KV], dim=2)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            k, v = repeat_kv(k, H // KV), repeat_kv(v, H // KV)
-            y = causal_attention(q, k, v, self.sdpa).transpose(1, 2).reshape(b, t, C)
-            x = x + F.linear(y, ow[l])
-            h = rms_norm(x, mlp_norm[l], eps)
-            # A gate_up row is the gate (I wide), then the up projection.
-            gate, up = F.linear(h, gate_up[l]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, down[l])
-        x = rms_norm(x, norm, eps)
+    def block(self, x: torch.Tensor, ps: Sequence[torch.Tensor], extra: object) -> torch.Tensor:
+        b, t, C = x.shape
+        H, KV, hd, eps = self.heads, self.kv_heads, self.head_dim, self.norm_eps
+        cos, sin = extra
+        attn_norm, qkvw, ow, mlp_norm, gate_up, down = ps
+        h = rms_norm(x, attn_norm, eps)
+        # A qkv row is H query heads, then KV key heads, then KV value
+        # heads; the rotation turns the first H+KV (queries and keys).
+        qkv = F.linear(h, qkvw).view(b, t, H + 2 * KV, hd)
+        qk, v = qkv.split([H + KV, KV], dim=2)
+        q, k = rope(qk, cos, sin).split([H, KV], dim=2)
+        y = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2).reshape(b, t, C)
+        x = x + F.linear(y, ow)
+        h = rms_norm(x, mlp_norm, eps)
+        # A gate_up row is the gate (I wide), then the up projection.
+        gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, down)
+
+    def head(self, x: torch.Tensor, rest: Sequence[torch.Tensor]) -> torch.Tensor:
+        b, t, C = x.shape
+        # rest: the embeddings, the final norm, and the head when untied.
+        head = rest[0] if self.tied_head else rest[2]
+        x = rms_norm(x, rest[1], self.norm_eps)
         return F.linear(x, head).view(b * t, self.vocab)
 
 
-def build(arch: str, cfg: Dict, device: torch.device, sdpa: Optional[bool] = None) -> Model:
+def build(arch: str, cfg: Dict, device: torch.device) -> Model:
     """A model of the given architecture ("gpt" or "llama") and config (the
-    keys are listed on GPT and Llama), its tensors zero float32 on device.
-
-    sdpa: True requires torch's scaled_dot_product_attention, False forces
-    the plain masked softmax, None uses the former when torch has it (and
-    USE_SDPA is left True)."""
+    keys are listed on GPT and Llama), its tensors zero float32 on device."""
     device = torch.device(device)
-    if sdpa is None:
-        sdpa = HAS_SDPA and USE_SDPA
-    elif sdpa and not HAS_SDPA:
-        raise ValueError("this torch (%s) has no scaled_dot_product_attention" % torch.__version__)
     if arch == "gpt":
-        return GPT(cfg, device, sdpa)
+        return GPT(cfg, device)
     if arch == "llama":
-        return Llama(cfg, device, sdpa)
+        return Llama(cfg, device)
     raise ValueError("unknown architecture %r (want gpt or llama)" % (arch,))

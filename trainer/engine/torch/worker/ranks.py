@@ -226,13 +226,15 @@ class Group:
         self.enter()
         dist.all_reduce(t, op, group=self.group_of(t))
 
-    def reduce(self, t: torch.Tensor, dst: int) -> None:
-        self.enter()
-        dist.reduce(t, dst, group=self.group_of(t))
-
     def all_gather(self, out, t: torch.Tensor) -> None:
         self.enter()
         dist.all_gather(out, t, group=self.group_of(t))
+
+    def all_gather_into(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        """Every rank's t, rank order, into out (world times t's size): one
+        buffer, one collective."""
+        self.enter()
+        dist.all_gather_into_tensor(out, t, group=self.group_of(t))
 
 
 def split(n: int, world: int, r: int):

@@ -112,8 +112,7 @@ def u32_bytes(t: "torch.Tensor") -> bytes:
 
 
 def is_oom(exc: BaseException) -> bool:
-    oom = getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom is not None and isinstance(exc, oom):
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
     msg = str(exc).lower()
     return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
@@ -130,8 +129,7 @@ def resolve_device(dev: str) -> "torch.device":
             raise Refused("input", "device %s: this machine has %d CUDA devices" % (dev, torch.cuda.device_count()))
         return torch.device("cuda", idx)
     if d.type == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
+        if not torch.backends.mps.is_available():
             raise Refused("input", "device mps: this torch (%s) has no usable mps backend" % torch.__version__)
     return d
 
@@ -158,14 +156,18 @@ def cpu_threads(world: int) -> None:
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
 
 
-# How the ranks of a multi-device worker hold the model.
-SINGLE, REPLICATE, SHARD = "single device", "data parallel", "sharded"
+# How the ranks of a multi-device worker hold the model (SHARD: FSDP2,
+# fsdp.py).
+SINGLE, REPLICATE, SHARD = "single device", "data parallel", "sharded (FSDP2)"
+# The most elements one bucketed collective carries (64 MiB of float32).
+BUCKET = 1 << 24
 
 
 class Worker:
     def __init__(self) -> None:
         self.device = torch.device("cpu")
         self.model = None
+        self.sharded = None  # SHARD: the fsdp.Sharded module holding the parameters
         self.demo = None
         self.amp = None
         self.shapes = []
@@ -187,10 +189,12 @@ class Worker:
 
     def forwarded(self, op: str) -> bool:
         """Whether the other ranks take part in op (rank 0 alone answers
-        hello, params and stats; a data-parallel worker's rank 0 alone steps
-        and holds the gradient psyche reads or sets)."""
-        if self.g is None or op in ("hello", "params", "stats"):
+        hello and stats, and params unless sharded; a data-parallel worker's
+        rank 0 alone steps and holds the gradient psyche reads or sets)."""
+        if self.g is None or op in ("hello", "stats"):
             return False
+        if op == "params":
+            return self.mode == SHARD  # gathered from the shards
         if op in ("step", "grads", "set_grads"):
             return self.mode == SHARD
         return True
@@ -208,7 +212,7 @@ class Worker:
                 props = torch.cuda.get_device_properties(d.index)
                 names.append(props.name)
                 memory.append(int(props.total_memory))
-                bf16 = bf16 and bool(getattr(torch.cuda, "is_bf16_supported", lambda: True)())
+                bf16 = bf16 and torch.cuda.is_bf16_supported()
             else:
                 names.append("")
                 memory.append(0)
@@ -232,15 +236,21 @@ class Worker:
             "device_name": names[0],
             "memory": min(memory),
             "pids": self.g.pids() if self.g is not None else [os.getpid()],
-            "sdpa": hasattr(torch.nn.functional, "scaled_dot_product_attention"),
-            "compile": hasattr(torch, "compile"),
+            # Every torch the worker accepts has both (the fields stay for
+            # psyche's Info).
+            "sdpa": True,
+            "compile": True,
             "bf16": bf16,
         }, []
 
     def open(self, h, blobs):
-        self.model = models.build(h["arch"], h["config"], self.device)
-        tensors = self.model.tensors
         self.shapes = [list(s) for s in h["shapes"]]
+        self.mode = SINGLE if self.g is None else self.placement(h)
+        # A sharded model's parameters live in fsdp.Sharded, the model
+        # itself on the meta device (its arithmetic and shapes).
+        self.sharded = None
+        self.model = models.build(h["arch"], h["config"], "meta" if self.mode == SHARD else self.device)
+        tensors = self.model.tensors
         nblobs = len(h.get("blobs", []))
         if len(tensors) != len(self.shapes) or nblobs != len(tensors):
             raise Refused("input", "the model has %d tensors; psyche sent %d shapes and %d tensors"
@@ -248,13 +258,19 @@ class Worker:
         for i, p in enumerate(tensors):
             if list(p.shape) != self.shapes[i]:
                 raise Refused("input", "tensor %d has shape %s here, %s in psyche" % (i, list(p.shape), self.shapes[i]))
+        if self.mode == SHARD:
+            import fsdp  # noqa: E402  (only a sharded worker needs FSDP)
+            self.sharded = fsdp.Sharded(self.model, self.device, self.g.world, self.rank, self.g.all_gather_into)
         with torch.no_grad():
-            if blobs is not None:
-                for p, b in zip(tensors, blobs):
-                    p.copy_(torch.from_numpy(np.frombuffer(b, dtype="<f4").astype(np.float32)).view(p.shape))
-            if self.g is not None:
-                for p in tensors:
-                    self.g.broadcast(p.data, 0)
+            for i, p in enumerate(tensors):
+                # A sharded rank holds one whole tensor at a time.
+                dst = p if self.sharded is None else torch.empty(p.shape, dtype=torch.float32, device=self.device)
+                if blobs is not None:
+                    dst.copy_(torch.from_numpy(np.frombuffer(blobs[i], dtype="<f4").astype(np.float32)).view(p.shape))
+                if self.g is not None:
+                    self.g.broadcast(dst, 0)
+                if self.sharded is not None:
+                    self.sharded.load(i, dst)
         self.amp = torch.bfloat16 if h.get("precision") == "bf16" else None
         self.saved = None
         self.trying = False
@@ -262,23 +278,25 @@ class Worker:
         self.own_grads = []
         layouts = h["layouts"]
         if self.g is None:
-            self.mode = SINGLE
             self.demo = distro.DeMo(layouts, h["distro"], self.device)
         else:
-            self.mode = self.placement(h)
             if self.mode == SHARD:
                 self.demo = distro.DeMo(self.shares(layouts), h["distro"], self.device)
             else:
                 self.demo = distro.DeMo(layouts, h["distro"], self.device, state=self.rank == 0)
         self.loss_fn, self.tok_fn = self.model.forward_losses, self.model.token_losses
-        compiled = False
-        if h.get("compile"):
-            if hasattr(torch, "compile"):
-                self.loss_fn = torch.compile(self.model.forward_losses)
-                self.tok_fn = torch.compile(self.model.token_losses)
-                compiled = True
-            elif self.rank == 0:
-                say("torch %s has no torch.compile: running eagerly" % torch.__version__)
+        if self.sharded is not None:
+            self.tok_fn = self.sharded
+        compiled = bool(h.get("compile")) and self.sharded is None
+        if h.get("compile") and not compiled and self.rank == 0:
+            say("the sharded model runs eagerly (torch.compile is for one device or data parallel)")
+        if compiled:
+            # torch.compile compiles at a shape's first call (a minute or
+            # more on a CPU); the kernels persist in TORCHINDUCTOR_CACHE_DIR
+            # (psyche points it at its cache directory: inductorCacheEnv),
+            # so that a later worker on the same shapes starts in seconds.
+            self.loss_fn = torch.compile(self.model.forward_losses)
+            self.tok_fn = torch.compile(self.model.token_losses)
         params = sum(p.numel() for p in tensors)
         mem = self.memory()
         if self.rank == 0:
@@ -301,7 +319,10 @@ class Worker:
         width, layers, ctx = int(c["width"]), int(c["layers"]), int(c["context"])
         inner = int(c.get("intermediate") or 4 * width)
         act = 4 * ctx * (layers * (16 * width + 4 * inner + int(c["heads"]) * ctx) + 3 * int(c["vocab"]))
-        return 8 * n + state + act, 8 * n + state // self.g.world + act
+        # Sharded, a rank holds 1/world of the parameters, the gradient and
+        # the state, and whole while stepping: one tensor and its gradient.
+        largest = max((math.prod(s) for s in self.shapes), default=0)
+        return 8 * n + state + act, (8 * n + state) // self.g.world + 8 * largest + act
 
     def placement(self, h):
         """Data parallel when the model fits each device, else sharded; the
@@ -324,7 +345,9 @@ class Worker:
         if self.rank == 0:
             need = replicate if mode == REPLICATE else shard
             what = "each device holds the model, its gradient and DisTrO state" if mode == REPLICATE else \
-                "each device holds the model and 1/%d of the gradient and DisTrO state" % self.g.world
+                ("each device holds 1/%d of every parameter (fully_shard per transformer block: a block's "
+                 "parameters whole only while it computes), of the gradient and of the DisTrO state, and one "
+                 "tensor whole while stepping" % self.g.world)
             room = "unlimited on the CPU" if free == float("inf") else "%.2f GiB free on the smallest" % (free / 2**30)
             say("%s over %d ranks: %s; about %.2f GiB a device (%s)%s" % (
                 mode, self.g.world, what, need / 2**30, room,
@@ -332,8 +355,11 @@ class Worker:
         return mode
 
     def shares(self, layouts):
-        """A sharded rank's share of each tensor: a contiguous range of its
-        rows of tiles (contiguous in memory too), as a layout of its own."""
+        """A sharded rank's share of each tensor for DisTrO (its gradient
+        and state, the part of the frame it computes): a contiguous range
+        of the tensor's rows of tiles (contiguous in memory too), as a
+        layout of its own. Not FSDP's row chunks: those need not end on a
+        tile."""
         import ranks  # noqa: E402
         own = []
         self.cuts, self.tile_cuts = [], []
@@ -353,18 +379,44 @@ class Worker:
         """This rank's share of tensor i (t, any shape), a flat view."""
         return t.view(-1)[self.cuts[i][self.rank]:self.cuts[i][self.rank + 1]]
 
-    def gather_shares(self, ts):
-        """Every rank's updated share of every tensor in ts, to every rank."""
-        for i, t in enumerate(ts):
+    def gather_shares(self, ts, first=0):
+        """Every rank's updated share of each tensor in ts (tensors first,
+        first+1, ...), to every rank: one all_gather_into_tensor a tensor,
+        the shares padded to the largest."""
+        for i, t in enumerate(ts, start=first):
             flat = t.view(-1)
+            cuts = self.cuts[i]
+            m = max(cuts[r + 1] - cuts[r] for r in range(self.g.world))
+            if m == 0:
+                continue
+            mine = torch.zeros(m, dtype=flat.dtype, device=flat.device)
+            mine[:cuts[self.rank + 1] - cuts[self.rank]] = flat[cuts[self.rank]:cuts[self.rank + 1]]
+            out = torch.empty(self.g.world * m, dtype=flat.dtype, device=flat.device)
+            self.g.all_gather_into(out, mine)
             for r in range(self.g.world):
-                lo, hi = self.cuts[i][r], self.cuts[i][r + 1]
-                if hi > lo:
-                    self.g.broadcast(flat[lo:hi], r)
+                flat[cuts[r]:cuts[r + 1]] = out[r * m:r * m + cuts[r + 1] - cuts[r]]
+
+    def all_reduce_bucketed(self, ts):
+        """Sums each tensor in ts over the ranks in place, in flat buckets
+        of up to BUCKET elements (one collective each, not one a tensor)."""
+        bucket = []
+        for t in list(ts) + [None]:
+            if t is not None and (not bucket or sum(b.numel() for b in bucket) + t.numel() <= BUCKET):
+                bucket.append(t)
+                continue
+            if bucket:
+                flat = torch.cat([b.reshape(-1) for b in bucket])
+                self.g.all_reduce(flat)
+                for b, part in zip(bucket, flat.split([b.numel() for b in bucket])):
+                    b.copy_(part.view(b.shape))
+            bucket = [t] if t is not None else []
 
     def log_memory(self):
         """Rank 0 logs what each device holds."""
-        held = sum(p.numel() * 4 for p in self.model.tensors) + self.demo.state_bytes()
+        if self.sharded is not None:
+            held = self.sharded.local_bytes() + self.demo.state_bytes()
+        else:
+            held = sum(p.numel() * 4 for p in self.model.tensors) + self.demo.state_bytes()
         mem = self.memory() or held
         t = torch.tensor([float(mem)], dtype=torch.float64)
         out = [torch.zeros(1, dtype=torch.float64) for _ in range(self.g.world)]
@@ -413,17 +465,14 @@ class Worker:
             return {"loss": float(loss.detach().float().item())}, [f32_bytes(seq)]
         loss, seq = self.rank_losses(x, y, True)
         if self.mode == REPLICATE:
-            for p in self.model.tensors:
-                self.g.all_reduce(p.grad)
+            self.all_reduce_bucketed([p.grad for p in self.model.tensors])
         else:
-            for i, p in enumerate(self.model.tensors):
-                flat = p.grad.view(-1)
-                for r in range(self.g.world):
-                    lo, hi = self.cuts[i][r], self.cuts[i][r + 1]
-                    if hi > lo:
-                        self.g.reduce(flat[lo:hi], r)
-                self.own_grads.append(self.share(p.grad, i).clone())
-                p.grad = None
+            # FSDP reduce-scattered the gradient into row chunks; DisTrO's
+            # shares are other rows (shares): each tensor gathered whole in
+            # turn, this rank keeps its share.
+            for i in range(len(self.model.tensors)):
+                self.own_grads.append(self.share(self.sharded.full_grad(i), i).clone())
+            self.sharded.drop_grads()
         self.has_grad = True
         return {"loss": loss}, [f32_bytes(seq)]
 
@@ -441,7 +490,13 @@ class Worker:
         seq = torch.zeros(0, dtype=torch.float32, device=self.device)
         msg = ""
         try:
-            if e > a:
+            # FSDP gathers each block's parameters with every rank: a
+            # sharded rank without sequences runs an empty share. (A
+            # sharded rank out of memory mid-pass leaves the others in
+            # FSDP's collectives: the worker ends when they time out.)
+            if e > a or self.sharded is not None:
+                if self.sharded is not None:
+                    self.g.enter()
                 with torch.set_grad_enabled(backward):
                     tok = self.tok_fn(x[a:e], y[a:e], self.amp).double()
                     local = tok.sum()
@@ -449,7 +504,7 @@ class Worker:
                         (local / (b * t)).to(torch.float32).backward()
                 seq = tok.detach().view(e - a, t).mean(dim=1).float()
                 local = local.detach()
-            if backward:
+            if backward and self.sharded is None:
                 for p in self.model.tensors:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
@@ -457,16 +512,14 @@ class Worker:
             if not is_oom(exc):
                 raise
             status[0], msg = 1, str(exc).strip()
-            for p in self.model.tensors:
-                p.grad = None
+            self.drop_grads()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         codes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.g.world)]
         self.g.all_gather(codes, status)
         bad = [r for r, c in enumerate(codes) if int(c[0])]
         if bad:
-            for p in self.model.tensors:
-                p.grad = None
+            self.drop_grads()
             raise Refused("oom", msg if self.rank in bad else
                           "%s ran out of memory" % ", ".join(self.g.name(r) for r in bad))
         total = local.detach().to("cpu", torch.float64).reshape(1)
@@ -479,6 +532,12 @@ class Worker:
         seqs = torch.cat([o[:split_rows(b, self.g.world, r)[1] - split_rows(b, self.g.world, r)[0]]
                           for r, o in enumerate(out)])
         return float(np.float32(float(total[0]) / (b * t))), seqs
+
+    def drop_grads(self):
+        for p in self.model.tensors:
+            p.grad = None
+        if self.sharded is not None:
+            self.sharded.drop_grads()
 
     def losses(self, h, blobs):
         self.need_model()
@@ -573,12 +632,18 @@ class Worker:
         return out
 
     def apply_combined(self, comb, lr):
-        ts = [p.data for p in self.model.tensors]
         if self.mode != SHARD:
-            self.demo.apply(ts, comb, lr)
+            # Detached views: DeMo writes the weights in place.
+            self.demo.apply([p.detach() for p in self.model.tensors], comb, lr)
             return
-        self.demo.apply([self.share(t, i) for i, t in enumerate(ts)], self.own_combined(comb), lr)
-        self.gather_shares(ts)
+        # Each tensor whole in turn: this rank updates its share, the
+        # shares are gathered, and each rank keeps its FSDP rows.
+        self.demo.check_values(comb)
+        for i, own in enumerate(self.own_combined(comb)):
+            full = self.sharded.full(i)
+            self.demo.apply_one(i, self.share(full, i), own, lr)
+            self.gather_shares([full], i)
+            self.sharded.load(i, full)
 
     def apply(self, h, blobs):
         self.need_model()
@@ -589,8 +654,7 @@ class Worker:
         self.need_model()
         comb = self.combined(h, blobs)
         with torch.no_grad():
-            own = [p.detach() if self.mode != SHARD else self.share(p.detach(), i)
-                   for i, p in enumerate(self.model.tensors)]
+            own = [p.detach() for p in self.model.tensors] if self.sharded is None else self.sharded.locals()
             if self.saved is None:
                 self.saved = [t.clone() for t in own]
             else:
@@ -605,16 +669,24 @@ class Worker:
         if not self.trying:
             raise Refused("input", "undo without a try")
         with torch.no_grad():
-            for i, (s, p) in enumerate(zip(self.saved, self.model.tensors)):
-                (p.data if self.mode != SHARD else self.share(p.data, i)).copy_(s)
-            if self.mode == SHARD:
-                self.gather_shares([p.data for p in self.model.tensors])
+            own = self.model.tensors if self.sharded is None else self.sharded.locals()
+            for s, p in zip(self.saved, own):
+                p.copy_(s)
         self.trying = False
         return {}, []
 
     def params(self, h, blobs):
         self.need_model()
-        return {}, [f32_bytes(p) for p in self.model.tensors]
+        return {}, [f32_bytes(p) for p in self.whole_tensors()]
+
+    def whole_tensors(self):
+        """The model's tensors (a sharded rank's gathered one at a time, with
+        every rank)."""
+        if self.sharded is None:
+            yield from self.model.tensors
+            return
+        for i in range(len(self.model.tensors)):
+            yield self.sharded.full(i)
 
     def grads(self, h, blobs):
         self.need_model()
@@ -622,7 +694,7 @@ class Worker:
             raise Refused("input", "no gradient")
         if self.mode != SHARD:
             return {}, [f32_bytes(p.grad if p.grad is not None else torch.zeros_like(p)) for p in self.model.tensors]
-        full = [torch.zeros_like(p) for p in self.model.tensors]
+        full = [torch.zeros(s, dtype=torch.float32, device=self.device) for s in self.shapes]
         for i, (f, g) in enumerate(zip(full, self.own_grads)):
             self.share(f, i).copy_(g)
         self.gather_shares(full)
@@ -630,11 +702,12 @@ class Worker:
 
     def digests(self, h, blobs):
         """Every rank's digest of its parameters (tests: the ranks must
-        hold the same weights, bit for bit)."""
+        hold the same weights, bit for bit; sharded ranks hash the tensors
+        gathered from their shards)."""
         self.need_model()
         import hashlib
         d = hashlib.sha256()
-        for p in self.model.tensors:
+        for p in self.whole_tensors():
             d.update(f32_bytes(p))
         mine = torch.tensor(list(d.digest()), dtype=torch.uint8)
         if self.g is None:
@@ -666,7 +739,7 @@ class Worker:
             if blobs is not None:
                 g = torch.from_numpy(np.frombuffer(blobs[i], dtype="<f4").astype(np.float32)).view(p.shape).to(self.device)
             else:
-                g = torch.empty_like(p)
+                g = torch.empty(self.shapes[i], dtype=torch.float32, device=self.device)
             if self.mode == SHARD:
                 self.g.broadcast(g, 0)
                 self.own_grads.append(self.share(g, i).clone())

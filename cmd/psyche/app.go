@@ -235,9 +235,11 @@ func ownsName(same map[cli.Flag]int, f cli.Flag) bool {
 	return true
 }
 
-// knownEnv lists every variable a flag reads.
+// knownEnv lists every variable a flag reads, and the one psyche reads
+// without a flag: where scripts/setup-torch put the torch engine's
+// environment (torch.SetupPython), which the script reads too.
 func knownEnv(app *cli.App) map[string]bool {
-	known := map[string]bool{}
+	known := map[string]bool{"PSYCHE_TORCH_ENV": true}
 	walkFlags(&cli.Command{Flags: app.Flags, Subcommands: app.Commands}, nil, func(_ []string, f cli.Flag) {
 		if e, ok := f.(interface{ GetEnvVars() []string }); ok {
 			for _, v := range e.GetEnvVars() {

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
@@ -61,5 +62,29 @@ func TestEnvVarsMeanOneThing(t *testing.T) {
 	}
 	if readers["PSYCHE_LISTEN"] != nil {
 		t.Error("PSYCHE_LISTEN still means something")
+	}
+}
+
+// TestUnknownEnvWarned: a PSYCHE_* variable nothing reads (a typo) is
+// warned of; a flag's variable and PSYCHE_TORCH_ENV, which the torch engine
+// reads without a flag (where scripts/setup-torch installed), are not.
+func TestUnknownEnvWarned(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		warn bool
+	}{
+		{"PSYCHE_SERVR", true},
+		{"PSYCHE_SERVER", false},
+		{"PSYCHE_TORCH_ENV", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(tc.name, "x")
+			var stderr strings.Builder
+			run([]string{"psyche", "--help"}, io.Discard, &stderr)
+			want := "warning: unknown environment variable " + tc.name + " "
+			if got := strings.Contains(stderr.String(), want); got != tc.warn {
+				t.Errorf("warned: %v, want %v (stderr %q)", got, tc.warn, stderr.String())
+			}
+		})
 	}
 }

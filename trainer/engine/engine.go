@@ -19,6 +19,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -105,6 +106,14 @@ type Preparer interface {
 	// Prepare readies an Open with this timeout (Spec.Timeout); release
 	// undoes it if no Open has used it.
 	Prepare(ctx context.Context, timeout time.Duration) (release func(), err error)
+}
+
+// ModelChecker is an Opener that can say, before a trainer joins a run,
+// whether it can train the run's model at all (an architecture it does not
+// build, a library missing, a model too large for the device): one line
+// then, rather than a failed load in the warmup after joining.
+type ModelChecker interface {
+	CheckModel(ctx context.Context, m *coordinator.Model) error
 }
 
 // ErrClosed is returned by an engine used after Close.

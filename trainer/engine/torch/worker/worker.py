@@ -51,6 +51,7 @@ if torch.__version__ < MIN_TORCH:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import distro  # noqa: E402  (beside this file)
+import hf  # noqa: E402
 import models  # noqa: E402
 
 
@@ -237,12 +238,27 @@ class Worker:
             "bf16": bf16,
         }, []
 
+    def describe(self, h, blobs):
+        try:
+            names, shapes = hf.describe(h["config"])
+        except hf.Unbuildable as exc:
+            raise Refused("input", str(exc)) from None
+        return {"names": names, "shapes": shapes}, []
+
     def open(self, h, blobs):
-        self.model = models.build(h["arch"], h["config"], self.device)
+        if h["arch"] == hf.Transformers.arch:
+            try:
+                self.model = hf.build(h["config"], self.device, h.get("seed"))
+            except hf.Unbuildable as exc:
+                raise Refused("input", str(exc)) from None
+        else:
+            self.model = models.build(h["arch"], h["config"], self.device)
         tensors = self.model.tensors
         self.shapes = [list(s) for s in h["shapes"]]
         nblobs = len(h.get("blobs", []))
-        if len(tensors) != len(self.shapes) or nblobs != len(tensors):
+        if h.get("seed") is not None and nblobs == 0:
+            blobs = None  # drawn from the seed by hf.build
+        elif len(tensors) != len(self.shapes) or nblobs != len(tensors):
             raise Refused("input", "the model has %d tensors; psyche sent %d shapes and %d tensors"
                           % (len(tensors), len(self.shapes), nblobs))
         for i, p in enumerate(tensors):
@@ -288,7 +304,7 @@ class Worker:
                 ", compiled" if compiled else "", ", %.2f GiB allocated" % (mem / 2**30) if mem else ""))
         if self.g is not None:
             self.log_memory()
-        return {"params": params, "memory": mem, "placement": self.mode}, []
+        return {"params": params, "memory": mem, "placement": self.mode, "names": self.model.names}, []
 
     def estimate(self, h):
         """Bytes a device needs for the model: (data parallel, sharded).
@@ -676,7 +692,7 @@ class Worker:
         return {}, []
 
     def ops(self):
-        return {"hello": self.hello, "open": self.open, "gradient": self.gradient, "losses": self.losses,
+        return {"hello": self.hello, "describe": self.describe, "open": self.open, "gradient": self.gradient, "losses": self.losses,
                 "step": self.step, "apply": self.apply, "try": self.try_, "undo": self.undo, "params": self.params,
                 "grads": self.grads, "set_grads": self.set_grads, "stats": self.stats, "digests": self.digests}
 

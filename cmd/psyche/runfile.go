@@ -308,7 +308,15 @@ func transformersModel(cm *coordinator.Model, path string, dModel, nLayers, nHea
 	}
 	f, err := modelspec.ParseTransformersFile(data)
 	if err != nil {
-		return append(errs, fmt.Errorf("model.hf_config %s: %w", path, err))
+		// One violation each, so that the run file's error stays one line.
+		parts := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			parts = j.Unwrap()
+		}
+		for _, p := range parts {
+			errs = append(errs, fmt.Errorf("model.hf_config %s: %w", path, p))
+		}
+		return errs
 	}
 	c, err := f.Mirror(int(cm.MaxSeqLen))
 	if err != nil {

@@ -61,7 +61,7 @@ func LoadTransformersConfig(path string, m *coordinator.Model, seed uint64) (*Tr
 	}
 	if rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:]); IsHash(rev) {
 		if got := modelspec.ConfigHash(data); got != rev {
-			return nil, &RevisionError{From: path, Got: got, Want: rev}
+			return nil, fmt.Errorf("%w: the config %s hashes to %s, the run records %s (it was edited after the run was made)", ErrRevision, path, got, rev)
 		}
 	}
 	t, err := NewTransformers(data, int(m.MaxSeqLen), seed)

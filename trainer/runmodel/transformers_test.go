@@ -40,7 +40,9 @@ func TestLoadTransformersConfig(t *testing.T) {
 		edit func(*coordinator.Model)
 		want string
 	}{
-		{"edited", func(m *coordinator.Model) { _ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], strings.Repeat("0", 32)) }, "hashes to"},
+		{"edited", func(m *coordinator.Model) {
+			_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], strings.Repeat("0", 32))
+		}, "hashes to"},
 		{"shape", func(m *coordinator.Model) { m.NLayers = 3 }, "n_layers is 2 in the model, 3 in the run"},
 		{"positions", func(m *coordinator.Model) { m.MaxSeqLen = 129 }, "exceeds the config's 128 positions"},
 		{"source", func(m *coordinator.Model) { _ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "seed:5") }, "starts from seed:N@PATH"},

@@ -66,6 +66,11 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 	if len(from) == 0 {
 		return nil, fmt.Errorf("%w: %w", errLoadLater, errNoOtherHolder)
 	}
+	if cfg.Arch == coordinator.ArchTransformers {
+		// Its tensors' names and shapes are transformers' (the engine's
+		// describe), which this fetch would have to ask for first.
+		return nil, fmt.Errorf("node: a transformers run's model cannot be fetched from peers yet: join it in its first epoch")
+	}
 	ctx, cancel := context.WithTimeout(ctx, peerLoadTimeout)
 	defer cancel()
 	id, err := n.net.FindCheckpoint(ctx, s.Progress.Epoch, from)

@@ -105,7 +105,8 @@ func TestLocalnetTransformersNeedsTorch(t *testing.T) {
 	t.Chdir("../..")
 	for _, engines := range []string{"go", "go,torch"} {
 		var out, errb bytes.Buffer
-		code := run([]string{"psyche", "localnet", "--engine", engines, "--run", transformersExamples[0].file, "--dir", t.TempDir()}, &out, &errb)
+		code := run([]string{"psyche", "localnet", "--engine", engines, "--trainers", "3", "--run", transformersExamples[0].file,
+			"--dir", t.TempDir()}, &out, &errb)
 		msg := strings.TrimSpace(errb.String())
 		if code == 0 || !strings.Contains(msg, "use --engine torch") || strings.Contains(msg, "\n") {
 			t.Fatalf("--engine %s: exit %d, %q; want one line saying to use --engine torch", engines, code, msg)

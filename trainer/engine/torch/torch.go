@@ -402,9 +402,12 @@ func describe(ctx context.Context, w *worker, timeout time.Duration, tf *runmode
 	return f.Names, f.Shapes, nil
 }
 
-// transformersConfig is what the worker's hf.build reads.
+// transformersConfig is what the worker's hf.build reads (the config.json),
+// with the shape a multi-device worker sizes its placement by.
 func transformersConfig(tf *runmodel.Transformers) map[string]any {
-	return map[string]any{"json": string(tf.JSON)}
+	c := tf.Config
+	return map[string]any{"json": string(tf.JSON), "vocab": c.Vocab, "context": c.Context, "width": c.Width,
+		"layers": c.Layers, "heads": c.Heads}
 }
 
 // bytesPerParam is what training a parameter holds on the device: its

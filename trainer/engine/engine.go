@@ -116,6 +116,14 @@ type ModelChecker interface {
 	CheckModel(ctx context.Context, m *coordinator.Model) error
 }
 
+// Describer is an Opener that builds a model psyche cannot shape itself (a
+// transformers model: runmodel.Transformers) and can name its tensors and
+// their shapes without drawing it, so that a node fetching it from peers
+// knows what a P2P checkpoint of it must hold.
+type Describer interface {
+	Describe(ctx context.Context, m runmodel.Model) (names []string, shapes [][]int, err error)
+}
+
 // ErrClosed is returned by an engine used after Close.
 var ErrClosed = errors.New("engine: closed")
 

@@ -92,9 +92,9 @@ type Node struct {
 	engMu sync.Mutex
 	eng   engine.Engine
 	last  runmodel.Model // the model held when Run closed the engine
-	// checkedModel is the Transformers model checkModel accepted (its
-	// source and revision).
-	checkedModel string
+	// checkedModel says that checkModel accepted the run's Transformers
+	// model.
+	checkedModel bool
 	fetches      fetchQueue
 	// fetchCtx bounds the fetches in flight; dropFetches cancels it
 	// (machine.Ready.DropFetches) and makes the next.
@@ -482,14 +482,16 @@ func (n *Node) prepareEngine(ctx context.Context) {
 // can train the run's model at all (engine.ModelChecker): a Transformers run
 // on the Go engine, or one whose config the PyTorch worker cannot build or
 // fit, ends Run with that one line instead of a load that fails in the
-// warmup after joining. Each model is checked once; GPT and Llama runs are
-// left to the load, which says what is wrong with their checkpoints.
+// warmup after joining. It checks once, before the node first joins: later
+// sources (the checkpoints the run records) are the same model, and a check
+// starts a worker, seconds the node's loop must not spend in a run's
+// rounds. GPT and Llama runs are left to the load, which says what is
+// wrong with their checkpoints.
 func (n *Node) checkModel(ctx context.Context, m *coordinator.Model) error {
 	if m.Architecture != coordinator.ArchTransformers {
 		return nil
 	}
-	key := coordinator.FixedString(m.Checkpoint.Source.URL[:]) + "#" + coordinator.FixedString(m.Checkpoint.Source.Revision[:])
-	if n.checkedModel == key {
+	if n.checkedModel {
 		return nil
 	}
 	op := n.cfg.engine
@@ -501,7 +503,7 @@ func (n *Node) checkModel(ctx context.Context, m *coordinator.Model) error {
 			return fmt.Errorf("node: refusing to join run %s: %w", n.runID, err)
 		}
 	}
-	n.checkedModel = key
+	n.checkedModel = true
 	return nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
@@ -113,13 +115,39 @@ func (t *Transformers) GradTensors() [][]float32     { return nil }
 func (t *Transformers) Tensors() [][]float32         { return t.values }
 func (t *Transformers) Shapes() [][]int              { return t.shapes }
 
-// CheckpointTensors are the named tensors (sharing the model's memory).
+// CheckpointTensors are the named tensors (sharing the model's memory) in
+// the order of their names: the order of a safetensors file, so that a
+// model has one hash and one P2P manifest whether it came out of an engine
+// (which holds transformers' order) or was read from a saved directory.
 func (t *Transformers) CheckpointTensors() []checkpoint.Tensor {
 	out := make([]checkpoint.Tensor, len(t.values))
 	for i := range t.values {
 		out[i] = checkpoint.Tensor{Name: t.names[i], Shape: t.shapes[i], Data: t.values[i]}
 	}
+	slices.SortFunc(out, func(a, b checkpoint.Tensor) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// InOrder is the same model holding its tensors in the order of names
+// (transformers' order, as an engine describes it), failing unless it holds
+// exactly those tensors with those shapes.
+func (t *Transformers) InOrder(names []string, shapes [][]int) (*Transformers, error) {
+	at := make(map[string]int, len(t.names))
+	for i, n := range t.names {
+		at[n] = i
+	}
+	if len(names) != len(t.names) || len(names) != len(shapes) {
+		return nil, fmt.Errorf("runmodel: the model holds %d tensors, transformers builds %d from its config", len(t.names), len(names))
+	}
+	values := make([][]float32, len(names))
+	for j, n := range names {
+		i, ok := at[n]
+		if !ok || !slices.Equal(t.shapes[i], shapes[j]) {
+			return nil, fmt.Errorf("runmodel: tensor %s%v, which transformers builds from the config, is not in the model as such", n, shapes[j])
+		}
+		values[j] = t.values[i]
+	}
+	return t.WithTensors(slices.Clone(names), shapes, values)
 }
 
 // Save writes a Hugging Face directory: the run's config.json as it was
@@ -157,18 +185,64 @@ func (t *Transformers) FLOPsPerToken(int) float64 { return 6 * float64(t.NumPara
 
 // ErrTransformersSource means a Transformers run's checkpoint source is not
 // one a trainer can start it from.
-var ErrTransformersSource = errors.New("runmodel: a transformers run starts from seed:N@PATH (PATH its config.json); loading its weights from a checkpoint URL is not supported yet")
+var ErrTransformersSource = errors.New("runmodel: a transformers run starts from seed:N@PATH (PATH its config.json) or a checkpoint directory on this machine (file://)")
 
 // LoadRunTransformers is the Transformers model the run's checkpoint source
-// names (seed:N@PATH), its config read and checked (LoadTransformersConfig).
+// names: seed:N@PATH, its config read and checked (LoadTransformersConfig),
+// to be drawn by the engine; or a directory (file://) a checkpointer saved
+// (Save), its config.json and weights read, which the caller checks against
+// the run's revision (CheckRevision).
 func LoadRunTransformers(m *coordinator.Model) (*Transformers, error) {
+	t, dir, err := RunTransformersConfig(m)
+	if err != nil || dir == "" {
+		return t, err
+	}
+	ck, err := checkpoint.Load(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		return nil, fmt.Errorf("runmodel: %s: %w", dir, err)
+	}
+	names := ck.Names()
+	shapes, values := make([][]int, len(names)), make([][]float32, len(names))
+	for i, ct := range ck.Tensors() {
+		shapes[i], values[i] = ct.Shape, ct.Data
+	}
+	return t.WithTensors(names, shapes, values)
+}
+
+// RunTransformersConfig is the Transformers model the run's checkpoint
+// source names, its config read and checked but no weights: what an
+// engine describes. dir is the checkpoint directory the source names (empty
+// for seed:N@PATH).
+func RunTransformersConfig(m *coordinator.Model) (t *Transformers, dir string, err error) {
 	url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 	src, err := modelspec.ParseSource(url)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	if src.Kind != modelspec.FromSeed || src.Config == "" {
-		return nil, fmt.Errorf("%w (the run names %s)", ErrTransformersSource, url)
+	switch {
+	case src.Kind == modelspec.FromSeed && src.Config != "":
+		t, err := LoadTransformersConfig(src.Config, m, src.Seed)
+		return t, "", err
+	case src.Kind == modelspec.FromFile:
+		// The revision is the weights' hash: the config is checked
+		// against the run's shape only.
+		data, err := readSmallFile(filepath.Join(src.Path, "config.json"), 1<<20)
+		if err != nil {
+			return nil, "", fmt.Errorf("runmodel: the run's transformers checkpoint: %w", err)
+		}
+		t, err := NewTransformers(data, int(m.MaxSeqLen), 0)
+		if err != nil {
+			return nil, "", fmt.Errorf("runmodel: %s: %w", src.Path, err)
+		}
+		want, err := modelspec.Transformers(m)
+		if err != nil {
+			return nil, "", err
+		}
+		if err := modelspec.Compare(modelspec.Config{Arch: coordinator.ArchTransformers, Transformers: t.Config},
+			modelspec.Config{Arch: coordinator.ArchTransformers, Transformers: want}); err != nil {
+			return nil, "", fmt.Errorf("runmodel: %s: %w", src.Path, err)
+		}
+		return t, src.Path, nil
 	}
-	return LoadTransformersConfig(src.Config, m, src.Seed)
+	return nil, "", fmt.Errorf("%w (the run names %s)", ErrTransformersSource, url)
 }

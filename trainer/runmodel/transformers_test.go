@@ -77,3 +77,44 @@ func TestTransformersHostModel(t *testing.T) {
 		t.Fatalf("ConfigOf = %+v, %v", c, err)
 	}
 }
+
+// TestTransformersDirectoryRoundTrip: a saved transformers model, named as
+// the run's source (file://dir, its hash the revision), loads with the same
+// hash, whatever order its tensors were held in, and InOrder puts them back
+// in transformers' order.
+func TestTransformersDirectoryRoundTrip(t *testing.T) {
+	tf, err := NewTransformers([]byte(qwenJSON), 64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, shapes := []string{"z.weight", "a.weight"}, [][]int{{2, 2}, {3}}
+	held, err := tf.WithTensors(names, shapes, [][]float32{{1, 2, 3, 4}, {5, 6, 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := held.Save(t.Context(), dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	m := &coordinator.Model{}
+	modelspec.SetTransformers(m, tf.Config)
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file://"+dir)
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], Revision(held))
+	loaded, err := LoadRunTransformers(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRevision(loaded, "file://"+dir, Revision(held)); err != nil {
+		t.Fatal(err)
+	}
+	if got := loaded.Names(); got[0] != "a.weight" {
+		t.Fatalf("loaded in file order %v", got)
+	}
+	back, err := loaded.InOrder(names, shapes)
+	if err != nil || back.Names()[0] != "z.weight" || back.Tensors()[0][3] != 4 || Revision(back) != Revision(held) {
+		t.Fatalf("InOrder: %v, %v", err, back.Names())
+	}
+	if _, err := loaded.InOrder([]string{"z.weight", "b.weight"}, shapes); err == nil {
+		t.Fatal("InOrder took a tensor the model lacks")
+	}
+}

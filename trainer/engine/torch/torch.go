@@ -173,9 +173,19 @@ type Opener struct {
 	o    options
 	mu   sync.Mutex
 	open map[*eng]bool // engines not yet closed
+	// described are the transformers models' tensors (names and shapes)
+	// that a worker described, by config hash: a node asks before it
+	// joins (CheckModel) and again to fetch the model from peers.
+	described map[string]description
 	// spares are workers started by Prepare and not yet opened on a model;
 	// an Open with the timeout one was started for takes it.
 	spares []*spare
+}
+
+// description is what describe answered for a transformers config.
+type description struct {
+	names  []string
+	shapes [][]int
 }
 
 // spare is a prepared worker and the timeout it was started for.
@@ -344,10 +354,17 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	shapes := s.Model.Shapes()
 	tf, _ := s.Model.(*runmodel.Transformers)
 	var names []string
+	model := s.Model
 	if tf != nil {
-		if names, shapes, err = describe(ctx, w, timeout, tf); err != nil {
+		if names, shapes, err = describe(ctx, w, timeout, tf); err == nil && tf.Drawn() {
+			// Weights from peers or a directory: exactly the tensors
+			// transformers builds, put in its order.
+			tf, err = tf.InOrder(names, shapes)
+			model = tf
+		}
+		if err != nil {
 			w.kill()
-			return nil, err
+			return nil, fmt.Errorf("torch engine: %w", err)
 		}
 	}
 	plan, err := distro.NewPlan(shapes, s.Optimizer)
@@ -361,7 +378,7 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	if h.DeviceName != "" {
 		e.name = fmt.Sprintf("torch %s on %s (%s), %s", h.Torch, h.Device, h.DeviceName, op.o.precision)
 	}
-	placement, err := e.open(ctx, s.Model, s.Optimizer)
+	placement, err := e.open(ctx, model, s.Optimizer)
 	if err != nil {
 		w.kill()
 		return nil, err
@@ -377,8 +394,8 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 }
 
 // describe asks the worker for the names and shapes of a Transformers
-// model's parameters (transformers builds it on the meta device: nothing is
-// allocated); a model that holds tensors must hold exactly these.
+// model's parameters, in transformers' order (it builds the model on the
+// meta device: nothing is allocated).
 func describe(ctx context.Context, w *worker, timeout time.Duration, tf *runmodel.Transformers) ([]string, [][]int, error) {
 	a, err := w.call(ctx, timeout, header{"op": "describe", "config": transformersConfig(tf)}, nil)
 	if err != nil {
@@ -393,11 +410,6 @@ func describe(ctx context.Context, w *worker, timeout time.Duration, tf *runmode
 	}
 	if len(f.Names) != len(f.Shapes) || len(f.Names) == 0 {
 		return nil, nil, fmt.Errorf("torch engine: describe answered %d names and %d shapes", len(f.Names), len(f.Shapes))
-	}
-	if tf.Drawn() {
-		if !slices.Equal(tf.Names(), f.Names) || !slices.EqualFunc(tf.Shapes(), f.Shapes, slices.Equal) {
-			return nil, nil, fmt.Errorf("torch engine: the model's tensors are not those transformers builds from its config")
-		}
 	}
 	return f.Names, f.Shapes, nil
 }
@@ -424,7 +436,7 @@ func (op *Opener) CheckModel(ctx context.Context, m *coordinator.Model) error {
 	if m.Architecture != coordinator.ArchTransformers {
 		return nil
 	}
-	tf, err := runmodel.LoadRunTransformers(m)
+	tf, _, err := runmodel.RunTransformersConfig(m)
 	if err != nil {
 		return err
 	}
@@ -433,12 +445,59 @@ func (op *Opener) CheckModel(ctx context.Context, m *coordinator.Model) error {
 		return err
 	}
 	defer w.close()
-	_, shapes, err := describe(ctx, w, workerTimeout(0), tf)
+	names, shapes, err := describe(ctx, w, workerTimeout(0), tf)
 	if err != nil {
 		return err
 	}
+	op.remember(tf, names, shapes)
 	return fits(modelspec.NumParams(shapes), h.Memory, h.Device)
 }
+
+func (op *Opener) remember(tf *runmodel.Transformers, names []string, shapes [][]int) {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	if op.described == nil {
+		op.described = map[string]description{}
+	}
+	op.described[modelspec.ConfigHash(tf.JSON)] = description{names: names, shapes: shapes}
+}
+
+// Describe names and shapes a transformers model's tensors as transformers
+// builds them from its config: what CheckModel found, or a worker started
+// to ask.
+func (op *Opener) Describe(ctx context.Context, m runmodel.Model) ([]string, [][]int, error) {
+	tf, ok := m.(*runmodel.Transformers)
+	if !ok {
+		return nil, nil, fmt.Errorf("torch engine: describe: a %T is shaped by its own config", m)
+	}
+	op.mu.Lock()
+	d, ok := op.described[modelspec.ConfigHash(tf.JSON)]
+	op.mu.Unlock()
+	if ok {
+		return slices.Clone(d.names), cloneShapes(d.shapes), nil
+	}
+	w, _, err := startWorker(ctx, &op.o, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer w.close()
+	names, shapes, err := describe(ctx, w, workerTimeout(0), tf)
+	if err != nil {
+		return nil, nil, err
+	}
+	op.remember(tf, names, shapes)
+	return slices.Clone(names), cloneShapes(shapes), nil
+}
+
+func cloneShapes(shapes [][]int) [][]int {
+	out := make([][]int, len(shapes))
+	for i, s := range shapes {
+		out[i] = slices.Clone(s)
+	}
+	return out
+}
+
+var _ engine.Describer = (*Opener)(nil)
 
 // fits says whether a model of params parameters can train on a device of
 // memory bytes (0: not counted, as on the CPU).
@@ -787,11 +846,7 @@ func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {
 		return nil, err
 	}
 	if e.tf != nil {
-		shapes := make([][]int, len(e.shapes))
-		for i, s := range e.shapes {
-			shapes[i] = slices.Clone(s)
-		}
-		return e.tf.WithTensors(slices.Clone(e.names), shapes, ts)
+		return e.tf.WithTensors(slices.Clone(e.names), cloneShapes(e.shapes), ts)
 	}
 	m, err := runmodel.New(e.cfg, 0, e.o.kernels)
 	if err != nil {

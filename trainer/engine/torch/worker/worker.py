@@ -188,9 +188,9 @@ class Worker:
 
     def forwarded(self, op: str) -> bool:
         """Whether the other ranks take part in op (rank 0 alone answers
-        hello, params and stats; a data-parallel worker's rank 0 alone steps
-        and holds the gradient psyche reads or sets)."""
-        if self.g is None or op in ("hello", "params", "stats"):
+        hello, describe, params and stats; a data-parallel worker's rank 0
+        alone steps and holds the gradient psyche reads or sets)."""
+        if self.g is None or op in ("hello", "describe", "params", "stats"):
             return False
         if op in ("step", "grads", "set_grads"):
             return self.mode == SHARD
@@ -256,11 +256,12 @@ class Worker:
         tensors = self.model.tensors
         self.shapes = [list(s) for s in h["shapes"]]
         nblobs = len(h.get("blobs", []))
-        if h.get("seed") is not None and nblobs == 0:
-            blobs = None  # drawn from the seed by hf.build
-        elif len(tensors) != len(self.shapes) or nblobs != len(tensors):
+        drawn = h.get("seed") is not None and nblobs == 0  # hf.build drew the weights from the seed
+        if len(tensors) != len(self.shapes) or (not drawn and nblobs != len(tensors)):
             raise Refused("input", "the model has %d tensors; psyche sent %d shapes and %d tensors"
                           % (len(tensors), len(self.shapes), nblobs))
+        if drawn:
+            blobs = None
         for i, p in enumerate(tensors):
             if list(p.shape) != self.shapes[i]:
                 raise Refused("input", "tensor %d has shape %s here, %s in psyche" % (i, list(p.shape), self.shapes[i]))
@@ -304,7 +305,7 @@ class Worker:
                 ", compiled" if compiled else "", ", %.2f GiB allocated" % (mem / 2**30) if mem else ""))
         if self.g is not None:
             self.log_memory()
-        return {"params": params, "memory": mem, "placement": self.mode, "names": self.model.names}, []
+        return {"params": params, "memory": mem, "placement": self.mode}, []
 
     def estimate(self, h):
         """Bytes a device needs for the model: (data parallel, sharded).

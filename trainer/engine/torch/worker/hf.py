@@ -78,7 +78,9 @@ class Transformers(models.Model):
     arch = "transformers"
 
     def __init__(self, net: torch.nn.Module):
-        super().__init__(sdpa=False)
+        # Module's constructor, not Model's: Model's builds psyche's own
+        # tensors, which transformers' network replaces here.
+        torch.nn.Module.__init__(self)
         self.net = net
         named = list(net.named_parameters())
         self.names = [n for n, _ in named]
@@ -95,7 +97,9 @@ def build(cfg: Dict, device: torch.device, seed: Optional[int]) -> Transformers:
     weights drawn from seed, or (seed None) left as built for psyche to
     overwrite."""
     config = config_of(cfg["json"])
-    sdpa = models.HAS_SDPA and models.USE_SDPA
+    # Fused attention where psyche's own models use it (every torch 2.6+
+    # has it; tests may turn it off for psyche's models and so here).
+    sdpa = getattr(models, "HAS_SDPA", True) and getattr(models, "USE_SDPA", True)
     if seed is None:
         net = _network(config, sdpa)
     else:

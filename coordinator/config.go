@@ -131,7 +131,8 @@ func (m *Model) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidModel}, args...)...))
 		}
 	}
-	rule(m.Architecture == ArchGPT || m.Architecture == ArchLlama, "architecture %d is unknown (1 = GPT, 2 = Llama)", m.Architecture)
+	rule(m.Architecture == ArchGPT || m.Architecture == ArchLlama || m.Architecture == ArchTransformers,
+		"architecture %d is unknown (1 = GPT, 2 = Llama, 3 = Transformers)", m.Architecture)
 	rule(m.MaxSeqLen > 0, "max_seq_len must be greater than 0")
 	rule(m.VocabSize > 0, "vocab_size must be greater than 0")
 	rule(m.DModel > 0, "d_model must be greater than 0")
@@ -144,7 +145,7 @@ func (m *Model) Validate() error {
 		rule(math.Float32bits(m.RopeTheta) > 0x3f800000 && math.Float32bits(m.RopeTheta) < 0x7f800000, "rope_theta must be finite and greater than 1")
 	} else {
 		rule(m.NKVHeads == 0 && m.IntermediateSize == 0 && math.Float32bits(m.RopeTheta) == 0 && !m.TiedHead,
-			"n_kv_heads, intermediate_size, rope_theta and tied_head must be zero for GPT (they are Llama fields)")
+			"n_kv_heads, intermediate_size, rope_theta and tied_head must be zero for %v (they are Llama fields)", m.Architecture)
 	}
 	switch m.Checkpoint.Kind {
 	case CheckpointHub, CheckpointP2P:

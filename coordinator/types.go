@@ -246,12 +246,18 @@ const (
 	ArchNone  Architecture = iota
 	ArchGPT                // GPT-style decoder (docs/architecture.md §8)
 	ArchLlama              // Llama-family decoder (trainer/llama): RMSNorm, RoPE, GQA, SwiGLU
+	// ArchTransformers is any Hugging Face transformers causal LM, described
+	// by its config.json, which the checkpoint source names (a
+	// fixed-size account cannot hold a config): only the PyTorch engine
+	// builds it. DModel, NLayers and NHeads mirror the config; the Llama
+	// fields are zero.
+	ArchTransformers
 	numArchitectures
 )
 
 // The names are the IDL's enum variants (programs/coordinator derives them
 // from String), so an IDL client decodes the byte as a named value.
-var architectureNames = [numArchitectures]string{"None", "GPT", "Llama"}
+var architectureNames = [numArchitectures]string{"None", "GPT", "Llama", "Transformers"}
 
 func (a Architecture) String() string {
 	if a < numArchitectures {

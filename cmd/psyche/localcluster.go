@@ -24,6 +24,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/localrun"
 	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // localFiles are the run's data and initial model (localrun.Files), and
@@ -53,6 +54,11 @@ func prepareLocalFiles(ctx context.Context, dir string, model *coordinator.Model
 	}
 	cut := len(tokens) * 9 / 10
 	files, err := localrun.WriteFiles(ctx, dir, model, tokens[:cut], tokenSize, seed)
+	if tf, ok := files.Initial.(*runmodel.Transformers); ok && err == nil {
+		// The summary's initial loss and parameter count need the weights,
+		// which only transformers draws.
+		files.Initial, err = drawTransformers(ctx, tf)
+	}
 	return localFiles{Files: files, heldOut: tokens[cut:]}, err
 }
 

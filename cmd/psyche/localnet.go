@@ -155,16 +155,21 @@ func localnet(c *cli.Context) (err error) {
 			}
 		}()
 	}
-	// Before anything starts: python and torch are there when asked for.
-	if kinds, err := engineKinds(c, true); err != nil {
-		return err
-	} else if prec, err := precision(c); err != nil {
-		return err
-	} else if err := checkEngines(ctx, c, kinds, prec); err != nil {
+	kinds, err := engineKinds(c, true)
+	if err != nil {
 		return err
 	}
 	model, seed, perTrainer, err := localnetRunModel(c)
 	if err != nil {
+		return err
+	}
+	if model.Architecture == coordinator.ArchTransformers && contains(kinds, "go") {
+		return fmt.Errorf("--run %s: a Hugging Face transformers model trains only on the torch engine: use --engine torch", c.String("run"))
+	}
+	// Before anything starts: python and torch are there when asked for.
+	if prec, err := precision(c); err != nil {
+		return err
+	} else if err := checkEngines(ctx, c, kinds, prec); err != nil {
 		return err
 	}
 	files, err := prepareLocalFiles(ctx, dir, model, seed)
@@ -237,10 +242,6 @@ func localnet(c *cli.Context) (err error) {
 		}
 	}
 	prec, err := precision(c)
-	if err != nil {
-		return err
-	}
-	kinds, err := engineKinds(c, true)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/explorer"
+	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -172,6 +173,19 @@ func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
 	if err != nil {
 		return 0, err
 	}
+	forward := m.Forward
+	if tf, ok := m.(*runmodel.Transformers); ok {
+		// No Go implementation: a torch engine computes its losses.
+		e, err := openTransformers(context.Background(), tf)
+		if err != nil {
+			return 0, err
+		}
+		defer e.Close()
+		forward = func(in, tg []uint32, b, t int) (float32, error) {
+			l, err := e.Losses(context.Background(), engine.Batch{Inputs: in, Targets: tg, Seqs: b, SeqLen: t})
+			return l.Mean, err
+		}
+	}
 	t := cfg.Context()
 	seqs := min(32, (len(tokens)-1)/t)
 	if seqs < 1 {
@@ -186,7 +200,7 @@ func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
 			copy(in[i*t:], tokens[at:at+t])
 			copy(tg[i*t:], tokens[at+1:at+t+1])
 		}
-		loss, err := m.Forward(in[:n*t], tg[:n*t], n, t)
+		loss, err := forward(in[:n*t], tg[:n*t], n, t)
 		if err != nil {
 			return 0, err
 		}
@@ -376,6 +390,8 @@ func archName(a coordinator.Architecture) string {
 		return "GPT"
 	case coordinator.ArchLlama:
 		return "Llama"
+	case coordinator.ArchTransformers:
+		return "transformers"
 	}
 	return fmt.Sprintf("architecture %d", a)
 }

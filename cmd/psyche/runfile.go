@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"os"
 	"sort"
 	"strings"
 
@@ -40,11 +41,13 @@ type runFile struct {
 	} `toml:"config"`
 	Model *struct {
 		Architecture string `toml:"architecture"`
-		MaxSeqLen    uint64 `toml:"max_seq_len"`
-		VocabSize    uint64 `toml:"vocab_size"`
-		DModel       uint64 `toml:"d_model"`
-		NLayers      uint64 `toml:"n_layers"`
-		NHeads       uint64 `toml:"n_heads"`
+		// Transformers only: the config.json of the Hugging Face model.
+		HFConfig  string `toml:"hf_config"`
+		MaxSeqLen uint64 `toml:"max_seq_len"`
+		VocabSize uint64 `toml:"vocab_size"`
+		DModel    uint64 `toml:"d_model"`
+		NLayers   uint64 `toml:"n_layers"`
+		NHeads    uint64 `toml:"n_heads"`
 		// Llama only.
 		NKVHeads         uint64  `toml:"n_kv_heads"`
 		IntermediateSize uint64  `toml:"intermediate_size"`
@@ -222,7 +225,8 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 			sort.Strings(names)
 			errs = append(errs, fmt.Errorf("%s = %q: want one of %s", name, value, strings.Join(names, ", ")))
 		}
-		choose("model.architecture", m.Architecture, map[string]uint8{"gpt": uint8(coordinator.ArchGPT), "llama": uint8(coordinator.ArchLlama)}, (*uint8)(&cm.Architecture))
+		choose("model.architecture", m.Architecture, map[string]uint8{"gpt": uint8(coordinator.ArchGPT),
+			"llama": uint8(coordinator.ArchLlama), "transformers": uint8(coordinator.ArchTransformers)}, (*uint8)(&cm.Architecture))
 		choose("model.checkpoint.kind", m.Checkpoint.Kind, map[string]uint8{"hub": uint8(coordinator.CheckpointHub),
 			"p2p": uint8(coordinator.CheckpointP2P), "ephemeral": uint8(coordinator.CheckpointEphemeral)}, (*uint8)(&cm.Checkpoint.Kind))
 		choose("model.lr.schedule", m.LR.Schedule, map[string]uint8{"constant": uint8(coordinator.LRConstant),
@@ -255,6 +259,9 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 				errs = append(errs, fmt.Errorf("model.data = %q: %w", m.Data, err))
 			}
 		}
+		if cm.Architecture == coordinator.ArchTransformers || m.HFConfig != "" {
+			errs = append(errs, transformersModel(cm, m.HFConfig, m.DModel, m.NLayers, m.NHeads)...)
+		}
 		cm.DataKind = dataKind(m.Data)
 		cm.LR.BaseLR, cm.LR.FinalLR = float32(m.LR.Base), float32(m.LR.Final)
 		cm.LR.WarmupSteps, cm.LR.DecaySteps, cm.LR.TotalSteps = uint32(m.LR.WarmupSteps), uint32(m.LR.DecaySteps), uint32(m.LR.TotalSteps)
@@ -276,6 +283,66 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 		return nil, err
 	}
 	return u, nil
+}
+
+// transformersModel completes a Transformers run's model from its
+// hf_config: the shape fields mirror the config.json (a run file that sets
+// them is refused: the file decides), the checkpoint URL seed:N becomes
+// seed:N@PATH, and the revision is the file's hash (or must be it). PATH is
+// read here and, as written, by every trainer: relative, it is relative to
+// each one's working directory.
+func transformersModel(cm *coordinator.Model, path string, dModel, nLayers, nHeads uint64) []error {
+	if cm.Architecture != coordinator.ArchTransformers {
+		return []error{fmt.Errorf("model.hf_config is for architecture = \"transformers\"")}
+	}
+	if path == "" {
+		return []error{fmt.Errorf("model.hf_config: architecture = \"transformers\" needs the model's config.json")}
+	}
+	var errs []error
+	if dModel != 0 || nLayers != 0 || nHeads != 0 || cm.NKVHeads != 0 || cm.IntermediateSize != 0 || cm.RopeTheta != 0 || cm.TiedHead {
+		errs = append(errs, fmt.Errorf("model.d_model, n_layers, n_heads, n_kv_heads, intermediate_size, rope_theta and tied_head come from model.hf_config: leave them out"))
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return append(errs, fmt.Errorf("model.hf_config: %w", err))
+	}
+	f, err := modelspec.ParseTransformersFile(data)
+	if err != nil {
+		// One violation each, so that the run file's error stays one line.
+		parts := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			parts = j.Unwrap()
+		}
+		for _, p := range parts {
+			errs = append(errs, fmt.Errorf("model.hf_config %s: %w", path, p))
+		}
+		return errs
+	}
+	c, err := f.Mirror(int(cm.MaxSeqLen))
+	if err != nil {
+		return append(errs, fmt.Errorf("model.hf_config %s: %w", path, err))
+	}
+	if cm.VocabSize != 0 && int(cm.VocabSize) != c.Vocab {
+		errs = append(errs, fmt.Errorf("model.vocab_size = %d, but %s has vocab_size %d", cm.VocabSize, path, c.Vocab))
+	}
+	modelspec.SetTransformers(cm, c)
+	url := coordinator.FixedString(cm.Checkpoint.Source.URL[:])
+	src, err := modelspec.ParseSource(url)
+	if err != nil || src.Kind != modelspec.FromSeed || src.Config != "" {
+		return append(errs, fmt.Errorf("model.checkpoint.url = %q: a transformers run starts from seed:N (its weights drawn from the config)", url))
+	}
+	if err := coordinator.SetFixedString(cm.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(src.Seed, path)); err != nil {
+		errs = append(errs, fmt.Errorf("model.checkpoint.url with model.hf_config: %d bytes, at most %d", len(modelspec.SeedConfigURL(src.Seed, path)), coordinator.URLLen))
+	}
+	hash := modelspec.ConfigHash(data)
+	switch rev := coordinator.FixedString(cm.Checkpoint.Source.Revision[:]); rev {
+	case "":
+		_ = coordinator.SetFixedString(cm.Checkpoint.Source.Revision[:], hash)
+	case hash:
+	default:
+		errs = append(errs, fmt.Errorf("model.checkpoint.revision = %q, but %s hashes to %s (leave it out to take the file's)", rev, path, hash))
+	}
+	return errs
 }
 
 // refuseNegative names every negative integer in a run file. No key of a

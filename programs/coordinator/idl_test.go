@@ -626,7 +626,7 @@ func TestIDLNamedEnums(t *testing.T) {
 		typ, field string
 		want       []string
 	}{
-		{"Model", "architecture", names(coord.ArchNone, coord.ArchGPT, coord.ArchLlama)},
+		{"Model", "architecture", names(coord.ArchNone, coord.ArchGPT, coord.ArchLlama, coord.ArchTransformers)},
 		{"Model", "data_kind", names(coord.DataNone, coord.DataLocal, coord.DataHTTP)},
 		{"LRSchedule", "kind", names(coord.LRNone, coord.LRConstant, coord.LRLinear, coord.LRCosine, coord.LRWarmupStableDecay)},
 		{"Optimizer", "kind", names(coord.OptimizerNone, coord.OptimizerAdamW, coord.OptimizerDistro)},

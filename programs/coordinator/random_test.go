@@ -69,6 +69,8 @@ func randomModel(rng *rand.Rand) coord.Model {
 	if rng.IntN(3) == 0 {
 		m.Architecture = coord.ArchLlama
 		m.NKVHeads, m.IntermediateSize, m.RopeTheta, m.TiedHead = uint32(1+rng.IntN(2)*3)%5, 96, 10000, rng.IntN(2) == 0
+	} else if rng.IntN(4) == 0 {
+		m.Architecture = coord.ArchTransformers
 	}
 	m.LR.Kind = coord.LRScheduleKind(1 + rng.IntN(4))
 	m.LR.WarmupSteps, m.LR.DecaySteps, m.LR.TotalSteps = uint32(rng.IntN(10)), uint32(rng.IntN(10)), uint32(rng.IntN(20))
@@ -106,8 +108,8 @@ func randomModel(rng *rand.Rand) coord.Model {
 			m.NKVHeads, m.IntermediateSize = 4, 96
 			m.RopeTheta = []float32{1, 0.5, 0, float32(math.NaN()), float32(math.Inf(1)), -10000, math.Nextafter32(1, 2), math.MaxFloat32}[rng.IntN(8)]
 		case 9:
-			// a GPT with a Llama field set
-			m.Architecture = coord.ArchGPT
+			// a GPT or Transformers model with a Llama field set
+			m.Architecture = []coord.Architecture{coord.ArchGPT, coord.ArchTransformers}[rng.IntN(2)]
 			switch rng.IntN(4) {
 			case 0:
 				m.NKVHeads = 4

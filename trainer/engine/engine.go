@@ -19,6 +19,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -105,6 +106,22 @@ type Preparer interface {
 	// Prepare readies an Open with this timeout (Spec.Timeout); release
 	// undoes it if no Open has used it.
 	Prepare(ctx context.Context, timeout time.Duration) (release func(), err error)
+}
+
+// ModelChecker is an Opener that can say, before a trainer joins a run,
+// whether it can train the run's model at all (an architecture it does not
+// build, a library missing, a model too large for the device): one line
+// then, rather than a failed load in the warmup after joining.
+type ModelChecker interface {
+	CheckModel(ctx context.Context, m *coordinator.Model) error
+}
+
+// Describer is an Opener that builds a model psyche cannot shape itself (a
+// transformers model: runmodel.Transformers) and can name its tensors and
+// their shapes without drawing it, so that a node fetching it from peers
+// knows what a P2P checkpoint of it must hold.
+type Describer interface {
+	Describe(ctx context.Context, m runmodel.Model) (names []string, shapes [][]int, err error)
 }
 
 // ErrClosed is returned by an engine used after Close.

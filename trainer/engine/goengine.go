@@ -2,9 +2,11 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -27,9 +29,28 @@ type goOpener struct{ be kernels.Backend }
 
 func (goOpener) Name() string { return "go" }
 
+// ErrNeedsTorch is the Go engine's refusal of a run whose model only the
+// PyTorch engine builds.
+var ErrNeedsTorch = errors.New("the go engine builds only GPT and Llama: join with --engine torch")
+
+// CheckModel refuses a Transformers run: the Go engine has no
+// implementation of Hugging Face's networks.
+func (goOpener) CheckModel(_ context.Context, m *coordinator.Model) error {
+	if m.Architecture == coordinator.ArchTransformers {
+		return fmt.Errorf("engine: the run trains a Hugging Face transformers model (%s); %w",
+			coordinator.FixedString(m.Checkpoint.Source.URL[:]), ErrNeedsTorch)
+	}
+	return nil
+}
+
+var _ ModelChecker = goOpener{}
+
 func (o goOpener) Open(_ context.Context, s Spec) (Engine, error) {
 	if s.Model == nil {
 		return nil, fmt.Errorf("engine: no model to open")
+	}
+	if _, ok := s.Model.(*runmodel.Transformers); ok {
+		return nil, fmt.Errorf("engine: a Hugging Face transformers model: %w", ErrNeedsTorch)
 	}
 	cfg, err := runmodel.ConfigOf(s.Model)
 	if err != nil {

@@ -102,3 +102,28 @@ func TestGoEngineTryUndo(t *testing.T) {
 		t.Fatalf("after Close: %v", err)
 	}
 }
+
+// TestGoRefusesTransformers: the Go engine says before joining that a
+// transformers run needs the torch engine, and refuses to open its model;
+// GPT and Llama runs pass the check.
+func TestGoRefusesTransformers(t *testing.T) {
+	op := engine.Go(nil).(engine.ModelChecker)
+	var m coordinator.Model
+	modelspec.SetTransformers(&m, modelspec.TransformersConfig{Vocab: 256, Context: 32, Width: 64, Layers: 2, Heads: 4})
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "seed:1@qwen3.json")
+	err := op.CheckModel(context.Background(), &m)
+	if !errors.Is(err, engine.ErrNeedsTorch) || !strings.Contains(err.Error(), "seed:1@qwen3.json") || !strings.Contains(err.Error(), "--engine torch") {
+		t.Fatalf("CheckModel(transformers) = %v", err)
+	}
+	tf, err := runmodel.NewTransformers([]byte(`{"model_type":"qwen3","vocab_size":256,"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4}`), 32, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.Go(nil).Open(context.Background(), engine.Spec{Model: tf}); !errors.Is(err, engine.ErrNeedsTorch) {
+		t.Fatalf("Open(transformers) = %v", err)
+	}
+	modelspec.SetGPT(&m, small.GPT)
+	if err := op.CheckModel(context.Background(), &m); err != nil {
+		t.Fatalf("CheckModel(GPT) = %v", err)
+	}
+}

@@ -64,6 +64,17 @@ func WriteFiles(ctx context.Context, dir string, model *coordinator.Model, token
 	if err != nil {
 		return f, err
 	}
+	if cfg.Arch == coordinator.ArchTransformers {
+		// Only an engine draws it (the trainers' torch workers, from
+		// seed and the config its source names): Initial holds the
+		// config, and the revision stays the config's hash.
+		t, err := runmodel.LoadRunTransformers(model)
+		if err == nil {
+			t.Seed = seed
+		}
+		f.Initial = t
+		return f, err
+	}
 	f.Initial, err = runmodel.New(cfg, seed, nil)
 	return f, err
 }
@@ -74,8 +85,17 @@ func WriteFiles(ctx context.Context, dir string, model *coordinator.Model, token
 func (r *Run) UseFiles(f Files) error {
 	m := &r.Model
 	m.Checkpoint.Kind = coordinator.CheckpointHub
-	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedURL(f.Seed)) // at most 25 bytes: fits
-	if f.Initial != nil {
+	url := modelspec.SeedURL(f.Seed)
+	if src, err := modelspec.ParseSource(coordinator.FixedString(m.Checkpoint.Source.URL[:])); err == nil && src.Config != "" {
+		url = modelspec.SeedConfigURL(f.Seed, src.Config)
+	}
+	if err := coordinator.SetFixedString(m.Checkpoint.Source.URL[:], url); err != nil {
+		return fmt.Errorf("checkpoint url %s: %w", url, err)
+	}
+	if _, ok := f.Initial.(*runmodel.Transformers); ok {
+		// A transformers run's revision is its config's hash, which the
+		// run already names: every trainer draws the weights itself.
+	} else if f.Initial != nil {
 		_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(f.Initial)) // 32 bytes: fits
 	}
 	m.DataKind, m.TokenSize = coordinator.DataLocal, uint8(f.TokenSize)

@@ -17,3 +17,6 @@ func numParams(shapes [][]int) int {
 	}
 	return n
 }
+
+// NumParams is the number of values in tensors of the given shapes.
+func NumParams(shapes [][]int) int { return numParams(shapes) }

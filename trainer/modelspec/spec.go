@@ -97,6 +97,9 @@ func Compare(c, want Config) error {
 			errs = append(errs, fmt.Errorf("%w: %s is %v in the model, %v in the run", ErrMismatch, field, got, want))
 		}
 	}
+	if c.Arch == coordinator.ArchTransformers {
+		return compareTransformers(c.Transformers, want.Transformers)
+	}
 	if c.Arch != coordinator.ArchLlama {
 		g, w := c.GPT, want.GPT
 		diff("vocab_size", g.Vocab, w.Vocab)
@@ -124,17 +127,22 @@ func Compare(c, want Config) error {
 	return errors.Join(errs...)
 }
 
-// Config is the shape of a model of either architecture: Arch says which
-// of GPT and Llama applies (the other is zero). It is comparable, so a node
-// can tell whether the model it holds is the run's.
+// Config is the shape of a model of any architecture: Arch says which of
+// GPT, Llama and Transformers applies (the others are zero). It is
+// comparable, so a node can tell whether the model it holds is the run's.
 type Config struct {
-	Arch  coordinator.Architecture
-	GPT   GPTConfig
-	Llama LlamaConfig
+	Arch         coordinator.Architecture
+	GPT          GPTConfig
+	Llama        LlamaConfig
+	Transformers TransformersConfig
 }
 
-// NumParams is the number of parameters.
+// NumParams is the number of parameters; 0 for a Transformers model, whose
+// count only transformers knows (the engine that builds it reports it).
 func (c Config) NumParams() int {
+	if c.Arch == coordinator.ArchTransformers {
+		return 0
+	}
 	if c.Arch == coordinator.ArchLlama {
 		return c.Llama.NumParams()
 	}
@@ -143,6 +151,9 @@ func (c Config) NumParams() int {
 
 // Layers is the number of transformer blocks.
 func (c Config) Layers() int {
+	if c.Arch == coordinator.ArchTransformers {
+		return c.Transformers.Layers
+	}
 	if c.Arch == coordinator.ArchLlama {
 		return c.Llama.Layers
 	}
@@ -151,6 +162,9 @@ func (c Config) Layers() int {
 
 // Context is the longest sequence the model takes.
 func (c Config) Context() int {
+	if c.Arch == coordinator.ArchTransformers {
+		return c.Transformers.Context
+	}
 	if c.Arch == coordinator.ArchLlama {
 		return c.Llama.Context
 	}
@@ -191,6 +205,9 @@ func ModelConfig(m *coordinator.Model) (Config, error) {
 	case coordinator.ArchLlama:
 		c, err := Llama(m)
 		return Config{Arch: coordinator.ArchLlama, Llama: c}, err
+	case coordinator.ArchTransformers:
+		c, err := Transformers(m)
+		return Config{Arch: coordinator.ArchTransformers, Transformers: c}, err
 	}
 	return Config{}, fmt.Errorf("%w: %d (this trainer builds %d, GPT, and %d, Llama)", ErrArchitecture, m.Architecture, coordinator.ArchGPT, coordinator.ArchLlama)
 }

@@ -89,10 +89,13 @@ type Node struct {
 	id coordinator.ClientID
 	// eng computes for the node once a model is loaded; engMu guards the
 	// field (Model reads it from other goroutines), not the engine.
-	engMu   sync.Mutex
-	eng     engine.Engine
-	last    runmodel.Model // the model held when Run closed the engine
-	fetches fetchQueue
+	engMu sync.Mutex
+	eng   engine.Engine
+	last  runmodel.Model // the model held when Run closed the engine
+	// checkedModel says that checkModel accepted the run's Transformers
+	// model.
+	checkedModel bool
+	fetches      fetchQueue
 	// fetchCtx bounds the fetches in flight; dropFetches cancels it
 	// (machine.Ready.DropFetches) and makes the next.
 	fetchCtx    context.Context
@@ -357,6 +360,10 @@ func (n *Node) Run(ctx context.Context) error {
 					return errors.New("node: the coordinator subscription ended")
 				}
 				ended = n.cfg.clock.Work()
+				if err := n.checkModel(ctx, &s.State.Model); err != nil {
+					ended()
+					return err
+				}
 				n.observe(s.State)
 				n.prepareEngine(ctx)
 				rd = n.m.Snapshot(s.State, uint64(n.cfg.clock.Now().Unix()))
@@ -469,6 +476,35 @@ func (n *Node) prepareEngine(ctx context.Context) {
 			n.cfg.log.Warn("preparing the engine before joining", "engine", n.cfg.engine.Name(), "err", err)
 		}
 	}()
+}
+
+// checkModel asks the engine, before this node first joins, whether it
+// can train the run's model at all (engine.ModelChecker): a Transformers run
+// on the Go engine, or one whose config the PyTorch worker cannot build or
+// fit, ends Run with that one line instead of a load that fails in the
+// warmup after joining. It checks once, before the node first joins: later
+// sources (the checkpoints the run records) are the same model, and a check
+// starts a worker, seconds the node's loop must not spend in a run's
+// rounds. GPT and Llama runs are left to the load, which says what is
+// wrong with their checkpoints.
+func (n *Node) checkModel(ctx context.Context, m *coordinator.Model) error {
+	if m.Architecture != coordinator.ArchTransformers {
+		return nil
+	}
+	if n.checkedModel {
+		return nil
+	}
+	op := n.cfg.engine
+	if op == nil {
+		op = engine.Go(n.cfg.kernels)
+	}
+	if c, ok := op.(engine.ModelChecker); ok {
+		if err := c.CheckModel(ctx, m); err != nil {
+			return fmt.Errorf("node: refusing to join run %s: %w", n.runID, err)
+		}
+	}
+	n.checkedModel = true
+	return nil
 }
 
 // awaitEngine waits, before a join, for the engine's preparation, starting

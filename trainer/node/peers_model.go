@@ -10,6 +10,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
@@ -72,7 +73,7 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
 	}
-	model, err := runmodel.New(cfg, 0, n.cfg.kernels)
+	model, err := n.emptyModel(ctx, s, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +91,32 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 		n.cfg.log.Warn("sharing the model with joiners failed", "err", err)
 	}
 	return model, nil
+}
+
+// emptyModel is a model of the run's shape, all zero, for a P2P checkpoint
+// to fill. A transformers model's tensors are named and shaped by
+// transformers: the engine describes them (engine.Describer).
+func (n *Node) emptyModel(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, error) {
+	if cfg.Arch != coordinator.ArchTransformers {
+		return runmodel.New(cfg, 0, n.cfg.kernels)
+	}
+	tf, _, err := runmodel.RunTransformersConfig(&s.Model)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := n.cfg.engine.(engine.Describer)
+	if !ok {
+		return nil, fmt.Errorf("node: %w", engine.ErrNeedsTorch)
+	}
+	names, shapes, err := d.Describe(ctx, tf)
+	if err != nil {
+		return nil, err
+	}
+	values := make([][]float32, len(shapes))
+	for i, sh := range shapes {
+		values[i] = make([]float32, modelspec.Size(sh))
+	}
+	return tf.WithTensors(names, shapes, values)
 }
 
 // tensorSpecs is what a P2P checkpoint of m's shape must hold.

@@ -95,7 +95,12 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		}
 		if fromURL {
 			var err error
-			if !unreadable {
+			switch {
+			case unreadable:
+			case cfg.Arch == coordinator.ArchTransformers:
+				// Built by the engine from the config.json the source names.
+				model, err = runmodel.LoadRunTransformers(m)
+			default:
 				model, err = n.loadURL(ctx, url, cfg, m.Store)
 			}
 			if unreadable || err != nil {

@@ -47,6 +47,8 @@ func ConfigOf(m Model) (modelspec.Config, error) {
 		return modelspec.Config{Arch: coordinator.ArchGPT, GPT: m.Config}, nil
 	case *llama.Model:
 		return modelspec.Config{Arch: coordinator.ArchLlama, Llama: m.Config}, nil
+	case *Transformers:
+		return modelspec.Config{Arch: coordinator.ArchTransformers, Transformers: m.Config}, nil
 	}
 	return modelspec.Config{}, fmt.Errorf("%w: a model of type %T", modelspec.ErrArchitecture, m)
 }
@@ -65,13 +67,17 @@ func Save(ctx context.Context, m Model, path string, hf bool, meta map[string]st
 			return m.SaveHF(ctx, path)
 		}
 		return m.Save(ctx, path, meta)
+	case *Transformers:
+		return m.Save(ctx, path, meta)
 	}
 	return fmt.Errorf("%w: a model of type %T", modelspec.ErrArchitecture, m)
 }
 
 // SavesHF says whether Save writes m as a Hugging Face directory rather
 // than one file.
-func SavesHF(c modelspec.Config, hf bool) bool { return hf || c.Arch == coordinator.ArchLlama }
+func SavesHF(c modelspec.Config, hf bool) bool {
+	return hf || c.Arch == coordinator.ArchLlama || c.Arch == coordinator.ArchTransformers
+}
 
 // New builds a model of config c with initial weights drawn from seed.
 func New(c modelspec.Config, seed uint64, be kernels.Backend) (Model, error) {
@@ -80,6 +86,8 @@ func New(c modelspec.Config, seed uint64, be kernels.Backend) (Model, error) {
 		return gpt.New(c.GPT, seed, be)
 	case coordinator.ArchLlama:
 		return llama.New(c.Llama, seed, be)
+	case coordinator.ArchTransformers:
+		return nil, fmt.Errorf("%w: a transformers model is built from its config.json (LoadTransformersConfig)", modelspec.ErrArchitecture)
 	}
 	return nil, fmt.Errorf("%w: %d", modelspec.ErrArchitecture, c.Arch)
 }

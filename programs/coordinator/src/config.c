@@ -92,12 +92,12 @@ static int store_valid(const struct psy_model *m)
 
 int model_valid(const struct psy_model *m)
 {
-	int ok = (m->architecture == 1 || m->architecture == 2) && m->max_seq_len > 0 && m->vocab_size > 0 &&
+	int ok = m->architecture >= 1 && m->architecture <= 3 && m->max_seq_len > 0 && m->vocab_size > 0 &&
 		 m->d_model > 0 && m->n_layers > 0 && m->n_heads > 0 && m->d_model % m->n_heads == 0;
 	if (m->architecture == 2) /* Llama: GQA, even head size (RoPE turns pairs), finite rope_theta > 1 */
 		ok = ok && m->n_kv_heads > 0 && m->n_heads % m->n_kv_heads == 0 && (m->d_model / m->n_heads) % 2 == 0 &&
 		     m->intermediate_size > 0 && m->rope_theta > 0x3f800000 && m->rope_theta < 0x7f800000;
-	else
+	else /* GPT, Transformers: the Llama fields are zero */
 		ok = ok && m->n_kv_heads == 0 && m->intermediate_size == 0 && m->rope_theta == 0 && m->tied_head == 0;
 	if (m->checkpoint_kind == CK_HUB || m->checkpoint_kind == CK_P2P)
 		ok = ok && m->checkpoint.url[0] != 0;

@@ -180,9 +180,19 @@ type Opener struct {
 	o    options
 	mu   sync.Mutex
 	open map[*eng]bool // engines not yet closed
+	// described are the transformers models' tensors (names and shapes)
+	// that a worker described, by config hash: a node asks before it
+	// joins (CheckModel) and again to fetch the model from peers.
+	described map[string]description
 	// spares are workers started by Prepare and not yet opened on a model;
 	// an Open with the timeout one was started for takes it.
 	spares []*spare
+}
+
+// description is what describe answered for a transformers config.
+type description struct {
+	names  []string
+	shapes [][]int
 }
 
 // spare is a prepared worker and the timeout it was started for.
@@ -328,7 +338,10 @@ func info(w *worker, h *hello) Info {
 		SDPA: h.SDPA, Compile: h.Compile}
 }
 
-// Open starts a worker and hands it the model and the run's optimizer.
+// Open starts a worker and hands it the model and the run's optimizer. A
+// Transformers model's tensors are named and shaped by transformers in the
+// worker (describe), which draws them from the seed unless the model holds
+// them.
 func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error) {
 	if s.Model == nil {
 		return nil, errors.New("torch engine: no model to open")
@@ -340,22 +353,39 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	if s.Optimizer.Update != distro.UpdateSign {
 		return nil, fmt.Errorf("torch engine: update rule %v: the engine applies sign updates only", s.Optimizer.Update)
 	}
-	plan, err := distro.NewPlan(s.Model.Shapes(), s.Optimizer)
-	if err != nil {
-		return nil, err
-	}
 	timeout := workerTimeout(s.Timeout)
 	w, h, err := op.worker(ctx, timeout)
 	if err != nil {
 		return nil, err
 	}
-	e := &eng{w: w, o: op.o, cfg: cfg, plan: plan, timeout: timeout, shapes: s.Model.Shapes(), info: info(w, h),
-		params: s.Model.NumParams()}
+	shapes := s.Model.Shapes()
+	tf, _ := s.Model.(*runmodel.Transformers)
+	var names []string
+	model := s.Model
+	if tf != nil {
+		if names, shapes, err = describe(ctx, w, timeout, tf); err == nil && tf.Drawn() {
+			// Weights from peers or a directory: exactly the tensors
+			// transformers builds, put in its order.
+			tf, err = tf.InOrder(names, shapes)
+			model = tf
+		}
+		if err != nil {
+			w.kill()
+			return nil, fmt.Errorf("torch engine: %w", err)
+		}
+	}
+	plan, err := distro.NewPlan(shapes, s.Optimizer)
+	if err != nil {
+		w.kill()
+		return nil, err
+	}
+	e := &eng{w: w, o: op.o, cfg: cfg, plan: plan, timeout: timeout, shapes: shapes, info: info(w, h),
+		params: modelspec.NumParams(shapes), tf: tf, names: names}
 	e.name = fmt.Sprintf("torch %s on %s, %s", h.Torch, h.Device, op.o.precision)
 	if h.DeviceName != "" {
 		e.name = fmt.Sprintf("torch %s on %s (%s), %s", h.Torch, h.Device, h.DeviceName, op.o.precision)
 	}
-	placement, err := e.open(ctx, s.Model, s.Optimizer)
+	placement, err := e.open(ctx, model, s.Optimizer)
 	if err != nil {
 		w.kill()
 		return nil, err
@@ -369,6 +399,125 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	e.opener = op
 	return e, nil
 }
+
+// describe asks the worker for the names and shapes of a Transformers
+// model's parameters, in transformers' order (it builds the model on the
+// meta device: nothing is allocated).
+func describe(ctx context.Context, w *worker, timeout time.Duration, tf *runmodel.Transformers) ([]string, [][]int, error) {
+	a, err := w.call(ctx, timeout, header{"op": "describe", "config": transformersConfig(tf)}, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("torch engine: %w", err)
+	}
+	var f struct {
+		Names  []string `json:"names"`
+		Shapes [][]int  `json:"shapes"`
+	}
+	if err := a.fields(&f); err != nil {
+		return nil, nil, err
+	}
+	if len(f.Names) != len(f.Shapes) || len(f.Names) == 0 {
+		return nil, nil, fmt.Errorf("torch engine: describe answered %d names and %d shapes", len(f.Names), len(f.Shapes))
+	}
+	return f.Names, f.Shapes, nil
+}
+
+// transformersConfig is what the worker's hf.build reads (the config.json),
+// with the shape a multi-device worker sizes its placement by.
+func transformersConfig(tf *runmodel.Transformers) map[string]any {
+	c := tf.Config
+	return map[string]any{"json": string(tf.JSON), "vocab": c.Vocab, "context": c.Context, "width": c.Width,
+		"layers": c.Layers, "heads": c.Heads}
+}
+
+// bytesPerParam is what training a parameter holds on the device: its
+// float32 value, gradient, DisTrO momentum and running mean square, and
+// the copy Try saves.
+const bytesPerParam = 5 * 4
+
+// CheckModel says, before a trainer joins, whether this machine can train
+// the run's model: for a Transformers run, its config.json is read and
+// checked against the run, and a worker started for the check says whether
+// transformers is installed, knows the config's model_type, and whether the
+// model fits the device. GPT and Llama runs are checked when loaded.
+func (op *Opener) CheckModel(ctx context.Context, m *coordinator.Model) error {
+	if m.Architecture != coordinator.ArchTransformers {
+		return nil
+	}
+	tf, _, err := runmodel.RunTransformersConfig(m)
+	if err != nil {
+		return err
+	}
+	w, h, err := startWorker(ctx, &op.o, 0)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	names, shapes, err := describe(ctx, w, workerTimeout(0), tf)
+	if err != nil {
+		return err
+	}
+	op.remember(tf, names, shapes)
+	return fits(modelspec.NumParams(shapes), h.Memory, h.Device)
+}
+
+func (op *Opener) remember(tf *runmodel.Transformers, names []string, shapes [][]int) {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	if op.described == nil {
+		op.described = map[string]description{}
+	}
+	op.described[modelspec.ConfigHash(tf.JSON)] = description{names: names, shapes: shapes}
+}
+
+// Describe names and shapes a transformers model's tensors as transformers
+// builds them from its config: what CheckModel found, or a worker started
+// to ask.
+func (op *Opener) Describe(ctx context.Context, m runmodel.Model) ([]string, [][]int, error) {
+	tf, ok := m.(*runmodel.Transformers)
+	if !ok {
+		return nil, nil, fmt.Errorf("torch engine: describe: a %T is shaped by its own config", m)
+	}
+	op.mu.Lock()
+	d, ok := op.described[modelspec.ConfigHash(tf.JSON)]
+	op.mu.Unlock()
+	if ok {
+		return slices.Clone(d.names), cloneShapes(d.shapes), nil
+	}
+	w, _, err := startWorker(ctx, &op.o, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer w.close()
+	names, shapes, err := describe(ctx, w, workerTimeout(0), tf)
+	if err != nil {
+		return nil, nil, err
+	}
+	op.remember(tf, names, shapes)
+	return slices.Clone(names), cloneShapes(shapes), nil
+}
+
+func cloneShapes(shapes [][]int) [][]int {
+	out := make([][]int, len(shapes))
+	for i, s := range shapes {
+		out[i] = slices.Clone(s)
+	}
+	return out
+}
+
+var _ engine.Describer = (*Opener)(nil)
+
+// fits says whether a model of params parameters can train on a device of
+// memory bytes (0: not counted, as on the CPU).
+func fits(params int, memory int64, device string) error {
+	need := int64(params) * bytesPerParam
+	if memory == 0 || need <= memory {
+		return nil
+	}
+	return fmt.Errorf("torch engine: the model's %d parameters need at least %.1f GiB to train on %s, which has %.1f GiB: use a smaller config or a larger device",
+		params, float64(need)/(1<<30), device, float64(memory)/(1<<30))
+}
+
+var _ engine.ModelChecker = (*Opener)(nil)
 
 // eng is one worker holding one model.
 type eng struct {
@@ -385,6 +534,10 @@ type eng struct {
 	closed  bool
 	broken  error // the worker's failure: every later call returns it
 	opener  *Opener
+	// tf is the Transformers model opened (nil: GPT or Llama), names its
+	// tensors' names as the worker reported them.
+	tf    *runmodel.Transformers
+	names []string
 }
 
 var _ engine.Engine = (*eng)(nil)
@@ -450,8 +603,11 @@ func firstLine(s string) string {
 }
 
 func archName(a coordinator.Architecture) string {
-	if a == coordinator.ArchLlama {
+	switch a {
+	case coordinator.ArchLlama:
 		return "Llama"
+	case coordinator.ArchTransformers:
+		return "transformers model"
 	}
 	return "GPT"
 }
@@ -479,7 +635,14 @@ func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) (str
 		layouts = append(layouts, map[string]any{"shape": l.Shape, "outer": l.Outer, "rows": l.Rows, "cols": l.Cols,
 			"th": l.TileH, "tw": l.TileW, "k": l.K})
 	}
-	h := header{"op": "open", "arch": arch, "config": mc, "layouts": layouts, "shapes": e.shapes,
+	var seed any
+	if e.tf != nil {
+		arch, mc = "transformers", transformersConfig(e.tf)
+		if !e.tf.Drawn() {
+			seed = e.tf.Seed
+		}
+	}
+	h := header{"op": "open", "arch": arch, "config": mc, "seed": seed, "layouts": layouts, "shapes": e.shapes,
 		"distro": map[string]any{"decay": o.Decay, "weight_decay": o.WeightDecay, "clip": o.ClipGradNorm,
 			"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS, "max_value": distro.MaxValue},
 		"precision": e.o.precision, "compile": e.o.compile, "placement": e.o.placement}
@@ -688,6 +851,9 @@ func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {
 	ts, err := e.tensors(ctx, "params")
 	if err != nil {
 		return nil, err
+	}
+	if e.tf != nil {
+		return e.tf.WithTensors(slices.Clone(e.names), cloneShapes(e.shapes), ts)
 	}
 	m, err := runmodel.New(e.cfg, 0, e.o.kernels)
 	if err != nil {

@@ -51,6 +51,7 @@ if torch.__version__ < MIN_TORCH:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import distro  # noqa: E402  (beside this file)
+import hf  # noqa: E402
 import models  # noqa: E402
 
 
@@ -189,9 +190,10 @@ class Worker:
 
     def forwarded(self, op: str) -> bool:
         """Whether the other ranks take part in op (rank 0 alone answers
-        hello and stats, and params unless sharded; a data-parallel worker's
-        rank 0 alone steps and holds the gradient psyche reads or sets)."""
-        if self.g is None or op in ("hello", "stats"):
+        hello, describe and stats, and params unless sharded; a data-parallel
+        worker's rank 0 alone steps and holds the gradient psyche reads or
+        sets)."""
+        if self.g is None or op in ("hello", "describe", "stats"):
             return False
         if op == "params":
             return self.mode == SHARD  # gathered from the shards
@@ -243,18 +245,37 @@ class Worker:
             "bf16": bf16,
         }, []
 
+    def describe(self, h, blobs):
+        try:
+            names, shapes = hf.describe(h["config"])
+        except hf.Unbuildable as exc:
+            raise Refused("input", str(exc)) from None
+        return {"names": names, "shapes": shapes}, []
+
     def open(self, h, blobs):
         self.shapes = [list(s) for s in h["shapes"]]
         self.mode = SINGLE if self.g is None else self.placement(h)
         # A sharded model's parameters live in fsdp.Sharded, the model
         # itself on the meta device (its arithmetic and shapes).
         self.sharded = None
-        self.model = models.build(h["arch"], h["config"], "meta" if self.mode == SHARD else self.device)
+        if h["arch"] == hf.Transformers.arch:
+            if self.mode == SHARD:
+                raise Refused("input", "a transformers model is not sharded yet: use --placement replicate "
+                              "(each device holds the whole model)")
+            try:
+                self.model = hf.build(h["config"], self.device, h.get("seed"))
+            except hf.Unbuildable as exc:
+                raise Refused("input", str(exc)) from None
+        else:
+            self.model = models.build(h["arch"], h["config"], "meta" if self.mode == SHARD else self.device)
         tensors = self.model.tensors
         nblobs = len(h.get("blobs", []))
-        if len(tensors) != len(self.shapes) or nblobs != len(tensors):
+        drawn = h.get("seed") is not None and nblobs == 0  # hf.build drew the weights from the seed
+        if len(tensors) != len(self.shapes) or (not drawn and nblobs != len(tensors)):
             raise Refused("input", "the model has %d tensors; psyche sent %d shapes and %d tensors"
                           % (len(tensors), len(self.shapes), nblobs))
+        if drawn:
+            blobs = None
         for i, p in enumerate(tensors):
             if list(p.shape) != self.shapes[i]:
                 raise Refused("input", "tensor %d has shape %s here, %s in psyche" % (i, list(p.shape), self.shapes[i]))
@@ -749,7 +770,7 @@ class Worker:
         return {}, []
 
     def ops(self):
-        return {"hello": self.hello, "open": self.open, "gradient": self.gradient, "losses": self.losses,
+        return {"hello": self.hello, "describe": self.describe, "open": self.open, "gradient": self.gradient, "losses": self.losses,
                 "step": self.step, "apply": self.apply, "try": self.try_, "undo": self.undo, "params": self.params,
                 "grads": self.grads, "set_grads": self.set_grads, "stats": self.stats, "digests": self.digests}
 

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/modelspec"
+)
+
+// transformersExamples are the shipped transformers run files, one per
+// family, the class from_pretrained must build from their checkpoints, and
+// the epochs the test trains (two: the second starts from the checkpoint
+// directory the first recorded).
+var transformersExamples = []struct {
+	file, class string
+	epochs      int
+}{
+	{"examples/qwen3-tiny-run.toml", "Qwen3ForCausalLM", 1},
+	{"examples/gemma3-tiny-run.toml", "Gemma3ForCausalLM", 2},
+}
+
+// enginePythonRE reads the interpreter from the engine line localnet prints.
+var enginePythonRE = regexp.MustCompile(`engine: torch \S+ \((\S+)\) on `)
+
+// TestLocalnetTrainsTransformers runs each shipped transformers example the
+// way a user would (from the repository's root, localnet --engine torch):
+// the held-out loss falls, every trainer ends with the same weights, and
+// the checkpoint is a Hugging Face directory that the same python's
+// AutoModelForCausalLM.from_pretrained loads and generates from.
+func TestLocalnetTrainsTransformers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	if raceEnabled {
+		t.Skip("torch trainers: the race detector only slows the Go side's waiting (TestLocalnetEngines covers the node under -race)")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(root) // the examples name their config.json relative to the root
+	for _, ex := range transformersExamples {
+		t.Run(filepath.Base(ex.file), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := run([]string{"psyche", "--log-level", "debug", "localnet", "--engine", "torch", "--run", ex.file, "--virtual-time",
+				"--trainers", "3", "--epochs", strconv.Itoa(ex.epochs), "--epoch-time", "6", "--explorer-addr", "", "--dir", t.TempDir()}, &out, &errb)
+			got := out.String()
+			t.Log("\n" + got)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, tail(errb.String(), 150))
+			}
+			for _, want := range []string{"-parameter transformers", "trainers hold identical weights: true (torch: 3 trainers", "checkpoint: "} {
+				if !strings.Contains(got, want) {
+					t.Errorf("output lacks %q", want)
+				}
+			}
+			before, after := summaryLoss(t, got)
+			// A fresh model's loss is about ln 256 = 5.5; 8 steps take off
+			// about 0.5 (Qwen3 5.576 -> 4.951, Gemma 3 in two epochs 5.537 ->
+			// 4.450 when written).
+			if before < 5 || before > 6.5 || after >= before-0.2 {
+				t.Errorf("held-out loss %.3f -> %.3f: not a fresh model that got better", before, after)
+			}
+			py := enginePythonRE.FindStringSubmatch(got)
+			if py == nil {
+				t.Fatal("no engine line naming the python")
+			}
+			ck := strings.Fields(got[strings.Index(got, "checkpoint: "):])[1]
+			gen := exec.Command(py[1], "-c", `
+import os, sys
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch, transformers
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])
+x = torch.tensor([list(b"The light of")])
+y = m.generate(x, max_new_tokens=4, do_sample=False)
+print(type(m).__name__, y.shape[1] - x.shape[1])
+`, ck)
+			gen.Env = append(os.Environ(), "HF_HUB_OFFLINE=1")
+			o, err := gen.Output()
+			if err != nil {
+				t.Fatalf("from_pretrained(%s): %v\n%s", ck, err, exitStderr(err))
+			}
+			if want := ex.class + " 4"; strings.TrimSpace(lastLine(string(o))) != want {
+				t.Fatalf("from_pretrained and generate printed %q, want %q", o, want)
+			}
+		})
+	}
+}
+
+func exitStderr(err error) string {
+	if ee, ok := err.(*exec.ExitError); ok {
+		return tail(string(ee.Stderr), 20)
+	}
+	return ""
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// TestLocalnetTransformersNeedsTorch: a transformers run on the Go engine
+// is refused in one line, before anything starts, saying what to use.
+func TestLocalnetTransformersNeedsTorch(t *testing.T) {
+	t.Chdir("../..")
+	for _, engines := range []string{"go", "go,torch"} {
+		var out, errb bytes.Buffer
+		code := run([]string{"psyche", "localnet", "--engine", engines, "--trainers", "3", "--run", transformersExamples[0].file,
+			"--dir", t.TempDir()}, &out, &errb)
+		msg := strings.TrimSpace(errb.String())
+		if code == 0 || !strings.Contains(msg, "use --engine torch") || strings.Contains(msg, "\n") {
+			t.Fatalf("--engine %s: exit %d, %q; want one line saying to use --engine torch", engines, code, msg)
+		}
+	}
+}
+
+// TestRunFileTransformers: a transformers run file's model is completed from
+// its hf_config (the shape fields, the source naming the config, its hash
+// as revision), and every misuse is refused naming the key.
+func TestRunFileTransformers(t *testing.T) {
+	t.Chdir("../..")
+	const example = "examples/qwen3-tiny-run.toml"
+	u, err := loadRunFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile("examples/hf/qwen3-tiny.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := u.Model
+	if m.Architecture != coordinator.ArchTransformers || m.VocabSize != 256 || m.DModel != 64 || m.NLayers != 2 || m.NHeads != 4 ||
+		coordinator.FixedString(m.Checkpoint.Source.URL[:]) != "seed:1@examples/hf/qwen3-tiny.json" ||
+		coordinator.FixedString(m.Checkpoint.Source.Revision[:]) != modelspec.ConfigHash(data) {
+		t.Fatalf("model: arch %v, vocab %d, d_model %d, n_layers %d, n_heads %d, url %q, revision %q", m.Architecture, m.VocabSize,
+			m.DModel, m.NLayers, m.NHeads, coordinator.FixedString(m.Checkpoint.Source.URL[:]), coordinator.FixedString(m.Checkpoint.Source.Revision[:]))
+	}
+	src, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"model_type":"qwen3","vocab_size":256}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		old, new string
+		want     []string
+	}{
+		{`architecture = "transformers"`, `architecture = "llama"`, []string{`model.hf_config is for architecture = "transformers"`}},
+		{`hf_config = "examples/hf/qwen3-tiny.json"`, ``, []string{"model.hf_config: architecture = \"transformers\" needs the model's config.json"}},
+		{`hf_config = "examples/hf/qwen3-tiny.json"`, `hf_config = "examples/hf/none.json"`, []string{"model.hf_config: open examples/hf/none.json"}},
+		{`hf_config = "examples/hf/qwen3-tiny.json"`, `hf_config = "` + bad + `"`, []string{"hidden_size or n_embd or d_model is missing"}},
+		{`max_seq_len = 64 `, `max_seq_len = 256 `, []string{"max_seq_len 256 exceeds the config's 128 positions"}},
+		{`max_seq_len = 64 `, "d_model = 64\nmax_seq_len = 64 ", []string{"come from model.hf_config: leave them out"}},
+		{`max_seq_len = 64 `, "vocab_size = 512\nmax_seq_len = 64 ", []string{"model.vocab_size = 512, but examples/hf/qwen3-tiny.json has vocab_size 256"}},
+		{`url = "seed:1"`, `url = "file:///m.safetensors"`, []string{"a transformers run starts from seed:N"}},
+		{`url = "seed:1"`, "url = \"seed:1\"\nrevision = \"00000000000000000000000000000000\"", []string{"hashes to " + modelspec.ConfigHash(data)}},
+	} {
+		if !strings.Contains(string(src), tt.old) {
+			t.Fatalf("%s lacks %q", example, tt.old)
+		}
+		path := filepath.Join(dir, "run.toml")
+		if err := os.WriteFile(path, []byte(strings.Replace(string(src), tt.old, tt.new, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := loadRunFile(path)
+		for _, w := range tt.want {
+			if err == nil || !strings.Contains(err.Error(), w) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("%q -> %q: %v; want one line with %q", tt.old, tt.new, err, w)
+			}
+		}
+	}
+}

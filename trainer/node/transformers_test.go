@@ -1,0 +1,112 @@
+package node_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/quietclock"
+	"github.com/psyche-go/psyche/p2p/libp2p"
+	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/engine/torch"
+	"github.com/psyche-go/psyche/trainer/localrun"
+	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/node"
+	"github.com/psyche-go/psyche/trainer/runmodel"
+)
+
+// TestTransformersJoinerLoadsFromPeers: three torch trainers train a
+// Hugging Face model (the Qwen3 example's config); a fourth joins for the
+// second epoch and fetches the model from them as named tensors, which its
+// engine puts in transformers' order; all four end the epoch with the same
+// weights. Virtual time, as newCluster: worker starts never race the run.
+func TestTransformersJoinerLoadsFromPeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run with torch workers")
+	}
+	data0, err := os.ReadFile("../../examples/hf/qwen3-tiny.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(cfgPath, data0, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	op, err := torch.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0))}
+	srv, err := localrun.StartServer(ctx, dir, localrun.WithClock(c.clock))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ticking := make(chan struct{})
+	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
+	t.Cleanup(func() { cancel(); _ = srv.Wait(); <-ticking })
+	c.backend = srv.Client
+
+	run := localrun.NewRun("e2e", 3, 1, func(k *coordinator.Config, m *coordinator.Model) {
+		k.GlobalBatchSizeStart, k.GlobalBatchSizeEnd, k.MinClients = 6, 6, 2
+		f, err := modelspec.ParseTransformersFile(data0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, err := f.Mirror(int(m.MaxSeqLen))
+		if err != nil {
+			t.Fatal(err)
+		}
+		modelspec.SetTransformers(m, tc)
+		_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(1, cfgPath))
+		_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], modelspec.ConfigHash(data0))
+	})
+	c.tokens = data.Tokenize(data.Opticks()[:200_000])
+	files, err := localrun.WriteFiles(ctx, dir, &run.Model, c.tokens[:150_000], 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := files.Initial.(*runmodel.Transformers); !ok {
+		t.Fatalf("initial model %T", files.Initial)
+	}
+	if err := run.UseFiles(files); err != nil {
+		t.Fatal(err)
+	}
+	keys := localrun.Keys{}
+	c.admin = keys.Admin()
+	if err := localrun.Create(ctx, c.backend, run, c.admin); err != nil {
+		t.Fatal(err)
+	}
+	c.run = localrun.NewTrainers("e2e", c.backend, keys, localrun.WithClock(c.clock), localrun.WithCheckpointDir(dir),
+		localrun.WithLibp2pOptions(libp2p.WithFetchTimeout(5*time.Second)),
+		localrun.WithTrainerOptions(func(i int) []node.Option {
+			return []node.Option{node.WithLogger(testLogger(t, i)), node.WithEngine(op)}
+		}))
+	// Each leaves after the second epoch (the joiner after its first):
+	// stopping a torch trainer takes seconds, in which the others would
+	// train on into a third.
+	c.addTrainers(0, 3, func(int) []node.Option { return []node.Option{node.WithEpochs(2)} })
+	c.waitFor("the first epoch's training", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.RoundTrain && s.Progress.Epoch == 0
+	})
+	c.addTrainers(3, 1, oneEpoch)
+	warm := c.waitFor("the second epoch's warmup", func(s *coordinator.Coordinator) bool {
+		return s.RunState == coordinator.Warmup && s.Progress.Epoch == 1
+	})
+	if warm.Model.Checkpoint.Kind != coordinator.CheckpointP2P || warm.Epoch.ClientsLen != 4 {
+		t.Fatalf("epoch 1 starts with checkpoint %s and %d clients; want P2P and 4", warm.Model.Checkpoint.Kind, warm.Epoch.ClientsLen)
+	}
+	c.waitFor("the end of the second epoch", func(s *coordinator.Coordinator) bool {
+		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
+	})
+	c.stopAll(0, 1, 2, 3)
+	for i := range 4 {
+		t.Logf("trainer %d: hash %s", i, runmodel.Revision(c.nodes[i].Model()))
+	}
+	c.sameWeights(0, 1, 2, 3)
+}

@@ -1,0 +1,120 @@
+package runmodel
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/modelspec"
+)
+
+const qwenJSON = `{"model_type":"qwen3","vocab_size":256,"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"max_position_embeddings":128}`
+
+// TestLoadTransformersConfig: a trainer reads the run's config.json and
+// refuses one whose hash is not the run's revision or whose shape is not
+// the account's, each naming what differs.
+func TestLoadTransformersConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(path, []byte(qwenJSON), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(edit func(*coordinator.Model)) *coordinator.Model {
+		m := &coordinator.Model{}
+		modelspec.SetTransformers(m, modelspec.TransformersConfig{Vocab: 256, Context: 64, Width: 64, Layers: 2, Heads: 4})
+		_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(5, path))
+		_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], modelspec.ConfigHash([]byte(qwenJSON)))
+		if edit != nil {
+			edit(m)
+		}
+		return m
+	}
+	tf, err := LoadRunTransformers(run(nil))
+	if err != nil || tf.Seed != 5 || tf.Drawn() || tf.File.ModelType != "qwen3" || string(tf.JSON) != qwenJSON {
+		t.Fatalf("LoadRunTransformers = %+v, %v", tf, err)
+	}
+	for _, tt := range []struct {
+		name string
+		edit func(*coordinator.Model)
+		want string
+	}{
+		{"edited", func(m *coordinator.Model) {
+			_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], strings.Repeat("0", 32))
+		}, "hashes to"},
+		{"shape", func(m *coordinator.Model) { m.NLayers = 3 }, "n_layers is 2 in the model, 3 in the run"},
+		{"positions", func(m *coordinator.Model) { m.MaxSeqLen = 129 }, "exceeds the config's 128 positions"},
+		{"source", func(m *coordinator.Model) { _ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "seed:5") }, "starts from seed:N@PATH"},
+	} {
+		if _, err := LoadRunTransformers(run(tt.edit)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
+		}
+	}
+}
+
+// TestTransformersHostModel: the host side holds named tensors and never
+// computes.
+func TestTransformersHostModel(t *testing.T) {
+	tf, err := NewTransformers([]byte(qwenJSON), 64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tf.Forward(nil, nil, 1, 1); !errors.Is(err, ErrComputesElsewhere) {
+		t.Fatalf("Forward = %v", err)
+	}
+	if err := tf.Save(t.Context(), t.TempDir(), nil); err == nil {
+		t.Fatal("saved a model with no weights")
+	}
+	if _, err := tf.WithTensors([]string{"a"}, [][]int{{2, 2}}, [][]float32{{1, 2, 3}}); err == nil {
+		t.Fatal("took a tensor of 3 values for shape [2 2]")
+	}
+	held, err := tf.WithTensors([]string{"a", "b"}, [][]int{{2, 2}, {1}}, [][]float32{{1, 2, 3, 4}, {5}})
+	if err != nil || !held.Drawn() || tf.Drawn() || held.NumParams() != 5 {
+		t.Fatalf("WithTensors: %v, drawn %v (original %v), %d params", err, held.Drawn(), tf.Drawn(), held.NumParams())
+	}
+	if c, err := ConfigOf(held); err != nil || c.Arch != coordinator.ArchTransformers || c.Transformers != tf.Config {
+		t.Fatalf("ConfigOf = %+v, %v", c, err)
+	}
+}
+
+// TestTransformersDirectoryRoundTrip: a saved transformers model, named as
+// the run's source (file://dir, its hash the revision), loads with the same
+// hash, whatever order its tensors were held in, and InOrder puts them back
+// in transformers' order.
+func TestTransformersDirectoryRoundTrip(t *testing.T) {
+	tf, err := NewTransformers([]byte(qwenJSON), 64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, shapes := []string{"z.weight", "a.weight"}, [][]int{{2, 2}, {3}}
+	held, err := tf.WithTensors(names, shapes, [][]float32{{1, 2, 3, 4}, {5, 6, 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := held.Save(t.Context(), dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	m := &coordinator.Model{}
+	modelspec.SetTransformers(m, tf.Config)
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file://"+dir)
+	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], Revision(held))
+	loaded, err := LoadRunTransformers(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRevision(loaded, "file://"+dir, Revision(held)); err != nil {
+		t.Fatal(err)
+	}
+	if got := loaded.Names(); got[0] != "a.weight" {
+		t.Fatalf("loaded in file order %v", got)
+	}
+	back, err := loaded.InOrder(names, shapes)
+	if err != nil || back.Names()[0] != "z.weight" || back.Tensors()[0][3] != 4 || Revision(back) != Revision(held) {
+		t.Fatalf("InOrder: %v, %v", err, back.Names())
+	}
+	if _, err := loaded.InOrder([]string{"z.weight", "b.weight"}, shapes); err == nil {
+		t.Fatal("InOrder took a tensor the model lacks")
+	}
+}

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/psyche-go/psyche/trainer/engine/torch"
+	"github.com/psyche-go/psyche/trainer/internal/torchenv"
 )
 
 // The second reference: Hugging Face's tokenizers (the Rust library through
@@ -16,25 +16,6 @@ import (
 // installed by bash scripts/setup-torch, which scripts/test's set-up runs).
 // scripts/tokenizers/reference.py encodes with it, and trains the tokenizer
 // files that the repository does not bundle.
-
-// tokenizersPython returns the torch engine's pinned interpreter
-// ($PSYCHE_PYTHON overrides). Without one the test skips, except in CI
-// (CI=true), where it fails.
-func tokenizersPython(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("PSYCHE_PYTHON"); p != "" {
-		return p
-	}
-	if p := torch.SetupPython(); p != "" {
-		return p
-	}
-	msg := "no python with tokenizers: run bash scripts/setup-torch (scripts/test does), or set PSYCHE_PYTHON"
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
-}
 
 // runReferencePy runs scripts/tokenizers/reference.py with args and returns
 // what it printed.
@@ -57,7 +38,7 @@ func runReferencePy(t *testing.T, py string, args ...string) []byte {
 // two that tokenizers trains here on the bundled corpus (a byte-level BPE
 // and a metaspace BPE whose <unk> stands for characters it never saw).
 func TestMatchesTokenizers(t *testing.T) {
-	py := tokenizersPython(t)
+	py := torchenv.Python(t, "tokenizers")
 	abs := func(p string) string {
 		a, err := filepath.Abs(p)
 		if err != nil {

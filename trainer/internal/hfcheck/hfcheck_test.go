@@ -15,7 +15,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
-	"github.com/psyche-go/psyche/trainer/engine/torch"
+	"github.com/psyche-go/psyche/trainer/internal/torchenv"
 	"github.com/psyche-go/psyche/trainer/internal/torchref"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -42,26 +42,6 @@ func relErr(got, want []float32) float64 {
 		scale = max(scale, math.Abs(float64(want[i])))
 	}
 	return diff / scale
-}
-
-// python returns the torch engine's pinned interpreter ($PSYCHE_PYTHON
-// overrides, as in the torch engine's tests). Without one the test skips,
-// except in CI (CI=true), where it fails: there the environment is part of
-// the set-up.
-func python(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("PSYCHE_PYTHON"); p != "" {
-		return p
-	}
-	if p := torch.SetupPython(); p != "" {
-		return p
-	}
-	msg := "no python with transformers: run bash scripts/setup-torch (scripts/test does), or set PSYCHE_PYTHON"
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
 }
 
 // run is run.json: what hfcheck.py reads besides the tensors.
@@ -119,7 +99,7 @@ func pass(t *testing.T, m runmodel.Model, bt torchref.Batch) (logits []float32, 
 //     with runmodel.Load, and the Go model's logits and loss match
 //     transformers'.
 func TestModelsMatchTransformers(t *testing.T) {
-	py := python(t)
+	py := torchenv.Python(t, "transformers")
 	ctx := context.Background()
 	cases := []struct {
 		name string

@@ -15,22 +15,28 @@ import (
 )
 
 // transformersExamples are the shipped transformers run files, one per
-// family, the class from_pretrained must build from their checkpoints, and
-// the epochs the test trains (two: the second starts from the checkpoint
-// directory the first recorded).
+// family, the class from_pretrained must build from their checkpoints, the
+// epochs the test trains (two: the second starts from the checkpoint
+// directory the first recorded), and how each trainer holds the model:
+// the Qwen3 one over two CPU ranks sharded by FSDP2 (what the log must
+// say), the Gemma 3 one on one device.
 var transformersExamples = []struct {
 	file, class string
 	epochs      int
+	devices     []string
+	log         string
 }{
-	{"examples/qwen3-tiny-run.toml", "Qwen3ForCausalLM", 1},
-	{"examples/gemma3-tiny-run.toml", "Gemma3ForCausalLM", 2},
+	{"examples/qwen3-tiny-run.toml", "Qwen3ForCausalLM", 1, []string{"--devices", "cpu,cpu", "--placement", "shard"},
+		"sharded (FSDP2) over 2 ranks: each device holds 1/2 of every parameter"},
+	{"examples/gemma3-tiny-run.toml", "Gemma3ForCausalLM", 2, nil, ""},
 }
 
 // enginePythonRE reads the interpreter from the engine line localnet prints.
 var enginePythonRE = regexp.MustCompile(`engine: torch \S+ \((\S+)\) on `)
 
 // TestLocalnetTrainsTransformers runs each shipped transformers example the
-// way a user would (from the repository's root, localnet --engine torch):
+// way a user would (from the repository's root, localnet --engine torch;
+// the Qwen3 one with each trainer over two CPU ranks, sharded by FSDP2):
 // the held-out loss falls, every trainer ends with the same weights, and
 // the checkpoint is a Hugging Face directory that the same python's
 // AutoModelForCausalLM.from_pretrained loads and generates from.
@@ -49,12 +55,17 @@ func TestLocalnetTrainsTransformers(t *testing.T) {
 	for _, ex := range transformersExamples {
 		t.Run(filepath.Base(ex.file), func(t *testing.T) {
 			var out, errb bytes.Buffer
-			code := run([]string{"psyche", "--log-level", "debug", "localnet", "--engine", "torch", "--run", ex.file, "--virtual-time",
-				"--trainers", "3", "--epochs", strconv.Itoa(ex.epochs), "--epoch-time", "6", "--explorer-addr", "", "--dir", t.TempDir()}, &out, &errb)
+			args := append([]string{"psyche", "--log-level", "debug", "localnet", "--engine", "torch", "--run", ex.file, "--virtual-time",
+				"--trainers", "3", "--epochs", strconv.Itoa(ex.epochs), "--epoch-time", "6", "--explorer-addr", "", "--dir", t.TempDir()},
+				ex.devices...)
+			code := run(args, &out, &errb)
 			got := out.String()
 			t.Log("\n" + got)
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, tail(errb.String(), 150))
+			}
+			if !strings.Contains(errb.String(), ex.log) {
+				t.Errorf("the log lacks %q", ex.log)
 			}
 			for _, want := range []string{"-parameter transformers", "trainers hold identical weights: true (torch: 3 trainers", "checkpoint: "} {
 				if !strings.Contains(got, want) {

@@ -72,10 +72,22 @@ func openers(t *testing.T) (engine.Opener, *Opener) {
 
 func open(t *testing.T, op engine.Opener, cfg modelspec.Config, seed uint64, o distro.Options) engine.Engine {
 	t.Helper()
+	return openOn(t, op, newModel(t, cfg, seed), o)
+}
+
+// newModel is a GPT or Llama model of cfg drawn from seed.
+func newModel(t *testing.T, cfg modelspec.Config, seed uint64) runmodel.Model {
+	t.Helper()
 	m, err := runmodel.New(cfg, seed, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+// openOn opens an engine of op on m (closed when the test ends).
+func openOn(t *testing.T, op engine.Opener, m runmodel.Model, o distro.Options) engine.Engine {
+	t.Helper()
 	e, err := op.Open(context.Background(), engine.Spec{Model: m, Optimizer: o})
 	if err != nil {
 		if errors.Is(err, ErrNoTorch) {
@@ -225,12 +237,19 @@ func TestFrameParity(t *testing.T) {
 
 // frames makes n frames of distinct gradients with the Go engine.
 func frames(t *testing.T, cfg modelspec.Config, o distro.Options, n int) []*distro.Frame {
+	return framesOf(t, engine.Go(nil), func(seed uint64) runmodel.Model { return newModel(t, cfg, seed) },
+		vocabOf(cfg), cfg.Context(), o, n)
+}
+
+// framesOf makes n frames of distinct gradients with engines of op, each on
+// a model of its own seed.
+func framesOf(t *testing.T, op engine.Opener, model func(seed uint64) runmodel.Model, vocab, seqLen int, o distro.Options, n int) []*distro.Frame {
 	ctx := context.Background()
 	var out []*distro.Frame
 	r := rand.New(rand.NewPCG(9, uint64(n)))
 	for i := range n {
-		g := open(t, engine.Go(nil), cfg, uint64(20+i), o)
-		if _, err := g.Gradient(ctx, randomBatch(r, vocabOf(cfg), 2, cfg.Context())); err != nil {
+		g := openOn(t, op, model(uint64(20+i)), o)
+		if _, err := g.Gradient(ctx, randomBatch(r, vocab, 2, seqLen)); err != nil {
 			t.Fatal(err)
 		}
 		f, err := g.Step(ctx, 0.02)
@@ -543,20 +562,54 @@ func TestOutOfMemory(t *testing.T) {
 	}
 }
 
-func openRanks(t *testing.T, cfg modelspec.Config, seed uint64, o distro.Options, devices []string, placement string) *eng {
+func openRanks(t *testing.T, m runmodel.Model, o distro.Options, devices []string, placement string) *eng {
 	t.Helper()
 	op, err := New(WithDevices(devices), WithPlacement(placement))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return open(t, op, cfg, seed, o).(*eng)
+	return openOn(t, op, m, o).(*eng)
+}
+
+// ranksCase is a model TestRanksMatchOneDevice opens on one device and
+// over two ranks held as placement says.
+type ranksCase struct {
+	placement, name string
+	model           func(t *testing.T, seed uint64) runmodel.Model
+	vocab, seqLen   int
+	// others are n frames of other trainers, for a round.
+	others func(t *testing.T, o distro.Options, n int) []*distro.Frame
+}
+
+// ranksCases: data parallel GPT, sharded GPT and Llama (from Go weights),
+// and the Qwen3 example sharded (a transformers model as its own modules,
+// each rank drawing the weights from the seed; the other trainers' frames
+// from one-device torch engines, the Go engine having no such model).
+func ranksCases(one engine.Opener) []ranksCase {
+	var out []ranksCase
+	for _, c := range []struct {
+		placement string
+		model     int
+	}{{"replicate", 1}, {"shard", 0}, {"shard", 1}} {
+		pm := parityModels[c.model]
+		out = append(out, ranksCase{c.placement, pm.name,
+			func(t *testing.T, seed uint64) runmodel.Model { return newModel(t, pm.cfg, seed) },
+			vocabOf(pm.cfg), pm.cfg.Context(),
+			func(t *testing.T, o distro.Options, n int) []*distro.Frame { return frames(t, pm.cfg, o, n) }})
+	}
+	qwen := func(t *testing.T, seed uint64) runmodel.Model { return transformersModel(t, exampleConfigs[0], seed) }
+	return append(out, ranksCase{"shard", "qwen3-tiny", qwen, 256, 32,
+		func(t *testing.T, o distro.Options, n int) []*distro.Frame {
+			return framesOf(t, one, func(seed uint64) runmodel.Model { return qwen(t, seed) }, 256, 32, o, n)
+		}})
 }
 
 // TestRanksMatchOneDevice: a worker over two CPU ranks (gloo), data
-// parallel (GPT) and sharded by FSDP2 (GPT and Llama: the parameters and
-// gradients in per-block shards, DisTrO's state in shares of tiles),
-// computes what a one-device worker computes on the
-// same weights and batch: the same losses (each sequence on one rank), the
+// parallel (GPT) and sharded by FSDP2 (GPT, Llama and a transformers Qwen3:
+// the parameters and gradients in per-block shards, DisTrO's state in
+// shares of tiles), starts from the one-device worker's weights (a
+// transformers model's drawn from the seed by every rank) and computes
+// what a one-device worker computes on the same weights and batch: the same losses (each sequence on one rank), the
 // gradient within float32 reduction order (two halves summed against one
 // sum), the same frame but where that difference decides a near-tie at a
 // tile's k-th place (each counted; every value within the bound the
@@ -568,24 +621,34 @@ func openRanks(t *testing.T, cfg modelspec.Config, seed uint64, o distro.Options
 func TestRanksMatchOneDevice(t *testing.T) {
 	ctx := context.Background()
 	_, one := openers(t)
-	for _, tc := range []struct {
-		placement string
-		model     int
-	}{{"replicate", 1}, {"shard", 0}, {"shard", 1}} {
-		placement, pm := tc.placement, parityModels[tc.model]
+	for _, tc := range ranksCases(one) {
+		placement := tc.placement
 		{
-			t.Run(placement+"/"+pm.name, func(t *testing.T) {
+			t.Run(placement+"/"+tc.name, func(t *testing.T) {
 				o := runOptions(false)
-				single := open(t, one, pm.cfg, 5, o).(*eng)
-				multi := openRanks(t, pm.cfg, 5, o, []string{"cpu", "cpu"}, placement)
+				single := openOn(t, one, tc.model(t, 5), o).(*eng)
+				multi := openRanks(t, tc.model(t, 5), o, []string{"cpu", "cpu"}, placement)
 				if !strings.Contains(multi.Name(), "2 ranks") {
 					t.Errorf("name %q does not say the ranks", multi.Name())
 				}
 				if placement == "shard" && !strings.Contains(multi.Name(), "FSDP2") {
 					t.Errorf("name %q does not say the parameters are sharded by FSDP2", multi.Name())
 				}
+				// Both start from the same weights (sent, or drawn from
+				// the seed by each).
+				s0, err := single.Model(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m0, err := multi.Model(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if runmodel.Revision(s0) != runmodel.Revision(m0) {
+					t.Fatalf("opened: the ranks hold %s, the one-device worker %s", runmodel.Revision(m0), runmodel.Revision(s0))
+				}
 				r := rand.New(rand.NewPCG(7, 8))
-				b := randomBatch(r, vocabOf(pm.cfg), 5, pm.cfg.Context())
+				b := randomBatch(r, tc.vocab, 5, tc.seqLen)
 				sl, err := single.Gradient(ctx, b)
 				if err != nil {
 					t.Fatal(err)
@@ -635,7 +698,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				t.Logf("loss %.2g, sequences %.2g, gradient %.2g of the norm; frames: %v", lossErr, seqErr, worst, c)
 				reportBad(t, "the frames differ beyond a near-tie", c.bad)
 				// A round of other trainers' frames and this one's.
-				fs := append(frames(t, pm.cfg, o, 2), sf)
+				fs := append(tc.others(t, o, 2), sf)
 				for _, e := range []*eng{single, multi} {
 					if err := e.Apply(ctx, fs, 0.01); err != nil {
 						t.Fatal(err)
@@ -662,7 +725,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 					t.Errorf("Undo left %s, not %s", runmodel.Revision(back), runmodel.Revision(mm))
 				}
 				if placement == "shard" {
-					oneSequence(t, single, multi, vocabOf(pm.cfg), pm.cfg.Context())
+					oneSequence(t, single, multi, tc.vocab, tc.seqLen)
 				}
 			})
 		}
@@ -704,7 +767,7 @@ func gone(t *testing.T, pid int) {
 func TestRankKilled(t *testing.T) {
 	ctx := context.Background()
 	pm := parityModels[0]
-	e := openRanks(t, pm.cfg, 3, runOptions(true), []string{"cpu", "cpu"}, "")
+	e := openRanks(t, newModel(t, pm.cfg, 3), runOptions(true), []string{"cpu", "cpu"}, "")
 	pids := e.Pids()
 	if len(pids) != 2 {
 		t.Fatalf("pids %v, want two ranks", pids)

@@ -256,14 +256,18 @@ class Worker:
         self.shapes = [list(s) for s in h["shapes"]]
         self.mode = SINGLE if self.g is None else self.placement(h)
         # A sharded model's parameters live in fsdp.Sharded, the model
-        # itself on the meta device (its arithmetic and shapes).
+        # itself on the meta device (its arithmetic and shapes); a
+        # transformers model's in its own modules, sharded in place
+        # (fsdp.ShardedTransformers).
         self.sharded = None
-        if h["arch"] == hf.Transformers.arch:
-            if self.mode == SHARD:
-                raise Refused("input", "a transformers model is not sharded yet: use --placement replicate "
-                              "(each device holds the whole model)")
+        hf_model = h["arch"] == hf.Transformers.arch
+        if hf_model:
             try:
-                self.model = hf.build(h["config"], self.device, h.get("seed"))
+                # Sharded, every rank builds the whole network on the CPU
+                # (drawing the one-device worker's weights, on the CPU too),
+                # and fully_shard keeps its rows of each on the device.
+                self.model = hf.build(h["config"], torch.device("cpu") if self.mode == SHARD else self.device,
+                                      h.get("seed"))
             except hf.Unbuildable as exc:
                 raise Refused("input", str(exc)) from None
         else:
@@ -281,9 +285,18 @@ class Worker:
                 raise Refused("input", "tensor %d has shape %s here, %s in psyche" % (i, list(p.shape), self.shapes[i]))
         if self.mode == SHARD:
             import fsdp  # noqa: E402  (only a sharded worker needs FSDP)
-            self.sharded = fsdp.Sharded(self.model, self.device, self.g.world, self.rank, self.g.all_gather_into)
+            kind = fsdp.ShardedTransformers if hf_model else fsdp.Sharded
+            try:
+                self.sharded = kind(self.model, self.device, self.g.world, self.rank, self.g.all_gather_into)
+            except fsdp.Unshardable as exc:
+                raise Refused("input", str(exc)) from None
+            # Placeholders now (the shapes): the whole tensors are gone.
+            tensors = self.model.tensors
+        # Drawn and sharded, each rank's shards were cut from its own draw,
+        # the same on every rank: nothing to load.
+        load = not (drawn and self.sharded is not None)
         with torch.no_grad():
-            for i, p in enumerate(tensors):
+            for i, p in enumerate(tensors if load else []):
                 # A sharded rank holds one whole tensor at a time.
                 dst = p if self.sharded is None else torch.empty(p.shape, dtype=torch.float32, device=self.device)
                 if blobs is not None:
@@ -338,6 +351,8 @@ class Worker:
         state = 4 * n * (2 if h["distro"].get("normalize_rms") else 1)
         c = h["config"]
         width, layers, ctx = int(c["width"]), int(c["layers"]), int(c["context"])
+        # A transformers model's config (torch.go's transformersConfig) has
+        # no intermediate width: the GPT's is a rough enough count.
         inner = int(c.get("intermediate") or 4 * width)
         act = 4 * ctx * (layers * (16 * width + 4 * inner + int(c["heads"]) * ctx) + 3 * int(c["vocab"]))
         # Sharded, a rank holds 1/world of the parameters, the gradient and

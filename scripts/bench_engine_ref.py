@@ -25,6 +25,14 @@ round's loss should equal the torch engine's: the difference in time is what
 the process seam costs (the pipe, the frame and aggregate crossing it, Go's
 Combine), not other arithmetic.
 
+A transformers model (spec arch "transformers": a config.json's text and the
+run's seed) is the plain transformers loop: the network built with
+AutoModelForCausalLM.from_config from that text (SDPA attention, float32,
+dropout off, drawn from the seed under a private RNG state on the CPU, as the
+worker draws it, so the weights and the losses are the worker's), its logits
+from a plain forward, the per-token cross-entropy's mean, backward; then the
+worker's DisTrO step and apply as above. Nothing is fetched from a hub.
+
 What a round is here, as the worker does it:
   * gradient: every parameter's .grad set to None, model.forward_losses (under
     bf16 autocast with --precision bf16, torch.compile'd with --compile), the
@@ -157,8 +165,16 @@ def main():
 
     try:
         torch.manual_seed(1)
-        model = models.build(spec["arch"], spec["config"], device)
-        tensors = model.tensors
+        if spec["arch"] == "transformers":
+            net = build_transformers(torch, spec["config"]["json"], int(spec["config"]["seed"]), device)
+            tensors = [p for _, p in net.named_parameters()]
+            loss_fn = transformers_loss(torch, net)
+        else:
+            model = models.build(spec["arch"], spec["config"], device)
+            tensors = model.tensors
+            loss_fn = model.forward_losses
+        if a.compile:
+            loss_fn = torch.compile(loss_fn)
         with torch.no_grad():
             if a.weights:
                 w = np.fromfile(a.weights, dtype="<f4")
@@ -169,13 +185,12 @@ def main():
                     at += n
                 if at != w.size:
                     raise ValueError("%s holds %d values, the model %d" % (a.weights, w.size, at))
-            else:
+            elif spec["arch"] != "transformers":  # transformers drew its own from the seed
                 for p in tensors:
                     p.normal_(0, 0.02)
         layouts = spec["layouts"]
         demo = distro.DeMo(layouts, spec["distro"], device)
         amp = torch.bfloat16 if a.precision == "bf16" else None
-        loss_fn = torch.compile(model.forward_losses) if a.compile else model.forward_losses
         lr = float(spec["lr"])
         npeers = int(spec["peers"])
         vocab = int(spec["vocab"])
@@ -241,7 +256,7 @@ def main():
             own = demo.step(grads, lr)
             sync()
             t2 = time.perf_counter()
-            demo.apply([p.data for p in tensors], combine(own), lr)
+            demo.apply([p.detach() for p in tensors], combine(own), lr)
             sync()
             t3 = time.perf_counter()
             return dict(round=rnd, loss=loss, gradient_ms=1e3 * (t1 - t0), step_ms=1e3 * (t2 - t1), apply_ms=1e3 * (t3 - t2))
@@ -322,6 +337,40 @@ def main():
     final()
     emit(rec)
     return 0
+
+
+def build_transformers(torch, text, seed, device):
+    """The causal LM of a config.json's text, as transformers builds it from
+    the config alone, its weights drawn from seed on the CPU (the global RNG
+    left as it was), then moved to device."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    raw = json.loads(text)
+    config = transformers.AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items() if k != "model_type"})
+    config.use_cache = False
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    # eval: dropout off, as every trainer computes.
+    return net.float().eval().to(device)
+
+
+def transformers_loss(torch, net):
+    """The training loss of a plain transformers loop on (inputs, targets):
+    the logits of a forward (under autocast when amp is a dtype), each
+    token's cross-entropy in float32, their mean summed in float64 (as the
+    worker reports the loss; the gradient is the float32 mean's)."""
+    import torch.nn.functional as F
+
+    def loss_fn(x, y, amp):
+        with torch.autocast(device_type=x.device.type, dtype=amp, enabled=amp is not None):
+            logits = net(input_ids=x, use_cache=False).logits
+        tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="none")
+        return tok.double().mean().float(), None
+
+    return loss_fn
 
 
 def is_oom(torch, exc):

@@ -112,7 +112,17 @@ func writeSpec(s *settings, specPath, weightsPath string) error {
 	if err != nil {
 		return err
 	}
-	plan, err := distro.NewPlan(m.Shapes(), s.opts)
+	shapes, config, params, flops := m.Shapes(), any(nil), m.NumParams(), 0.0
+	if s.tf != nil {
+		// transformers names and shapes the tensors (describe); the
+		// reference builds the model from the same config.json text and
+		// draws it from the same seed as the worker.
+		shapes, params, flops = s.shapes, modelspec.NumParams(s.shapes), s.hf.flopsPerToken(s.seq)
+		config = map[string]any{"json": string(s.tf.JSON), "seed": s.tf.Seed}
+	} else {
+		config, flops = modelConfig(s.cfg), flopsPerToken(s.cfg, s.seq)
+	}
+	plan, err := distro.NewPlan(shapes, s.opts)
 	if err != nil {
 		return err
 	}
@@ -124,8 +134,8 @@ func writeSpec(s *settings, specPath, weightsPath string) error {
 		}
 		o := s.opts
 		spec := map[string]any{
-			"shape": s.shape, "arch": archName(s.cfg), "config": modelConfig(s.cfg), "shapes": m.Shapes(), "layouts": layouts,
-			"params": m.NumParams(), "flops_per_token": flopsPerToken(s.cfg, s.seq),
+			"shape": s.shape, "arch": archName(s.cfg), "config": config, "shapes": shapes, "layouts": layouts,
+			"params": params, "flops_per_token": flops,
 			"distro": map[string]any{"decay": o.Decay, "weight_decay": o.WeightDecay, "clip": o.ClipGradNorm,
 				"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS, "max_value": distro.MaxValue},
 			"aggregation": o.Aggregation.String(), "peers": s.peers, "lr": s.lr, "seq": s.seq, "vocab": vocab(s.cfg),
@@ -138,7 +148,7 @@ func writeSpec(s *settings, specPath, weightsPath string) error {
 			return err
 		}
 	}
-	if weightsPath != "" {
+	if weightsPath != "" && s.tf == nil {
 		f, err := os.Create(weightsPath)
 		if err != nil {
 			return err

@@ -12,6 +12,15 @@
 //	benchengine -shape 1B -seq 2048 -batches 16,8,4,2,1 -engines torch,plain-torch -modes eager,compile \
 //	    -ref-modes eager -device cuda -precision bf16
 //
+// The shapes are psyche's Llamas and GPTs, and transformers Qwen3 models
+// (qwen3-tiny, qwen3-50M, qwen3-1.7B: hf.go writes their config.json, the
+// torch worker builds them with AutoModelForCausalLM.from_config and draws
+// their weights from the seed, and plain-torch builds and draws them the
+// same way and trains them in a plain transformers loop). The Go engine
+// does not compute transformers models. torch-shard is the torch engine
+// over -devices with placement shard (FSDP2); for a model the worker
+// cannot shard it is reported as skipped.
+//
 // plain-torch is scripts/bench_engine_ref.py run in lockstep (-ref, its
 // --lockstep mode): it takes each round from benchengine and times it
 // itself, so with -interleave the engines take rounds in turn and a shared
@@ -93,7 +102,7 @@ var shapes = map[string]modelspec.Config{
 // The per-phase figures are medians over the timed rounds (a shared machine's
 // load comes and goes); the rounds' own figures are listed too.
 type result struct {
-	Engine        string    `json:"engine"`              // torch, torch-ranks, plain-torch or go
+	Engine        string    `json:"engine"`              // torch, torch-ranks, torch-shard, plain-torch or go
 	Ranks         int       `json:"ranks,omitempty"`     // torch-ranks: devices, a process each
 	Placement     string    `json:"placement,omitempty"` // torch-ranks: how the ranks hold the model (the engine's name says)
 	Mode          string    `json:"mode"`                // eager or compile (torch, plain-torch); "" for go
@@ -130,6 +139,7 @@ type result struct {
 	Torch         string    `json:"torch,omitempty"`
 	Tried         []string  `json:"tried,omitempty"` // batches refused (out of memory) before Batch
 	Error         string    `json:"error,omitempty"`
+	Skipped       string    `json:"skipped,omitempty"` // why the engine did not run (not a failure)
 }
 
 // phases is one timed round, in milliseconds.
@@ -153,16 +163,24 @@ type settings struct {
 	nvsmi                            bool
 	specPath, weightsPath            string         // what the plain-torch runner reads
 	host                             runmodel.Model // the seeded model the torch engines open on (they copy it)
+	// A transformers shape (hfShapes): its model (drawn from the seed by
+	// the torch worker and by bench_engine_ref.py alike), its tensors'
+	// shapes as transformers builds them, and its count of FLOPs.
+	tf     *runmodel.Transformers
+	hf     qwen3
+	shapes [][]int
 }
 
 func main() {
-	shape := flag.String("shape", "10M", "model shape: tiny, 10M, 50M, 125M, 1B (examples/llama-1b-run.toml), gpt-tiny or gpt-10M")
+	shape := flag.String("shape", "10M", "model shape: tiny, 10M, 50M, 125M, 1B (examples/llama-1b-run.toml), 3B, 8B, 14B, gpt-tiny, gpt-10M, "+
+		"or a transformers Qwen3 (config.json written here): qwen3-tiny, qwen3-50M, qwen3-1.7B")
 	batch := flag.Int("batch", 4, "sequences per round")
 	batchesF := flag.String("batches", "", "batches to try in order, the first that fits the device is timed (e.g. 16,8,4,2,1); overrides -batch")
 	seq := flag.Int("seq", 128, "tokens per sequence (at most the shape's context)")
 	rounds := flag.Int("rounds", 5, "timed rounds")
 	warmup := flag.Int("warmup", 1, "untimed rounds first (torch.compile compiles in them)")
-	engines := flag.String("engines", "torch,go", "what to run, in order: torch (the engine), torch-ranks (the engine over -devices), plain-torch (scripts/bench_engine_ref.py in lockstep), go (the engine)")
+	engines := flag.String("engines", "torch,go", "what to run, in order: torch (the engine), torch-ranks (the engine over -devices, the worker's placement), "+
+		"torch-shard (the same, FSDP2: placement shard), plain-torch (scripts/bench_engine_ref.py in lockstep), go (the engine)")
 	devices := flag.String("devices", "cpu,cpu", "torch-ranks: the devices, a rank each (cuda:0,cuda:1,…, all, or cpu,cpu)")
 	modes := flag.String("modes", "eager", "the torch engine's modes: eager, compile or both (eager,compile)")
 	refModes := flag.String("ref-modes", "", "plain-torch's modes (default: -modes)")
@@ -189,6 +207,10 @@ func main() {
 	flag.Parse()
 
 	cfg, ok := shapes[*shape]
+	tf, hfCfg, isHF, hfErr := hfModel(*shape, *seq, *seed)
+	if isHF {
+		cfg, ok = hfCfg, true
+	}
 	tmpDir := ""
 	exit := func(code int) {
 		if tmpDir != "" {
@@ -203,6 +225,9 @@ func main() {
 	}
 	if !ok {
 		fail(fmt.Errorf("unknown shape %q", *shape))
+	}
+	if hfErr != nil {
+		fail(hfErr)
 	}
 	if *seq < 1 || *seq > cfg.Context() {
 		fail(fmt.Errorf("seq %d does not fit shape %s (context %d)", *seq, *shape, cfg.Context()))
@@ -246,6 +271,15 @@ func main() {
 		opts: distro.Options{Chunk: *chunk, TopK: *topk, Quantize1Bit: *quant, RiceIndices: true, Decay: float32(*decay),
 			WeightDecay: float32(*wd), ClipGradNorm: float32(*clip), Aggregation: a, NormalizeRMS: *norm == "rms",
 			Workers: runtime.GOMAXPROCS(0)}}
+	ctx := context.Background()
+	if isHF {
+		s.tf, s.hf = tf, hfShapes[*shape]
+		sh, err := describeHF(ctx, *python, tf)
+		if err != nil {
+			fail(err)
+		}
+		s.shapes = sh
+	}
 
 	var runners []runner
 	for _, e := range strings.Split(*engines, ",") {
@@ -269,10 +303,12 @@ func main() {
 			}
 		case "torch-ranks":
 			runners = append(runners, &torchRunner{engineRunner: engineRunner{s: s}, ranks: true})
+		case "torch-shard":
+			runners = append(runners, &torchRunner{engineRunner: engineRunner{s: s}, ranks: true, shard: true})
 		case "go":
 			runners = append(runners, &goRunner{engineRunner{s: s}})
 		default:
-			fail(fmt.Errorf("-engines %q: want torch, torch-ranks, plain-torch and/or go", *engines))
+			fail(fmt.Errorf("-engines %q: want torch, torch-ranks, torch-shard, plain-torch and/or go", *engines))
 		}
 	}
 
@@ -288,8 +324,10 @@ func main() {
 			specPath = filepath.Join(dir, "spec.json")
 		}
 		// Weights for plain-torch up to 200M parameters (a file of 800 MB);
-		// above, it draws its own (and its losses are not comparable).
-		if weightsPath == "" && cfg.NumParams() <= 200_000_000 {
+		// above, it draws its own (and its losses are not comparable). A
+		// transformers model's are drawn from the seed there as the
+		// worker draws them.
+		if weightsPath == "" && s.tf == nil && cfg.NumParams() <= 200_000_000 {
 			weightsPath = filepath.Join(dir, "weights.bin")
 		}
 	}
@@ -300,7 +338,6 @@ func main() {
 	}
 	s.specPath, s.weightsPath = specPath, weightsPath
 
-	ctx := context.Background()
 	failed := false
 	if *interleave {
 		for _, r := range runners {
@@ -342,15 +379,21 @@ func logf(format string, args ...any) {
 }
 
 func archName(c modelspec.Config) string {
-	if c.Arch == coordinator.ArchLlama {
+	switch c.Arch {
+	case coordinator.ArchLlama:
 		return "llama"
+	case coordinator.ArchTransformers:
+		return "transformers"
 	}
 	return "gpt"
 }
 
 func vocab(c modelspec.Config) int {
-	if c.Arch == coordinator.ArchLlama {
+	switch c.Arch {
+	case coordinator.ArchLlama:
 		return c.Llama.Vocab
+	case coordinator.ArchTransformers:
+		return c.Transformers.Vocab
 	}
 	return c.GPT.Vocab
 }
@@ -363,15 +406,27 @@ func flopsPerToken(c modelspec.Config, t int) float64 {
 }
 
 func newResult(s *settings, eng, mode string) result {
-	return result{Engine: eng, Mode: mode, Shape: s.shape, Arch: archName(s.cfg), Params: s.cfg.NumParams(), Seq: s.seq,
+	params, flops := s.cfg.NumParams(), 0.0
+	if s.tf != nil {
+		params, flops = modelspec.NumParams(s.shapes), s.hf.flopsPerToken(s.seq)
+	} else {
+		flops = flopsPerToken(s.cfg, s.seq)
+	}
+	return result{Engine: eng, Mode: mode, Shape: s.shape, Arch: archName(s.cfg), Params: params, Seq: s.seq,
 		Rounds: s.rounds, Peers: s.peers, Precision: s.prec, Device: s.device, Threads: s.threads,
-		FLOPsPerToken: flopsPerToken(s.cfg, s.seq), SameWeights: true}
+		FLOPsPerToken: flops, SameWeights: true}
 }
 
 // newModel is the seeded model every engine starts from: with be nil, one
 // kept for every engine that copies it (the torch engines, the spec's
 // weights), else a new one on be (the Go engine trains it in place).
 func newModel(s *settings, be kernels.Backend) (runmodel.Model, error) {
+	if s.tf != nil {
+		if be != nil {
+			return nil, errors.New("the Go engine does not compute transformers models (the torch engine does)")
+		}
+		return s.tf, nil
+	}
 	if be == nil && s.host != nil {
 		return s.host, nil
 	}

@@ -49,7 +49,7 @@ func (b *base) res() *result { return &b.r }
 // run out of device memory.
 func (b *base) stepWith(ctx context.Context, r runner, s *settings, round int) {
 	res := r.res()
-	if res.Error != "" {
+	if res.Error != "" || res.Skipped != "" {
 		return
 	}
 	if round == 0 {
@@ -110,7 +110,7 @@ func finish(r runner) *result {
 	res := r.res()
 	n := len(res.Times)
 	if n == 0 {
-		if res.Error == "" {
+		if res.Error == "" && res.Skipped == "" {
 			res.Error = "no timed round"
 		}
 		return res
@@ -187,6 +187,7 @@ type torchRunner struct {
 	engineRunner
 	compile bool
 	ranks   bool // over the settings' devices
+	shard   bool // ranks with placement shard (FSDP2)
 	pid     int
 }
 
@@ -200,6 +201,10 @@ func (tr *torchRunner) open(ctx context.Context) {
 		dev = torch.WithDevices(s.devices)
 	}
 	opts := []torch.Option{dev, torch.WithPrecision(kernels.Precision(s.prec)), torch.WithCompile(tr.compile)}
+	if tr.shard {
+		tr.r.Engine = "torch-shard"
+		opts = append(opts, torch.WithPlacement("shard"))
+	}
 	if s.python != "" {
 		opts = append(opts, torch.WithPython(s.python))
 	}
@@ -214,6 +219,11 @@ func (tr *torchRunner) open(ctx context.Context) {
 		return
 	}
 	tr.openEngine(ctx, op, m)
+	if tr.shard && tr.e == nil && notShardedYet(errors.New(tr.r.Error)) {
+		tr.r.Skipped, tr.r.Error = tr.r.Error, ""
+		logf("torch-shard: skipped: %s", tr.r.Skipped)
+		return
+	}
 	if tr.e != nil {
 		if p, ok := tr.e.(interface{ Pid() int }); ok {
 			tr.pid = p.Pid()
@@ -297,7 +307,7 @@ func (rr *refRunner) open(ctx context.Context) {
 	s := rr.s
 	mode := map[bool]string{false: "eager", true: "compile"}[rr.compile]
 	rr.r = newResult(s, "plain-torch", mode)
-	rr.r.SameWeights = s.weightsPath != ""
+	rr.r.SameWeights = s.weightsPath != "" || s.tf != nil
 	py := s.python
 	if py == "" {
 		py = "python3"

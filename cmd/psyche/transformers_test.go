@@ -12,6 +12,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // transformersExamples are the shipped transformers run files, one per
@@ -160,9 +161,10 @@ func TestRunFileTransformers(t *testing.T) {
 		{`hf_config = "examples/hf/qwen3-tiny.json"`, `hf_config = "examples/hf/none.json"`, []string{"model.hf_config: open examples/hf/none.json"}},
 		{`hf_config = "examples/hf/qwen3-tiny.json"`, `hf_config = "` + bad + `"`, []string{"hidden_size or n_embd or d_model is missing"}},
 		{`max_seq_len = 64 `, `max_seq_len = 256 `, []string{"max_seq_len 256 exceeds the config's 128 positions"}},
-		{`max_seq_len = 64 `, "d_model = 64\nmax_seq_len = 64 ", []string{"come from model.hf_config: leave them out"}},
+		{`max_seq_len = 64 `, "d_model = 64\nmax_seq_len = 64 ", []string{"come from the model's config.json: leave them out"}},
 		{`max_seq_len = 64 `, "vocab_size = 512\nmax_seq_len = 64 ", []string{"model.vocab_size = 512, but examples/hf/qwen3-tiny.json has vocab_size 256"}},
-		{`url = "seed:1"`, `url = "file:///m.safetensors"`, []string{"a transformers run starts from seed:N"}},
+		{`url = "seed:1"`, `url = "file:///m.safetensors"`, []string{`model.checkpoint.url = "file:///m.safetensors": a transformers run's checkpoint directory holds config.json and model.safetensors`}},
+		{`url = "seed:1"`, `url = "https://example.com/m"`, []string{"a transformers run starts from seed:N (its weights drawn from the config) or from a checkpoint directory, file:///DIR"}},
 		{`url = "seed:1"`, "url = \"seed:1\"\nrevision = \"00000000000000000000000000000000\"", []string{"hashes to " + modelspec.ConfigHash(data)}},
 	} {
 		if !strings.Contains(string(src), tt.old) {
@@ -177,6 +179,109 @@ func TestRunFileTransformers(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), w) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("%q -> %q: %v; want one line with %q", tt.old, tt.new, err, w)
 			}
+		}
+	}
+}
+
+// TestRunFileTransformersFromDirectory: a run file starts a transformers
+// run from a Hugging Face checkpoint directory (url = "file://DIR"): the
+// shape comes from DIR's config.json, the url stays, and the revision is
+// the hash of that config and the weights, which every trainer checks.
+// Each misuse is refused in one line naming the key and what to do.
+func TestRunFileTransformersFromDirectory(t *testing.T) {
+	t.Chdir("../..")
+	const example = "examples/qwen3-tiny-run.toml"
+	src, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile("examples/hf/qwen3-tiny.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf, err := runmodel.NewTransformers(cfg, 64, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Tensors of any names: the run file reads the directory as psyche's
+	// checkpoints hold it; the trainers check the names against
+	// transformers' (the torch engine's TestTransformersFromDirectory).
+	tf, err = tf.WithTensors([]string{"model.embed_tokens.weight", "model.norm.weight"}, [][]int{{256, 64}, {64}},
+		[][]float32{make([]float32, 256*64), make([]float32, 64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf.Tensors()[1][3] = 1
+	dir := filepath.Join(t.TempDir(), "saved")
+	if err := tf.Save(t.Context(), dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	fromDir := strings.Replace(strings.Replace(string(src), `hf_config = "examples/hf/qwen3-tiny.json"`, "", 1),
+		`url = "seed:1"`, `url = "file://`+dir+`"`, 1)
+	write := func(text string) string {
+		path := filepath.Join(t.TempDir(), "run.toml")
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	u, err := loadRunFile(write(fromDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := u.Model
+	if m.Architecture != coordinator.ArchTransformers || m.VocabSize != 256 || m.DModel != 64 || m.NLayers != 2 ||
+		coordinator.FixedString(m.Checkpoint.Source.URL[:]) != "file://"+dir ||
+		coordinator.FixedString(m.Checkpoint.Source.Revision[:]) != runmodel.Revision(tf) {
+		t.Fatalf("model: arch %v, vocab %d, d_model %d, n_layers %d, url %q, revision %q (want %s)", m.Architecture, m.VocabSize,
+			m.DModel, m.NLayers, coordinator.FixedString(m.Checkpoint.Source.URL[:]), coordinator.FixedString(m.Checkpoint.Source.Revision[:]),
+			runmodel.Revision(tf))
+	}
+	// The same weights under a config that differs in a field the run's
+	// shape does not hold: another model, another revision.
+	other := filepath.Join(t.TempDir(), "other")
+	edited, err := runmodel.NewTransformers([]byte(strings.Replace(string(cfg), `"rms_norm_eps": 1e-06`, `"rms_norm_eps": 1e-05`, 1)), 64, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edited, err = edited.WithTensors(tf.Names(), tf.Shapes(), tf.Tensors()); err != nil {
+		t.Fatal(err)
+	}
+	if err := edited.Save(t.Context(), other, nil); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := loadRunFile(write(strings.Replace(fromDir, dir, other, 1))); err != nil ||
+		coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:]) == runmodel.Revision(tf) {
+		t.Fatalf("a directory with another config.json: %v; its revision must differ from %s", err, runmodel.Revision(tf))
+	}
+
+	sharded := filepath.Join(t.TempDir(), "sharded")
+	if err := os.MkdirAll(sharded, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range map[string]string{"config.json": string(cfg), "model.safetensors.index.json": "{}"} {
+		if err := os.WriteFile(filepath.Join(sharded, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range []struct {
+		old, new string
+		want     string
+	}{
+		{`architecture = "transformers"`, "architecture = \"transformers\"\nhf_config = \"examples/hf/gemma3-tiny.json\"",
+			"model.hf_config examples/hf/gemma3-tiny.json is not " + filepath.Join(dir, "config.json") + ", the config of the checkpoint directory"},
+		{`url = "file://` + dir + `"`, "url = \"file://" + dir + "\"\nrevision = \"00000000000000000000000000000000\"",
+			"model.checkpoint.revision = \"00000000000000000000000000000000\", but the model in " + dir + " hashes to " + runmodel.Revision(tf)},
+		{dir, sharded, "holds its weights in shards (model.safetensors.index.json), which psyche does not read: save it as one file"},
+		{dir, dir + "-none", "a transformers run's checkpoint directory holds config.json and model.safetensors"},
+		{`max_seq_len = 64 `, "n_layers = 2\nmax_seq_len = 64 ", "come from the model's config.json: leave them out"},
+	} {
+		if !strings.Contains(fromDir, tt.old) {
+			t.Fatalf("the run file lacks %q", tt.old)
+		}
+		_, err := loadRunFile(write(strings.Replace(fromDir, tt.old, tt.new, 1)))
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%q -> %q: %v; want one line with %q", tt.old, tt.new, err, tt.want)
 		}
 	}
 }

@@ -49,7 +49,7 @@ state, and the trainers join in order, so the same --seed ends at the same weigh
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
-		precisionFlag, engineFlag, deviceFlag, devicesFlag, pythonFlag, compileFlag, placementFlag,
+		precisionFlag, engineFlag, deviceFlag, devicesFlag, pythonFlag, compileFlag, placementFlag, deviceMemoryFlag,
 		&cli.IntFlag{Name: "epoch-time", Value: 20, Usage: "target epoch length in seconds", Category: "RUN"},
 		&cli.StringFlag{Name: "dir", Usage: "working directory for state, data and checkpoints (default: a new temporary one)", Category: "RUN"},
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
@@ -171,6 +171,17 @@ func localnet(c *cli.Context) (err error) {
 		return err
 	} else if err := checkEngines(ctx, c, kinds, prec); err != nil {
 		return err
+	} else if model.Architecture == coordinator.ArchTransformers {
+		// What each trainer checks before joining, checked once here
+		// before localnet draws the model: a config that does not fit
+		// is refused before it is allocated.
+		op, err := newTorch(c, prec, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		if err := op.CheckModel(ctx, model); err != nil {
+			return fmt.Errorf("--run %s: %w", c.String("run"), err)
+		}
 	}
 	files, err := prepareLocalFiles(ctx, dir, model, seed)
 	if err != nil {

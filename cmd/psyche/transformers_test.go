@@ -122,6 +122,29 @@ func TestLocalnetTransformersNeedsTorch(t *testing.T) {
 	}
 }
 
+// TestLocalnetTransformersTooBig: localnet checks, before it draws the
+// model or starts anything else, what each trainer checks before joining: a
+// model whose training state exceeds --device-memory is refused in one
+// line naming both sizes and what to do.
+func TestLocalnetTransformersTooBig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a torch worker")
+	}
+	t.Chdir("../..")
+	var out, errb bytes.Buffer
+	code := run([]string{"psyche", "localnet", "--engine", "torch", "--device-memory", "1MiB", "--trainers", "3",
+		"--run", transformersExamples[0].file, "--explorer-addr", "", "--dir", t.TempDir()}, &out, &errb)
+	msg := strings.TrimSpace(errb.String())
+	want := "need at least 2.1 MiB to train on cpu, where this trainer may use 1.0 MiB: use a smaller config or a larger bound (--device-memory)"
+	if code == 0 || !strings.Contains(msg, want) || strings.Contains(msg, "\n") {
+		t.Fatalf("exit %d, %q; want one line with %q", code, msg, want)
+	}
+	// The engine line (python and torch are there), and nothing after it.
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "engine: torch") {
+		t.Fatalf("localnet went on after the refusal: %s", out.String())
+	}
+}
+
 // TestRunFileTransformers: a transformers run file's model is completed from
 // its hf_config (the shape fields, the source naming the config, its hash
 // as revision), and every misuse is refused naming the key.

@@ -557,12 +557,12 @@ func fits(params int, memory int64, device string, bounded bool) error {
 	if memory == 0 || need <= memory {
 		return nil
 	}
-	has := "which has " + size(memory)
+	has, fix := "which has "+size(memory), "a larger device"
 	if bounded {
-		has = "where this trainer may use " + size(memory)
+		has, fix = "where this trainer may use "+size(memory), "a larger bound (--device-memory)"
 	}
-	return fmt.Errorf("torch engine: the model's %d parameters need at least %s to train on %s, %s: use a smaller config or a larger device",
-		params, size(need), device, has)
+	return fmt.Errorf("torch engine: the model's %d parameters need at least %s to train on %s, %s: use a smaller config or %s",
+		params, size(need), device, has, fix)
 }
 
 // size is a byte count as people read it: GiB, or MiB below one.

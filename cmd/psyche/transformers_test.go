@@ -11,20 +11,79 @@ import (
 	"testing"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/engine/torch"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // transformersExamples are the shipped transformers run files, one per
-// family, the class from_pretrained must build from their checkpoints, and
-// the epochs the test trains (two: the second starts from the checkpoint
-// directory the first recorded).
+// family, the class from_pretrained must build from their checkpoints, the
+// epochs the test trains (two: the second starts from the checkpoint
+// directory the first recorded), and whether the run starts from a
+// directory that transformers' save_pretrained wrote (fromDir) instead of
+// the file's seed.
 var transformersExamples = []struct {
 	file, class string
 	epochs      int
+	fromDir     bool
 }{
-	{"examples/qwen3-tiny-run.toml", "Qwen3ForCausalLM", 1},
-	{"examples/gemma3-tiny-run.toml", "Gemma3ForCausalLM", 2},
+	{"examples/qwen3-tiny-run.toml", "Qwen3ForCausalLM", 1, true},
+	{"examples/gemma3-tiny-run.toml", "Gemma3ForCausalLM", 2, false},
+}
+
+// zeroNormDir is what a user does to start a run from their own model:
+// transformers builds it from the config at argv[1] and save_pretrained
+// writes it to argv[2]. Its final norm is zero, so its logits are all zero
+// and its loss on any text exactly ln 256 = 5.545 (the vocabulary's 256
+// tokens): a model no seed draws, whose held-out loss says the trainers
+// started from the directory.
+const zeroNormDir = `
+import json, os, sys
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch, transformers
+raw = json.load(open(sys.argv[1]))
+config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+torch.manual_seed(5)
+model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+with torch.no_grad():
+    model.model.norm.weight.zero_()
+model.save_pretrained(sys.argv[2])
+`
+
+// runFromDir writes a copy of the run file example whose model starts from
+// a directory save_pretrained wrote (zeroNormDir), and returns its path.
+func runFromDir(t *testing.T, example string) string {
+	t.Helper()
+	src, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hf := regexp.MustCompile(`(?m)^hf_config = "([^"]+)".*$`).FindSubmatch(src)
+	if hf == nil || !bytes.Contains(src, []byte(`url = "seed:1"`)) {
+		t.Fatalf("%s names no hf_config or no seed:1", example)
+	}
+	// The python localnet's torch engine will run (the engine's check
+	// names it).
+	op, err := torch.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := op.Check(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "saved")
+	py := exec.Command(info.Python, "-c", zeroNormDir, string(hf[1]), dir)
+	py.Env = append(os.Environ(), "HF_HUB_OFFLINE=1")
+	if out, err := py.CombinedOutput(); err != nil {
+		t.Fatalf("save_pretrained: %v\n%s", err, out)
+	}
+	text := bytes.Replace(bytes.Replace(src, hf[0], nil, 1), []byte(`url = "seed:1"`), []byte(`url = "file://`+dir+`"`), 1)
+	path := filepath.Join(t.TempDir(), "run.toml")
+	if err := os.WriteFile(path, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // enginePythonRE reads the interpreter from the engine line localnet prints.
@@ -34,7 +93,9 @@ var enginePythonRE = regexp.MustCompile(`engine: torch \S+ \((\S+)\) on `)
 // way a user would (from the repository's root, localnet --engine torch):
 // the held-out loss falls, every trainer ends with the same weights, and
 // the checkpoint is a Hugging Face directory that the same python's
-// AutoModelForCausalLM.from_pretrained loads and generates from.
+// AutoModelForCausalLM.from_pretrained loads and generates from. The Qwen3
+// run starts from a directory transformers saved (its model's loss
+// exactly ln 256 at the start: the trainers hold the directory's weights).
 func TestLocalnetTrainsTransformers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run")
@@ -49,8 +110,12 @@ func TestLocalnetTrainsTransformers(t *testing.T) {
 	t.Chdir(root) // the examples name their config.json relative to the root
 	for _, ex := range transformersExamples {
 		t.Run(filepath.Base(ex.file), func(t *testing.T) {
+			file := ex.file
+			if ex.fromDir {
+				file = runFromDir(t, ex.file)
+			}
 			var out, errb bytes.Buffer
-			code := run([]string{"psyche", "--log-level", "debug", "localnet", "--engine", "torch", "--run", ex.file, "--virtual-time",
+			code := run([]string{"psyche", "--log-level", "debug", "localnet", "--engine", "torch", "--run", file, "--virtual-time",
 				"--trainers", "3", "--epochs", strconv.Itoa(ex.epochs), "--epoch-time", "6", "--explorer-addr", "", "--dir", t.TempDir()}, &out, &errb)
 			got := out.String()
 			t.Log("\n" + got)
@@ -63,10 +128,19 @@ func TestLocalnetTrainsTransformers(t *testing.T) {
 				}
 			}
 			before, after := summaryLoss(t, got)
-			// A fresh model's loss is about ln 256 = 5.5; 8 steps take off
-			// about 0.5 (Qwen3 5.576 -> 4.951, Gemma 3 in two epochs 5.537 ->
-			// 4.450 when written).
-			if before < 5 || before > 6.5 || after >= before-0.2 {
+			switch {
+			case ex.fromDir:
+				// All-zero logits: the loss is ln 256 = 5.5452 on any
+				// text. From there the final norm grows from zero by
+				// sign steps, the loss falling slowly: what is checked
+				// is where it started.
+				if !strings.Contains(got, "held-out loss: 5.545 -> ") {
+					t.Errorf("held-out loss %.3f -> %.3f: the trainers did not start from the saved directory (its loss is 5.545)", before, after)
+				}
+			case before < 5 || before > 6.5 || after >= before-0.2:
+				// A fresh model's loss is about ln 256 = 5.5; 8 steps take
+				// off about 0.5 (Gemma 3 in two epochs 5.537 -> 4.450 when
+				// written).
 				t.Errorf("held-out loss %.3f -> %.3f: not a fresh model that got better", before, after)
 			}
 			py := enginePythonRE.FindStringSubmatch(got)

@@ -317,18 +317,21 @@ func RunTransformersConfig(m *coordinator.Model) (t *Transformers, dir string, e
 
 // transformersWeights is the path of the weights file in the Hugging Face
 // checkpoint directory dir, or a one-line error saying what is wrong.
+// A missing file stays an fs.ErrNotExist: a node waits for a trainer that
+// holds the directory to offer it.
 func transformersWeights(dir string) (string, error) {
 	path := filepath.Join(dir, "model.safetensors")
-	if _, err := os.Stat(path); err == nil {
+	_, err := os.Stat(path)
+	if err == nil {
 		return path, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("runmodel: the run's transformers checkpoint: %w", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "model.safetensors.index.json")); err == nil {
+	if _, serr := os.Stat(filepath.Join(dir, "model.safetensors.index.json")); serr == nil {
 		return "", fmt.Errorf("runmodel: %s holds its weights in shards (model.safetensors.index.json), which psyche does not read: "+
 			"save it as one file (save_pretrained(dir, max_shard_size=\"1000GB\"))", dir)
 	}
-	return "", fmt.Errorf("runmodel: %s has no model.safetensors: a transformers run starts from a directory with config.json and model.safetensors (what save_pretrained writes)", dir)
+	return "", fmt.Errorf("runmodel: %s has no model.safetensors: a transformers run starts from a directory with config.json and model.safetensors (what save_pretrained writes) (%w)", dir, fs.ErrNotExist)
 }
 
 // CheckTransformersDir says, from the header of the directory's weights

@@ -334,6 +334,13 @@ func TestRunFileTransformersFromDirectory(t *testing.T) {
 			m.DModel, m.NLayers, coordinator.FixedString(m.Checkpoint.Source.URL[:]), coordinator.FixedString(m.Checkpoint.Source.Revision[:]),
 			runmodel.Revision(tf))
 	}
+	// An hf_config that is the directory's config.json (byte for byte)
+	// is the same run.
+	if u, err := loadRunFile(write(strings.Replace(fromDir, `architecture = "transformers"`,
+		"architecture = \"transformers\"\nhf_config = \"examples/hf/qwen3-tiny.json\"", 1))); err != nil ||
+		coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:]) != runmodel.Revision(tf) {
+		t.Fatalf("hf_config naming the directory's config: %v", err)
+	}
 	// The same weights under a config that differs in a field the run's
 	// shape does not hold: another model, another revision.
 	other := filepath.Join(t.TempDir(), "other")

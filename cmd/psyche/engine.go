@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/psyche-go/psyche/trainer/engine"
@@ -27,6 +29,8 @@ var (
 		Usage: "with --engine torch: compile the model with torch.compile (a shape's first use compiles it; the kernels are cached in the user's cache directory)"}
 	placementFlag = &cli.StringFlag{Name: "placement", Value: "auto", Category: "ENGINE",
 		Usage: "with --engine torch and --devices: how the devices hold the model: auto (data parallel when each device holds it, its gradient and DisTrO state; else shard), replicate, or shard (FSDP2: parameters and gradients sharded per transformer block)"}
+	deviceMemoryFlag = &cli.StringFlag{Name: "device-memory", Category: "ENGINE",
+		Usage: "with --engine torch: the most memory a trainer's model may take on its device, e.g. 20GiB or 512MiB (default: the device's; on the CPU the machine's RAM); a transformers run whose training state (20 bytes a parameter) needs more is refused before joining"}
 )
 
 // engineKinds reads --engine: one kind, or (allowMany) a comma-separated
@@ -57,6 +61,8 @@ func engineKinds(c *cli.Context, allowMany bool) ([]string, error) {
 			return nil, fmt.Errorf("--compile is for --engine torch")
 		case c.String("placement") != "auto":
 			return nil, fmt.Errorf("--placement is for --engine torch with --devices")
+		case c.String("device-memory") != "":
+			return nil, fmt.Errorf("--device-memory is for --engine torch")
 		}
 	}
 	return kinds, nil
@@ -102,8 +108,38 @@ func newTorch(c *cli.Context, prec kernels.Precision, log *slog.Logger) (*torch.
 		}
 		dev = torch.WithDevices(list)
 	}
+	var memory int64
+	if m := c.String("device-memory"); m != "" {
+		var err error
+		if memory, err = parseBytes(m); err != nil {
+			return nil, fmt.Errorf("--device-memory %s: %w", m, err)
+		}
+	}
 	return torch.New(dev, torch.WithPrecision(prec), torch.WithPython(c.String("python")),
-		torch.WithCompile(c.Bool("compile")), torch.WithPlacement(c.String("placement")), torch.WithLogger(log))
+		torch.WithCompile(c.Bool("compile")), torch.WithPlacement(c.String("placement")), torch.WithMemory(memory), torch.WithLogger(log))
+}
+
+// byteUnits are the suffixes parseBytes reads, largest first.
+var byteUnits = []struct {
+	suffix string
+	bytes  float64
+}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
+// parseBytes reads a size: a number of bytes, or a number (a fraction is
+// allowed) followed by KiB, MiB, GiB or TiB.
+func parseBytes(s string) (int64, error) {
+	num, scale := strings.TrimSpace(s), 1.0
+	for _, u := range byteUnits {
+		if rest, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, scale = strings.TrimSpace(rest), u.bytes
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v <= 0 || math.IsInf(v*scale, 0) || v*scale >= math.MaxInt64 {
+		return 0, fmt.Errorf("want a positive size: bytes, or a number with KiB, MiB, GiB or TiB (20GiB)")
+	}
+	return int64(v * scale), nil
 }
 
 // engineOption is the node option of an engine kind (none for go: the

@@ -53,6 +53,8 @@ func TestEngineFlags(t *testing.T) {
 		{[]string{"localnet", "--engine", "torch", "--devices", "all,cuda:1"}, "all stands alone"},
 		{[]string{"localnet", "--engine", "go", "--placement", "shard"}, "--placement is for --engine torch"},
 		{[]string{"localnet", "--engine", "torch", "--devices", "cpu,cpu", "--placement", "zero"}, `placement "zero": want auto, replicate or shard`},
+		{[]string{"localnet", "--engine", "go", "--device-memory", "8GiB"}, "--device-memory is for --engine torch"},
+		{[]string{"localnet", "--engine", "torch", "--device-memory", "8 gigs"}, "--device-memory 8 gigs: want a positive size: bytes, or a number with KiB, MiB, GiB or TiB"},
 	} {
 		_, errs, code := psyche(t, tc.args...)
 		if code == 0 || !strings.Contains(errs, tc.want) {
@@ -95,6 +97,20 @@ func TestLocalnetEngines(t *testing.T) {
 		t.Logf("--engine %s: held-out loss %.3f -> %.3f", engines, before, after)
 		if after >= before-0.5 {
 			t.Errorf("--engine %s: the loss did not fall: %.3f -> %.3f", engines, before, after)
+		}
+	}
+}
+
+// TestParseBytes: --device-memory's sizes.
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"1024": 1024, "1KiB": 1 << 10, "512MiB": 512 << 20, "1.5GiB": 3 << 29, "2 TiB": 2 << 40, "7B": 7} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1GiB", "1GB", "GiB", "1e30TiB"} {
+		if got, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q) = %d, want an error", in, got)
 		}
 	}
 }

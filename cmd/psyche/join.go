@@ -42,7 +42,7 @@ var joinCommand = &cli.Command{
 		&cli.IntFlag{Name: "epochs", Usage: "leave after training this many epochs (0: until the run finishes)", Category: "RUN"},
 		&cli.StringFlag{Name: "store-endpoint", Usage: "the checkpoint store endpoint this trainer's store credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, …) are for, as the run file writes it: http(s)://host[:port], or " + store.AWSEndpoint + " for AWS S3. They are sent there only; a run's store at another endpoint is used anonymously, and refused on this machine or its local networks", Category: "STORE"},
 		&cli.BoolFlag{Name: "store-allow-http", Usage: "allow plain http to a checkpoint store that is not on this machine's loopback (to --store-endpoint, credentials cross the network in the clear)", Category: "STORE"},
-		precisionFlag, engineFlag, deviceFlag, devicesFlag, pythonFlag, compileFlag, placementFlag,
+		precisionFlag, engineFlag, deviceFlag, devicesFlag, pythonFlag, compileFlag, placementFlag, deviceMemoryFlag,
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (/metrics) and Go profiles (/debug/pprof/) on this address (e.g. 127.0.0.1:9100)", Category: "METRICS"},
 		&cli.StringFlag{Name: "local-data", Usage: "join a federated run (its run file has a [federated] section) as a client that trains on this text file of its own, which never leaves the machine", Category: "FEDERATED"},
 		&cli.IntFlag{Name: "rounds", Usage: "with --local-data: leave once the server's model reaches this round (0: when the run finishes)", Category: "FEDERATED"},

@@ -49,7 +49,7 @@ state, and the trainers join in order, so the same --seed ends at the same weigh
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "trainers", Value: 3, Usage: "number of trainers (1-16)", Category: "RUN"},
 		&cli.IntFlag{Name: "epochs", Value: 3, Usage: "epochs to train", Category: "RUN"},
-		precisionFlag, engineFlag, deviceFlag, devicesFlag, pythonFlag, compileFlag, placementFlag,
+		precisionFlag, engineFlag, deviceFlag, devicesFlag, pythonFlag, compileFlag, placementFlag, deviceMemoryFlag,
 		&cli.IntFlag{Name: "epoch-time", Value: 20, Usage: "target epoch length in seconds", Category: "RUN"},
 		&cli.StringFlag{Name: "dir", Usage: "working directory for state, data and checkpoints (default: a new temporary one)", Category: "RUN"},
 		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initial weights", Category: "RUN"},
@@ -58,7 +58,7 @@ state, and the trainers join in order, so the same --seed ends at the same weigh
 		&cli.StringFlag{Name: "aggregation", Value: "robust", Usage: "how trainers combine a round's results: robust, mean or clipped-mean", Category: "RUN"},
 		&cli.BoolFlag{Name: "quantize", Value: true, Usage: "send 1-bit signs (false: float32 values)", Category: "RUN"},
 		&cli.BoolFlag{Name: "virtual-time", Usage: "the run's clock moves only while every trainer waits (timeouts never race compute)", Category: "RUN"},
-		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N) on its data (builtin:opticks or a token file: localnet holds its last tenth out for the summary's loss) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
+		&cli.StringFlag{Name: "run", Usage: "train the [model] of this run file (architecture, shape, schedule, optimizer; its checkpoint url must be seed:N, or for a transformers run a checkpoint directory, file:///DIR) on its data (builtin:opticks or a token file: localnet holds its last tenth out for the summary's loss) instead of the small GPT; --aggregation and --quantize, when given, override its optimizer", Category: "RUN"},
 		&cli.BoolFlag{Name: "non-iid", Usage: "lay the data out so that, round by round, one trainer's batch is the text read backwards while the others read it forwards: honest trainers whose data differ (for checking that verification and robust aggregation accuse none of them)", Category: "RUN"},
 		&cli.IntFlag{Name: "verification-percent", Usage: "the share of each round's trainers whose results the witnesses score (0-100; the run file's verification_percent): a trainer whose results do no work on its data is dropped", Category: "RUN"},
 		&cli.IntFlag{Name: "drop-trainer-at", Usage: "stop the last trainer once the run reaches this step, to watch the others drop it (0: never)", Category: "RUN"},
@@ -78,7 +78,8 @@ var localnetModel = gpt.Config{Vocab: 256, Context: 64, Width: 64, Layers: 2, He
 
 // localnetRunModel is the run's model: localnet's own, or with --run the
 // run file's [model], whose checkpoint must be drawn from a seed (every
-// trainer draws it; localnet writes no model file). Its data,
+// trainer draws it; localnet writes no model file), or be a transformers
+// run's checkpoint directory (every trainer reads it). Its data,
 // builtin:opticks or a token file, is what prepareLocalFiles reads. The
 // batch each trainer trains per round is --batch, or, with a run file that
 // has a [config] and no --batch, its global batch shared by the trainers
@@ -113,8 +114,13 @@ func localnetRunFile(c *cli.Context) (*coordinator.Model, uint64, int, error) {
 		return nil, 0, 0, fmt.Errorf("--run %s: the file has no [model]", path)
 	}
 	src, err := modelspec.ParseSource(coordinator.FixedString(u.Model.Checkpoint.Source.URL[:]))
-	if err != nil || src.Kind != modelspec.FromSeed {
-		return nil, 0, 0, fmt.Errorf("--run %s: localnet draws the model from a seed: model.checkpoint.url must be seed:N", path)
+	fromDir := err == nil && src.Kind == modelspec.FromFile && u.Model.Architecture == coordinator.ArchTransformers
+	if (err != nil || src.Kind != modelspec.FromSeed) && !fromDir {
+		return nil, 0, 0, fmt.Errorf("--run %s: localnet draws the model from a seed: model.checkpoint.url must be seed:N (or, for a transformers run, a checkpoint directory: file:///DIR)", path)
+	}
+	if fromDir {
+		// The weights are the directory's; --seed still seeds the rounds.
+		src.Seed = seed
 	}
 	if _, err := modelspec.ModelConfig(u.Model); err != nil {
 		return nil, 0, 0, fmt.Errorf("--run %s: %w", path, err)
@@ -171,6 +177,17 @@ func localnet(c *cli.Context) (err error) {
 		return err
 	} else if err := checkEngines(ctx, c, kinds, prec); err != nil {
 		return err
+	} else if model.Architecture == coordinator.ArchTransformers {
+		// What each trainer checks before joining, checked once here
+		// before localnet draws the model: a config that does not fit
+		// is refused before it is allocated.
+		op, err := newTorch(c, prec, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		if err := op.CheckModel(ctx, model); err != nil {
+			return fmt.Errorf("--run %s: %w", c.String("run"), err)
+		}
 	}
 	files, err := prepareLocalFiles(ctx, dir, model, seed)
 	if err != nil {

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/psyche-go/psyche/federated"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
 // runFile is the TOML form of a run's metadata, config and model (see
@@ -286,25 +289,48 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 }
 
 // transformersModel completes a Transformers run's model from its
-// hf_config: the shape fields mirror the config.json (a run file that sets
-// them is refused: the file decides), the checkpoint URL seed:N becomes
-// seed:N@PATH, and the revision is the file's hash (or must be it). PATH is
-// read here and, as written, by every trainer: relative, it is relative to
-// each one's working directory.
+// hf_config, or from the checkpoint directory its url names: the shape
+// fields mirror the config.json (a run file that sets them is refused: the
+// file decides). With url = "seed:N" the source becomes seed:N@PATH and the
+// revision the config's hash; with url = "file://DIR" (a Hugging Face
+// directory: config.json and model.safetensors) the config is DIR's (an
+// hf_config must be the same file) and the revision the hash of the config
+// and the weights (runmodel.Revision), read here. Either way a revision in
+// the file must be that hash. Paths are read here and, as written, by
+// every trainer: relative, they are relative to each one's working
+// directory.
 func transformersModel(cm *coordinator.Model, path string, dModel, nLayers, nHeads uint64) []error {
 	if cm.Architecture != coordinator.ArchTransformers {
 		return []error{fmt.Errorf("model.hf_config is for architecture = \"transformers\"")}
 	}
-	if path == "" {
-		return []error{fmt.Errorf("model.hf_config: architecture = \"transformers\" needs the model's config.json")}
-	}
+	url := coordinator.FixedString(cm.Checkpoint.Source.URL[:])
+	src, srcErr := modelspec.ParseSource(url)
+	fromDir := srcErr == nil && src.Kind == modelspec.FromFile
 	var errs []error
 	if dModel != 0 || nLayers != 0 || nHeads != 0 || cm.NKVHeads != 0 || cm.IntermediateSize != 0 || cm.RopeTheta != 0 || cm.TiedHead {
-		errs = append(errs, fmt.Errorf("model.d_model, n_layers, n_heads, n_kv_heads, intermediate_size, rope_theta and tied_head come from model.hf_config: leave them out"))
+		errs = append(errs, fmt.Errorf("model.d_model, n_layers, n_heads, n_kv_heads, intermediate_size, rope_theta and tied_head come from the model's config.json: leave them out"))
+	}
+	key := "model.hf_config"
+	if fromDir {
+		dirConfig := filepath.Join(src.Path, "config.json")
+		if path != "" {
+			a, errA := os.ReadFile(path)
+			b, errB := os.ReadFile(dirConfig)
+			if errA == nil && errB == nil && !bytes.Equal(a, b) {
+				return append(errs, fmt.Errorf("model.hf_config %s is not %s, the config of the checkpoint directory model.checkpoint.url names: leave hf_config out (the directory's config.json is the model's)", path, dirConfig))
+			}
+		}
+		path, key = dirConfig, "model.checkpoint.url"
+	}
+	if path == "" {
+		return append(errs, fmt.Errorf("model.hf_config: architecture = \"transformers\" needs the model's config.json (hf_config, with url = \"seed:N\"), or a checkpoint directory (url = \"file:///DIR\")"))
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return append(errs, fmt.Errorf("model.hf_config: %w", err))
+		if fromDir {
+			return append(errs, fmt.Errorf("%s = %q: a transformers run's checkpoint directory holds config.json and model.safetensors (what save_pretrained writes): %w", key, url, err))
+		}
+		return append(errs, fmt.Errorf("%s: %w", key, err))
 	}
 	f, err := modelspec.ParseTransformersFile(data)
 	if err != nil {
@@ -314,33 +340,45 @@ func transformersModel(cm *coordinator.Model, path string, dModel, nLayers, nHea
 			parts = j.Unwrap()
 		}
 		for _, p := range parts {
-			errs = append(errs, fmt.Errorf("model.hf_config %s: %w", path, p))
+			errs = append(errs, fmt.Errorf("%s %s: %w", key, path, p))
 		}
 		return errs
 	}
 	c, err := f.Mirror(int(cm.MaxSeqLen))
 	if err != nil {
-		return append(errs, fmt.Errorf("model.hf_config %s: %w", path, err))
+		return append(errs, fmt.Errorf("%s %s: %w", key, path, err))
 	}
 	if cm.VocabSize != 0 && int(cm.VocabSize) != c.Vocab {
 		errs = append(errs, fmt.Errorf("model.vocab_size = %d, but %s has vocab_size %d", cm.VocabSize, path, c.Vocab))
 	}
 	modelspec.SetTransformers(cm, c)
-	url := coordinator.FixedString(cm.Checkpoint.Source.URL[:])
-	src, err := modelspec.ParseSource(url)
-	if err != nil || src.Kind != modelspec.FromSeed || src.Config != "" {
-		return append(errs, fmt.Errorf("model.checkpoint.url = %q: a transformers run starts from seed:N (its weights drawn from the config)", url))
+	var hash, what string
+	switch {
+	case fromDir:
+		if len(errs) > 0 {
+			return errs
+		}
+		// The run's revision names the weights as well as the config:
+		// every trainer checks the directory it reads against it.
+		t, err := runmodel.LoadRunTransformers(cm)
+		if err != nil {
+			return append(errs, fmt.Errorf("%s = %q: %w", key, url, err))
+		}
+		hash, what = runmodel.Revision(t), "the model in "+src.Path
+	case srcErr != nil || src.Kind != modelspec.FromSeed || src.Config != "":
+		return append(errs, fmt.Errorf("model.checkpoint.url = %q: a transformers run starts from seed:N (its weights drawn from the config) or from a checkpoint directory, file:///DIR (config.json and model.safetensors)", url))
+	default:
+		if err := coordinator.SetFixedString(cm.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(src.Seed, path)); err != nil {
+			errs = append(errs, fmt.Errorf("model.checkpoint.url with model.hf_config: %d bytes, at most %d", len(modelspec.SeedConfigURL(src.Seed, path)), coordinator.URLLen))
+		}
+		hash, what = modelspec.ConfigHash(data), path
 	}
-	if err := coordinator.SetFixedString(cm.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(src.Seed, path)); err != nil {
-		errs = append(errs, fmt.Errorf("model.checkpoint.url with model.hf_config: %d bytes, at most %d", len(modelspec.SeedConfigURL(src.Seed, path)), coordinator.URLLen))
-	}
-	hash := modelspec.ConfigHash(data)
 	switch rev := coordinator.FixedString(cm.Checkpoint.Source.Revision[:]); rev {
 	case "":
 		_ = coordinator.SetFixedString(cm.Checkpoint.Source.Revision[:], hash)
 	case hash:
 	default:
-		errs = append(errs, fmt.Errorf("model.checkpoint.revision = %q, but %s hashes to %s (leave it out to take the file's)", rev, path, hash))
+		errs = append(errs, fmt.Errorf("model.checkpoint.revision = %q, but %s hashes to %s (leave it out to take its hash)", rev, what, hash))
 	}
 	return errs
 }

@@ -77,37 +77,10 @@ func (l Limits) Decode(data []byte) (*Checkpoint, error) {
 // exactly size bytes on success. Every rejection of the bytes wraps
 // ErrMalformed; an I/O error of r is returned as is, wrapped with context.
 func (l Limits) Read(r io.Reader, size int64) (*Checkpoint, error) {
-	maxHeader := l.MaxHeaderSize
-	if maxHeader <= 0 {
-		maxHeader = DefaultMaxHeaderSize
-	}
-	if size < lengthSize {
-		return nil, formatErr(ErrTruncated, "%d bytes, fewer than the %d-byte header length", max(size, 0), lengthSize)
-	}
-	var length [lengthSize]byte
-	if err := readFull(r, length[:]); err != nil {
-		return nil, err
-	}
-	n := binary.LittleEndian.Uint64(length[:])
-	switch {
-	case n > uint64(maxHeader):
-		return nil, formatErr(ErrTooLarge, "header length %d exceeds the limit of %d bytes", n, maxHeader)
-	case n > uint64(size-lengthSize):
-		return nil, formatErr(ErrTruncated, "header length %d exceeds the %d bytes after it", n, size-lengthSize)
-	}
-	header := make([]byte, n)
-	if err := readFull(r, header); err != nil {
-		return nil, err
-	}
-	dataSize := size - lengthSize - int64(n)
-	if l.MaxDataSize > 0 && dataSize > l.MaxDataSize {
-		return nil, formatErr(ErrTooLarge, "%d data bytes exceed the limit of %d", dataSize, l.MaxDataSize)
-	}
-	entries, meta, err := parseHeader(header, uint64(dataSize))
+	entries, meta, dataSize, err := l.readHeader(r, size)
 	if err != nil {
 		return nil, err
 	}
-
 	c := &Checkpoint{tensors: make(map[string]*stored, len(entries)), meta: meta}
 	// parseHeader returned the entries in offset order, back to back, so the
 	// data can be read in one pass with one scratch buffer.
@@ -129,6 +102,82 @@ func (l Limits) Read(r io.Reader, size int64) (*Checkpoint, error) {
 	}
 	slices.Sort(c.names)
 	return c, nil
+}
+
+// readHeader reads and validates the header of a checkpoint of size bytes
+// from r, leaving r at the start of the data: the tensors sorted by
+// offset, the metadata and the data section's size.
+func (l Limits) readHeader(r io.Reader, size int64) ([]entry, map[string]string, int64, error) {
+	maxHeader := l.MaxHeaderSize
+	if maxHeader <= 0 {
+		maxHeader = DefaultMaxHeaderSize
+	}
+	if size < lengthSize {
+		return nil, nil, 0, formatErr(ErrTruncated, "%d bytes, fewer than the %d-byte header length", max(size, 0), lengthSize)
+	}
+	var length [lengthSize]byte
+	if err := readFull(r, length[:]); err != nil {
+		return nil, nil, 0, err
+	}
+	n := binary.LittleEndian.Uint64(length[:])
+	switch {
+	case n > uint64(maxHeader):
+		return nil, nil, 0, formatErr(ErrTooLarge, "header length %d exceeds the limit of %d bytes", n, maxHeader)
+	case n > uint64(size-lengthSize):
+		return nil, nil, 0, formatErr(ErrTruncated, "header length %d exceeds the %d bytes after it", n, size-lengthSize)
+	}
+	header := make([]byte, n)
+	if err := readFull(r, header); err != nil {
+		return nil, nil, 0, err
+	}
+	dataSize := size - lengthSize - int64(n)
+	if l.MaxDataSize > 0 && dataSize > l.MaxDataSize {
+		return nil, nil, 0, formatErr(ErrTooLarge, "%d data bytes exceed the limit of %d", dataSize, l.MaxDataSize)
+	}
+	entries, meta, err := parseHeader(header, uint64(dataSize))
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	return entries, meta, dataSize, nil
+}
+
+// TensorInfo is a tensor as a checkpoint's header describes it.
+type TensorInfo struct {
+	Name  string
+	Shape []int
+	DType string // how the file stores it: F32, F16 or BF16
+}
+
+// LoadHeader reads the header of the checkpoint file at path, validated as
+// Load validates it, and none of its data: the tensors it holds, by name,
+// which a caller checks against a model before reading gigabytes.
+func (l Limits) LoadHeader(path string) ([]TensorInfo, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: load: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: load: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("checkpoint: load %s: not a regular file", path)
+	}
+	entries, _, _, err := l.readHeader(f, fi.Size())
+	if err != nil {
+		var fe *formatError
+		if errors.As(err, &fe) {
+			fe.detail = path + ": " + fe.detail
+		}
+		return nil, err
+	}
+	out := make([]TensorInfo, len(entries))
+	for i, e := range entries {
+		out[i] = TensorInfo{Name: e.name, Shape: e.shape, DType: e.dtypeName}
+	}
+	slices.SortFunc(out, func(a, b TensorInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
 }
 
 // readFull reads len(b) bytes, reporting an early end of input as

@@ -294,3 +294,30 @@ func TestLoadErrors(t *testing.T) {
 		t.Fatalf("Load with a small header cap = %v", err)
 	}
 }
+
+// TestLoadHeader: the tensors a file holds, by name, read from its header
+// alone, as Load validates it.
+func TestLoadHeader(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.safetensors")
+	tensors := []Tensor{{Name: "z", Shape: []int{2, 3}, Data: make([]float32, 6)}, {Name: "a", Shape: []int{4}, Data: make([]float32, 4), DType: "BF16"}}
+	if err := Save(context.Background(), path, tensors, nil); err != nil {
+		t.Fatal(err)
+	}
+	infos, err := Limits{}.LoadHeader(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 2 || infos[0].Name != "a" || infos[0].DType != "BF16" || !slices.Equal(infos[1].Shape, []int{2, 3}) || infos[1].DType != "F32" {
+		t.Fatalf("LoadHeader = %+v", infos)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data[:len(data)-1], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (Limits{}).LoadHeader(path); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a file one byte short: %v", err)
+	}
+}

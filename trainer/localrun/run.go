@@ -67,7 +67,9 @@ func WriteFiles(ctx context.Context, dir string, model *coordinator.Model, token
 	if cfg.Arch == coordinator.ArchTransformers {
 		// Only an engine draws it (the trainers' torch workers, from
 		// seed and the config its source names): Initial holds the
-		// config, and the revision stays the config's hash.
+		// config, and the revision stays the config's hash. A run that
+		// starts from a checkpoint directory keeps it: Initial holds its
+		// weights.
 		t, err := runmodel.LoadRunTransformers(model)
 		if err == nil {
 			t.Seed = seed
@@ -81,20 +83,28 @@ func WriteFiles(ctx context.Context, dir string, model *coordinator.Model, token
 
 // UseFiles points the run's model at f: its checkpoint is seed:f.Seed (with
 // the initial model's revision), as in a run file with url = "seed:N", and
-// its data the local token file.
+// its data the local token file. A transformers run that starts from a
+// checkpoint directory keeps it, with the model's hash as revision.
 func (r *Run) UseFiles(f Files) error {
 	m := &r.Model
 	m.Checkpoint.Kind = coordinator.CheckpointHub
 	url := modelspec.SeedURL(f.Seed)
-	if src, err := modelspec.ParseSource(coordinator.FixedString(m.Checkpoint.Source.URL[:])); err == nil && src.Config != "" {
+	src, srcErr := modelspec.ParseSource(coordinator.FixedString(m.Checkpoint.Source.URL[:]))
+	_, transformers := f.Initial.(*runmodel.Transformers)
+	fromDir := transformers && srcErr == nil && src.Kind == modelspec.FromFile
+	switch {
+	case fromDir:
+		url = src.URL
+	case srcErr == nil && src.Config != "":
 		url = modelspec.SeedConfigURL(f.Seed, src.Config)
 	}
 	if err := coordinator.SetFixedString(m.Checkpoint.Source.URL[:], url); err != nil {
 		return fmt.Errorf("checkpoint url %s: %w", url, err)
 	}
-	if _, ok := f.Initial.(*runmodel.Transformers); ok {
-		// A transformers run's revision is its config's hash, which the
-		// run already names: every trainer draws the weights itself.
+	if transformers && !fromDir {
+		// A seeded transformers run's revision is its config's hash,
+		// which the run already names: every trainer draws the weights
+		// itself.
 	} else if f.Initial != nil {
 		_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], runmodel.Revision(f.Initial)) // 32 bytes: fits
 	}

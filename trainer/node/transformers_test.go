@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,4 +110,75 @@ func TestTransformersJoinerLoadsFromPeers(t *testing.T) {
 		t.Logf("trainer %d: hash %s", i, runmodel.Revision(c.nodes[i].Model()))
 	}
 	c.sameWeights(0, 1, 2, 3)
+}
+
+// TestGoTrainerRefusesTransformersRun: a trainer on the Go engine (the
+// default of psyche join) asked to train a transformers run returns, before
+// it joins, one line saying to join with --engine torch; the run never
+// counts it among its joiners. No torch worker is started.
+func TestGoTrainerRefusesTransformersRun(t *testing.T) {
+	data0, err := os.ReadFile("../../examples/hf/qwen3-tiny.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(cfgPath, data0, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0))}
+	srv, err := localrun.StartServer(ctx, dir, localrun.WithClock(c.clock))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ticking := make(chan struct{})
+	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
+	t.Cleanup(func() { cancel(); _ = srv.Wait(); <-ticking })
+	c.backend = srv.Client
+	run := localrun.NewRun("e2e", 1, 1, func(k *coordinator.Config, m *coordinator.Model) {
+		k.MinClients = 1
+		f, err := modelspec.ParseTransformersFile(data0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, err := f.Mirror(int(m.MaxSeqLen))
+		if err != nil {
+			t.Fatal(err)
+		}
+		modelspec.SetTransformers(m, tc)
+		_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(1, cfgPath))
+		_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], modelspec.ConfigHash(data0))
+	})
+	c.tokens = data.Tokenize(data.Opticks()[:20_000])
+	files, err := localrun.WriteFiles(ctx, dir, &run.Model, c.tokens, 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.UseFiles(files); err != nil {
+		t.Fatal(err)
+	}
+	keys := localrun.Keys{}
+	c.admin = keys.Admin()
+	if err := localrun.Create(ctx, c.backend, run, c.admin); err != nil {
+		t.Fatal(err)
+	}
+	c.run = localrun.NewTrainers("e2e", c.backend, keys, localrun.WithClock(c.clock), localrun.WithCheckpointDir(dir),
+		localrun.WithTrainerOptions(func(i int) []node.Option { return []node.Option{node.WithLogger(testLogger(t, i))} }))
+	c.addTrainers(0, 1)
+	err = c.result(0)
+	if err == nil || !strings.Contains(err.Error(), "refusing to join run e2e") || !strings.Contains(err.Error(), "--engine torch") ||
+		strings.Contains(err.Error(), "\n") {
+		t.Fatalf("a Go trainer on a transformers run: %v; want one line refusing to join, saying --engine torch", err)
+	}
+	t.Log(err)
+	s, err := c.backend.Snapshot(ctx, "e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.State.PendingLen != 0 || s.State.Epoch.ClientsLen != 0 || s.State.RunState != coordinator.WaitingForMembers {
+		t.Fatalf("the run has %d pending joiners, %d clients, state %s: the refusing trainer joined", s.State.PendingLen,
+			s.State.Epoch.ClientsLen, s.State.RunState)
+	}
 }

@@ -3,8 +3,10 @@ package runmodel
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -130,24 +132,71 @@ func (t *Transformers) CheckpointTensors() []checkpoint.Tensor {
 
 // InOrder is the same model holding its tensors in the order of names
 // (transformers' order, as an engine describes it), failing unless it holds
-// exactly those tensors with those shapes.
+// exactly those tensors with those shapes (MatchTensors).
 func (t *Transformers) InOrder(names []string, shapes [][]int) (*Transformers, error) {
+	if err := MatchTensors(t.names, t.shapes, names, shapes); err != nil {
+		return nil, err
+	}
 	at := make(map[string]int, len(t.names))
 	for i, n := range t.names {
 		at[n] = i
 	}
-	if len(names) != len(t.names) || len(names) != len(shapes) {
-		return nil, fmt.Errorf("runmodel: the model holds %d tensors, transformers builds %d from its config", len(t.names), len(names))
-	}
 	values := make([][]float32, len(names))
 	for j, n := range names {
-		i, ok := at[n]
-		if !ok || !slices.Equal(t.shapes[i], shapes[j]) {
-			return nil, fmt.Errorf("runmodel: tensor %s%v, which transformers builds from the config, is not in the model as such", n, shapes[j])
-		}
-		values[j] = t.values[i]
+		values[j] = t.values[at[n]]
 	}
 	return t.WithTensors(slices.Clone(names), shapes, values)
+}
+
+// MatchTensors says in one line how the tensors a checkpoint holds (have,
+// by name) differ from those transformers builds from the config (names
+// and shapes): the first tensor missing, misshapen or extra, and how many
+// are. Nil means the same names with the same shapes.
+func MatchTensors(haveNames []string, haveShapes [][]int, names []string, shapes [][]int) error {
+	have := make(map[string][]int, len(haveNames))
+	for i, n := range haveNames {
+		have[n] = haveShapes[i]
+	}
+	want := make(map[string]bool, len(names))
+	var missing, misshapen []int
+	for j, n := range names {
+		want[n] = true
+		s, ok := have[n]
+		switch {
+		case !ok:
+			missing = append(missing, j)
+		case !slices.Equal(s, shapes[j]):
+			misshapen = append(misshapen, j)
+		}
+	}
+	var extra []string
+	for _, n := range haveNames {
+		if !want[n] {
+			extra = append(extra, n)
+		}
+	}
+	slices.Sort(extra)
+	more := func(n int, what string) string {
+		if n <= 1 {
+			return ""
+		}
+		return fmt.Sprintf(" (and %d more %s)", n-1, what)
+	}
+	const fix = "the checkpoint is not of this config.json's model: start from its own config.json, or save the model with this one"
+	switch {
+	case len(missing) > 0:
+		j := missing[0]
+		return fmt.Errorf("runmodel: the checkpoint has no tensor %s %v, which transformers builds from the config%s; %s",
+			names[j], shapes[j], more(len(missing), "missing"), fix)
+	case len(misshapen) > 0:
+		j := misshapen[0]
+		return fmt.Errorf("runmodel: tensor %s is %v in the checkpoint, transformers builds it %v from the config%s; %s",
+			names[j], have[names[j]], shapes[j], more(len(misshapen), "of another shape"), fix)
+	case len(extra) > 0:
+		return fmt.Errorf("runmodel: the checkpoint's tensor %s %v is not one transformers builds from the config%s; %s",
+			extra[0], have[extra[0]], more(len(extra), "extra"), fix)
+	}
+	return nil
 }
 
 // Save writes a Hugging Face directory: the run's config.json as it was
@@ -167,8 +216,22 @@ func (t *Transformers) Save(ctx context.Context, dir string, _ map[string]string
 	return checkpoint.Save(ctx, filepath.Join(dir, "model.safetensors"), t.CheckpointTensors(), map[string]string{"format": "pt"})
 }
 
-// Hash is the hash of the named tensors (checkpoint.HashTensors).
-func (t *Transformers) Hash() [sha256.Size]byte { return checkpoint.HashTensors(t.CheckpointTensors()) }
+// Hash is the hash of the model's config.json (byte for byte) and its
+// named tensors (checkpoint.HashTensors): two directories with the same
+// weights but configs that differ in a field the run's shape does not
+// record (a norm's epsilon, the rope's base) compute different functions,
+// so they are different models.
+func (t *Transformers) Hash() [sha256.Size]byte {
+	tensors := checkpoint.HashTensors(t.CheckpointTensors())
+	h := sha256.New()
+	h.Write([]byte("psyche transformers model\x00"))
+	h.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(t.JSON))))
+	h.Write(t.JSON)
+	h.Write(tensors[:])
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
 
 // NumParams counts the values held (0 before the engine draws them).
 func (t *Transformers) NumParams() int {
@@ -197,7 +260,11 @@ func LoadRunTransformers(m *coordinator.Model) (*Transformers, error) {
 	if err != nil || dir == "" {
 		return t, err
 	}
-	ck, err := checkpoint.Load(filepath.Join(dir, "model.safetensors"))
+	path, err := transformersWeights(dir)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := checkpoint.Load(path)
 	if err != nil {
 		return nil, fmt.Errorf("runmodel: %s: %w", dir, err)
 	}
@@ -224,8 +291,9 @@ func RunTransformersConfig(m *coordinator.Model) (t *Transformers, dir string, e
 		t, err := LoadTransformersConfig(src.Config, m, src.Seed)
 		return t, "", err
 	case src.Kind == modelspec.FromFile:
-		// The revision is the weights' hash: the config is checked
-		// against the run's shape only.
+		// The revision is the hash of the config and the weights
+		// (Hash), checked once they are read (CheckRevision): here the
+		// config is checked against the run's shape.
 		data, err := readSmallFile(filepath.Join(src.Path, "config.json"), 1<<20)
 		if err != nil {
 			return nil, "", fmt.Errorf("runmodel: the run's transformers checkpoint: %w", err)
@@ -245,4 +313,47 @@ func RunTransformersConfig(m *coordinator.Model) (t *Transformers, dir string, e
 		return t, src.Path, nil
 	}
 	return nil, "", fmt.Errorf("%w (the run names %s)", ErrTransformersSource, url)
+}
+
+// transformersWeights is the path of the weights file in the Hugging Face
+// checkpoint directory dir, or a one-line error saying what is wrong.
+// A missing file stays an fs.ErrNotExist: a node waits for a trainer that
+// holds the directory to offer it.
+func transformersWeights(dir string) (string, error) {
+	path := filepath.Join(dir, "model.safetensors")
+	_, err := os.Stat(path)
+	if err == nil {
+		return path, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("runmodel: the run's transformers checkpoint: %w", err)
+	}
+	if _, serr := os.Stat(filepath.Join(dir, "model.safetensors.index.json")); serr == nil {
+		return "", fmt.Errorf("runmodel: %s holds its weights in shards (model.safetensors.index.json), which psyche does not read: "+
+			"save it as one file (save_pretrained(dir, max_shard_size=\"1000GB\"))", dir)
+	}
+	return "", fmt.Errorf("runmodel: %s has no model.safetensors: a transformers run starts from a directory with config.json and model.safetensors (what save_pretrained writes) (%w)", dir, fs.ErrNotExist)
+}
+
+// CheckTransformersDir says, from the header of the directory's weights
+// file alone (nothing else is read), whether the checkpoint directory dir
+// holds exactly the tensors transformers builds from its config (names and
+// shapes, as an engine describes them): a one-line error (MatchTensors)
+// naming the first that differs.
+func CheckTransformersDir(dir string, names []string, shapes [][]int) error {
+	path, err := transformersWeights(dir)
+	if err != nil {
+		return err
+	}
+	infos, err := checkpoint.Limits{}.LoadHeader(path)
+	if err != nil {
+		return fmt.Errorf("runmodel: %s: %w", dir, err)
+	}
+	haveNames, haveShapes := make([]string, len(infos)), make([][]int, len(infos))
+	for i, ti := range infos {
+		haveNames[i], haveShapes[i] = ti.Name, ti.Shape
+	}
+	if err := MatchTensors(haveNames, haveShapes, names, shapes); err != nil {
+		return fmt.Errorf("%w (%s)", err, path)
+	}
+	return nil
 }

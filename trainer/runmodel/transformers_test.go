@@ -2,6 +2,7 @@ package runmodel
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -116,5 +117,91 @@ func TestTransformersDirectoryRoundTrip(t *testing.T) {
 	}
 	if _, err := loaded.InOrder([]string{"z.weight", "b.weight"}, shapes); err == nil {
 		t.Fatal("InOrder took a tensor the model lacks")
+	}
+}
+
+// TestMatchTensors: a checkpoint's tensors against those transformers
+// builds, each difference said in one line naming the first tensor and how
+// many more there are.
+func TestMatchTensors(t *testing.T) {
+	names, shapes := []string{"embed.weight", "a.weight", "b.weight"}, [][]int{{8, 4}, {4, 4}, {4}}
+	if err := MatchTensors([]string{"b.weight", "a.weight", "embed.weight"}, [][]int{{4}, {4, 4}, {8, 4}}, names, shapes); err != nil {
+		t.Fatalf("the same tensors in another order: %v", err)
+	}
+	for _, tt := range []struct {
+		name       string
+		haveNames  []string
+		haveShapes [][]int
+		want       string
+	}{
+		{"missing", []string{"embed.weight"}, [][]int{{8, 4}}, "has no tensor a.weight [4 4], which transformers builds from the config (and 1 more missing)"},
+		{"misshapen", []string{"embed.weight", "a.weight", "b.weight"}, [][]int{{8, 4}, {4, 4}, {5}}, "tensor b.weight is [5] in the checkpoint, transformers builds it [4] from the config"},
+		{"extra", []string{"embed.weight", "a.weight", "b.weight", "lm_head.weight"}, [][]int{{8, 4}, {4, 4}, {4}, {8, 4}},
+			"the checkpoint's tensor lm_head.weight [8 4] is not one transformers builds from the config"},
+	} {
+		err := MatchTensors(tt.haveNames, tt.haveShapes, names, shapes)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v; want one line with %q", tt.name, err, tt.want)
+		}
+	}
+}
+
+// TestCheckTransformersDir: a directory's tensors are checked from its
+// weights file's header; a directory of shards or without weights is
+// refused saying what psyche reads.
+func TestCheckTransformersDir(t *testing.T) {
+	tf, err := NewTransformers([]byte(qwenJSON), 64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, shapes := []string{"z.weight", "a.weight"}, [][]int{{2, 2}, {3}}
+	held, err := tf.WithTensors(names, shapes, [][]float32{{1, 2, 3, 4}, {5, 6, 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := held.Save(t.Context(), dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckTransformersDir(dir, names, shapes); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckTransformersDir(dir, names, [][]int{{2, 2}, {4}}); err == nil || !strings.Contains(err.Error(), "tensor a.weight is [3] in the checkpoint") {
+		t.Fatalf("a misshapen tensor: %v", err)
+	}
+	if err := os.Rename(filepath.Join(dir, "model.safetensors"), filepath.Join(dir, "model-00001-of-00001.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	// Still a missing file to a node, which then waits for a trainer that
+	// holds the directory to offer it.
+	if err := CheckTransformersDir(dir, names, shapes); err == nil || !strings.Contains(err.Error(), "has no model.safetensors") ||
+		!errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("no weights: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckTransformersDir(dir, names, shapes); err == nil || !strings.Contains(err.Error(), "holds its weights in shards") {
+		t.Fatalf("shards: %v", err)
+	}
+}
+
+// TestTransformersHashCoversConfig: the same tensors under two configs are
+// two models (two revisions): the config decides what the weights compute.
+func TestTransformersHashCoversConfig(t *testing.T) {
+	names, shapes, values := []string{"a.weight"}, [][]int{{2}}, [][]float32{{1, 2}}
+	var revs []string
+	for _, cfg := range []string{qwenJSON, strings.Replace(qwenJSON, `"max_position_embeddings":128`, `"max_position_embeddings":128,"rms_norm_eps":1e-5`, 1)} {
+		tf, err := NewTransformers([]byte(cfg), 64, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tf, err = tf.WithTensors(names, shapes, values); err != nil {
+			t.Fatal(err)
+		}
+		revs = append(revs, Revision(tf))
+	}
+	if revs[0] == revs[1] {
+		t.Fatalf("two configs, one revision %s", revs[0])
 	}
 }

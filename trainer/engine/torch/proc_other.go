@@ -22,3 +22,6 @@ func processStart(int) (uint64, bool, error) { return 0, false, errors.ErrUnsupp
 func pidNamespace() string { return "-" }
 
 func ownedByUs(fs.FileInfo) bool { return false }
+
+// hostMemory: outside Linux the machine's RAM is not read (0: unknown).
+func hostMemory() int64 { return 0 }

@@ -43,6 +43,7 @@ type options struct {
 	placement string   // "" (the worker decides), "replicate" or "shard"
 	precision string
 	compile   bool
+	memory    int64 // WithMemory's bound (0: none)
 	log       *slog.Logger
 	kernels   kernels.Backend
 }
@@ -164,6 +165,21 @@ func WithPrecision(p kernels.Precision) Option {
 // the kernels persist in psyche's cache directory (inductorCacheEnv), so a
 // later worker on the same shapes starts in seconds.
 func WithCompile(on bool) Option { return func(o *options) error { o.compile = on; return nil } }
+
+// WithMemory bounds the memory, in bytes, that a model's training may take
+// on the device: the check before joining (CheckModel) refuses a model
+// whose training state needs more than the smaller of this and what the
+// device has (on the CPU, which reports none, the machine's RAM). 0: no
+// bound but the device's.
+func WithMemory(bytes int64) Option {
+	return func(o *options) error {
+		if bytes < 0 {
+			return fmt.Errorf("torch engine: memory bound %d: want 0 (none) or more", bytes)
+		}
+		o.memory = bytes
+		return nil
+	}
+}
 
 // WithLogger sets the logger (default: discard); the worker's start line is
 // logged at info level, the rest of its output at debug.
@@ -438,12 +454,14 @@ const bytesPerParam = 5 * 4
 // the run's model: for a Transformers run, its config.json is read and
 // checked against the run, and a worker started for the check says whether
 // transformers is installed, knows the config's model_type, and whether the
-// model fits the device. GPT and Llama runs are checked when loaded.
+// model fits the device (its memory, or WithMemory's bound); a checkpoint
+// directory's tensors are checked against those transformers builds. GPT
+// and Llama runs are checked when loaded.
 func (op *Opener) CheckModel(ctx context.Context, m *coordinator.Model) error {
 	if m.Architecture != coordinator.ArchTransformers {
 		return nil
 	}
-	tf, _, err := runmodel.RunTransformersConfig(m)
+	tf, dir, err := runmodel.RunTransformersConfig(m)
 	if err != nil {
 		return err
 	}
@@ -457,7 +475,32 @@ func (op *Opener) CheckModel(ctx context.Context, m *coordinator.Model) error {
 		return err
 	}
 	op.remember(tf, names, shapes)
-	return fits(modelspec.NumParams(shapes), h.Memory, h.Device)
+	mem, bounded := op.memory(h)
+	if err := fits(modelspec.NumParams(shapes), mem, h.Device, bounded); err != nil {
+		return err
+	}
+	if dir != "" {
+		// A checkpoint directory's tensors, from its header alone: a
+		// missing or misshapen one is said here, before the trainer joins,
+		// rather than when the weights load in the run's warmup.
+		return runmodel.CheckTransformersDir(dir, names, shapes)
+	}
+	return nil
+}
+
+// memory is what fits counts for the device of a worker's hello: the
+// smaller of WithMemory's bound (bounded: that one) and the device's
+// memory, the machine's RAM standing for a device that reports none (the
+// CPU, whose training state lives there).
+func (op *Opener) memory(h *hello) (memory int64, bounded bool) {
+	m := h.Memory
+	if m == 0 {
+		m = hostMemory()
+	}
+	if b := op.o.memory; b > 0 && (m == 0 || b < m) {
+		return b, true
+	}
+	return m, false
 }
 
 func (op *Opener) remember(tf *runmodel.Transformers, names []string, shapes [][]int) {
@@ -507,14 +550,27 @@ func cloneShapes(shapes [][]int) [][]int {
 var _ engine.Describer = (*Opener)(nil)
 
 // fits says whether a model of params parameters can train on a device of
-// memory bytes (0: not counted, as on the CPU).
-func fits(params int, memory int64, device string) error {
+// memory bytes (0: not counted); bounded says that memory is WithMemory's
+// bound, not the device's.
+func fits(params int, memory int64, device string, bounded bool) error {
 	need := int64(params) * bytesPerParam
 	if memory == 0 || need <= memory {
 		return nil
 	}
-	return fmt.Errorf("torch engine: the model's %d parameters need at least %.1f GiB to train on %s, which has %.1f GiB: use a smaller config or a larger device",
-		params, float64(need)/(1<<30), device, float64(memory)/(1<<30))
+	has, fix := "which has "+size(memory), "a larger device"
+	if bounded {
+		has, fix = "where this trainer may use "+size(memory), "a larger bound (--device-memory)"
+	}
+	return fmt.Errorf("torch engine: the model's %d parameters need at least %s to train on %s, %s: use a smaller config or %s",
+		params, size(need), device, has, fix)
+}
+
+// size is a byte count as people read it: GiB, or MiB below one.
+func size(n int64) string {
+	if n < 1<<30 {
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 }
 
 var _ engine.ModelChecker = (*Opener)(nil)

@@ -181,17 +181,20 @@ func TestTransformersCheckModel(t *testing.T) {
 }
 
 // TestFits: a model whose training state exceeds the device's memory is
-// refused in one line naming both; a device that does not count (the CPU)
-// takes any.
+// refused in one line naming both; a device that does not count takes any.
 func TestFits(t *testing.T) {
-	if err := fits(1000, 20_000, "cuda:0"); err != nil {
+	if err := fits(1000, 20_000, "cuda:0", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := fits(1<<30, 0, "cpu"); err != nil {
+	if err := fits(1<<30, 0, "cpu", false); err != nil {
 		t.Fatal(err)
 	}
-	err := fits(1<<30, 8<<30, "cuda:0")
+	err := fits(1<<30, 8<<30, "cuda:0", false)
 	if err == nil || !strings.Contains(err.Error(), "need at least 20.0 GiB to train on cuda:0, which has 8.0 GiB") {
 		t.Fatalf("fits(2^30 params, 8 GiB) = %v", err)
+	}
+	err = fits(1<<20, 1<<20, "cpu", true)
+	if err == nil || !strings.Contains(err.Error(), "need at least 20.0 MiB to train on cpu, where this trainer may use 1.0 MiB") {
+		t.Fatalf("fits(2^20 params, a bound of 1 MiB) = %v", err)
 	}
 }

@@ -46,8 +46,9 @@ def config_of(text: str):
     try:
         return tf.AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
     except (ValueError, KeyError) as exc:
-        raise Unbuildable("model_type %r is unknown to transformers %s (%s)"
-                          % (model_type, tf.__version__, str(exc).splitlines()[0])) from None
+        raise Unbuildable("model_type %r is unknown to transformers %s in %s (%s): fix the config's model_type, "
+                          "or install a transformers that knows it there (pip install -U transformers)"
+                          % (model_type, tf.__version__, sys.executable, str(exc).splitlines()[0])) from None
 
 
 def _network(config, sdpa: bool) -> torch.nn.Module:

@@ -120,6 +120,24 @@ func gradErr(got, want []float32) float64 {
 	return worst / max(math.Sqrt(norm), 1e-30)
 }
 
+// compareGradients fetches the gradients got and want each keep and
+// returns gradErr's largest value over their tensors, with both.
+func compareGradients(t *testing.T, got, want *eng) (worst float64, gg, wg [][]float32) {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	if wg, err = want.Gradients(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if gg, err = got.Gradients(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range wg {
+		worst = max(worst, gradErr(gg[i], wg[i]))
+	}
+	return worst, gg, wg
+}
+
 // TestGradientParity: on the same weights and batch, in fp32, the torch
 // engine's loss and each sequence's loss are within 1e-5 relative of the
 // Go engine's, and every gradient tensor within 1e-5 of its norm.
@@ -668,18 +686,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				if seqErr > 1e-6 {
 					t.Errorf("a sequence's loss differs by %.2g relative", seqErr)
 				}
-				sg, err := single.Gradients(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				mg, err := multi.Gradients(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				worst := 0.0
-				for i := range sg {
-					worst = max(worst, gradErr(mg[i], sg[i]))
-				}
+				worst, mg, sg := compareGradients(t, multi, single)
 				if worst > 1e-5 {
 					t.Errorf("a gradient tensor differs by %.3g of its norm", worst)
 				}
@@ -845,19 +852,7 @@ func oneSequence(t *testing.T, single, multi *eng, vocab, seqLen int) {
 	if relErr(float64(ml.Mean), float64(sl.Mean)) > 1e-6 || len(ml.Seqs) != 1 || relErr(float64(ml.Seqs[0]), float64(sl.Seqs[0])) > 1e-6 {
 		t.Errorf("one sequence: loss %v %v, one device %v %v", ml.Mean, ml.Seqs, sl.Mean, sl.Seqs)
 	}
-	sg, err := single.Gradients(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mg, err := multi.Gradients(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	worst := 0.0
-	for i := range sg {
-		worst = max(worst, gradErr(mg[i], sg[i]))
-	}
-	if worst > 1e-5 {
+	if worst, _, _ := compareGradients(t, multi, single); worst > 1e-5 {
 		t.Errorf("one sequence: a gradient tensor differs by %.3g of its norm", worst)
 	}
 }

@@ -351,9 +351,10 @@ class Worker:
         state = 4 * n * (2 if h["distro"].get("normalize_rms") else 1)
         c = h["config"]
         width, layers, ctx = int(c["width"]), int(c["layers"]), int(c["context"])
-        # A transformers model's config (torch.go's transformersConfig) has
-        # no intermediate width: the GPT's is a rough enough count.
-        inner = int(c.get("intermediate") or 4 * width)
+        # A transformers model's MLP width is its config.json's
+        # (intermediate_size, or GPT-2's n_inner); left out, the GPT's 4x.
+        spec = json.loads(c["json"]) if "json" in c else c
+        inner = int(spec.get("intermediate") or spec.get("intermediate_size") or spec.get("n_inner") or 4 * width)
         act = 4 * ctx * (layers * (16 * width + 4 * inner + int(c["heads"]) * ctx) + 3 * int(c["vocab"]))
         # Sharded, a rank holds 1/world of the parameters, the gradient and
         # the state, and whole while stepping: one tensor and its gradient.

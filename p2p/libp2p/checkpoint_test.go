@@ -180,3 +180,68 @@ func TestCheckpointOffers(t *testing.T) {
 	}
 	_ = other
 }
+
+// A checkpoint's blocks come over the blob stream from the peer that
+// shares it, each distinct block once: a block that two tensors share is
+// streamed once and filled into both, and a block the joiner holds already
+// is not asked for at all.
+func TestCheckpointStreamed(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		served = map[coordinator.Hash]int{}
+	)
+	hook := func(_ int, h coordinator.Hash) {
+		mu.Lock()
+		served[h]++
+		mu.Unlock()
+	}
+	names := []string{"sharer", "joiner"}
+	var ids []coordinator.ClientID
+	for _, n := range names {
+		ids = append(ids, clientIDOf(n))
+	}
+	sharer := startNode(t, "sharer", withServeHook(hook))
+	joiner := startNode(t, "joiner")
+	for _, nd := range []*testNode{sharer, joiner} {
+		nd.SetClients(ids)
+	}
+	connectAll(t, []*testNode{sharer, joiner})
+	// Blocks of 1 MiB: "a" has five and a half, "b" repeats "a"'s first
+	// three, "c" is the joiner's own (a result it already holds).
+	a := randomBytes(21, 5*p2p.BlockSize+p2p.BlockSize/2)
+	c := randomBytes(22, p2p.BlockSize)
+	tensors := []p2p.Tensor{
+		{Name: "a", DType: "F32", Shape: []uint64{uint64(len(a) / 4)}, Data: a},
+		{Name: "b", DType: "F32", Shape: []uint64{3 * p2p.BlockSize / 4}, Data: a[:3*p2p.BlockSize]},
+		{Name: "c", DType: "F32", Shape: []uint64{p2p.BlockSize / 4}, Data: c},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, err := sharer.ShareCheckpoint(ctx, 1, tensors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	joiner.SetStep(1)
+	if _, err := joiner.Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, c); err != nil {
+		t.Fatal(err)
+	}
+	got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range tensors {
+		if got[i].Name != tensors[i].Name || !bytes.Equal(got[i].Data, tensors[i].Data) {
+			t.Errorf("tensor %s differs", tensors[i].Name)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, h := range p2p.BlockDigests(a) {
+		if served[h] != 1 {
+			t.Errorf("block %d of a streamed %d times, want once", i, served[h])
+		}
+	}
+	if h := p2p.BlockDigest(c); served[h] != 0 {
+		t.Errorf("the block the joiner held was streamed %d times", served[h])
+	}
+}

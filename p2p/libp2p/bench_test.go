@@ -207,7 +207,7 @@ func benchCheckpoint(t *testing.T, size int) {
 	} {
 		nodes := startCluster(t, 2, path.opts...)
 		ctx := context.Background()
-		var times, tcps, ratios []time.Duration
+		var times, tcps, ratios, cpus []time.Duration
 		for r := range *benchRounds {
 			for i := 0; i < size; i += p2p.BlockSize {
 				data[i] = byte(r + 1)
@@ -217,10 +217,13 @@ func benchCheckpoint(t *testing.T, size int) {
 				t.Fatal(err)
 			}
 			runtime.GC()
+			u0 := usage()
 			tcp := tcpCopy(t, size)
+			u1 := usage()
 			start := time.Now()
 			got, err := nodes[1].FetchCheckpoint(ctx, id, []coordinator.Pubkey{nodes[0].ID()}, p2p.SpecsOf(tensors))
 			d := time.Since(start)
+			u2 := usage()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -229,11 +232,12 @@ func benchCheckpoint(t *testing.T, size int) {
 			}
 			times, tcps = append(times, d), append(tcps, tcp)
 			ratios = append(ratios, ratio(d, tcp))
+			cpus = append(cpus, ratio(u2.cpu-u1.cpu, u1.cpu-u0.cpu))
 		}
 		d, tcp := median(times), median(tcps)
-		fmt.Fprintf(out, "checkpoint fetch, %s, every block verified, %d MiB: %v (%.0f MiB/s%s); TCP %v (%.0f MiB/s); %.2fx the TCP copy's time\n",
+		fmt.Fprintf(out, "checkpoint fetch, %s, every block verified, %d MiB: %v (%.0f MiB/s%s); TCP %v (%.0f MiB/s); %.2fx the TCP copy's time, %.2fx its CPU\n",
 			path.name, size>>20, d.Round(time.Millisecond), mibps(size, d), path.target, tcp.Round(time.Millisecond), mibps(size, tcp),
-			float64(median(ratios))/100)
+			float64(median(ratios))/100, float64(median(cpus))/100)
 		for _, nd := range nodes {
 			nd.kill(t)
 		}

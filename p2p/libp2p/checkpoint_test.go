@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	blocks "github.com/ipfs/go-block-format"
+
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
 )
@@ -243,5 +245,49 @@ func TestCheckpointStreamed(t *testing.T) {
 	}
 	if h := p2p.BlockDigest(c); served[h] != 0 {
 		t.Errorf("the block the joiner held was streamed %d times", served[h])
+	}
+}
+
+// A checkpoint block that does not match its digest is refused on arrival
+// over the stream and counted against the peer that sent it; the joiner
+// gets that block from another holder (over bitswap) and never assembles a
+// wrong tensor.
+func TestCheckpointWrongBlockIsRefused(t *testing.T) {
+	sharer, helper, joiner := trio(t, nil, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang guard
+	defer cancel()
+	data := randomBytes(23, 4*p2p.BlockSize)
+	tensors := []p2p.Tensor{{Name: "w", DType: "F32", Shape: []uint64{uint64(len(data) / 4)}, Data: data}}
+	id, err := sharer.ShareCheckpoint(ctx, 1, tensors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := helper.ShareCheckpoint(ctx, 1, []p2p.Tensor{{Name: "w", DType: "F32", Shape: tensors[0].Shape, Data: bytes.Clone(data)}}); err != nil || again != id {
+		t.Fatalf("the helper's share: %v", err)
+	}
+	// Corrupt block 1 in the sharer's store, keeping its length.
+	h := p2p.BlockDigest(data[p2p.BlockSize : 2*p2p.BlockSize])
+	if err := sharer.bstore.DeleteBlock(ctx, cidOf(h)); err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Clone(data[p2p.BlockSize : 2*p2p.BlockSize])
+	bad[777] ^= 1
+	blk, err := blocks.NewBlockWithCid(bad, cidOf(h)) // unchecked outside debug builds
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sharer.bstore.Put(ctx, blk); err != nil {
+		t.Fatal(err)
+	}
+	// Streams go to the sharer alone; the helper serves through bitswap.
+	got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[0].Data, data) {
+		t.Fatal("tensor differs")
+	}
+	if joiner.Stats().PeerErrors[sharer.ID()] == 0 {
+		t.Error("the wrong block was not counted against the sharer")
 	}
 }

@@ -31,8 +31,9 @@ var (
 	benchWarmup = flag.Int("p2p.bench.warmup", 20, "at most this many unmeasured rounds before each measured set, until one touches almost no new memory")
 )
 
-// TestBenchReport prints round propagation and blob throughput, each beside a
-// reference measured in the same run: a plain TCP copy of the same bytes
+// TestBenchReport prints round propagation, blob throughput and a
+// checkpoint fetch (benchCheckpoint), each beside a reference measured in
+// the same run: a plain TCP copy of the same bytes
 // between two loopback sockets. The machine is shared, so each measurement is
 // repeated (-p2p.bench.rounds), each one right next to its own TCP copies
 // (for a round, the median of tcpCopies of them), and the report gives

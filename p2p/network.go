@@ -72,7 +72,9 @@ type Network interface {
 	// every peer of from answered (none was unreachable).
 	FindCheckpoint(ctx context.Context, epoch uint32, from []coordinator.Pubkey) (coordinator.Hash, error)
 	// FetchCheckpoint assembles a checkpoint by manifest id from peers. The
-	// manifest must Match want before any tensor block is fetched.
+	// manifest must Match want before any tensor block is fetched. The
+	// tensors' bytes may be shared with the blocks the node serves: callers
+	// must not modify them.
 	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []TensorSpec) ([]Tensor, error)
 
 	// ReportPeer records misconduct the trainer found in what a peer sent (a

@@ -148,30 +148,6 @@ func (n *Node) getBlocks(ctx context.Context, hs []coordinator.Hash) error {
 	return nil
 }
 
-// assemble reads a blob's blocks from the local store and checks each one:
-// its hash, and its length against the announced size, so that nothing
-// beyond the declared (and already bounded) size is ever appended.
-func (n *Node) assemble(ctx context.Context, ref p2p.BlobRef) ([]byte, error) {
-	out := make([]byte, 0, ref.Size)
-	for i, h := range ref.Blocks {
-		b, err := n.bstore.Get(ctx, cidOf(h))
-		if err != nil {
-			return nil, err
-		}
-		if p2p.BlockDigest(b.RawData()) != h {
-			return nil, fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
-		}
-		if want := p2p.BlockLen(ref.Size, i); len(b.RawData()) != want {
-			return nil, fmt.Errorf("%w: block %d has %d bytes, the announced size needs %d", p2p.ErrCommitmentMismatch, i, len(b.RawData()), want)
-		}
-		out = append(out, b.RawData()...)
-	}
-	if uint64(len(out)) != ref.Size {
-		return nil, fmt.Errorf("%w: %d bytes, announced %d", p2p.ErrCommitmentMismatch, len(out), ref.Size)
-	}
-	return out, nil
-}
-
 // fill copies the blocks of ref at idx from the local store into out and
 // marks them in have. Each is checked again against its digest and its
 // length against the announced size, so that nothing beyond the declared

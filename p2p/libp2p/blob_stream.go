@@ -129,11 +129,35 @@ func (n *Node) serveBlob(s network.Stream) {
 // that come too slowly or wrong, are left unmarked for bitswap. It returns
 // the number of blocks received and why the stream ended early, if it did.
 func (n *Node) streamBlocks(ctx context.Context, from peer.ID, ref p2p.BlobRef, idx []int, out []byte, have []bool) (int, error) {
+	req := p2p.WantsOf(ref, idx)
+	dst := make([][]byte, len(idx))
+	for k, i := range idx {
+		off := uint64(i) * p2p.BlockSize
+		dst[k] = out[off : off+uint64(req.Blocks[k].Len)]
+	}
+	return n.streamInto(ctx, from, req, dst,
+		func(k int) {
+			if n.cfg.readHook != nil {
+				n.cfg.readHook(idx[k])
+			}
+		},
+		func(k int) { have[idx[k]] = true })
+}
+
+// streamInto asks from for the blocks of req and reads block k straight
+// into dst[k] (exactly req.Blocks[k].Len bytes, a length the requester
+// chose, never the peer). Each block is checked against its digest, then
+// stored (so that bitswap serves it on) and passed to arrived, from a
+// goroutine of its own that hashes each block while the next one is read.
+// reading, if not nil, is called before each block is read. Blocks the peer
+// does not hold, or that come too slowly or wrong, are not passed on. It
+// returns the number of blocks received and why the stream ended early, if
+// it did.
+func (n *Node) streamInto(ctx context.Context, from peer.ID, req p2p.BlobRequest, dst [][]byte, reading, arrived func(k int)) (int, error) {
 	s, err := n.bulkStream(ctx, from, p2p.BlobProtocol)
 	if err != nil {
 		return 0, err
 	}
-	req := p2p.WantsOf(ref, idx)
 	raw, err := req.MarshalBinary()
 	if err != nil {
 		s.Reset()
@@ -153,11 +177,11 @@ func (n *Node) streamBlocks(ctx context.Context, from peer.ID, ref p2p.BlobRef, 
 
 	// The reader hands each block to the verifier, which hashes it while
 	// the next one is read.
-	type arrived struct {
+	type block struct {
 		k   int // index in req
 		buf []byte
 	}
-	verify := make(chan arrived, 4)
+	verify := make(chan block, 4)
 	var (
 		wg       sync.WaitGroup
 		got      int
@@ -194,7 +218,7 @@ func (n *Node) streamBlocks(ctx context.Context, from peer.ID, ref p2p.BlobRef, 
 				s.Reset()
 				continue
 			}
-			have[idx[a.k]] = true
+			arrived(a.k)
 			got++
 			if k2p != "" {
 				n.m.BlocksFrom.WithLabelValues(k2p).Inc()
@@ -210,19 +234,16 @@ func (n *Node) streamBlocks(ctx context.Context, from peer.ID, ref p2p.BlobRef, 
 	var readErr error
 	r := &watchedReader{r: s, cfg: n.cfg, reset: func() { s.Reset() }}
 	for k, w := range req.Blocks {
-		i := idx[k]
-		if n.cfg.readHook != nil {
-			n.cfg.readHook(i)
+		if reading != nil {
+			reading(k)
 		}
-		off := uint64(i) * p2p.BlockSize
-		dst := out[off : off+uint64(w.Len)]
-		held, err := p2p.ReadBlobBlock(r, w, dst)
+		held, err := p2p.ReadBlobBlock(r, w, dst[k])
 		if err == nil && held {
-			verify <- arrived{k: k, buf: dst}
+			verify <- block{k: k, buf: dst[k]}
 		}
 		if r.stalled.Load() {
 			// Too slow, whether or not this block made it in time.
-			err = fmt.Errorf("%w: block %d of %d bytes", errStalled, i, w.Len)
+			err = fmt.Errorf("%w: block %d of %d bytes", errStalled, k, w.Len)
 		}
 		if err != nil {
 			readErr = err

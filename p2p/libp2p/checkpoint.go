@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	blocks "github.com/ipfs/go-block-format"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -60,13 +61,17 @@ func (n *Node) setCheckpoint(hs []coordinator.Hash) {
 }
 
 // FetchCheckpoint assembles the checkpoint whose manifest id is id. It dials
-// the given peers (any connected peer that has blocks serves too), fetches
-// the manifest, then every block with at most WithCheckpointConcurrency
-// requests in flight over one bitswap session, which spreads the wants over
-// the peers that have the blocks. Every block is checked against its digest.
-// A request that fails (a peer left mid-transfer, a timeout) is retried with
-// backoff; blocks already received are kept, so nothing is fetched twice.
-// Afterwards the node shares the checkpoint itself.
+// the given peers, fetches the manifest, then streams the blocks from those
+// peers (BlobProtocol, the fast path of Fetch too): the missing blocks, in
+// chunks of checkpointChunk that the peers' streams take in turn, each read
+// straight into its place in its tensor and checked against its digest.
+// Whatever the streams do not deliver (a peer left, is too slow, lacks a
+// block or sent a wrong one) is fetched over one bitswap session with at
+// most WithCheckpointConcurrency requests in flight, which spreads the wants
+// over every connected peer that has the blocks; a request that fails is
+// retried with backoff. Blocks already received are kept, so nothing is
+// fetched twice. Afterwards the node shares the checkpoint itself: the
+// tensors' bytes are the blocks it serves, so callers must not modify them.
 func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []p2p.TensorSpec) ([]p2p.Tensor, error) {
 	if err := n.alive(); err != nil {
 		return nil, err
@@ -88,10 +93,179 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 	// Hold the blocks from the start, so that a GC running meanwhile cannot
 	// take what this fetch has already received.
 	n.setCheckpoint(append([]coordinator.Hash{id}, blocks...))
-	if err := n.fetchAll(ctx, blocks, get); err != nil {
+
+	// The tensors' buffers: their sizes come from the manifest, which
+	// matched the sizes the caller expects.
+	out := make([]p2p.Tensor, len(m.Tensors))
+	have := make([][]bool, len(m.Tensors))
+	for t, e := range m.Tensors {
+		out[t] = p2p.Tensor{Name: e.Name, DType: e.DType, Shape: e.Shape, Data: make([]byte, e.Blob.Size)}
+		have[t] = make([]bool, len(e.Blob.Blocks))
+	}
+	prog := &progress{total: len(blocks), f: n.cfg.ckptProgress, m: n.m}
+	// The first place of every distinct block that is not held already;
+	// its other places are filled from the store at the end.
+	var todo []blockPlace
+	seen := map[coordinator.Hash]bool{}
+	for t, e := range m.Tensors {
+		for i, h := range e.Blob.Blocks {
+			if seen[h] {
+				continue
+			}
+			seen[h] = true
+			if ok, _ := n.bstore.Has(ctx, cidOf(h)); ok {
+				prog.add()
+				continue
+			}
+			todo = append(todo, blockPlace{t, i})
+		}
+	}
+	if !n.cfg.noStream && len(todo) > 0 {
+		n.streamCheckpoint(ctx, &m, from, todo, out, have, prog)
+	}
+	var rest []coordinator.Hash
+	for _, p := range todo {
+		if !have[p.t][p.i] {
+			rest = append(rest, m.Tensors[p.t].Blob.Blocks[p.i])
+		}
+	}
+	// A new session: the manifest's may know only a peer that has left
+	// since, while a new one asks every connected peer first.
+	if err := n.fetchAll(ctx, rest, n.verifiedBlocks(ctx), prog); err != nil {
 		return nil, err
 	}
-	return n.assembleTensors(ctx, &m)
+	// Everything is stored now: fill in what the streams did not write,
+	// each block checked again against its digest and its length.
+	for t, e := range m.Tensors {
+		if err := n.fill(ctx, e.Blob, missing(have[t]), out[t].Data, have[t]); err != nil {
+			return nil, fmt.Errorf("p2p: tensor %q: %w", e.Name, err)
+		}
+	}
+	return out, nil
+}
+
+// checkpointChunk is the most blocks one checkpoint stream asks for: large
+// enough that a stream's round trip is nothing beside its transfer, small
+// enough that the peers share the work and that a peer that leaves takes
+// little unfinished with it. A small checkpoint is cut finer, so that every
+// stream has a share.
+const checkpointChunk = 64
+
+// checkpointStreamsPerPeer is how many checkpoint streams run to one peer at
+// a time: while one waits for its first block (a round trip), the other is
+// moving bytes.
+const checkpointStreamsPerPeer = 2
+
+// errNotHeld ends the checkpoint streams to a peer that lacks blocks: it
+// may serve another checkpoint, which is no misconduct.
+var errNotHeld = errors.New("p2p: peer does not hold the blocks")
+
+// blockPlace is block i of tensor t of a manifest.
+type blockPlace struct{ t, i int }
+
+// progress counts the verified blocks of a checkpoint fetch and reports
+// each to the progress callback.
+type progress struct {
+	mu    sync.Mutex
+	done  int
+	total int
+	f     func(done, total int)
+	m     *Metrics
+}
+
+func (p *progress) add() {
+	p.m.CheckpointBlocks.Inc()
+	p.mu.Lock()
+	p.done++
+	d := p.done
+	p.mu.Unlock()
+	if p.f != nil {
+		p.f(d, p.total)
+	}
+}
+
+// streamCheckpoint streams the blocks at todo from the connected peers of
+// from, checkpointStreamsPerPeer streams to each, every stream taking the
+// next chunk of checkpointChunk blocks; a peer whose stream fails (it left,
+// stalled, lacks a block or sent a wrong one) takes no more. Each verified
+// block is written into its tensor in out, marked in have and stored; what
+// is left unmarked is for bitswap.
+func (n *Node) streamCheckpoint(ctx context.Context, m *p2p.CheckpointManifest, from []coordinator.Pubkey, todo []blockPlace, out []p2p.Tensor, have [][]bool, prog *progress) {
+	type source struct {
+		k coordinator.Pubkey
+		p peer.ID
+	}
+	var peers []source
+	for _, k := range from {
+		p, err := peerIDOf(k)
+		if err != nil || p == n.host.ID() || n.host.Network().Connectedness(p) != network.Connected {
+			continue
+		}
+		peers = append(peers, source{k, p})
+	}
+	if len(peers) == 0 {
+		return
+	}
+	streams := len(peers) * checkpointStreamsPerPeer
+	size := max(1, min(checkpointChunk, (len(todo)+streams-1)/streams))
+	chunks := make(chan []blockPlace, (len(todo)+size-1)/size)
+	for lo := 0; lo < len(todo); lo += size {
+		chunks <- todo[lo:min(lo+size, len(todo))]
+	}
+	close(chunks)
+	var wg sync.WaitGroup
+	for _, src := range peers {
+		k, p := src.k, src.p
+		var failed atomic.Bool
+		for range checkpointStreamsPerPeer {
+			wg.Go(func() {
+				for chunk := range chunks {
+					if failed.Load() || ctx.Err() != nil {
+						return // the chunk's blocks stay for bitswap
+					}
+					if err := n.streamChunk(ctx, p, m, chunk, out, have, prog); err != nil {
+						failed.Store(true)
+						if ctx.Err() == nil && !errors.Is(err, errNotHeld) {
+							n.peerError(k, "checkpoint stream", err)
+						}
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
+// streamChunk streams the blocks at chunk from p, within the time a fetch
+// attempt of their size is allowed.
+func (n *Node) streamChunk(ctx context.Context, p peer.ID, m *p2p.CheckpointManifest, chunk []blockPlace, out []p2p.Tensor, have [][]bool, prog *progress) error {
+	req := p2p.BlobRequest{Blocks: make([]p2p.BlockWant, len(chunk))}
+	dst := make([][]byte, len(chunk))
+	var size uint64
+	for k, pl := range chunk {
+		ref := m.Tensors[pl.t].Blob
+		w := p2p.BlockWant{Hash: ref.Blocks[pl.i], Len: uint32(p2p.BlockLen(ref.Size, pl.i))}
+		req.Blocks[k] = w
+		off := uint64(pl.i) * p2p.BlockSize
+		dst[k] = out[pl.t].Data[off : off+uint64(w.Len)]
+		size += uint64(w.Len)
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := n.cfg.clock.AfterFunc(n.cfg.attemptTimeout(size), func() { cancel(errAttemptTimedOut) })
+	defer stop()
+	got, err := n.streamInto(actx, p, req, dst, nil, func(k int) {
+		have[chunk[k].t][chunk[k].i] = true
+		prog.add()
+	})
+	if err == nil && got < len(chunk) {
+		err = fmt.Errorf("%w: %d of %d blocks", errNotHeld, got, len(chunk))
+	}
+	if err != nil && errors.Is(context.Cause(actx), errAttemptTimedOut) {
+		err = fmt.Errorf("%w: %w", errAttemptTimedOut, err)
+	}
+	return err
 }
 
 // dialAll connects to the peers not connected yet; a failure is counted
@@ -159,18 +333,20 @@ func distinctBlocks(m *p2p.CheckpointManifest) []coordinator.Hash {
 }
 
 // fetchAll gets every block with at most WithCheckpointConcurrency requests
-// in flight, reporting progress after each; the first failure stops the rest.
-func (n *Node) fetchAll(ctx context.Context, blocks []coordinator.Hash, get blockGetter) error {
+// in flight, counting each in prog; the first failure stops the rest.
+func (n *Node) fetchAll(ctx context.Context, blocks []coordinator.Hash, get blockGetter, prog *progress) error {
+	if len(blocks) == 0 {
+		return ctx.Err()
+	}
 	work := make(chan coordinator.Hash)
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
-		done     int
 		firstErr error
 	)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for range min(n.cfg.ckptConcurrency, max(len(blocks), 1)) {
+	for range min(n.cfg.ckptConcurrency, len(blocks)) {
 		wg.Go(func() {
 			for h := range work {
 				if _, err := get(wctx, h); err != nil {
@@ -182,14 +358,7 @@ func (n *Node) fetchAll(ctx context.Context, blocks []coordinator.Hash, get bloc
 					cancel()
 					continue
 				}
-				n.m.CheckpointBlocks.Inc()
-				mu.Lock()
-				done++
-				d := done
-				mu.Unlock()
-				if n.cfg.ckptProgress != nil {
-					n.cfg.ckptProgress(d, len(blocks))
-				}
+				prog.add()
 			}
 		})
 	}
@@ -207,18 +376,4 @@ feed:
 		return firstErr
 	}
 	return ctx.Err()
-}
-
-// assembleTensors puts the manifest's tensors together from the stored
-// blocks.
-func (n *Node) assembleTensors(ctx context.Context, m *p2p.CheckpointManifest) ([]p2p.Tensor, error) {
-	out := make([]p2p.Tensor, 0, len(m.Tensors))
-	for _, t := range m.Tensors {
-		data, err := n.assemble(ctx, t.Blob)
-		if err != nil {
-			return nil, fmt.Errorf("p2p: tensor %q: %w", t.Name, err)
-		}
-		out = append(out, p2p.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: data})
-	}
-	return out, nil
 }

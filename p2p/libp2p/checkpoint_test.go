@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	blocks "github.com/ipfs/go-block-format"
+
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
 )
@@ -179,4 +181,113 @@ func TestCheckpointOffers(t *testing.T) {
 		t.Fatalf("fetch: %v", err)
 	}
 	_ = other
+}
+
+// A checkpoint's blocks come over the blob stream from the peer that
+// shares it, each distinct block once: a block that two tensors share is
+// streamed once and filled into both, and a block the joiner holds already
+// is not asked for at all.
+func TestCheckpointStreamed(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		served = map[coordinator.Hash]int{}
+	)
+	hook := func(_ int, h coordinator.Hash) {
+		mu.Lock()
+		served[h]++
+		mu.Unlock()
+	}
+	names := []string{"sharer", "joiner"}
+	var ids []coordinator.ClientID
+	for _, n := range names {
+		ids = append(ids, clientIDOf(n))
+	}
+	sharer := startNode(t, "sharer", withServeHook(hook))
+	joiner := startNode(t, "joiner")
+	for _, nd := range []*testNode{sharer, joiner} {
+		nd.SetClients(ids)
+	}
+	connectAll(t, []*testNode{sharer, joiner})
+	// Blocks of 1 MiB: "a" has five and a half, "b" repeats "a"'s first
+	// three, "c" is the joiner's own (a result it already holds).
+	a := randomBytes(21, 5*p2p.BlockSize+p2p.BlockSize/2)
+	c := randomBytes(22, p2p.BlockSize)
+	tensors := []p2p.Tensor{
+		{Name: "a", DType: "F32", Shape: []uint64{uint64(len(a) / 4)}, Data: a},
+		{Name: "b", DType: "F32", Shape: []uint64{3 * p2p.BlockSize / 4}, Data: a[:3*p2p.BlockSize]},
+		{Name: "c", DType: "F32", Shape: []uint64{p2p.BlockSize / 4}, Data: c},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, err := sharer.ShareCheckpoint(ctx, 1, tensors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	joiner.SetStep(1)
+	if _, err := joiner.Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, c); err != nil {
+		t.Fatal(err)
+	}
+	got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range tensors {
+		if got[i].Name != tensors[i].Name || !bytes.Equal(got[i].Data, tensors[i].Data) {
+			t.Errorf("tensor %s differs", tensors[i].Name)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, h := range p2p.BlockDigests(a) {
+		if served[h] != 1 {
+			t.Errorf("block %d of a streamed %d times, want once", i, served[h])
+		}
+	}
+	if h := p2p.BlockDigest(c); served[h] != 0 {
+		t.Errorf("the block the joiner held was streamed %d times", served[h])
+	}
+}
+
+// A checkpoint block that does not match its digest is refused on arrival
+// over the stream and counted against the peer that sent it; the joiner
+// gets that block from another holder (over bitswap) and never assembles a
+// wrong tensor.
+func TestCheckpointWrongBlockIsRefused(t *testing.T) {
+	sharer, helper, joiner := trio(t, nil, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang guard
+	defer cancel()
+	data := randomBytes(23, 4*p2p.BlockSize)
+	tensors := []p2p.Tensor{{Name: "w", DType: "F32", Shape: []uint64{uint64(len(data) / 4)}, Data: data}}
+	id, err := sharer.ShareCheckpoint(ctx, 1, tensors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := helper.ShareCheckpoint(ctx, 1, []p2p.Tensor{{Name: "w", DType: "F32", Shape: tensors[0].Shape, Data: bytes.Clone(data)}}); err != nil || again != id {
+		t.Fatalf("the helper's share: %v", err)
+	}
+	// Corrupt block 1 in the sharer's store, keeping its length.
+	h := p2p.BlockDigest(data[p2p.BlockSize : 2*p2p.BlockSize])
+	if err := sharer.bstore.DeleteBlock(ctx, cidOf(h)); err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Clone(data[p2p.BlockSize : 2*p2p.BlockSize])
+	bad[777] ^= 1
+	blk, err := blocks.NewBlockWithCid(bad, cidOf(h)) // unchecked outside debug builds
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sharer.bstore.Put(ctx, blk); err != nil {
+		t.Fatal(err)
+	}
+	// Streams go to the sharer alone; the helper serves through bitswap.
+	got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[0].Data, data) {
+		t.Fatal("tensor differs")
+	}
+	if joiner.Stats().PeerErrors[sharer.ID()] == 0 {
+		t.Error("the wrong block was not counted against the sharer")
+	}
 }

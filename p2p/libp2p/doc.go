@@ -44,10 +44,13 @@
 //
 // ShareCheckpoint stores a model as blocks per tensor plus a manifest block;
 // the manifest's id (its BlockDigest) names the checkpoint. FetchCheckpoint gets
-// the manifest, then every block with a bounded number of requests in flight
-// over one bitswap session (which spreads the wants over the peers that have
-// the blocks), verifies each block, and retries failed requests, so a peer
-// leaving mid-transfer costs a retry, not the transfer. A joiner learns the
+// the manifest, then streams the blocks from the peers that offer it (the blob
+// stream, in chunks that two streams per peer take in turn), each read
+// straight into its tensor and verified on arrival; whatever the streams do
+// not deliver comes with a bounded number of requests in flight over a
+// bitswap session (which spreads the wants over the peers that have the
+// blocks), verified too and retried, so a peer leaving mid-transfer costs a
+// retry, not the transfer. A joiner learns the
 // manifest id by asking the previous epoch's clients (FindCheckpoint over
 // OfferProtocol) and takes the id most of them offer.
 //

@@ -54,6 +54,18 @@ type Network interface {
 	// same commitment again (a re-announcement, a relayed or pulled copy) is
 	// filtered out.
 	Announcements() <-chan Announcement
+	// Notify gossips a signed training notice: this node has begun work on
+	// its batch of step (p2p.Notice). It is re-sent while the step is
+	// current and its result not published, so that a peer whose view lags
+	// (it refuses a notice for a batch it does not know assigned yet) or
+	// that missed it hears of it; Publish for the same step and batch ends
+	// that.
+	Notify(ctx context.Context, step uint32, batch BatchRange) error
+	// Notices delivers each valid notice of other trainers once per
+	// trainer, step and batch. Notices are validated as announcements are
+	// (signature, run, step window, assignment), and a peer that sends an
+	// invalid one is trusted less the same way.
+	Notices() <-chan Notice
 	// Pull asks connected peers for the announcements they hold for step and
 	// returns the valid ones not delivered before (the gossip fallback),
 	// conflicting ones included.

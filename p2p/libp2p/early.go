@@ -78,7 +78,7 @@ func (n *Node) releaseEarly() {
 	n.early, n.earlyPer = map[nonceKey]earlyAnnouncement{}, map[coordinator.Pubkey]int{}
 	n.mu.Unlock()
 	for _, e := range pending {
-		err := n.checkView(&e.a)
+		err := n.checkView(e.a.RunID, e.a.Step, e.a.Batch, e.a.Trainer)
 		switch {
 		case err == nil:
 			if !n.markSeen(&e.a) {

@@ -180,7 +180,7 @@ func (n *Node) check(data []byte) (p2p.Announcement, error) {
 	} else if err := n.verifyOnce(data, &a); err != nil {
 		return a, err
 	}
-	if err := n.checkView(&a); err != nil || malformed == nil {
+	if err := n.checkView(a.RunID, a.Step, a.Batch, a.Trainer); err != nil || malformed == nil {
 		return a, err
 	}
 	return a, malformed
@@ -242,42 +242,48 @@ func (e signedMalformed) Unwrap() error { return e.err }
 
 // checkView checks what depends on the run and this node's view of it:
 // the run id, the step window, and the batch's assignment.
-func (n *Node) checkView(a *p2p.Announcement) error {
-	if a.RunID != *n.cfg.runID {
-		return fmt.Errorf("%w: %q", p2p.ErrWrongRun, a.RunID)
+// A notice (Notice) is checked the same way.
+func (n *Node) checkView(runID string, step uint32, batch p2p.BatchRange, trainer coordinator.ClientID) error {
+	if runID != *n.cfg.runID {
+		return fmt.Errorf("%w: %q", p2p.ErrWrongRun, runID)
 	}
 	cur := n.step.Load()
 	lo := cur - min(cur, 2)
-	if a.Step < lo || a.Step > cur+1 {
-		return fmt.Errorf("%w: step %d at %d", p2p.ErrStepOutOfWindow, a.Step, cur)
+	if step < lo || step > cur+1 {
+		return fmt.Errorf("%w: step %d at %d", p2p.ErrStepOutOfWindow, step, cur)
 	}
 	n.mu.Lock()
 	assignments := n.assignments
 	n.mu.Unlock()
 	if assignments != nil {
-		return assignments.Check(a.Step, a.Batch, a.Trainer)
+		return assignments.Check(step, batch, trainer)
 	}
 	if n.cfg.allowAll {
 		return nil
 	}
 	n.mu.Lock()
-	id, ok := n.clients[a.Trainer.P2P]
+	id, ok := n.clients[trainer.P2P]
 	n.mu.Unlock()
-	if !ok || id != a.Trainer {
+	if !ok || id != trainer {
 		return fmt.Errorf("%w: not a client of the epoch", p2p.ErrNotAssigned)
 	}
 	return nil
 }
 
-// markSeen records a nonce and reports whether it was new.
-func (n *Node) markSeen(a *p2p.Announcement) bool {
+// markSeen records an announcement's nonce and reports whether it was new.
+func (n *Node) markSeen(a *p2p.Announcement) bool { return n.markNonce(a.Trainer.P2P, a.Nonce, a.Step) }
+
+// markNonce records a nonce of key's, of a message for step, and reports
+// whether it was new. A node's announcements and notices draw on one
+// counter, so one table serves both.
+func (n *Node) markNonce(key coordinator.Pubkey, nonce uint64, step uint32) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	k := nonceKey{a.Trainer.P2P, a.Nonce}
+	k := nonceKey{key, nonce}
 	if _, dup := n.seen[k]; dup {
 		return false
 	}
-	n.seen[k] = a.Step
+	n.seen[k] = step
 	return true
 }
 
@@ -317,6 +323,9 @@ const maxRejectLogged = 4096
 // anything invalid; Ignore for an exact replay of a nonce already seen, since
 // an honest relay can race a pull and is not to be punished for it.
 func (n *Node) validate(_ context.Context, from peer.ID, m *pubsub.Message) pubsub.ValidationResult {
+	if p2p.IsNotice(m.Data) {
+		return n.validateNotice(from, m)
+	}
 	if from == n.host.ID() {
 		// Our own publish (Publish signed it; the assignment is the
 		// trainer's business). Record the nonce so a replay is caught.
@@ -367,6 +376,10 @@ func (n *Node) receiveLoop(ctx context.Context) error {
 		}
 		if m.ReceivedFrom == n.host.ID() {
 			continue // our own, already held by Publish
+		}
+		if no, ok := m.ValidatorData.(p2p.Notice); ok {
+			n.handOverNotice(no)
+			continue
 		}
 		a, ok := m.ValidatorData.(p2p.Announcement)
 		if !ok || !n.hold(&a, m.Data) {
@@ -433,6 +446,7 @@ func (n *Node) Publish(ctx context.Context, step uint32, batch p2p.BatchRange, p
 	n.mu.Lock()
 	n.own[k] = a
 	n.delivered[k] = struct{}{}
+	delete(n.ownNotices, noticeKeyOf(a.Trainer.P2P, step, batch)) // the result says it now
 	n.mu.Unlock()
 	n.m.Published.Inc()
 	n.hold(&a, raw)
@@ -480,5 +494,6 @@ func (n *Node) reannounceLoop(ctx context.Context) {
 			}
 			n.m.Reannounced.Inc()
 		}
+		n.renotify(ctx)
 	}
 }

@@ -42,6 +42,8 @@ type Node struct {
 	id     coordinator.Pubkey
 	signer coordinator.Pubkey
 	out    chan p2p.Announcement
+	// notices delivers other trainers' notices (Notices).
+	notices chan p2p.Notice
 
 	mu          sync.Mutex
 	closed      bool
@@ -57,13 +59,17 @@ type Node struct {
 	stats       p2p.Stats
 	nonce       uint64
 	maxPayload  int64
+	noticed     map[noticeKey]bool // notices handed to the trainer
+	// early are notices for a batch not assigned yet in this node's view,
+	// a step ahead of it: judged again when the view moves (SetAssignments).
+	early []p2p.Notice
 }
 
 var _ p2p.Network = (*Node)(nil)
 
 // Join adds a node with p2p key key, publishing as signer, to the hub.
 func (h *Hub) Join(runID string, key ed25519.PrivateKey, signer coordinator.Pubkey) *Node {
-	n := &Node{hub: h, runID: runID, key: key, signer: signer, out: make(chan p2p.Announcement, 4096),
+	n := &Node{hub: h, runID: runID, key: key, signer: signer, out: make(chan p2p.Announcement, 4096), notices: make(chan p2p.Notice, 1024), noticed: map[noticeKey]bool{},
 		peers: map[coordinator.Pubkey]bool{}, delivered: map[coordinator.Hash]bool{}, held: map[uint32][]p2p.Announcement{},
 		blobs: map[coordinator.Hash][]byte{}, offers: map[uint32]coordinator.Hash{}, checkpoints: map[coordinator.Hash][]p2p.Tensor{},
 		stats: p2p.Stats{Rejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{}, BlocksFrom: map[coordinator.Pubkey]uint64{}}}
@@ -185,6 +191,11 @@ func (n *Node) SetStep(step uint32) {
 			delete(n.held, s)
 		}
 	}
+	for k := range n.noticed {
+		if k.step+2 < step {
+			delete(n.noticed, k)
+		}
+	}
 }
 
 // SetClients implements p2p.Network: peers that are no longer clients are
@@ -218,7 +229,12 @@ func (n *Node) SetAssignments(as []p2p.Assignment) {
 	m := p2p.IndexAssignments(as)
 	n.mu.Lock()
 	n.assignments = m
+	early := n.early
+	n.early = nil
 	n.mu.Unlock()
+	for _, no := range early {
+		n.receiveNotice(no)
+	}
 }
 
 // Publish implements p2p.Network.
@@ -335,18 +351,24 @@ func (e signedMalformed) Unwrap() error { return e.err }
 
 // checkView checks the run, the step window and the assignment.
 func (n *Node) checkView(a *p2p.Announcement) error {
-	if a.RunID != n.runID {
-		return fmt.Errorf("%w: %q", p2p.ErrWrongRun, a.RunID)
+	return n.checkViewOf(a.RunID, a.Step, a.Batch, a.Trainer)
+}
+
+// checkViewOf checks a message's run, step window and assignment (an
+// announcement's or a notice's).
+func (n *Node) checkViewOf(runID string, step uint32, batch p2p.BatchRange, trainer coordinator.ClientID) error {
+	if runID != n.runID {
+		return fmt.Errorf("%w: %q", p2p.ErrWrongRun, runID)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if lo := n.step - min(n.step, 2); a.Step < lo || a.Step > n.step+1 {
-		return fmt.Errorf("%w: step %d at %d", p2p.ErrStepOutOfWindow, a.Step, n.step)
+	if lo := n.step - min(n.step, 2); step < lo || step > n.step+1 {
+		return fmt.Errorf("%w: step %d at %d", p2p.ErrStepOutOfWindow, step, n.step)
 	}
 	if n.assignments != nil {
-		return n.assignments.Check(a.Step, a.Batch, a.Trainer)
+		return n.assignments.Check(step, batch, trainer)
 	}
-	if id, ok := n.clients[a.Trainer.P2P]; n.clients != nil && (!ok || id != a.Trainer) {
+	if id, ok := n.clients[trainer.P2P]; n.clients != nil && (!ok || id != trainer) {
 		return fmt.Errorf("%w: not a client of the epoch", p2p.ErrNotAssigned)
 	}
 	return nil

@@ -267,6 +267,50 @@ func Run(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("notices", func(t *testing.T) {
+		// A trainer's notice that it trains its batch reaches its peers,
+		// as its trainer signed it; one for a batch a peer's view assigns
+		// to someone else is refused there and not delivered.
+		ns := cluster(t, h, "m", "p", "q")
+		m, p, q := ns[0], ns[1], ns[2]
+		var as []p2p.Assignment
+		for step := uint32(4); step <= 6; step++ {
+			as = append(as, p2p.Assignment{Step: step, Batch: p2p.BatchRange{Start: 0, End: 1}, Trainer: ID("m")},
+				p2p.Assignment{Step: step, Batch: p2p.BatchRange{Start: 1, End: 2}, Trainer: ID("nobody")},
+				p2p.Assignment{Step: step, Batch: p2p.BatchRange{Start: 2, End: 3}, Trainer: ID("q")})
+		}
+		m.SetAssignments(as)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := m.Notify(ctx, 5, p2p.BatchRange{Start: 0, End: 1}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []node{p, q} {
+			select {
+			case no := <-n.Notices():
+				if no.Trainer != ID("m") || no.Step != 5 || no.Batch != (p2p.BatchRange{Start: 0, End: 1}) || no.RunID != RunID || no.Verify() != nil {
+					t.Fatalf("%s got %+v", n.name, no)
+				}
+			case <-ctx.Done():
+				t.Fatalf("%s never got m's notice", n.name)
+			}
+		}
+		if err := p.Notify(ctx, 5, p2p.BatchRange{Start: 1, End: 2}); err != nil {
+			t.Fatal(err)
+		}
+		for m.Stats().Rejected["not_assigned"] == 0 {
+			select {
+			case no := <-m.Notices():
+				if no.Trainer == ID("p") {
+					t.Fatal("an unassigned notice was delivered")
+				}
+			case <-ctx.Done():
+				t.Fatal("the unassigned notice was never refused")
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	})
+
 	t.Run("checkpoints", func(t *testing.T) {
 		ns := cluster(t, h, "f", "g", "j")
 		f, g, j := ns[0], ns[1], ns[2]

@@ -1,0 +1,99 @@
+package memnet
+
+import (
+	"context"
+	"errors"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
+)
+
+// noticeKey is one trainer's notice of one batch, whatever its nonce.
+type noticeKey struct {
+	p2p   coordinator.Pubkey
+	step  uint32
+	batch p2p.BatchRange
+}
+
+// maxEarlyNotices bounds the notices kept for a view not reached yet.
+const maxEarlyNotices = 1024
+
+// Notify implements p2p.Network: the notice is signed and spread as gossip
+// spreads it. A peer whose view has not reached the notice's round yet
+// keeps it until it does (p2p/libp2p's trainer re-sends it instead; in
+// memory nothing is lost on the way, so keeping it is the same).
+func (n *Node) Notify(ctx context.Context, step uint32, batch p2p.BatchRange) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return p2p.ErrClosed
+	}
+	n.nonce++
+	no := p2p.Notice{RunID: n.runID, Step: step, Batch: batch, Trainer: coordinator.ClientID{Signer: n.signer}, Nonce: n.nonce}
+	n.mu.Unlock()
+	if err := no.Sign(n.key); err != nil {
+		return err
+	}
+	n.SendNotice(no)
+	return nil
+}
+
+// SendNotice spreads a notice as it is, signed or not: what Notify sends,
+// or, for tests, what a misbehaving trainer can.
+func (n *Node) SendNotice(no p2p.Notice) {
+	q := n.connected()
+	for len(q) > 0 {
+		p := q[0]
+		q = q[1:]
+		if p.receiveNotice(no) {
+			q = append(q, p.connected()...)
+		}
+	}
+}
+
+// receiveNotice takes a gossiped notice, validated as p2p/libp2p's
+// validator does, delivers it once per trainer, step and batch, and reports
+// whether it is new (to be relayed).
+func (n *Node) receiveNotice(no p2p.Notice) bool {
+	if no.Trainer.P2P == n.id {
+		return false
+	}
+	err := no.Verify()
+	if err == nil {
+		err = n.checkViewOf(no.RunID, no.Step, no.Batch, no.Trainer)
+	}
+	if errors.Is(err, p2p.ErrNotAssigned) {
+		n.mu.Lock()
+		ahead := no.Step == n.step+1 && len(n.early) < maxEarlyNotices
+		if ahead {
+			n.early = append(n.early, no)
+		}
+		n.mu.Unlock()
+		if ahead {
+			return false
+		}
+	}
+	if err != nil {
+		n.reject(err)
+		return false
+	}
+	k := noticeKey{no.Trainer.P2P, no.Step, no.Batch}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.noticed[k] {
+		return false
+	}
+	n.noticed[k] = true
+	select {
+	case n.notices <- no:
+	default:
+		delete(n.noticed, k)
+	}
+	return true
+}
+
+// Notices implements p2p.Network.
+func (n *Node) Notices() <-chan p2p.Notice { return n.notices }

@@ -106,6 +106,8 @@ func names(kv *transcript.Args, key string) []string {
 //	                                 v names another version of it (b equivocates)
 //	fetched who=b [step=S] [v=2] [err=timeout|invalid]   b's result arrived, or its fetch failed
 //	pulled who=b,c/2 [step=S]        a pull answered with their announcements (c/2: c's version 2)
+//	notice who=b [step=S] [batch-of=c]   b's training notice for its batch of step S (default: the
+//	                                 current one), or for c's batch (a notice from the wrong trainer)
 //	machine-tick                     the machine's one-second tick, at the coordinator's time
 //	due-tick                         the check for a due transition between those (WithTicking)
 //	time [n=1]                       the clock moves n seconds and nobody ticks (a Solana run)
@@ -214,6 +216,14 @@ func (h *harness) run(kv *transcript.Args) string {
 			list = append(list, a)
 		}
 		return h.ready(h.m.Pulled(list))
+	case "notice":
+		who := kv.Get("who")
+		step := uint32(kv.Uint(h.t, "step", uint64(h.s.Progress.Step)))
+		of := who
+		if o := kv.Get("batch-of"); o != "" {
+			of = o
+		}
+		return h.ready(h.m.Noticed(p2p.Notice{RunID: "transcript", Step: step, Batch: h.batchOf(of, step), Trainer: idOf(who)}))
 	case "machine-tick":
 		return h.ready(h.m.Tick(h.now))
 	case "due-tick":

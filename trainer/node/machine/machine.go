@@ -26,6 +26,7 @@ type Machine struct {
 	snap     *coordinator.Coordinator
 	results  map[uint32]map[uint64]*result // step → batch start → first verified result
 	claims   map[uint32]map[uint64]*claim  // step → batch start → what its trainer announced
+	notices  map[uint32]map[noticed]bool   // step → the training notices heard (patience.go)
 	fetching map[coordinator.Hash]bool
 	rejected map[coordinator.Hash]bool // results that failed their checks: never fetched again
 	// prints are the fingerprints (distro.Frame.Fingerprint) of the results
@@ -133,6 +134,7 @@ type dueRound struct {
 func New(id coordinator.ClientID, epochs int, ticking bool, newKey func() uint64) *Machine {
 	return &Machine{id: id, epochs: epochs, ticking: ticking, newKey: newKey,
 		results: map[uint32]map[uint64]*result{}, claims: map[uint32]map[uint64]*claim{}, fetching: map[coordinator.Hash]bool{},
+		notices:  map[uint32]map[noticed]bool{},
 		rejected: map[coordinator.Hash]bool{}, rounds: map[uint32]*roundState{}, prints: map[[32]byte]printSeen{}}
 }
 
@@ -331,6 +333,11 @@ func (m *Machine) forget() {
 	for st := range m.claims {
 		if rs := m.rounds[st]; st+4 < step && (rs == nil || rs.due == nil) {
 			delete(m.claims, st)
+		}
+	}
+	for st := range m.notices {
+		if st < step {
+			delete(m.notices, st) // only the current round's are asked about
 		}
 	}
 	for fp, seen := range m.prints {

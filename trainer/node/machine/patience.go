@@ -1,6 +1,9 @@
 package machine
 
-import "github.com/psyche-go/psyche/coordinator"
+import (
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/p2p"
+)
 
 // How long a witness waits for a silent trainer: one that has announced no
 // result of the round while every other trainer's result is in (or settled).
@@ -30,6 +33,22 @@ import "github.com/psyche-go/psyche/coordinator"
 // that nobody trained ahead); the training limit still bounds everything.
 // A batch whose announcement came is never given up on here: its fetch has
 // its own limits, and a result that fails its checks settles the batch.
+//
+// Nor is a batch whose trainer has said it trains it: a signed training
+// notice (p2p.Notice, Noticed), which a trainer gossips when it begins its
+// batch (or, for a batch it trained ahead, when it sees the round begin).
+// A witness waits for such a batch's result as for an announced one, up to
+// the round's training limit. Without it a witness could not tell a slow
+// trainer from a silent one: a trainer starved of CPU on an overloaded
+// machine (a localnet of three PyTorch trainers on two cores) announced
+// its result 3.4 s after the last other one, past the patience, and was
+// dropped. The patience rule still ends rounds quickly for trainers that
+// said nothing at all (crashed, gone). A trainer that sends notices and
+// never a result holds the rounds it is in to the training limit, until a
+// health check drops it: the first round it fails, since the witnesses
+// leave it out of that round's reports. A notice is about one batch and
+// says nothing of how fast results come: the pace counts results only, so
+// a notice neither shortens nor lengthens the patience for others.
 //
 // Every time here is counted in the seconds this node has watched the
 // run: its one-second ticks (Tick), each counted once, however long after
@@ -138,10 +157,42 @@ func (m *Machine) pace() uint64 {
 }
 
 // silent reports whether batch b of step has had no announcement at all
-// (nor, for this node's own batch, its result): its trainer has said
-// nothing of it.
+// (nor, for this node's own batch, its result), and no training notice of
+// its trainer: its trainer has said nothing of it.
 func (m *Machine) silent(step uint32, b owedBatch) bool {
-	return b.trainer != m.id.Signer && m.claims[step][b.start] == nil && m.results[step][b.start] == nil
+	return b.trainer != m.id.Signer && m.claims[step][b.start] == nil && m.results[step][b.start] == nil &&
+		!m.notices[step][noticed{start: b.start, trainer: b.trainer}]
+}
+
+// noticed is a batch (by its start) and the trainer whose notice said it
+// trains it.
+type noticed struct {
+	start   uint64
+	trainer coordinator.Pubkey
+}
+
+// Noticed takes a peer's training notice: from then on the batch is not
+// silent (see above) if the notice's trainer is the one the batch is
+// assigned to when the witness asks; a notice from anyone else is kept but
+// never matches. Only notices of the current round and the next are kept
+// (one may come before the snapshot that starts its round). It changes
+// nothing at once: a witness that waits for a silent batch waits on.
+func (m *Machine) Noticed(n p2p.Notice) Ready {
+	if n.Trainer == m.id || m.snap == nil || m.dropped() {
+		return Ready{}
+	}
+	if cur := m.snap.Progress.Step; n.Step < cur || n.Step > cur+1 {
+		return Ready{}
+	}
+	byBatch := m.notices[n.Step]
+	if byBatch == nil {
+		byBatch = map[noticed]bool{}
+		m.notices[n.Step] = byBatch
+	}
+	if len(byBatch) < coordinator.MaxClients {
+		byBatch[noticed{start: n.Batch.Start, trainer: n.Trainer.Signer}] = true
+	}
+	return Ready{}
 }
 
 // outOfPatience reports whether this node has waited long enough for the

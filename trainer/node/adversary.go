@@ -24,7 +24,7 @@ import (
 
 // Adversaries are the attacks WithAdversary knows.
 var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "repeat-blocks", "oversize", "bogus-checkpoint",
-	"copycat", "stale", "lazy-zero", "lazy-noise", "wrong-data", "slow", "withhold", "late"}
+	"copycat", "stale", "lazy-zero", "lazy-noise", "wrong-data", "slow", "withhold", "late", "later"}
 
 // WithAdversary makes the node publish, instead of its result:
 //   - huge: float values of ±distro.MaxValue, the largest a frame may carry,
@@ -57,12 +57,17 @@ var Adversaries = []string{"huge", "nonfinite", "flip", "noise", "equivocate", "
 //   - slow: an honest trainer that takes 300 ms longer on every batch (for
 //     false accusations: verification must not drop it);
 //   - withhold: it trains (and witnesses) honestly but never announces its
-//     result: a silent trainer, which its witnesses would wait for until
-//     the round's training limit;
+//     result, nor sends a training notice: a silent trainer, which its
+//     witnesses would wait for until the round's training limit;
 //   - late: an honest trainer whose every result reaches its peers a second
 //     (of the node's clock: virtual in a virtual-time run) after it trained
 //     it, as a slower GPU or link would deliver it: within the witnesses'
-//     patience (patience.go), it must keep its place.
+//     patience (patience.go), it must keep its place;
+//   - later: as late, but its results come laterDelay after it trained
+//     them, past the witnesses' patience for a silent trainer in a round
+//     whose other results all came at once, and within the round's
+//     training limit: the training notice it sends when it begins its
+//     batch keeps its place.
 func WithAdversary(kind string) (Option, error) {
 	r := rand.New(rand.NewPCG(uint64(len(kind)), 0x5eed))
 	frameAttack := func(mutate func(*distro.Frame)) Option {
@@ -235,6 +240,7 @@ func WithAdversary(kind string) (Option, error) {
 	case "withhold":
 		return func(c *config) error {
 			c.publish = withholdingPublish
+			c.silent = true
 			return nil
 		}, nil
 	case "late":
@@ -243,6 +249,13 @@ func WithAdversary(kind string) (Option, error) {
 			// one the node runs on when this publishes.
 			c.publish = func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
 				return latePublish(ctx, c.clock, time.Second, net, step, batch, payload)
+			}
+			return nil
+		}, nil
+	case "later":
+		return func(c *config) error {
+			c.publish = func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+				return latePublish(ctx, c.clock, laterDelay, net, step, batch, payload)
 			}
 			return nil
 		}, nil
@@ -326,6 +339,11 @@ func unsent(step uint32, batch p2p.BatchRange, payload []byte) p2p.Announcement 
 	return p2p.Announcement{Step: step, Batch: batch, Commitment: p2p.Commitment(step, batch, payload),
 		Blob: p2p.BlobRef{Size: uint64(len(payload)), Blocks: p2p.BlockDigests(payload)}}
 }
+
+// laterDelay is how late the later adversary's results come: more than the
+// least patience (2 s after the second of the last other result) and less
+// than localrun's training limit (7 s).
+const laterDelay = 5 * time.Second
 
 // latePublish publishes the payload after delay on clock, in the
 // background (not marked as work: a virtual clock moves meanwhile), and

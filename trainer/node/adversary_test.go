@@ -266,6 +266,17 @@ func TestLateTrainerKeepsItsPlace(t *testing.T) {
 	nobodyDropped(t, "late", func(k *coordinator.Config) { k.EpochTime = 12 })
 }
 
+// TestSlowerTrainerKeepsItsPlace: an honest trainer whose results reach
+// its peers 5 s after it began its batch, past the witnesses' patience
+// for a trainer that said nothing (the others' results all come at once,
+// so 2 s after them) and within the round's training limit (7 s), keeps
+// its place in every round of two epochs: the training notice it sends
+// when it begins its batch tells its witnesses it is slow, not silent.
+// Without the notice it is dropped in its first round.
+func TestSlowerTrainerKeepsItsPlace(t *testing.T) {
+	nobodyDropped(t, "later", func(k *coordinator.Config) { k.EpochTime = 12 })
+}
+
 // nobodyDropped plays two epochs of four trainers, the fourth the honest
 // adversary kind (slow, late), and wants nobody dropped and every trainer
 // ending with the same weights.

@@ -303,7 +303,7 @@ func (n *Node) Run(ctx context.Context) error {
 	ev := events{fetched: make(chan fetchResult, 16), pulled: make(chan pullResult, 1), ticked: make(chan func(), 1)}
 	n.fetchCtx, n.cancelFetch = context.WithCancel(ctx)
 	defer func() { n.cancelFetch() }()
-	anns := n.net.Announcements()
+	anns, notices := n.net.Announcements(), n.net.Notices()
 	drv := drive.New(n.m, effects{n: n, ctx: ctx, ev: ev})
 	tick, stopTick := n.cfg.clock.Ticker(time.Second)
 	defer stopTick()
@@ -370,6 +370,9 @@ func (n *Node) Run(ctx context.Context) error {
 			case a := <-anns:
 				ended = n.cfg.clock.Work()
 				rd = n.m.Announced(a)
+			case no := <-notices:
+				ended = n.cfg.clock.Work()
+				rd = n.m.Noticed(no)
 			case f := <-ev.fetched:
 				ended = f.done
 				n.fetches.finished(f.ann)

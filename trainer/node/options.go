@@ -39,7 +39,10 @@ type config struct {
 	dataShift uint64
 	// publish replaces the network's Publish: fault injection in tests
 	// (export_test.go).
-	publish   func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)
+	publish func(ctx context.Context, net p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error)
+	// silent, in the adversary build, keeps the node from sending training
+	// notices: with withhold, a trainer that says nothing of its batch.
+	silent    bool
 	epochs    int
 	ticking   bool
 	joinAfter []coordinator.Pubkey // WithJoinOrder

@@ -249,7 +249,7 @@ func (n *Node) startAhead(ctx context.Context, w machine.TrainWork) {
 	go func() {
 		defer working()
 		defer close(a.done)
-		a.loss, a.seqLosses, a.took, a.err = n.gradient(ctx, &a.work)
+		a.loss, a.seqLosses, a.took, a.err = n.gradient(ctx, &a.work, nil)
 	}()
 }
 
@@ -261,6 +261,34 @@ func (n *Node) startAhead(ctx context.Context, w machine.TrainWork) {
 // a localnet that compares its trainers' weights at the end found one
 // without any.
 func computing(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// failed reports whether the gradient trained ahead is done and failed
+// (its data did not come): the batch is read again, or sat out.
+func (a *aheadRun) failed() bool {
+	select {
+	case <-a.done:
+		return a.err != nil
+	default:
+		return false
+	}
+}
+
+// notify gossips the training notice of w's batch (p2p.Notice): this node
+// has its data and computes it. The round's witnesses then wait for its
+// result up to the round's training limit, instead of giving it up after
+// their patience for a trainer that said nothing (patience.go): on a busy
+// machine an honest trainer's result can come seconds after the others'.
+// It is sent once the data is in (or, for a gradient trained ahead, as
+// the round begins), so a node that sits the round out for want of data
+// sends none and is not waited for.
+func (n *Node) notify(ctx context.Context, w *machine.TrainWork) {
+	if n.cfg.silent {
+		return
+	}
+	if err := n.net.Notify(ctx, w.Step, w.Batch); err != nil {
+		n.cfg.log.Debug("training notice not sent", "step", w.Step, "err", err)
+	}
+}
 
 // finishAhead waits for the gradient trained ahead, if one is running.
 func (n *Node) finishAhead() {
@@ -320,11 +348,15 @@ func (n *Node) logNoData(ctx context.Context, err error, what string, attrs ...a
 // gradient reads w's batch and leaves the gradient on it in the engine; it
 // returns the loss, each sequence's loss and how long computing it took
 // (reading the data not included).
-func (n *Node) gradient(ctx context.Context, w *machine.TrainWork) (float32, []float32, time.Duration, error) {
+// began, if set, is called once the data is in, as the computing begins.
+func (n *Node) gradient(ctx context.Context, w *machine.TrainWork, began func()) (float32, []float32, time.Duration, error) {
 	e := n.engine()
 	b, err := n.readBatch(ctx, e, w.Batch.Start, w.Batch.End, n.cfg.dataShift)
 	if err != nil {
 		return 0, nil, 0, err
+	}
+	if began != nil {
+		began()
 	}
 	start := time.Now()
 	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
@@ -339,6 +371,16 @@ func (n *Node) gradient(ctx context.Context, w *machine.TrainWork) (float32, []f
 // result. The gradient is the one trained ahead when the machine says it is
 // still valid and this node holds it; otherwise it is computed now.
 func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcement, *distro.Frame, machine.TrainStats, error) {
+	notified := false
+	notify := func() {
+		if !notified {
+			notified = true
+			n.notify(ctx, w)
+		}
+	}
+	if a := n.ahead; w.Reuse && a != nil && a.work.Step == w.Step && a.work.Batch == w.Batch && !a.failed() {
+		notify() // begun before the round: say so as it begins, not once the gradient is done
+	}
 	n.finishAhead()
 	a := n.ahead
 	n.ahead = nil
@@ -356,7 +398,7 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 		// server that answers 429 under load): the reads retry until then.
 		until := time.Now().Add(time.Unix(int64(w.Deadline), 0).Sub(n.cfg.clock.Now()))
 		var err error
-		if loss, seqLosses, computed, err = n.gradient(data.RetryUntil(ctx, until), w); err != nil {
+		if loss, seqLosses, computed, err = n.gradient(data.RetryUntil(ctx, until), w, notify); err != nil {
 			if errors.Is(err, drive.ErrNoData) {
 				n.logNoData(ctx, err, "sitting this round out", "step", w.Step)
 			}

@@ -32,6 +32,13 @@
 // Pull a step's announcements from its peers over a direct stream
 // (PullProtocol); pulled announcements pass the same validation.
 //
+// Before its result, a trainer Notifies: a signed Notice (run, step, batch,
+// trainer, nonce) on the same topic says it has begun its batch, so that
+// its witnesses wait for a slow result instead of taking the trainer for a
+// silent one. It is validated as an announcement is, delivered once on
+// Notices, and re-sent with the re-announcements until the result is
+// published (notice.go).
+//
 // The node learns the run only as data pushed to it: SetStep moves the
 // validation window and collects blobs more than two steps old,
 // SetAssignments installs who trains which batch of each round the

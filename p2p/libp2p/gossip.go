@@ -60,9 +60,10 @@ func (n *Node) startGossip() error {
 }
 
 // Peer scoring (gossipsub v1.1): a peer that forwards invalid announcements
-// (bad signature, malformed, another run's, oversized) loses 20 points for
-// the first, 80 for two (the penalty is squared), and the trainer's reports
-// (ReportPeer: equivocation, results that do not decode) cost 100 each. At
+// or training notices (bad signature, malformed, another run's, oversized)
+// loses 20 points for the first, 80 for two (the penalty is squared), and
+// the trainer's reports (ReportPeer: equivocation, results that do not
+// decode) cost 100 each. At
 // −80 a peer is graylisted: everything it sends is ignored. Announcements
 // that are only outside this node's view (the step window, the
 // assignments, which can lag the sender's by a snapshot) are ignored, not

@@ -37,13 +37,13 @@ func (n *Node) Notify(ctx context.Context, step uint32, batch p2p.BatchRange) er
 	if err := no.Sign(n.key); err != nil {
 		return err
 	}
-	n.SendNotice(no)
+	n.spreadNotice(no)
 	return nil
 }
 
-// SendNotice spreads a notice as it is, signed or not: what Notify sends,
-// or, for tests, what a misbehaving trainer can.
-func (n *Node) SendNotice(no p2p.Notice) {
+// spreadNotice carries a notice through the network as gossip does (see
+// spread): a node that takes it as new relays it to its peers.
+func (n *Node) spreadNotice(no p2p.Notice) {
 	q := n.connected()
 	for len(q) > 0 {
 		p := q[0]

@@ -55,6 +55,17 @@ type Notice struct {
 	Signature [ed25519.SignatureSize]byte
 }
 
+// NoticeKey names a notice independently of its nonce: one trainer's
+// notice of one batch, the same however often it is re-sent.
+type NoticeKey struct {
+	P2P   coordinator.Pubkey
+	Step  uint32
+	Batch BatchRange
+}
+
+// Key is the notice's NoticeKey.
+func (n Notice) Key() NoticeKey { return NoticeKey{n.Trainer.P2P, n.Step, n.Batch} }
+
 // IsNotice reports whether an encoded gossip message is a notice (else it
 // is an announcement, or nothing valid).
 func IsNotice(b []byte) bool { return len(b) > 0 && b[0] == noticeKind }

@@ -447,7 +447,7 @@ func (n *Node) Publish(ctx context.Context, step uint32, batch p2p.BatchRange, p
 	n.mu.Lock()
 	n.own[k] = a
 	n.delivered[k] = struct{}{}
-	delete(n.ownNotices, noticeKeyOf(a.Trainer.P2P, step, batch)) // the result says it now
+	delete(n.ownNotices, p2p.NoticeKey{P2P: a.Trainer.P2P, Step: step, Batch: batch}) // the result says it now
 	n.mu.Unlock()
 	n.m.Published.Inc()
 	n.hold(&a, raw)

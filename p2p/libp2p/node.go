@@ -83,8 +83,8 @@ type Node struct {
 	rejectLogged map[rejectKey]bool             // (peer, reason) pairs already logged as warnings
 	early        map[nonceKey]earlyAnnouncement // a step ahead of the view (holdEarly)
 	earlyPer     map[coordinator.Pubkey]int     // early announcements per trainer
-	noticed      map[noticeKey]struct{}         // notices already handed to the trainer
-	ownNotices   map[noticeKey]p2p.Notice       // our notices, re-sent until the result is published
+	noticed      map[p2p.NoticeKey]struct{}     // notices already handed to the trainer (each once)
+	ownNotices   map[p2p.NoticeKey]p2p.Notice   // our notices, re-sent until the result is published
 
 	// verified holds the digests of announcement encodings whose signature
 	// was checked, by step (see verifyOnce).
@@ -189,7 +189,7 @@ func New(opts ...Option) (*Node, error) {
 	n := &Node{
 		cfg: cfg, log: cfg.logger.With("peer", id.String()), m: cfg.metrics, key: key, signer: cfg.signer,
 		host: h, gate: gate, out: make(chan p2p.Announcement, 4096), notices: make(chan p2p.Notice, 1024),
-		noticed: map[noticeKey]struct{}{}, ownNotices: map[noticeKey]p2p.Notice{},
+		noticed: map[p2p.NoticeKey]struct{}{}, ownNotices: map[p2p.NoticeKey]p2p.Notice{},
 		clients: map[coordinator.Pubkey]coordinator.ClientID{}, seen: map[nonceKey]uint32{},
 		early: map[nonceKey]earlyAnnouncement{}, earlyPer: map[coordinator.Pubkey]int{},
 		delivered: map[deliveryKey]struct{}{}, held: map[uint32][][]byte{}, heldKeys: map[deliveryKey]struct{}{},
@@ -520,12 +520,12 @@ func (n *Node) SetStep(step uint32) {
 		}
 	}
 	for k := range n.noticed {
-		if k.step < oldest {
+		if k.Step < oldest {
 			delete(n.noticed, k)
 		}
 	}
 	for k := range n.ownNotices {
-		if k.step < step {
+		if k.Step < step {
 			delete(n.ownNotices, k) // its round is over: nobody waits for it now
 		}
 	}

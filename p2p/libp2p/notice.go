@@ -11,18 +11,6 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 )
 
-// noticeKey names a notice independently of its nonce: one trainer's
-// notice of one batch, delivered once however often it is re-sent.
-type noticeKey struct {
-	p2p   coordinator.Pubkey
-	step  uint32
-	batch p2p.BatchRange
-}
-
-func noticeKeyOf(k coordinator.Pubkey, step uint32, batch p2p.BatchRange) noticeKey {
-	return noticeKey{k, step, batch}
-}
-
 // checkNotice decodes and validates a notice from outside as check does an
 // announcement: size, structure, signature, run, step window, assignment.
 func (n *Node) checkNotice(data []byte) (p2p.Notice, error) {
@@ -70,7 +58,7 @@ func (n *Node) validateNotice(from peer.ID, m *pubsub.Message) pubsub.Validation
 // handOverNotice gives a valid notice to the trainer once per trainer, step
 // and batch, without blocking.
 func (n *Node) handOverNotice(no p2p.Notice) {
-	k := noticeKeyOf(no.Trainer.P2P, no.Step, no.Batch)
+	k := no.Key()
 	n.mu.Lock()
 	_, done := n.noticed[k]
 	n.noticed[k] = struct{}{}
@@ -105,7 +93,7 @@ func (n *Node) Notify(ctx context.Context, step uint32, batch p2p.BatchRange) er
 		return err
 	}
 	n.mu.Lock()
-	n.ownNotices[noticeKeyOf(no.Trainer.P2P, step, batch)] = no
+	n.ownNotices[p2p.NoticeKey{P2P: no.Trainer.P2P, Step: step, Batch: batch}] = no
 	n.mu.Unlock()
 	return nil
 }

@@ -59,7 +59,7 @@ type Node struct {
 	stats       p2p.Stats
 	nonce       uint64
 	maxPayload  int64
-	noticed     map[noticeKey]bool // notices handed to the trainer
+	noticed     map[p2p.NoticeKey]bool // notices handed to the trainer
 	// early are notices for a batch not assigned yet in this node's view,
 	// a step ahead of it: judged again when the view moves (SetAssignments).
 	early []p2p.Notice
@@ -69,7 +69,7 @@ var _ p2p.Network = (*Node)(nil)
 
 // Join adds a node with p2p key key, publishing as signer, to the hub.
 func (h *Hub) Join(runID string, key ed25519.PrivateKey, signer coordinator.Pubkey) *Node {
-	n := &Node{hub: h, runID: runID, key: key, signer: signer, out: make(chan p2p.Announcement, 4096), notices: make(chan p2p.Notice, 1024), noticed: map[noticeKey]bool{},
+	n := &Node{hub: h, runID: runID, key: key, signer: signer, out: make(chan p2p.Announcement, 4096), notices: make(chan p2p.Notice, 1024), noticed: map[p2p.NoticeKey]bool{},
 		peers: map[coordinator.Pubkey]bool{}, delivered: map[coordinator.Hash]bool{}, held: map[uint32][]p2p.Announcement{},
 		blobs: map[coordinator.Hash][]byte{}, offers: map[uint32]coordinator.Hash{}, checkpoints: map[coordinator.Hash][]p2p.Tensor{},
 		stats: p2p.Stats{Rejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{}, BlocksFrom: map[coordinator.Pubkey]uint64{}}}
@@ -192,7 +192,7 @@ func (n *Node) SetStep(step uint32) {
 		}
 	}
 	for k := range n.noticed {
-		if k.step+2 < step {
+		if k.Step+2 < step {
 			delete(n.noticed, k)
 		}
 	}

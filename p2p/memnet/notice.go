@@ -8,13 +8,6 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 )
 
-// noticeKey is one trainer's notice of one batch, whatever its nonce.
-type noticeKey struct {
-	p2p   coordinator.Pubkey
-	step  uint32
-	batch p2p.BatchRange
-}
-
 // maxEarlyNotices bounds the notices kept for a view not reached yet.
 const maxEarlyNotices = 1024
 
@@ -80,7 +73,7 @@ func (n *Node) receiveNotice(no p2p.Notice) bool {
 		n.reject(err)
 		return false
 	}
-	k := noticeKey{no.Trainer.P2P, no.Step, no.Batch}
+	k := no.Key()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.noticed[k] {

@@ -54,19 +54,13 @@ class RowShards:
     rank: int
     all_gather_into: Callable[[torch.Tensor, torch.Tensor], None]
 
-    def where(self, i: int) -> List[nn.Parameter]:
-        raise NotImplementedError
-
-    def stacked(self, i: int) -> bool:
-        """Whether Go tensor i is one parameter a layer (its first axis)."""
-        raise NotImplementedError
-
-    def rows(self, i: int) -> int:
-        """The rows of each of Go tensor i's parameters."""
-        raise NotImplementedError
-
-    def sharded_params(self) -> Iterable[nn.Parameter]:
-        raise NotImplementedError
+    # Each subclass defines where a Go tensor lives, as methods rather than
+    # abstract ones here: fully_shard swaps a module's class for one it
+    # derives, which an ABCMeta class refuses ("object layout differs"):
+    #   where(i) -> the parameters holding Go tensor i (one per layer, or one)
+    #   stacked(i) -> whether Go tensor i is one parameter a layer
+    #   rows(i) -> the rows of each of Go tensor i's parameters
+    #   sharded_params() -> every parameter fully_shard shards, each once
 
     @torch.no_grad()
     def _gather(self, i: int, parts: List[torch.Tensor]) -> torch.Tensor:

@@ -24,6 +24,17 @@ func IndexAssignments(as []Assignment) Assignments {
 	return m
 }
 
+// Assigns reports whether the index assigns any batch at step: a view
+// that does not has not reached that round yet.
+func (m Assignments) Assigns(step uint32) bool {
+	for k := range m {
+		if k.step == step {
+			return true
+		}
+	}
+	return false
+}
+
 // Check reports whether trainer is assigned batch at step (wrapping
 // ErrNotAssigned when not). A nil index checks nothing: SetAssignments has
 // not been called.

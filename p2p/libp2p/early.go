@@ -13,7 +13,8 @@ import (
 // coordinator snapshot that starts that round does: its trainer saw the
 // round start first (snapshots reach trainers at different times), trained
 // and published at once. Its batch is then not in this node's assignments
-// yet. Ignoring it would cost this node the result until a pull (a second,
+// yet. So can one for this node's own step while its view assigns nothing
+// at that step: a warmup's view carries the step of the first round. Ignoring it would cost this node the result until a pull (a second,
 // and the round waits for this node's witness report), so the validator
 // keeps it, signed and from a client of the epoch, until SetAssignments
 // installs the next view, and judges it then. It is not relayed meanwhile
@@ -33,7 +34,8 @@ const (
 )
 
 // holdEarly keeps a for the next view if err says only that its batch is
-// not assigned yet at the step after this node's, and says what it did.
+// not assigned yet (at the step after this node's, or at its own step of
+// a view that assigns nothing there), and says what it did.
 // view is the view (n.views) read before the check that found err: a view
 // installed since may assign the batch already, so nothing is kept then. a's
 // signature has been verified (check verifies it before the view).
@@ -46,7 +48,7 @@ func (n *Node) holdEarly(a p2p.Announcement, raw []byte, from peer.ID, err error
 	if n.views.Load() != view {
 		return earlyViewMoved
 	}
-	if a.Step != n.step.Load()+1 {
+	if cur := n.step.Load(); a.Step != cur+1 && (a.Step != cur || n.assignments.Assigns(cur)) {
 		return earlyNo
 	}
 	if id, ok := n.clients[a.Trainer.P2P]; !ok || id != a.Trainer {

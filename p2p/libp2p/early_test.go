@@ -75,4 +75,25 @@ func TestEarlyAnnouncementWaitsForTheView(t *testing.T) {
 	if st := c.Stats(); st.Early != 2 {
 		t.Fatalf("%d early announcements kept, want still 2", st.Early)
 	}
+
+	// A view that has the round's step but assigns nothing there yet (a
+	// warmup's) keeps a result of that step as it keeps one a step ahead.
+	c.SetStep(12)
+	c.SetAssignments([]p2p.Assignment{})
+	a.SetStep(12)
+	a.SetAssignments(assignments(10, 12, alice, carol))
+	mine, err = a.Publish(ctx, 12, p2p.BatchRange{Start: 0, End: 1}, []byte("alice's step 12"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "carol keeping the result of a round her view has not assigned", func() bool { return c.Stats().Early == 3 })
+	c.SetAssignments(assignments(10, 12, alice, carol))
+	select {
+	case got := <-c.Announcements():
+		if got.Commitment != mine.Commitment {
+			t.Fatalf("delivered batch %+v, want alice's step 12 result", got.Batch)
+		}
+	case <-ctx.Done():
+		t.Fatal("alice's result was not delivered once carol's view assigned its batch")
+	}
 }

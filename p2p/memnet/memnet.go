@@ -14,6 +14,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -61,7 +62,8 @@ type Node struct {
 	maxPayload  int64
 	noticed     map[p2p.NoticeKey]bool // notices handed to the trainer
 	// early are notices for a batch not assigned yet in this node's view,
-	// a step ahead of it: judged again when the view moves (SetAssignments).
+	// of a round it has not reached: judged again when the view moves
+	// (SetAssignments).
 	early []p2p.Notice
 }
 
@@ -196,6 +198,7 @@ func (n *Node) SetStep(step uint32) {
 			delete(n.noticed, k)
 		}
 	}
+	n.early = slices.DeleteFunc(n.early, func(no p2p.Notice) bool { return no.Step < step })
 }
 
 // SetClients implements p2p.Network: peers that are no longer clients are

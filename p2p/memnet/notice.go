@@ -60,7 +60,14 @@ func (n *Node) receiveNotice(no p2p.Notice) bool {
 	}
 	if errors.Is(err, p2p.ErrNotAssigned) {
 		n.mu.Lock()
-		ahead := no.Step == n.step+1 && len(n.early) < maxEarlyNotices
+		// The view lags the notice's round: the round after this node's,
+		// or this node's own step before its batches are known here (a
+		// warmup's view carries the step of its first round and assigns
+		// nothing yet). libp2p's trainer re-sends its notice until its
+		// result is out; memnet delivers once, so it keeps the notice for
+		// the next view instead of losing the trainer's place.
+		lagging := no.Step == n.step+1 || (no.Step == n.step && !n.assignments.Assigns(no.Step))
+		ahead := lagging && len(n.early) < maxEarlyNotices
 		if ahead {
 			n.early = append(n.early, no)
 		}

@@ -311,6 +311,40 @@ func Run(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("notice before the view", func(t *testing.T) {
+		// A peer that has the round's step but not yet its batches (a
+		// warmup's view carries the first round's step and assigns
+		// nothing) still gets a trainer's notice of that round once its
+		// view assigns the batch: without it the trainer would be a
+		// silent one there, and left out of the round.
+		ns := cluster(t, h, "k", "l")
+		k, l := ns[0], ns[1]
+		l.SetStep(7)
+		l.SetAssignments([]p2p.Assignment{})
+		k.SetStep(7)
+		round := []p2p.Assignment{{Step: 7, Batch: p2p.BatchRange{Start: 0, End: 1}, Trainer: ID("k")}}
+		k.SetAssignments(round)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := k.Notify(ctx, 7, p2p.BatchRange{Start: 0, End: 1}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case no := <-l.Notices():
+			t.Fatalf("delivered before l's view assigned its batch: %+v", no)
+		case <-time.After(100 * time.Millisecond):
+		}
+		l.SetAssignments(round)
+		select {
+		case no := <-l.Notices():
+			if no.Trainer != ID("k") || no.Step != 7 {
+				t.Fatalf("l got %+v", no)
+			}
+		case <-ctx.Done():
+			t.Fatal("k's notice never reached l once l's view assigned the batch")
+		}
+	})
+
 	t.Run("checkpoints", func(t *testing.T) {
 		ns := cluster(t, h, "f", "g", "j")
 		f, g, j := ns[0], ns[1], ns[2]

@@ -225,7 +225,7 @@ func (tr *torchRunner) open(ctx context.Context) {
 		return
 	}
 	if tr.e != nil {
-		if p, ok := tr.e.(interface{ Pid() int }); ok {
+		if p, ok := tr.e.(torch.Probe); ok {
 			tr.pid = p.Pid()
 		}
 		if tr.ranks {
@@ -243,9 +243,7 @@ func (tr *torchRunner) close() {
 	if tr.e == nil {
 		return
 	}
-	if m, ok := tr.e.(interface {
-		Memory(context.Context, bool) (torch.Memory, error)
-	}); ok {
+	if m, ok := tr.e.(torch.Probe); ok {
 		if mem, err := m.Memory(context.Background(), false); err == nil && mem.Peak > 0 {
 			tr.r.PeakMem = mem.Peak // torch.cuda.max_memory_allocated in the worker
 		}

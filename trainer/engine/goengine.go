@@ -82,11 +82,8 @@ func (e *goEngine) Name() string             { return e.name }
 func (e *goEngine) Config() modelspec.Config { return e.cfg }
 func (e *goEngine) Plan() *distro.Plan       { return e.opt.Plan() }
 
-// Optimizer is the engine's DisTrO state, for tests that compare engines.
-func (e *goEngine) Optimizer() *distro.DeMo { return e.opt }
-
 func (e *goEngine) forward(b Batch) (Losses, error) {
-	if err := checkBatch(b, e.cfg.Context()); err != nil {
+	if err := b.Check(e.cfg.Context()); err != nil {
 		return Losses{}, err
 	}
 	loss, err := e.m.Forward(b.Inputs, b.Targets, b.Seqs, b.SeqLen)
@@ -188,20 +185,5 @@ func (e *goEngine) Close() error {
 	defer e.mu.Unlock()
 	e.closed = true
 	e.backup = distro.Snapshot{} // the buffers go with the engine
-	return nil
-}
-
-// checkBatch refuses a batch whose token counts disagree with its shape or
-// whose sequences are longer than the model's context.
-func checkBatch(b Batch, context int) error {
-	n := b.Seqs * b.SeqLen
-	switch {
-	case b.Seqs <= 0 || b.SeqLen <= 0:
-		return fmt.Errorf("engine: empty batch (%d×%d)", b.Seqs, b.SeqLen)
-	case b.SeqLen > context:
-		return fmt.Errorf("engine: sequences of %d tokens, the model's context is %d", b.SeqLen, context)
-	case len(b.Inputs) != n || len(b.Targets) != n:
-		return fmt.Errorf("engine: a %d×%d batch with %d inputs and %d targets", b.Seqs, b.SeqLen, len(b.Inputs), len(b.Targets))
-	}
 	return nil
 }

@@ -265,10 +265,10 @@ func (op *Opener) worker(ctx context.Context, timeout time.Duration) (*worker, *
 }
 
 // workerTimeout is the engine's timeout for one round's computation: the
-// spec's, or ten minutes.
+// spec's, or the protocol's default (protocol.json's default_timeout_s).
 func workerTimeout(t time.Duration) time.Duration {
 	if t <= 0 {
-		return 10 * time.Minute
+		return defaultTimeout
 	}
 	return t
 }
@@ -605,12 +605,18 @@ func (e *eng) Plan() *distro.Plan       { return e.plan }
 // Info is what the worker said of itself.
 func (e *eng) Info() Info { return e.info }
 
-// Pid is the worker process's id (tests kill it).
-func (e *eng) Pid() int { return e.w.pid() }
+// Probe is what benchmarks read of a torch engine besides the engine
+// contract: the worker's process (its resident memory, its device memory
+// under nvidia-smi) and what torch counts on its device.
+type Probe interface {
+	Pid() int
+	Memory(ctx context.Context, reset bool) (Memory, error)
+}
 
-// Pids are the worker's processes: rank 0 (Pid) and, on several devices,
-// every further rank in order.
-func (e *eng) Pids() []int { return slices.Clone(e.w.pids) }
+var _ Probe = (*eng)(nil)
+
+// Pid is the worker process's id (rank 0's, on several devices).
+func (e *eng) Pid() int { return e.w.pid() }
 
 // bulkTimeout bounds a call that moves every parameter (open, Model): a
 // minute plus a second per 20M parameters, at least the round's.
@@ -719,25 +725,9 @@ func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) (str
 	return f.Placement, a.fields(&f)
 }
 
-// Digests are each rank's digest of the parameters it holds (tests: every
-// rank of a multi-device worker holds the same weights).
-func (e *eng) Digests(ctx context.Context) ([]string, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.bulkTimeout(), header{"op": "digests"}, nil)
-	if err != nil {
-		return nil, err
-	}
-	var f struct {
-		Digests []string `json:"digests"`
-	}
-	return f.Digests, a.fields(&f)
-}
-
 func (e *eng) batchCall(ctx context.Context, op string, b engine.Batch) (engine.Losses, error) {
-	if b.Seqs <= 0 || b.SeqLen <= 0 || b.SeqLen > e.cfg.Context() || len(b.Inputs) != b.Seqs*b.SeqLen || len(b.Targets) != len(b.Inputs) {
-		return engine.Losses{}, fmt.Errorf("torch engine: a %d×%d batch with %d inputs and %d targets (context %d)",
-			b.Seqs, b.SeqLen, len(b.Inputs), len(b.Targets), e.cfg.Context())
+	if err := b.Check(e.cfg.Context()); err != nil {
+		return engine.Losses{}, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -866,10 +856,6 @@ func (e *eng) tensors(ctx context.Context, op string) ([][]float32, error) {
 	return out, nil
 }
 
-// Gradients copies out the kept gradient, tensor by tensor in the model's
-// order (parity tests and diagnostics; nothing in a round needs it).
-func (e *eng) Gradients(ctx context.Context) ([][]float32, error) { return e.tensors(ctx, "grads") }
-
 // Memory is what the worker's device holds for the engine, in bytes: now,
 // and at its peak (since the last call with reset; 0 on the CPU, where
 // torch does not count).
@@ -888,19 +874,6 @@ func (e *eng) Memory(ctx context.Context, reset bool) (Memory, error) {
 	}
 	var m Memory
 	return m, a.fields(&m)
-}
-
-// SetGradients replaces the kept gradient (parity tests feed both engines
-// one gradient).
-func (e *eng) SetGradients(ctx context.Context, grads [][]float32) error {
-	blobs := make([][]byte, len(grads))
-	for i, g := range grads {
-		blobs[i] = f32Bytes(g)
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.bulkTimeout(), header{"op": "set_grads"}, blobs)
-	return err
 }
 
 func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"embed"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,12 +24,8 @@ import (
 // and the worker always speak the same protocol. It is written to a fresh
 // directory at each start (makeWorkerDir) and removed when the worker ends.
 //
-//go:embed worker/*.py
+//go:embed worker/*.py worker/protocol.json
 var workerFiles embed.FS
-
-// exitMissing is the worker's exit status when torch or numpy cannot be
-// imported (worker.py): the one failure a next python candidate may fix.
-const exitMissing = 3
 
 // stderrLines is how many of the worker's last stderr lines an error
 // quotes.
@@ -116,11 +113,8 @@ func SetupPython() string {
 	return p
 }
 
-// MinTorch is the oldest torch the worker runs on (worker.py's MIN_TORCH).
-const MinTorch = "2.6"
-
 // install says how to get a python the worker runs under.
-const install = "run bash scripts/setup-torch (it installs the pinned torch " + MinTorch + "+ environment psyche finds by itself), or set PSYCHE_PYTHON to a python with torch " + MinTorch + " or newer and numpy"
+var install = "run bash scripts/setup-torch (it installs the pinned torch " + MinTorch + "+ environment psyche finds by itself), or set PSYCHE_PYTHON to a python with torch " + MinTorch + " or newer and numpy"
 
 // ErrNoTorch means no python could import torch and numpy: the worker cannot
 // run on this machine as it is.
@@ -217,9 +211,10 @@ func startOne(ctx context.Context, o *options, python string, timeout time.Durat
 	h, err := w.hello(ctx, o, timeout)
 	if err != nil {
 		w.kill()
-		switch code := w.exitCode(); {
-		case code == exitMissing:
-			return nil, nil, w.tail.missing()
+		var we *workerError
+		switch {
+		case errors.As(err, &we) && we.kind == kindMissing:
+			return nil, nil, missingFrom(we)
 		case errors.Is(err, errWorker):
 			// It ended before saying hello: not a python that runs the
 			// worker at all.
@@ -332,7 +327,7 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blob
 			return nil, w.deadError(op)
 		}
 		if !r.a.OK {
-			return nil, &workerError{op: op, kind: r.a.Kind, msg: r.a.Error}
+			return nil, &workerError{op: op, kind: r.a.Kind, msg: r.a.Error, raw: r.a.Raw}
 		}
 		return r.a, nil
 	case <-timer.C:
@@ -406,14 +401,6 @@ func (w *worker) howExited() string {
 	return w.err.Error()
 }
 
-func (w *worker) exitCode() int {
-	<-w.exited
-	if w.cmd.ProcessState == nil {
-		return -1
-	}
-	return w.cmd.ProcessState.ExitCode()
-}
-
 // Pid is the worker process's id.
 func (w *worker) pid() int { return w.cmd.Process.Pid }
 
@@ -458,7 +445,12 @@ func (w *worker) release() {
 
 // workerError is the worker's own refusal of a request: the worker lives
 // on (a batch too large for the device, a gradient that is not finite).
-type workerError struct{ op, kind, msg string }
+type workerError struct {
+	op   string
+	kind errorKind
+	msg  string
+	raw  json.RawMessage // the answer's header, for a kind's own fields
+}
 
 func (e *workerError) Error() string {
 	return fmt.Sprintf("torch engine: %s: %s", e.op, e.msg)
@@ -496,7 +488,7 @@ func (t *tail) add(line string) {
 	if line == "" {
 		return
 	}
-	if rest, ok := strings.CutPrefix(line, "psyche-worker: "); ok {
+	if rest, ok := strings.CutPrefix(line, logPrefix); ok {
 		t.log.Info("torch worker: " + rest)
 	} else {
 		t.log.Debug("torch worker", "stderr", line)
@@ -543,7 +535,7 @@ func (t *tail) rankLine() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := len(t.lines) - 1; i >= 0; i-- {
-		r, ok := strings.CutPrefix(t.lines[i], "psyche-worker: rank ")
+		r, ok := strings.CutPrefix(t.lines[i], logPrefix+"rank ")
 		if ok && (strings.Contains(r, ") stopped: ") || strings.Contains(r, "): ")) {
 			return "rank " + r
 		}
@@ -551,29 +543,22 @@ func (t *tail) rankLine() string {
 	return ""
 }
 
-// missing is what worker.py said its python lacks: modules (torch, if it
-// named none), or a torch new enough.
-func (t *tail) missing() *missingError {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, l := range t.lines {
-		if m, ok := strings.CutPrefix(l, missingLine); ok {
-			return &missingError{modules: strings.Fields(m)}
-		}
-		if v, ok := strings.CutPrefix(l, oldLine); ok {
-			return &missingError{oldTorch: strings.TrimSpace(v)}
-		}
+// missingFrom is what a worker's kindMissing answer to hello says its
+// python lacks: modules (torch, if it named none), or a torch new enough.
+func missingFrom(we *workerError) *missingError {
+	var f struct {
+		Modules []string `json:"modules"`
+		Torch   string   `json:"torch"`
+	}
+	_ = json.Unmarshal(we.raw, &f)
+	switch {
+	case f.Torch != "":
+		return &missingError{oldTorch: f.Torch}
+	case len(f.Modules) > 0:
+		return &missingError{modules: f.Modules}
 	}
 	return &missingError{modules: []string{"torch"}}
 }
-
-// missingLine begins the line in which the worker names every module its
-// python lacks, separated by spaces (worker.py's MISSING); oldLine the one
-// that names its torch's version when that is older than MinTorch (OLD).
-const (
-	missingLine = "psyche-worker: missing python modules: "
-	oldLine     = "psyche-worker: torch too old: "
-)
 
 var _ io.Writer = (*tail)(nil)
 

@@ -37,14 +37,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from protocol import say
+
 # Rank 0's exit status when a rank stopped or a collective failed.
 EXIT_RANK = 4
 PR_SET_PDEATHSIG = 1
-
-
-def say(msg: str) -> None:
-    sys.stderr.write("psyche-worker: " + msg + "\n")
-    sys.stderr.flush()
 
 
 def how_exited(rc: int) -> str:

@@ -1,12 +1,9 @@
 """psyche's PyTorch worker: the engine's half that runs next to torch.
 
 psyche starts this file (embedded in its binary) and drives it over two
-pipes: requests arrive on fd 3, answers leave on fd 4, each a message of
-
-    u32 little-endian header length | JSON header | blobs back to back
-
-where the header's "blobs" lists each blob's byte length (the Go side of the
-format is trainer/engine/torch/wire.go). The worker holds one model
+pipes: requests arrive on fd 3, answers leave on fd 4 (the framing and
+every constant the two sides share: protocol.py and protocol.json; the Go
+side is trainer/engine/torch/wire.go and protocol.go). The worker holds one model
 (models.py), its gradient and its DisTrO state (distro.py) on one torch
 device and answers one request at a time. It exits when fd 3 closes.
 stdout and stderr are free for torch's own output; lines starting with
@@ -16,17 +13,16 @@ stdout and stderr are free for torch's own output; lines starting with
 import json
 import math
 import os
-import struct
 import sys
 import traceback
 
-PROTOCOL = 3
-EXIT_MISSING = 3  # torch or numpy cannot be imported: psyche tries another python
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402  (beside this file; the standard library only)
+from protocol import Kind, Refused, read_message, say, write_message  # noqa: E402
 
-# The one failure psyche explains to the user itself: every module this
-# python lacks, on one line (worker.go's missingModules reads it), so that
-# the user installs them all at once.
-MISSING = "psyche-worker: missing python modules: "
+# A python that cannot run the worker says so in its answer to psyche's
+# hello, naming every module it lacks at once (so that the user installs
+# them together), and psyche tries its next python.
 _missing = []
 for _name in ("numpy", "torch"):
     try:
@@ -34,72 +30,20 @@ for _name in ("numpy", "torch"):
     except ImportError:
         _missing.append(_name)
 if _missing:
-    sys.stderr.write(MISSING + " ".join(_missing) + "\n")
-    sys.exit(EXIT_MISSING)
+    protocol.refuse_start("missing python modules: " + " ".join(_missing), modules=_missing)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-# The oldest torch the worker runs on: transformers 5 needs it, and it is
-# the first with FSDP2's fully_shard under torch.distributed.fsdp. An older
-# one (Debian bookworm's python3-torch is 1.13) is refused like a missing
-# one, so that psyche tries its next python and then says what to install.
-MIN_TORCH = "2.6"
-OLD = "psyche-worker: torch too old: "
-if torch.__version__ < MIN_TORCH:
-    sys.stderr.write(OLD + str(torch.__version__) + "\n")
-    sys.exit(EXIT_MISSING)
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The oldest torch the worker runs on (protocol.json's min_torch):
+# transformers 5 needs it, and it is the first with FSDP2's fully_shard
+# under torch.distributed.fsdp. An older one (Debian bookworm's
+# python3-torch is 1.13) is refused like a missing one. torch.__version__
+# compares as a version, not as text.
+if torch.__version__ < protocol.MIN_TORCH:
+    protocol.refuse_start("torch %s is older than %s" % (torch.__version__, protocol.MIN_TORCH), torch=str(torch.__version__))
 import distro  # noqa: E402  (beside this file)
 import hf  # noqa: E402
 import models  # noqa: E402
-
-
-def say(msg: str) -> None:
-    sys.stderr.write("psyche-worker: " + msg + "\n")
-    sys.stderr.flush()
-
-
-class Refused(Exception):
-    """A request the worker answers with an error and survives."""
-
-    def __init__(self, kind: str, msg: str):
-        super().__init__(msg)
-        self.kind = kind
-
-
-def read_exact(f, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = f.read(n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
-
-
-def read_message(f):
-    head = f.read(4)
-    if not head:
-        return None, None  # psyche closed the pipe: exit
-    if len(head) < 4:
-        head += read_exact(f, 4 - len(head))
-    (n,) = struct.unpack("<I", head)
-    h = json.loads(read_exact(f, n))
-    blobs = [read_exact(f, int(k)) for k in h.get("blobs", [])]
-    return h, blobs
-
-
-def write_message(f, h: dict, blobs=()) -> None:
-    blobs = [b if isinstance(b, (bytes, bytearray, memoryview)) else bytes(b) for b in blobs]
-    h = dict(h)
-    h["blobs"] = [len(b) for b in blobs]
-    js = json.dumps(h).encode()
-    f.write(struct.pack("<I", len(js)))
-    f.write(js)
-    for b in blobs:
-        f.write(b)
-    f.flush()
 
 
 def f32_bytes(t: "torch.Tensor") -> bytes:
@@ -124,14 +68,14 @@ def resolve_device(dev: str) -> "torch.device":
     d = torch.device(dev)
     if d.type == "cuda":
         if not torch.cuda.is_available():
-            raise Refused("input", "device %s: this torch (%s) sees no CUDA device" % (dev, torch.__version__))
+            raise Refused(Kind.INPUT, "device %s: this torch (%s) sees no CUDA device" % (dev, torch.__version__))
         idx = d.index if d.index is not None else torch.cuda.current_device()
         if idx >= torch.cuda.device_count():
-            raise Refused("input", "device %s: this machine has %d CUDA devices" % (dev, torch.cuda.device_count()))
+            raise Refused(Kind.INPUT, "device %s: this machine has %d CUDA devices" % (dev, torch.cuda.device_count()))
         return torch.device("cuda", idx)
     if d.type == "mps":
         if not torch.backends.mps.is_available():
-            raise Refused("input", "device mps: this torch (%s) has no usable mps backend" % torch.__version__)
+            raise Refused(Kind.INPUT, "device mps: this torch (%s) has no usable mps backend" % torch.__version__)
     return d
 
 
@@ -140,14 +84,14 @@ def resolve_devices(devs) -> list:
     if list(devs) == ["all"]:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
-            raise Refused("input", "devices all: this torch (%s) sees no CUDA device" % torch.__version__)
+            raise Refused(Kind.INPUT, "devices all: this torch (%s) sees no CUDA device" % torch.__version__)
         return [torch.device("cuda", i) for i in range(n)]
     out = [resolve_device(d) for d in devs]
     if len(out) > 1:
         if len({d.type for d in out}) > 1 or out[0].type not in ("cpu", "cuda"):
-            raise Refused("input", "devices %s: several devices must all be cpu or all cuda:N" % ",".join(devs))
+            raise Refused(Kind.INPUT, "devices %s: several devices must all be cpu or all cuda:N" % ",".join(devs))
         if out[0].type == "cuda" and len(set(out)) != len(out):
-            raise Refused("input", "devices %s: a CUDA device is named twice" % ",".join(devs))
+            raise Refused(Kind.INPUT, "devices %s: a CUDA device is named twice" % ",".join(devs))
     return out
 
 
@@ -182,7 +126,7 @@ class Worker:
         self.cuts = []  # sharded: per tensor, the element offset of each rank's share (world+1 of them)
         self.tile_cuts = []  # sharded: per tensor, the first tile of each rank's share
         self.own_grads = []  # sharded: this rank's share of each gradient, reduced
-        self.timeout = 600.0
+        self.timeout = protocol.DEFAULT_TIMEOUT_S
 
     @property
     def rank(self) -> int:
@@ -207,7 +151,7 @@ class Worker:
         devs = h.get("devices") or [h.get("device", "cpu")]
         devices = resolve_devices(devs)
         self.device = devices[0]
-        self.timeout = float(h.get("timeout") or 600)
+        self.timeout = float(h.get("timeout") or protocol.DEFAULT_TIMEOUT_S)
         names, memory, bf16 = [], [], True
         for d in devices:
             if d.type == "cuda":
@@ -229,7 +173,7 @@ class Worker:
             self.g.launch(os.path.abspath(__file__))
             say("%d ranks on %s (%s)" % (len(devices), ",".join(str(d) for d in devices), backend))
         return {
-            "protocol": PROTOCOL,
+            "protocol": protocol.VERSION,
             "torch": torch.__version__,
             "numpy": np.__version__,
             "python": sys.version.split()[0],
@@ -249,7 +193,7 @@ class Worker:
         try:
             names, shapes = hf.describe(h["config"])
         except hf.Unbuildable as exc:
-            raise Refused("input", str(exc)) from None
+            raise Refused(Kind.INPUT, str(exc)) from None
         return {"names": names, "shapes": shapes}, []
 
     def open(self, h, blobs):
@@ -269,27 +213,27 @@ class Worker:
                 self.model = hf.build(h["config"], torch.device("cpu") if self.mode == SHARD else self.device,
                                       h.get("seed"))
             except hf.Unbuildable as exc:
-                raise Refused("input", str(exc)) from None
+                raise Refused(Kind.INPUT, str(exc)) from None
         else:
             self.model = models.build(h["arch"], h["config"], "meta" if self.mode == SHARD else self.device)
         tensors = self.model.tensors
         nblobs = len(h.get("blobs", []))
         drawn = h.get("seed") is not None and nblobs == 0  # hf.build drew the weights from the seed
         if len(tensors) != len(self.shapes) or (not drawn and nblobs != len(tensors)):
-            raise Refused("input", "the model has %d tensors; psyche sent %d shapes and %d tensors"
+            raise Refused(Kind.INPUT, "the model has %d tensors; psyche sent %d shapes and %d tensors"
                           % (len(tensors), len(self.shapes), nblobs))
         if drawn:
             blobs = None
         for i, p in enumerate(tensors):
             if list(p.shape) != self.shapes[i]:
-                raise Refused("input", "tensor %d has shape %s here, %s in psyche" % (i, list(p.shape), self.shapes[i]))
+                raise Refused(Kind.INPUT, "tensor %d has shape %s here, %s in psyche" % (i, list(p.shape), self.shapes[i]))
         if self.mode == SHARD:
             import fsdp  # noqa: E402  (only a sharded worker needs FSDP)
             kind = fsdp.ShardedTransformers if hf_model else fsdp.Sharded
             try:
                 self.sharded = kind(self.model, self.device, self.g.world, self.rank, self.g.all_gather_into)
             except fsdp.Unshardable as exc:
-                raise Refused("input", str(exc)) from None
+                raise Refused(Kind.INPUT, str(exc)) from None
             # Placeholders now (the shapes): the whole tensors are gone.
             tensors = self.model.tensors
         # Drawn and sharded, each rank's shards were cut from its own draw,
@@ -472,7 +416,7 @@ class Worker:
         b, t = int(h["b"]), int(h["t"])
         lens = h.get("blobs", [])
         if len(lens) != 2 or lens[0] != 4 * b * t or lens[1] != 4 * b * t or b <= 0 or t <= 0:
-            raise Refused("input", "a %d×%d batch needs two blobs of %d bytes" % (b, t, 4 * b * t))
+            raise Refused(Kind.INPUT, "a %d×%d batch needs two blobs of %d bytes" % (b, t, 4 * b * t))
         if blobs is None:  # another rank: rank 0 sends the tokens
             x = torch.empty(b, t, dtype=torch.int64, device=self.device)
             y = torch.empty(b, t, dtype=torch.int64, device=self.device)
@@ -486,7 +430,7 @@ class Worker:
 
     def need_model(self):
         if self.model is None:
-            raise Refused("input", "no model is open")
+            raise Refused(Kind.INPUT, "no model is open")
 
     def gradient(self, h, blobs):
         self.need_model()
@@ -557,7 +501,7 @@ class Worker:
         bad = [r for r, c in enumerate(codes) if int(c[0])]
         if bad:
             self.drop_grads()
-            raise Refused("oom", msg if self.rank in bad else
+            raise Refused(Kind.OOM, msg if self.rank in bad else
                           "%s ran out of memory" % ", ".join(self.g.name(r) for r in bad))
         total = local.detach().to("cpu", torch.float64).reshape(1)
         self.g.all_reduce(total)
@@ -589,13 +533,13 @@ class Worker:
     def step(self, h, blobs):
         self.need_model()
         if not self.has_grad:
-            raise Refused("input", "step without a gradient")
+            raise Refused(Kind.INPUT, "step without a gradient")
         if self.mode != SHARD:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.tensors]
             try:
                 out = self.demo.step(grads, float(h["lr"]))
             except distro.NonFinite as exc:
-                raise Refused("nonfinite", str(exc) or "the gradient is not finite")
+                raise Refused(Kind.NONFINITE, str(exc) or "the gradient is not finite")
             blobs = []
             for idx, vals in out:
                 blobs += [u32_bytes(idx), f32_bytes(vals)]
@@ -608,7 +552,7 @@ class Worker:
         try:
             out = self.demo.step(self.own_grads, float(h["lr"]), all_sum)
         except distro.NonFinite as exc:
-            raise Refused("nonfinite", str(exc) or "the gradient is not finite")
+            raise Refused(Kind.NONFINITE, str(exc) or "the gradient is not finite")
         # Every rank's entries to every rank (one all_gather of indices, one
         # of values, each padded to the largest share); rank 0 keeps them.
         counts = [[(tc[r + 1] - tc[r]) * int(l.k) for tc, l in zip(self.tile_cuts, self.demo.layouts)]
@@ -638,7 +582,7 @@ class Worker:
         n = len(self.model.tensors)
         lens = h.get("blobs", [])
         if len(lens) != 3 * n:
-            raise Refused("input", "an aggregate of %d blobs for %d tensors" % (len(lens), n))
+            raise Refused(Kind.INPUT, "an aggregate of %d blobs for %d tensors" % (len(lens), n))
         counts = [int(lens[3 * i]) // 4 for i in range(n)]
         if blobs is not None:
             ints = [torch.from_numpy(np.frombuffer(blobs[3 * i + j], dtype="<u4").astype(np.int64))
@@ -704,7 +648,7 @@ class Worker:
     def undo(self, h, blobs):
         self.need_model()
         if not self.trying:
-            raise Refused("input", "undo without a try")
+            raise Refused(Kind.INPUT, "undo without a try")
         with torch.no_grad():
             own = self.model.tensors if self.sharded is None else self.sharded.locals()
             for s, p in zip(self.saved, own):
@@ -728,7 +672,7 @@ class Worker:
     def grads(self, h, blobs):
         self.need_model()
         if not self.has_grad:
-            raise Refused("input", "no gradient")
+            raise Refused(Kind.INPUT, "no gradient")
         if self.mode != SHARD:
             return {}, [f32_bytes(p.grad if p.grad is not None else torch.zeros_like(p)) for p in self.model.tensors]
         full = [torch.zeros(s, dtype=torch.float32, device=self.device) for s in self.shapes]
@@ -767,10 +711,10 @@ class Worker:
         self.need_model()
         lens = h.get("blobs", [])
         if len(lens) != len(self.model.tensors):
-            raise Refused("input", "%d gradients for %d tensors" % (len(lens), len(self.model.tensors)))
+            raise Refused(Kind.INPUT, "%d gradients for %d tensors" % (len(lens), len(self.model.tensors)))
         for p, n in zip(self.model.tensors, lens):
             if n != 4 * p.numel():
-                raise Refused("input", "a gradient of %d bytes for a tensor of %d values" % (n, p.numel()))
+                raise Refused(Kind.INPUT, "a gradient of %d bytes for a tensor of %d values" % (n, p.numel()))
         self.own_grads = []
         for i, p in enumerate(self.model.tensors):
             if blobs is not None:
@@ -835,8 +779,8 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
         return rank_main(sys.argv[1:])
     try:
-        rd = os.fdopen(3, "rb", buffering=1 << 20)
-        wr = os.fdopen(4, "wb", buffering=1 << 20)
+        rd = os.fdopen(protocol.REQUEST_FD, "rb", buffering=1 << 20)
+        wr = os.fdopen(protocol.ANSWER_FD, "wb", buffering=1 << 20)
     except OSError as exc:
         say("fds 3 and 4 are psyche's pipes; run this file through psyche (%s)" % exc)
         return 2
@@ -853,18 +797,18 @@ def main() -> int:
             return 0
         op = h.get("op")
         try:
-            if op == "hello" and h.get("protocol") != PROTOCOL:
-                raise Refused("input", "protocol %s, this worker speaks %d" % (h.get("protocol"), PROTOCOL))
+            if op == "hello" and h.get("protocol") != protocol.VERSION:
+                raise Refused(Kind.INPUT, "protocol %s, this worker speaks %d" % (h.get("protocol"), protocol.VERSION))
             fn = ops.get(op)
             if fn is None:
-                raise Refused("input", "unknown op %r" % op)
+                raise Refused(Kind.INPUT, "unknown op %r" % op)
             if w.forwarded(op):
                 w.g.send(h)
             ans, out = fn(h, blobs)
             ans = dict(ans)
             ans["ok"] = True
         except Refused as exc:
-            ans, out = {"ok": False, "kind": exc.kind, "error": str(exc)}, []
+            ans, out = protocol.failure(exc.kind, str(exc)), []
         except Exception as exc:  # the worker lives on; psyche decides
             if w.g is not None:
                 # The ranks' collectives are out of step: the worker ends,
@@ -874,10 +818,10 @@ def main() -> int:
             if is_oom(exc):
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-                ans, out = {"ok": False, "kind": "oom", "error": str(exc).strip()}, []
+                ans, out = protocol.failure(Kind.OOM, str(exc).strip()), []
             else:
                 traceback.print_exc()
-                ans, out = {"ok": False, "kind": "internal", "error": "%s: %s" % (type(exc).__name__, exc)}, []
+                ans, out = protocol.failure(Kind.INTERNAL, "%s: %s" % (type(exc).__name__, exc)), []
         write_message(wr, ans, out)
 
 

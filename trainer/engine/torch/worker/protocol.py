@@ -1,0 +1,112 @@
+"""The worker protocol: its framing and what psyche and the worker share.
+
+Every value both languages need lives in protocol.json beside this file;
+the Go side reads the same file (trainer/engine/torch/protocol.go), so the
+two cannot drift apart. A message, either way, is
+
+    u32 little-endian header length | JSON header | blobs back to back
+
+where the header's "blobs" lists each blob's byte length. A request's header
+names its "op"; an answer says "ok", and when not ok an "error" and its
+"kind" (Kind). This module needs only the standard library: it answers even
+from a python that lacks numpy or torch (refuse_start).
+
+    python3 protocol.py      # prints what this side read, as JSON (a Go test compares)
+"""
+
+import enum
+import json
+import os
+import struct
+import sys
+from typing import BinaryIO, List, Optional, Sequence, Tuple
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.json"), "rb") as _f:
+    SPEC = json.load(_f)
+
+VERSION: int = SPEC["version"]
+MIN_TORCH: str = SPEC["min_torch"]
+DEFAULT_TIMEOUT_S: float = float(SPEC["default_timeout_s"])
+# stdout and stderr are free for torch's own output; psyche logs the lines
+# that begin with this at info level.
+LOG_PREFIX: str = SPEC["log_prefix"]
+
+# The error kinds of a failed answer, named after protocol.json's keys
+# (Kind.OOM is "oom"): a kind the file does not declare does not exist here.
+Kind = enum.Enum("Kind", {k.upper(): k for k in SPEC["kinds"]}, type=str)
+
+# psyche's ends of the two pipes: requests arrive on fd 3, answers leave on fd 4.
+REQUEST_FD, ANSWER_FD = 3, 4
+
+
+def say(msg: str) -> None:
+    """A line psyche logs."""
+    sys.stderr.write(LOG_PREFIX + msg + "\n")
+    sys.stderr.flush()
+
+
+class Refused(Exception):
+    """A request the worker answers with an error and survives."""
+
+    def __init__(self, kind: "Kind", msg: str):
+        super().__init__(msg)
+        self.kind = Kind(kind)
+
+
+def read_exact(f: BinaryIO, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = f.read(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def read_message(f: BinaryIO) -> Tuple[Optional[dict], List[bytes]]:
+    """One message; (None, []) when the other end closed between messages."""
+    head = f.read(4)
+    if not head:
+        return None, []
+    if len(head) < 4:
+        head += read_exact(f, 4 - len(head))
+    (n,) = struct.unpack("<I", head)
+    h = json.loads(read_exact(f, n))
+    blobs = [read_exact(f, int(k)) for k in h.get("blobs", [])]
+    return h, blobs
+
+
+def write_message(f: BinaryIO, h: dict, blobs: Sequence = ()) -> None:
+    blobs = [b if isinstance(b, (bytes, bytearray, memoryview)) else bytes(b) for b in blobs]
+    h = dict(h)
+    h["blobs"] = [len(b) for b in blobs]
+    js = json.dumps(h).encode()
+    f.write(struct.pack("<I", len(js)))
+    f.write(js)
+    for b in blobs:
+        f.write(b)
+    f.flush()
+
+
+def failure(kind: "Kind", msg: str, **fields) -> dict:
+    """A failed answer's header."""
+    return dict(fields, ok=False, kind=Kind(kind).value, error=msg)
+
+
+def refuse_start(msg: str, **fields) -> None:
+    """Answers psyche's hello with a Kind.MISSING failure and exits: the
+    python this runs on cannot run the worker (fields name what it lacks)."""
+    try:
+        rd = os.fdopen(REQUEST_FD, "rb", buffering=0)
+        wr = os.fdopen(ANSWER_FD, "wb")
+        read_message(rd)
+        write_message(wr, failure(Kind.MISSING, msg, **fields))
+    except (OSError, EOFError, ValueError):
+        say(msg)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    json.dump({"version": VERSION, "min_torch": MIN_TORCH, "default_timeout_s": DEFAULT_TIMEOUT_S,
+               "log_prefix": LOG_PREFIX, "kinds": sorted(k.value for k in Kind)}, sys.stdout)
+    sys.stdout.write("\n")

@@ -290,6 +290,18 @@ func (n *Node) notify(ctx context.Context, w *machine.TrainWork) {
 	}
 }
 
+// reusable is the gradient trained ahead that w may use instead of computing
+// its own (done or still computing), or nil: the machine decides whether a
+// gradient trained ahead is still valid (w.Reuse: the parameters it was
+// taken at are those of w's round); this node holds it only if it trained
+// w's own step and batch.
+func (n *Node) reusable(w *machine.TrainWork) *aheadRun {
+	if a := n.ahead; w.Reuse && a != nil && a.work.Step == w.Step && a.work.Batch == w.Batch {
+		return a
+	}
+	return nil
+}
+
 // finishAhead waits for the gradient trained ahead, if one is running.
 func (n *Node) finishAhead() {
 	if n.ahead != nil {
@@ -378,11 +390,11 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 			n.notify(ctx, w)
 		}
 	}
-	if a := n.ahead; w.Reuse && a != nil && a.work.Step == w.Step && a.work.Batch == w.Batch && !a.failed() {
+	if a := n.reusable(w); a != nil && !a.failed() {
 		notify() // begun before the round: say so as it begins, not once the gradient is done
 	}
 	n.finishAhead()
-	a := n.ahead
+	a := n.reusable(w)
 	n.ahead = nil
 	var (
 		loss      float32
@@ -390,7 +402,7 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 		computed  time.Duration // the gradient's compute, ahead or now
 		reused    bool
 	)
-	if w.Reuse && a != nil && a.err == nil && a.work.Step == w.Step && a.work.Batch == w.Batch {
+	if a != nil && a.err == nil {
 		loss, seqLosses, computed, reused = a.loss, a.seqLosses, a.took, true
 		n.cfg.metrics.AheadReused.Inc()
 	} else {

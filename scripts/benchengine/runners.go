@@ -16,6 +16,7 @@ import (
 
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/engine/torch"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -275,7 +276,7 @@ func (gr *goRunner) open(ctx context.Context) {
 		gr.r.Error = err.Error()
 		return
 	}
-	gr.openEngine(ctx, engine.Go(be), m)
+	gr.openEngine(ctx, goengine.New(be), m)
 }
 
 func (gr *goRunner) step(ctx context.Context, round int) { gr.stepWith(ctx, gr, gr.s, round) }

@@ -15,6 +15,7 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node/drive"
 	"github.com/psyche-go/psyche/trainer/node/machine"
@@ -172,7 +173,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		n.setEngine(nil)
 		op := n.cfg.engine
 		if op == nil {
-			op = engine.Go(n.cfg.kernels)
+			op = goengine.New(n.cfg.kernels)
 		}
 		eng, err := op.Open(ctx, engine.Spec{Model: model, Optimizer: opts, Timeout: engineTimeout(s)})
 		if err != nil {

@@ -378,6 +378,10 @@ class Llama(Model):
         return F.linear(x, head).view(b * t, self.vocab)
 
 
+class UnknownArchitecture(ValueError):
+    """An architecture name psyche's models do not have."""
+
+
 def build(arch: str, cfg: Dict, device: torch.device) -> Model:
     """A model of the given architecture ("gpt" or "llama") and config (the
     keys are listed on GPT and Llama), its tensors zero float32 on device."""
@@ -386,4 +390,4 @@ def build(arch: str, cfg: Dict, device: torch.device) -> Model:
         return GPT(cfg, device)
     if arch == "llama":
         return Llama(cfg, device)
-    raise ValueError("unknown architecture %r (want gpt or llama)" % (arch,))
+    raise UnknownArchitecture("unknown architecture %r (want gpt, llama or transformers)" % (arch,))

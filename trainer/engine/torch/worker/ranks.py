@@ -232,9 +232,3 @@ class Group:
         buffer, one collective."""
         self.enter()
         dist.all_gather_into_tensor(out, t, group=self.group_of(t))
-
-
-def split(n: int, world: int, r: int):
-    """Rank r's contiguous share [a, b) of n things (shares differ by one
-    at most; a rank's share is empty when n < world)."""
-    return n * r // world, n * (r + 1) // world

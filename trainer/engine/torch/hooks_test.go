@@ -17,7 +17,7 @@ func (e *eng) Pids() []int { return slices.Clone(e.w.pids) }
 func (e *eng) Digests(ctx context.Context) ([]string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.bulkTimeout(), header{"op": "digests"}, nil)
+	a, err := e.do(ctx, e.bulkTimeout(), bare("digests"), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -40,6 +40,6 @@ func (e *eng) SetGradients(ctx context.Context, grads [][]float32) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.bulkTimeout(), header{"op": "set_grads"}, blobs)
+	_, err := e.do(ctx, e.bulkTimeout(), bare("set_grads"), blobs)
 	return err
 }

@@ -35,9 +35,13 @@ const (
 	kindInput     errorKind = "input"
 	kindInternal  errorKind = "internal"
 	kindMissing   errorKind = "missing"
+	// kindRank: a rank of a multi-device worker stopped or a collective
+	// failed, and the worker ended. Sent as the answer to the request in
+	// flight, or unasked as the last message on the pipe.
+	kindRank errorKind = "rank"
 )
 
-var goKinds = []errorKind{kindOOM, kindNonFinite, kindInput, kindInternal, kindMissing}
+var goKinds = []errorKind{kindOOM, kindNonFinite, kindInput, kindInternal, kindMissing, kindRank}
 
 var (
 	protocol = mustProtocol(protocolJSON)

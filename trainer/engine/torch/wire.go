@@ -31,16 +31,15 @@ const (
 	maxBlobBytes   = 1 << 36
 )
 
-type header map[string]any
-
-// writeMessage writes one message: h (with its "blobs" set here) and blobs.
-func writeMessage(w io.Writer, h header, blobs [][]byte) error {
+// writeMessage writes one message: the request (its blobs' lengths set
+// here) and blobs.
+func writeMessage(w io.Writer, r request, blobs [][]byte) error {
 	lens := make([]int, len(blobs))
 	for i, b := range blobs {
 		lens[i] = len(b)
 	}
-	h["blobs"] = lens
-	js, err := json.Marshal(h)
+	r.header().Blobs = lens
+	js, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,8 @@ type worker struct {
 	dir    string
 	req    *os.File // our end of its fd 3
 	ans    *bufio.Reader
-	ansF   *os.File // our end of its fd 4
+	ansF   *os.File   // our end of its fd 4
+	readMu sync.Mutex // held while ans is read: a call's, or deadError's last look
 	tail   *tail
 	exited chan struct{} // closed once Wait returned
 	err    error         // Wait's answer, once exited is closed
@@ -265,16 +266,16 @@ func (w *worker) hello(ctx context.Context, o *options, timeout time.Duration) (
 	// Importing torch takes seconds on a loaded machine, and a CUDA
 	// torch initialises its device: a minute is ample, two when the
 	// worker starts a process per device and they meet.
-	req := header{"op": "hello", "protocol": protocolVersion, "device": o.device}
+	req := &helloRequest{op: op{Op: "hello"}, Protocol: protocolVersion, Device: o.device}
 	wait := time.Minute
 	if len(o.devices) > 0 {
-		req["devices"] = o.devices
+		req.Devices = o.devices
 		wait = 2 * time.Minute
 	}
 	if timeout > 0 {
 		// The ranks' collectives time out with the round: a rank that
 		// hangs cannot hold the others longer.
-		req["timeout"] = timeout.Seconds()
+		req.Timeout = timeout.Seconds()
 	}
 	a, err := w.call(ctx, wait, req, nil)
 	if err != nil {
@@ -298,8 +299,8 @@ var errWorker = errors.New("torch engine: the worker failed")
 // call sends one request and waits for its answer, at most timeout (and
 // while ctx lasts). A worker that does not answer in time is killed: its
 // state is unknown, and a worker left computing holds the device.
-func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blobs [][]byte) (*answer, error) {
-	op, _ := h["op"].(string)
+func (w *worker) call(ctx context.Context, timeout time.Duration, req request, blobs [][]byte) (*answer, error) {
+	op := req.header().Op
 	select {
 	case <-w.exited:
 		return nil, w.deadError(op)
@@ -311,11 +312,13 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blob
 	}
 	done := make(chan result, 1)
 	go func() {
-		if err := writeMessage(w.req, h, blobs); err != nil {
+		if err := writeMessage(w.req, req, blobs); err != nil {
 			done <- result{err: err}
 			return
 		}
+		w.readMu.Lock()
 		a, err := readMessage(w.ans)
+		w.readMu.Unlock()
 		done <- result{a, err}
 	}()
 	timer := time.NewTimer(timeout)
@@ -325,6 +328,9 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blob
 		if r.err != nil {
 			w.kill()
 			return nil, w.deadError(op)
+		}
+		if !r.a.OK && r.a.Kind == kindRank {
+			return nil, w.rankError(op, r.a.Error)
 		}
 		if !r.a.OK {
 			return nil, &workerError{op: op, kind: r.a.Kind, msg: r.a.Error, raw: r.a.Raw}
@@ -340,25 +346,40 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blob
 	}
 }
 
-// deadError says why the worker is gone: its exit status and its last
-// stderr lines.
+// deadError says why the worker is gone: what a multi-device worker said
+// of a rank as its last message (unread when no request was in flight),
+// else its exit status; and its last stderr lines.
 func (w *worker) deadError(op string) error {
+	w.waitExit()
+	// A call that timed out may still be reading (until the pipe's end):
+	// what it reads is lost, as is the call.
+	if w.readMu.TryLock() {
+		a, err := readMessage(w.ans)
+		w.readMu.Unlock()
+		if err == nil && !a.OK && a.Kind == kindRank {
+			return w.rankError(op, a.Error)
+		}
+	}
+	return fmt.Errorf("%w: it stopped during %s (%s)%s", errWorker, op, w.howExited(), w.tail.quote())
+}
+
+// rankError is the end of a multi-device worker that stopped itself when a
+// rank stopped or a collective failed, saying why (kindRank): that is the
+// reason, whatever the exit status.
+func (w *worker) rankError(op, why string) error {
+	w.waitExit()
+	return fmt.Errorf("%w: %s, during %s (the worker %s)%s", errWorker, why, op, w.howExited(), w.tail.quote())
+}
+
+// waitExit waits for the worker's exit: moments for one that is ending,
+// and one that is not is killed.
+func (w *worker) waitExit() {
 	select {
 	case <-w.exited:
 	case <-time.After(5 * time.Second):
 		w.kill()
 		<-w.exited
 	}
-	how := "exited"
-	if w.err != nil {
-		how = w.err.Error()
-	}
-	if r := w.tail.rankLine(); r != "" {
-		// A multi-device worker ends itself when a rank stops, saying
-		// which and how: that is the reason.
-		return fmt.Errorf("%w: %s, during %s (the worker %s)%s", errWorker, r, op, how, w.tail.quote())
-	}
-	return fmt.Errorf("%w: it stopped during %s (%s)%s", errWorker, op, how, w.tail.quote())
 }
 
 // behind says which rank of a worker that did not answer in time fell
@@ -526,21 +547,6 @@ func (t *tail) quote() string {
 		return ""
 	}
 	return "; its last output:\n  " + strings.Join(t.lines, "\n  ")
-}
-
-// rankLine is what a multi-device worker said of a rank that stopped or
-// failed ("rank 1 (cuda:1) stopped: signal killed", "rank 0 (cpu): a
-// collective failed: …"), or "".
-func (t *tail) rankLine() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for i := len(t.lines) - 1; i >= 0; i-- {
-		r, ok := strings.CutPrefix(t.lines[i], logPrefix+"rank ")
-		if ok && (strings.Contains(r, ") stopped: ") || strings.Contains(r, "): ")) {
-			return "rank " + r
-		}
-	}
-	return ""
 }
 
 // missingFrom is what a worker's kindMissing answer to hello says its

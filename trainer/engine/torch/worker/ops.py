@@ -20,7 +20,8 @@ import torch
 import placement
 import protocol
 import registry
-from protocol import Kind, Refused, say
+from protocol import (BatchRequest, DescribeRequest, HelloRequest, Kind, LRRequest, OpenRequest, Refused, Request,
+                      StatsRequest, say)
 from tensors import allocated, cpu_threads, f32_bytes, resolve_devices
 
 Answer = Tuple[Dict, List[bytes]]
@@ -28,9 +29,11 @@ Handler = Callable[[Dict, Optional[List[bytes]]], Answer]
 
 
 class Worker:
-    def __init__(self, device: torch.device = torch.device("cpu"), g=None) -> None:
+    def __init__(self, device: torch.device = torch.device("cpu"), g=None,
+                 answers: Optional[protocol.Answers] = None) -> None:
         self.device = device
         self.g = g  # ranks.Group of a multi-device worker
+        self.answers = answers  # rank 0: where a rank's failure is said
         self.place: Optional[placement.Single] = None  # the open model, as placed
         self.saved: Optional[List[torch.Tensor]] = None  # what try saved (this rank's part of the parameters)
         self.trying = False
@@ -63,7 +66,7 @@ class Worker:
 
     # -- the worker ----------------------------------------------------------
 
-    def hello(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def hello(self, h: HelloRequest, blobs: Optional[List[bytes]]) -> Answer:
         devs = h.get("devices") or [h.get("device", "cpu")]
         devices = resolve_devices(devs)
         self.device = devices[0]
@@ -86,6 +89,7 @@ class Worker:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             here = os.path.dirname(os.path.abspath(__file__))
             self.g = ranks.Group(0, devices, backend, max(self.timeout, 60.0), here)
+            self.g.answers = self.answers
             self.g.launch(os.path.join(here, "worker.py"))
             say("%d ranks on %s (%s)" % (len(devices), ",".join(str(d) for d in devices), backend))
         return {
@@ -105,11 +109,11 @@ class Worker:
             "bf16": bf16,
         }, []
 
-    def describe(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def describe(self, h: DescribeRequest, blobs: Optional[List[bytes]]) -> Answer:
         names, shapes = registry.describe(h["config"])
         return {"names": names, "shapes": shapes}, []
 
-    def stats(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def stats(self, h: StatsRequest, blobs: Optional[List[bytes]]) -> Answer:
         """Device memory: allocated now and at its peak since the last stats."""
         out = {"memory": allocated(self.device), "peak": 0}
         if self.device.type == "cuda":
@@ -120,7 +124,7 @@ class Worker:
 
     # -- the model -------------------------------------------------------------
 
-    def open(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def open(self, h: OpenRequest, blobs: Optional[List[bytes]]) -> Answer:
         self.place = None
         place = placement.choose(self.device, self.g, h)
         place.shapes = [list(s) for s in h["shapes"]]
@@ -149,11 +153,11 @@ class Worker:
         self.place = place
         return {"params": params, "memory": mem, "placement": place.name}, []
 
-    def params(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def params(self, h: Request, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         return {}, [f32_bytes(p) for p in place.whole_tensors()]
 
-    def digests(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def digests(self, h: Request, blobs: Optional[List[bytes]]) -> Answer:
         """Every rank's digest of its parameters (tests: the ranks must
         hold the same weights, bit for bit; sharded ranks hash the tensors
         gathered from their shards)."""
@@ -166,7 +170,7 @@ class Worker:
 
     # -- a round -----------------------------------------------------------------
 
-    def gradient(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def gradient(self, h: BatchRequest, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         x, y = place.batch(h, blobs)
         place.drop_grads()
@@ -175,24 +179,24 @@ class Worker:
         self.has_grad = True
         return {"loss": loss}, [f32_bytes(seq)]
 
-    def losses(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def losses(self, h: BatchRequest, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         x, y = place.batch(h, blobs)
         loss, seq = place.losses(x, y)
         return {"loss": loss}, [f32_bytes(seq)]
 
-    def step(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def step(self, h: LRRequest, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         if not self.has_grad:
             raise Refused(Kind.INPUT, "step without a gradient")
         return {}, place.step(float(h["lr"]))
 
-    def apply(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def apply(self, h: LRRequest, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         place.apply(place.combined(h, blobs), float(h["lr"]))
         return {}, []
 
-    def try_(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def try_(self, h: LRRequest, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         comb = place.combined(h, blobs)
         with torch.no_grad():
@@ -206,7 +210,7 @@ class Worker:
         place.apply(comb, float(h["lr"]))
         return {}, []
 
-    def undo(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def undo(self, h: Request, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         if not self.trying:
             raise Refused(Kind.INPUT, "undo without a try")
@@ -218,13 +222,13 @@ class Worker:
 
     # -- for tests ---------------------------------------------------------------
 
-    def grads(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def grads(self, h: Request, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         if not self.has_grad:
             raise Refused(Kind.INPUT, "no gradient")
         return {}, place.grads()
 
-    def set_grads(self, h: Dict, blobs: Optional[List[bytes]]) -> Answer:
+    def set_grads(self, h: Request, blobs: Optional[List[bytes]]) -> Answer:
         """Replaces the kept gradient (tests feed both engines one gradient)."""
         place = self.need_model()
         lens = h.get("blobs", [])

@@ -19,7 +19,8 @@ import json
 import os
 import struct
 import sys
-from typing import BinaryIO, List, Optional, Sequence, Tuple
+import threading
+from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple, TypedDict
 
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.json"), "rb") as _f:
     SPEC = json.load(_f)
@@ -37,6 +38,59 @@ Kind = enum.Enum("Kind", {k.upper(): k for k in SPEC["kinds"]}, type=str)
 
 # psyche's ends of the two pipes: requests arrive on fd 3, answers leave on fd 4.
 REQUEST_FD, ANSWER_FD = 3, 4
+
+
+# The requests, one type an op (the Go side: messages.go). Every request has
+# its "op" and its blobs' lengths.
+class Request(TypedDict):
+    op: str
+    blobs: List[int]
+
+
+class HelloRequest(Request, total=False):
+    protocol: int
+    device: str
+    devices: List[str]
+    timeout: float  # seconds: the ranks' collectives time out with the round
+
+
+class DescribeRequest(Request):
+    config: Dict  # {"json": a config.json's text}
+
+
+class Layout(TypedDict):
+    shape: List[int]
+    outer: int
+    rows: int
+    cols: int
+    th: int
+    tw: int
+    k: int
+
+
+class OpenRequest(Request):
+    arch: str  # gpt, llama or transformers
+    config: Dict  # the shape (GPT, Llama) or {"json": ...} (transformers)
+    seed: Optional[int]  # a transformers model drawn from it; None: the weights follow
+    layouts: List[Layout]
+    shapes: List[List[int]]
+    distro: Dict  # decay, weight_decay, clip, quantize, normalize_rms, max_value
+    precision: str
+    compile: bool
+    placement: str
+
+
+class BatchRequest(Request):
+    b: int  # sequences
+    t: int  # tokens a sequence; inputs and targets follow as uint32 blobs
+
+
+class LRRequest(Request):
+    lr: float  # a step's, or an apply's or try's (a round's aggregate follows, three blobs a tensor)
+
+
+class StatsRequest(Request, total=False):
+    reset: bool
 
 
 def say(msg: str) -> None:
@@ -86,6 +140,20 @@ def write_message(f: BinaryIO, h: dict, blobs: Sequence = ()) -> None:
     for b in blobs:
         f.write(b)
     f.flush()
+
+
+class Answers:
+    """The answer pipe, written by one thread at a time: the main loop's
+    answers, and a multi-device worker's last word when a rank fails (from
+    its watcher thread, unasked if no request is in flight)."""
+
+    def __init__(self, f: BinaryIO):
+        self.f = f
+        self.lock = threading.RLock()
+
+    def write(self, h: dict, blobs: Sequence = ()) -> None:
+        with self.lock:
+            write_message(self.f, h, blobs)
 
 
 def failure(kind: "Kind", msg: str, **fields) -> dict:

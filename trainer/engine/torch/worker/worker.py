@@ -25,7 +25,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402  (beside this file; the standard library only)
-from protocol import Kind, Refused, read_message, say, write_message  # noqa: E402
+from protocol import Kind, Refused, read_message, say  # noqa: E402
 
 # A python that cannot run the worker says so in its answer to psyche's
 # hello, naming every module it lacks at once (so that the user installs
@@ -90,7 +90,8 @@ def main() -> int:
     except OSError as exc:
         say("fds 3 and 4 are psyche's pipes; run this file through psyche (%s)" % exc)
         return 2
-    w = ops.Worker()
+    answers = protocol.Answers(wr)
+    w = ops.Worker(answers=answers)
     handlers = w.handlers()
     while True:
         try:
@@ -128,7 +129,7 @@ def main() -> int:
             else:
                 traceback.print_exc()
                 ans, out = protocol.failure(Kind.INTERNAL, "%s: %s" % (type(exc).__name__, exc)), []
-        write_message(wr, ans, out)
+        answers.write(ans, out)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ func (n *Node) Notify(ctx context.Context, step uint32, batch p2p.BatchRange) er
 		return err
 	}
 	n.mu.Lock()
-	n.ownNotices[p2p.NoticeKey{P2P: no.Trainer.P2P, Step: step, Batch: batch}] = no
+	n.ownNotices[no.Key()] = no
 	n.mu.Unlock()
 	return nil
 }

@@ -69,7 +69,7 @@ func TestAggregationRules(t *testing.T) {
 			want{0: 3, 1: 4}},
 
 		// Robust, float values: clip, trimmed mean, lone senders weighed 1/q.
-		{"robust/one peer alone", AggregateRobust, false, one(1, 5), want{1: 5}}, // q = 1: Speculate applies its own result unchanged
+		{"robust/one peer alone", AggregateRobust, false, one(1, 5), want{1: 5}}, // q = 1: one peer's result applies unchanged
 		{"robust/median of three", AggregateRobust, false, one(1, 1, 2, 3), want{1: 2}},
 		{"robust/a poisoner with 1e30 is clipped and trimmed", AggregateRobust, false, one(1, 1, 1.1, 0.9, 1, 1e30), want{1: 1}},
 		// Clipped to the median norm 1: {1, 1, 0.75, 1, −1}; trimmed: {0.75, 1, 1}.

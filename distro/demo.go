@@ -48,10 +48,8 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 // (Options, Check, Limits, MaxFrameBytes, SetAggregation, Layouts, Keep,
 // Aggregate, Combine, FrameOf); what it adds is one trainer's state.
 type DeMo struct {
-	*plan                   // the options and the tensors' tiles; its methods are DeMo's
-	delta       [][]float32 // per tensor, tile-major: tile t at [t*tileSize, (t+1)*tileSize)
-	backup      Snapshot    // parameters saved by Speculate
-	speculating bool
+	*plan             // the options and the tensors' tiles; its methods are DeMo's
+	delta [][]float32 // per tensor, tile-major: tile t at [t*tileSize, (t+1)*tileSize)
 	// UpdateAdam's moments, the decoded aggregate's buffer, steps taken
 	adamM, adamV, adamA [][]float32
 	adamT               int
@@ -251,27 +249,4 @@ func (d *DeMo) Apply(params [][]float32, frames []*Frame, lr float32) error {
 			row[j] = float32(row[j]*keep) - lr*s
 		}
 	})
-}
-
-// Speculate applies this trainer's own result to params right away, saving
-// them first, so that its next gradient is taken near where the run will be;
-// Undo restores the saved parameters exactly before the consensus results of
-// the round are applied.
-func (d *DeMo) Speculate(params [][]float32, own *Frame, lr float32) error {
-	if err := d.checkTensors("parameter", params); err != nil {
-		return err
-	}
-	d.backup.Save(params)
-	d.speculating = true
-	return d.Apply(params, []*Frame{own}, lr)
-}
-
-// Undo restores the parameters saved by the last Speculate. It is a no-op if
-// nothing is speculated.
-func (d *DeMo) Undo(params [][]float32) {
-	if !d.speculating {
-		return
-	}
-	d.backup.Restore(params)
-	d.speculating = false
 }

@@ -1,9 +1,8 @@
 package distro
 
 // Snapshot is a copy of parameter tensors whose buffers are kept from one
-// Save to the next. It exists because undoing an apply exactly is wanted in
-// two places, DeMo's Speculate and an engine's Try, and both must restore the
-// very bits they saved without allocating a model's worth each round.
+// Save to the next. An engine's Try restores with it the very bits it saved,
+// without allocating a model's worth each round.
 type Snapshot struct {
 	saved [][]float32
 }

@@ -119,7 +119,9 @@ type Stats struct {
 	Early uint64
 	// Rejected counts refused announcements by reason: bad_signature,
 	// wrong_run, step_window, not_assigned, oversize, malformed, replayed.
-	Rejected         map[string]uint64
+	Rejected map[string]uint64
+	// NoticesRejected counts refused training notices by the same reasons.
+	NoticesRejected  map[string]uint64
 	BlobsFetched     uint64
 	FetchRetries     uint64
 	FetchFailures    uint64

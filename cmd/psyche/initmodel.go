@@ -30,7 +30,14 @@ seed:N run, whose trainers need no file). With --out it also writes the model
 as a safetensors checkpoint, atomically, for a run whose url names that file
 on every trainer (file://) or a server holding a copy (http(s)://). A Llama
 with an --out that does not end in .safetensors is written as a Hugging Face
-directory (config.json, model.safetensors) that transformers loads too.`,
+directory (config.json, model.safetensors) that transformers loads too.
+
+A Hugging Face transformers run (hf_config) is drawn by the PyTorch engine,
+as its trainers draw it. Without --out the revision is the config.json's hash
+(what a seed:N run records); with --out the drawn model is written as a
+Hugging Face directory for url = "file:///DIR" (leave hf_config out then: the
+directory's config.json is the model's), and the revision is the hash of the
+config and the weights.`,
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "config", Usage: "the run file (TOML) whose [model] to build", Required: true, Category: "MODEL"},
 		&cli.Uint64Flag{Name: "seed", Usage: "seed of the initial weights", DefaultText: `N of the run file's url = "seed:N"`, Category: "MODEL"},
@@ -57,6 +64,9 @@ func initModel(c *cli.Context) error {
 			return fmt.Errorf("--seed is needed: %s's checkpoint url is %q, not seed:N", path, url)
 		}
 		seed = src.Seed
+	}
+	if u.Model.Architecture == coordinator.ArchTransformers {
+		return initTransformers(c, path, u.Model, seed)
 	}
 	model, err := runmodel.Init(u.Model, seed, nil)
 	if err != nil {
@@ -95,5 +105,48 @@ func initModel(c *cli.Context) error {
 	if recorded := coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:]); runmodel.IsHash(recorded) && recorded != rev {
 		fmt.Fprintf(w, "note: %s records revision %q: trainers would refuse this model\n", path, recorded)
 	}
+	return nil
+}
+
+// initTransformers is init-model for a run of a Hugging Face transformers
+// model: only the PyTorch engine builds it, so the weights are drawn there
+// (and only when they are to be written: a seed:N run's revision is its
+// config's hash).
+func initTransformers(c *cli.Context, path string, m *coordinator.Model, seed uint64) error {
+	t, dir, err := runmodel.RunTransformersConfig(m)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if dir != "" {
+		return fmt.Errorf("%s starts from the checkpoint directory %s: init-model draws fresh weights, for a run whose url is seed:N", path, dir)
+	}
+	t.Seed = seed
+	w := c.App.Writer
+	out := c.String("out")
+	if out == "" {
+		fmt.Fprintf(w, "model: a transformers model every trainer draws from %s (no weights written: --out writes them)\n", modelspec.SeedURL(seed))
+		fmt.Fprintln(w, "[model.checkpoint]")
+		fmt.Fprintf(w, "url = %q\n", modelspec.SeedURL(seed))
+		fmt.Fprintf(w, "revision = %q\n", modelspec.ConfigHash(t.JSON))
+		return nil
+	}
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "drawing the model from %s with the torch engine\n", modelspec.SeedURL(seed))
+	model, err := drawTransformers(c.Context, t)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := model.Save(c.Context, abs, nil); err != nil {
+		return err
+	}
+	rev := runmodel.Revision(model)
+	fmt.Fprintf(w, "model: %d parameters, weights drawn from %s\nwrote %s (config.json, model.safetensors)\n", model.NumParams(), modelspec.SeedURL(seed), abs)
+	fmt.Fprintln(w, "[model.checkpoint]")
+	fmt.Fprintf(w, "url = %q\n", "file://"+abs)
+	fmt.Fprintf(w, "revision = %q\n", rev)
+	fmt.Fprintln(w, "note: with this url, leave the run file's hf_config out (the directory's config.json is the model's)")
 	return nil
 }

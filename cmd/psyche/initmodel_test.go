@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"
+	"github.com/psyche-go/psyche/trainer/engine/torch"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -178,4 +180,108 @@ func checkSeedExample(t *testing.T, path string) *coordinator.Update {
 		t.Errorf("metadata.num_parameters is %d, the model has %d", want, got)
 	}
 	return u
+}
+
+// TestInitModelDrawsTransformers: for a Hugging Face run, init-model without
+// --out prints the config's hash (a seed:N run's revision) and draws
+// nothing; with --out it writes the model every trainer draws from the
+// seed (the torch engine's draw) as a directory that a trainer then loads
+// from url = "file://DIR" with the printed revision, and that transformers'
+// from_pretrained loads.
+func TestInitModelDrawsTransformers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a torch worker")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(root) // the example names its config.json relative to the root
+	run := "examples/qwen3-tiny-run.toml"
+	out, errs, code := psyche(t, "init-model", "--config", run, "--seed", "5")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	u, err := loadRunFile(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seeded, _, err := runmodel.RunTransformersConfig(u.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rev := printedLine(t, out, "revision"); rev != modelspec.ConfigHash(seeded.JSON) {
+		t.Errorf("without --out: revision %s, the config hashes to %s", rev, modelspec.ConfigHash(seeded.JSON))
+	}
+	if url := printedLine(t, out, "url"); url != "seed:5" {
+		t.Errorf("without --out: url %q", url)
+	}
+
+	dir := filepath.Join(t.TempDir(), "qwen3")
+	out, errs, code = psyche(t, "init-model", "--config", run, "--seed", "5", "--out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	url, rev := printedLine(t, out, "url"), printedLine(t, out, "revision")
+	if url != "file://"+dir {
+		t.Fatalf("printed url %q", url)
+	}
+	// What a trainer of a run starting from that directory loads and
+	// checks against the printed revision.
+	var m coordinator.Model = *u.Model
+	copy(m.Checkpoint.Source.URL[:], make([]byte, len(m.Checkpoint.Source.URL)))
+	copy(m.Checkpoint.Source.URL[:], url)
+	loaded, err := runmodel.LoadRunTransformers(&m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runmodel.CheckRevision(loaded, url, rev); err != nil {
+		t.Fatalf("a trainer loading %s: %v", url, err)
+	}
+	// The weights are seed 5's, as every trainer of a seed:5 run draws them.
+	seeded.Seed = 5
+	drawn, err := drawTransformers(t.Context(), seeded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// By name: the file keeps its tensors in its own order.
+	written := map[string][]float32{}
+	for _, ct := range loaded.CheckpointTensors() {
+		written[ct.Name] = ct.Data
+	}
+	want := drawn.CheckpointTensors()
+	if len(written) != len(want) || len(want) == 0 {
+		t.Fatalf("%d tensors written, %d drawn", len(written), len(want))
+	}
+	for _, ct := range want {
+		if !slices.Equal(written[ct.Name], ct.Data) {
+			t.Fatalf("tensor %s differs from seed 5's draw", ct.Name)
+		}
+	}
+	op, err := torch.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := op.Check(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	py := exec.Command(info.Python, "-c", `
+import os, sys
+os.environ["HF_HUB_OFFLINE"] = "1"
+import transformers
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])
+print(type(m).__name__, sum(p.numel() for p in m.parameters()))
+`, dir)
+	py.Env = append(os.Environ(), "HF_HUB_OFFLINE=1")
+	o, err := py.Output()
+	if err != nil {
+		t.Fatalf("from_pretrained(%s): %v\n%s", dir, err, exitStderr(err))
+	}
+	if got := strings.TrimSpace(lastLine(string(o))); got != "Qwen3ForCausalLM 108928" {
+		t.Errorf("from_pretrained built %q", got)
+	}
+	if !strings.Contains(out, "model: 108928 parameters, weights drawn from seed:5") {
+		t.Errorf("output:\n%s", out)
+	}
 }

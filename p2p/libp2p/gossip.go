@@ -291,10 +291,24 @@ func (n *Node) markNonce(key coordinator.Pubkey, nonce uint64, step uint32) bool
 // reject counts a refused announcement and logs it: the first refusal of
 // each reason from each peer at warning level (someone should look), the
 // rest at debug (a misbehaving peer must not flood the log).
-func (n *Node) reject(err error, from peer.ID) {
+func (n *Node) reject(err error, from peer.ID) { n.refuse(announcementMessage, err, from) }
+
+// What a refused message was: they are counted and logged apart.
+const (
+	announcementMessage = "announcement"
+	noticeMessage       = "notice"
+)
+
+// refuse counts and logs a refused message of kind what (announcementMessage
+// or noticeMessage).
+func (n *Node) refuse(what string, err error, from peer.ID) {
 	r := reason(err)
-	n.m.Rejected.WithLabelValues(r).Inc()
-	k := rejectKey{from, r}
+	counter := n.m.Rejected
+	if what == noticeMessage {
+		counter = n.m.NoticesRejected
+	}
+	counter.WithLabelValues(r).Inc()
+	k := rejectKey{what, from, r}
 	n.mu.Lock()
 	first := !n.rejectLogged[k] && len(n.rejectLogged) < maxRejectLogged
 	if first {
@@ -308,11 +322,13 @@ func (n *Node) reject(err error, from peer.ID) {
 	if first && !viewDependent(err) && !errors.Is(err, p2p.ErrReplayed) {
 		level = slog.LevelWarn
 	}
-	n.log.Log(context.Background(), level, "announcement refused", "reason", r, "remote", from.String(), "err", err)
+	n.log.Log(context.Background(), level, what+" refused", "reason", r, "remote", from.String(), "err", err)
 }
 
-// rejectKey is a peer and a reason, logged once at warning level.
+// rejectKey is a kind of message, a peer and a reason, logged once at
+// warning level.
 type rejectKey struct {
+	what   string
 	peer   peer.ID
 	reason string
 }

@@ -16,9 +16,11 @@ type Metrics struct {
 	Reannounced prometheus.Counter     // re-sends of own announcements
 	Accepted    prometheus.Counter     // announcements that passed validation (gossip and pull)
 	Rejected    *prometheus.CounterVec // label "reason": bad_signature, wrong_run, step_window, not_assigned, oversize, malformed, replayed
-	Delivered   prometheus.Counter     // announcements handed to the trainer (including those then dropped)
-	Dropped     prometheus.Counter     // announcements lost to a full Announcements channel
-	Early       prometheus.Counter     // announcements kept until the view reached their round (holdEarly)
+	// NoticesRejected counts refused training notices, by the same reasons.
+	NoticesRejected *prometheus.CounterVec
+	Delivered       prometheus.Counter // announcements handed to the trainer (including those then dropped)
+	Dropped         prometheus.Counter // announcements lost to a full Announcements channel
+	Early           prometheus.Counter // announcements kept until the view reached their round (holdEarly)
 
 	BlobsFetched     prometheus.Counter
 	BlobBytes        prometheus.Counter   // payload bytes fetched
@@ -47,6 +49,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Reannounced:      counter("announcements_reannounced_total", "Re-sends of own announcements."),
 		Accepted:         counter("announcements_accepted_total", "Announcements that passed validation (gossip and pull)."),
 		Rejected:         vec("announcements_rejected_total", "Announcements refused, by reason.", "reason"),
+		NoticesRejected:  vec("notices_rejected_total", "Training notices refused, by reason.", "reason"),
 		Delivered:        counter("announcements_delivered_total", "Peers' announcements handed to the trainer."),
 		Dropped:          counter("announcements_dropped_total", "Announcements lost because the trainer did not take them in time."),
 		Early:            counter("announcements_early_total", "Announcements for the next round kept until this node's view of the run reached it."),
@@ -64,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Reported: vec("peers_reported_total", "Peer misconduct the trainer found (a bad result, equivocation), by kind.", "why"),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.Reannounced, m.Accepted, m.Rejected, m.Delivered, m.Dropped, m.Early, m.BlobsFetched,
+		reg.MustRegister(m.Published, m.Reannounced, m.Accepted, m.Rejected, m.NoticesRejected, m.Delivered, m.Dropped, m.Early, m.BlobsFetched,
 			m.BlobBytes, m.FetchSeconds, m.FetchRetries, m.FetchFailures, m.CheckpointBlocks, m.PeerErrors, m.BlocksFrom, m.Peers, m.Paths, m.Reported)
 	}
 	return m
@@ -83,10 +86,13 @@ func (m *Metrics) stats() p2p.Stats {
 	u := func(c prometheus.Metric) uint64 { return uint64(promread.Value(c)) }
 	s := p2p.Stats{Published: u(m.Published), Reannounced: u(m.Reannounced), Accepted: u(m.Accepted), Delivered: u(m.Delivered),
 		Dropped: u(m.Dropped), Early: u(m.Early), BlobsFetched: u(m.BlobsFetched), FetchRetries: u(m.FetchRetries), FetchFailures: u(m.FetchFailures),
-		CheckpointBlocks: u(m.CheckpointBlocks), Rejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{},
-		BlocksFrom: map[coordinator.Pubkey]uint64{}}
+		CheckpointBlocks: u(m.CheckpointBlocks), Rejected: map[string]uint64{}, NoticesRejected: map[string]uint64{},
+		PeerErrors: map[coordinator.Pubkey]uint64{}, BlocksFrom: map[coordinator.Pubkey]uint64{}}
 	for r, v := range promread.ByLabel(m.Rejected, "reason") {
 		s.Rejected[r] = uint64(v)
+	}
+	for r, v := range promread.ByLabel(m.NoticesRejected, "reason") {
+		s.NoticesRejected[r] = uint64(v)
 	}
 	byPeer := func(vec *prometheus.CounterVec, into map[coordinator.Pubkey]uint64) {
 		for p, v := range promread.ByLabel(vec, "peer") {

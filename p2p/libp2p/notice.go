@@ -41,14 +41,14 @@ func (n *Node) validateNotice(from peer.ID, m *pubsub.Message) pubsub.Validation
 	}
 	no, err := n.checkNotice(m.Data)
 	if err != nil {
-		n.reject(err, from)
+		n.refuse(noticeMessage, err, from)
 		if viewDependent(err) {
 			return pubsub.ValidationIgnore
 		}
 		return pubsub.ValidationReject
 	}
 	if !n.markNonce(no.Trainer.P2P, no.Nonce, no.Step) {
-		n.reject(p2p.ErrReplayed, from)
+		n.refuse(noticeMessage, p2p.ErrReplayed, from)
 		return pubsub.ValidationIgnore
 	}
 	m.ValidatorData = no

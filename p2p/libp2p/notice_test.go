@@ -71,12 +71,15 @@ func TestValidatorJudgesNotices(t *testing.T) {
 		{"unassigned batch", signed("mallory", notice(10, 0, mallory, testRun)), pubsub.ValidationIgnore, "not_assigned"},
 		{"stale step", signed("mallory", notice(7, 1, mallory, testRun)), pubsub.ValidationIgnore, "step_window"},
 	} {
-		before := c.Stats().Rejected[tc.reason]
+		before := c.Stats()
 		if got, _ := judge(tc.data); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
-		if c.Stats().Rejected[tc.reason] != before+1 {
-			t.Errorf("%s: not counted as %s", tc.name, tc.reason)
+		// Counted as a refused notice, not as a refused announcement.
+		after := c.Stats()
+		if after.NoticesRejected[tc.reason] != before.NoticesRejected[tc.reason]+1 || after.Rejected[tc.reason] != before.Rejected[tc.reason] {
+			t.Errorf("%s: %d refused notices and %d refused announcements counted as %s, want one notice",
+				tc.name, after.NoticesRejected[tc.reason]-before.NoticesRejected[tc.reason], after.Rejected[tc.reason]-before.Rejected[tc.reason], tc.reason)
 		}
 	}
 	honest := signed("mallory", notice(10, 1, mallory, testRun))
@@ -85,8 +88,8 @@ func TestValidatorJudgesNotices(t *testing.T) {
 	if got != pubsub.ValidationAccept || !ok || no.Trainer != mallory || no.Step != 10 {
 		t.Fatalf("an honest notice: %v, %+v", got, m.ValidatorData)
 	}
-	if again, _ := judge(honest); again != pubsub.ValidationIgnore {
-		t.Errorf("the same bytes again: %v, want ignored as a replay", again)
+	if again, _ := judge(honest); again != pubsub.ValidationIgnore || c.Stats().NoticesRejected["replayed"] != 1 {
+		t.Errorf("the same bytes again: %v (%d counted as replayed notices), want ignored as a replay", again, c.Stats().NoticesRejected["replayed"])
 	}
 	// Delivered once per trainer, step and batch: a re-sent copy (another
 	// nonce) is relayed but not handed over again.
@@ -132,7 +135,7 @@ func TestNoticeResentUntilPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "b ignoring the notice its view does not assign", func() bool {
-		return b.Stats().Rejected["not_assigned"] > 0
+		return b.Stats().NoticesRejected["not_assigned"] > 0
 	})
 	b.SetAssignments(assignments(4, 6, ids...))
 	b.SetStep(5)

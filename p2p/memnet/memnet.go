@@ -74,7 +74,7 @@ func (h *Hub) Join(runID string, key ed25519.PrivateKey, signer coordinator.Pubk
 	n := &Node{hub: h, runID: runID, key: key, signer: signer, out: make(chan p2p.Announcement, 4096), notices: make(chan p2p.Notice, 1024), noticed: map[p2p.NoticeKey]bool{},
 		peers: map[coordinator.Pubkey]bool{}, delivered: map[coordinator.Hash]bool{}, held: map[uint32][]p2p.Announcement{},
 		blobs: map[coordinator.Hash][]byte{}, offers: map[uint32]coordinator.Hash{}, checkpoints: map[coordinator.Hash][]p2p.Tensor{},
-		stats: p2p.Stats{Rejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{}, BlocksFrom: map[coordinator.Pubkey]uint64{}}}
+		stats: p2p.Stats{Rejected: map[string]uint64{}, NoticesRejected: map[string]uint64{}, PeerErrors: map[coordinator.Pubkey]uint64{}, BlocksFrom: map[coordinator.Pubkey]uint64{}}}
 	copy(n.id[:], key.Public().(ed25519.PublicKey))
 	h.mu.Lock()
 	h.nodes[n.id] = n
@@ -413,7 +413,23 @@ func (n *Node) receive(a p2p.Announcement) bool {
 	return !evidence
 }
 
+// reject counts a refused announcement by its reason, rejectNotice a
+// refused notice, as p2p/libp2p does.
 func (n *Node) reject(err error) {
+	reason := rejectReason(err)
+	n.mu.Lock()
+	n.stats.Rejected[reason]++
+	n.mu.Unlock()
+}
+
+func (n *Node) rejectNotice(err error) {
+	reason := rejectReason(err)
+	n.mu.Lock()
+	n.stats.NoticesRejected[reason]++
+	n.mu.Unlock()
+}
+
+func rejectReason(err error) string {
 	reason := "malformed"
 	for _, r := range []struct {
 		err  error
@@ -425,9 +441,7 @@ func (n *Node) reject(err error) {
 			break
 		}
 	}
-	n.mu.Lock()
-	n.stats.Rejected[reason]++
-	n.mu.Unlock()
+	return reason
 }
 
 // Announcements implements p2p.Network.
@@ -614,7 +628,8 @@ func (n *Node) Stats() p2p.Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	s := n.stats
-	s.Rejected, s.PeerErrors, s.BlocksFrom = clone(s.Rejected), clone(s.PeerErrors), clone(s.BlocksFrom)
+	s.Rejected, s.NoticesRejected = clone(s.Rejected), clone(s.NoticesRejected)
+	s.PeerErrors, s.BlocksFrom = clone(s.PeerErrors), clone(s.BlocksFrom)
 	return s
 }
 

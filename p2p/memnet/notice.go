@@ -77,7 +77,7 @@ func (n *Node) receiveNotice(no p2p.Notice) bool {
 		}
 	}
 	if err != nil {
-		n.reject(err)
+		n.rejectNotice(err)
 		return false
 	}
 	k := no.Key()

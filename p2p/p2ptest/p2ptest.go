@@ -298,7 +298,7 @@ func Run(t *testing.T, h Harness) {
 		if err := p.Notify(ctx, 5, p2p.BatchRange{Start: 1, End: 2}); err != nil {
 			t.Fatal(err)
 		}
-		for m.Stats().Rejected["not_assigned"] == 0 {
+		for m.Stats().NoticesRejected["not_assigned"] == 0 {
 			select {
 			case no := <-m.Notices():
 				if no.Trainer == ID("p") {

@@ -12,10 +12,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/engine"
-	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/engine/torch"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
@@ -89,21 +88,11 @@ func peerFrames(plan *distro.Plan, n int) ([]*distro.Frame, error) {
 	return out, nil
 }
 
-// modelConfig is the shape as the worker's models.build reads it (the
-// torch engine sends the same).
+// modelConfig is the shape as the worker's models.build reads it: what
+// the torch engine sends.
 func modelConfig(c modelspec.Config) map[string]any {
-	if c.Arch == coordinator.ArchLlama {
-		l := c.Llama
-		eps := l.NormEps
-		if eps == 0 {
-			eps = llama.DefaultNormEps
-		}
-		return map[string]any{"vocab": l.Vocab, "context": l.Context, "width": l.Width, "layers": l.Layers,
-			"heads": l.Heads, "kv_heads": l.KVHeads, "intermediate": l.Intermediate, "rope_theta": l.RopeTheta,
-			"tied_head": l.TiedHead, "norm_eps": eps}
-	}
-	g := c.GPT
-	return map[string]any{"vocab": g.Vocab, "context": g.Context, "width": g.Width, "layers": g.Layers, "heads": g.Heads}
+	_, config := torch.ModelConfig(c)
+	return config
 }
 
 // writeSpec writes what bench_engine_ref.py needs to repeat the work.

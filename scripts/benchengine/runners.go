@@ -16,6 +16,7 @@ import (
 
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/engine/torch"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -225,7 +226,7 @@ func (tr *torchRunner) open(ctx context.Context) {
 		return
 	}
 	if tr.e != nil {
-		if p, ok := tr.e.(interface{ Pid() int }); ok {
+		if p, ok := tr.e.(torch.Probe); ok {
 			tr.pid = p.Pid()
 		}
 		if tr.ranks {
@@ -243,9 +244,7 @@ func (tr *torchRunner) close() {
 	if tr.e == nil {
 		return
 	}
-	if m, ok := tr.e.(interface {
-		Memory(context.Context, bool) (torch.Memory, error)
-	}); ok {
+	if m, ok := tr.e.(torch.Probe); ok {
 		if mem, err := m.Memory(context.Background(), false); err == nil && mem.Peak > 0 {
 			tr.r.PeakMem = mem.Peak // torch.cuda.max_memory_allocated in the worker
 		}
@@ -277,7 +276,7 @@ func (gr *goRunner) open(ctx context.Context) {
 		gr.r.Error = err.Error()
 		return
 	}
-	gr.openEngine(ctx, engine.Go(be), m)
+	gr.openEngine(ctx, goengine.New(be), m)
 }
 
 func (gr *goRunner) step(ctx context.Context, round int) { gr.stepWith(ctx, gr, gr.s, round) }

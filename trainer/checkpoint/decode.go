@@ -41,28 +41,44 @@ func Read(r io.Reader, size int64) (*Checkpoint, error) { return Limits{}.Read(r
 
 // Load reads the checkpoint file at path.
 func (l Limits) Load(path string) (*Checkpoint, error) {
-	f, err := os.Open(path)
+	f, size, err := openRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: load: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: load: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("checkpoint: load %s: not a regular file", path)
-	}
-	c, err := l.Read(f, fi.Size())
-	if err != nil {
-		var fe *formatError
-		if errors.As(err, &fe) {
-			fe.detail = path + ": " + fe.detail
-			return nil, fe
-		}
 		return nil, err
 	}
+	defer f.Close()
+	c, err := l.Read(f, size)
+	if err != nil {
+		return nil, naming(path, err)
+	}
 	return c, nil
+}
+
+// openRegular opens the checkpoint file at path and says its size; anything
+// but a regular file (a directory, a FIFO that would block) is refused.
+func openRegular(path string) (*os.File, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("checkpoint: load: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("checkpoint: load: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, fmt.Errorf("checkpoint: load %s: not a regular file", path)
+	}
+	return f, fi.Size(), nil
+}
+
+// naming puts the file's path in a format error about its bytes.
+func naming(path string, err error) error {
+	var fe *formatError
+	if errors.As(err, &fe) {
+		fe.detail = path + ": " + fe.detail
+	}
+	return err
 }
 
 // Decode parses checkpoint bytes. The result does not alias data.
@@ -152,25 +168,14 @@ type TensorInfo struct {
 // Load validates it, and none of its data: the tensors it holds, by name,
 // which a caller checks against a model before reading gigabytes.
 func (l Limits) LoadHeader(path string) ([]TensorInfo, error) {
-	f, err := os.Open(path)
+	f, size, err := openRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: load: %w", err)
+		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
+	entries, _, _, err := l.readHeader(f, size)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: load: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("checkpoint: load %s: not a regular file", path)
-	}
-	entries, _, _, err := l.readHeader(f, fi.Size())
-	if err != nil {
-		var fe *formatError
-		if errors.As(err, &fe) {
-			fe.detail = path + ": " + fe.detail
-		}
-		return nil, err
+		return nil, naming(path, err)
 	}
 	out := make([]TensorInfo, len(entries))
 	for i, e := range entries {

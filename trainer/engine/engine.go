@@ -17,6 +17,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -30,6 +31,22 @@ import (
 type Batch struct {
 	Inputs, Targets []uint32
 	Seqs, SeqLen    int
+}
+
+// Check refuses a batch whose token counts disagree with its shape or whose
+// sequences are longer than the model's context: every engine checks what it
+// is handed with it before computing.
+func (b Batch) Check(context int) error {
+	n := b.Seqs * b.SeqLen
+	switch {
+	case b.Seqs <= 0 || b.SeqLen <= 0:
+		return fmt.Errorf("engine: empty batch (%d×%d)", b.Seqs, b.SeqLen)
+	case b.SeqLen > context:
+		return fmt.Errorf("engine: sequences of %d tokens, the model's context is %d", b.SeqLen, context)
+	case len(b.Inputs) != n || len(b.Targets) != n:
+		return fmt.Errorf("engine: a %d×%d batch with %d inputs and %d targets", b.Seqs, b.SeqLen, len(b.Inputs), len(b.Targets))
+	}
+	return nil
 }
 
 // Losses are a batch's mean loss (what the model's training minimises) and

@@ -25,7 +25,7 @@ import (
 // 4·width.
 
 // layerNormEpsilon is the kernels' LayerNorm ε, which GPT-2 shares.
-const layerNormEpsilon = 1e-5
+const layerNormEpsilon = kernels.LayerNormEps
 
 // HF file names.
 const (

@@ -61,7 +61,9 @@ func parallel(n, grain int, fn func(lo, hi int)) {
 	wg.Wait()
 }
 
-const layerNormEps = 1e-5
+// LayerNormEps is LayerNorm's ε, fixed: GPT-2's, and what every backend and
+// the PyTorch worker's GPT use.
+const LayerNormEps = 1e-5
 
 // LayerNorm implements Host.
 func (Go) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols int) {
@@ -79,7 +81,7 @@ func (Go) LayerNorm(out, mean, rstd, in, weight, bias []float32, rows, cols int)
 				variance += d * d
 			}
 			variance /= float64(cols)
-			s := 1 / math.Sqrt(variance+layerNormEps)
+			s := 1 / math.Sqrt(variance+LayerNormEps)
 			o := out[r*cols : (r+1)*cols]
 			for i, v := range x {
 				o[i] = float32((float64(v)-m)*s)*weight[i] + bias[i]

@@ -39,6 +39,7 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/node/drive"
 	"github.com/psyche-go/psyche/trainer/node/machine"
@@ -148,7 +149,7 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 		cfg.kernels, _ = kernels.WithPrecision(cfg.kernels, cfg.precision)
 	}
 	if cfg.engine == nil {
-		cfg.engine = engine.Go(cfg.kernels)
+		cfg.engine = goengine.New(cfg.kernels)
 		logKernels(cfg.log, cfg.kernels, cfg.precision)
 	}
 	if cfg.metrics == nil {
@@ -499,7 +500,7 @@ func (n *Node) checkModel(ctx context.Context, m *coordinator.Model) error {
 	}
 	op := n.cfg.engine
 	if op == nil {
-		op = engine.Go(n.cfg.kernels)
+		op = goengine.New(n.cfg.kernels)
 	}
 	if c, ok := op.(engine.ModelChecker); ok {
 		if err := c.CheckModel(ctx, m); err != nil {

@@ -53,19 +53,13 @@ func newCluster(t *testing.T, trainers int, edit func(*coordinator.Config), opts
 	return newClusterOn(t, nil, trainers, edit, opts...)
 }
 
-// newClusterOn is newCluster over an in-memory network (hub), or over
-// libp2p when hub is nil.
-func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordinator.Config), opts ...func(i int) []node.Option) *cluster {
-	return newClusterServing(t, hub, trainers, edit, nil, opts...)
-}
-
-// newClusterServing is newClusterOn whose run reads its data at the
-// http(s) URL that serve gives for the token file's path (nil: the file).
-func newClusterServing(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordinator.Config), serve func(tokens string) string,
-	opts ...func(i int) []node.Option) *cluster {
+// startServer is a cluster's server backend on a clock the test drives,
+// in a fresh directory, and a context that guards the test against a hang:
+// what every cluster starts with, before its run.
+func startServer(t *testing.T, guard time.Duration) *cluster {
+	t.Helper()
 	dir := t.TempDir() // removed last: cleanups run in reverse order
-	// A guard against a hang, not a time budget: the runs below take seconds.
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
 	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0))}
 	srv, err := localrun.StartServer(ctx, dir, localrun.WithClock(c.clock))
 	if err != nil {
@@ -76,6 +70,22 @@ func newClusterServing(t *testing.T, hub *memnet.Hub, trainers int, edit func(*c
 	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
 	t.Cleanup(func() { cancel(); _ = srv.Wait(); <-ticking })
 	c.backend = srv.Client
+	return c
+}
+
+// newClusterOn is newCluster over an in-memory network (hub), or over
+// libp2p when hub is nil.
+func newClusterOn(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordinator.Config), opts ...func(i int) []node.Option) *cluster {
+	return newClusterServing(t, hub, trainers, edit, nil, opts...)
+}
+
+// newClusterServing is newClusterOn whose run reads its data at the
+// http(s) URL that serve gives for the token file's path (nil: the file).
+func newClusterServing(t *testing.T, hub *memnet.Hub, trainers int, edit func(*coordinator.Config), serve func(tokens string) string,
+	opts ...func(i int) []node.Option) *cluster {
+	// A guard against a hang, not a time budget: the runs below take seconds.
+	c := startServer(t, 8*time.Minute)
+	ctx, dir := c.ctx, c.dir
 
 	// 12 sequences a round however many trainers share them; two trainers
 	// are enough to go on.

@@ -11,6 +11,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
@@ -106,7 +107,7 @@ func (n *Node) emptyModel(ctx context.Context, s *coordinator.Coordinator, cfg m
 	}
 	d, ok := n.cfg.engine.(engine.Describer)
 	if !ok {
-		return nil, fmt.Errorf("node: %w", engine.ErrNeedsTorch)
+		return nil, fmt.Errorf("node: %w", goengine.ErrNeedsTorch)
 	}
 	names, shapes, err := d.Describe(ctx, tf)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node/drive"
 	"github.com/psyche-go/psyche/trainer/node/machine"
@@ -172,7 +173,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		n.setEngine(nil)
 		op := n.cfg.engine
 		if op == nil {
-			op = engine.Go(n.cfg.kernels)
+			op = goengine.New(n.cfg.kernels)
 		}
 		eng, err := op.Open(ctx, engine.Spec{Model: model, Optimizer: opts, Timeout: engineTimeout(s)})
 		if err != nil {
@@ -290,6 +291,18 @@ func (n *Node) notify(ctx context.Context, w *machine.TrainWork) {
 	}
 }
 
+// reusable is the gradient trained ahead that w may use instead of computing
+// its own (done or still computing), or nil: the machine decides whether a
+// gradient trained ahead is still valid (w.Reuse: the parameters it was
+// taken at are those of w's round); this node holds it only if it trained
+// w's own step and batch.
+func (n *Node) reusable(w *machine.TrainWork) *aheadRun {
+	if a := n.ahead; w.Reuse && a != nil && a.work.Step == w.Step && a.work.Batch == w.Batch {
+		return a
+	}
+	return nil
+}
+
 // finishAhead waits for the gradient trained ahead, if one is running.
 func (n *Node) finishAhead() {
 	if n.ahead != nil {
@@ -378,11 +391,11 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 			n.notify(ctx, w)
 		}
 	}
-	if a := n.ahead; w.Reuse && a != nil && a.work.Step == w.Step && a.work.Batch == w.Batch && !a.failed() {
+	if a := n.reusable(w); a != nil && !a.failed() {
 		notify() // begun before the round: say so as it begins, not once the gradient is done
 	}
 	n.finishAhead()
-	a := n.ahead
+	a := n.reusable(w)
 	n.ahead = nil
 	var (
 		loss      float32
@@ -390,7 +403,7 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 		computed  time.Duration // the gradient's compute, ahead or now
 		reused    bool
 	)
-	if w.Reuse && a != nil && a.err == nil && a.work.Step == w.Step && a.work.Batch == w.Batch {
+	if a != nil && a.err == nil {
 		loss, seqLosses, computed, reused = a.loss, a.seqLosses, a.took, true
 		n.cfg.metrics.AheadReused.Inc()
 	} else {

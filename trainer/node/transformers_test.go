@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
-	"github.com/psyche-go/psyche/internal/quietclock"
 	"github.com/psyche-go/psyche/p2p/libp2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine/torch"
@@ -28,62 +26,15 @@ func TestTransformersJoinerLoadsFromPeers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run with torch workers")
 	}
-	data0, err := os.ReadFile("../../examples/hf/qwen3-tiny.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "config.json")
-	if err := os.WriteFile(cfgPath, data0, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	op, err := torch.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0))}
-	srv, err := localrun.StartServer(ctx, dir, localrun.WithClock(c.clock))
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	ticking := make(chan struct{})
-	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
-	t.Cleanup(func() { cancel(); _ = srv.Wait(); <-ticking })
-	c.backend = srv.Client
-
-	run := localrun.NewRun("e2e", 3, 1, func(k *coordinator.Config, m *coordinator.Model) {
+	c := startServer(t, 15*time.Minute)
+	keys := c.createQwen3Run(3, 200_000, func(k *coordinator.Config) {
 		k.GlobalBatchSizeStart, k.GlobalBatchSizeEnd, k.MinClients = 6, 6, 2
-		f, err := modelspec.ParseTransformersFile(data0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tc, err := f.Mirror(int(m.MaxSeqLen))
-		if err != nil {
-			t.Fatal(err)
-		}
-		modelspec.SetTransformers(m, tc)
-		_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(1, cfgPath))
-		_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], modelspec.ConfigHash(data0))
 	})
-	c.tokens = data.Tokenize(data.Opticks()[:200_000])
-	files, err := localrun.WriteFiles(ctx, dir, &run.Model, c.tokens[:150_000], 2, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := files.Initial.(*runmodel.Transformers); !ok {
-		t.Fatalf("initial model %T", files.Initial)
-	}
-	if err := run.UseFiles(files); err != nil {
-		t.Fatal(err)
-	}
-	keys := localrun.Keys{}
-	c.admin = keys.Admin()
-	if err := localrun.Create(ctx, c.backend, run, c.admin); err != nil {
-		t.Fatal(err)
-	}
-	c.run = localrun.NewTrainers("e2e", c.backend, keys, localrun.WithClock(c.clock), localrun.WithCheckpointDir(dir),
+	c.run = localrun.NewTrainers("e2e", c.backend, keys, localrun.WithClock(c.clock), localrun.WithCheckpointDir(c.dir),
 		localrun.WithLibp2pOptions(libp2p.WithFetchTimeout(5*time.Second)),
 		localrun.WithTrainerOptions(func(i int) []node.Option {
 			return []node.Option{node.WithLogger(testLogger(t, i)), node.WithEngine(op)}
@@ -117,29 +68,45 @@ func TestTransformersJoinerLoadsFromPeers(t *testing.T) {
 // it joins, one line saying to join with --engine torch; the run never
 // counts it among its joiners. No torch worker is started.
 func TestGoTrainerRefusesTransformersRun(t *testing.T) {
-	data0, err := os.ReadFile("../../examples/hf/qwen3-tiny.json")
+	c := startServer(t, 5*time.Minute)
+	keys := c.createQwen3Run(1, 20_000, func(k *coordinator.Config) { k.MinClients = 1 })
+	c.run = localrun.NewTrainers("e2e", c.backend, keys, localrun.WithClock(c.clock), localrun.WithCheckpointDir(c.dir),
+		localrun.WithTrainerOptions(func(i int) []node.Option { return []node.Option{node.WithLogger(testLogger(t, i))} }))
+	c.addTrainers(0, 1)
+	err := c.result(0)
+	if err == nil || !strings.Contains(err.Error(), "refusing to join run e2e") || !strings.Contains(err.Error(), "--engine torch") ||
+		strings.Contains(err.Error(), "\n") {
+		t.Fatalf("a Go trainer on a transformers run: %v; want one line refusing to join, saying --engine torch", err)
+	}
+	t.Log(err)
+	s, err := c.backend.Snapshot(c.ctx, "e2e")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "config.json")
-	if err := os.WriteFile(cfgPath, data0, 0o644); err != nil {
-		t.Fatal(err)
+	if s.State.PendingLen != 0 || s.State.Epoch.ClientsLen != 0 || s.State.RunState != coordinator.WaitingForMembers {
+		t.Fatalf("the run has %d pending joiners, %d clients, state %s: the refusing trainer joined", s.State.PendingLen,
+			s.State.Epoch.ClientsLen, s.State.RunState)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	c := &cluster{t: t, ctx: ctx, dir: dir, clock: quietclock.New(time.Unix(1_800_000_000, 0))}
-	srv, err := localrun.StartServer(ctx, dir, localrun.WithClock(c.clock))
+}
+
+// createQwen3Run creates run e2e of the shipped tiny Qwen3 (its config.json
+// copied into the cluster's directory; every trainer draws it from seed 1)
+// for trainers, on the first corpus bytes of the bundled text (three
+// quarters of them for training), and returns its keys.
+func (c *cluster) createQwen3Run(trainers, corpus int, edit func(*coordinator.Config)) localrun.Keys {
+	t := c.t
+	t.Helper()
+	config, err := os.ReadFile("../../examples/hf/qwen3-tiny.json")
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
-	ticking := make(chan struct{})
-	go func() { _ = c.clock.Run(ctx, time.Second, settle); close(ticking) }()
-	t.Cleanup(func() { cancel(); _ = srv.Wait(); <-ticking })
-	c.backend = srv.Client
-	run := localrun.NewRun("e2e", 1, 1, func(k *coordinator.Config, m *coordinator.Model) {
-		k.MinClients = 1
-		f, err := modelspec.ParseTransformersFile(data0)
+	path := filepath.Join(c.dir, "config.json")
+	if err := os.WriteFile(path, config, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := localrun.NewRun("e2e", trainers, 1, func(k *coordinator.Config, m *coordinator.Model) {
+		edit(k)
+		f, err := modelspec.ParseTransformersFile(config)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,37 +115,24 @@ func TestGoTrainerRefusesTransformersRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		modelspec.SetTransformers(m, tc)
-		_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(1, cfgPath))
-		_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], modelspec.ConfigHash(data0))
+		_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], modelspec.SeedConfigURL(1, path))
+		_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], modelspec.ConfigHash(config))
 	})
-	c.tokens = data.Tokenize(data.Opticks()[:20_000])
-	files, err := localrun.WriteFiles(ctx, dir, &run.Model, c.tokens, 2, 1)
+	c.tokens = data.Tokenize(data.Opticks()[:corpus])
+	files, err := localrun.WriteFiles(c.ctx, c.dir, &run.Model, c.tokens[:corpus*3/4], 2, 1)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := files.Initial.(*runmodel.Transformers); !ok {
+		t.Fatalf("initial model %T", files.Initial)
 	}
 	if err := run.UseFiles(files); err != nil {
 		t.Fatal(err)
 	}
 	keys := localrun.Keys{}
 	c.admin = keys.Admin()
-	if err := localrun.Create(ctx, c.backend, run, c.admin); err != nil {
+	if err := localrun.Create(c.ctx, c.backend, run, c.admin); err != nil {
 		t.Fatal(err)
 	}
-	c.run = localrun.NewTrainers("e2e", c.backend, keys, localrun.WithClock(c.clock), localrun.WithCheckpointDir(dir),
-		localrun.WithTrainerOptions(func(i int) []node.Option { return []node.Option{node.WithLogger(testLogger(t, i))} }))
-	c.addTrainers(0, 1)
-	err = c.result(0)
-	if err == nil || !strings.Contains(err.Error(), "refusing to join run e2e") || !strings.Contains(err.Error(), "--engine torch") ||
-		strings.Contains(err.Error(), "\n") {
-		t.Fatalf("a Go trainer on a transformers run: %v; want one line refusing to join, saying --engine torch", err)
-	}
-	t.Log(err)
-	s, err := c.backend.Snapshot(ctx, "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.State.PendingLen != 0 || s.State.Epoch.ClientsLen != 0 || s.State.RunState != coordinator.WaitingForMembers {
-		t.Fatalf("the run has %d pending joiners, %d clients, state %s: the refusing trainer joined", s.State.PendingLen,
-			s.State.Epoch.ClientsLen, s.State.RunState)
-	}
+	return keys
 }

@@ -31,7 +31,6 @@ import (
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/kernels"
-	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
@@ -265,10 +264,10 @@ func (op *Opener) worker(ctx context.Context, timeout time.Duration) (*worker, *
 }
 
 // workerTimeout is the engine's timeout for one round's computation: the
-// spec's, or ten minutes.
+// spec's, or the protocol's default (protocol.json's default_timeout_s).
 func workerTimeout(t time.Duration) time.Duration {
 	if t <= 0 {
-		return 10 * time.Minute
+		return defaultTimeout
 	}
 	return t
 }
@@ -420,7 +419,7 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 // model's parameters, in transformers' order (it builds the model on the
 // meta device: nothing is allocated).
 func describe(ctx context.Context, w *worker, timeout time.Duration, tf *runmodel.Transformers) ([]string, [][]int, error) {
-	a, err := w.call(ctx, timeout, header{"op": "describe", "config": transformersConfig(tf)}, nil)
+	a, err := w.call(ctx, timeout, &describeRequest{op: op{Op: "describe"}, Config: transformersConfig(tf)}, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("torch engine: %w", err)
 	}
@@ -605,12 +604,18 @@ func (e *eng) Plan() *distro.Plan       { return e.plan }
 // Info is what the worker said of itself.
 func (e *eng) Info() Info { return e.info }
 
-// Pid is the worker process's id (tests kill it).
-func (e *eng) Pid() int { return e.w.pid() }
+// Probe is what benchmarks read of a torch engine besides the engine
+// contract: the worker's process (its resident memory, its device memory
+// under nvidia-smi) and what torch counts on its device.
+type Probe interface {
+	Pid() int
+	Memory(ctx context.Context, reset bool) (Memory, error)
+}
 
-// Pids are the worker's processes: rank 0 (Pid) and, on several devices,
-// every further rank in order.
-func (e *eng) Pids() []int { return slices.Clone(e.w.pids) }
+var _ Probe = (*eng)(nil)
+
+// Pid is the worker process's id (rank 0's, on several devices).
+func (e *eng) Pid() int { return e.w.pid() }
 
 // bulkTimeout bounds a call that moves every parameter (open, Model): a
 // minute plus a second per 20M parameters, at least the round's.
@@ -619,33 +624,33 @@ func (e *eng) bulkTimeout() time.Duration {
 }
 
 // do sends one request under the engine's lock.
-func (e *eng) do(ctx context.Context, timeout time.Duration, h header, blobs [][]byte) (*answer, error) {
+func (e *eng) do(ctx context.Context, timeout time.Duration, req request, blobs [][]byte) (*answer, error) {
 	if e.closed {
 		return nil, engine.ErrClosed
 	}
 	if e.broken != nil {
 		return nil, e.broken
 	}
-	a, err := e.w.call(ctx, timeout, h, blobs)
+	a, err := e.w.call(ctx, timeout, req, blobs)
 	if err != nil {
 		if errors.Is(err, errWorker) {
 			e.broken = err
 		}
-		return nil, e.explain(err, h)
+		return nil, e.explain(err, req)
 	}
 	return a, nil
 }
 
 // explain turns the worker's out-of-memory refusal into an error that
 // names the model, the batch and the device.
-func (e *eng) explain(err error, h header) error {
+func (e *eng) explain(err error, req request) error {
 	var we *workerError
 	if !errors.As(err, &we) || we.kind != kindOOM {
 		return err
 	}
 	what := fmt.Sprintf("the %s of %d parameters", archName(e.cfg.Arch), e.params)
-	if b, ok := h["b"].(int); ok {
-		what += fmt.Sprintf(" at a batch of %d×%v tokens", b, h["t"])
+	if b, ok := req.(*batchRequest); ok {
+		what += fmt.Sprintf(" at a batch of %d×%d tokens", b.B, b.T)
 	}
 	return fmt.Errorf("torch engine: out of memory on %s for %s (%s): use a smaller model or batch, bf16, or a device with more memory",
 		e.info.Device, what, firstLine(we.msg))
@@ -668,40 +673,39 @@ func archName(a coordinator.Architecture) string {
 	return "GPT"
 }
 
-// modelConfig is the model's shape as the worker's models.build reads it.
-func modelConfig(c modelspec.Config) (string, map[string]any) {
+// ModelConfig is one of psyche's own models (GPT or Llama) as the worker's
+// models.build reads it: its architecture's name and its shape, every value
+// given (the norms' ε too: the worker fills in no default of its own).
+// Tests and benchmarks that drive the worker's models directly use it.
+func ModelConfig(c modelspec.Config) (arch string, config map[string]any) {
 	if c.Arch == coordinator.ArchLlama {
 		l := c.Llama
-		eps := l.NormEps
-		if eps == 0 {
-			eps = llama.DefaultNormEps
-		}
 		return "llama", map[string]any{"vocab": l.Vocab, "context": l.Context, "width": l.Width, "layers": l.Layers,
 			"heads": l.Heads, "kv_heads": l.KVHeads, "intermediate": l.Intermediate, "rope_theta": l.RopeTheta,
-			"tied_head": l.TiedHead, "norm_eps": eps}
+			"tied_head": l.TiedHead, "norm_eps": l.Eps()}
 	}
 	g := c.GPT
-	return "gpt", map[string]any{"vocab": g.Vocab, "context": g.Context, "width": g.Width, "layers": g.Layers, "heads": g.Heads}
+	return "gpt", map[string]any{"vocab": g.Vocab, "context": g.Context, "width": g.Width, "layers": g.Layers, "heads": g.Heads,
+		"norm_eps": kernels.LayerNormEps}
 }
 
 func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) (string, error) {
-	arch, mc := modelConfig(e.cfg)
-	var layouts []map[string]any
+	arch, mc := ModelConfig(e.cfg)
+	var layouts []layout
 	for _, l := range e.plan.Layouts() {
-		layouts = append(layouts, map[string]any{"shape": l.Shape, "outer": l.Outer, "rows": l.Rows, "cols": l.Cols,
-			"th": l.TileH, "tw": l.TileW, "k": l.K})
+		layouts = append(layouts, layout{Shape: l.Shape, Outer: l.Outer, Rows: l.Rows, Cols: l.Cols, TileH: l.TileH, TileW: l.TileW, K: l.K})
 	}
-	var seed any
+	var seed *uint64
 	if e.tf != nil {
 		arch, mc = "transformers", transformersConfig(e.tf)
 		if !e.tf.Drawn() {
-			seed = e.tf.Seed
+			seed = &e.tf.Seed
 		}
 	}
-	h := header{"op": "open", "arch": arch, "config": mc, "seed": seed, "layouts": layouts, "shapes": e.shapes,
-		"distro": map[string]any{"decay": o.Decay, "weight_decay": o.WeightDecay, "clip": o.ClipGradNorm,
-			"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS, "max_value": distro.MaxValue},
-		"precision": e.o.precision, "compile": e.o.compile, "placement": e.o.placement}
+	h := &openRequest{op: op{Op: "open"}, Arch: arch, Config: mc, Seed: seed, Layouts: layouts, Shapes: e.shapes,
+		Distro: distroOptions{Decay: o.Decay, WeightDecay: o.WeightDecay, Clip: o.ClipGradNorm,
+			Quantize: o.Quantize1Bit, NormalizeRMS: o.NormalizeRMS, MaxValue: distro.MaxValue},
+		Precision: e.o.precision, Compile: e.o.compile, Placement: e.o.placement}
 	ts := m.Tensors()
 	blobs := make([][]byte, len(ts))
 	for i, t := range ts {
@@ -719,29 +723,13 @@ func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) (str
 	return f.Placement, a.fields(&f)
 }
 
-// Digests are each rank's digest of the parameters it holds (tests: every
-// rank of a multi-device worker holds the same weights).
-func (e *eng) Digests(ctx context.Context) ([]string, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.bulkTimeout(), header{"op": "digests"}, nil)
-	if err != nil {
-		return nil, err
-	}
-	var f struct {
-		Digests []string `json:"digests"`
-	}
-	return f.Digests, a.fields(&f)
-}
-
-func (e *eng) batchCall(ctx context.Context, op string, b engine.Batch) (engine.Losses, error) {
-	if b.Seqs <= 0 || b.SeqLen <= 0 || b.SeqLen > e.cfg.Context() || len(b.Inputs) != b.Seqs*b.SeqLen || len(b.Targets) != len(b.Inputs) {
-		return engine.Losses{}, fmt.Errorf("torch engine: a %d×%d batch with %d inputs and %d targets (context %d)",
-			b.Seqs, b.SeqLen, len(b.Inputs), len(b.Targets), e.cfg.Context())
+func (e *eng) batchCall(ctx context.Context, name string, b engine.Batch) (engine.Losses, error) {
+	if err := b.Check(e.cfg.Context()); err != nil {
+		return engine.Losses{}, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.timeout, header{"op": op, "b": b.Seqs, "t": b.SeqLen}, [][]byte{u32Bytes(b.Inputs), u32Bytes(b.Targets)})
+	a, err := e.do(ctx, e.timeout, &batchRequest{op: op{Op: name}, B: b.Seqs, T: b.SeqLen}, [][]byte{u32Bytes(b.Inputs), u32Bytes(b.Targets)})
 	if err != nil {
 		return engine.Losses{}, err
 	}
@@ -752,7 +740,7 @@ func (e *eng) batchCall(ctx context.Context, op string, b engine.Batch) (engine.
 		return engine.Losses{}, err
 	}
 	if len(a.blobs) != 1 {
-		return engine.Losses{}, fmt.Errorf("torch engine: %s answered %d blobs, want 1", op, len(a.blobs))
+		return engine.Losses{}, fmt.Errorf("torch engine: %s answered %d blobs, want 1", name, len(a.blobs))
 	}
 	seqs, err := f32s(a.blobs[0])
 	if err == nil && len(seqs) != b.Seqs {
@@ -775,7 +763,7 @@ func (e *eng) Losses(ctx context.Context, b engine.Batch) (engine.Losses, error)
 func (e *eng) Step(ctx context.Context, lr float32) (*distro.Frame, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.timeout, header{"op": "step", "lr": lr}, nil)
+	a, err := e.do(ctx, e.timeout, &lrRequest{op: op{Op: "step"}, LR: lr}, nil)
 	if err != nil {
 		var we *workerError
 		if errors.As(err, &we) && we.kind == kindNonFinite {
@@ -820,7 +808,7 @@ func (e *eng) Apply(ctx context.Context, frames []*distro.Frame, lr float32) err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err = e.do(ctx, e.timeout, header{"op": "apply", "lr": lr}, blobs)
+	_, err = e.do(ctx, e.timeout, &lrRequest{op: op{Op: "apply"}, LR: lr}, blobs)
 	return err
 }
 
@@ -831,14 +819,14 @@ func (e *eng) Try(ctx context.Context, frames []*distro.Frame, lr float32) error
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err = e.do(ctx, e.timeout, header{"op": "try", "lr": lr}, blobs)
+	_, err = e.do(ctx, e.timeout, &lrRequest{op: op{Op: "try"}, LR: lr}, blobs)
 	return err
 }
 
 func (e *eng) Undo(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.timeout, header{"op": "undo"}, nil)
+	_, err := e.do(ctx, e.timeout, bare("undo"), nil)
 	var we *workerError
 	if errors.As(err, &we) && we.kind == kindInput {
 		return engine.ErrNoUndo
@@ -847,15 +835,15 @@ func (e *eng) Undo(ctx context.Context) error {
 }
 
 // tensors fetches what op returns: one float32 blob per parameter tensor.
-func (e *eng) tensors(ctx context.Context, op string) ([][]float32, error) {
+func (e *eng) tensors(ctx context.Context, name string) ([][]float32, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.bulkTimeout(), header{"op": op}, nil)
+	a, err := e.do(ctx, e.bulkTimeout(), bare(name), nil)
 	if err != nil {
 		return nil, err
 	}
 	if len(a.blobs) != len(e.shapes) {
-		return nil, fmt.Errorf("torch engine: %s answered %d tensors, the model has %d", op, len(a.blobs), len(e.shapes))
+		return nil, fmt.Errorf("torch engine: %s answered %d tensors, the model has %d", name, len(a.blobs), len(e.shapes))
 	}
 	out := make([][]float32, len(a.blobs))
 	for i, b := range a.blobs {
@@ -865,10 +853,6 @@ func (e *eng) tensors(ctx context.Context, op string) ([][]float32, error) {
 	}
 	return out, nil
 }
-
-// Gradients copies out the kept gradient, tensor by tensor in the model's
-// order (parity tests and diagnostics; nothing in a round needs it).
-func (e *eng) Gradients(ctx context.Context) ([][]float32, error) { return e.tensors(ctx, "grads") }
 
 // Memory is what the worker's device holds for the engine, in bytes: now,
 // and at its peak (since the last call with reset; 0 on the CPU, where
@@ -882,25 +866,12 @@ type Memory struct {
 func (e *eng) Memory(ctx context.Context, reset bool) (Memory, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.timeout, header{"op": "stats", "reset": reset}, nil)
+	a, err := e.do(ctx, e.timeout, &statsRequest{op: op{Op: "stats"}, Reset: reset}, nil)
 	if err != nil {
 		return Memory{}, err
 	}
 	var m Memory
 	return m, a.fields(&m)
-}
-
-// SetGradients replaces the kept gradient (parity tests feed both engines
-// one gradient).
-func (e *eng) SetGradients(ctx context.Context, grads [][]float32) error {
-	blobs := make([][]byte, len(grads))
-	for i, g := range grads {
-		blobs[i] = f32Bytes(g)
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.bulkTimeout(), header{"op": "set_grads"}, blobs)
-	return err
 }
 
 func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {

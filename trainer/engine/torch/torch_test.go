@@ -18,6 +18,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -67,7 +68,7 @@ func openers(t *testing.T) (engine.Opener, *Opener) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return engine.Go(nil), op
+	return goengine.New(nil), op
 }
 
 func open(t *testing.T, op engine.Opener, cfg modelspec.Config, seed uint64, o distro.Options) engine.Engine {
@@ -255,7 +256,7 @@ func TestFrameParity(t *testing.T) {
 
 // frames makes n frames of distinct gradients with the Go engine.
 func frames(t *testing.T, cfg modelspec.Config, o distro.Options, n int) []*distro.Frame {
-	return framesOf(t, engine.Go(nil), func(seed uint64) runmodel.Model { return newModel(t, cfg, seed) },
+	return framesOf(t, goengine.New(nil), func(seed uint64) runmodel.Model { return newModel(t, cfg, seed) },
 		vocabOf(cfg), cfg.Context(), o, n)
 }
 

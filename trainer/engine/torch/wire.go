@@ -18,13 +18,10 @@ import (
 //	the blobs, back to back
 //
 // A request's header names its "op"; an answer's says "ok", and when not
-// ok an "error" and its "kind" (kindOOM, kindNonFinite, kindInput, or
-// anything else for a fault of the worker). Numbers in blobs are
+// ok an "error" and its "kind" (errorKind). Numbers in blobs are
 // little-endian: tokens and indices uint32, values and losses float32. The
-// worker's side of this format is worker/worker.py; protocolVersion changes
-// with either, and the worker refuses a psyche of another version (the two
-// ship in one binary, so only a stale worker directory could differ).
-const protocolVersion = 3
+// worker's side of this format is worker/protocol.py; the values both
+// sides share are in worker/protocol.json (protocol.go).
 
 // Limits on what psyche reads from a worker: a header is small, and no blob
 // is larger than the largest tensor the protocol carries (a model's
@@ -34,22 +31,15 @@ const (
 	maxBlobBytes   = 1 << 36
 )
 
-const (
-	kindOOM       = "oom"
-	kindNonFinite = "nonfinite"
-	kindInput     = "input"
-)
-
-type header map[string]any
-
-// writeMessage writes one message: h (with its "blobs" set here) and blobs.
-func writeMessage(w io.Writer, h header, blobs [][]byte) error {
+// writeMessage writes one message: the request (its blobs' lengths set
+// here) and blobs.
+func writeMessage(w io.Writer, r request, blobs [][]byte) error {
 	lens := make([]int, len(blobs))
 	for i, b := range blobs {
 		lens[i] = len(b)
 	}
-	h["blobs"] = lens
-	js, err := json.Marshal(h)
+	r.header().Blobs = lens
+	js, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
@@ -73,7 +63,7 @@ func writeMessage(w io.Writer, h header, blobs [][]byte) error {
 type answer struct {
 	OK    bool            `json:"ok"`
 	Error string          `json:"error"`
-	Kind  string          `json:"kind"`
+	Kind  errorKind       `json:"kind"`
 	Blobs []int64         `json:"blobs"`
 	Raw   json.RawMessage `json:"-"`
 	blobs [][]byte

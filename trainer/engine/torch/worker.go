@@ -5,6 +5,7 @@ import (
 	"context"
 	"embed"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,12 +24,8 @@ import (
 // and the worker always speak the same protocol. It is written to a fresh
 // directory at each start (makeWorkerDir) and removed when the worker ends.
 //
-//go:embed worker/*.py
+//go:embed worker/*.py worker/protocol.json
 var workerFiles embed.FS
-
-// exitMissing is the worker's exit status when torch or numpy cannot be
-// imported (worker.py): the one failure a next python candidate may fix.
-const exitMissing = 3
 
 // stderrLines is how many of the worker's last stderr lines an error
 // quotes.
@@ -41,7 +38,8 @@ type worker struct {
 	dir    string
 	req    *os.File // our end of its fd 3
 	ans    *bufio.Reader
-	ansF   *os.File // our end of its fd 4
+	ansF   *os.File   // our end of its fd 4
+	readMu sync.Mutex // held while ans is read: a call's, or deadError's last look
 	tail   *tail
 	exited chan struct{} // closed once Wait returned
 	err    error         // Wait's answer, once exited is closed
@@ -116,11 +114,8 @@ func SetupPython() string {
 	return p
 }
 
-// MinTorch is the oldest torch the worker runs on (worker.py's MIN_TORCH).
-const MinTorch = "2.6"
-
 // install says how to get a python the worker runs under.
-const install = "run bash scripts/setup-torch (it installs the pinned torch " + MinTorch + "+ environment psyche finds by itself), or set PSYCHE_PYTHON to a python with torch " + MinTorch + " or newer and numpy"
+var install = "run bash scripts/setup-torch (it installs the pinned torch " + MinTorch + "+ environment psyche finds by itself), or set PSYCHE_PYTHON to a python with torch " + MinTorch + " or newer and numpy"
 
 // ErrNoTorch means no python could import torch and numpy: the worker cannot
 // run on this machine as it is.
@@ -217,9 +212,10 @@ func startOne(ctx context.Context, o *options, python string, timeout time.Durat
 	h, err := w.hello(ctx, o, timeout)
 	if err != nil {
 		w.kill()
-		switch code := w.exitCode(); {
-		case code == exitMissing:
-			return nil, nil, w.tail.missing()
+		var we *workerError
+		switch {
+		case errors.As(err, &we) && we.kind == kindMissing:
+			return nil, nil, missingFrom(we)
 		case errors.Is(err, errWorker):
 			// It ended before saying hello: not a python that runs the
 			// worker at all.
@@ -270,16 +266,16 @@ func (w *worker) hello(ctx context.Context, o *options, timeout time.Duration) (
 	// Importing torch takes seconds on a loaded machine, and a CUDA
 	// torch initialises its device: a minute is ample, two when the
 	// worker starts a process per device and they meet.
-	req := header{"op": "hello", "protocol": protocolVersion, "device": o.device}
+	req := &helloRequest{op: op{Op: "hello"}, Protocol: protocolVersion, Device: o.device}
 	wait := time.Minute
 	if len(o.devices) > 0 {
-		req["devices"] = o.devices
+		req.Devices = o.devices
 		wait = 2 * time.Minute
 	}
 	if timeout > 0 {
 		// The ranks' collectives time out with the round: a rank that
 		// hangs cannot hold the others longer.
-		req["timeout"] = timeout.Seconds()
+		req.Timeout = timeout.Seconds()
 	}
 	a, err := w.call(ctx, wait, req, nil)
 	if err != nil {
@@ -303,8 +299,8 @@ var errWorker = errors.New("torch engine: the worker failed")
 // call sends one request and waits for its answer, at most timeout (and
 // while ctx lasts). A worker that does not answer in time is killed: its
 // state is unknown, and a worker left computing holds the device.
-func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blobs [][]byte) (*answer, error) {
-	op, _ := h["op"].(string)
+func (w *worker) call(ctx context.Context, timeout time.Duration, req request, blobs [][]byte) (*answer, error) {
+	op := req.header().Op
 	select {
 	case <-w.exited:
 		return nil, w.deadError(op)
@@ -316,11 +312,13 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blob
 	}
 	done := make(chan result, 1)
 	go func() {
-		if err := writeMessage(w.req, h, blobs); err != nil {
+		if err := writeMessage(w.req, req, blobs); err != nil {
 			done <- result{err: err}
 			return
 		}
+		w.readMu.Lock()
 		a, err := readMessage(w.ans)
+		w.readMu.Unlock()
 		done <- result{a, err}
 	}()
 	timer := time.NewTimer(timeout)
@@ -331,8 +329,11 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blob
 			w.kill()
 			return nil, w.deadError(op)
 		}
+		if !r.a.OK && r.a.Kind == kindRank {
+			return nil, w.rankError(op, r.a.Error)
+		}
 		if !r.a.OK {
-			return nil, &workerError{op: op, kind: r.a.Kind, msg: r.a.Error}
+			return nil, &workerError{op: op, kind: r.a.Kind, msg: r.a.Error, raw: r.a.Raw}
 		}
 		return r.a, nil
 	case <-timer.C:
@@ -345,25 +346,40 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, h header, blob
 	}
 }
 
-// deadError says why the worker is gone: its exit status and its last
-// stderr lines.
+// deadError says why the worker is gone: what a multi-device worker said
+// of a rank as its last message (unread when no request was in flight),
+// else its exit status; and its last stderr lines.
 func (w *worker) deadError(op string) error {
+	w.waitExit()
+	// A call that timed out may still be reading (until the pipe's end):
+	// what it reads is lost, as is the call.
+	if w.readMu.TryLock() {
+		a, err := readMessage(w.ans)
+		w.readMu.Unlock()
+		if err == nil && !a.OK && a.Kind == kindRank {
+			return w.rankError(op, a.Error)
+		}
+	}
+	return fmt.Errorf("%w: it stopped during %s (%s)%s", errWorker, op, w.howExited(), w.tail.quote())
+}
+
+// rankError is the end of a multi-device worker that stopped itself when a
+// rank stopped or a collective failed, saying why (kindRank): that is the
+// reason, whatever the exit status.
+func (w *worker) rankError(op, why string) error {
+	w.waitExit()
+	return fmt.Errorf("%w: %s, during %s (the worker %s)%s", errWorker, why, op, w.howExited(), w.tail.quote())
+}
+
+// waitExit waits for the worker's exit: moments for one that is ending,
+// and one that is not is killed.
+func (w *worker) waitExit() {
 	select {
 	case <-w.exited:
 	case <-time.After(5 * time.Second):
 		w.kill()
 		<-w.exited
 	}
-	how := "exited"
-	if w.err != nil {
-		how = w.err.Error()
-	}
-	if r := w.tail.rankLine(); r != "" {
-		// A multi-device worker ends itself when a rank stops, saying
-		// which and how: that is the reason.
-		return fmt.Errorf("%w: %s, during %s (the worker %s)%s", errWorker, r, op, how, w.tail.quote())
-	}
-	return fmt.Errorf("%w: it stopped during %s (%s)%s", errWorker, op, how, w.tail.quote())
 }
 
 // behind says which rank of a worker that did not answer in time fell
@@ -404,14 +420,6 @@ func (w *worker) howExited() string {
 		return "exit status 0"
 	}
 	return w.err.Error()
-}
-
-func (w *worker) exitCode() int {
-	<-w.exited
-	if w.cmd.ProcessState == nil {
-		return -1
-	}
-	return w.cmd.ProcessState.ExitCode()
 }
 
 // Pid is the worker process's id.
@@ -458,7 +466,12 @@ func (w *worker) release() {
 
 // workerError is the worker's own refusal of a request: the worker lives
 // on (a batch too large for the device, a gradient that is not finite).
-type workerError struct{ op, kind, msg string }
+type workerError struct {
+	op   string
+	kind errorKind
+	msg  string
+	raw  json.RawMessage // the answer's header, for a kind's own fields
+}
 
 func (e *workerError) Error() string {
 	return fmt.Sprintf("torch engine: %s: %s", e.op, e.msg)
@@ -496,7 +509,7 @@ func (t *tail) add(line string) {
 	if line == "" {
 		return
 	}
-	if rest, ok := strings.CutPrefix(line, "psyche-worker: "); ok {
+	if rest, ok := strings.CutPrefix(line, logPrefix); ok {
 		t.log.Info("torch worker: " + rest)
 	} else {
 		t.log.Debug("torch worker", "stderr", line)
@@ -536,44 +549,22 @@ func (t *tail) quote() string {
 	return "; its last output:\n  " + strings.Join(t.lines, "\n  ")
 }
 
-// rankLine is what a multi-device worker said of a rank that stopped or
-// failed ("rank 1 (cuda:1) stopped: signal killed", "rank 0 (cpu): a
-// collective failed: …"), or "".
-func (t *tail) rankLine() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for i := len(t.lines) - 1; i >= 0; i-- {
-		r, ok := strings.CutPrefix(t.lines[i], "psyche-worker: rank ")
-		if ok && (strings.Contains(r, ") stopped: ") || strings.Contains(r, "): ")) {
-			return "rank " + r
-		}
+// missingFrom is what a worker's kindMissing answer to hello says its
+// python lacks: modules (torch, if it named none), or a torch new enough.
+func missingFrom(we *workerError) *missingError {
+	var f struct {
+		Modules []string `json:"modules"`
+		Torch   string   `json:"torch"`
 	}
-	return ""
-}
-
-// missing is what worker.py said its python lacks: modules (torch, if it
-// named none), or a torch new enough.
-func (t *tail) missing() *missingError {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, l := range t.lines {
-		if m, ok := strings.CutPrefix(l, missingLine); ok {
-			return &missingError{modules: strings.Fields(m)}
-		}
-		if v, ok := strings.CutPrefix(l, oldLine); ok {
-			return &missingError{oldTorch: strings.TrimSpace(v)}
-		}
+	_ = json.Unmarshal(we.raw, &f)
+	switch {
+	case f.Torch != "":
+		return &missingError{oldTorch: f.Torch}
+	case len(f.Modules) > 0:
+		return &missingError{modules: f.Modules}
 	}
 	return &missingError{modules: []string{"torch"}}
 }
-
-// missingLine begins the line in which the worker names every module its
-// python lacks, separated by spaces (worker.py's MISSING); oldLine the one
-// that names its torch's version when that is older than MinTorch (OLD).
-const (
-	missingLine = "psyche-worker: missing python modules: "
-	oldLine     = "psyche-worker: torch too old: "
-)
 
 var _ io.Writer = (*tail)(nil)
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/engine/torch"
 	"github.com/psyche-go/psyche/trainer/internal/torchenv"
 	"github.com/psyche-go/psyche/trainer/internal/torchref"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -53,17 +54,6 @@ type run struct {
 	Config map[string]any `json:"config"`
 	// Seed seeds transformers' own model (the one it writes for us).
 	Seed int `json:"seed"`
-}
-
-func workerConfig(c modelspec.Config) (string, map[string]any) {
-	if c.Arch == coordinator.ArchGPT {
-		g := c.GPT
-		return "gpt", map[string]any{"vocab": g.Vocab, "context": g.Context, "width": g.Width, "layers": g.Layers, "heads": g.Heads}
-	}
-	l := c.Llama
-	return "llama", map[string]any{"vocab": l.Vocab, "context": l.Context, "width": l.Width, "layers": l.Layers,
-		"heads": l.Heads, "kv_heads": l.KVHeads, "intermediate": l.Intermediate, "rope_theta": l.RopeTheta,
-		"norm_eps": l.Eps(), "tied_head": l.TiedHead}
 }
 
 func specs(c modelspec.Config) []modelspec.TensorSpec {
@@ -206,7 +196,7 @@ func writeOurs(t *testing.T, dir string, cfg modelspec.Config, seed uint64) torc
 	for k, s := range specs(cfg) {
 		out.Add("param."+s.Name, s.Shape, m.Tensors()[k])
 	}
-	arch, wc := workerConfig(cfg)
+	arch, wc := torch.ModelConfig(cfg)
 	if err := out.Write(ctx, dir, run{Batch: bt, Arch: arch, Config: wc, Seed: int(seed)}); err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ the Go model's Tensors()/Shapes() (so the Go side can send weights and read
 gradients tensor by tensor, by index), and the same arithmetic:
 
   * GPT: token + position embeddings; pre-norm blocks with LayerNorm
-    (eps 1e-5, kernels.layerNormEps), a fused q|k|v projection with bias,
+    (eps kernels.LayerNormEps, sent by psyche), a fused q|k|v projection with bias,
     causal attention scaled by 1/sqrt(head size), GELU's tanh form, an MLP
     4x wide; a final LayerNorm and a head tied to the token embeddings.
   * Llama: token embeddings; pre-norm blocks with RMSNorm (eps from the
@@ -32,10 +32,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-# kernels.layerNormEps: GPT's LayerNorm epsilon, fixed.
-LAYER_NORM_EPS = 1e-5
-# llama.DefaultNormEps: RMSNorm's epsilon when a config gives none (or 0).
-DEFAULT_NORM_EPS = 1e-5
 # The Go cross-entropy takes -log(max(p, 1e-30)) of the target's
 # probability, so a token's loss never exceeds this (only reached when a
 # probability underflows float32, i.e. a diverged model).
@@ -203,6 +199,9 @@ class GPT(Model):
         if C % H:
             raise ValueError("gpt: heads (%d) must divide width (%d)" % (H, C))
         self.vocab, self.context, self.width, self.layers, self.heads = V, T, C, L, H
+        # LayerNorm's epsilon, fixed for the architecture: psyche sends its
+        # kernels' (kernels.LayerNormEps).
+        self.norm_eps = float(cfg["norm_eps"])
         # trainer/gpt Config.Specs.
         specs = [
             ("wte", (V, C)),
@@ -244,20 +243,20 @@ class GPT(Model):
         # The norms' weights are float32 (LayerNorm runs in float32 under
         # autocast); the products' weights and biases come in amp_dtype.
         ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb = ps
-        h = F.layer_norm(x, (C,), ln1w, ln1b, LAYER_NORM_EPS)
+        h = F.layer_norm(x, (C,), ln1w, ln1b, self.norm_eps)
         # A qkv row is q | k | v, each C wide with head h at h*hd.
         qkv = F.linear(h, qkvw, qkvb).view(b, t, 3, H, hd)
         q, k, v = [z.transpose(1, 2) for z in qkv.unbind(2)]
         y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, C)
         x = x + F.linear(y, projw, projb)
-        h = F.layer_norm(x, (C,), ln2w, ln2b, LAYER_NORM_EPS)
+        h = F.layer_norm(x, (C,), ln2w, ln2b, self.norm_eps)
         h = F.gelu(F.linear(h, fcw, fcb), approximate="tanh")
         return x + F.linear(h, fcprojw, fcprojb)
 
     def head(self, x: torch.Tensor, rest: Sequence[torch.Tensor]) -> torch.Tensor:
         b, t, C = x.shape
         wte, _, lnfw, lnfb = rest
-        x = F.layer_norm(x, (C,), lnfw, lnfb, LAYER_NORM_EPS)
+        x = F.layer_norm(x, (C,), lnfw, lnfb, self.norm_eps)
         # The head is the token embedding, no bias.
         return F.linear(x, wte).view(b * t, self.vocab)
 
@@ -301,7 +300,7 @@ class Llama(Model):
         V, T, C, L = (int(cfg[k]) for k in ("vocab", "context", "width", "layers"))
         H, KV, I = int(cfg["heads"]), int(cfg["kv_heads"]), int(cfg["intermediate"])
         theta = float(cfg["rope_theta"])
-        eps = float(cfg.get("norm_eps") or DEFAULT_NORM_EPS)
+        eps = float(cfg["norm_eps"])  # psyche fills in the default (llama.DefaultNormEps)
         tied = bool(cfg.get("tied_head", False))
         if min(V, T, C, L, I) <= 0:
             raise ValueError("llama: vocab, context, width, layers and intermediate must be positive: %r" % (cfg,))
@@ -378,6 +377,10 @@ class Llama(Model):
         return F.linear(x, head).view(b * t, self.vocab)
 
 
+class UnknownArchitecture(ValueError):
+    """An architecture name psyche's models do not have."""
+
+
 def build(arch: str, cfg: Dict, device: torch.device) -> Model:
     """A model of the given architecture ("gpt" or "llama") and config (the
     keys are listed on GPT and Llama), its tensors zero float32 on device."""
@@ -386,4 +389,4 @@ def build(arch: str, cfg: Dict, device: torch.device) -> Model:
         return GPT(cfg, device)
     if arch == "llama":
         return Llama(cfg, device)
-    raise ValueError("unknown architecture %r (want gpt or llama)" % (arch,))
+    raise UnknownArchitecture("unknown architecture %r (want gpt, llama or transformers)" % (arch,))

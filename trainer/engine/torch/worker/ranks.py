@@ -6,8 +6,9 @@ a process group: NCCL on CUDA, gloo on the CPU. No torchrun: the ranks meet
 through a FileStore in the worker's own directory (no port to pick or
 race for).
 
-Commands reach the other ranks through a pipe each (one JSON line per
-request, no timeout: a worker may wait minutes between rounds); the data a
+Commands reach the other ranks through a pipe each (psyche's own framing,
+protocol.py: one message a request, its header psyche's; no timeout: a
+worker may wait minutes between rounds); the data a
 command needs travels by collectives, which do time out (the process
 group's timeout: the round's), so a rank that hangs cannot hold the others
 forever.
@@ -15,8 +16,9 @@ forever.
 No rank outlives the worker: the ranks are in rank 0's process group (the
 one psyche kills), each asks the kernel to kill it when its parent dies,
 and reads EOF on its command pipe when rank 0 is gone. Rank 0 watches its
-ranks: one that exits, for any reason, ends the worker at once with a line
-saying which rank, on which device, and how it ended.
+ranks: one that exits, for any reason, ends the worker at once, telling
+psyche which rank, on which device, and how it ended (a failed answer of
+kind rank: protocol.py).
 
 Each rank counts the collectives it enters in a file of its own
 (progress.N, a little-endian u64): when a call times out, psyche reads them
@@ -25,7 +27,6 @@ and names the rank that fell behind.
 
 import ctypes
 import datetime
-import json
 import os
 import signal
 import struct
@@ -37,14 +38,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from protocol import Kind, failure, read_message, say, write_message
+
 # Rank 0's exit status when a rank stopped or a collective failed.
 EXIT_RANK = 4
 PR_SET_PDEATHSIG = 1
-
-
-def say(msg: str) -> None:
-    sys.stderr.write("psyche-worker: " + msg + "\n")
-    sys.stderr.flush()
 
 
 def how_exited(rc: int) -> str:
@@ -87,6 +85,7 @@ class Group:
         self.cmd = None  # ranks > 0: the read end of this rank's
         self.closing = False
         self.lock = threading.Lock()
+        self.answers = None  # rank 0: protocol.Answers, where fail says why
         self.entered = 0
         self.progress = os.open(os.path.join(directory, "progress.%d" % rank), os.O_RDWR | os.O_CREAT, 0o600)
         self._mark()
@@ -121,13 +120,13 @@ class Group:
             p = subprocess.Popen(args, pass_fds=(rd,), env=env, stdin=subprocess.DEVNULL)
             os.close(rd)
             self.children.append(p)
-            self.pipes.append(os.fdopen(wr, "w", buffering=1))
+            self.pipes.append(os.fdopen(wr, "wb"))
         threading.Thread(target=self._watch, daemon=True).start()
         self._init()
 
     def join(self, cmd_fd: int) -> None:
         """Ranks > 0: joins the group rank 0 started."""
-        self.cmd = os.fdopen(cmd_fd, "r")
+        self.cmd = os.fdopen(cmd_fd, "rb")
         self._init()
 
     def _init(self) -> None:
@@ -152,9 +151,16 @@ class Group:
                     self.fail("%s stopped: %s" % (self.name(r), how_exited(rc)))
 
     def fail(self, why: str) -> None:
-        """Rank 0: ends the worker, every rank of it, saying why."""
+        """Rank 0: ends the worker, every rank of it, saying why: to psyche,
+        as a failed answer of kind rank (the answer to the request in
+        flight, or the last message psyche reads), and in its log."""
         with self.lock:
             say(why)
+            if self.answers is not None:
+                try:
+                    self.answers.write(failure(Kind.RANK, why))
+                except OSError:
+                    pass  # psyche is gone
             for p in self.children:
                 if p.poll() is None:
                     p.kill()
@@ -175,20 +181,22 @@ class Group:
     # -- commands --------------------------------------------------------
 
     def send(self, h: dict) -> None:
-        """Rank 0: hands a request's header to every other rank."""
-        line = json.dumps(h) + "\n"
+        """Rank 0: hands a request's header to every other rank: the header
+        as psyche sent it (its "blobs" name rank 0's blobs, whose data the
+        ranks receive by collectives), inside a message of no blobs."""
         for f in self.pipes:
             try:
-                f.write(line)
+                write_message(f, {"forwarded": h})
             except (BrokenPipeError, OSError):
                 pass  # the watcher reports the rank that left
 
     def recv(self):
         """Ranks > 0: the next request's header, or None when rank 0 is gone."""
-        line = self.cmd.readline()
-        if not line:
+        try:
+            m, _ = read_message(self.cmd)
+        except EOFError:
             return None
-        return json.loads(line)
+        return None if m is None else m["forwarded"]
 
     def close(self) -> None:
         """Rank 0: the others exit at the end of their command pipes."""
@@ -235,9 +243,3 @@ class Group:
         buffer, one collective."""
         self.enter()
         dist.all_gather_into_tensor(out, t, group=self.group_of(t))
-
-
-def split(n: int, world: int, r: int):
-    """Rank r's contiguous share [a, b) of n things (shares differ by one
-    at most; a rank's share is empty when n < world)."""
-    return n * r // world, n * (r + 1) // world

@@ -1,4 +1,4 @@
-package engine_test
+package goengine_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -23,7 +24,7 @@ func openGo(t *testing.T, seed uint64) engine.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.Go(nil).Open(context.Background(), engine.Spec{Model: m,
+	e, err := goengine.New(nil).Open(context.Background(), engine.Spec{Model: m,
 		Optimizer: distro.Options{Chunk: 8, TopK: 4, Quantize1Bit: true, Decay: 0.9}})
 	if err != nil {
 		t.Fatal(err)
@@ -107,19 +108,19 @@ func TestGoEngineTryUndo(t *testing.T) {
 // transformers run needs the torch engine, and refuses to open its model;
 // GPT and Llama runs pass the check.
 func TestGoRefusesTransformers(t *testing.T) {
-	op := engine.Go(nil).(engine.ModelChecker)
+	op := goengine.New(nil).(engine.ModelChecker)
 	var m coordinator.Model
 	modelspec.SetTransformers(&m, modelspec.TransformersConfig{Vocab: 256, Context: 32, Width: 64, Layers: 2, Heads: 4})
 	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "seed:1@qwen3.json")
 	err := op.CheckModel(context.Background(), &m)
-	if !errors.Is(err, engine.ErrNeedsTorch) || !strings.Contains(err.Error(), "seed:1@qwen3.json") || !strings.Contains(err.Error(), "--engine torch") {
+	if !errors.Is(err, goengine.ErrNeedsTorch) || !strings.Contains(err.Error(), "seed:1@qwen3.json") || !strings.Contains(err.Error(), "--engine torch") {
 		t.Fatalf("CheckModel(transformers) = %v", err)
 	}
 	tf, err := runmodel.NewTransformers([]byte(`{"model_type":"qwen3","vocab_size":256,"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4}`), 32, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := engine.Go(nil).Open(context.Background(), engine.Spec{Model: tf}); !errors.Is(err, engine.ErrNeedsTorch) {
+	if _, err := goengine.New(nil).Open(context.Background(), engine.Spec{Model: tf}); !errors.Is(err, goengine.ErrNeedsTorch) {
 		t.Fatalf("Open(transformers) = %v", err)
 	}
 	modelspec.SetGPT(&m, small.GPT)

@@ -1,4 +1,8 @@
-package engine
+// Package goengine is the engine of this module's own models and kernels:
+// GPT and Llama (trainer/gpt, trainer/llama) on trainer/kernels, with
+// DisTrO in package distro, the parameters in host memory (or behind the
+// CUDA backend). It implements trainer/engine's contract.
+package goengine
 
 import (
 	"context"
@@ -8,17 +12,18 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
-// Go is the engine of this module's own models and kernels: the model's
+// New is the engine of this module's own models and kernels: the model's
 // tensors live in host memory (or behind the CUDA backend), and DisTrO runs
 // in package distro on the CPU. be names the kernels the node built its
 // models with (nil: kernels.Default()); workers is the optimizer's
 // goroutines when the run's options leave it unset.
-func Go(be kernels.Backend) Opener {
+func New(be kernels.Backend) engine.Opener {
 	if be == nil {
 		be = kernels.Default()
 	}
@@ -43,9 +48,9 @@ func (goOpener) CheckModel(_ context.Context, m *coordinator.Model) error {
 	return nil
 }
 
-var _ ModelChecker = goOpener{}
+var _ engine.ModelChecker = goOpener{}
 
-func (o goOpener) Open(_ context.Context, s Spec) (Engine, error) {
+func (o goOpener) Open(_ context.Context, s engine.Spec) (engine.Engine, error) {
 	if s.Model == nil {
 		return nil, fmt.Errorf("engine: no model to open")
 	}
@@ -82,33 +87,30 @@ func (e *goEngine) Name() string             { return e.name }
 func (e *goEngine) Config() modelspec.Config { return e.cfg }
 func (e *goEngine) Plan() *distro.Plan       { return e.opt.Plan() }
 
-// Optimizer is the engine's DisTrO state, for tests that compare engines.
-func (e *goEngine) Optimizer() *distro.DeMo { return e.opt }
-
-func (e *goEngine) forward(b Batch) (Losses, error) {
-	if err := checkBatch(b, e.cfg.Context()); err != nil {
-		return Losses{}, err
+func (e *goEngine) forward(b engine.Batch) (engine.Losses, error) {
+	if err := b.Check(e.cfg.Context()); err != nil {
+		return engine.Losses{}, err
 	}
 	loss, err := e.m.Forward(b.Inputs, b.Targets, b.Seqs, b.SeqLen)
 	if err != nil {
-		return Losses{}, err
+		return engine.Losses{}, err
 	}
-	return Losses{Mean: loss, Seqs: e.m.SequenceLosses(b.SeqLen)}, nil
+	return engine.Losses{Mean: loss, Seqs: e.m.SequenceLosses(b.SeqLen)}, nil
 }
 
-func (e *goEngine) Gradient(_ context.Context, b Batch) (Losses, error) {
+func (e *goEngine) Gradient(_ context.Context, b engine.Batch) (engine.Losses, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return Losses{}, ErrClosed
+		return engine.Losses{}, engine.ErrClosed
 	}
 	l, err := e.forward(b)
 	if err != nil {
-		return Losses{}, err
+		return engine.Losses{}, err
 	}
 	e.m.ZeroGrad()
 	if err := e.m.Backward(); err != nil {
-		return Losses{}, err
+		return engine.Losses{}, err
 	}
 	return l, nil
 }
@@ -117,7 +119,7 @@ func (e *goEngine) Step(_ context.Context, lr float32) (*distro.Frame, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return nil, ErrClosed
+		return nil, engine.ErrClosed
 	}
 	return e.opt.Step(e.m.GradTensors(), lr)
 }
@@ -126,16 +128,16 @@ func (e *goEngine) Apply(_ context.Context, frames []*distro.Frame, lr float32) 
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return ErrClosed
+		return engine.ErrClosed
 	}
 	return e.opt.Apply(e.m.Tensors(), frames, lr)
 }
 
-func (e *goEngine) Losses(_ context.Context, b Batch) (Losses, error) {
+func (e *goEngine) Losses(_ context.Context, b engine.Batch) (engine.Losses, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return Losses{}, ErrClosed
+		return engine.Losses{}, engine.ErrClosed
 	}
 	return e.forward(b)
 }
@@ -144,7 +146,7 @@ func (e *goEngine) Try(_ context.Context, frames []*distro.Frame, lr float32) er
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return ErrClosed
+		return engine.ErrClosed
 	}
 	params := e.m.Tensors()
 	e.backup.Save(params)
@@ -160,10 +162,10 @@ func (e *goEngine) Undo(context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return ErrClosed
+		return engine.ErrClosed
 	}
 	if !e.trying {
-		return ErrNoUndo
+		return engine.ErrNoUndo
 	}
 	e.restore()
 	return nil
@@ -178,7 +180,7 @@ func (e *goEngine) Model(context.Context) (runmodel.Model, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return nil, ErrClosed
+		return nil, engine.ErrClosed
 	}
 	return e.m, nil
 }
@@ -188,20 +190,5 @@ func (e *goEngine) Close() error {
 	defer e.mu.Unlock()
 	e.closed = true
 	e.backup = distro.Snapshot{} // the buffers go with the engine
-	return nil
-}
-
-// checkBatch refuses a batch whose token counts disagree with its shape or
-// whose sequences are longer than the model's context.
-func checkBatch(b Batch, context int) error {
-	n := b.Seqs * b.SeqLen
-	switch {
-	case b.Seqs <= 0 || b.SeqLen <= 0:
-		return fmt.Errorf("engine: empty batch (%d×%d)", b.Seqs, b.SeqLen)
-	case b.SeqLen > context:
-		return fmt.Errorf("engine: sequences of %d tokens, the model's context is %d", b.SeqLen, context)
-	case len(b.Inputs) != n || len(b.Targets) != n:
-		return fmt.Errorf("engine: a %d×%d batch with %d inputs and %d targets", b.Seqs, b.SeqLen, len(b.Inputs), len(b.Targets))
-	}
 	return nil
 }

@@ -106,17 +106,8 @@ type Node struct {
 	sends chan outgoing
 	// badPeers are the trainers whose bad results were logged as warnings.
 	badPeers map[coordinator.Pubkey]bool
-	// peerWait is when this node first failed to load the epoch's model
-	// from its peers (see peersGaveUp).
-	peerWait struct {
-		epoch uint32
-		since time.Time
-	}
-	data    *data.Provider
-	dataLoc string
-	// unreadableEpoch is 1 + the epoch in which this node found the run's
-	// recorded checkpoint unreadable here (0: none); the Run loop's alone.
-	unreadableEpoch uint32
+	data     *data.Provider
+	dataLoc  string
 	// sitOut is what the node knows of an epoch it sits out (the Run
 	// loop's alone).
 	sitOut sitOut
@@ -164,10 +155,17 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 		}
 	}
 	id := coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()}
+	return &Node{cfg: cfg, runID: runID, badPeers: map[coordinator.Pubkey]bool{}, backend: backend, signer: signer, net: network, id: id,
+		m: newMachine(id, cfg)}, nil
+}
+
+// newMachine is the machine that decides for the node of cfg.
+func newMachine(id coordinator.ClientID, cfg config) *machine.Machine {
 	m := machine.New(id, cfg.epochs, cfg.ticking, randomKey)
 	m.JoinAfter(cfg.joinAfter)
-	return &Node{cfg: cfg, runID: runID, badPeers: map[coordinator.Pubkey]bool{}, backend: backend, signer: signer, net: network, id: id,
-		m: m}, nil
+	// The machine counts whole seconds: a wait under one is one.
+	m.CheckpointWait(uint64((cfg.checkpointWait + time.Second - 1) / time.Second))
+	return m
 }
 
 // ID is the node's client identity.

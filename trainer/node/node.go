@@ -376,31 +376,9 @@ func (n *Node) Run(ctx context.Context) error {
 				ended = f.done
 				n.fetches.finished(f.ann)
 				n.startFetches(ctx, ev)
-				if e := n.engine(); f.err == nil && e != nil {
-					if f.err = e.Plan().Check(f.frame); f.err != nil {
-						f.invalid = true
-					}
-				}
-				switch {
-				case f.err != nil && ctx.Err() != nil:
+				if !n.judgeFetched(ctx, &f) {
 					ended()
 					continue // interrupted, not refused
-				case f.invalid:
-					// Once per trainer at warning level; it is reported to
-					// the network (and counted) every time.
-					level := slog.LevelDebug
-					if !n.badPeers[f.ann.Trainer.P2P] && len(n.badPeers) < 4096 {
-						n.badPeers[f.ann.Trainer.P2P] = true
-						level = slog.LevelWarn
-					}
-					n.cfg.log.Log(ctx, level, "ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "trainer", f.ann.Trainer.Signer.String(), "err", f.err)
-					n.net.ReportPeer(f.ann.Trainer.P2P, "bad result")
-				case errors.Is(f.err, context.Canceled):
-					n.cfg.log.Debug("fetch dropped: this node is no longer a client of the epoch", "step", f.ann.Step, "batch", f.ann.Batch.Start)
-				case f.err != nil:
-					n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
-				default:
-					n.cfg.metrics.ReceivedBytes.Add(float64(f.size))
 				}
 				rd = n.m.Fetched(f.ann, f.frame, f.err, f.invalid)
 			}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/data"
-	"github.com/psyche-go/psyche/trainer/engine/torch"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -258,14 +257,7 @@ func TestInitModelDrawsTransformers(t *testing.T) {
 			t.Fatalf("tensor %s differs from seed 5's draw", ct.Name)
 		}
 	}
-	op, err := torch.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := op.Check(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := torchInfo(t)
 	py := exec.Command(info.Python, "-c", `
 import os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -64,14 +64,7 @@ func runFromDir(t *testing.T, example string) string {
 	}
 	// The python localnet's torch engine will run (the engine's check
 	// names it).
-	op, err := torch.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := op.Check(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := torchInfo(t)
 	dir := filepath.Join(t.TempDir(), "saved")
 	py := exec.Command(info.Python, "-c", zeroNormDir, string(hf[1]), dir)
 	py.Env = append(os.Environ(), "HF_HUB_OFFLINE=1")
@@ -394,4 +387,18 @@ func TestRunFileTransformersFromDirectory(t *testing.T) {
 			t.Errorf("%q -> %q: %v; want one line with %q", tt.old, tt.new, err, tt.want)
 		}
 	}
+}
+
+// torchInfo is what the torch engine found of the python it runs on.
+func torchInfo(t *testing.T) torch.Info {
+	t.Helper()
+	op, err := torch.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := op.Check(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
 }

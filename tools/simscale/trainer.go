@@ -151,15 +151,15 @@ func (t *trainer) Apply(w *machine.ApplyWork) (drive.Step, error) {
 	return drive.Done, nil
 }
 
-func (t *trainer) Load(*machine.LoadWork) (bool, drive.Step, error) {
+func (t *trainer) Load(*machine.LoadWork) (drive.Step, error) {
 	if t.waitAhead() {
-		return false, drive.Again, nil
+		return drive.Again, nil
 	}
 	t.ahead = nil
 	if t.s.cfg.LoadTime > 0 {
-		return true, t.hold(t.s.cfg.LoadTime), nil
+		return t.hold(t.s.cfg.LoadTime), nil
 	}
-	return true, drive.Done, nil
+	return drive.Done, nil
 }
 
 func (t *trainer) TrainAhead(w machine.TrainWork) (drive.Step, error) {

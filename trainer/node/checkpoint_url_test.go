@@ -135,7 +135,7 @@ func TestLoadChecksRevision(t *testing.T) {
 			seed := sha256.Sum256([]byte(tc.name))
 			net := memnet.NewHub().Join("run", ed25519.NewKeyFromSeed(seed[:]), coordinator.Pubkey{1})
 			n := &Node{cfg: config{log: slog.New(slog.DiscardHandler), workers: 1}, net: net}
-			err := n.load(context.Background(), s, false)
+			err := loadRecorded(context.Background(), n, s)
 			switch {
 			case !tc.refused && err != nil:
 				t.Errorf("%s, %s: %v", url, tc.name, err)
@@ -224,18 +224,18 @@ func TestRestartOnSeparateMachines(t *testing.T) {
 
 	// B first, before A has loaded: nothing to read here, nobody offers.
 	hide()
-	err := b.load(context.Background(), s, false)
-	if !errors.Is(err, errLoadLater) || !strings.Contains(err.Error(), url) || !strings.Contains(err.Error(), "cannot be read here") {
+	err := loadTry(context.Background(), b, idB, s)
+	if !retryable(err) || !strings.Contains(err.Error(), url) || !strings.Contains(err.Error(), "cannot be read here") {
 		t.Fatalf("B before any offer: %v, want a retryable error naming %s", err, url)
 	}
 	// A holds the file, loads it and offers it.
 	unhide()
-	if err := a.load(context.Background(), s, false); err != nil {
+	if err := loadTry(context.Background(), a, idA, s); err != nil {
 		t.Fatalf("A: %v", err)
 	}
 	// B still cannot read it, and now takes A's offer.
 	hide()
-	if err := b.load(context.Background(), s, false); err != nil {
+	if err := loadTry(context.Background(), b, idB, s); err != nil {
 		t.Fatalf("B after A's offer: %v", err)
 	}
 	if !slices.Equal(paramsOf(b.Model()), recorded.Params) {
@@ -248,8 +248,8 @@ func TestRestartOnSeparateMachines(t *testing.T) {
 	if _, err := c.net.ShareCheckpoint(context.Background(), recordedOffer(3), modelTensors(other)); err != nil {
 		t.Fatal(err)
 	}
-	err = d.load(context.Background(), state(idC, idD), false)
-	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.engine() != nil {
+	err = loadTry(context.Background(), d, idD, state(idC, idD))
+	if !retryable(err) || !errors.Is(err, runmodel.ErrRevision) || d.engine() != nil {
 		t.Fatalf("D offered another model: %v (model kept: %v), want a retryable revision error", err, d.engine() != nil)
 	}
 }

@@ -28,14 +28,13 @@ func (e effects) Apply(w *machine.ApplyWork) (drive.Step, error) {
 	return drive.Done, e.n.apply(e.ctx, w)
 }
 
-func (e effects) Load(w *machine.LoadWork) (bool, drive.Step, error) {
-	err := e.n.load(e.ctx, w.State, w.Keep)
-	if errors.Is(err, errLoadLater) {
-		// The machine asks again on the next tick while the warmup lasts.
-		e.n.cfg.log.Warn("model not loaded yet", "err", err)
-		return false, drive.Done, nil
+func (e effects) Load(w *machine.LoadWork) (drive.Step, error) {
+	err := e.n.load(e.ctx, w)
+	if nl := (*drive.NotLoaded)(nil); errors.As(err, &nl) {
+		// The machine chooses the next try (machine/load.go).
+		e.n.cfg.log.Warn("model not loaded yet", "from", w.Source.String(), "why", nl.Why.String(), "err", nl.Err)
 	}
-	return err == nil, drive.Done, err
+	return drive.Done, err
 }
 
 func (e effects) TrainAhead(w machine.TrainWork) (drive.Step, error) {

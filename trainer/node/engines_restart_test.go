@@ -58,7 +58,7 @@ func TestEnginesDisagreeAtRestart(t *testing.T) {
 	}
 	a, idA := trainer("A")
 	b, idB := trainer("B")
-	c, _ := trainer("C")
+	c, idC := trainer("C")
 	for _, x := range []*Node{a, b} {
 		if err := c.net.Connect(ctx, x.net.(*memnet.Node).Addrs()[0]); err != nil {
 			t.Fatal(err)
@@ -78,7 +78,8 @@ func TestEnginesDisagreeAtRestart(t *testing.T) {
 		s.Epoch.Clients[i] = coordinator.Client{ID: id, State: coordinator.Healthy}
 		s.Epoch.Exited[i] = coordinator.Client{ID: id, State: coordinator.Healthy}
 	}
-	s.Epoch.ClientsLen, s.Epoch.ExitedLen = 2, 2
+	s.Epoch.Clients[2] = coordinator.Client{ID: idC, State: coordinator.Healthy} // the joiner
+	s.Epoch.ClientsLen, s.Epoch.ExitedLen = 3, 2
 	if _, err := a.net.ShareCheckpoint(ctx, 3, modelTensors(recorded)); err != nil {
 		t.Fatal(err)
 	}
@@ -86,12 +87,12 @@ func TestEnginesDisagreeAtRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	err = c.load(ctx, s, false)
-	if !errors.Is(err, errLoadLater) || !errors.Is(err, p2p.ErrCheckpointDisputed) {
+	err = loadTry(ctx, c, idC, s)
+	if !retryable(err) || !errors.Is(err, p2p.ErrCheckpointDisputed) {
 		t.Fatalf("the holders disagree: %v, want a disputed offer tried again later", err)
 	}
 	clock.now = clock.now.Add(10 * time.Second)
-	if err := c.load(ctx, s, false); err != nil {
+	if err := loadTry(ctx, c, idC, s); err != nil {
 		t.Fatalf("after its checkpoint wait: %v", err)
 	}
 	defer c.closeEngine()

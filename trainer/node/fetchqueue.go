@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"sort"
 	"time"
 
@@ -182,4 +183,36 @@ func (q *fetchQueue) take(now time.Time) []p2p.Announcement {
 	clear(q.waiting[len(rest):])
 	q.waiting = rest
 	return start
+}
+
+// judgeFetched checks a fetched frame against the run's optimizer (the one
+// place a peer's frame is checked: every result the machine holds passed
+// here) and reports what came of the fetch, or false when it was only
+// interrupted by the node's end. A frame that fails is marked invalid,
+// reported to the network, and logged once per trainer at warning level.
+func (n *Node) judgeFetched(ctx context.Context, f *fetchResult) bool {
+	if e := n.engine(); f.err == nil && e != nil {
+		if f.err = e.Plan().Check(f.frame); f.err != nil {
+			f.invalid = true
+		}
+	}
+	switch {
+	case f.err != nil && ctx.Err() != nil:
+		return false
+	case f.invalid:
+		level := slog.LevelDebug
+		if !n.badPeers[f.ann.Trainer.P2P] && len(n.badPeers) < 4096 {
+			n.badPeers[f.ann.Trainer.P2P] = true
+			level = slog.LevelWarn
+		}
+		n.cfg.log.Log(ctx, level, "ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "trainer", f.ann.Trainer.Signer.String(), "err", f.err)
+		n.net.ReportPeer(f.ann.Trainer.P2P, "bad result")
+	case errors.Is(f.err, context.Canceled):
+		n.cfg.log.Debug("fetch dropped: this node is no longer a client of the epoch", "step", f.ann.Step, "batch", f.ann.Batch.Start)
+	case f.err != nil:
+		n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
+	default:
+		n.cfg.metrics.ReceivedBytes.Add(float64(f.size))
+	}
+	return true
 }

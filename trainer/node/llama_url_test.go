@@ -77,7 +77,7 @@ func TestLoadLlamaCheckpointDirectory(t *testing.T) {
 			seed := sha256.Sum256([]byte(tc.name))
 			net := memnet.NewHub().Join("run", ed25519.NewKeyFromSeed(seed[:]), coordinator.Pubkey{1})
 			n := &Node{cfg: config{log: slog.New(slog.DiscardHandler), workers: 1}, net: net}
-			err := n.load(ctx, s, false)
+			err := loadRecorded(ctx, n, s)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("load = %v, want %q", err, tc.err)

@@ -106,17 +106,8 @@ type Node struct {
 	sends chan outgoing
 	// badPeers are the trainers whose bad results were logged as warnings.
 	badPeers map[coordinator.Pubkey]bool
-	// peerWait is when this node first failed to load the epoch's model
-	// from its peers (see peersGaveUp).
-	peerWait struct {
-		epoch uint32
-		since time.Time
-	}
-	data    *data.Provider
-	dataLoc string
-	// unreadableEpoch is 1 + the epoch in which this node found the run's
-	// recorded checkpoint unreadable here (0: none); the Run loop's alone.
-	unreadableEpoch uint32
+	data     *data.Provider
+	dataLoc  string
 	// sitOut is what the node knows of an epoch it sits out (the Run
 	// loop's alone).
 	sitOut sitOut
@@ -164,10 +155,17 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 		}
 	}
 	id := coordinator.ClientID{Signer: signer.Public(), P2P: network.ID()}
+	return &Node{cfg: cfg, runID: runID, badPeers: map[coordinator.Pubkey]bool{}, backend: backend, signer: signer, net: network, id: id,
+		m: newMachine(id, cfg)}, nil
+}
+
+// newMachine is the machine that decides for the node of cfg.
+func newMachine(id coordinator.ClientID, cfg config) *machine.Machine {
 	m := machine.New(id, cfg.epochs, cfg.ticking, randomKey)
 	m.JoinAfter(cfg.joinAfter)
-	return &Node{cfg: cfg, runID: runID, badPeers: map[coordinator.Pubkey]bool{}, backend: backend, signer: signer, net: network, id: id,
-		m: m}, nil
+	// The machine counts whole seconds: a wait under one is one.
+	m.CheckpointWait(uint64((cfg.checkpointWait + time.Second - 1) / time.Second))
+	return m
 }
 
 // ID is the node's client identity.
@@ -378,31 +376,9 @@ func (n *Node) Run(ctx context.Context) error {
 				ended = f.done
 				n.fetches.finished(f.ann)
 				n.startFetches(ctx, ev)
-				if e := n.engine(); f.err == nil && e != nil {
-					if f.err = e.Plan().Check(f.frame); f.err != nil {
-						f.invalid = true
-					}
-				}
-				switch {
-				case f.err != nil && ctx.Err() != nil:
+				if !n.judgeFetched(ctx, &f) {
 					ended()
 					continue // interrupted, not refused
-				case f.invalid:
-					// Once per trainer at warning level; it is reported to
-					// the network (and counted) every time.
-					level := slog.LevelDebug
-					if !n.badPeers[f.ann.Trainer.P2P] && len(n.badPeers) < 4096 {
-						n.badPeers[f.ann.Trainer.P2P] = true
-						level = slog.LevelWarn
-					}
-					n.cfg.log.Log(ctx, level, "ignoring a peer's result", "step", f.ann.Step, "batch", f.ann.Batch.Start, "trainer", f.ann.Trainer.Signer.String(), "err", f.err)
-					n.net.ReportPeer(f.ann.Trainer.P2P, "bad result")
-				case errors.Is(f.err, context.Canceled):
-					n.cfg.log.Debug("fetch dropped: this node is no longer a client of the epoch", "step", f.ann.Step, "batch", f.ann.Batch.Start)
-				case f.err != nil:
-					n.cfg.log.Info("fetch failed; a pull will try again", "step", f.ann.Step, "batch", f.ann.Batch.Start, "err", f.err)
-				default:
-					n.cfg.metrics.ReceivedBytes.Add(float64(f.size))
 				}
 				rd = n.m.Fetched(f.ann, f.frame, f.err, f.invalid)
 			}

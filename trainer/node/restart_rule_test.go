@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/node/drive"
+	"github.com/psyche-go/psyche/trainer/node/machine"
 )
 
 // stepClock is a clock the test moves.
@@ -17,49 +18,31 @@ func (c *stepClock) Now() time.Time                                  { return c.
 func (c *stepClock) Ticker(time.Duration) (<-chan time.Time, func()) { return nil, func() {} }
 func (c *stepClock) Work() func()                                    { return func() {} }
 
-// The full-restart rule: a joiner gives up on its peers for the run's URL
-// at once when nobody holds the model, and otherwise after its checkpoint
-// wait, counted from its first failure in the epoch.
-func TestPeersGaveUp(t *testing.T) {
+// A joiner's failed load from peers reaches its machine as the failure the
+// full-restart rule reads (machine/load.go): "nobody holds it" when every
+// holder said so or this node is the only one, "not yet" when holders did
+// not answer.
+func TestPeerLoadFailures(t *testing.T) {
 	unreachable := fmt.Errorf("%w for epoch 4: dial backoff", p2p.ErrNoCheckpoint)
 	nobody := fmt.Errorf("%w for epoch 4 among 3 peers: %w", p2p.ErrNoCheckpoint, p2p.ErrNoHolder)
 	for _, tc := range []struct {
-		name   string
-		warmup uint64        // the run's warmup time, seconds
-		wait   time.Duration // WithCheckpointWait
-		tries  []time.Duration
-		err    error
-		want   []bool
+		name string
+		err  error
+		want machine.LoadFailure
 	}{
-		{"every holder answered it has none", 60, 0, []time.Duration{0}, nobody, []bool{true}},
-		{"this node is the only holder", 60, 0, []time.Duration{0}, fmt.Errorf("%w: %w", errLoadLater, errNoOtherHolder), []bool{true}},
-		{"unreachable holders: half the warmup", 60, 0, []time.Duration{0, 29 * time.Second, 30 * time.Second}, unreachable, []bool{false, false, true}},
-		{"a short warmup waits 5 s", 4, 0, []time.Duration{0, 4 * time.Second, 5 * time.Second}, unreachable, []bool{false, false, true}},
-		{"WithCheckpointWait", 60, 2 * time.Second, []time.Duration{0, time.Second, 2 * time.Second}, unreachable, []bool{false, false, true}},
+		{"every holder answered it has none", nobody, machine.LoadNoHolder},
+		{"this node is the only holder", fmt.Errorf("%w: %w", errLoadLater, errNoOtherHolder), machine.LoadNoHolder},
+		{"unreachable holders", fmt.Errorf("%w: %w", errLoadLater, unreachable), machine.LoadNotYet},
 	} {
 		clock := &stepClock{now: time.Unix(1_700_000_000, 0)}
-		n := &Node{cfg: config{clock: clock, checkpointWait: tc.wait}}
-		s := &coordinator.Coordinator{}
-		s.Config.WarmupTime = tc.warmup
-		s.Progress.Epoch = 4
-		start := clock.now
-		for i, at := range tc.tries {
-			clock.now = start.Add(at)
-			if got := n.peersGaveUp(s, tc.err); got != tc.want[i] {
-				t.Errorf("%s: try at %v: gave up = %v, want %v", tc.name, at, got, tc.want[i])
-			}
+		n := &Node{cfg: config{clock: clock}}
+		var nl *drive.NotLoaded
+		if err := n.peersFailed(tc.err); !errors.As(err, &nl) || nl.Why != tc.want || nl.At != 1_700_000_000 || !errors.Is(err, tc.err) {
+			t.Errorf("%s: %v, want a failure %s at the clock's time", tc.name, err, tc.want)
 		}
 	}
-	// A new epoch starts the wait again.
-	clock := &stepClock{now: time.Unix(1_700_000_000, 0)}
-	n := &Node{cfg: config{clock: clock}}
-	s := &coordinator.Coordinator{}
-	s.Config.WarmupTime = 20
-	s.Progress.Epoch = 1
-	n.peersGaveUp(s, errors.New("unreachable"))
-	clock.now = clock.now.Add(time.Minute)
-	s.Progress.Epoch = 2
-	if n.peersGaveUp(s, errors.New("unreachable")) {
-		t.Error("the wait carried over into the next epoch")
+	n := &Node{cfg: config{clock: &stepClock{}}}
+	if err := errors.New("the engine cannot describe the model"); n.peersFailed(err) != err {
+		t.Error("an error no try mends was made a failure to retry")
 	}
 }

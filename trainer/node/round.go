@@ -23,12 +23,13 @@ import (
 	"github.com/psyche-go/psyche/trainer/store"
 )
 
-// load makes sure the model, optimizer and data are ready for the epoch. A
-// node that finished the previous epoch keeps its model (it is what P2P
-// checkpoints serve); any other loads the checkpoint source: the file the
-// run names, or (P2P) the model the previous epoch's clients offer.
-func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel bool) error {
+// load makes the model, optimizer and data of w's epoch ready, the model
+// from the source the machine chose (machine/load.go). A source that did
+// not give the model answers a *drive.NotLoaded that says why; the
+// machine decides what next.
+func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	n.dropAhead()
+	s := w.State
 	m := &s.Model
 	// The data first: a server that does not answer yet (429 under load)
 	// makes the load wait for the next try, and no model is loaded for
@@ -38,7 +39,7 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		p, err := data.Open(ctx, loc, int(m.TokenSize), int(m.MaxSeqLen), n.dataOptions(m)...)
 		if err != nil {
 			n.logNoData(ctx, err, "the model waits for it", "data", data.Describe(loc))
-			return fmt.Errorf("%w: the run's data cannot be opened yet", errLoadLater)
+			return n.notLoaded(machine.LoadNotYet, fmt.Errorf("the run's data cannot be opened yet: %w", err))
 		}
 		n.cfg.log.Info("training data opened", "data", data.Describe(loc), "source", p.Source(),
 			"tokens", p.NumTokens(), "sequences", p.NumSequences())
@@ -53,143 +54,186 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 		return fmt.Errorf("node: %w", err)
 	}
 	n.checkStore(ctx, m.Store)
-	held := n.engine()
-	keep := keepModel && held != nil && held.Config() == cfg
-	if !keep {
-		var model runmodel.Model
-		var from string
-		offered := false // the recorded checkpoint, as another trainer offered it
-		url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
-		rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
-		fromURL := m.Checkpoint.Kind != coordinator.CheckpointP2P
-		// After this node found the recorded checkpoint unreadable here in
-		// this epoch, only another trainer's offer of it can do: go to it
-		// at once on every later try.
-		unreadable := n.unreadableEpoch == s.Progress.Epoch+1
-		if !unreadable && fileMissingHere(url) {
-			// On separate machines a file:// checkpoint is on the disk of
-			// the trainer that wrote it: that trainer loads it and offers
-			// it (below), so this one waits for the offer rather than
-			// leaving the run.
-			n.cfg.log.Warn("cannot read the run's recorded checkpoint on this machine; waiting for a trainer that holds it to offer it",
-				"url", url)
-			n.unreadableEpoch, unreadable = s.Progress.Epoch+1, true
-		}
-		if !fromURL {
-			var err error
-			model, err = n.loadFromPeers(ctx, s, cfg)
-			switch {
-			case err == nil:
-				from = "the previous epoch's clients"
-			case unreadable:
-				fromURL = true
-			case !n.peersGaveUp(s, err):
-				return err
-			default:
-				// The full-restart rule: nobody who held the previous
-				// epoch's model serves it (they all restarted), so every
-				// joiner loads the run's last recorded checkpoint.
-				n.cfg.log.Warn("no client of the previous epoch offers its model; loading the run's last recorded checkpoint",
-					"url", url, "why", err)
-				fromURL = true
+	source := w.Source
+	if held := n.engine(); source == machine.LoadKeep {
+		if held != nil && held.Config() == cfg {
+			// A kept optimizer follows the run's rule: it may have changed
+			// while the run was paused, and every trainer must apply the same.
+			if err := held.Plan().SetAggregation(opts.Aggregation); err != nil {
+				return fmt.Errorf("node: %w", err)
 			}
+			return nil
 		}
-		if fromURL {
-			var err error
-			switch {
-			case unreadable:
-			case cfg.Arch == coordinator.ArchTransformers:
-				// Built by the engine from the config.json the source names.
-				model, err = runmodel.LoadRunTransformers(m)
-			default:
-				model, err = n.loadURL(ctx, url, cfg, m.Store)
-			}
-			if unreadable || err != nil {
-				if err != nil && !(unreadableHere(err) && isFileURL(url)) && !isStoreURL(url) {
-					// Anything else (an http(s) URL that answers "not found"
-					// answers every trainer so) is no matter of this disk.
-					return fmt.Errorf("node: loading the model from %s: %w", url, err)
-				}
-				if !unreadable { // readable a moment ago, gone now
-					n.cfg.log.Warn("cannot read the run's recorded checkpoint on this machine; waiting for a trainer that holds it to offer it",
-						"url", url, "why", err)
-					n.unreadableEpoch = s.Progress.Epoch + 1
-				}
-				peer, perr := n.loadRecordedOffer(ctx, s, cfg, url, rev)
-				if perr != nil {
-					return fmt.Errorf("%w: the recorded checkpoint %s cannot be read here, and no trainer offers it yet (%w)", errLoadLater, url, perr)
-				}
-				// What it offers must be the recorded checkpoint: its hash is
-				// checked below like the file's would be.
-				model, from, offered = peer, "a trainer holding "+url, true
-			} else {
-				from = url
-			}
-		}
-		loaded, err := runmodel.ConfigOf(model)
-		if err == nil {
-			err = modelspec.Check(loaded, m)
-		}
-		if err != nil {
-			return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
-		}
-		if fromURL {
-			// A revision that is a model hash names the model the run
-			// starts from: training another (a file replaced on one
-			// machine, a seed drawn differently by another build) would
-			// only produce results no other trainer can use, and no later
-			// try loads a different model, so the node stops. Peers' models
-			// are not checked: they are the previous epoch's, trained past
-			// the recorded one.
-			if err := runmodel.CheckRevision(model, url, rev); err != nil {
-				if isStoreURL(url) && !offered {
-					// The bucket holds another model than the run recorded
-					// (replaced or damaged there): a trainer that saved or
-					// fetched the recorded one may offer it.
-					n.cfg.log.Warn("refusing the run's checkpoint from its store; waiting for a trainer that holds the recorded model to offer it",
-						"url", url, "err", err)
-					n.unreadableEpoch = s.Progress.Epoch + 1
-					return fmt.Errorf("%w: %w", errLoadLater, err)
-				}
-				if offered {
-					// Another trainer's word, not this machine's file: a
-					// later offer may be the right one.
-					return fmt.Errorf("%w: the model offered as %s: %w", errLoadLater, url, err)
-				}
-				return fmt.Errorf("node: %w: refusing to train", err)
-			}
-			// Offer a file or store checkpoint to the epoch's other
-			// trainers: after a full restart on separate machines, this may
-			// be the only one that can read the recorded URL (its own file,
-			// or a bucket only its credentials open).
-			if isFileURL(url) || isStoreURL(url) {
-				if _, err := n.net.ShareCheckpoint(ctx, recordedOffer(s.Progress.Epoch), modelTensors(model)); err != nil {
-					n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
-				}
-			}
-		}
-		// The host model is the engine's from here on (the Go engine keeps
-		// it; another copies it to where it computes and drops it).
-		n.setEngine(nil)
-		op := n.cfg.engine
-		if op == nil {
-			op = goengine.New(n.cfg.kernels)
-		}
-		eng, err := op.Open(ctx, engine.Spec{Model: model, Optimizer: opts, Timeout: engineTimeout(s)})
-		if err != nil {
-			return fmt.Errorf("node: opening the %s engine on the model: %w", op.Name(), err)
-		}
-		n.setEngine(eng)
-		// No honest result of this model is larger: bigger announcements
-		// are refused before anything is fetched.
-		n.net.SetMaxPayload(eng.Plan().MaxFrameBytes())
-		n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams(), "engine", eng.Name())
+		source = machine.LoadPeers // the previous epoch's model, from its other holders
+	}
+	var (
+		model runmodel.Model
+		from  string
+	)
+	switch source {
+	case machine.LoadPeers:
+		model, from, err = n.loadPeers(ctx, s, cfg)
+	case machine.LoadRecorded:
+		model, from, err = n.loadRecorded(ctx, s, cfg)
+	case machine.LoadOffer:
+		model, from, err = n.loadOffered(ctx, s, cfg)
+	default:
+		return fmt.Errorf("node: no load from %s", source)
+	}
+	if err != nil {
+		return err
+	}
+	// The host model is the engine's from here on (the Go engine keeps it;
+	// another copies it to where it computes and drops it).
+	n.setEngine(nil)
+	op := n.cfg.engine
+	if op == nil {
+		op = goengine.New(n.cfg.kernels)
+	}
+	eng, err := op.Open(ctx, engine.Spec{Model: model, Optimizer: opts, Timeout: engineTimeout(s)})
+	if err != nil {
+		return fmt.Errorf("node: opening the %s engine on the model: %w", op.Name(), err)
+	}
+	n.setEngine(eng)
+	// No honest result of this model is larger: bigger announcements are
+	// refused before anything is fetched.
+	n.net.SetMaxPayload(eng.Plan().MaxFrameBytes())
+	n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams(), "engine", eng.Name())
+	return nil
+}
+
+// notLoaded is the error of a load whose source did not give the model.
+func (n *Node) notLoaded(why machine.LoadFailure, err error) error {
+	return &drive.NotLoaded{Why: why, At: uint64(n.cfg.clock.Now().Unix()), Err: err}
+}
+
+// loadPeers loads the model the previous epoch's clients hold.
+func (n *Node) loadPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, string, error) {
+	model, err := n.loadFromPeers(ctx, s, cfg)
+	if err != nil {
+		return nil, "", n.peersFailed(err)
+	}
+	const from = "the previous epoch's clients"
+	return model, from, checkShape(model, &s.Model, from)
+}
+
+// peersFailed is what a failed load from peers tells the machine.
+func (n *Node) peersFailed(err error) error {
+	switch {
+	case errors.Is(err, p2p.ErrNoHolder) || errors.Is(err, errNoOtherHolder):
+		return n.notLoaded(machine.LoadNoHolder, err)
+	case errors.Is(err, errLoadLater):
+		return n.notLoaded(machine.LoadNotYet, err)
+	}
+	return err
+}
+
+// loadRecorded loads the run's recorded checkpoint from its own source,
+// checks it is the recorded model, and offers a file or store checkpoint
+// to the epoch's other trainers.
+func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, string, error) {
+	m := &s.Model
+	url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
+	rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
+	if m.Checkpoint.Kind == coordinator.CheckpointP2P {
+		// The full-restart rule: nobody who held the previous epoch's
+		// model serves it (they all restarted), so every joiner loads
+		// the run's last recorded checkpoint.
+		n.cfg.log.Warn("no client of the previous epoch offers its model; loading the run's last recorded checkpoint", "url", url)
+	}
+	unreadable := func(err error) error {
+		// On separate machines a file:// checkpoint is on the disk of the
+		// trainer that wrote it: that trainer loads it and offers it, so
+		// this one waits for the offer rather than leaving the run.
+		n.cfg.log.Warn("cannot read the run's recorded checkpoint on this machine; waiting for a trainer that holds it to offer it",
+			"url", url, "why", err)
+		return n.notLoaded(machine.LoadUnreadableHere, err)
+	}
+	if fileMissingHere(url) {
+		return nil, "", unreadable(fmt.Errorf("%s is not readable here", url))
+	}
+	var (
+		model runmodel.Model
+		err   error
+	)
+	if cfg.Arch == coordinator.ArchTransformers {
+		// Built by the engine from the config.json the source names.
+		model, err = runmodel.LoadRunTransformers(m)
 	} else {
-		// A kept optimizer follows the run's rule: it may have changed
-		// while the run was paused, and every trainer must apply the same.
-		if err := held.Plan().SetAggregation(opts.Aggregation); err != nil {
-			return fmt.Errorf("node: %w", err)
+		model, err = n.loadURL(ctx, url, cfg, m.Store)
+	}
+	switch {
+	case err != nil && ((unreadableHere(err) && isFileURL(url)) || isStoreURL(url)):
+		return nil, "", unreadable(err)
+	case err != nil:
+		// Anything else (an http(s) URL that answers "not found" answers
+		// every trainer so) is no matter of this disk.
+		return nil, "", fmt.Errorf("node: loading the model from %s: %w", url, err)
+	}
+	if err := checkShape(model, m, url); err != nil {
+		return nil, "", err
+	}
+	// A revision that is a model hash names the model the run starts
+	// from: training another (a file replaced on one machine, a seed drawn
+	// differently by another build) would only produce results no other
+	// trainer can use, and no later try loads a different model, so the
+	// node stops. Peers' models are not checked: they are the previous
+	// epoch's, trained past the recorded one.
+	if err := runmodel.CheckRevision(model, url, rev); err != nil {
+		if isStoreURL(url) {
+			// The bucket holds another model than the run recorded
+			// (replaced or damaged there): a trainer that saved or fetched
+			// the recorded one may offer it.
+			n.cfg.log.Warn("refusing the run's checkpoint from its store; waiting for a trainer that holds the recorded model to offer it",
+				"url", url, "err", err)
+			return nil, "", n.notLoaded(machine.LoadUnreadableHere, err)
 		}
+		return nil, "", fmt.Errorf("node: %w: refusing to train", err)
+	}
+	// Offer a file or store checkpoint to the epoch's other trainers:
+	// after a full restart on separate machines, this may be the only one
+	// that can read the recorded URL (its own file, or a bucket only its
+	// credentials open).
+	if isFileURL(url) || isStoreURL(url) {
+		if _, err := n.net.ShareCheckpoint(ctx, recordedOffer(s.Progress.Epoch), modelTensors(model)); err != nil {
+			n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
+		}
+	}
+	return model, url, nil
+}
+
+// loadOffered loads the run's recorded checkpoint as a trainer that could
+// read it offers it.
+func (n *Node) loadOffered(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, string, error) {
+	m := &s.Model
+	url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
+	rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
+	model, err := n.loadRecordedOffer(ctx, s, cfg, url, rev)
+	if err != nil {
+		return nil, "", n.notLoaded(machine.LoadNotYet,
+			fmt.Errorf("the recorded checkpoint %s cannot be read here, and no trainer offers it yet (%w)", url, err))
+	}
+	from := "a trainer holding " + url
+	if err := checkShape(model, m, from); err != nil {
+		return nil, "", err
+	}
+	// What it offers must be the recorded checkpoint, as the file would
+	// be: another trainer's word, not this machine's file, so a later
+	// offer may be the right one.
+	if err := runmodel.CheckRevision(model, url, rev); err != nil {
+		return nil, "", n.notLoaded(machine.LoadNotYet, fmt.Errorf("the model offered as %s: %w", url, err))
+	}
+	return model, from, nil
+}
+
+// checkShape checks that a loaded model is the run's shape.
+func checkShape(model runmodel.Model, m *coordinator.Model, from string) error {
+	loaded, err := runmodel.ConfigOf(model)
+	if err == nil {
+		err = modelspec.Check(loaded, m)
+	}
+	if err != nil {
+		return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
 	}
 	return nil
 }
@@ -200,31 +244,6 @@ func (n *Node) load(ctx context.Context, s *coordinator.Coordinator, keepModel b
 // trainer the run can use at all).
 func engineTimeout(s *coordinator.Coordinator) time.Duration {
 	return max(time.Minute, 2*time.Duration(s.Config.MaxRoundTrainTime)*time.Second)
-}
-
-// peersGaveUp says whether a failed load from peers should give way to the
-// run's checkpoint URL: at once when every holder answered that it has no
-// model (or there is no other holder), and otherwise once the node has
-// tried for its checkpoint wait (some holders may only be slow to reach).
-func (n *Node) peersGaveUp(s *coordinator.Coordinator, err error) bool {
-	if errors.Is(err, p2p.ErrNoHolder) || errors.Is(err, errNoOtherHolder) {
-		return true
-	}
-	now := n.cfg.clock.Now()
-	if n.peerWait.epoch != s.Progress.Epoch || n.peerWait.since.IsZero() {
-		n.peerWait.epoch, n.peerWait.since = s.Progress.Epoch, now
-	}
-	return now.Sub(n.peerWait.since) >= n.checkpointWait(s)
-}
-
-// checkpointWait is how long a joiner keeps asking unreachable holders for
-// the model before it loads the URL: WithCheckpointWait, or half the run's
-// warmup (the time the coordinator gives everyone to load), at least 5 s.
-func (n *Node) checkpointWait(s *coordinator.Coordinator) time.Duration {
-	if n.cfg.checkpointWait > 0 {
-		return n.cfg.checkpointWait
-	}
-	return max(5*time.Second, time.Duration(s.Config.WarmupTime)*time.Second/2)
 }
 
 // aheadRun is a gradient trained ahead in the background (machine.TrainWork.Ahead):

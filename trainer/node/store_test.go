@@ -107,8 +107,8 @@ func TestStoreCheckpoints(t *testing.T) {
 	// (checked as it loads, in the background) that the store will not
 	// take its uploads.
 	setKeys("not-the-secret")
-	err = c.load(ctx, s, false)
-	if !errors.Is(err, errLoadLater) || !strings.Contains(err.Error(), url) {
+	err = loadTry(ctx, c, idC, s)
+	if !retryable(err) || !strings.Contains(err.Error(), url) {
 		t.Fatalf("C with refused keys: %v, want a retryable error naming %s", err, url)
 	}
 	c.uploads.Wait()
@@ -117,7 +117,7 @@ func TestStoreCheckpoints(t *testing.T) {
 	}
 	// B has the keys: it loads the bucket's checkpoint and offers it.
 	setKeys(s3test.SecretKey)
-	if err := b.load(ctx, s, false); err != nil {
+	if err := loadTry(ctx, b, idB, s); err != nil {
 		t.Fatalf("B: %v", err)
 	}
 	b.uploads.Wait()
@@ -132,7 +132,7 @@ func TestStoreCheckpoints(t *testing.T) {
 	}
 	// C, keys still refused, takes B's offer.
 	setKeys("not-the-secret")
-	if err := c.load(ctx, s, false); err != nil {
+	if err := loadTry(ctx, c, idC, s); err != nil {
 		t.Fatalf("C after B's offer: %v", err)
 	}
 	if !slices.Equal(paramsOf(c.Model()), recorded.Params) {
@@ -153,9 +153,9 @@ func TestStoreCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, idD := trainer("D")
-	err = d.load(ctx, state(idD), false)
+	err = loadTry(ctx, d, idD, state(idD))
 	d.uploads.Wait()
-	if !errors.Is(err, errLoadLater) || !errors.Is(err, runmodel.ErrRevision) || d.engine() != nil ||
+	if !retryable(err) || !errors.Is(err, runmodel.ErrRevision) || d.engine() != nil ||
 		!strings.Contains(err.Error(), rev) || !strings.Contains(err.Error(), runmodel.Revision(other)) {
 		t.Fatalf("D loading a replaced model: %v (model kept: %v), want a retryable error naming hashes %s and %s",
 			err, d.engine() != nil, rev, runmodel.Revision(other))

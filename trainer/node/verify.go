@@ -79,10 +79,8 @@ func (n *Node) verify(ctx context.Context, w machine.VerifyWork) (score, drop fl
 	if err != nil {
 		return 0, 0, false, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
-	nan := float32(math.NaN())
-	if err := e.Plan().Check(w.Frame); err != nil {
-		return nan, nan, scored, nil // a frame the run's optimizer refuses did no work
-	}
+	// w.Frame passed the run's optimizer's check when it was fetched
+	// (judgeFetched), or is this node's own.
 	if err := e.Try(computing(ctx), []*distro.Frame{w.Frame}, w.LR); err != nil {
 		return 0, 0, false, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
@@ -96,6 +94,7 @@ func (n *Node) verify(ctx context.Context, w machine.VerifyWork) (score, drop fl
 	own, ctl := before0-after0, beforeC-afterC
 	s := (own - ctl) / (math.Abs(own) + math.Abs(ctl) + 1e-12)
 	if math.IsNaN(s) || math.IsInf(own+ctl, 0) {
+		nan := float32(math.NaN())
 		return nan, nan, scored, nil
 	}
 	n.cfg.log.Debug("verified", "trainer", w.Trainer.Signer.String(), "step", w.Step, "score", s, "own_drop", own, "control_drop", ctl)

@@ -809,7 +809,7 @@ func TestRankHangs(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, _ := runmodel.New(pm.cfg, 3, nil)
-	ee, err := op.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true), Timeout: 3 * time.Second})
+	ee, err := op.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true), Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

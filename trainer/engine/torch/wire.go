@@ -61,12 +61,15 @@ func writeMessage(w io.Writer, r request, blobs [][]byte) error {
 
 // answer is a decoded answer: its header fields and blobs.
 type answer struct {
-	OK    bool            `json:"ok"`
-	Error string          `json:"error"`
-	Kind  errorKind       `json:"kind"`
-	Blobs []int64         `json:"blobs"`
-	Raw   json.RawMessage `json:"-"`
-	blobs [][]byte
+	OK    bool      `json:"ok"`
+	Error string    `json:"error"`
+	Kind  errorKind `json:"kind"`
+	Blobs []int64   `json:"blobs"`
+	// Progress, in a message of its own (no answer), is how many
+	// collectives each rank of a multi-device worker has entered.
+	Progress []uint64        `json:"progress"`
+	Raw      json.RawMessage `json:"-"`
+	blobs    [][]byte
 }
 
 // readMessage reads one answer, within the limits above.

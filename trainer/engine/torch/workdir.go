@@ -11,8 +11,8 @@ import (
 	"sync"
 )
 
-// A worker's directory (its code, a multi-device worker's rendezvous file
-// and progress counters) is made in the system's temporary folder by the
+// A worker's directory (its code and a multi-device worker's rendezvous
+// file) is made in the system's temporary folder by the
 // psyche that starts the worker, and removed by it when the worker ends.
 // A psyche that is killed cannot remove it (its worker dies with it: the
 // parent-death signal), so each directory names the psyche that made it

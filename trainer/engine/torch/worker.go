@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"embed"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -48,6 +48,9 @@ type worker struct {
 	// (rank 0's first) and devices.
 	pids    []int
 	devices []string
+	// progress is how many collectives each rank had entered when the
+	// worker last said (its progress messages; nil: none yet).
+	progress atomic.Pointer[[]uint64]
 }
 
 // pythons lists the interpreters to try, in order: PSYCHE_PYTHON (or the
@@ -317,7 +320,7 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, req request, b
 			return
 		}
 		w.readMu.Lock()
-		a, err := readMessage(w.ans)
+		a, err := w.readAnswer()
 		w.readMu.Unlock()
 		done <- result{a, err}
 	}()
@@ -354,7 +357,7 @@ func (w *worker) deadError(op string) error {
 	// A call that timed out may still be reading (until the pipe's end):
 	// what it reads is lost, as is the call.
 	if w.readMu.TryLock() {
-		a, err := readMessage(w.ans)
+		a, err := w.readAnswer()
 		w.readMu.Unlock()
 		if err == nil && !a.OK && a.Kind == kindRank {
 			return w.rankError(op, a.Error)
@@ -382,24 +385,33 @@ func (w *worker) waitExit() {
 	}
 }
 
+// readAnswer reads the next answer, taking the progress messages before
+// it (the caller holds readMu).
+func (w *worker) readAnswer() (*answer, error) {
+	for {
+		a, err := readMessage(w.ans)
+		if err != nil || a.Progress == nil {
+			return a, err
+		}
+		counts := a.Progress
+		w.progress.Store(&counts)
+	}
+}
+
 // behind says which rank of a worker that did not answer in time fell
-// behind the others: each rank counts the collectives it entered in a
-// file of its own (ranks.py), and the ranks enter the same ones in the
-// same order, so the ranks with the lowest count are those the others
-// wait for. One device: "it hangs".
+// behind the others: each rank counts the collectives it enters, and the
+// worker says the counts whenever they change (ranks.py); the ranks enter
+// the same ones in the same order, so the ranks with the lowest count are
+// those the others wait for. One device: "it hangs".
 func (w *worker) behind() string {
-	if len(w.devices) < 2 {
+	p := w.progress.Load()
+	if len(w.devices) < 2 || p == nil || len(*p) != len(w.devices) {
 		return "it hangs"
 	}
-	counts := make([]uint64, len(w.devices))
+	counts := *p
 	low, high := uint64(math.MaxUint64), uint64(0)
-	for r := range counts {
-		b, err := os.ReadFile(filepath.Join(w.dir, fmt.Sprintf("progress.%d", r)))
-		if err != nil || len(b) < 8 {
-			return "it hangs"
-		}
-		counts[r] = binary.LittleEndian.Uint64(b)
-		low, high = min(low, counts[r]), max(high, counts[r])
+	for _, n := range counts {
+		low, high = min(low, n), max(high, n)
 	}
 	if low == high {
 		return fmt.Sprintf("all %d ranks hang or compute", len(counts))

@@ -1,8 +1,8 @@
 // Package drive owns how a trainer carries out its machine's decisions:
 // the order of a machine.Ready's fields, the queue of Readies that the
-// work answers with (a load answers Loaded, a training Trained), events
-// taken one at a time with announcements first, and the points at which
-// the work may pause.
+// work answers with (a load answers Loaded or LoadFailed, a training
+// Trained), events taken one at a time with announcements first, and the
+// points at which the work may pause.
 //
 // trainer/node's Run (real time, real work, every effect finished before
 // it returns) and tools/simscale's trainers (virtual time, modelled work

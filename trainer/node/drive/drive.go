@@ -15,6 +15,18 @@ import (
 // leaves a result unscored, and goes on; it does not stop.
 var ErrNoData = errors.New("drive: the run's data could not be read")
 
+// NotLoaded is the error of a load whose source did not give the model:
+// the machine hears of it (Machine.LoadFailed) and chooses the next try.
+type NotLoaded struct {
+	Why machine.LoadFailure
+	// At is when the load failed (unix seconds of the node's clock).
+	At  uint64
+	Err error
+}
+
+func (e *NotLoaded) Error() string { return e.Err.Error() }
+func (e *NotLoaded) Unwrap() error { return e.Err }
+
 // Step is what an effect that may take a while says it did.
 type Step int
 
@@ -37,9 +49,11 @@ const (
 type Effects interface {
 	// Apply applies a round's consensus results (Ready.Apply).
 	Apply(w *machine.ApplyWork) (Step, error)
-	// Load makes the epoch's model, optimizer and data ready (Ready.Load).
-	// loaded false: not yet, and the machine asks again on a later tick.
-	Load(w *machine.LoadWork) (loaded bool, s Step, err error)
+	// Load makes the epoch's model, optimizer and data ready from the
+	// source w names (Ready.Load). A *NotLoaded error says that source did
+	// not give the model, and why: the machine decides what next
+	// (LoadFailed). Any other error stops the node.
+	Load(w *machine.LoadWork) (Step, error)
 	// TrainAhead starts w's gradient in the background (TrainWork.Ahead).
 	TrainAhead(w machine.TrainWork) (Step, error)
 	// Train is the time the batch's gradient takes (a gradient trained
@@ -209,11 +223,14 @@ func (d *Driver) advance() error {
 				d.phase = phaseTrain
 				continue
 			}
-			loaded, s, err := d.fx.Load(rd.Load)
-			if err != nil {
+			s, err := d.fx.Load(rd.Load)
+			var nl *NotLoaded
+			switch {
+			case errors.As(err, &nl):
+				d.next = append(d.next, d.m.LoadFailed(rd.Load.Epoch, rd.Load.Source, nl.Why, nl.At))
+			case err != nil:
 				return err
-			}
-			if loaded && s != Again {
+			case s != Again:
 				d.next = append(d.next, d.m.Loaded(rd.Load.Epoch))
 			}
 			if d.pause(s, phaseTrain) {

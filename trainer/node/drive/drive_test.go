@@ -42,9 +42,8 @@ func (r *recorder) note(format string, args ...any) {
 func (r *recorder) Apply(w *machine.ApplyWork) (drive.Step, error) {
 	return r.step(fmt.Sprintf("apply %d", w.Step))
 }
-func (r *recorder) Load(w *machine.LoadWork) (bool, drive.Step, error) {
-	s, err := r.step(fmt.Sprintf("load %d", w.Epoch))
-	return true, s, err
+func (r *recorder) Load(w *machine.LoadWork) (drive.Step, error) {
+	return r.step(fmt.Sprintf("load %d", w.Epoch))
 }
 func (r *recorder) TrainAhead(w machine.TrainWork) (drive.Step, error) {
 	return r.step(fmt.Sprintf("ahead %d", w.Step))

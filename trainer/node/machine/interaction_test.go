@@ -91,12 +91,15 @@ func names(kv *transcript.Args, key string) []string {
 // fetched, pulled and machine-tick; each prints the Ready it returned):
 //
 //	run clients=a,b,c me=a [epochs=0] [ticking=false] [batch=6] [epoch-time=100] [train-time=10] [witness-nodes=0] [min=2]
+//	    [ckpt=hub|p2p] [checkpoint-wait=0] [init-min=len(clients)]
 //	    creates, configures and resumes a run; me is the machine's client
 //	join who=b,c                     others join
 //	tick [n=1]                       the coordinator's clock moves n seconds, ticking each
 //	snapshot                         the machine sees the coordinator's state
 //	deliver                          the last Ready's instructions, sent as me
 //	loaded                           the load the last Ready asked for is done
+//	load-failed why=not-yet|no-holder|unreadable-here   the load the last Ready asked for did not
+//	                                 give the model (LoadFailure), now
 //	trained [loss=2.5]               the batch a Ready asked for is trained and published (other
 //	                                 events may come between; a batch trained ahead answers
 //	                                 nothing: the driver keeps it)
@@ -164,6 +167,17 @@ func (h *harness) run(kv *transcript.Args) string {
 			h.t.Fatalf("loaded: the last Ready asked for no load")
 		}
 		return h.ready(h.m.Loaded(h.last.Load.Epoch))
+	case "load-failed":
+		l := h.last.Load
+		if l == nil {
+			h.t.Fatalf("load-failed: the last Ready asked for no load")
+		}
+		why := map[string]LoadFailure{"not-yet": LoadNotYet, "no-holder": LoadNoHolder, "unreadable-here": LoadUnreadableHere}
+		f, ok := why[kv.Get("why")]
+		if !ok {
+			h.t.Fatalf("load-failed: why=%q", kv.Get("why"))
+		}
+		return h.ready(h.m.LoadFailed(l.Epoch, l.Source, f, h.now))
 	case "trained":
 		w := h.train
 		if w == nil {
@@ -262,12 +276,15 @@ func (h *harness) newRun(kv *transcript.Args) string {
 	batch := uint16(kv.Uint(h.t, "batch", 6))
 	cfg := coordinator.Config{WarmupTime: 5, CooldownTime: 5, MaxRoundTrainTime: kv.Uint(h.t, "train-time", 10), RoundWitnessTime: 2,
 		EpochTime: kv.Uint(h.t, "epoch-time", 100), WaitingForMembersExtraTime: 1, TotalSteps: 100,
-		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(len(names(kv, "clients"))),
+		GlobalBatchSizeStart: batch, GlobalBatchSizeEnd: batch, InitMinClients: uint16(kv.Uint(h.t, "init-min", uint64(len(names(kv, "clients"))))),
 		MinClients: uint16(kv.Uint(h.t, "min", 2)), WitnessNodes: uint16(kv.Uint(h.t, "witness-nodes", 0))}
 	m := coordinator.Model{Architecture: coordinator.ArchGPT, DataKind: coordinator.DataLocal, TokenSize: 2, MaxSeqLen: 8,
 		VocabSize: 256, DModel: 8, NLayers: 1, NHeads: 1, LR: coordinator.LRSchedule{Kind: coordinator.LRConstant, BaseLR: 0.5},
 		Optimizer: coordinator.Optimizer{Kind: coordinator.OptimizerDistro, CompressionDecay: 0.9, CompressionTopK: 2, CompressionChunk: 8}}
 	m.Checkpoint.Kind = coordinator.CheckpointHub
+	if kv.Get("ckpt") == "p2p" {
+		m.Checkpoint.Kind = coordinator.CheckpointP2P
+	}
 	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file:///init")
 	_ = coordinator.SetFixedString(m.DataLocation[:], "data")
 	for _, ix := range []coordinator.Instruction{&coordinator.Update{Config: &cfg, Model: &m}, &coordinator.SetPaused{}} {
@@ -277,6 +294,7 @@ func (h *harness) newRun(kv *transcript.Args) string {
 	}
 	k := uint64(0)
 	h.m = New(idOf(h.me), int(kv.Uint(h.t, "epochs", 0)), kv.Get("ticking") == "true", func() uint64 { k++; return k })
+	h.m.CheckpointWait(kv.Uint(h.t, "checkpoint-wait", 0))
 	return h.s.Describe()
 }
 
@@ -371,7 +389,7 @@ func (h *harness) ready(rd Ready) string {
 		out = append(out, fmt.Sprintf("apply step=%d lr=%g frames=[%s] missing=%v", a.Step, a.LR, strings.Join(fs, " "), a.Missing))
 	}
 	if l := rd.Load; l != nil {
-		out = append(out, fmt.Sprintf("load epoch=%d keep=%v", l.Epoch, l.Keep))
+		out = append(out, fmt.Sprintf("load epoch=%d from=%s", l.Epoch, l.Source))
 	}
 	if w := rd.Train; w != nil {
 		flag := ""

@@ -22,6 +22,9 @@ type Machine struct {
 	// joinAfter are the trainers that join each epoch before this one
 	// (WithJoinOrder).
 	joinAfter []coordinator.Pubkey
+	// checkpointWait is how long a joiner asks unreachable holders for
+	// the model, in seconds (CheckpointWait; 0: the run's default).
+	checkpointWait uint64
 
 	snap     *coordinator.Coordinator
 	results  map[uint32]map[uint64]*result // step → batch start → first verified result
@@ -81,6 +84,7 @@ type epochBook struct {
 	held     bool // it ended as a client with every result applied: it holds the final model
 	saved    bool // the checkpoint was asked for
 	counted  bool // counted in trained
+	load     loadBook
 }
 
 // epochBook returns the book of epoch e, turning the page when e is new.
@@ -250,18 +254,6 @@ func (m *Machine) joinTurn(s *coordinator.Coordinator) bool {
 		}
 	}
 	return true
-}
-
-// loadWork asks for the model of the snapshot's epoch. The model in memory
-// may stay only if this node ended the previous epoch as a client with every
-// result applied and the run says to use peers.
-func (m *Machine) loadWork() *LoadWork {
-	s := m.snap
-	m.cur() // turn the page: prev is the epoch before
-	keep := s.Progress.Epoch > 0 && m.prev.epoch == s.Progress.Epoch-1 && m.prev.held &&
-		s.Model.Checkpoint.Kind == coordinator.CheckpointP2P
-	m.ahead = nil // the model is replaced (or kept, but a new epoch's rounds are not the ones guessed)
-	return &LoadWork{Epoch: s.Progress.Epoch, Keep: keep, State: s}
 }
 
 // cooldown finishes the epoch's applies, then marks the model as held and,

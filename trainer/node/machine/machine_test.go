@@ -124,7 +124,7 @@ func toTraining(t *testing.T, r *run) *Machine {
 		t.Fatalf("setup: %s", r.s.Describe())
 	}
 	rd := m.Snapshot(r.snap(), 0)
-	if rd.Load == nil || rd.Load.Keep {
+	if rd.Load == nil || rd.Load.Source == LoadKeep {
 		t.Fatalf("want a fresh load in warmup, got %+v", rd)
 	}
 	rd = m.Loaded(rd.Load.Epoch)

@@ -13,9 +13,8 @@ import (
 type Ready struct {
 	// Apply asks to apply a round's consensus results, in this order.
 	Apply *ApplyWork
-	// Load asks for the model, optimizer and data of an epoch; Keep says the
-	// model in memory may stay (it is the previous epoch's end, which P2P
-	// checkpoints serve). Answer with loaded.
+	// Load asks for the model, optimizer and data of an epoch, from the
+	// source it names (load.go). Answer with Loaded, or LoadFailed.
 	Load *LoadWork
 	// Train asks to train this node's batch and publish it. Answer with
 	// trainedResult, or SatOut when its data did not come.
@@ -82,12 +81,13 @@ type SaveWork struct {
 	Store coordinator.CheckpointStore
 }
 
-// LoadWork describes a model load: the coordinator state of the epoch to
-// load for (its model, checkpoint source and holders).
+// LoadWork describes a model load: where the model comes from, and the
+// coordinator state of the epoch to load for (its model, checkpoint source
+// and holders).
 type LoadWork struct {
-	Epoch uint32
-	Keep  bool
-	State *coordinator.Coordinator
+	Epoch  uint32
+	Source LoadSource
+	State  *coordinator.Coordinator
 }
 
 // TrainWork describes this node's batch of a round.

@@ -20,16 +20,17 @@ ranks: one that exits, for any reason, ends the worker at once, telling
 psyche which rank, on which device, and how it ended (a failed answer of
 kind rank: protocol.py).
 
-Each rank counts the collectives it enters in a file of its own
-(progress.N, a little-endian u64): when a call times out, psyche reads them
-and names the rank that fell behind.
+Each rank counts the collectives it enters and tells rank 0 (a message on
+a pipe of its own, in the protocol's framing); rank 0's watcher hands the
+counts to psyche as a progress message whenever they change. When a call
+times out, psyche names the ranks that fell behind from the last counts it
+heard: a rank that hangs cannot speak, but its count stays low.
 """
 
 import ctypes
 import datetime
 import os
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -83,12 +84,13 @@ class Group:
         self.children = []  # rank 0: the other ranks' processes, rank 1 first
         self.pipes = []  # rank 0: the write end of each one's command pipe
         self.cmd = None  # ranks > 0: the read end of this rank's
+        self.report = None  # ranks > 0: where this rank tells rank 0 its count
         self.closing = False
         self.lock = threading.Lock()
         self.answers = None  # rank 0: protocol.Answers, where fail says why
-        self.entered = 0
-        self.progress = os.open(os.path.join(directory, "progress.%d" % rank), os.O_RDWR | os.O_CREAT, 0o600)
-        self._mark()
+        self.entered = 0  # the collectives this rank has entered
+        self.counts = [0] * self.world  # rank 0: every rank's, as each last said
+        self.shown = None  # rank 0: the counts psyche last heard
 
     def name(self, r: int) -> str:
         return "rank %d (%s)" % (r, self.devices[r])
@@ -112,21 +114,25 @@ class Group:
                                                "NCCL_ASYNC_ERROR_HANDLING")})
         for r in range(1, self.world):
             rd, wr = os.pipe()
+            hear, told = os.pipe()
             args = [sys.executable, "-u", script, "--rank", str(r), "--devices", ",".join(str(d) for d in self.devices),
                     "--backend", self.backend, "--timeout", repr(self.timeout), "--cmd-fd", str(rd),
-                    "--parent", str(os.getpid())]
+                    "--report-fd", str(told), "--parent", str(os.getpid())]
             # Same process group as rank 0 (no new session): psyche's kill
             # of the group reaches every rank.
-            p = subprocess.Popen(args, pass_fds=(rd,), env=env, stdin=subprocess.DEVNULL)
+            p = subprocess.Popen(args, pass_fds=(rd, told), env=env, stdin=subprocess.DEVNULL)
             os.close(rd)
+            os.close(told)
             self.children.append(p)
             self.pipes.append(os.fdopen(wr, "wb"))
+            threading.Thread(target=self._hear, args=(r, os.fdopen(hear, "rb")), daemon=True).start()
         threading.Thread(target=self._watch, daemon=True).start()
         self._init()
 
-    def join(self, cmd_fd: int) -> None:
+    def join(self, cmd_fd: int, report_fd: int) -> None:
         """Ranks > 0: joins the group rank 0 started."""
         self.cmd = os.fdopen(cmd_fd, "rb")
+        self.report = os.fdopen(report_fd, "wb")
         self._init()
 
     def _init(self) -> None:
@@ -149,6 +155,33 @@ class Group:
                 rc = p.poll()
                 if rc is not None and not self.closing:
                     self.fail("%s stopped: %s" % (self.name(r), how_exited(rc)))
+            self._show_progress()
+
+    def _hear(self, r: int, f) -> None:
+        """Rank 0: takes rank r's counts until its pipe ends."""
+        while True:
+            try:
+                m, _ = read_message(f)
+            except (EOFError, OSError, ValueError):
+                return
+            if m is None:
+                return
+            self.counts[r] = int(m["entered"])
+
+    def _show_progress(self) -> None:
+        """Rank 0: tells psyche the ranks' counts when they changed. Counts
+        move only while a request is in flight (the ranks enter collectives
+        for requests alone), so psyche, which reads during requests, finds
+        at most the last of them still unread at the next one."""
+        counts = list(self.counts)
+        counts[0] = self.entered
+        if counts == self.shown or self.answers is None:
+            return
+        self.shown = counts
+        try:
+            self.answers.write({"progress": counts})
+        except OSError:
+            pass  # psyche is gone
 
     def fail(self, why: str) -> None:
         """Rank 0: ends the worker, every rank of it, saying why: to psyche,
@@ -216,12 +249,13 @@ class Group:
 
     # -- collectives -----------------------------------------------------
 
-    def _mark(self) -> None:
-        os.pwrite(self.progress, struct.pack("<Q", self.entered), 0)
-
     def enter(self) -> None:
         self.entered += 1
-        self._mark()
+        if self.report is not None:
+            try:
+                write_message(self.report, {"entered": self.entered})
+            except OSError:
+                self.report = None  # rank 0 is gone: this rank ends at its command pipe's end
 
     def group_of(self, t: torch.Tensor):
         return self.host if (self.host is not None and t.device.type == "cpu") else None

@@ -64,7 +64,7 @@ def rank_main(argv) -> int:
     cpu_threads(len(devices))
     g = ranks.Group(rank, devices, args["--backend"], float(args["--timeout"]),
                     os.path.dirname(os.path.abspath(__file__)))
-    g.join(int(args["--cmd-fd"]))
+    g.join(int(args["--cmd-fd"]), int(args["--report-fd"]))
     w = ops.Worker(device, g)
     handlers = w.handlers()
     while True:

@@ -14,8 +14,9 @@ import (
 // round start first (snapshots reach trainers at different times), trained
 // and published at once. Its batch is then not in this node's assignments
 // yet. So can one for this node's own step while its view assigns nothing
-// at that step: a warmup's view carries the step of the first round. Ignoring it would cost this node the result until a pull (a second,
-// and the round waits for this node's witness report), so the validator
+// at that step: a warmup's view carries the step of the first round.
+// Ignoring it would cost this node the result until a pull (a second, and
+// the round waits for this node's witness report), so the validator
 // keeps it, signed and from a client of the epoch, until SetAssignments
 // installs the next view, and judges it then. It is not relayed meanwhile
 // (flood publishing has already sent it to every peer of its trainer).

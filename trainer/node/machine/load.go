@@ -168,8 +168,7 @@ func (m *Machine) LoadFailed(epoch uint32, source LoadSource, why LoadFailure, n
 	}
 	var rd Ready
 	if _, ok := m.member(); ok && s.RunState == coordinator.Warmup {
-		m.ahead = nil
-		rd.Load = &LoadWork{Epoch: epoch, Source: m.recordedSource(), State: s}
+		rd.Load = m.loadWork() // the rules above, with what this failure taught
 	}
 	return rd
 }

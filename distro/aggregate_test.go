@@ -350,24 +350,6 @@ func TestAggregationNames(t *testing.T) {
 	if _, err := NewDeMo([][]int{{8}}, Options{Chunk: 8, TopK: 1, Aggregation: numAggregations}); err == nil {
 		t.Error("an unknown aggregation was accepted")
 	}
-	d, _ := NewDeMo([][]int{{8}}, Options{Chunk: 8, TopK: 1})
-	if err := d.SetAggregation(numAggregations); err == nil || d.opts.Aggregation != AggregateRobust {
-		t.Errorf("SetAggregation took an unknown rule: %v", err)
-	}
-	if err := d.SetAggregation(AggregateMean); err != nil || d.opts.Aggregation != AggregateMean {
-		t.Errorf("SetAggregation(mean): %v, rule %s", err, d.opts.Aggregation)
-	}
-	// The rule set is the one Apply uses: a lone sender of three counts
-	// fully under the mean.
-	out := [][]float32{make([]float32, 8)}
-	frames := []*Frame{tinyFrame(entry{1, 3}), tinyFrame(entry{2, 3}), tinyFrame(entry{2, 3})}
-	if err := d.Aggregate(out, frames); err != nil {
-		t.Fatal(err)
-	}
-	want := aggregateWith(t, [][]int{{8}}, Options{Chunk: 8, TopK: 1, Aggregation: AggregateMean}, frames)
-	if !slices.Equal(out[0], want[0]) {
-		t.Errorf("after SetAggregation(mean): %v, the mean gives %v", out[0], want[0])
-	}
 }
 
 // TestApplyWithNoFramesOnlyDecays: a round without results moves nothing

@@ -282,3 +282,49 @@ func BenchmarkAggregation(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkApplyPaths compares the two ways a round reaches the parameters:
+// the dense path (DeMo.Apply: combine, invert and update tile by tile) that
+// the experiments' update rules take, and Combine then ApplyCombined, which
+// every engine takes (the node combines once, the engine applies).
+func BenchmarkApplyPaths(b *testing.B) {
+	const peers = 4
+	opts := Options{Chunk: 64, TopK: 32, Decay: 0.999, WeightDecay: 0.1, Workers: 2}
+	shapes := [][]int{{benchDim, benchDim}}
+	var frames []*Frame
+	for p := range peers {
+		d, _ := NewDeMo(shapes, opts)
+		g := benchGrad()
+		shifted := make([]float32, len(g))
+		for i := range g {
+			shifted[i] = g[(i+p*7919)%len(g)]
+		}
+		f, err := d.Step([][]float32{shifted}, 1e-3)
+		if err != nil {
+			b.Fatal(err)
+		}
+		frames = append(frames, f)
+	}
+	d, _ := NewDeMo(shapes, opts)
+	params := [][]float32{benchGrad()}
+	b.Run("dense", func(b *testing.B) {
+		for b.Loop() {
+			if err := d.Apply(params, frames, 1e-6); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reportThroughput(b, benchDim*benchDim)
+	})
+	b.Run("combined", func(b *testing.B) {
+		for b.Loop() {
+			c, err := d.Plan().Combine(frames)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := d.Plan().ApplyCombined(params, c, 1e-6); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reportThroughput(b, benchDim*benchDim)
+	})
+}

@@ -94,6 +94,88 @@ func (p *Plan) Combine(frames []*Frame) (*Combined, error) {
 	return out, nil
 }
 
+// ApplyCombined updates params with a round's aggregate as Combine made
+// it: each tile's coefficients scattered into a zero tile, the inverse DCT,
+// the sign, and θ·Keep(lr) − lr·sign. It is the one apply every engine
+// makes (the Go engine here, the PyTorch worker on its device); with
+// Combine before it, it gives Apply's parameters bit for bit. A tile the
+// aggregate leaves empty only decays (its sign is 0 everywhere), with no
+// transform. It refuses an aggregate that does not fit the plan (a tile or
+// index outside its tensor, entries out of order or repeated), so no engine
+// trusts its input's shape.
+func (p *Plan) ApplyCombined(params [][]float32, c *Combined, lr float32) error {
+	if err := p.checkTensors("parameter", params); err != nil {
+		return err
+	}
+	if err := p.CheckCombined(c); err != nil {
+		return err
+	}
+	keep := p.Keep(lr)
+	for i, tp := range p.plans {
+		ct, ts, out := &c.Tensors[i], tp.tileSize(), params[i]
+		parallel(p.opts.Workers, tp.tiles(), func(lo, hi int) {
+			tile, tmp := make([]float32, ts), make([]float32, ts)
+			// this range's first entry: Tiles is sorted
+			j, _ := slices.BinarySearch(ct.Tiles, uint32(lo))
+			for t := lo; t < hi; t++ {
+				at := tp.origin(t)
+				if j == len(ct.Tiles) || ct.Tiles[j] != uint32(t) {
+					for r := range tp.th {
+						row := out[at+r*tp.cols : at+r*tp.cols+tp.tw]
+						for x := range row {
+							row[x] = float32(row[x] * keep)
+						}
+					}
+					continue
+				}
+				clear(tile)
+				for ; j < len(ct.Tiles) && ct.Tiles[j] == uint32(t); j++ {
+					tile[ct.Index[j]] = ct.Values[j]
+				}
+				tp.dct.inverse(tile, tmp)
+				signs(tile)
+				for r := range tp.th {
+					row := out[at+r*tp.cols : at+r*tp.cols+tp.tw]
+					for x, s := range tile[r*tp.tw : (r+1)*tp.tw] {
+						// θ·keep rounded before the subtraction (Plan.Keep)
+						row[x] = float32(row[x]*keep) - lr*s
+					}
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// CheckCombined refuses an aggregate that is not one of this plan's: an
+// engine that applies it elsewhere checks it with this first.
+func (p *Plan) CheckCombined(c *Combined) error {
+	if c == nil || len(c.Tensors) != len(p.plans) {
+		n := 0
+		if c != nil {
+			n = len(c.Tensors)
+		}
+		return fmt.Errorf("distro: an aggregate of %d tensors, the model has %d", n, len(p.plans))
+	}
+	for i, tp := range p.plans {
+		ct := &c.Tensors[i]
+		if len(ct.Tiles) != len(ct.Values) || len(ct.Index) != len(ct.Values) {
+			return fmt.Errorf("distro: aggregate tensor %d: %d tiles, %d indices, %d values", i, len(ct.Tiles), len(ct.Index), len(ct.Values))
+		}
+		tiles, ts := uint32(tp.tiles()), uint32(tp.tileSize())
+		for j := range ct.Values {
+			tile, ix := ct.Tiles[j], ct.Index[j]
+			if tile >= tiles || ix >= ts {
+				return fmt.Errorf("distro: aggregate tensor %d: entry %d at tile %d index %d, outside %d tiles of %d", i, j, tile, ix, tiles, ts)
+			}
+			if j > 0 && (tile < ct.Tiles[j-1] || tile == ct.Tiles[j-1] && ix <= ct.Index[j-1]) {
+				return fmt.Errorf("distro: aggregate tensor %d: entry %d (tile %d index %d) not after the one before", i, j, tile, ix)
+			}
+		}
+	}
+	return nil
+}
+
 // parallelParts is parallel with the number of each range passed on.
 func parallelParts(parts, n int, fn func(part, lo, hi int)) {
 	if parts <= 1 {

@@ -10,43 +10,20 @@ import (
 	"testing"
 )
 
-// applyCombined is what an engine that keeps the parameters elsewhere does
-// with Combine's output: scatter into zero tiles, inverse DCT, sign,
-// θ·Keep(lr) − lr·s.
+// applyCombined checks what Combine promises of its output (no zero or NaN
+// value, each (tile, index) once and in order: ApplyCombined checks the
+// rest) and applies it as every engine does.
 func applyCombined(t *testing.T, p *Plan, params [][]float32, c *Combined, lr float32) {
 	t.Helper()
-	keep := p.Keep(lr)
-	lay := p.Layouts()
-	for i, tp := range p.plans {
-		ct := &c.Tensors[i]
-		if len(ct.Tiles) != len(ct.Values) || len(ct.Index) != len(ct.Values) {
-			t.Fatalf("tensor %d: %d tiles, %d indices, %d values", i, len(ct.Tiles), len(ct.Index), len(ct.Values))
-		}
-		ts := tp.tileSize()
-		dense := make([]float32, lay[i].Tiles()*ts)
-		for j, v := range ct.Values {
-			tile, ix := ct.Tiles[j], ct.Index[j]
-			if int(tile) >= lay[i].Tiles() || int(ix) >= ts || v == 0 || math.IsNaN(float64(v)) {
-				t.Fatalf("tensor %d: entry %d: tile %d index %d value %v", i, j, tile, ix, v)
-			}
-			if j > 0 && (tile < ct.Tiles[j-1] || tile == ct.Tiles[j-1] && ix <= ct.Index[j-1]) {
-				t.Fatalf("tensor %d: entry %d (tile %d index %d) not after (tile %d index %d)", i, j, tile, ix, ct.Tiles[j-1], ct.Index[j-1])
-			}
-			dense[int(tile)*ts+int(ix)] = v
-		}
-		tmp := make([]float32, ts)
-		for tile := range tp.tiles() {
-			c := dense[tile*ts : (tile+1)*ts]
-			tp.dct.inverse(c, tmp)
-			signs(c)
-			at := tp.origin(tile)
-			for r := 0; r < tp.th; r++ {
-				row := params[i][at+r*tp.cols : at+r*tp.cols+tp.tw]
-				for j, s := range c[r*tp.tw : (r+1)*tp.tw] {
-					row[j] = float32(row[j]*keep) - lr*s
-				}
+	for i := range c.Tensors {
+		for j, v := range c.Tensors[i].Values {
+			if v == 0 || math.IsNaN(float64(v)) {
+				t.Fatalf("tensor %d: entry %d: value %v", i, j, v)
 			}
 		}
+	}
+	if err := p.ApplyCombined(params, c, lr); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -355,5 +332,49 @@ func TestKeep(t *testing.T) {
 		if want := float32(float64(1) - float64(prod)); p.Keep(lr) != want {
 			t.Errorf("Keep(%v) = %v, want %v", lr, p.Keep(lr), want)
 		}
+	}
+}
+
+// TestApplyCombinedRefuses wants every aggregate that does not fit the plan
+// refused, and the parameters untouched.
+func TestApplyCombinedRefuses(t *testing.T) {
+	shapes := [][]int{{16, 16}, {8}}
+	p, err := NewPlan(shapes, Options{Chunk: 8, TopK: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := func() *Combined {
+		return &Combined{Tensors: []CombinedTensor{
+			{Tiles: []uint32{0, 0, 3}, Index: []uint32{1, 5, 63}, Values: []float32{1, -2, 3}},
+			{Tiles: []uint32{0}, Index: []uint32{7}, Values: []float32{1}},
+		}}
+	}
+	cases := []struct {
+		name  string
+		spoil func(c *Combined) *Combined
+	}{
+		{"nil", func(*Combined) *Combined { return nil }},
+		{"a tensor short", func(c *Combined) *Combined { c.Tensors = c.Tensors[:1]; return c }},
+		{"lengths differ", func(c *Combined) *Combined { c.Tensors[0].Index = c.Tensors[0].Index[:2]; return c }},
+		{"tile outside", func(c *Combined) *Combined { c.Tensors[0].Tiles[2] = 4; return c }},
+		{"index outside", func(c *Combined) *Combined { c.Tensors[1].Index[0] = 8; return c }},
+		{"out of order", func(c *Combined) *Combined { c.Tensors[0].Index[1] = 0; return c }},
+		{"repeated", func(c *Combined) *Combined { c.Tensors[0].Index[1] = 1; return c }},
+	}
+	params := randomTensors(rand.New(rand.NewPCG(1, 2)), shapes, 1)
+	if err := p.ApplyCombined(cloneTensors(params), good(), 0.1); err != nil {
+		t.Fatalf("the good aggregate: %v", err)
+	}
+	for _, tc := range cases {
+		got := cloneTensors(params)
+		if err := p.ApplyCombined(got, tc.spoil(good()), 0.1); err == nil {
+			t.Errorf("%s: applied", tc.name)
+		}
+		if !reflect.DeepEqual(got, params) {
+			t.Errorf("%s: the parameters changed", tc.name)
+		}
+	}
+	if err := p.ApplyCombined(params[:1], good(), 0.1); err == nil {
+		t.Error("applied to one tensor of two")
 	}
 }

@@ -45,8 +45,8 @@ var ErrNonFinite = errors.New("distro: gradient is not finite")
 // one transform per step instead of three.
 //
 // A DeMo holds its run's Plan (DeMo.Plan) and has all of the Plan's methods
-// (Options, Check, Limits, MaxFrameBytes, SetAggregation, Layouts, Keep,
-// Aggregate, Combine, FrameOf); what it adds is one trainer's state.
+// (Options, Check, Limits, MaxFrameBytes, Layouts, Keep, Aggregate,
+// Combine, ApplyCombined, FrameOf); what it adds is one trainer's state.
 type DeMo struct {
 	*plan             // the options and the tensors' tiles; its methods are DeMo's
 	delta [][]float32 // per tensor, tile-major: tile t at [t*tileSize, (t+1)*tileSize)
@@ -75,8 +75,7 @@ func NewDeMo(shapes [][]int, o Options) (*DeMo, error) {
 	return d, nil
 }
 
-// Plan returns the run's plan this optimizer follows (not a copy: its
-// SetAggregation is the optimizer's).
+// Plan returns the run's plan this optimizer follows.
 func (d *DeMo) Plan() *Plan { return d.plan }
 
 // Momentum returns the momentum of tensor i in the DCT domain (tile-major).

@@ -4,14 +4,15 @@ import "fmt"
 
 // Plan is what a run's DisTrO optimizer is apart from any trainer's state:
 // the options and how each tensor is cut into tiles. It checks and sizes
-// frames and combines a round's frames under the run's aggregation rule,
-// so an engine that keeps the momentum and the parameters elsewhere (a
-// PyTorch worker on a GPU) still has every decision of the rule made here,
-// once, in Go. A DeMo holds one (DeMo.Plan); NewPlan makes one alone.
+// frames and combines a round's frames under the run's aggregation rule
+// (Combine), so every engine, whether it keeps the parameters here or
+// elsewhere (a PyTorch worker on a GPU), applies an aggregate whose every
+// decision was made once, in Go (ApplyCombined, or its transcription on a
+// device). A DeMo holds one (DeMo.Plan); NewPlan makes one alone.
 //
-// A Plan holds no per-round state: Check, Limits, MaxFrameBytes, Layouts,
-// Aggregate, Combine and FrameOf may be called from several goroutines at
-// once. SetAggregation may not run concurrently with them.
+// A Plan never changes once made (a run whose rule changed while it was
+// paused gets a new plan): every method may be called from several
+// goroutines at once.
 type Plan struct {
 	opts  Options
 	plans []*tensorPlan
@@ -60,18 +61,16 @@ func newPlan(shapes [][]int, o Options) (*Plan, error) {
 	return p, nil
 }
 
-// Options returns the run's options (with the current aggregation rule).
+// Options returns the run's options.
 func (p *Plan) Options() Options { return p.opts }
 
-// SetAggregation changes the rule Apply and Aggregate combine results with.
-// The rule holds no state, so a trainer that keeps its optimizer from one
-// epoch to the next follows a run whose rule changed while it was paused.
-func (p *Plan) SetAggregation(a Aggregation) error {
-	if a >= numAggregations {
-		return fmt.Errorf("distro: unknown aggregation %d (want one of %v)", a, AggregationNames())
+// Shapes returns the shapes of the tensors the plan cuts, in order.
+func (p *Plan) Shapes() [][]int {
+	out := make([][]int, len(p.plans))
+	for i, tp := range p.plans {
+		out[i] = append([]int(nil), tp.shape...)
 	}
-	p.opts.Aggregation = a
-	return nil
+	return out
 }
 
 // TileLayout is how one tensor is cut into tiles, for an engine that cuts

@@ -146,6 +146,7 @@ type engineRunner struct {
 	base
 	s      *settings
 	e      engine.Engine
+	plan   *distro.Plan // the node's: it combines each round
 	others []*distro.Frame
 }
 
@@ -159,7 +160,11 @@ func (er *engineRunner) openEngine(ctx context.Context, op engine.Opener, m runm
 	er.r.OpenS = time.Since(t0).Seconds()
 	er.r.Name = e.Name()
 	er.e = e
-	if er.others, err = peerFrames(e.Plan(), er.s.peers-1); err != nil {
+	if er.plan, err = distro.NewPlan(e.Shapes(), er.s.opts); err != nil {
+		er.r.Error = err.Error()
+		return
+	}
+	if er.others, err = peerFrames(er.plan, er.s.peers-1); err != nil {
 		er.r.Error = err.Error()
 	}
 }
@@ -177,7 +182,12 @@ func (er *engineRunner) round(ctx context.Context, round, b int) (float32, time.
 		return 0, 0, 0, 0, fmt.Errorf("step: %w", err)
 	}
 	t2 := time.Now()
-	if err := er.e.Apply(ctx, append([]*distro.Frame{f}, er.others...), er.s.lr); err != nil {
+	// As a node does: the round combined once, then applied.
+	c, err := er.plan.Combine(append([]*distro.Frame{f}, er.others...))
+	if err != nil {
+		return 0, 0, 0, 0, fmt.Errorf("combine: %w", err)
+	}
+	if err := er.e.Apply(ctx, c, er.s.lr); err != nil {
 		return 0, 0, 0, 0, fmt.Errorf("apply: %w", err)
 	}
 	t3 := time.Now()

@@ -9,9 +9,12 @@
 // in when an engine is opened on a loaded model, out when a checkpoint is
 // saved or offered to peers (Engine.Model).
 //
-// Frames are checked, sized and combined by the run's distro.Plan on the
-// node's side of the seam, so every engine applies the aggregate the same
-// rule decided (Engine.Plan).
+// The run's distro.Plan is the node's: it checks and sizes peers' frames
+// and combines a round's frames once (distro.Plan.Combine), so every
+// engine applies a distro.Combined aggregate whose every decision the
+// run's rule made on the node's side of the seam. An engine compresses
+// its own step under the run's options (Spec.Optimizer) and knows nothing
+// of the aggregation rule.
 package engine
 
 import (
@@ -65,24 +68,28 @@ type Engine interface {
 	Name() string
 	// Config is the shape of the model the engine holds.
 	Config() modelspec.Config
-	// Plan is the run's DisTrO plan: how tensors are cut into tiles,
-	// what a peer's frame must look like, and the aggregation rule.
-	Plan() *distro.Plan
+	// Shapes are the shapes of the model's tensors in the order its
+	// frames, aggregates and models list them: what the run's plan for
+	// this engine is cut from (a transformers model's are known only once
+	// an engine has built it).
+	Shapes() [][]int
 	// Gradient computes the gradient of the batch at the current
 	// parameters and keeps it for Step (replacing any kept one).
 	Gradient(ctx context.Context, b Batch) (Losses, error)
 	// Step folds the kept gradient into the DisTrO momentum and returns
 	// the compressed result to publish (its Losses left to the caller).
 	Step(ctx context.Context, lr float32) (*distro.Frame, error)
-	// Apply applies a round's consensus frames (in any order: the result
-	// depends only on the set).
-	Apply(ctx context.Context, frames []*distro.Frame, lr float32) error
+	// Apply applies a round's aggregate (what distro.Plan.Combine made
+	// of its consensus frames): distro.Plan.ApplyCombined's arithmetic,
+	// wherever the parameters are.
+	Apply(ctx context.Context, c *distro.Combined, lr float32) error
 	// Losses is the batch's loss at the current parameters; no gradient is
 	// computed and the kept one stays.
 	Losses(ctx context.Context, b Batch) (Losses, error)
-	// Try applies frames after saving the parameters; Undo restores the
-	// saved parameters exactly. A trainer's result is scored this way.
-	Try(ctx context.Context, frames []*distro.Frame, lr float32) error
+	// Try applies an aggregate after saving the parameters; Undo restores
+	// the saved parameters exactly. A trainer's result is scored this way
+	// (the aggregate of its frame alone).
+	Try(ctx context.Context, c *distro.Combined, lr float32) error
 	Undo(ctx context.Context) error
 	// Model is a host model holding the engine's current parameters, for
 	// checkpoints, hashes and P2P offers. The Go engine returns its own
@@ -95,7 +102,7 @@ type Engine interface {
 
 // Spec is what an engine is opened on: the model it starts from (a host
 // model the node loaded: seeded, from a file, from peers) and the run's
-// optimizer.
+// optimizer options, under which the engine compresses its steps.
 type Spec struct {
 	Model     runmodel.Model
 	Optimizer distro.Options

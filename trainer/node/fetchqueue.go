@@ -113,8 +113,8 @@ func (q *fetchQueue) drop() {
 // protocol's.
 func (n *Node) startFetches(ctx context.Context, ev events) {
 	lim := distro.DefaultLimits
-	if e := n.engine(); e != nil {
-		lim = e.Plan().Limits()
+	if p := n.runPlan(); p != nil {
+		lim = p.Limits()
 	}
 	for _, a := range n.fetches.take(n.cfg.clock.Now()) {
 		working := n.cfg.clock.Work() // until Run has taken the result
@@ -185,14 +185,14 @@ func (q *fetchQueue) take(now time.Time) []p2p.Announcement {
 	return start
 }
 
-// judgeFetched checks a fetched frame against the run's optimizer (the one
+// judgeFetched checks a fetched frame against the run's plan (the one
 // place a peer's frame is checked: every result the machine holds passed
 // here) and reports what came of the fetch, or false when it was only
 // interrupted by the node's end. A frame that fails is marked invalid,
 // reported to the network, and logged once per trainer at warning level.
 func (n *Node) judgeFetched(ctx context.Context, f *fetchResult) bool {
-	if e := n.engine(); f.err == nil && e != nil {
-		if f.err = e.Plan().Check(f.frame); f.err != nil {
+	if p := n.runPlan(); f.err == nil && p != nil {
+		if f.err = p.Check(f.frame); f.err != nil {
 			f.invalid = true
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
@@ -52,10 +53,14 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	source := w.Source
 	if held := n.engine(); source == machine.LoadKeep {
 		if held != nil && held.Config() == cfg {
-			// A kept optimizer follows the run's rule: it may have changed
-			// while the run was paused, and every trainer must apply the same.
-			if err := held.Plan().SetAggregation(opts.Aggregation); err != nil {
-				return fmt.Errorf("node: %w", err)
+			// A kept model follows the run's options: its rule may have
+			// changed while the run was paused, and every trainer must
+			// combine a round the same way.
+			if p := n.runPlan(); p.Options() != opts {
+				if p, err = distro.NewPlan(p.Shapes(), opts); err != nil {
+					return fmt.Errorf("node: %w", err)
+				}
+				n.setEngine(held, p)
 			}
 			return nil
 		}
@@ -80,7 +85,7 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	}
 	// The host model is the engine's from here on (the Go engine keeps it;
 	// another copies it to where it computes and drops it).
-	n.setEngine(nil)
+	n.setEngine(nil, nil)
 	op := n.cfg.engine
 	if op == nil {
 		op = goengine.New(n.cfg.kernels)
@@ -89,10 +94,17 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	if err != nil {
 		return fmt.Errorf("node: opening the %s engine on the model: %w", op.Name(), err)
 	}
-	n.setEngine(eng)
+	// The run's plan is cut from the engine's tensors (a transformers
+	// model's shapes are the engine's to say).
+	plan, err := distro.NewPlan(eng.Shapes(), opts)
+	if err != nil {
+		eng.Close()
+		return fmt.Errorf("node: %w", err)
+	}
+	n.setEngine(eng, plan)
 	// No honest result of this model is larger: bigger announcements are
 	// refused before anything is fetched.
-	n.net.SetMaxPayload(eng.Plan().MaxFrameBytes())
+	n.net.SetMaxPayload(plan.MaxFrameBytes())
 	n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams(), "engine", eng.Name())
 	return nil
 }

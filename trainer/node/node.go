@@ -36,6 +36,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
@@ -88,10 +89,14 @@ type Node struct {
 	release       func() // undoes the preparation, once preparing is closed
 
 	id coordinator.ClientID
-	// eng computes for the node once a model is loaded; engMu guards the
-	// field (Model reads it from other goroutines), not the engine.
+	// eng computes for the node once a model is loaded, and plan is the
+	// run's DisTrO plan for that model: the node checks and sizes peers'
+	// frames with it and combines each round once, and the engine applies
+	// the aggregate. engMu guards the fields (Model reads eng from other
+	// goroutines), not the engine.
 	engMu sync.Mutex
 	eng   engine.Engine
+	plan  *distro.Plan
 	last  runmodel.Model // the model held when Run closed the engine
 	// checkedModel says that checkModel accepted the run's Transformers
 	// model.
@@ -192,16 +197,30 @@ func (n *Node) Model() runmodel.Model {
 
 // engine is the node's engine (nil until a model is loaded).
 func (n *Node) engine() engine.Engine {
-	n.engMu.Lock()
-	defer n.engMu.Unlock()
-	return n.eng
+	e, _ := n.held()
+	return e
 }
 
-// setEngine replaces the node's engine, closing the one it had.
-func (n *Node) setEngine(e engine.Engine) {
+// runPlan is the run's plan for the engine's model (nil until a model is
+// loaded).
+func (n *Node) runPlan() *distro.Plan {
+	_, p := n.held()
+	return p
+}
+
+// held is the engine and the plan of its model, read together.
+func (n *Node) held() (engine.Engine, *distro.Plan) {
+	n.engMu.Lock()
+	defer n.engMu.Unlock()
+	return n.eng, n.plan
+}
+
+// setEngine replaces the node's engine and the plan of its model, closing
+// the engine it had.
+func (n *Node) setEngine(e engine.Engine, p *distro.Plan) {
 	n.engMu.Lock()
 	old := n.eng
-	n.eng = e
+	n.eng, n.plan = e, p
 	n.engMu.Unlock()
 	if old != nil && old != e {
 		if err := old.Close(); err != nil {
@@ -225,7 +244,7 @@ func (n *Node) closeEngine() {
 	n.engMu.Lock()
 	n.last = m
 	n.engMu.Unlock()
-	n.setEngine(nil)
+	n.setEngine(nil, nil)
 }
 
 func randomKey() uint64 {

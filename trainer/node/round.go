@@ -277,7 +277,14 @@ func (n *Node) apply(ctx context.Context, w *machine.ApplyWork) error {
 	}
 	start := time.Now()
 	defer func() { n.cfg.metrics.ComputeSeconds.Add(time.Since(start).Seconds()) }()
-	if err := n.engine().Apply(computing(ctx), w.Frames, w.LR); err != nil {
+	// The run's rule combines the round once, here; the engine applies the
+	// aggregate wherever the parameters are.
+	e, plan := n.held()
+	c, err := plan.Combine(w.Frames)
+	if err != nil {
+		return fmt.Errorf("node: combining step %d: %w", w.Step, err)
+	}
+	if err := e.Apply(computing(ctx), c, w.LR); err != nil {
 		return fmt.Errorf("node: applying step %d: %w", w.Step, err)
 	}
 	n.cfg.metrics.RoundsApplied.Inc()

@@ -56,7 +56,7 @@ func (n *Node) verify(ctx context.Context, w machine.VerifyWork) (score, drop fl
 		n.cfg.metrics.VerifySeconds.Add(time.Since(start).Seconds())
 		n.cfg.metrics.Verifications.Inc()
 	}()
-	e := n.engine()
+	e, plan := n.held()
 	trained, err := n.readBatch(ctx, e, w.Batch.Start, w.Batch.End, 0)
 	scored = w.Control.End > w.Control.Start
 	var control engine.Batch
@@ -79,9 +79,14 @@ func (n *Node) verify(ctx context.Context, w machine.VerifyWork) (score, drop fl
 	if err != nil {
 		return 0, 0, false, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
-	// w.Frame passed the run's optimizer's check when it was fetched
-	// (judgeFetched), or is this node's own.
-	if err := e.Try(computing(ctx), []*distro.Frame{w.Frame}, w.LR); err != nil {
+	// w.Frame passed the run's plan's check when it was fetched
+	// (judgeFetched), or is this node's own: its aggregate alone is what
+	// the result would do to the model.
+	c, err := plan.Combine([]*distro.Frame{w.Frame})
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("node: %w", err)
+	}
+	if err := e.Try(computing(ctx), c, w.LR); err != nil {
 		return 0, 0, false, fmt.Errorf("node: the %s engine: %w", e.Name(), err)
 	}
 	after0, afterC, err := losses()

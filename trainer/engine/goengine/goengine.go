@@ -85,7 +85,7 @@ type goEngine struct {
 
 func (e *goEngine) Name() string             { return e.name }
 func (e *goEngine) Config() modelspec.Config { return e.cfg }
-func (e *goEngine) Plan() *distro.Plan       { return e.opt.Plan() }
+func (e *goEngine) Shapes() [][]int          { return e.opt.Shapes() }
 
 func (e *goEngine) forward(b engine.Batch) (engine.Losses, error) {
 	if err := b.Check(e.cfg.Context()); err != nil {
@@ -124,13 +124,13 @@ func (e *goEngine) Step(_ context.Context, lr float32) (*distro.Frame, error) {
 	return e.opt.Step(e.m.GradTensors(), lr)
 }
 
-func (e *goEngine) Apply(_ context.Context, frames []*distro.Frame, lr float32) error {
+func (e *goEngine) Apply(_ context.Context, c *distro.Combined, lr float32) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return engine.ErrClosed
 	}
-	return e.opt.Apply(e.m.Tensors(), frames, lr)
+	return e.opt.ApplyCombined(e.m.Tensors(), c, lr)
 }
 
 func (e *goEngine) Losses(_ context.Context, b engine.Batch) (engine.Losses, error) {
@@ -142,7 +142,7 @@ func (e *goEngine) Losses(_ context.Context, b engine.Batch) (engine.Losses, err
 	return e.forward(b)
 }
 
-func (e *goEngine) Try(_ context.Context, frames []*distro.Frame, lr float32) error {
+func (e *goEngine) Try(_ context.Context, c *distro.Combined, lr float32) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -151,7 +151,7 @@ func (e *goEngine) Try(_ context.Context, frames []*distro.Frame, lr float32) er
 	params := e.m.Tensors()
 	e.backup.Save(params)
 	e.trying = true
-	if err := e.opt.Apply(params, frames, lr); err != nil {
+	if err := e.opt.ApplyCombined(params, c, lr); err != nil {
 		e.restore()
 		return err
 	}

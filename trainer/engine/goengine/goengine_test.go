@@ -16,7 +16,10 @@ import (
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
-var small = modelspec.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 32, Context: 8, Width: 16, Layers: 1, Heads: 2}}
+var (
+	small    = modelspec.Config{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 32, Context: 8, Width: 16, Layers: 1, Heads: 2}}
+	smallOpt = distro.Options{Chunk: 8, TopK: 4, Quantize1Bit: true, Decay: 0.9}
+)
 
 func openGo(t *testing.T, seed uint64) engine.Engine {
 	t.Helper()
@@ -24,8 +27,7 @@ func openGo(t *testing.T, seed uint64) engine.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := goengine.New(nil).Open(context.Background(), engine.Spec{Model: m,
-		Optimizer: distro.Options{Chunk: 8, TopK: 4, Quantize1Bit: true, Decay: 0.9}})
+	e, err := goengine.New(nil).Open(context.Background(), engine.Spec{Model: m, Optimizer: smallOpt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,15 @@ func TestGoEngineTryUndo(t *testing.T) {
 	}
 	m, _ := e.Model(ctx)
 	before := slices.Clone(m.Tensors()[0])
-	if err := e.Try(ctx, []*distro.Frame{f}, 0.1); err != nil {
+	plan, err := distro.NewPlan(m.Shapes(), smallOpt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := plan.Combine([]*distro.Frame{f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Try(ctx, c, 0.1); err != nil {
 		t.Fatal(err)
 	}
 	if slices.Equal(m.Tensors()[0], before) {

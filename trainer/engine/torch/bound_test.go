@@ -156,12 +156,11 @@ func TestHostileFramesKeepEnginesEqual(t *testing.T) {
 				for _, f := range fs[4 : 4+tc.bad] {
 					payloads = append(payloads[:len(payloads):len(payloads)], hostile(t, f, tc.value))
 				}
-				round, refused := received(g.Plan(), payloads)
-				for _, e := range []engine.Engine{g, tt} {
-					if err := e.Plan().SetAggregation(agg); err != nil {
-						t.Fatal(err)
-					}
-				}
+				ao := o
+				ao.Aggregation = agg
+				plan := planOf(t, g, ao)
+				round, refused := received(plan, payloads)
+				c := combine(t, plan, round)
 				// Both start the round from the torch trainer's weights.
 				tm, err := tt.Model(ctx)
 				if err != nil {
@@ -173,18 +172,14 @@ func TestHostileFramesKeepEnginesEqual(t *testing.T) {
 				}
 				const lr = 0.01
 				for _, e := range []engine.Engine{g, tt} {
-					if err := e.Apply(ctx, round, lr); err != nil {
+					if err := e.Apply(ctx, c, lr); err != nil {
 						t.Fatalf("%s: %s: %v", name, e.Name(), err)
 					}
 				}
 				if tm, err = tt.Model(ctx); err != nil {
 					t.Fatal(err)
 				}
-				c, err := g.Plan().Combine(round)
-				if err != nil {
-					t.Fatal(err)
-				}
-				value, scale := decodedF64(g.Plan(), c)
+				value, scale := decodedF64(plan, c)
 				total, flipped, worst := 0, 0, 0.0
 				for i, want := range gm.Tensors() {
 					got := tm.Tensors()[i]
@@ -273,7 +268,7 @@ func TestStepClampsAsGo(t *testing.T) {
 		for _, f := range []*distro.Frame{gf, tf} {
 			b, err := f.MarshalBinary()
 			if err == nil {
-				_, err = distro.DecodeFrame(b, g.Plan().Limits())
+				_, err = distro.DecodeFrame(b, planOf(t, g, o).Limits())
 			}
 			if err != nil {
 				t.Fatalf("step %d: an honest frame is refused: %v", step, err)

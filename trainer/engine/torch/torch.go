@@ -599,7 +599,7 @@ var _ engine.Engine = (*eng)(nil)
 
 func (e *eng) Name() string             { return e.name }
 func (e *eng) Config() modelspec.Config { return e.cfg }
-func (e *eng) Plan() *distro.Plan       { return e.plan }
+func (e *eng) Shapes() [][]int          { return cloneShapes(e.shapes) }
 
 // Info is what the worker said of itself.
 func (e *eng) Info() Info { return e.info }
@@ -788,10 +788,10 @@ func (e *eng) Step(ctx context.Context, lr float32) (*distro.Frame, error) {
 }
 
 // combined is a round's aggregate as the worker reads it: per tensor, the
-// tiles, the indices within them and the values.
-func (e *eng) combined(frames []*distro.Frame) ([][]byte, error) {
-	c, err := e.plan.Combine(frames)
-	if err != nil {
+// tiles, the indices within them and the values. The worker trusts their
+// order and range, so they are checked here (the Go engine's own check).
+func (e *eng) combined(c *distro.Combined) ([][]byte, error) {
+	if err := e.plan.CheckCombined(c); err != nil {
 		return nil, err
 	}
 	blobs := make([][]byte, 0, 3*len(c.Tensors))
@@ -801,25 +801,23 @@ func (e *eng) combined(frames []*distro.Frame) ([][]byte, error) {
 	return blobs, nil
 }
 
-func (e *eng) Apply(ctx context.Context, frames []*distro.Frame, lr float32) error {
-	blobs, err := e.combined(frames)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	_, err = e.do(ctx, e.timeout, &lrRequest{op: op{Op: "apply"}, LR: lr}, blobs)
-	return err
+func (e *eng) Apply(ctx context.Context, c *distro.Combined, lr float32) error {
+	return e.applyOp(ctx, "apply", c, lr)
 }
 
-func (e *eng) Try(ctx context.Context, frames []*distro.Frame, lr float32) error {
-	blobs, err := e.combined(frames)
+func (e *eng) Try(ctx context.Context, c *distro.Combined, lr float32) error {
+	return e.applyOp(ctx, "try", c, lr)
+}
+
+// applyOp sends an aggregate to the worker under op (apply or try).
+func (e *eng) applyOp(ctx context.Context, name string, c *distro.Combined, lr float32) error {
+	blobs, err := e.combined(c)
 	if err != nil {
 		return err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err = e.do(ctx, e.timeout, &lrRequest{op: op{Op: "try"}, LR: lr}, blobs)
+	_, err = e.do(ctx, e.timeout, &lrRequest{op: op{Op: name}, LR: lr}, blobs)
 	return err
 }
 

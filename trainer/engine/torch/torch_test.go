@@ -100,6 +100,27 @@ func openOn(t *testing.T, op engine.Opener, m runmodel.Model, o distro.Options) 
 	return e
 }
 
+// planOf is the plan a node holds for e's model under o: what checks,
+// sizes and combines a round's frames before an engine applies them.
+func planOf(t *testing.T, e engine.Engine, o distro.Options) *distro.Plan {
+	t.Helper()
+	p, err := distro.NewPlan(e.Shapes(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// combine is a round's aggregate as a node hands it to its engine.
+func combine(t *testing.T, p *distro.Plan, fs []*distro.Frame) *distro.Combined {
+	t.Helper()
+	c, err := p.Combine(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func randomBatch(r *rand.Rand, vocab, seqs, seqLen int) engine.Batch {
 	b := engine.Batch{Seqs: seqs, SeqLen: seqLen, Inputs: make([]uint32, seqs*seqLen), Targets: make([]uint32, seqs*seqLen)}
 	for i := range b.Inputs {
@@ -224,7 +245,7 @@ func TestFrameParity(t *testing.T) {
 				g := open(t, goOp, pm.cfg, 3, o)
 				tt := open(t, torchOp, pm.cfg, 3, o)
 				gm, _ := g.Model(ctx)
-				exact := newExactMomentum(g.Plan().Layouts(), o)
+				exact := newExactMomentum(planOf(t, g, o).Layouts(), o)
 				r := rand.New(rand.NewPCG(5, 6))
 				var sum choiceCount
 				for step := range 4 {
@@ -297,16 +318,14 @@ func TestApplyParity(t *testing.T) {
 			g := open(t, goOp, pm.cfg, 3, o)
 			tt := open(t, torchOp, pm.cfg, 3, o)
 			const lr = 0.01
+			plan := planOf(t, g, o)
+			comb := combine(t, plan, fs)
 			for _, e := range []engine.Engine{g, tt} {
-				if err := e.Apply(ctx, fs, lr); err != nil {
+				if err := e.Apply(ctx, comb, lr); err != nil {
 					t.Fatal(err)
 				}
 			}
-			comb, err := g.Plan().Combine(fs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			value, scale := decodedF64(g.Plan(), comb)
+			value, scale := decodedF64(plan, comb)
 			gm, _ := g.Model(ctx)
 			tm, err := tt.Model(ctx)
 			if err != nil {
@@ -348,8 +367,9 @@ func TestDeterministicApply(t *testing.T) {
 	var hashes []string
 	for range 2 {
 		e := open(t, torchOp, pm.cfg, 3, o)
+		plan := planOf(t, e, o)
 		for r := range 3 {
-			if err := e.Apply(ctx, fs[r:], 0.01); err != nil {
+			if err := e.Apply(ctx, combine(t, plan, fs[r:]), 0.01); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -383,7 +403,7 @@ func TestTryUndo(t *testing.T) {
 	if err := e.Undo(ctx); !errors.Is(err, engine.ErrNoUndo) {
 		t.Fatalf("Undo before Try: %v, want ErrNoUndo", err)
 	}
-	if err := e.Try(ctx, frames(t, pm.cfg, o, 2), 0.05); err != nil {
+	if err := e.Try(ctx, combine(t, planOf(t, e, o), frames(t, pm.cfg, o, 2)), 0.05); err != nil {
 		t.Fatal(err)
 	}
 	moved, _ := e.Losses(ctx, b)
@@ -702,13 +722,14 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				// The two workers step on those two gradients, computed in
 				// orders of their own: their frames may differ only at
 				// near-ties of that difference (gradientBound).
-				c := compareFrames(sf, mf, gradientBound(single.Plan().Layouts(), o, 0.02, sg, mg))
+				plan := planOf(t, single, o)
+				c := compareFrames(sf, mf, gradientBound(plan.Layouts(), o, 0.02, sg, mg))
 				t.Logf("loss %.2g, sequences %.2g, gradient %.2g of the norm; frames: %v", lossErr, seqErr, worst, c)
 				reportBad(t, "the frames differ beyond a near-tie", c.bad)
 				// A round of other trainers' frames and this one's.
-				fs := append(tc.others(t, o, 2), sf)
+				round := combine(t, plan, append(tc.others(t, o, 2), sf))
 				for _, e := range []*eng{single, multi} {
-					if err := e.Apply(ctx, fs, 0.01); err != nil {
+					if err := e.Apply(ctx, round, 0.01); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -722,7 +743,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 					t.Errorf("after a round the ranks hold %s, the one-device worker %s", runmodel.Revision(mm), runmodel.Revision(sm))
 				}
 				// Try and Undo put every rank back.
-				if err := multi.Try(ctx, fs, 0.05); err != nil {
+				if err := multi.Try(ctx, round, 0.05); err != nil {
 					t.Fatal(err)
 				}
 				if err := multi.Undo(ctx); err != nil {

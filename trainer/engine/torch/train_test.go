@@ -27,9 +27,10 @@ func learnableBatch(r *rand.Rand, vocab, seqs, seqLen int) engine.Batch {
 // the round of their two frames. It returns each round's loss of the first
 // engine, how many rounds' frames were equal, and the first gradient call's
 // time (torch.compile compiles there).
-func trainPair(t *testing.T, a, b engine.Engine, batch engine.Batch, rounds int, lr float32) (losses []float32, sameFrames int, first time.Duration) {
+func trainPair(t *testing.T, a, b engine.Engine, o distro.Options, batch engine.Batch, rounds int, lr float32) (losses []float32, sameFrames int, first time.Duration) {
 	t.Helper()
 	ctx := context.Background()
+	plan := planOf(t, a, o)
 	for r := range rounds {
 		var fs []*distro.Frame
 		for i, e := range []engine.Engine{a, b} {
@@ -53,8 +54,9 @@ func trainPair(t *testing.T, a, b engine.Engine, batch engine.Batch, rounds int,
 		if fs[0].Fingerprint() == fs[1].Fingerprint() {
 			sameFrames++
 		}
+		c := combine(t, plan, fs)
 		for _, e := range []engine.Engine{a, b} {
-			if err := e.Apply(ctx, fs, lr); err != nil {
+			if err := e.Apply(ctx, c, lr); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -117,7 +119,7 @@ func TestTorch2Trains(t *testing.T) {
 					t.Errorf("a compiled gradient tensor differs from the eager one by %.3g of its norm", worst)
 				}
 			}
-			losses, same, first := trainPair(t, a, b, batch, rounds, lr)
+			losses, same, first := trainPair(t, a, b, o, batch, rounds, lr)
 			t.Logf("losses %v; %d of %d rounds' frames equal; first gradient %v", losses, same, rounds, first.Round(time.Millisecond))
 			if !(losses[rounds-1] < losses[0]) {
 				t.Errorf("the loss did not fall: %v", losses)

@@ -51,7 +51,7 @@ func TestTorchTrainersTrainTogether(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	opts, _ := engines(t, "torch", "torch", "torch")
-	c := newCluster(t, 3, nil, opts)
+	c := newCluster(t, 3, nil, opts, epochs(2))
 	c.waitFor("two epochs", func(s *coordinator.Coordinator) bool {
 		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
 	})
@@ -70,7 +70,7 @@ func TestMixedEnginesTrainTogether(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	opts, _ := engines(t, "go", "torch", "torch")
-	c := newCluster(t, 3, nil, opts)
+	c := newCluster(t, 3, nil, opts, epochs(2))
 	c.waitFor("two epochs", func(s *coordinator.Coordinator) bool {
 		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
 	})
@@ -101,7 +101,7 @@ func TestWorkerKilledMidRound(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	opts, ops := engines(t, "torch", "torch", "torch")
-	c := newCluster(t, 3, nil, opts)
+	c := newCluster(t, 3, nil, opts, oneEpoch)
 	var pids []int
 	c.waitFor("training", func(s *coordinator.Coordinator) bool {
 		if s.RunState != coordinator.RoundTrain || s.Progress.Step < 3 {
@@ -142,7 +142,7 @@ func TestMultiDeviceTrainerTrains(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	opts, ops := engines(t, "torch2", "torch", "go")
-	c := newCluster(t, 3, nil, opts)
+	c := newCluster(t, 3, nil, opts, oneEpoch)
 	ranks := 0
 	c.waitFor("an epoch", func(s *coordinator.Coordinator) bool {
 		ranks = max(ranks, len(ops[0].RankPids()))

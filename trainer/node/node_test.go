@@ -163,6 +163,16 @@ func (c *cluster) result(i int) error {
 // (CI: 480 s).
 func oneEpoch(int) []node.Option { return []node.Option{node.WithEpochs(1)} }
 
+// epochs makes trainers leave after n epochs, for tests that wait for the
+// end of the n-th, as oneEpoch does for the first. A torch trainer takes
+// seconds to stop (its worker's end), in which trainers stopped after it
+// would otherwise start the next epoch without it: a checkpointer still
+// saving rejoins late, the others train on, and their weights differ from
+// the one stopped first.
+func epochs(n int) func(int) []node.Option {
+	return func(int) []node.Option { return []node.Option{node.WithEpochs(n)} }
+}
+
 // settle is how long (real time) the cluster must be idle before its clock
 // moves: long enough for a message in flight between two trainers.
 const settle = 100 * time.Millisecond

@@ -67,11 +67,11 @@ func TestBogusCheckpointLosesTheVote(t *testing.T) {
 			return []node.Option{bad}
 		}
 		return nil
-	})
+	}, epochs(2))
 	c.waitFor("the first epoch's training", func(s *coordinator.Coordinator) bool {
 		return s.RunState == coordinator.RoundTrain && s.Progress.Epoch == 0
 	})
-	c.addTrainers(4, 1)
+	c.addTrainers(4, 1, oneEpoch)
 	warm := c.waitFor("the second epoch's warmup", func(s *coordinator.Coordinator) bool {
 		return s.RunState == coordinator.Warmup && s.Progress.Epoch == 1
 	})
@@ -215,6 +215,11 @@ func TestSilentTrainerCostsNoTrainingLimit(t *testing.T) {
 				return []node.Option{bad}
 			}
 			return nil
+		}, func(i int) []node.Option {
+			if i == 3 {
+				return nil // it sits out an epoch: the others leave after the third
+			}
+			return epochs(3)(i)
 		})
 	rogue := c.nodes[3].ID()
 	var (
@@ -290,7 +295,7 @@ func nobodyDropped(t *testing.T, kind string, edit func(*coordinator.Config)) {
 			return []node.Option{opt}
 		}
 		return nil
-	})
+	}, epochs(2))
 	var dropped []coordinator.ClientID
 	c.waitFor("the end of the second epoch", func(s *coordinator.Coordinator) bool {
 		dropped = addNew(dropped, droppedIn(s)...)

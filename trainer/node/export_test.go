@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"sync"
 
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -21,6 +22,27 @@ func WithEquivocation(publish func(ctx context.Context, step uint32, batch p2p.B
 	return func(c *config) error {
 		c.publish = func(ctx context.Context, _ p2p.Network, step uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
 			return publish(ctx, step, batch, payload)
+		}
+		return nil
+	}
+}
+
+// WithDeathAt makes the node die at step: its result for step never goes
+// out (its publish waits for the node's end) and died is closed, so a test
+// stops it there. A machine that fails at a step the test chooses, where a
+// kill at a step the test saw go by lands wherever a loaded machine's
+// scheduling puts it (as late as an epoch's last round, too late for the
+// health checks that drop it).
+func WithDeathAt(step uint32, died chan<- struct{}) Option {
+	var once sync.Once
+	return func(c *config) error {
+		c.publish = func(ctx context.Context, net p2p.Network, s uint32, batch p2p.BatchRange, payload []byte) (p2p.Announcement, error) {
+			if s < step {
+				return net.Publish(ctx, s, batch, payload)
+			}
+			once.Do(func() { close(died) })
+			<-ctx.Done()
+			return p2p.Announcement{}, ctx.Err()
 		}
 		return nil
 	}

@@ -261,7 +261,7 @@ func TestThreeTrainersTrainTogether(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run")
 	}
-	c := newCluster(t, 3, nil)
+	c := newCluster(t, 3, nil, epochs(2))
 	seenAll := true
 	c.waitFor("two epochs", func(s *coordinator.Coordinator) bool {
 		if s.RunState == coordinator.RoundWitness {
@@ -294,17 +294,27 @@ func TestDeadTrainerIsDropped(t *testing.T) {
 		t.Skip("end-to-end run")
 	}
 	// The trainers leave after the epoch (oneEpoch): the exited list is
-	// rewritten when the next epoch starts.
-	c := newCluster(t, 3, func(k *coordinator.Config) { k.EpochTime = 12 }, oneEpoch)
-	s := c.waitFor("training", func(s *coordinator.Coordinator) bool {
-		return s.RunState == coordinator.RoundTrain && s.CurrentRound().Height >= 1
+	// rewritten when the next epoch starts. Trainer 2 dies at its second
+	// step, never publishing that result: the epoch (7 rounds here) has
+	// rounds enough left for the health checks, however late the test
+	// gets to stop it.
+	const killed = 2
+	died := make(chan struct{})
+	c := newCluster(t, 3, func(k *coordinator.Config) { k.EpochTime = 12 }, func(i int) []node.Option {
+		if i != 2 {
+			return oneEpoch(i)
+		}
+		return []node.Option{node.WithDeathAt(killed, died)}
 	})
-	killed := s.Progress.Step
+	select {
+	case <-died:
+	case <-c.ctx.Done():
+		t.Fatal("trainer 2 never reached its last step")
+	}
 	c.stopAll(2)
 	dead := c.nodes[2].ID()
 	// One wait for all three: a subscriber may miss snapshots in between,
-	// so the first snapshot that shows the drop can be the epoch's last;
-	// the steps count from the kill.
+	// so the first snapshot that shows the drop can be the epoch's last.
 	c.waitFor("the dead trainer dropped, two more steps and the end of the epoch", func(s *coordinator.Coordinator) bool {
 		dropped := false
 		for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
@@ -453,11 +463,11 @@ func TestJoinerLoadsFromPeers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run")
 	}
-	c := newCluster(t, 3, nil)
+	c := newCluster(t, 3, nil, epochs(2))
 	c.waitFor("the first epoch's training", func(s *coordinator.Coordinator) bool {
 		return s.RunState == coordinator.RoundTrain && s.Progress.Epoch == 0
 	})
-	c.addTrainers(3, 1)
+	c.addTrainers(3, 1, oneEpoch)
 	warm := c.waitFor("the second epoch's warmup", func(s *coordinator.Coordinator) bool {
 		return s.RunState == coordinator.Warmup && s.Progress.Epoch == 1
 	})
@@ -476,7 +486,7 @@ func TestJoinerLoadsFromPeers(t *testing.T) {
 // network: three trainers train two epochs (the second from the model they
 // hold) and end with identical weights and a lower loss.
 func TestTrainersOverMemnet(t *testing.T) {
-	c := newClusterOn(t, memnet.NewHub(), 3, nil)
+	c := newClusterOn(t, memnet.NewHub(), 3, nil, epochs(2))
 	c.waitFor("two epochs", func(s *coordinator.Coordinator) bool {
 		return s.Progress.Epoch >= 2 && s.RunState == coordinator.WaitingForMembers
 	})

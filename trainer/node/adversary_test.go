@@ -62,19 +62,15 @@ func TestBogusCheckpointLosesTheVote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newClusterOn(t, memnet.NewHub(), 4, nil, func(i int) []node.Option {
+	// Four start the run (the fourth the adversary); the fifth joins the
+	// second epoch.
+	c := newClusterOn(t, memnet.NewHub(), 5, func(k *coordinator.Config) { k.InitMinClients = 4 }, func(i int) []node.Option {
 		if i == 3 {
 			return []node.Option{bad}
 		}
 		return nil
-	}, epochs(2))
-	c.waitFor("the first epoch's training", func(s *coordinator.Coordinator) bool {
-		return s.RunState == coordinator.RoundTrain && s.Progress.Epoch == 0
-	})
-	c.addTrainers(4, 1, oneEpoch)
-	warm := c.waitFor("the second epoch's warmup", func(s *coordinator.Coordinator) bool {
-		return s.RunState == coordinator.Warmup && s.Progress.Epoch == 1
-	})
+	}, joinsSecond(4))
+	warm := c.waitFor("the second epoch", func(s *coordinator.Coordinator) bool { return inEpoch(s, 1) })
 	if warm.Model.Checkpoint.Kind != coordinator.CheckpointP2P || len(warm.CheckpointHolders()) != 4 {
 		t.Fatalf("epoch 1 starts with checkpoint %s and %d holders; want P2P and 4", warm.Model.Checkpoint.Kind, len(warm.CheckpointHolders()))
 	}

@@ -27,6 +27,13 @@ func WithEquivocation(publish func(ctx context.Context, step uint32, batch p2p.B
 	}
 }
 
+// WithFirstEpoch makes the node join no epoch before epoch (it follows the
+// run until then): a joiner of a later epoch started with the others, so
+// that it joins that epoch however late the test is scheduled.
+func WithFirstEpoch(epoch uint32) Option {
+	return func(c *config) error { c.joinFrom = epoch; return nil }
+}
+
 // WithDeathAt makes the node die at step: its result for step never goes
 // out (its publish waits for the node's end) and died is closed, so a test
 // stops it there. A machine that fails at a step the test chooses, where a

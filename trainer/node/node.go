@@ -168,6 +168,7 @@ func New(runID string, backend chain.Backend, signer chain.Signer, network p2p.N
 func newMachine(id coordinator.ClientID, cfg config) *machine.Machine {
 	m := machine.New(id, cfg.epochs, cfg.ticking, randomKey)
 	m.JoinAfter(cfg.joinAfter)
+	m.JoinFrom(cfg.joinFrom)
 	// The machine counts whole seconds: a wait under one is one.
 	m.CheckpointWait(uint64((cfg.checkpointWait + time.Second - 1) / time.Second))
 	return m

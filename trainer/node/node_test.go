@@ -157,10 +157,10 @@ func (c *cluster) result(i int) error {
 
 // oneEpoch makes trainers leave after one epoch, for tests that wait for
 // the end of a given epoch: that state then stays the run's, where otherwise
-// the next epoch could start before the waiter looks. A subscriber keeps only
-// the latest snapshot, and on a loaded machine the wait between two epochs
-// can pass unseen; the waiter then waited for a state that had come and gone
-// (CI: 480 s).
+// the next epoch could start before the waiter looks. The server hands a
+// slow subscriber only its newest snapshot, and on a loaded machine the wait
+// between two epochs can pass unseen; the waiter then waited for a state
+// that had come and gone (CI: 480 s).
 func oneEpoch(int) []node.Option { return []node.Option{node.WithEpochs(1)} }
 
 // epochs makes trainers leave after n epochs, for tests that wait for the
@@ -173,9 +173,40 @@ func epochs(n int) func(int) []node.Option {
 	return func(int) []node.Option { return []node.Option{node.WithEpochs(n)} }
 }
 
+// joinsSecond makes trainer joiner a joiner of the run's second epoch (it
+// starts with the others, follows the first epoch without a part in it and
+// leaves after the second), and the others leave after the second: a
+// joiner started only once the test sees the first epoch would join
+// wherever the run has got to by then, on a loaded machine the third.
+func joinsSecond(joiner int) func(int) []node.Option {
+	return func(i int) []node.Option {
+		if i == joiner {
+			return []node.Option{node.WithFirstEpoch(1), node.WithEpochs(1)}
+		}
+		return epochs(2)(i)
+	}
+}
+
 // settle is how long (real time) the cluster must be idle before its clock
 // moves: long enough for a message in flight between two trainers.
 const settle = 100 * time.Millisecond
+
+// waiterLag (PSYCHE_TEST_WAITER_LAG, a duration) makes every waitFor pause
+// that long before it reads each snapshot: a waiter that a loaded machine
+// schedules late. It misses states that came and went between two reads
+// (the server hands a slow stream only its newest snapshot), and what it
+// reads the run may have left (the snapshots queued in the stream): a test
+// passes with it only if every state it waits for lasts (the end of an
+// epoch its trainers leave after, a recorded checkpoint) rather than
+// flashes by (a warmup, a cooldown), and nothing it does depends on how
+// far the run has got when the wait returns.
+var waiterLag = func() time.Duration {
+	d, err := time.ParseDuration(os.Getenv("PSYCHE_TEST_WAITER_LAG"))
+	if err != nil {
+		return 0
+	}
+	return d
+}()
 
 // waitFor returns the first snapshot that satisfies cond.
 func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool) *coordinator.Coordinator {
@@ -186,7 +217,12 @@ func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	for s := range snaps {
+	for {
+		time.Sleep(waiterLag)
+		s, ok := <-snaps
+		if !ok {
+			break
+		}
 		if cond(s.State) {
 			return s.State
 		}
@@ -205,6 +241,17 @@ func (c *cluster) waitFor(what string, cond func(*coordinator.Coordinator) bool)
 	}
 	c.t.Fatalf("gave up waiting for %s", what)
 	return nil
+}
+
+// inEpoch reports whether s is in epoch e, from its warmup to its last
+// round: a wait for an epoch's start that a late waiter cannot miss (a
+// warmup alone can pass between two of its reads).
+func inEpoch(s *coordinator.Coordinator, e uint32) bool {
+	switch s.RunState {
+	case coordinator.Warmup, coordinator.RoundTrain, coordinator.RoundWitness:
+		return s.Progress.Epoch == e
+	}
+	return false
 }
 
 // stopAll stops trainers.
@@ -366,7 +413,7 @@ func TestGarbagePublisherIsIgnored(t *testing.T) {
 			bad[8+5]++
 			return bad
 		})}
-	})
+	}, oneEpoch)
 	bad := c.nodes[rogue].ID()
 	c.waitFor("the rogue trainer to be dropped", func(s *coordinator.Coordinator) bool {
 		for _, e := range s.Epoch.Exited[:s.Epoch.ExitedLen] {
@@ -419,9 +466,9 @@ func TestAllTrainersLeave(t *testing.T) {
 	}
 	// The first trainers train one epoch and leave.
 	c := newCluster(t, 3, nil, oneEpoch)
-	ended := c.waitFor("a recorded checkpoint", func(s *coordinator.Coordinator) bool {
-		return s.RunState == coordinator.Cooldown && s.Epoch.Checkpointed
-	})
+	// Recorded in the cooldown, which it ends; the flag stays until the
+	// next warmup, which waits for new trainers.
+	ended := c.waitFor("a recorded checkpoint", func(s *coordinator.Coordinator) bool { return s.Epoch.Checkpointed })
 	c.stopped = map[int]bool{}
 	for i := 0; i < 3; i++ {
 		if err := c.result(i); err != nil { // they leave by themselves
@@ -433,7 +480,7 @@ func TestAllTrainersLeave(t *testing.T) {
 	final := slices.Clone(paramsOf(c.nodes[0].Model()))
 	url := coordinator.FixedString(ended.Model.Checkpoint.Source.URL[:])
 	c.addTrainers(3, 3, oneEpoch)
-	warm := c.waitFor("the next epoch's warmup", func(s *coordinator.Coordinator) bool { return s.RunState == coordinator.Warmup })
+	warm := c.waitFor("the next epoch", func(s *coordinator.Coordinator) bool { return inEpoch(s, 1) })
 	if warm.Model.Checkpoint.Kind != coordinator.CheckpointHub || coordinator.FixedString(warm.Model.Checkpoint.Source.URL[:]) != url {
 		t.Fatalf("the checkpoint did not fall back to the recorded one: %s %q", warm.Model.Checkpoint.Kind, coordinator.FixedString(warm.Model.Checkpoint.Source.URL[:]))
 	}
@@ -463,14 +510,9 @@ func TestJoinerLoadsFromPeers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run")
 	}
-	c := newCluster(t, 3, nil, epochs(2))
-	c.waitFor("the first epoch's training", func(s *coordinator.Coordinator) bool {
-		return s.RunState == coordinator.RoundTrain && s.Progress.Epoch == 0
-	})
-	c.addTrainers(3, 1, oneEpoch)
-	warm := c.waitFor("the second epoch's warmup", func(s *coordinator.Coordinator) bool {
-		return s.RunState == coordinator.Warmup && s.Progress.Epoch == 1
-	})
+	// Three start the run; the fourth joins the second epoch.
+	c := newCluster(t, 4, func(k *coordinator.Config) { k.InitMinClients = 3 }, joinsSecond(3))
+	warm := c.waitFor("the second epoch", func(s *coordinator.Coordinator) bool { return inEpoch(s, 1) })
 	if warm.Model.Checkpoint.Kind != coordinator.CheckpointP2P || warm.Epoch.ClientsLen != 4 || len(warm.CheckpointHolders()) != 3 {
 		t.Fatalf("epoch 1 starts with checkpoint %s, %d clients, %d holders; want P2P, 4, 3",
 			warm.Model.Checkpoint.Kind, warm.Epoch.ClientsLen, len(warm.CheckpointHolders()))

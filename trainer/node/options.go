@@ -46,6 +46,7 @@ type config struct {
 	epochs    int
 	ticking   bool
 	joinAfter []coordinator.Pubkey // WithJoinOrder
+	joinFrom  uint32               // WithFirstEpoch (export_test.go)
 	clock     Clock
 	metrics   *Metrics
 }

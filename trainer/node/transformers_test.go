@@ -42,14 +42,8 @@ func TestTransformersJoinerLoadsFromPeers(t *testing.T) {
 	// Each leaves after the second epoch (the joiner after its first):
 	// stopping a torch trainer takes seconds, in which the others would
 	// train on into a third.
-	c.addTrainers(0, 3, func(int) []node.Option { return []node.Option{node.WithEpochs(2)} })
-	c.waitFor("the first epoch's training", func(s *coordinator.Coordinator) bool {
-		return s.RunState == coordinator.RoundTrain && s.Progress.Epoch == 0
-	})
-	c.addTrainers(3, 1, oneEpoch)
-	warm := c.waitFor("the second epoch's warmup", func(s *coordinator.Coordinator) bool {
-		return s.RunState == coordinator.Warmup && s.Progress.Epoch == 1
-	})
+	c.addTrainers(0, 4, joinsSecond(3))
+	warm := c.waitFor("the second epoch", func(s *coordinator.Coordinator) bool { return inEpoch(s, 1) })
 	if warm.Model.Checkpoint.Kind != coordinator.CheckpointP2P || warm.Epoch.ClientsLen != 4 {
 		t.Fatalf("epoch 1 starts with checkpoint %s and %d clients; want P2P and 4", warm.Model.Checkpoint.Kind, warm.Epoch.ClientsLen)
 	}

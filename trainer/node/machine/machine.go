@@ -22,6 +22,8 @@ type Machine struct {
 	// joinAfter are the trainers that join each epoch before this one
 	// (WithJoinOrder).
 	joinAfter []coordinator.Pubkey
+	// joinFrom is the first epoch this node joins (JoinFrom).
+	joinFrom uint32
 	// checkpointWait is how long a joiner asks unreachable holders for
 	// the model, in seconds (CheckpointWait; 0: the run's default).
 	checkpointWait uint64
@@ -174,6 +176,13 @@ func (m *Machine) dropped() bool {
 // have joined it (pending), so that a driver's trainers join in one order.
 func (m *Machine) JoinAfter(after []coordinator.Pubkey) { m.joinAfter = after }
 
+// JoinFrom makes this node join no epoch before epoch: until then it
+// follows the run without a part in it. A node started with the run joins
+// a later epoch this way at the same point of the run every time, where
+// one started once the run is seen to be far enough along joins wherever
+// it has got to by then.
+func (m *Machine) JoinFrom(epoch uint32) { m.joinFrom = epoch }
+
 // cur is the book of the snapshot's epoch.
 func (m *Machine) cur() *epochBook { return m.bookFor(m.snap.Progress.Epoch) }
 
@@ -201,7 +210,7 @@ func (m *Machine) Snapshot(s *coordinator.Coordinator, now uint64) Ready {
 			rd.Done = fmt.Sprintf("trained the %d %s asked for", m.epochs, unit)
 			break
 		}
-		if _, pending := s.PendingIndex(m.id.Signer); !pending && !book.joined && m.joinTurn(s) {
+		if _, pending := s.PendingIndex(m.id.Signer); !pending && !book.joined && s.Progress.Epoch >= m.joinFrom && m.joinTurn(s) {
 			book.joined = true
 			rd.Send = append(rd.Send, &coordinator.JoinRun{ID: m.id})
 		}

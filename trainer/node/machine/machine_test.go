@@ -110,6 +110,23 @@ func TestMachineJoinsInOrder(t *testing.T) {
 	}
 }
 
+// TestMachineJoinsFromItsFirstEpoch: with JoinFrom(1) the node lets the
+// run's first epoch start without it, and joins when the run waits for the
+// second epoch's members.
+func TestMachineJoinsFromItsFirstEpoch(t *testing.T) {
+	r := newRun(t)
+	m := New(r.ids[2], 0, false, keys())
+	m.JoinFrom(1)
+	if rd := m.Snapshot(r.snap(), 0); len(rd.Send) != 0 {
+		t.Fatalf("joined epoch 0: %+v", rd)
+	}
+	r.s.Progress.Epoch = 1 // the state as the first epoch's end leaves it
+	rd := m.Snapshot(r.snap(), 0)
+	if len(rd.Send) != 1 || rd.Send[0].Name() != "join_run" {
+		t.Fatalf("want a join for epoch 1, got %+v", rd)
+	}
+}
+
 // toTraining brings the run to its first RoundTrain with the machine as
 // client 0, loaded, and returns the machine.
 func toTraining(t *testing.T, r *run) *Machine {

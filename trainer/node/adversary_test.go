@@ -234,7 +234,9 @@ func TestSilentTrainerCostsNoTrainingLimit(t *testing.T) {
 				longest = max(longest, s.RunStateStart-from)
 			}
 		}
-		if s.RunState == coordinator.Warmup {
+		// Any state of the epoch says who it admitted (a dropped client
+		// stays in its list): a late waiter can miss the warmup.
+		if inEpoch(s, s.Progress.Epoch) || s.RunState == coordinator.Cooldown {
 			_, in := s.ClientIndex(rogue.Signer)
 			members[s.Progress.Epoch] = members[s.Progress.Epoch] || in
 		}

@@ -27,10 +27,65 @@ type Tensor struct {
 	Shape []int
 	// Data holds the product of Shape elements.
 	Data []float32
+	// Fill, when Data is nil, is where the values come from: it writes
+	// values [off, off+len(dst)) into dst, asked for in order and in
+	// chunks as the tensor is written or hashed. Parameters too large to
+	// copy whole (a model on a worker's device) are read this way, one
+	// chunk at a time.
+	Fill func(ctx context.Context, off int, dst []float32) error
 	// DType is how the file stores the values: "" or "F32" (exact), "F16"
 	// or "BF16" (each value rounded to the nearest, ties to even; values
 	// beyond the type's range become infinities).
 	DType string
+}
+
+// len is the number of values: Data's, or the shape's when Fill gives them.
+func (t *Tensor) len() int {
+	if t.Data == nil && t.Fill != nil {
+		n := 1
+		for _, d := range t.Shape {
+			n *= d
+		}
+		return n
+	}
+	return len(t.Data)
+}
+
+// Chunks hands the tensor's values to f in order, at most n at a time,
+// checking ctx before each: slices of Data, or what Fill writes into a
+// buffer reused for every chunk (f must not keep it).
+func (t *Tensor) Chunks(ctx context.Context, n int, f func(values []float32) error) error {
+	var scratch []float32
+	return t.chunks(ctx, &scratch, n, f)
+}
+
+// chunks is Chunks with the buffer in *scratch (grown as needed and kept
+// for the next tensor).
+func (t *Tensor) chunks(ctx context.Context, scratch *[]float32, n int, f func([]float32) error) error {
+	total := t.len()
+	for off := 0; off < total; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		k := min(n, total-off)
+		var data []float32
+		if t.Data != nil || t.Fill == nil {
+			data = t.Data[off : off+k]
+		} else {
+			if cap(*scratch) < k {
+				*scratch = make([]float32, k)
+			}
+			data = (*scratch)[:k]
+			if err := t.Fill(ctx, off, data); err != nil {
+				return fmt.Errorf("checkpoint: tensor %q: %w", t.Name, err)
+			}
+		}
+		if err := f(data); err != nil {
+			return err
+		}
+		off += k
+	}
+	return nil
 }
 
 func (t *Tensor) dtype() string {
@@ -73,7 +128,9 @@ func prepare(tensors []Tensor, meta map[string]string) (*plan, error) {
 		if err != nil {
 			return nil, wrap(ErrInvalidTensor, "tensor %q: %v", t.Name, err)
 		}
-		if n != uint64(len(t.Data)) {
+		if t.Data == nil && t.Fill != nil {
+			// The values come from Fill: the shape says how many.
+		} else if n != uint64(len(t.Data)) {
 			return nil, wrap(ErrInvalidTensor, "tensor %q: shape %s has %d elements but data has %d",
 				t.Name, shapeString(t.Shape), n, len(t.Data))
 		}
@@ -130,7 +187,7 @@ func prepare(tensors []Tensor, meta map[string]string) (*plan, error) {
 		h = appendJSONString(h, t.Name)
 		h = append(h, `:{"dtype":"`+t.dtype()+`","shape":`...)
 		h = append(h, shapeString(t.Shape)...)
-		end := offset + int64(dtypes[t.dtype()].size)*int64(len(t.Data))
+		end := offset + int64(dtypes[t.dtype()].size)*int64(t.len())
 		h = append(h, `,"data_offsets":[`...)
 		h = strconv.AppendInt(h, offset, 10)
 		h = append(h, ',')
@@ -166,18 +223,15 @@ func (p *plan) writeTo(ctx context.Context, w io.Writer) (int64, error) {
 		return written, err
 	}
 	buf := make([]byte, min(chunkSize, p.dataSize))
+	var values []float32 // a chunk of a tensor that Fill gives
 	for _, t := range p.order {
 		dt := dtypes[t.dtype()]
-		for data := t.Data; len(data) > 0; {
-			if err := ctx.Err(); err != nil {
-				return written, err
-			}
-			n := min(len(data), len(buf)/dt.size)
-			dt.encode(buf, data[:n])
-			if err := write(buf[:dt.size*n]); err != nil {
-				return written, err
-			}
-			data = data[n:]
+		err := t.chunks(ctx, &values, len(buf)/dt.size, func(data []float32) error {
+			dt.encode(buf, data)
+			return write(buf[:dt.size*len(data)])
+		})
+		if err != nil {
+			return written, err
 		}
 	}
 	return written, ctx.Err()

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"math"
@@ -13,6 +14,18 @@ import (
 // lists hash the same bytes. DType is not hashed: it is how a file stores
 // the values, not the values.
 func HashTensors(tensors []Tensor) [sha256.Size]byte {
+	sum, err := Hash(context.Background(), tensors)
+	if err != nil {
+		// Only a Fill can fail, and HashTensors is for tensors that hold
+		// their data.
+		panic(err)
+	}
+	return sum
+}
+
+// Hash is HashTensors of tensors whose values may come from Fill, read a
+// chunk at a time; it fails when a Fill does or ctx ends.
+func Hash(ctx context.Context, tensors []Tensor) ([sha256.Size]byte, error) {
 	h := sha256.New()
 	buf := make([]byte, 0, 64<<10)
 	// room makes sure buf can take n more bytes, hashing what it holds
@@ -27,7 +40,9 @@ func HashTensors(tensors []Tensor) [sha256.Size]byte {
 		room(8)
 		buf = binary.LittleEndian.AppendUint64(buf, v)
 	}
-	for _, t := range tensors {
+	var scratch []float32
+	for i := range tensors {
+		t := &tensors[i]
 		u64(uint64(len(t.Name)))
 		room(len(t.Name))
 		buf = append(buf, t.Name...)
@@ -35,14 +50,20 @@ func HashTensors(tensors []Tensor) [sha256.Size]byte {
 		for _, d := range t.Shape {
 			u64(uint64(d))
 		}
-		u64(4 * uint64(len(t.Data)))
-		for _, v := range t.Data {
-			room(4)
-			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+		u64(4 * uint64(t.len()))
+		err := t.chunks(ctx, &scratch, chunkSize/4, func(data []float32) error {
+			for _, v := range data {
+				room(4)
+				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+			}
+			return nil
+		})
+		if err != nil {
+			return [sha256.Size]byte{}, err
 		}
 	}
 	h.Write(buf)
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
-	return sum
+	return sum, nil
 }

@@ -7,7 +7,7 @@
 // PyTorch engine). What crosses the seam each round is batches, frame
 // entries and losses: never the parameters. Models cross it once per epoch:
 // in when an engine is opened on a loaded model, out when a checkpoint is
-// saved or offered to peers (Engine.Model).
+// hashed, saved or offered to peers, a range at a time (Engine.Weights).
 //
 // The run's distro.Plan is the node's: it checks and sizes peers' frames
 // and combines a round's frames once (distro.Plan.Combine), so every
@@ -91,8 +91,14 @@ type Engine interface {
 	// (the aggregate of its frame alone).
 	Try(ctx context.Context, c *distro.Combined, lr float32) error
 	Undo(ctx context.Context) error
+	// Weights are the engine's parameters, read a range at a time wherever
+	// they are held: what the node hashes, saves and offers the model
+	// from, never copying it whole. A read is a call like the others (one
+	// goroutine at a time, between rounds) and sees the parameters as
+	// they are when it runs.
+	Weights() (runmodel.Weights, error)
 	// Model is a host model holding the engine's current parameters, for
-	// checkpoints, hashes and P2P offers. The Go engine returns its own
+	// tests and the reports of small runs. The Go engine returns its own
 	// model (not a copy); other engines copy the parameters out.
 	Model(ctx context.Context) (runmodel.Model, error)
 	// Close releases what the engine holds (a worker process, device

@@ -25,18 +25,19 @@ func ConfigFromCheckpoint(mc checkpoint.ModelConfig) (Config, error) {
 }
 
 // CheckpointTensors names the parameter tensors (views, not copies).
-func (m *Model) CheckpointTensors() []checkpoint.Tensor {
-	var out []checkpoint.Tensor
-	for i, s := range m.Specs() {
-		out = append(out, checkpoint.Tensor{Name: s.Name, Shape: s.Shape, Data: m.Tensors()[i]})
-	}
-	return out
-}
+func (m *Model) CheckpointTensors() []checkpoint.Tensor { return lm.Cut(m.Pieces(), m.Tensors()) }
 
 // Save writes the parameters and the model shape (plus meta) to a
 // safetensors file atomically.
 func (m *Model) Save(ctx context.Context, path string, meta map[string]string) error {
-	return lm.Save(ctx, path, m.CheckpointTensors(), checkpointConfig(m.Config), meta)
+	return SaveTensors(ctx, path, m.Config, m.CheckpointTensors(), meta)
+}
+
+// SaveTensors is Save of a model of config c whose checkpoint tensors
+// (Pieces) are tensors: their values may come from Fill, so a model held
+// elsewhere is written a chunk at a time.
+func SaveTensors(ctx context.Context, path string, c Config, tensors []checkpoint.Tensor, meta map[string]string) error {
+	return lm.Save(ctx, path, tensors, checkpointConfig(c), meta)
 }
 
 // LoadParams copies a checkpoint's tensors into the model, checking that the

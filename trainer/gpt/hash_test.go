@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"math"
 	"path/filepath"
 	"slices"
@@ -77,5 +78,16 @@ func TestNewIsDeterministic(t *testing.T) {
 	const want = "13a9b9e6c4f3eb67c63f0411dc69362ac7d8c72ef17c76b829e839d4917c8491"
 	if got := a.Hash(); hex.EncodeToString(got[:]) != want {
 		t.Fatalf("New(tiny, 1) hashes to %x, was %s", got, want)
+	}
+}
+
+// TestHFLayoutIsPinned: the Hugging Face layout (modelspec's HFPieces: names,
+// shapes, transposed Conv1D weights) hashes as the hand-written layout it
+// replaced did, so files written before and after hold the same tensors.
+func TestHFLayoutIsPinned(t *testing.T) {
+	m, _ := New(tiny, 1, nil)
+	const want = "da9c3d9914c4ebbf0989087a6728365415ebab82f9da51c426d73806ff2d5c2c"
+	if got := checkpoint.HashTensors(m.HFTensors()); hex.EncodeToString(got[:]) != want {
+		t.Fatalf("New(tiny, 1)'s Hugging Face tensors hash to %x, was %s", got, want)
 	}
 }

@@ -11,7 +11,9 @@ import (
 
 	"github.com/psyche-go/psyche/internal/atomicfile"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // The Hugging Face layout of a GPT is GPT-2's (transformers'
@@ -105,62 +107,23 @@ func ParseHFConfig(file string, b []byte) (Config, error) {
 	return c, nil
 }
 
-// hfName is the Hugging Face name of layer l's tensor suffix.
-func hfName(l int, suffix string) string { return fmt.Sprintf("transformer.h.%d.%s", l, suffix) }
-
-// transposed is the cols×rows transpose of a rows×cols matrix.
-func transposed(m []float32, rows, cols int) []float32 {
-	out := make([]float32, len(m))
-	for r := 0; r < rows; r++ {
-		for c := 0; c < cols; c++ {
-			out[c*rows+r] = m[r*cols+c]
-		}
-	}
-	return out
-}
-
-// hfTensors are p's tensors in the Hugging Face layout (copies: the
-// linear weights are transposed).
-func (m *Model) hfTensors(p params) []checkpoint.Tensor {
-	C, L := m.Width, m.Layers
-	out := []checkpoint.Tensor{
-		{Name: "transformer.wte.weight", Shape: []int{m.Vocab, C}, Data: p.wte},
-		{Name: "transformer.wpe.weight", Shape: []int{m.Context, C}, Data: p.wpe},
-	}
-	for l := 0; l < L; l++ {
-		vec := func(v []float32, n int) []float32 { return v[l*n : (l+1)*n] }
-		// Ours: out×in per layer; GPT-2's Conv1D: in×out.
-		lin := func(w []float32, out, in int) []float32 { return transposed(w[l*out*in:(l+1)*out*in], out, in) }
-		out = append(out,
-			checkpoint.Tensor{Name: hfName(l, "ln_1.weight"), Shape: []int{C}, Data: vec(p.ln1w, C)},
-			checkpoint.Tensor{Name: hfName(l, "ln_1.bias"), Shape: []int{C}, Data: vec(p.ln1b, C)},
-			checkpoint.Tensor{Name: hfName(l, "attn.c_attn.weight"), Shape: []int{C, 3 * C}, Data: lin(p.qkvw, 3*C, C)},
-			checkpoint.Tensor{Name: hfName(l, "attn.c_attn.bias"), Shape: []int{3 * C}, Data: vec(p.qkvb, 3*C)},
-			checkpoint.Tensor{Name: hfName(l, "attn.c_proj.weight"), Shape: []int{C, C}, Data: lin(p.projw, C, C)},
-			checkpoint.Tensor{Name: hfName(l, "attn.c_proj.bias"), Shape: []int{C}, Data: vec(p.projb, C)},
-			checkpoint.Tensor{Name: hfName(l, "ln_2.weight"), Shape: []int{C}, Data: vec(p.ln2w, C)},
-			checkpoint.Tensor{Name: hfName(l, "ln_2.bias"), Shape: []int{C}, Data: vec(p.ln2b, C)},
-			checkpoint.Tensor{Name: hfName(l, "mlp.c_fc.weight"), Shape: []int{C, 4 * C}, Data: lin(p.fcw, 4*C, C)},
-			checkpoint.Tensor{Name: hfName(l, "mlp.c_fc.bias"), Shape: []int{4 * C}, Data: vec(p.fcb, 4*C)},
-			checkpoint.Tensor{Name: hfName(l, "mlp.c_proj.weight"), Shape: []int{4 * C, C}, Data: lin(p.fcprojw, C, 4*C)},
-			checkpoint.Tensor{Name: hfName(l, "mlp.c_proj.bias"), Shape: []int{C}, Data: vec(p.fcprojb, C)},
-		)
-	}
-	return append(out,
-		checkpoint.Tensor{Name: "transformer.ln_f.weight", Shape: []int{C}, Data: p.lnfw},
-		checkpoint.Tensor{Name: "transformer.ln_f.bias", Shape: []int{C}, Data: p.lnfb})
-}
-
 // HFTensors are the parameters in the Hugging Face layout (copies).
-func (m *Model) HFTensors() []checkpoint.Tensor { return m.hfTensors(m.p) }
+func (m *Model) HFTensors() []checkpoint.Tensor { return lm.Cut(m.HFPieces(), m.Tensors()) }
 
 // HFGradTensors are the gradients in the Hugging Face layout (copies).
-func (m *Model) HFGradTensors() []checkpoint.Tensor { return m.hfTensors(m.g) }
+func (m *Model) HFGradTensors() []checkpoint.Tensor { return lm.Cut(m.HFPieces(), m.GradTensors()) }
 
 // SaveHF writes the model as a Hugging Face GPT-2 directory: config.json
 // and model.safetensors (float32), each written atomically.
 func (m *Model) SaveHF(ctx context.Context, dir string) error {
-	cfg, err := HFConfigJSON(m.Config)
+	return SaveHFTensors(ctx, dir, m.Config, m.HFTensors())
+}
+
+// SaveHFTensors is SaveHF of a model of config c whose Hugging Face tensors
+// (HFPieces) are tensors: their values may come from Fill, so a model held
+// elsewhere is written a chunk at a time.
+func SaveHFTensors(ctx context.Context, dir string, c Config, tensors []checkpoint.Tensor) error {
+	cfg, err := HFConfigJSON(c)
 	if err != nil {
 		return err
 	}
@@ -170,7 +133,7 @@ func (m *Model) SaveHF(ctx context.Context, dir string) error {
 	if err := atomicfile.WriteFile(filepath.Join(dir, HFConfigFile), cfg, 0o644); err != nil {
 		return fmt.Errorf("gpt: %w", err)
 	}
-	return checkpoint.Save(ctx, filepath.Join(dir, HFModelFile), m.HFTensors(), map[string]string{"format": "pt"})
+	return checkpoint.Save(ctx, filepath.Join(dir, HFModelFile), tensors, map[string]string{"format": "pt"})
 }
 
 // IsHFDir says whether dir's config.json describes a GPT-2.
@@ -212,51 +175,21 @@ func LoadHF(dir string, be kernels.Backend, accept func(Config) error) (*Model, 
 	if err != nil {
 		return nil, err
 	}
-	C, L := cfg.Width, cfg.Layers
-	take := func(name string, shape []int, dst []float32, transpose bool) error {
-		v, err := ck.Tensor(name, shape)
+	params := m.Tensors()
+	for _, p := range cfg.HFPieces() {
+		v, err := ck.Tensor(p.Name, p.Shape)
 		if err != nil {
-			return fmt.Errorf("gpt: %s: %w", filepath.Join(dir, HFModelFile), err)
+			return nil, fmt.Errorf("gpt: %s: %w", filepath.Join(dir, HFModelFile), err)
 		}
 		for _, x := range v {
 			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-				return fmt.Errorf("%w: %s: tensor %s", ErrHFValues, filepath.Join(dir, HFModelFile), name)
+				return nil, fmt.Errorf("%w: %s: tensor %s", ErrHFValues, filepath.Join(dir, HFModelFile), p.Name)
 			}
 		}
-		if transpose { // stored in×out: ours is its transpose
-			v = transposed(v, shape[0], shape[1])
+		if p.Transposed { // stored in×out: ours is its transpose
+			v = modelspec.Transpose(v, p.Shape[0], p.Shape[1])
 		}
-		copy(dst, v)
-		return nil
-	}
-	p := m.p
-	steps := []func() error{
-		func() error { return take("transformer.wte.weight", []int{cfg.Vocab, C}, p.wte, false) },
-		func() error { return take("transformer.wpe.weight", []int{cfg.Context, C}, p.wpe, false) },
-		func() error { return take("transformer.ln_f.weight", []int{C}, p.lnfw, false) },
-		func() error { return take("transformer.ln_f.bias", []int{C}, p.lnfb, false) },
-	}
-	for l := 0; l < L; l++ {
-		at := func(v []float32, n int) []float32 { return v[l*n : (l+1)*n] }
-		steps = append(steps,
-			func() error { return take(hfName(l, "ln_1.weight"), []int{C}, at(p.ln1w, C), false) },
-			func() error { return take(hfName(l, "ln_1.bias"), []int{C}, at(p.ln1b, C), false) },
-			func() error { return take(hfName(l, "attn.c_attn.weight"), []int{C, 3 * C}, at(p.qkvw, 3*C*C), true) },
-			func() error { return take(hfName(l, "attn.c_attn.bias"), []int{3 * C}, at(p.qkvb, 3*C), false) },
-			func() error { return take(hfName(l, "attn.c_proj.weight"), []int{C, C}, at(p.projw, C*C), true) },
-			func() error { return take(hfName(l, "attn.c_proj.bias"), []int{C}, at(p.projb, C), false) },
-			func() error { return take(hfName(l, "ln_2.weight"), []int{C}, at(p.ln2w, C), false) },
-			func() error { return take(hfName(l, "ln_2.bias"), []int{C}, at(p.ln2b, C), false) },
-			func() error { return take(hfName(l, "mlp.c_fc.weight"), []int{C, 4 * C}, at(p.fcw, 4*C*C), true) },
-			func() error { return take(hfName(l, "mlp.c_fc.bias"), []int{4 * C}, at(p.fcb, 4*C), false) },
-			func() error { return take(hfName(l, "mlp.c_proj.weight"), []int{4 * C, C}, at(p.fcprojw, 4*C*C), true) },
-			func() error { return take(hfName(l, "mlp.c_proj.bias"), []int{C}, at(p.fcprojb, C), false) },
-		)
-	}
-	for _, s := range steps {
-		if err := s(); err != nil {
-			return nil, err
-		}
+		copy(params[p.Tensor][p.Offset:], v)
 	}
 	return m, nil
 }

@@ -19,7 +19,9 @@ import (
 
 	"github.com/psyche-go/psyche/internal/atomicfile"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // The files of a Hugging Face checkpoint directory.
@@ -168,45 +170,14 @@ func ParseHFConfig(file string, b []byte) (Config, string, error) {
 	return c, dtype, nil
 }
 
-// hfTensors names the parameters as Hugging Face's LlamaForCausalLM does,
-// one tensor per layer and projection, each a view into Params (q, k and v
-// are row ranges of the fused projection, gate and up of the fused MLP
-// input). The head is left out when tied.
-func (m *Model) hfTensors(p params) []checkpoint.Tensor {
-	C, I, hd := m.Width, m.Intermediate, m.HeadDim()
-	W := m.QKVRows()
-	out := []checkpoint.Tensor{{Name: "model.embed_tokens.weight", Shape: []int{m.Vocab, C}, Data: p.embed}}
-	for l := 0; l < m.Layers; l++ {
-		pre := "model.layers." + strconv.Itoa(l) + "."
-		qkv, gu := hostLayer(p.qkv, l, W*C), hostLayer(p.gateUp, l, 2*I*C)
-		q, k := m.Heads*hd, m.KVHeads*hd
-		out = append(out,
-			checkpoint.Tensor{Name: pre + "input_layernorm.weight", Shape: []int{C}, Data: hostLayer(p.attnNorm, l, C)},
-			checkpoint.Tensor{Name: pre + "self_attn.q_proj.weight", Shape: []int{q, C}, Data: qkv[:q*C]},
-			checkpoint.Tensor{Name: pre + "self_attn.k_proj.weight", Shape: []int{k, C}, Data: qkv[q*C : (q+k)*C]},
-			checkpoint.Tensor{Name: pre + "self_attn.v_proj.weight", Shape: []int{k, C}, Data: qkv[(q+k)*C:]},
-			checkpoint.Tensor{Name: pre + "self_attn.o_proj.weight", Shape: []int{C, C}, Data: hostLayer(p.o, l, C*C)},
-			checkpoint.Tensor{Name: pre + "post_attention_layernorm.weight", Shape: []int{C}, Data: hostLayer(p.mlpNorm, l, C)},
-			checkpoint.Tensor{Name: pre + "mlp.gate_proj.weight", Shape: []int{I, C}, Data: gu[:I*C]},
-			checkpoint.Tensor{Name: pre + "mlp.up_proj.weight", Shape: []int{I, C}, Data: gu[I*C:]},
-			checkpoint.Tensor{Name: pre + "mlp.down_proj.weight", Shape: []int{C, I}, Data: hostLayer(p.down, l, C*I)},
-		)
-	}
-	out = append(out, checkpoint.Tensor{Name: "model.norm.weight", Shape: []int{C}, Data: p.norm})
-	if !m.TiedHead {
-		out = append(out, checkpoint.Tensor{Name: "lm_head.weight", Shape: []int{m.Vocab, C}, Data: p.head})
-	}
-	return out
-}
-
-// CheckpointTensors names the parameter tensors with Hugging Face's names
-// (views, not copies).
-func (m *Model) CheckpointTensors() []checkpoint.Tensor { return m.hfTensors(m.p) }
+// CheckpointTensors names the parameter tensors with Hugging Face's names,
+// one per layer and projection (Pieces: views, not copies).
+func (m *Model) CheckpointTensors() []checkpoint.Tensor { return lm.Cut(m.Pieces(), m.Tensors()) }
 
 // HFGradTensors names the gradients as CheckpointTensors names the
 // parameters, Hugging Face's names (views into Grads): what
 // scripts/check-torch compares.
-func (m *Model) HFGradTensors() []checkpoint.Tensor { return m.hfTensors(m.g) }
+func (m *Model) HFGradTensors() []checkpoint.Tensor { return lm.Cut(m.Pieces(), m.GradTensors()) }
 
 // ignoredTensors are buffers that older transformers versions saved with
 // the weights and that hold no parameter (RoPE's inverse frequencies, which
@@ -481,11 +452,18 @@ type HFOptions struct {
 // model.safetensors.index.json. Each file is written atomically; a shard
 // set is complete once the index is there (it is written last).
 func (m *Model) SaveHF(ctx context.Context, dir string, o HFOptions) error {
+	return SaveHFTensors(ctx, dir, m.Config, m.CheckpointTensors(), o)
+}
+
+// SaveHFTensors is SaveHF of a model of config c whose checkpoint tensors
+// (Pieces) are tensors: their values may come from Fill, so a model held
+// elsewhere is written a chunk at a time.
+func SaveHFTensors(ctx context.Context, dir string, c Config, tensors []checkpoint.Tensor, o HFOptions) error {
 	dtype := o.DType
 	if dtype == "" {
 		dtype = "F32"
 	}
-	cfgJSON, err := HFConfigJSON(m.Config, dtype)
+	cfgJSON, err := HFConfigJSON(c, dtype)
 	if err != nil {
 		return err
 	}
@@ -496,13 +474,12 @@ func (m *Model) SaveHF(ctx context.Context, dir string, o HFOptions) error {
 	if dtype == "F32" {
 		size = 4
 	}
-	tensors := m.CheckpointTensors()
 	var shards [][]checkpoint.Tensor
 	var cur []checkpoint.Tensor
 	var curBytes, total int64
 	for _, t := range tensors {
 		t.DType = dtype
-		b := size * int64(len(t.Data))
+		b := size * int64(modelspec.Size(t.Shape))
 		total += b
 		if o.MaxShardBytes > 0 && len(cur) > 0 && curBytes+b > o.MaxShardBytes {
 			shards, cur, curBytes = append(shards, cur), nil, 0

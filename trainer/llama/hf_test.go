@@ -3,6 +3,7 @@ package llama
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -386,4 +387,19 @@ func FuzzLoadHFIndex(f *testing.F) {
 			t.Fatal("an accepted index gave other weights")
 		}
 	})
+}
+
+// TestLayoutIsPinned: the checkpoint layout (modelspec's Pieces: each
+// layer's projections cut from the fused tensors) hashes as the
+// hand-written layout it replaced did, tied head or not.
+func TestLayoutIsPinned(t *testing.T) {
+	for c, want := range map[*Config]string{
+		&tiny:     "23a0836208c04ac4208569b27b0998d3007afa9a7572625f77616b7a95452a8e",
+		&tinyTied: "adb8c7de5c58120cf9bea4b1492b7fea44992b256580167e73a2f29be5811e64",
+	} {
+		m, _ := New(*c, 1, nil)
+		if got := m.Hash(); hex.EncodeToString(got[:]) != want {
+			t.Errorf("New(%+v, 1) hashes to %x, was %s", *c, got, want)
+		}
+	}
 }

@@ -245,7 +245,7 @@ func TestRestartOnSeparateMachines(t *testing.T) {
 	// C offers another model as this epoch's: D, who cannot read the file
 	// either, refuses it by the recorded hash and tries again later.
 	other, _ := gpt.New(cfg, 6, nil)
-	if _, err := c.net.ShareCheckpoint(context.Background(), recordedOffer(3), modelTensors(other)); err != nil {
+	if err := c.offerModel(context.Background(), recordedOffer(3), other); err != nil {
 		t.Fatal(err)
 	}
 	err = loadTry(context.Background(), d, idD, state(idC, idD))

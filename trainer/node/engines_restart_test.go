@@ -80,10 +80,10 @@ func TestEnginesDisagreeAtRestart(t *testing.T) {
 	}
 	s.Epoch.Clients[2] = coordinator.Client{ID: idC, State: coordinator.Healthy} // the joiner
 	s.Epoch.ClientsLen, s.Epoch.ExitedLen = 3, 2
-	if _, err := a.net.ShareCheckpoint(ctx, 3, modelTensors(recorded)); err != nil {
+	if err := a.offerModel(ctx, 3, recorded); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.net.ShareCheckpoint(ctx, 3, modelTensors(other)); err != nil {
+	if err := b.offerModel(ctx, 3, other); err != nil {
 		t.Fatal(err)
 	}
 

@@ -202,7 +202,7 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 	// that can read the recorded URL (its own file, or a bucket only its
 	// credentials open).
 	if isFileURL(url) || isStoreURL(url) {
-		if _, err := n.net.ShareCheckpoint(ctx, recordedOffer(s.Progress.Epoch), modelTensors(model)); err != nil {
+		if err := n.offerModel(ctx, recordedOffer(s.Progress.Epoch), model); err != nil {
 			n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
 		}
 	}

@@ -38,12 +38,16 @@ func (n *Node) shareModel(ctx context.Context, epoch uint32) {
 	if e == nil {
 		return
 	}
-	model, err := e.Model(computing(ctx))
+	w, err := n.weights(e)
 	if err != nil {
-		n.cfg.log.Warn("sharing the model with joiners failed: the engine cannot give its model", "engine", e.Name(), "err", err)
+		n.cfg.log.Warn("sharing the model with joiners failed: the engine cannot give its weights", "engine", e.Name(), "err", err)
 		return
 	}
-	tensors := modelTensors(model)
+	tensors, err := weightTensors(ctx, w)
+	if err != nil {
+		n.cfg.log.Warn("sharing the model with joiners failed: reading the weights", "engine", e.Name(), "err", err)
+		return
+	}
 	if n.cfg.corruptShare != nil {
 		n.cfg.corruptShare(tensors)
 	}
@@ -53,6 +57,20 @@ func (n *Node) shareModel(ctx context.Context, epoch uint32) {
 		return
 	}
 	n.cfg.log.Info("model shared with joiners", "epoch", epoch, "manifest", fmt.Sprintf("%x", id[:8]))
+}
+
+// offerModel offers a loaded host model as the P2P checkpoint of epoch.
+func (n *Node) offerModel(ctx context.Context, epoch uint32, m runmodel.Model) error {
+	w, err := runmodel.HostWeights(m)
+	if err != nil {
+		return err
+	}
+	tensors, err := weightTensors(ctx, w)
+	if err != nil {
+		return err
+	}
+	_, err = n.net.ShareCheckpoint(ctx, epoch, tensors)
+	return err
 }
 
 // loadFromPeers fetches the model the epoch starts from from the clients
@@ -133,21 +151,32 @@ func tensorSpecs(m runmodel.Model) []p2p.TensorSpec {
 	return out
 }
 
-// modelTensors copies the parameters into P2P checkpoint tensors.
-func modelTensors(m runmodel.Model) []p2p.Tensor {
-	var out []p2p.Tensor
-	for _, t := range m.CheckpointTensors() {
-		shape := make([]uint64, len(t.Shape))
-		for i, d := range t.Shape {
-			shape[i] = uint64(d)
-		}
-		b := make([]byte, 0, 4*len(t.Data))
-		for _, v := range t.Data {
-			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-		}
-		out = append(out, p2p.Tensor{Name: t.Name, DType: tensorDType, Shape: shape, Data: b})
+// weightTensors reads the weights into P2P checkpoint tensors, named and
+// ordered as the model's checkpoint tensors, a chunk at a time.
+func weightTensors(ctx context.Context, w runmodel.Weights) ([]p2p.Tensor, error) {
+	ts, err := w.Tensors(false)
+	if err != nil {
+		return nil, err
 	}
-	return out
+	out := make([]p2p.Tensor, len(ts))
+	for i, t := range ts {
+		shape := make([]uint64, len(t.Shape))
+		for k, d := range t.Shape {
+			shape[k] = uint64(d)
+		}
+		b := make([]byte, 0, 4*modelspec.Size(t.Shape))
+		err := t.Chunks(ctx, 1<<16, func(values []float32) error {
+			for _, v := range values {
+				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		out[i] = p2p.Tensor{Name: t.Name, DType: tensorDType, Shape: shape, Data: b}
+	}
+	return out, nil
 }
 
 // loadTensors copies P2P checkpoint tensors into m's parameters: the same

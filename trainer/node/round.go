@@ -63,6 +63,24 @@ func (n *Node) startAhead(ctx context.Context, w machine.TrainWork) {
 // without any.
 func computing(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
+// weights are the engine's weights, each read of which is a computation
+// (computing): a save or a hash that Run's end interrupts stops between two
+// reads, never in one.
+func (n *Node) weights(e engine.Engine) (runmodel.Weights, error) {
+	w, err := e.Weights()
+	if err != nil {
+		return w, err
+	}
+	read := w.Read
+	w.Read = func(ctx context.Context, i, off int, dst []float32) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return read(computing(ctx), i, off, dst)
+	}
+	return w, nil
+}
+
 // failed reports whether the gradient trained ahead is done and failed
 // (its data did not come): the batch is read again, or sat out.
 func (a *aheadRun) failed() bool {
@@ -302,9 +320,9 @@ func (n *Node) saveCheckpoint(ctx context.Context, w machine.SaveWork) {
 	st := store.FromRun(w.Store)
 	name := fmt.Sprintf("%s-epoch%d-step%d", n.runID, w.Epoch, w.Step)
 	e := n.engine()
-	model, err := e.Model(computing(ctx))
+	weights, err := n.weights(e)
 	if err != nil {
-		n.cfg.log.Warn("saving a checkpoint failed: the engine cannot give its model", "engine", e.Name(), "err", err)
+		n.cfg.log.Warn("saving a checkpoint failed: the engine cannot give its weights", "engine", e.Name(), "err", err)
 		return
 	}
 	// What goes to a store is a Hugging Face directory for every model, so
@@ -319,13 +337,19 @@ func (n *Node) saveCheckpoint(ctx context.Context, w machine.SaveWork) {
 		return
 	}
 	meta := map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)}
-	if err := runmodel.Save(ctx, model, path, hf, meta); err != nil {
+	// Written as it is read from the engine, a chunk at a time: a model on
+	// a worker's device is never copied whole into this process.
+	if err := weights.Save(ctx, path, hf, meta); err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed", "err", err)
 		return
 	}
 	// The saved model's hash as the revision: whoever loads the run from
 	// this URL later checks that the checkpoint is still this model.
-	rev := runmodel.Revision(model)
+	rev, err := weights.Revision(ctx)
+	if err != nil {
+		n.cfg.log.Warn("saving a checkpoint failed: hashing the model", "err", err)
+		return
+	}
 	if st.IsZero() {
 		n.recordCheckpoint(ctx, "file://"+path, rev)
 		return

@@ -1,7 +1,8 @@
 // Package runmodel builds the model a run describes: the network of the
 // config trainer/modelspec reads from the run's coordinator.Model (New,
 // Init), loaded from a checkpoint (Load, FromCheckpoint, each vetting the
-// checkpoint's config before allocating) or saved as one (Save), and
+// checkpoint's config before allocating) or saved as one (Save; a model held
+// elsewhere, an engine's, through Weights, read a piece at a time), and
 // checked against the run's revision, which is the model's hash when it is
 // 32 lowercase hex digits (Revision, CheckRevision). What a run says about
 // its model without building one (shapes, parameter counts, optimizer

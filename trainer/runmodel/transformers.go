@@ -3,7 +3,6 @@ package runmodel
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -199,38 +198,18 @@ func MatchTensors(haveNames []string, haveShapes [][]int, names []string, shapes
 	return nil
 }
 
-// Save writes a Hugging Face directory: the run's config.json as it was
-// read and model.safetensors in F32 (so its hash is the model's), which
-// AutoModelForCausalLM.from_pretrained loads (a tied head is not stored:
-// the config's tie_word_embeddings ties it again).
+// Save writes a Hugging Face directory (saveTransformers).
 func (t *Transformers) Save(ctx context.Context, dir string, _ map[string]string) error {
 	if !t.Drawn() {
 		return errors.New("runmodel: a transformers model not drawn yet has no weights to save")
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("runmodel: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), t.JSON, 0o644); err != nil {
-		return fmt.Errorf("runmodel: %w", err)
-	}
-	return checkpoint.Save(ctx, filepath.Join(dir, "model.safetensors"), t.CheckpointTensors(), map[string]string{"format": "pt"})
+	return saveTransformers(ctx, dir, t.JSON, t.CheckpointTensors())
 }
 
 // Hash is the hash of the model's config.json (byte for byte) and its
-// named tensors (checkpoint.HashTensors): two directories with the same
-// weights but configs that differ in a field the run's shape does not
-// record (a norm's epsilon, the rope's base) compute different functions,
-// so they are different models.
+// named tensors (transformersHash).
 func (t *Transformers) Hash() [sha256.Size]byte {
-	tensors := checkpoint.HashTensors(t.CheckpointTensors())
-	h := sha256.New()
-	h.Write([]byte("psyche transformers model\x00"))
-	h.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(t.JSON))))
-	h.Write(t.JSON)
-	h.Write(tensors[:])
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
+	return transformersHash(t.JSON, checkpoint.HashTensors(t.CheckpointTensors()))
 }
 
 // NumParams counts the values held (0 before the engine draws them).

@@ -185,6 +185,23 @@ func (e *goEngine) Model(context.Context) (runmodel.Model, error) {
 	return e.m, nil
 }
 
+func (e *goEngine) Weights() (runmodel.Weights, error) {
+	w, err := runmodel.HostWeights(e.m)
+	if err != nil {
+		return w, err
+	}
+	read := w.Read
+	w.Read = func(ctx context.Context, i, off int, dst []float32) error {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.closed {
+			return engine.ErrClosed
+		}
+		return read(ctx, i, off, dst)
+	}
+	return w, nil
+}
+
 func (e *goEngine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -93,5 +93,14 @@ type statsRequest struct {
 	Reset bool `json:"reset"`
 }
 
+// readRequest asks for values [Offset, Offset+Count) of parameter tensor
+// Tensor (Shapes' order): one float32 blob answers.
+type readRequest struct {
+	op
+	Tensor int `json:"tensor"`
+	Offset int `json:"offset"`
+	Count  int `json:"count"`
+}
+
 // bare is a request of no fields (undo, params, and the tests' ops).
 func bare(name string) *op { return &op{Op: name} }

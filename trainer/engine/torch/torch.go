@@ -872,6 +872,29 @@ func (e *eng) Memory(ctx context.Context, reset bool) (Memory, error) {
 	return m, a.fields(&m)
 }
 
+// Weights are the parameters on the worker's device, read a range at a time
+// (the worker's read op; sharded ranks gather the tensor read).
+func (e *eng) Weights() (runmodel.Weights, error) {
+	w := runmodel.Weights{Config: e.cfg, Shapes: cloneShapes(e.shapes), Read: e.read}
+	if e.tf != nil {
+		w.Names, w.JSON = slices.Clone(e.names), e.tf.JSON
+	}
+	return w, nil
+}
+
+func (e *eng) read(ctx context.Context, i, off int, dst []float32) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a, err := e.do(ctx, e.bulkTimeout(), &readRequest{op: op{Op: "read"}, Tensor: i, Offset: off, Count: len(dst)}, nil)
+	if err != nil {
+		return err
+	}
+	if len(a.blobs) != 1 || len(a.blobs[0]) != 4*len(dst) {
+		return fmt.Errorf("torch engine: a read of %d values answered %d blobs", len(dst), len(a.blobs))
+	}
+	return f32Into(dst, a.blobs[0])
+}
+
 func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {
 	ts, err := e.tensors(ctx, "params")
 	if err != nil {

@@ -208,7 +208,8 @@ func TestGradientParity(t *testing.T) {
 }
 
 // TestSeededHash: a model opened on the torch engine and copied back out
-// is the model that went in (so a seeded model's hash is the Go engine's).
+// is the model that went in (so a seeded model's hash is the Go engine's),
+// and its weights read a range at a time hash and save as that model.
 func TestSeededHash(t *testing.T) {
 	_, torchOp := openers(t)
 	for _, pm := range parityModels {
@@ -221,6 +222,7 @@ func TestSeededHash(t *testing.T) {
 		if runmodel.Revision(got) != runmodel.Revision(want) {
 			t.Errorf("%s: hash %s after the round trip, %s before", pm.name, runmodel.Revision(got), runmodel.Revision(want))
 		}
+		weightsMatchModel(t, e)
 	}
 }
 
@@ -742,6 +744,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				if runmodel.Revision(sm) != runmodel.Revision(mm) {
 					t.Errorf("after a round the ranks hold %s, the one-device worker %s", runmodel.Revision(mm), runmodel.Revision(sm))
 				}
+				weightsMatchModel(t, multi)
 				// Try and Undo put every rank back.
 				if err := multi.Try(ctx, round, 0.05); err != nil {
 					t.Fatal(err)

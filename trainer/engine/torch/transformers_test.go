@@ -84,7 +84,9 @@ func TestTransformersSeededInit(t *testing.T) {
 			if names := tf.Names(); len(names) == 0 || names[0] != "model.embed_tokens.weight" || slices.Contains(names, "lm_head.weight") {
 				t.Fatalf("names %v: want the state dict's, the tied head once (as the embedding)", names)
 			}
-			again, err := openModel(t, op, drawn).Model(ctx)
+			reopened := openModel(t, op, drawn)
+			weightsMatchModel(t, reopened)
+			again, err := reopened.Model(ctx)
 			if err != nil || runmodel.Revision(again) != hashes[2] {
 				t.Fatalf("reopened on its tensors: %v, hash %s, want %s", err, runmodel.Revision(again), hashes[2])
 			}

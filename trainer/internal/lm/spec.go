@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // Save writes tensors and the model shape mc (plus meta) to a safetensors
@@ -50,4 +51,14 @@ func FromCheckpoint[C any, M interface {
 		return none, err
 	}
 	return m, m.LoadParams(ck)
+}
+
+// Cut is the checkpoint tensors pieces name, cut from the parameters (or
+// the gradients) in Specs order: views, or transposed copies.
+func Cut(pieces []modelspec.Piece, tensors [][]float32) []checkpoint.Tensor {
+	out := make([]checkpoint.Tensor, len(pieces))
+	for i, p := range pieces {
+		out[i] = checkpoint.Tensor{Name: p.Name, Shape: p.Shape, Data: p.Values(tensors)}
+	}
+	return out
 }

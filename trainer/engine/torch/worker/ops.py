@@ -20,8 +20,8 @@ import torch
 import placement
 import protocol
 import registry
-from protocol import (BatchRequest, DescribeRequest, HelloRequest, Kind, LRRequest, OpenRequest, Refused, Request,
-                      StatsRequest, say)
+from protocol import (BatchRequest, DescribeRequest, HelloRequest, Kind, LRRequest, OpenRequest, ReadRequest, Refused,
+                      Request, StatsRequest, say)
 from tensors import allocated, cpu_threads, f32_bytes, resolve_devices
 
 Answer = Tuple[Dict, List[bytes]]
@@ -56,8 +56,8 @@ class Worker:
     def handlers(self) -> Dict[str, Handler]:
         return {"hello": self.hello, "describe": self.describe, "open": self.open, "gradient": self.gradient,
                 "losses": self.losses, "step": self.step, "apply": self.apply, "try": self.try_, "undo": self.undo,
-                "params": self.params, "grads": self.grads, "set_grads": self.set_grads, "stats": self.stats,
-                "digests": self.digests}
+                "params": self.params, "read": self.read, "grads": self.grads, "set_grads": self.set_grads,
+                "stats": self.stats, "digests": self.digests}
 
     def need_model(self) -> placement.Single:
         if self.place is None or self.place.model is None:
@@ -156,6 +156,20 @@ class Worker:
     def params(self, h: Request, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         return {}, [f32_bytes(p) for p in place.whole_tensors()]
+
+    def read(self, h: ReadRequest, blobs: Optional[List[bytes]]) -> Answer:
+        """A range of one parameter tensor's values: what psyche hashes,
+        saves and offers the model from, a piece at a time, so that it
+        never holds a copy of the whole model."""
+        place = self.need_model()
+        i, off, n = int(h["tensor"]), int(h["offset"]), int(h["count"])
+        if not 0 <= i < len(place.shapes):
+            raise Refused(Kind.INPUT, "tensor %d of %d" % (i, len(place.shapes)))
+        size = math.prod(place.shapes[i])
+        if off < 0 or n < 0 or off + n > size:
+            raise Refused(Kind.INPUT, "values [%d, %d) of a tensor of %d" % (off, off + n, size))
+        whole = place.whole_tensor(i)
+        return {}, [f32_bytes(whole.reshape(-1)[off:off + n])]
 
     def digests(self, h: Request, blobs: Optional[List[bytes]]) -> Answer:
         """Every rank's digest of its parameters (tests: the ranks must

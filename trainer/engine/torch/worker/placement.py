@@ -196,6 +196,10 @@ class Single:
         """The model's tensors, whole, in order."""
         yield from self.model.tensors
 
+    def whole_tensor(self, i: int) -> torch.Tensor:
+        """The model's tensor i, whole."""
+        return self.model.tensors[i]
+
     def grads(self) -> List[bytes]:
         return [f32_bytes(g) for g in self.kept_grads()]
 
@@ -319,8 +323,9 @@ class Replicated(Ranks):
 
     def forwards(self, op: str) -> bool:
         # Rank 0 alone steps, holds the gradient psyche reads or sets, and
-        # hands out the parameters (every rank holds them whole).
-        return super().forwards(op) and op not in ("step", "grads", "set_grads", "params")
+        # hands out the parameters, whole or a range (every rank holds them
+        # whole).
+        return super().forwards(op) and op not in ("step", "grads", "set_grads", "params", "read")
 
     def load(self, tensors: Sequence[torch.Tensor], blobs: Optional[List[bytes]], drawn: bool) -> None:
         super().load(tensors, blobs, drawn)
@@ -543,6 +548,10 @@ class Sharded(Ranks):
     def whole_tensors(self) -> Iterator[torch.Tensor]:
         for i in range(len(self.shapes)):
             yield self.sharded.full(i)
+
+    def whole_tensor(self, i: int) -> torch.Tensor:
+        # Gathered from every rank's shard (every rank reads).
+        return self.sharded.full(i)
 
     def grads(self) -> List[bytes]:
         full = [torch.zeros(s, dtype=torch.float32, device=self.device) for s in self.shapes]

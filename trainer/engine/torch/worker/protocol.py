@@ -93,6 +93,12 @@ class StatsRequest(Request, total=False):
     reset: bool
 
 
+class ReadRequest(Request):
+    tensor: int  # a parameter tensor, in the order of the open request's shapes
+    offset: int  # the first value of the range read
+    count: int  # how many values: one float32 blob answers
+
+
 def say(msg: str) -> None:
     """A line psyche logs."""
     sys.stderr.write(LOG_PREFIX + msg + "\n")

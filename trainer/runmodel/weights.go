@@ -1,0 +1,194 @@
+package runmodel
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/checkpoint"
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
+)
+
+// Weights are a model's parameters wherever they are held (a host model, an
+// engine's device) and what writing or hashing them takes besides: the
+// config, a transformers model's config.json and tensor names. A checkpoint
+// of them is written and hashed a piece at a time (modelspec.Piece), each
+// read as it is needed, so a model held by a worker is never copied whole
+// into this process.
+type Weights struct {
+	Config modelspec.Config
+	// Shapes are the parameter tensors' shapes, in the order Read
+	// addresses them (the model's Shapes).
+	Shapes [][]int
+	// Names and JSON describe a transformers model: its tensors' names
+	// (Shapes' order) and its config.json, byte for byte.
+	Names []string
+	JSON  []byte
+	// Read copies values [off, off+len(dst)) of tensor i into dst.
+	Read func(ctx context.Context, i, off int, dst []float32) error
+}
+
+// HostWeights are the weights of a model in this process, read from its
+// tensors.
+func HostWeights(m Model) (Weights, error) {
+	c, err := ConfigOf(m)
+	if err != nil {
+		return Weights{}, err
+	}
+	tensors := m.Tensors()
+	w := Weights{Config: c, Shapes: m.Shapes(), Read: func(_ context.Context, i, off int, dst []float32) error {
+		copy(dst, tensors[i][off:off+len(dst)])
+		return nil
+	}}
+	if t, ok := m.(*Transformers); ok {
+		if !t.Drawn() {
+			return Weights{}, errors.New("runmodel: a transformers model not drawn yet has no weights")
+		}
+		w.Names, w.JSON = t.names, t.JSON
+	}
+	return w, nil
+}
+
+// Pieces are the tensors of the checkpoint file the weights are saved as
+// (hf: a Hugging Face directory, as Save decides) and hashed as (the
+// model's own layout: CheckpointTensors').
+func (w Weights) Pieces(hf bool) ([]modelspec.Piece, error) {
+	var p []modelspec.Piece
+	switch w.Config.Arch {
+	case coordinator.ArchGPT:
+		p = w.Config.GPT.Pieces()
+		if hf {
+			p = w.Config.GPT.HFPieces()
+		}
+	case coordinator.ArchLlama:
+		p = w.Config.Llama.Pieces()
+	case coordinator.ArchTransformers:
+		if len(w.Names) != len(w.Shapes) {
+			return nil, fmt.Errorf("runmodel: %d names for %d tensors", len(w.Names), len(w.Shapes))
+		}
+		// A transformers checkpoint lists its tensors by name.
+		p = modelspec.WholePieces(w.Names, w.Shapes)
+		slices.SortFunc(p, func(a, b modelspec.Piece) int { return strings.Compare(a.Name, b.Name) })
+	default:
+		return nil, fmt.Errorf("%w: %d", modelspec.ErrArchitecture, w.Config.Arch)
+	}
+	return p, modelspec.CheckPieces(p, w.Shapes)
+}
+
+// Tensors are the checkpoint's tensors (Pieces), each read when it is
+// written or hashed: a piece is read in the chunks asked for, a transposed
+// one whole (a GPT layer's matrix) and kept until the next piece.
+func (w Weights) Tensors(hf bool) ([]checkpoint.Tensor, error) {
+	pieces, err := w.Pieces(hf)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]checkpoint.Tensor, len(pieces))
+	var held struct {
+		piece  int
+		values []float32
+	}
+	held.piece = -1
+	for k, p := range pieces {
+		fill := func(ctx context.Context, off int, dst []float32) error {
+			return w.Read(ctx, p.Tensor, p.Offset+off, dst)
+		}
+		if p.Transposed {
+			fill = func(ctx context.Context, off int, dst []float32) error {
+				if held.piece != k {
+					v := make([]float32, modelspec.Size(p.Shape))
+					if err := w.Read(ctx, p.Tensor, p.Offset, v); err != nil {
+						return err
+					}
+					held.piece, held.values = k, modelspec.Transpose(v, p.Shape[1], p.Shape[0])
+				}
+				copy(dst, held.values[off:])
+				return nil
+			}
+		}
+		out[k] = checkpoint.Tensor{Name: p.Name, Shape: p.Shape, Fill: fill}
+	}
+	return out, nil
+}
+
+// Hash is the model's hash (Model.Hash), its values read a chunk at a time.
+func (w Weights) Hash(ctx context.Context) ([sha256.Size]byte, error) {
+	tensors, err := w.Tensors(false)
+	if err != nil {
+		return [sha256.Size]byte{}, err
+	}
+	sum, err := checkpoint.Hash(ctx, tensors)
+	if err != nil || w.Config.Arch != coordinator.ArchTransformers {
+		return sum, err
+	}
+	return transformersHash(w.JSON, sum), nil
+}
+
+// Revision is the run revision that names the model (Revision).
+func (w Weights) Revision(ctx context.Context) (string, error) {
+	sum, err := w.Hash(ctx)
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(sum[:revisionLen/2]), nil
+}
+
+// Save writes the weights as Save writes a model: a Hugging Face directory
+// when hf is set or the model is a Llama or a transformers model, otherwise
+// one safetensors file with meta in its header.
+func (w Weights) Save(ctx context.Context, path string, hf bool, meta map[string]string) error {
+	tensors, err := w.Tensors(hf)
+	if err != nil {
+		return err
+	}
+	switch w.Config.Arch {
+	case coordinator.ArchLlama:
+		return llama.SaveHFTensors(ctx, path, w.Config.Llama, tensors, llama.HFOptions{})
+	case coordinator.ArchGPT:
+		if hf {
+			return gpt.SaveHFTensors(ctx, path, w.Config.GPT, tensors)
+		}
+		return gpt.SaveTensors(ctx, path, w.Config.GPT, tensors, meta)
+	}
+	return saveTransformers(ctx, path, w.JSON, tensors)
+}
+
+// saveTransformers writes a transformers model's Hugging Face directory:
+// the run's config.json as it was read and model.safetensors in F32 (so its
+// hash is the model's), which AutoModelForCausalLM.from_pretrained loads (a
+// tied head is not stored: the config's tie_word_embeddings ties it again).
+func saveTransformers(ctx context.Context, dir string, json []byte, tensors []checkpoint.Tensor) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("runmodel: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), json, 0o644); err != nil {
+		return fmt.Errorf("runmodel: %w", err)
+	}
+	return checkpoint.Save(ctx, filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
+}
+
+// transformersHash is a transformers model's hash: its config.json (byte
+// for byte) and its named tensors' hash (checkpoint.HashTensors). Two
+// directories with the same weights but configs that differ in a field the
+// run's shape does not record (a norm's epsilon, the rope's base) compute
+// different functions, so they are different models.
+func transformersHash(json []byte, tensors [sha256.Size]byte) [sha256.Size]byte {
+	h := sha256.New()
+	h.Write([]byte("psyche transformers model\x00"))
+	h.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(json))))
+	h.Write(json)
+	h.Write(tensors[:])
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}

@@ -1,0 +1,139 @@
+package runmodel
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
+)
+
+// readCounter wraps a Weights' Read, keeping the largest read.
+func readCounter(w *Weights, largest *int) {
+	read := w.Read
+	w.Read = func(ctx context.Context, i, off int, dst []float32) error {
+		*largest = max(*largest, len(dst))
+		return read(ctx, i, off, dst)
+	}
+}
+
+// sameFiles fails unless the two paths (files or directories) hold the
+// same bytes.
+func sameFiles(t *testing.T, a, b string) {
+	t.Helper()
+	err := filepath.WalkDir(a, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(a, p)
+		other := b
+		if rel != "." {
+			other = filepath.Join(b, rel)
+		}
+		x, _ := os.ReadFile(p)
+		y, err := os.ReadFile(other)
+		if err != nil || !bytes.Equal(x, y) {
+			t.Fatalf("%s differs from %s (%v)", p, other, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWeightsSaveAndHashAsTheModel: a model's weights read a chunk at a time
+// (what an engine on a device hands out) save the same files and hash the
+// same as the host model does, for every architecture and file form, and
+// no read asks for more than a chunk, a piece or a transposed GPT matrix:
+// the whole model is never asked for at once.
+func TestWeightsSaveAndHashAsTheModel(t *testing.T) {
+	ctx := context.Background()
+	g, _ := gpt.New(modelspec.GPTConfig{Vocab: 300, Context: 16, Width: 128, Layers: 2, Heads: 4}, 1, nil)
+	l, _ := llama.New(modelspec.LlamaConfig{Vocab: 300, Context: 16, Width: 128, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 256, RopeTheta: 10000}, 1, nil)
+	lt, _ := llama.New(modelspec.LlamaConfig{Vocab: 300, Context: 16, Width: 128, Layers: 2, Heads: 4, KVHeads: 4, Intermediate: 256, RopeTheta: 10000, TiedHead: true}, 2, nil)
+	tf, _ := NewTransformers([]byte(qwenJSON), 64, 1)
+	names := []string{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+	shapes := [][]int{{256, 64}, {64}, {256, 64}}
+	values := make([][]float32, len(shapes))
+	for i, s := range shapes {
+		values[i] = make([]float32, modelspec.Size(s))
+		for j := range values[i] {
+			values[i][j] = float32(i*7+j%13) / 10
+		}
+	}
+	tfm, err := tf.WithTensors(names, shapes, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		m    Model
+		hf   bool
+	}{
+		{"gpt", g, false},
+		{"gpt hf", g, true},
+		{"llama", l, false},
+		{"llama tied", lt, true},
+		{"transformers", tfm, true},
+	} {
+		w, err := HostWeights(tc.m)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		largest := 0
+		readCounter(&w, &largest)
+		if sum, err := w.Hash(ctx); err != nil || sum != tc.m.Hash() {
+			t.Fatalf("%s: Weights.Hash = %x, %v; the model's %x", tc.name, sum, err, tc.m.Hash())
+		}
+		if rev, err := w.Revision(ctx); err != nil || rev != Revision(tc.m) {
+			t.Fatalf("%s: Weights.Revision = %s, %v; the model's %s", tc.name, rev, err, Revision(tc.m))
+		}
+		dir := t.TempDir()
+		meta := map[string]string{"run": "r", "step": "3"}
+		if err := w.Save(ctx, filepath.Join(dir, "weights"), tc.hf, meta); err != nil {
+			t.Fatalf("%s: Weights.Save: %v", tc.name, err)
+		}
+		if err := Save(ctx, tc.m, filepath.Join(dir, "model"), tc.hf, meta); err != nil {
+			t.Fatalf("%s: Save: %v", tc.name, err)
+		}
+		sameFiles(t, filepath.Join(dir, "model"), filepath.Join(dir, "weights"))
+		// A chunk of the writer's or the hasher's (a quarter million
+		// values), or a transposed GPT matrix.
+		if largest > 1<<18 || largest >= tc.m.NumParams()/2 {
+			t.Fatalf("%s: a read of %d values (the model has %d)", tc.name, largest, tc.m.NumParams())
+		}
+	}
+}
+
+// TestWeightsReadFails: a read that fails fails the hash and the save, and
+// the save leaves no model file.
+func TestWeightsReadFails(t *testing.T) {
+	m, _ := gpt.New(modelspec.GPTConfig{Vocab: 11, Context: 6, Width: 8, Layers: 2, Heads: 2}, 1, nil)
+	w, err := HostWeights(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := errors.New("the worker exited")
+	w.Read = func(context.Context, int, int, []float32) error { return gone }
+	if _, err := w.Hash(context.Background()); !errors.Is(err, gone) {
+		t.Fatalf("Hash = %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "m.safetensors")
+	if err := w.Save(context.Background(), path, false, nil); !errors.Is(err, gone) {
+		t.Fatalf("Save = %v", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a failed save left %s (%v)", path, err)
+	}
+	tf, _ := NewTransformers([]byte(qwenJSON), 64, 1)
+	if _, err := HostWeights(tf); err == nil {
+		t.Fatal("the weights of a transformers model not drawn yet")
+	}
+}

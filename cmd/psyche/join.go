@@ -166,7 +166,9 @@ func join(c *cli.Context) error {
 	var rate stepRate
 	var seen node.Progress // the last progress, for the line join ends with
 	var seenMu sync.Mutex
-	nd, pn, err := start.Trainer(ctx, c.String("run-id"), b, signer, p2pOpts, append(opts,
+	// The trainer's last weights are its checkpoints' and its peers'
+	// business: Run need not copy them out of the engine as it ends.
+	nd, pn, err := start.Trainer(ctx, c.String("run-id"), b, signer, p2pOpts, append(opts, node.WithoutFinalModel(),
 		node.WithProgress(func(p node.Progress) {
 			seenMu.Lock()
 			seen = p

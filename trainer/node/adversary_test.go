@@ -208,14 +208,9 @@ func TestSilentTrainerCostsNoTrainingLimit(t *testing.T) {
 	c := newClusterOn(t, memnet.NewHub(), 4, func(k *coordinator.Config) { k.EpochTime = 12; limit = k.MaxRoundTrainTime },
 		func(i int) []node.Option {
 			if i == 3 {
-				return []node.Option{bad}
+				return []node.Option{bad} // it sits out an epoch: the honest ones leave after the third
 			}
-			return nil
-		}, func(i int) []node.Option {
-			if i == 3 {
-				return nil // it sits out an epoch: the others leave after the third
-			}
-			return epochs(3)(i)
+			return []node.Option{node.WithEpochs(3)}
 		})
 	rogue := c.nodes[3].ID()
 	var (

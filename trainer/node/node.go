@@ -231,16 +231,19 @@ func (n *Node) setEngine(e engine.Engine, p *distro.Plan) {
 }
 
 // closeEngine keeps a host copy of the model the engine holds (what Model
-// answers after Run) and releases the engine: a worker process does not
+// answers after Run; none WithoutFinalModel) and releases the engine: a worker process does not
 // outlive the node's Run.
 func (n *Node) closeEngine() {
 	e := n.engine()
 	if e == nil {
 		return
 	}
-	m, err := e.Model(context.Background())
-	if err != nil {
-		n.cfg.log.Warn("the engine cannot give its model", "engine", e.Name(), "err", err)
+	var m runmodel.Model
+	if !n.cfg.noFinal {
+		var err error
+		if m, err = e.Model(context.Background()); err != nil {
+			n.cfg.log.Warn("the engine cannot give its model", "engine", e.Name(), "err", err)
+		}
 	}
 	n.engMu.Lock()
 	n.last = m

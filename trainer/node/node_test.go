@@ -334,6 +334,25 @@ func TestThreeTrainersTrainTogether(t *testing.T) {
 	c.lossWentDown(0)
 }
 
+// TestWithoutFinalModel: a trainer told not to keep its model (psyche
+// join) has none after Run, where one that keeps it has the run's.
+func TestWithoutFinalModel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	c := newCluster(t, 2, nil, func(i int) []node.Option {
+		if i == 1 {
+			return []node.Option{node.WithEpochs(1), node.WithoutFinalModel()}
+		}
+		return oneEpoch(i)
+	})
+	c.waitFor("the epoch's end", func(s *coordinator.Coordinator) bool { return s.Progress.Epoch >= 1 })
+	c.stopAll(0, 1)
+	if c.nodes[0].Model() == nil || c.nodes[1].Model() != nil {
+		t.Fatalf("after Run: the keeping trainer's model %v, the other's %v (want one, and none)", c.nodes[0].Model() != nil, c.nodes[1].Model() != nil)
+	}
+}
+
 // TestDeadTrainerIsDropped kills a trainer mid-epoch: health checks drop it,
 // the others go on, and they still agree on the weights.
 func TestDeadTrainerIsDropped(t *testing.T) {

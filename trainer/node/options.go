@@ -49,6 +49,7 @@ type config struct {
 	joinFrom  uint32               // WithFirstEpoch (export_test.go)
 	clock     Clock
 	metrics   *Metrics
+	noFinal   bool // WithoutFinalModel
 }
 
 // Clock is the time a node reads and paces itself by: the coordinator's
@@ -173,6 +174,13 @@ func WithClock(c Clock) Option {
 // WithDataOptions passes options to the data provider.
 func WithDataOptions(opts ...data.Option) Option {
 	return func(c *config) error { c.dataOpts = append(c.dataOpts, opts...); return nil }
+}
+
+// WithoutFinalModel keeps Run from copying the engine's model out when it
+// ends (a whole model in this process, for a torch engine): Model answers
+// nil afterwards. A trainer that only trains (psyche join) never reads it.
+func WithoutFinalModel() Option {
+	return func(c *config) error { c.noFinal = true; return nil }
 }
 
 // WithEngine sets what computes (default: engine.Go with the node's

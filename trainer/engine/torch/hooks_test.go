@@ -34,12 +34,8 @@ func (e *eng) Gradients(ctx context.Context) ([][]float32, error) { return e.ten
 // SetGradients replaces the kept gradient (parity tests feed both engines
 // one gradient).
 func (e *eng) SetGradients(ctx context.Context, grads [][]float32) error {
-	blobs := make([][]byte, len(grads))
-	for i, g := range grads {
-		blobs[i] = f32Bytes(g)
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.bulkTimeout(), bare("set_grads"), blobs)
+	_, err := e.do(ctx, e.bulkTimeout(), bare("set_grads"), nil, grads...)
 	return err
 }

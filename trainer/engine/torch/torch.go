@@ -623,15 +623,16 @@ func (e *eng) bulkTimeout() time.Duration {
 	return max(e.timeout, time.Minute+time.Duration(e.params/20_000_000)*time.Second)
 }
 
-// do sends one request under the engine's lock.
-func (e *eng) do(ctx context.Context, timeout time.Duration, req request, blobs [][]byte) (*answer, error) {
+// do sends one request under the engine's lock: its blobs, then tensors
+// (float32 blobs encoded as they are written).
+func (e *eng) do(ctx context.Context, timeout time.Duration, req request, blobs [][]byte, tensors ...[]float32) (*answer, error) {
 	if e.closed {
 		return nil, engine.ErrClosed
 	}
 	if e.broken != nil {
 		return nil, e.broken
 	}
-	a, err := e.w.call(ctx, timeout, req, blobs)
+	a, err := e.w.call(ctx, timeout, req, blobs, tensors...)
 	if err != nil {
 		if errors.Is(err, errWorker) {
 			e.broken = err
@@ -706,14 +707,10 @@ func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) (str
 		Distro: distroOptions{Decay: o.Decay, WeightDecay: o.WeightDecay, Clip: o.ClipGradNorm,
 			Quantize: o.Quantize1Bit, NormalizeRMS: o.NormalizeRMS, MaxValue: distro.MaxValue},
 		Precision: e.o.precision, Compile: e.o.compile, Placement: e.o.placement}
-	ts := m.Tensors()
-	blobs := make([][]byte, len(ts))
-	for i, t := range ts {
-		blobs[i] = f32Bytes(t)
-	}
+	// The weights follow one tensor a blob, encoded as they are written.
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.bulkTimeout(), h, blobs)
+	a, err := e.do(ctx, e.bulkTimeout(), h, nil, m.Tensors()...)
 	if err != nil {
 		return "", err
 	}

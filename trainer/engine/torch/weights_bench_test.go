@@ -109,3 +109,36 @@ func heapPeak(f func() error) (float64, error) {
 	peak = max(peak, read())
 	return peak - base, err
 }
+
+// BenchmarkOpenEngine: a torch engine opened on a host model (a Llama of
+// 25M parameters, 99.5 MiB in fp32), reporting the Go heap's peak above
+// the host model while the weights go to the worker (peak-heap-MiB) beside
+// the model's bytes (model-MiB).
+func BenchmarkOpenEngine(b *testing.B) {
+	cfg := modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 8192, Context: 128, Width: 512, Layers: 6,
+		Heads: 8, KVHeads: 4, Intermediate: 1408, RopeTheta: 10000}}
+	op, err := New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := runmodel.New(cfg, 1, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var peak float64
+	for b.Loop() {
+		p, err := heapPeak(func() error {
+			e, err := op.Open(context.Background(), engine.Spec{Model: m, Optimizer: runOptions(true)})
+			if err != nil {
+				return err
+			}
+			return e.Close()
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		peak = max(peak, p)
+	}
+	b.ReportMetric(peak/(1<<20), "peak-heap-MiB")
+	b.ReportMetric(float64(4*m.NumParams())/(1<<20), "model-MiB")
+}

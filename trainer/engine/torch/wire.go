@@ -32,11 +32,16 @@ const (
 )
 
 // writeMessage writes one message: the request (its blobs' lengths set
-// here) and blobs.
-func writeMessage(w io.Writer, r request, blobs [][]byte) error {
-	lens := make([]int, len(blobs))
-	for i, b := range blobs {
-		lens[i] = len(b)
+// here), blobs, then tensors as float32 blobs, each encoded a chunk at a
+// time as it is written (a model's weights go to the worker without a copy
+// of them in bytes).
+func writeMessage(w io.Writer, r request, blobs [][]byte, tensors ...[]float32) error {
+	lens := make([]int, 0, len(blobs)+len(tensors))
+	for _, b := range blobs {
+		lens = append(lens, len(b))
+	}
+	for _, t := range tensors {
+		lens = append(lens, 4*len(t))
 	}
 	r.header().Blobs = lens
 	js, err := json.Marshal(r)
@@ -56,8 +61,27 @@ func writeMessage(w io.Writer, r request, blobs [][]byte) error {
 			return err
 		}
 	}
+	var buf []byte
+	for _, t := range tensors {
+		for len(t) > 0 {
+			k := min(len(t), tensorChunk)
+			buf = buf[:0]
+			for _, x := range t[:k] {
+				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
+			}
+			if _, err := w.Write(buf); err != nil {
+				return err
+			}
+			t = t[k:]
+		}
+	}
 	return nil
 }
+
+// tensorChunk is how many values of a tensor writeMessage encodes at a
+// time: a quarter of a mebibyte, large enough that a write is not a system
+// call per value, small enough to be nothing beside a model.
+const tensorChunk = 1 << 16
 
 // answer is a decoded answer: its header fields and blobs.
 type answer struct {

@@ -20,7 +20,11 @@ func openTransformers(ctx context.Context, m *runmodel.Transformers) (engine.Eng
 	if err != nil {
 		return nil, err
 	}
-	e, err := op.Open(ctx, engine.Spec{Model: m, Optimizer: distro.Options{Chunk: 64, TopK: 1, Update: distro.UpdateSign}})
+	w, err := runmodel.HostWeights(m)
+	if err != nil {
+		return nil, err
+	}
+	e, err := op.Open(ctx, engine.Spec{Weights: w, Optimizer: distro.Options{Chunk: 64, TopK: 1, Update: distro.UpdateSign}})
 	if err != nil {
 		return nil, fmt.Errorf("a transformers model needs the torch engine: %w", err)
 	}
@@ -34,5 +38,5 @@ func drawTransformers(ctx context.Context, m *runmodel.Transformers) (runmodel.M
 		return nil, err
 	}
 	defer e.Close()
-	return e.Model(ctx)
+	return engine.HostModel(ctx, e, nil)
 }

@@ -152,7 +152,12 @@ type engineRunner struct {
 
 func (er *engineRunner) openEngine(ctx context.Context, op engine.Opener, m runmodel.Model) {
 	t0 := time.Now()
-	e, err := op.Open(ctx, engine.Spec{Model: m, Optimizer: er.s.opts, Timeout: 30 * time.Minute})
+	w, err := runmodel.HostWeights(m)
+	if err != nil {
+		er.r.Error = "open: " + err.Error()
+		return
+	}
+	e, err := op.Open(ctx, engine.Spec{Weights: w, Optimizer: er.s.opts, Timeout: 30 * time.Minute})
 	if err != nil {
 		er.r.Error = "open: " + err.Error()
 		return

@@ -25,6 +25,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
@@ -60,8 +61,8 @@ type Losses struct {
 }
 
 // Engine computes for one trainer. Its methods are called from one
-// goroutine at a time, except Model, which may be called at any time (it
-// waits for the computation in progress).
+// goroutine at a time, except the reads of its Weights, which may come at
+// any time (each waits for the computation in progress).
 type Engine interface {
 	// Name says what computes, for logs ("go: openblas fp32", "torch
 	// 2.11 on cuda:0, bf16").
@@ -97,25 +98,36 @@ type Engine interface {
 	// goroutine at a time, between rounds) and sees the parameters as
 	// they are when it runs.
 	Weights() (runmodel.Weights, error)
-	// Model is a host model holding the engine's current parameters, for
-	// tests and the reports of small runs. The Go engine returns its own
-	// model (not a copy); other engines copy the parameters out.
-	Model(ctx context.Context) (runmodel.Model, error)
 	// Close releases what the engine holds (a worker process, device
 	// memory). The engine is unusable afterwards.
 	Close() error
 }
 
-// Spec is what an engine is opened on: the model it starts from (a host
-// model the node loaded: seeded, from a file, from peers) and the run's
-// optimizer options, under which the engine compresses its steps.
+// Spec is what an engine is opened on: the model it starts from, as named
+// tensors (runmodel.Weights: the config, the tensors' shapes and names, a
+// read of their values, or the seed a transformers model is drawn from),
+// and the run's optimizer options, under which the engine compresses its
+// steps. The weights are read while Open runs; an engine keeps nothing of
+// them but what it copies.
 type Spec struct {
-	Model     runmodel.Model
+	Weights   runmodel.Weights
 	Optimizer distro.Options
 	// Timeout bounds one round's computation (a gradient, a step, an
 	// apply): an engine whose computation takes longer is taken to hang.
 	// Zero means the engine's default.
 	Timeout time.Duration
+}
+
+// HostModel is a model in this process holding the engine's current
+// weights: the Go engine's own model (not a copy), or a copy read from the
+// engine a tensor at a time (be builds it; nil: the default kernels) — for
+// tests and the reports of small runs, never on a trainer's path.
+func HostModel(ctx context.Context, e Engine, be kernels.Backend) (runmodel.Model, error) {
+	w, err := e.Weights()
+	if err != nil {
+		return nil, err
+	}
+	return w.Model(ctx, be)
 }
 
 // Opener opens engines of one kind; a node opens one per model it loads

@@ -90,7 +90,11 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	if op == nil {
 		op = goengine.New(n.cfg.kernels)
 	}
-	eng, err := op.Open(ctx, engine.Spec{Model: model, Optimizer: opts, Timeout: engineTimeout(s)})
+	weights, err := runmodel.HostWeights(model)
+	if err != nil {
+		return err
+	}
+	eng, err := op.Open(ctx, engine.Spec{Weights: weights, Optimizer: opts, Timeout: engineTimeout(s)})
 	if err != nil {
 		return fmt.Errorf("node: opening the %s engine on the model: %w", op.Name(), err)
 	}

@@ -188,7 +188,7 @@ func (n *Node) Model() runmodel.Model {
 	if e == nil {
 		return last
 	}
-	m, err := e.Model(context.Background())
+	m, err := engine.HostModel(context.Background(), e, n.cfg.kernels)
 	if err != nil {
 		n.cfg.log.Warn("the engine cannot give its model", "engine", e.Name(), "err", err)
 		return nil
@@ -241,7 +241,7 @@ func (n *Node) closeEngine() {
 	var m runmodel.Model
 	if !n.cfg.noFinal {
 		var err error
-		if m, err = e.Model(context.Background()); err != nil {
+		if m, err = engine.HostModel(context.Background(), e, n.cfg.kernels); err != nil {
 			n.cfg.log.Warn("the engine cannot give its model", "engine", e.Name(), "err", err)
 		}
 	}

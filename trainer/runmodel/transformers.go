@@ -129,24 +129,6 @@ func (t *Transformers) CheckpointTensors() []checkpoint.Tensor {
 	return out
 }
 
-// InOrder is the same model holding its tensors in the order of names
-// (transformers' order, as an engine describes it), failing unless it holds
-// exactly those tensors with those shapes (MatchTensors).
-func (t *Transformers) InOrder(names []string, shapes [][]int) (*Transformers, error) {
-	if err := MatchTensors(t.names, t.shapes, names, shapes); err != nil {
-		return nil, err
-	}
-	at := make(map[string]int, len(t.names))
-	for i, n := range t.names {
-		at[n] = i
-	}
-	values := make([][]float32, len(names))
-	for j, n := range names {
-		values[j] = t.values[at[n]]
-	}
-	return t.WithTensors(slices.Clone(names), shapes, values)
-}
-
 // MatchTensors says in one line how the tensors a checkpoint holds (have,
 // by name) differ from those transformers builds from the config (names
 // and shapes): the first tensor missing, misshapen or extra, and how many

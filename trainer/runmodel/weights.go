@@ -15,6 +15,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 )
@@ -34,9 +35,21 @@ type Weights struct {
 	// (Shapes' order) and its config.json, byte for byte.
 	Names []string
 	JSON  []byte
-	// Read copies values [off, off+len(dst)) of tensor i into dst.
+	// Read copies values [off, off+len(dst)) of tensor i into dst. It is
+	// nil for a transformers model not drawn yet, which the engine that
+	// opens it draws from Seed (its names and shapes are then the
+	// engine's to say).
 	Read func(ctx context.Context, i, off int, dst []float32) error
+	Seed uint64
+	// Host is the model in this process the weights are read from
+	// (HostWeights): an engine that computes in this process (the Go
+	// engine) trains it as it is, rather than a copy.
+	Host Model
 }
+
+// Drawn says whether the weights hold values (Read), rather than a seed an
+// engine draws them from.
+func (w Weights) Drawn() bool { return w.Read != nil }
 
 // HostWeights are the weights of a model in this process, read from its
 // tensors.
@@ -46,23 +59,94 @@ func HostWeights(m Model) (Weights, error) {
 		return Weights{}, err
 	}
 	tensors := m.Tensors()
-	w := Weights{Config: c, Shapes: m.Shapes(), Read: func(_ context.Context, i, off int, dst []float32) error {
+	w := Weights{Config: c, Shapes: m.Shapes(), Host: m, Read: func(_ context.Context, i, off int, dst []float32) error {
 		copy(dst, tensors[i][off:off+len(dst)])
 		return nil
 	}}
 	if t, ok := m.(*Transformers); ok {
+		w.Names, w.JSON, w.Seed = t.names, t.JSON, t.Seed
 		if !t.Drawn() {
-			return Weights{}, errors.New("runmodel: a transformers model not drawn yet has no weights")
+			w.Read, w.Shapes = nil, nil
 		}
-		w.Names, w.JSON = t.names, t.JSON
 	}
 	return w, nil
+}
+
+// errNotDrawn is the refusal to save or hash a transformers model whose
+// weights an engine has not drawn yet.
+var errNotDrawn = errors.New("runmodel: a transformers model not drawn yet has no weights")
+
+// InOrder are the same weights addressed in the order of names (a
+// transformers model's, as an engine describes it), failing unless they
+// hold exactly those tensors with those shapes (MatchTensors).
+func (w Weights) InOrder(names []string, shapes [][]int) (Weights, error) {
+	if err := MatchTensors(w.Names, w.Shapes, names, shapes); err != nil {
+		return Weights{}, err
+	}
+	at := make(map[string]int, len(w.Names))
+	for i, n := range w.Names {
+		at[n] = i
+	}
+	from := make([]int, len(names))
+	for j, n := range names {
+		from[j] = at[n]
+	}
+	read := w.Read
+	w.Names, w.Shapes = slices.Clone(names), shapes
+	w.Read = func(ctx context.Context, i, off int, dst []float32) error { return read(ctx, from[i], off, dst) }
+	if w.Host != nil {
+		// The host model's own order is no longer the weights'.
+		w.Host = nil
+	}
+	return w, nil
+}
+
+// Model is a model in this process holding the weights: Host itself, or a
+// model of their config that every tensor is read into (a copy, for the
+// engines that compute here and for tests).
+func (w Weights) Model(ctx context.Context, be kernels.Backend) (Model, error) {
+	if w.Host != nil {
+		return w.Host, nil
+	}
+	if w.Config.Arch == coordinator.ArchTransformers {
+		t, err := NewTransformers(w.JSON, w.Config.Transformers.Context, w.Seed)
+		if err != nil || !w.Drawn() {
+			return t, err
+		}
+		values := make([][]float32, len(w.Shapes))
+		for i, sh := range w.Shapes {
+			values[i] = make([]float32, modelspec.Size(sh))
+			if err := w.Read(ctx, i, 0, values[i]); err != nil {
+				return nil, err
+			}
+		}
+		return t.WithTensors(slices.Clone(w.Names), w.Shapes, values)
+	}
+	if !w.Drawn() {
+		return nil, errNotDrawn
+	}
+	m, err := New(w.Config, 0, be)
+	if err != nil {
+		return nil, err
+	}
+	for i, t := range m.Tensors() {
+		if i >= len(w.Shapes) || modelspec.Size(w.Shapes[i]) != len(t) {
+			return nil, fmt.Errorf("runmodel: the weights' tensor %d does not fit the %s model's", i, w.Config.Arch)
+		}
+		if err := w.Read(ctx, i, 0, t); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
 // Pieces are the tensors of the checkpoint file the weights are saved as
 // (hf: a Hugging Face directory, as Save decides) and hashed as (the
 // model's own layout: CheckpointTensors').
 func (w Weights) Pieces(hf bool) ([]modelspec.Piece, error) {
+	if !w.Drawn() {
+		return nil, errNotDrawn
+	}
 	var p []modelspec.Piece
 	switch w.Config.Arch {
 	case coordinator.ArchGPT:

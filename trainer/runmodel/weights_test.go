@@ -113,7 +113,8 @@ func TestWeightsSaveAndHashAsTheModel(t *testing.T) {
 }
 
 // TestWeightsReadFails: a read that fails fails the hash and the save, and
-// the save leaves no model file.
+// the save leaves no model file; weights not drawn yet are neither saved
+// nor hashed.
 func TestWeightsReadFails(t *testing.T) {
 	m, _ := gpt.New(modelspec.GPTConfig{Vocab: 11, Context: 6, Width: 8, Layers: 2, Heads: 2}, 1, nil)
 	w, err := HostWeights(m)
@@ -132,8 +133,58 @@ func TestWeightsReadFails(t *testing.T) {
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("a failed save left %s (%v)", path, err)
 	}
+	// A transformers model not drawn yet: its seed, no values to save.
 	tf, _ := NewTransformers([]byte(qwenJSON), 64, 1)
-	if _, err := HostWeights(tf); err == nil {
-		t.Fatal("the weights of a transformers model not drawn yet")
+	tw, err := HostWeights(tf)
+	if err != nil || tw.Drawn() || tw.Seed != 1 || string(tw.JSON) != qwenJSON {
+		t.Fatalf("the weights of a transformers model not drawn yet: %+v, %v", tw, err)
+	}
+	if err := tw.Save(context.Background(), t.TempDir(), true, nil); !errors.Is(err, errNotDrawn) {
+		t.Fatalf("saving them: %v", err)
+	}
+	if _, err := tw.Hash(context.Background()); !errors.Is(err, errNotDrawn) {
+		t.Fatalf("hashing them: %v", err)
+	}
+}
+
+// TestWeightsModel: weights read into a model of their own (what the Go
+// engine does with weights from elsewhere, and a host copy of an engine's)
+// hash as the model they came from; a host model's weights give the model
+// itself; weights in another order read each name's own values.
+func TestWeightsModel(t *testing.T) {
+	ctx := context.Background()
+	g, _ := gpt.New(modelspec.GPTConfig{Vocab: 11, Context: 6, Width: 8, Layers: 2, Heads: 2}, 1, nil)
+	l, _ := llama.New(modelspec.LlamaConfig{Vocab: 11, Context: 6, Width: 16, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 12, RopeTheta: 10000}, 1, nil)
+	for _, m := range []Model{g, l} {
+		w, _ := HostWeights(m)
+		if same, err := w.Model(ctx, nil); err != nil || same != m {
+			t.Fatalf("a host model's weights gave %T (%v), not the model", same, err)
+		}
+		w.Host = nil
+		copied, err := w.Model(ctx, nil)
+		if err != nil || copied == m || copied.Hash() != m.Hash() {
+			t.Fatalf("%T read into a model of its own: %v, same hash %v", m, err, err == nil && copied.Hash() == m.Hash())
+		}
+	}
+	tf, _ := NewTransformers([]byte(qwenJSON), 64, 1)
+	tfm, err := tf.WithTensors([]string{"b", "a"}, [][]int{{2}, {3}}, [][]float32{{1, 2}, {3, 4, 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := HostWeights(tfm)
+	in, err := w.InOrder([]string{"a", "b"}, [][]int{{3}, {2}})
+	if err != nil || in.Host != nil {
+		t.Fatalf("InOrder: %v (host kept: %v)", err, in.Host != nil)
+	}
+	got := make([]float32, 3)
+	if err := in.Read(ctx, 0, 0, got); err != nil || got[0] != 3 || got[2] != 5 {
+		t.Fatalf("tensor a read as %v, %v", got, err)
+	}
+	back, err := in.Model(ctx, nil)
+	if err != nil || back.Hash() != tfm.Hash() {
+		t.Fatalf("the reordered weights as a model: %v", err)
+	}
+	if _, err := w.InOrder([]string{"a", "c"}, [][]int{{3}, {2}}); err == nil {
+		t.Fatal("InOrder accepted a name the weights lack")
 	}
 }

@@ -50,28 +50,36 @@ func (goOpener) CheckModel(_ context.Context, m *coordinator.Model) error {
 
 var _ engine.ModelChecker = goOpener{}
 
-func (o goOpener) Open(_ context.Context, s engine.Spec) (engine.Engine, error) {
-	if s.Model == nil {
-		return nil, fmt.Errorf("engine: no model to open")
-	}
-	if _, ok := s.Model.(*runmodel.Transformers); ok {
+func (o goOpener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error) {
+	w := s.Weights
+	if w.Config.Arch == coordinator.ArchTransformers {
 		return nil, fmt.Errorf("engine: a Hugging Face transformers model: %w", ErrNeedsTorch)
 	}
-	cfg, err := runmodel.ConfigOf(s.Model)
+	if !w.Drawn() {
+		return nil, fmt.Errorf("engine: no model to open")
+	}
+	// The node's host model as it is (the Go engine computes in this
+	// process); weights from elsewhere are read into a model of their own.
+	m, err := w.Model(ctx, o.be)
 	if err != nil {
 		return nil, err
 	}
-	opt, err := distro.NewDeMo(s.Model.Shapes(), s.Optimizer)
+	cfg, err := runmodel.ConfigOf(m)
+	if err != nil {
+		return nil, err
+	}
+	opt, err := distro.NewDeMo(m.Shapes(), s.Optimizer)
 	if err != nil {
 		return nil, err
 	}
 	name := fmt.Sprintf("go: %s %s", o.be.Name(), kernels.PrecisionOf(o.be))
-	return &goEngine{name: name, m: s.Model, cfg: cfg, opt: opt}, nil
+	return &goEngine{name: name, m: m, cfg: cfg, opt: opt}, nil
 }
 
 // goEngine holds a runmodel.Model and its DeMo state. mu serialises
-// computation with Model's callers only in the sense the interface promises:
-// Model returns the live model, which the caller reads between rounds.
+// computation with its weights' reads only in the sense the interface
+// promises: the weights are the live model (Weights.Host too), which the
+// caller reads between rounds.
 type goEngine struct {
 	mu     sync.Mutex
 	name   string
@@ -176,16 +184,13 @@ func (e *goEngine) restore() {
 	e.trying = false
 }
 
-func (e *goEngine) Model(context.Context) (runmodel.Model, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return nil, engine.ErrClosed
-	}
-	return e.m, nil
-}
-
 func (e *goEngine) Weights() (runmodel.Weights, error) {
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return runmodel.Weights{}, engine.ErrClosed
+	}
 	w, err := runmodel.HostWeights(e.m)
 	if err != nil {
 		return w, err

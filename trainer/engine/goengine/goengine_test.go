@@ -27,7 +27,11 @@ func openGo(t *testing.T, seed uint64) engine.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := goengine.New(nil).Open(context.Background(), engine.Spec{Model: m, Optimizer: smallOpt})
+	w, err := runmodel.HostWeights(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := goengine.New(nil).Open(context.Background(), engine.Spec{Weights: w, Optimizer: smallOpt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +88,7 @@ func TestGoEngineTryUndo(t *testing.T) {
 	if err := e.Undo(ctx); !errors.Is(err, engine.ErrNoUndo) {
 		t.Fatalf("Undo before Try: %v", err)
 	}
-	m, _ := e.Model(ctx)
+	m, _ := engine.HostModel(ctx, e, nil)
 	before := slices.Clone(m.Tensors()[0])
 	plan, err := distro.NewPlan(m.Shapes(), smallOpt)
 	if err != nil {
@@ -130,7 +134,11 @@ func TestGoRefusesTransformers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := goengine.New(nil).Open(context.Background(), engine.Spec{Model: tf}); !errors.Is(err, goengine.ErrNeedsTorch) {
+	w, err := runmodel.HostWeights(tf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := goengine.New(nil).Open(context.Background(), engine.Spec{Weights: w}); !errors.Is(err, goengine.ErrNeedsTorch) {
 		t.Fatalf("Open(transformers) = %v", err)
 	}
 	modelspec.SetGPT(&m, small.GPT)

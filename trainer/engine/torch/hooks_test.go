@@ -36,6 +36,6 @@ func (e *eng) Gradients(ctx context.Context) ([][]float32, error) { return e.ten
 func (e *eng) SetGradients(ctx context.Context, grads [][]float32) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.bulkTimeout(), bare("set_grads"), nil, grads...)
+	_, err := e.do(ctx, e.bulkTimeout(), bare("set_grads"), nil, sliceBlobs(grads))
 	return err
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 )
 
@@ -44,7 +43,7 @@ func TestPreparedWorkerIsOpened(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := op.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true), Timeout: timeout})
+	e, err := op.Open(ctx, hostSpec(t, m, runOptions(true), timeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +68,7 @@ func TestPreparedWorkerIsOpened(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := op.sparePids()
-	e, err = op.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true), Timeout: timeout})
+	e, err = op.Open(ctx, hostSpec(t, m, runOptions(true), timeout))
 	if err != nil {
 		t.Fatal(err)
 	}

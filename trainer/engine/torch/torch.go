@@ -358,12 +358,10 @@ func info(w *worker, h *hello) Info {
 // worker (describe), which draws them from the seed unless the model holds
 // them.
 func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error) {
-	if s.Model == nil {
+	src := s.Weights
+	cfg := src.Config
+	if cfg.Arch != coordinator.ArchTransformers && !src.Drawn() {
 		return nil, errors.New("torch engine: no model to open")
-	}
-	cfg, err := runmodel.ConfigOf(s.Model)
-	if err != nil {
-		return nil, err
 	}
 	if s.Optimizer.Update != distro.UpdateSign {
 		return nil, fmt.Errorf("torch engine: update rule %v: the engine applies sign updates only", s.Optimizer.Update)
@@ -373,16 +371,13 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	if err != nil {
 		return nil, err
 	}
-	shapes := s.Model.Shapes()
-	tf, _ := s.Model.(*runmodel.Transformers)
+	shapes := src.Shapes
 	var names []string
-	model := s.Model
-	if tf != nil {
-		if names, shapes, err = describe(ctx, w, timeout, tf); err == nil && tf.Drawn() {
+	if cfg.Arch == coordinator.ArchTransformers {
+		if names, shapes, err = describe(ctx, w, timeout, cfg.Transformers, src.JSON); err == nil && src.Drawn() {
 			// Weights from peers or a directory: exactly the tensors
-			// transformers builds, put in its order.
-			tf, err = tf.InOrder(names, shapes)
-			model = tf
+			// transformers builds, read in its order.
+			src, err = src.InOrder(names, shapes)
 		}
 		if err != nil {
 			w.kill()
@@ -395,12 +390,12 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 		return nil, err
 	}
 	e := &eng{w: w, o: op.o, cfg: cfg, plan: plan, timeout: timeout, shapes: shapes, info: info(w, h),
-		params: modelspec.NumParams(shapes), tf: tf, names: names}
+		params: modelspec.NumParams(shapes), json: src.JSON, seed: src.Seed, names: names}
 	e.name = fmt.Sprintf("torch %s on %s, %s", h.Torch, h.Device, op.o.precision)
 	if h.DeviceName != "" {
 		e.name = fmt.Sprintf("torch %s on %s (%s), %s", h.Torch, h.Device, h.DeviceName, op.o.precision)
 	}
-	placement, err := e.open(ctx, model, s.Optimizer)
+	placement, err := e.open(ctx, src, s.Optimizer)
 	if err != nil {
 		w.kill()
 		return nil, err
@@ -418,8 +413,8 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 // describe asks the worker for the names and shapes of a Transformers
 // model's parameters, in transformers' order (it builds the model on the
 // meta device: nothing is allocated).
-func describe(ctx context.Context, w *worker, timeout time.Duration, tf *runmodel.Transformers) ([]string, [][]int, error) {
-	a, err := w.call(ctx, timeout, &describeRequest{op: op{Op: "describe"}, Config: transformersConfig(tf)}, nil)
+func describe(ctx context.Context, w *worker, timeout time.Duration, c modelspec.TransformersConfig, json []byte) ([]string, [][]int, error) {
+	a, err := w.call(ctx, timeout, &describeRequest{op: op{Op: "describe"}, Config: transformersConfig(c, json)}, nil, tensorBlobs{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("torch engine: %w", err)
 	}
@@ -438,9 +433,8 @@ func describe(ctx context.Context, w *worker, timeout time.Duration, tf *runmode
 
 // transformersConfig is what the worker's hf.build reads (the config.json),
 // with the shape a multi-device worker sizes its placement by.
-func transformersConfig(tf *runmodel.Transformers) map[string]any {
-	c := tf.Config
-	return map[string]any{"json": string(tf.JSON), "vocab": c.Vocab, "context": c.Context, "width": c.Width,
+func transformersConfig(c modelspec.TransformersConfig, json []byte) map[string]any {
+	return map[string]any{"json": string(json), "vocab": c.Vocab, "context": c.Context, "width": c.Width,
 		"layers": c.Layers, "heads": c.Heads}
 }
 
@@ -469,7 +463,7 @@ func (op *Opener) CheckModel(ctx context.Context, m *coordinator.Model) error {
 		return err
 	}
 	defer w.close()
-	names, shapes, err := describe(ctx, w, workerTimeout(0), tf)
+	names, shapes, err := describe(ctx, w, workerTimeout(0), tf.Config, tf.JSON)
 	if err != nil {
 		return err
 	}
@@ -530,7 +524,7 @@ func (op *Opener) Describe(ctx context.Context, m runmodel.Model) ([]string, [][
 		return nil, nil, err
 	}
 	defer w.close()
-	names, shapes, err := describe(ctx, w, workerTimeout(0), tf)
+	names, shapes, err := describe(ctx, w, workerTimeout(0), tf.Config, tf.JSON)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -589,9 +583,11 @@ type eng struct {
 	closed  bool
 	broken  error // the worker's failure: every later call returns it
 	opener  *Opener
-	// tf is the Transformers model opened (nil: GPT or Llama), names its
-	// tensors' names as the worker reported them.
-	tf    *runmodel.Transformers
+	// A transformers model's config.json, the seed it was drawn from (when
+	// the worker drew it) and its tensors' names as the worker reported
+	// them (nil: GPT or Llama).
+	json  []byte
+	seed  uint64
 	names []string
 }
 
@@ -624,15 +620,19 @@ func (e *eng) bulkTimeout() time.Duration {
 }
 
 // do sends one request under the engine's lock: its blobs, then tensors
-// (float32 blobs encoded as they are written).
-func (e *eng) do(ctx context.Context, timeout time.Duration, req request, blobs [][]byte, tensors ...[]float32) (*answer, error) {
+// (float32 blobs read and encoded as they are written).
+func (e *eng) do(ctx context.Context, timeout time.Duration, req request, blobs [][]byte, tensors ...tensorBlobs) (*answer, error) {
 	if e.closed {
 		return nil, engine.ErrClosed
 	}
 	if e.broken != nil {
 		return nil, e.broken
 	}
-	a, err := e.w.call(ctx, timeout, req, blobs, tensors...)
+	var t tensorBlobs
+	if len(tensors) > 0 {
+		t = tensors[0]
+	}
+	a, err := e.w.call(ctx, timeout, req, blobs, t)
 	if err != nil {
 		if errors.Is(err, errWorker) {
 			e.broken = err
@@ -690,27 +690,36 @@ func ModelConfig(c modelspec.Config) (arch string, config map[string]any) {
 		"norm_eps": kernels.LayerNormEps}
 }
 
-func (e *eng) open(ctx context.Context, m runmodel.Model, o distro.Options) (string, error) {
+func (e *eng) open(ctx context.Context, src runmodel.Weights, o distro.Options) (string, error) {
 	arch, mc := ModelConfig(e.cfg)
 	var layouts []layout
 	for _, l := range e.plan.Layouts() {
 		layouts = append(layouts, layout{Shape: l.Shape, Outer: l.Outer, Rows: l.Rows, Cols: l.Cols, TileH: l.TileH, TileW: l.TileW, K: l.K})
 	}
 	var seed *uint64
-	if e.tf != nil {
-		arch, mc = "transformers", transformersConfig(e.tf)
-		if !e.tf.Drawn() {
-			seed = &e.tf.Seed
+	if e.cfg.Arch == coordinator.ArchTransformers {
+		arch, mc = "transformers", transformersConfig(e.cfg.Transformers, e.json)
+		if !src.Drawn() {
+			seed = &e.seed
 		}
 	}
 	h := &openRequest{op: op{Op: "open"}, Arch: arch, Config: mc, Seed: seed, Layouts: layouts, Shapes: e.shapes,
 		Distro: distroOptions{Decay: o.Decay, WeightDecay: o.WeightDecay, Clip: o.ClipGradNorm,
 			Quantize: o.Quantize1Bit, NormalizeRMS: o.NormalizeRMS, MaxValue: distro.MaxValue},
 		Precision: e.o.precision, Compile: e.o.compile, Placement: e.o.placement}
-	// The weights follow one tensor a blob, encoded as they are written.
+	// The weights follow one tensor a blob, each read and encoded a chunk
+	// at a time as the request is written.
+	var tensors tensorBlobs
+	if src.Drawn() {
+		tensors.sizes = make([]int, len(e.shapes))
+		for i, sh := range e.shapes {
+			tensors.sizes[i] = modelspec.Size(sh)
+		}
+		tensors.read = func(i, off int, dst []float32) error { return src.Read(ctx, i, off, dst) }
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.bulkTimeout(), h, nil, m.Tensors()...)
+	a, err := e.do(ctx, e.bulkTimeout(), h, nil, tensors)
 	if err != nil {
 		return "", err
 	}
@@ -872,11 +881,8 @@ func (e *eng) Memory(ctx context.Context, reset bool) (Memory, error) {
 // Weights are the parameters on the worker's device, read a range at a time
 // (the worker's read op; sharded ranks gather the tensor read).
 func (e *eng) Weights() (runmodel.Weights, error) {
-	w := runmodel.Weights{Config: e.cfg, Shapes: cloneShapes(e.shapes), Read: e.read}
-	if e.tf != nil {
-		w.Names, w.JSON = slices.Clone(e.names), e.tf.JSON
-	}
-	return w, nil
+	return runmodel.Weights{Config: e.cfg, Shapes: cloneShapes(e.shapes), Names: slices.Clone(e.names), JSON: e.json,
+		Seed: e.seed, Read: e.read}, nil
 }
 
 func (e *eng) read(ctx context.Context, i, off int, dst []float32) error {
@@ -892,25 +898,20 @@ func (e *eng) read(ctx context.Context, i, off int, dst []float32) error {
 	return f32Into(dst, a.blobs[0])
 }
 
+// Model is a host copy of the engine's model, every tensor in one answer
+// (the worker's params op): tests check the weights read a range at a
+// time against it, and a benchmark the memory the two paths take.
 func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {
 	ts, err := e.tensors(ctx, "params")
 	if err != nil {
 		return nil, err
 	}
-	if e.tf != nil {
-		return e.tf.WithTensors(slices.Clone(e.names), cloneShapes(e.shapes), ts)
-	}
-	m, err := runmodel.New(e.cfg, 0, e.o.kernels)
+	w, err := e.Weights()
 	if err != nil {
 		return nil, err
 	}
-	for i, t := range m.Tensors() {
-		if len(ts[i]) != len(t) {
-			return nil, fmt.Errorf("torch engine: tensor %d has %d values, the model %d", i, len(ts[i]), len(t))
-		}
-		copy(t, ts[i])
-	}
-	return m, nil
+	w.Read = sliceBlobs(ts).readCtx
+	return w.Model(ctx, e.o.kernels)
 }
 
 func (e *eng) Close() error {

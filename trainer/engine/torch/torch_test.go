@@ -87,9 +87,19 @@ func newModel(t *testing.T, cfg modelspec.Config, seed uint64) runmodel.Model {
 }
 
 // openOn opens an engine of op on m (closed when the test ends).
+// hostSpec is the Spec of a model in this process.
+func hostSpec(tb testing.TB, m runmodel.Model, o distro.Options, timeout time.Duration) engine.Spec {
+	tb.Helper()
+	w, err := runmodel.HostWeights(m)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return engine.Spec{Weights: w, Optimizer: o, Timeout: timeout}
+}
+
 func openOn(t *testing.T, op engine.Opener, m runmodel.Model, o distro.Options) engine.Engine {
 	t.Helper()
-	e, err := op.Open(context.Background(), engine.Spec{Model: m, Optimizer: o})
+	e, err := op.Open(context.Background(), hostSpec(t, m, o, 0))
 	if err != nil {
 		if errors.Is(err, ErrNoTorch) {
 			t.Fatalf("%v\n(the tests need the engine's environment: bash scripts/setup-torch; scripts/test installs it)", err)
@@ -189,7 +199,7 @@ func TestGradientParity(t *testing.T) {
 						t.Errorf("t=%d: sequence %d's loss %v, go %v", seqLen, i, tl.Seqs[i], gl.Seqs[i])
 					}
 				}
-				gm, _ := g.Model(ctx)
+				gm, _ := engine.HostModel(ctx, g, nil)
 				tg, err := tt.(*eng).Gradients(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -215,7 +225,7 @@ func TestSeededHash(t *testing.T) {
 	for _, pm := range parityModels {
 		want, _ := runmodel.New(pm.cfg, 11, nil)
 		e := open(t, torchOp, pm.cfg, 11, runOptions(true))
-		got, err := e.Model(context.Background())
+		got, err := engine.HostModel(context.Background(), e, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,7 +256,7 @@ func TestFrameParity(t *testing.T) {
 				o.NormalizeRMS = norm
 				g := open(t, goOp, pm.cfg, 3, o)
 				tt := open(t, torchOp, pm.cfg, 3, o)
-				gm, _ := g.Model(ctx)
+				gm, _ := engine.HostModel(ctx, g, nil)
 				exact := newExactMomentum(planOf(t, g, o).Layouts(), o)
 				r := rand.New(rand.NewPCG(5, 6))
 				var sum choiceCount
@@ -328,8 +338,8 @@ func TestApplyParity(t *testing.T) {
 				}
 			}
 			value, scale := decodedF64(plan, comb)
-			gm, _ := g.Model(ctx)
-			tm, err := tt.Model(ctx)
+			gm, _ := engine.HostModel(ctx, g, nil)
+			tm, err := engine.HostModel(ctx, tt, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -375,7 +385,7 @@ func TestDeterministicApply(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		m, err := e.Model(ctx)
+		m, err := engine.HostModel(ctx, e, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -461,7 +471,7 @@ func TestWorkerHangs(t *testing.T) {
 	_, torchOp := openers(t)
 	pm := parityModels[0]
 	m, _ := runmodel.New(pm.cfg, 3, nil)
-	e, err := torchOp.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true), Timeout: 2 * time.Second})
+	e, err := torchOp.Open(ctx, hostSpec(t, m, runOptions(true), 2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -677,11 +687,11 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				}
 				// Both start from the same weights (sent, or drawn from
 				// the seed by each).
-				s0, err := single.Model(ctx)
+				s0, err := engine.HostModel(ctx, single, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
-				m0, err := multi.Model(ctx)
+				m0, err := engine.HostModel(ctx, multi, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -736,8 +746,8 @@ func TestRanksMatchOneDevice(t *testing.T) {
 					}
 				}
 				sameRanks(t, multi)
-				sm, _ := single.Model(ctx)
-				mm, err := multi.Model(ctx)
+				sm, _ := engine.HostModel(ctx, single, nil)
+				mm, err := engine.HostModel(ctx, multi, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -753,7 +763,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 					t.Fatal(err)
 				}
 				sameRanks(t, multi)
-				if back, _ := multi.Model(ctx); runmodel.Revision(back) != runmodel.Revision(mm) {
+				if back, _ := engine.HostModel(ctx, multi, nil); runmodel.Revision(back) != runmodel.Revision(mm) {
 					t.Errorf("Undo left %s, not %s", runmodel.Revision(back), runmodel.Revision(mm))
 				}
 				if placement == "shard" {
@@ -833,7 +843,7 @@ func TestRankHangs(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, _ := runmodel.New(pm.cfg, 3, nil)
-	ee, err := op.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true), Timeout: 10 * time.Second})
+	ee, err := op.Open(ctx, hostSpec(t, m, runOptions(true), 10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

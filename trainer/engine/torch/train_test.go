@@ -124,11 +124,11 @@ func TestTorch2Trains(t *testing.T) {
 			if !(losses[rounds-1] < losses[0]) {
 				t.Errorf("the loss did not fall: %v", losses)
 			}
-			ma, err := a.Model(ctx)
+			ma, err := engine.HostModel(ctx, a, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			mb, err := b.Model(ctx)
+			mb, err := engine.HostModel(ctx, b, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,7 +34,7 @@ func transformersModel(t *testing.T, path string, seed uint64) *runmodel.Transfo
 
 func openModel(t *testing.T, op *Opener, m runmodel.Model) engine.Engine {
 	t.Helper()
-	e, err := op.Open(context.Background(), engine.Spec{Model: m, Optimizer: runOptions(true)})
+	e, err := op.Open(context.Background(), hostSpec(t, m, runOptions(true), 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestTransformersSeededInit(t *testing.T) {
 			var drawn runmodel.Model
 			for _, seed := range []uint64{7, 7, 8} {
 				e := openModel(t, op, transformersModel(t, path, seed))
-				m, err := e.Model(ctx)
+				m, err := engine.HostModel(ctx, e, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -86,7 +86,7 @@ func TestTransformersSeededInit(t *testing.T) {
 			}
 			reopened := openModel(t, op, drawn)
 			weightsMatchModel(t, reopened)
-			again, err := reopened.Model(ctx)
+			again, err := engine.HostModel(ctx, reopened, nil)
 			if err != nil || runmodel.Revision(again) != hashes[2] {
 				t.Fatalf("reopened on its tensors: %v, hash %s, want %s", err, runmodel.Revision(again), hashes[2])
 			}

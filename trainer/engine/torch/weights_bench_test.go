@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
-	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -34,7 +33,7 @@ func BenchmarkSaveFromEngine(b *testing.B) {
 		b.Fatal(err)
 	}
 	modelMiB := float64(4*m.NumParams()) / (1 << 20)
-	e, err := op.Open(context.Background(), engine.Spec{Model: m, Optimizer: runOptions(true)})
+	e, err := op.Open(context.Background(), hostSpec(b, m, runOptions(true), 0))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -53,7 +52,7 @@ func BenchmarkSaveFromEngine(b *testing.B) {
 			return w.Save(ctx, dir, false, nil)
 		}},
 		{"copy", func(dir string) error {
-			m, err := e.Model(ctx)
+			m, err := e.(*eng).Model(ctx)
 			if err != nil {
 				return err
 			}
@@ -128,7 +127,7 @@ func BenchmarkOpenEngine(b *testing.B) {
 	var peak float64
 	for b.Loop() {
 		p, err := heapPeak(func() error {
-			e, err := op.Open(context.Background(), engine.Spec{Model: m, Optimizer: runOptions(true)})
+			e, err := op.Open(context.Background(), hostSpec(b, m, runOptions(true), 0))
 			if err != nil {
 				return err
 			}

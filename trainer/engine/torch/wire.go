@@ -1,6 +1,7 @@
 package torch
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -31,17 +32,44 @@ const (
 	maxBlobBytes   = 1 << 36
 )
 
+// tensorBlobs are float32 blobs read a chunk at a time as they are
+// written: sizes[i] values of tensor i, read by read (a model's weights go
+// to the worker without a copy of them in bytes, or in this process at
+// all when they are read from elsewhere).
+type tensorBlobs struct {
+	sizes []int
+	read  func(i, off int, dst []float32) error
+}
+
+// sliceBlobs are tensors held in slices, as tensorBlobs.
+func sliceBlobs(ts [][]float32) tensorBlobs {
+	sizes := make([]int, len(ts))
+	for i, t := range ts {
+		sizes[i] = len(t)
+	}
+	return tensorBlobs{sizes: sizes, read: func(i, off int, dst []float32) error {
+		copy(dst, ts[i][off:])
+		return nil
+	}}
+}
+
+// readCtx is read with a context: the tensors as runmodel.Weights reads
+// them.
+func (t tensorBlobs) readCtx(_ context.Context, i, off int, dst []float32) error {
+	return t.read(i, off, dst)
+}
+
 // writeMessage writes one message: the request (its blobs' lengths set
-// here), blobs, then tensors as float32 blobs, each encoded a chunk at a
-// time as it is written (a model's weights go to the worker without a copy
-// of them in bytes).
-func writeMessage(w io.Writer, r request, blobs [][]byte, tensors ...[]float32) error {
-	lens := make([]int, 0, len(blobs)+len(tensors))
+// here), blobs, then tensors as float32 blobs, each read and encoded a
+// chunk at a time as it is written. A failed read leaves the message cut
+// short: the caller ends the worker, as after any failed write.
+func writeMessage(w io.Writer, r request, blobs [][]byte, tensors tensorBlobs) error {
+	lens := make([]int, 0, len(blobs)+len(tensors.sizes))
 	for _, b := range blobs {
 		lens = append(lens, len(b))
 	}
-	for _, t := range tensors {
-		lens = append(lens, 4*len(t))
+	for _, n := range tensors.sizes {
+		lens = append(lens, 4*n)
 	}
 	r.header().Blobs = lens
 	js, err := json.Marshal(r)
@@ -61,26 +89,33 @@ func writeMessage(w io.Writer, r request, blobs [][]byte, tensors ...[]float32) 
 			return err
 		}
 	}
+	var values []float32
 	var buf []byte
-	for _, t := range tensors {
-		for len(t) > 0 {
-			k := min(len(t), tensorChunk)
+	for i, size := range tensors.sizes {
+		for off := 0; off < size; {
+			k := min(size-off, tensorChunk)
+			if cap(values) < k {
+				values = make([]float32, tensorChunk)
+			}
+			if err := tensors.read(i, off, values[:k]); err != nil {
+				return fmt.Errorf("torch: reading tensor %d for the worker: %w", i, err)
+			}
 			buf = buf[:0]
-			for _, x := range t[:k] {
+			for _, x := range values[:k] {
 				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
 			}
 			if _, err := w.Write(buf); err != nil {
 				return err
 			}
-			t = t[k:]
+			off += k
 		}
 	}
 	return nil
 }
 
-// tensorChunk is how many values of a tensor writeMessage encodes at a
-// time: a quarter of a mebibyte, large enough that a write is not a system
-// call per value, small enough to be nothing beside a model.
+// tensorChunk is how many values of a tensor writeMessage reads and
+// encodes at a time: a quarter of a mebibyte, large enough that a write is
+// not a system call per value, small enough to be nothing beside a model.
 const tensorChunk = 1 << 16
 
 // answer is a decoded answer: its header fields and blobs.

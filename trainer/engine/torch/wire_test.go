@@ -24,14 +24,14 @@ func TestTensorsWrittenAsBlobs(t *testing.T) {
 		{"both, an empty tensor", [][]byte{{9}}, [][]float32{big, {}, {3}}},
 	} {
 		var got, want bytes.Buffer
-		if err := writeMessage(&got, bare("open"), tc.blobs, tc.tensors...); err != nil {
+		if err := writeMessage(&got, bare("open"), tc.blobs, sliceBlobs(tc.tensors)); err != nil {
 			t.Fatal(err)
 		}
 		all := append([][]byte{}, tc.blobs...)
 		for _, v := range tc.tensors {
 			all = append(all, f32Bytes(v))
 		}
-		if err := writeMessage(&want, bare("open"), all); err != nil {
+		if err := writeMessage(&want, bare("open"), all, tensorBlobs{}); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got.Bytes(), want.Bytes()) {

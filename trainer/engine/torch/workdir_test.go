@@ -43,7 +43,12 @@ func holdEngine() int {
 		fmt.Println(err)
 		return 1
 	}
-	e, err := op.Open(ctx, engine.Spec{Model: m, Optimizer: runOptions(true)})
+	w, err := runmodel.HostWeights(m)
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	e, err := op.Open(ctx, engine.Spec{Weights: w, Optimizer: runOptions(true)})
 	if err != nil {
 		fmt.Println(err)
 		return 1

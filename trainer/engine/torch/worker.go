@@ -280,7 +280,7 @@ func (w *worker) hello(ctx context.Context, o *options, timeout time.Duration) (
 		// hangs cannot hold the others longer.
 		req.Timeout = timeout.Seconds()
 	}
-	a, err := w.call(ctx, wait, req, nil)
+	a, err := w.call(ctx, wait, req, nil, tensorBlobs{})
 	if err != nil {
 		return nil, err
 	}
@@ -302,7 +302,7 @@ var errWorker = errors.New("torch engine: the worker failed")
 // call sends one request and waits for its answer, at most timeout (and
 // while ctx lasts). A worker that does not answer in time is killed: its
 // state is unknown, and a worker left computing holds the device.
-func (w *worker) call(ctx context.Context, timeout time.Duration, req request, blobs [][]byte, tensors ...[]float32) (*answer, error) {
+func (w *worker) call(ctx context.Context, timeout time.Duration, req request, blobs [][]byte, tensors tensorBlobs) (*answer, error) {
 	op := req.header().Op
 	select {
 	case <-w.exited:
@@ -315,7 +315,7 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, req request, b
 	}
 	done := make(chan result, 1)
 	go func() {
-		if err := writeMessage(w.req, req, blobs, tensors...); err != nil {
+		if err := writeMessage(w.req, req, blobs, tensors); err != nil {
 			done <- result{err: err}
 			return
 		}

@@ -78,12 +78,9 @@ func (m *CheckpointManifest) Match(want []TensorSpec) error {
 		if t.Name != w.Name || t.DType != w.DType || !slices.Equal(t.Shape, w.Shape) {
 			return fmt.Errorf("%w: tensor %d is %s %s%v, the run's model has %s %s%v", ErrMalformed, i, t.Name, t.DType, t.Shape, w.Name, w.DType, w.Shape)
 		}
-		size, ok := dtypeSize[w.DType]
-		if !ok {
-			return fmt.Errorf("%w: dtype %q", ErrMalformed, w.DType)
-		}
-		for _, d := range w.Shape {
-			size *= d
+		size, err := TensorSize(w)
+		if err != nil {
+			return err
 		}
 		if t.Blob.Size != size {
 			return fmt.Errorf("%w: tensor %s has a %d-byte blob, its shape takes %d", ErrMalformed, t.Name, t.Blob.Size, size)

@@ -75,9 +75,10 @@ type Network interface {
 	// peers: callers must not modify it.
 	Fetch(ctx context.Context, a Announcement) ([]byte, error)
 
-	// ShareCheckpoint serves tensors to joiners of epoch and returns the
-	// manifest id.
-	ShareCheckpoint(ctx context.Context, epoch uint32, tensors []Tensor) (coordinator.Hash, error)
+	// ShareCheckpoint serves src to joiners of epoch and returns the
+	// manifest id. The network takes src over: it closes it once it serves
+	// another checkpoint, or is closed itself, or sharing fails.
+	ShareCheckpoint(ctx context.Context, epoch uint32, src CheckpointSource) (coordinator.Hash, error)
 	// FindCheckpoint asks peers for the manifest id of the model that
 	// epoch starts from, and returns the one most of them offer. When none
 	// offers one, the error is ErrNoCheckpoint, with ErrNoHolder too if

@@ -213,7 +213,7 @@ func benchCheckpoint(t *testing.T, size int) {
 			for i := 0; i < size; i += p2p.BlockSize {
 				data[i] = byte(r + 1)
 			}
-			id, err := nodes[0].ShareCheckpoint(ctx, uint32(r+1), tensors)
+			id, err := nodes[0].ShareCheckpoint(ctx, uint32(r+1), p2p.TensorsSource(tensors))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -391,7 +391,7 @@ func BenchmarkFetchCheckpoint(b *testing.B) {
 		for i := 0; i < size; i += p2p.BlockSize {
 			data[i] = byte(epoch)
 		}
-		id, err := nodes[0].ShareCheckpoint(ctx, epoch, tensors)
+		id, err := nodes[0].ShareCheckpoint(ctx, epoch, p2p.TensorsSource(tensors))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -104,12 +104,18 @@ func (n *Node) serveBlob(s network.Stream) {
 		return
 	}
 	ctx := n.life
+	var buf []byte
 	for i, w := range req.Blocks {
 		if n.cfg.serveHook != nil {
 			n.cfg.serveHook(i, w.Hash)
 		}
 		var data []byte
-		if blk, err := n.bstore.Get(ctx, cidOf(w.Hash)); err == nil && len(blk.RawData()) == int(w.Len) {
+		c := cidOf(w.Hash)
+		if b, served, err := n.bstore.readServed(c, &buf); served {
+			if err == nil && len(b) == int(w.Len) {
+				data = b
+			}
+		} else if blk, err := n.bstore.Get(ctx, c); err == nil && len(blk.RawData()) == int(w.Len) {
 			data = blk.RawData()
 		}
 		// A reader that stops reading holds this goroutine no longer than

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
-	blocks "github.com/ipfs/go-block-format"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -15,33 +15,36 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 )
 
-// ShareCheckpoint stores tensors as blocks, stores their manifest as one more
-// block, and serves both until the next ShareCheckpoint or FetchCheckpoint.
-// It returns the manifest id, which is what a joiner needs, and offers it to
-// joiners of epoch (FindCheckpoint).
-func (n *Node) ShareCheckpoint(ctx context.Context, epoch uint32, tensors []p2p.Tensor) (coordinator.Hash, error) {
+// ShareCheckpoint serves src to joiners of epoch until the next
+// ShareCheckpoint (or Close), and returns its manifest id, which is what a
+// joiner needs, offering it to joiners of epoch (FindCheckpoint). It reads
+// src once to digest its blocks, then serves each block by reading it from
+// src when a peer asks (servedStore): the node holds the manifest, not the
+// model. It takes src over and closes it when done serving it, or at once
+// when sharing fails.
+func (n *Node) ShareCheckpoint(ctx context.Context, epoch uint32, src p2p.CheckpointSource) (coordinator.Hash, error) {
 	if err := n.alive(); err != nil {
+		src.Close()
 		return coordinator.Hash{}, err
 	}
-	var m p2p.CheckpointManifest
-	var all []blocks.Block
-	var hs []coordinator.Hash
-	for _, t := range tensors {
-		bs, th := split(t.Data)
-		all = append(all, bs...)
-		hs = append(hs, th...)
-		m.Tensors = append(m.Tensors, p2p.TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape,
-			Blob: p2p.BlobRef{Size: uint64(len(t.Data)), Blocks: th}})
+	m, starts, err := p2p.Manifest(ctx, src)
+	if err != nil {
+		src.Close()
+		return coordinator.Hash{}, err
 	}
 	raw, err := m.MarshalBinary()
 	if err != nil {
+		src.Close()
 		return coordinator.Hash{}, err
 	}
 	mb, mh := split(raw)
-	all = append(all, mb...)
-	hs = append(hs, mh...)
+	hs := slices.Clone(mh)
+	for _, t := range m.Tensors {
+		hs = append(hs, t.Blob.Blocks...)
+	}
 	n.setCheckpoint(hs)
-	if err := n.store(ctx, all); err != nil {
+	n.bstore.serve(src, &m, starts)
+	if err := n.store(ctx, mb); err != nil {
 		return coordinator.Hash{}, err
 	}
 	n.offer(epoch, mh[0])

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	blocks "github.com/ipfs/go-block-format"
-
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
 )
@@ -66,7 +64,7 @@ func TestCheckpointFromPeersWhileOneLeaves(t *testing.T) {
 	defer cancel()
 	var id coordinator.Hash
 	for i, s := range sharers {
-		got, err := s.ShareCheckpoint(ctx, 1, tensors)
+		got, err := s.ShareCheckpoint(ctx, 1, p2p.TensorsSource(tensors))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +141,7 @@ func TestCheckpointOffers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	share := func(nd *testNode, epoch uint32, seed uint64) coordinator.Hash {
-		id, err := nd.ShareCheckpoint(ctx, epoch, []p2p.Tensor{{Name: "w", DType: "F32", Shape: []uint64{256}, Data: randomBytes(seed, 1024)}})
+		id, err := nd.ShareCheckpoint(ctx, epoch, p2p.TensorsSource([]p2p.Tensor{{Name: "w", DType: "F32", Shape: []uint64{256}, Data: randomBytes(seed, 1024)}}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,7 +217,7 @@ func TestCheckpointStreamed(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	id, err := sharer.ShareCheckpoint(ctx, 1, tensors)
+	id, err := sharer.ShareCheckpoint(ctx, 1, p2p.TensorsSource(tensors))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,36 +256,111 @@ func TestCheckpointWrongBlockIsRefused(t *testing.T) {
 	defer cancel()
 	data := randomBytes(23, 4*p2p.BlockSize)
 	tensors := []p2p.Tensor{{Name: "w", DType: "F32", Shape: []uint64{uint64(len(data) / 4)}, Data: data}}
-	id, err := sharer.ShareCheckpoint(ctx, 1, tensors)
+	id, err := sharer.ShareCheckpoint(ctx, 1, p2p.TensorsSource(tensors))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := helper.ShareCheckpoint(ctx, 1, []p2p.Tensor{{Name: "w", DType: "F32", Shape: tensors[0].Shape, Data: bytes.Clone(data)}}); err != nil || again != id {
+	if again, err := helper.ShareCheckpoint(ctx, 1, p2p.TensorsSource([]p2p.Tensor{{Name: "w", DType: "F32", Shape: tensors[0].Shape, Data: bytes.Clone(data)}})); err != nil || again != id {
 		t.Fatalf("the helper's share: %v", err)
 	}
-	// Corrupt block 1 in the sharer's store, keeping its length.
-	h := p2p.BlockDigest(data[p2p.BlockSize : 2*p2p.BlockSize])
-	if err := sharer.bstore.DeleteBlock(ctx, cidOf(h)); err != nil {
-		t.Fatal(err)
-	}
-	bad := bytes.Clone(data[p2p.BlockSize : 2*p2p.BlockSize])
-	bad[777] ^= 1
-	blk, err := blocks.NewBlockWithCid(bad, cidOf(h)) // unchecked outside debug builds
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sharer.bstore.Put(ctx, blk); err != nil {
-		t.Fatal(err)
-	}
+	// Corrupt block 1 where the sharer serves it from, keeping its length.
+	want := bytes.Clone(data)
+	data[p2p.BlockSize+777] ^= 1
 	// Streams go to the sharer alone; the helper serves through bitswap.
 	got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(got[0].Data, data) {
+	if !bytes.Equal(got[0].Data, want) {
 		t.Fatal("tensor differs")
 	}
 	if joiner.Stats().PeerErrors[sharer.ID()] == 0 {
 		t.Error("the wrong block was not counted against the sharer")
+	}
+}
+
+// closeCounter is a checkpoint source that counts its Close calls.
+type closeCounter struct {
+	p2p.CheckpointSource
+	closed *int
+	mu     *sync.Mutex
+}
+
+func (c closeCounter) Close() error {
+	c.mu.Lock()
+	*c.closed++
+	c.mu.Unlock()
+	return c.CheckpointSource.Close()
+}
+
+// A shared checkpoint is served from its source, over the stream and over
+// bitswap alike, without its blocks entering the sharer's store; the source
+// is closed once, when the sharer shares another checkpoint, and the new
+// one when the sharer closes.
+func TestCheckpointServedFromItsSource(t *testing.T) {
+	sharer, _, joiner := trio(t, nil, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang guard
+	defer cancel()
+	var mu sync.Mutex
+	closed := [2]int{}
+	source := func(seed uint64, k int) (p2p.CheckpointSource, []p2p.Tensor) {
+		ts := []p2p.Tensor{
+			{Name: "a", DType: "F32", Shape: []uint64{3, p2p.BlockSize / 4}, Data: randomBytes(seed, 3*p2p.BlockSize)},
+			{Name: "b", DType: "F32", Shape: []uint64{1000}, Data: randomBytes(seed+1, 4000)},
+		}
+		return closeCounter{p2p.TensorsSource(ts), &closed[k], &mu}, ts
+	}
+	src, tensors := source(41, 0)
+	id, err := sharer.ShareCheckpoint(ctx, 1, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := sharer.bstore.Get(ctx, cidOf(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := p2p.DecodeCheckpointManifest(raw.RawData())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range m.Tensors {
+		for _, h := range e.Blob.Blocks {
+			if held, _ := sharer.bstore.Blockstore.Has(ctx, cidOf(h)); held {
+				t.Fatalf("block %x of tensor %s was copied into the sharer's store", h[:4], e.Name)
+			}
+		}
+	}
+	for _, stream := range []bool{true, false} {
+		joiner.cfg.noStream = !stream
+		got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
+		if err != nil {
+			t.Fatalf("streamed %v: %v", stream, err)
+		}
+		for i := range tensors {
+			if !bytes.Equal(got[i].Data, tensors[i].Data) {
+				t.Fatalf("streamed %v: tensor %s differs", stream, tensors[i].Name)
+			}
+		}
+		// The joiner now holds it: a fresh store for the next pass.
+		for _, e := range m.Tensors {
+			for _, h := range e.Blob.Blocks {
+				_ = joiner.bstore.DeleteBlock(ctx, cidOf(h))
+			}
+		}
+	}
+	next, _ := source(43, 1)
+	if _, err := sharer.ShareCheckpoint(ctx, 2, next); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if closed != [2]int{1, 0} {
+		t.Errorf("after the next share, closes = %v, want [1 0]", closed)
+	}
+	mu.Unlock()
+	sharer.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if closed != [2]int{1, 1} {
+		t.Errorf("after Close, closes = %v, want [1 1]", closed)
 	}
 }

@@ -49,8 +49,11 @@
 //
 // # Checkpoints
 //
-// ShareCheckpoint stores a model as blocks per tensor plus a manifest block;
-// the manifest's id (its BlockDigest) names the checkpoint. FetchCheckpoint gets
+// ShareCheckpoint serves a model from its source (a p2p.CheckpointSource: the
+// tensors' bytes back to back, in a file or in memory) as blocks per tensor,
+// read from the source when a peer asks for one, plus a manifest block; the
+// manifest's id (its BlockDigest) names the checkpoint, and the node holds
+// the manifest, not the model. FetchCheckpoint gets
 // the manifest, then streams the blocks from the peers that offer it (the blob
 // stream, in chunks that two streams per peer take in turn), each read
 // straight into its tensor and verified on arrival; whatever the streams do

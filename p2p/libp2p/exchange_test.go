@@ -345,7 +345,7 @@ func TestBlobGarbageCollection(t *testing.T) {
 	}
 	// A block shared with a live owner survives the collection of another.
 	shared := randomBytes(99, 100)
-	if _, err := nd.ShareCheckpoint(ctx, 1, []p2p.Tensor{{Name: "w", Data: shared}}); err != nil {
+	if _, err := nd.ShareCheckpoint(ctx, 1, p2p.TensorsSource([]p2p.Tensor{{Name: "w", DType: "F32", Shape: []uint64{25}, Data: shared}})); err != nil {
 		t.Fatal(err)
 	}
 	a, err := nd.Publish(ctx, 5, p2p.BatchRange{Start: 1, End: 2}, shared)

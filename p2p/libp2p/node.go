@@ -52,7 +52,7 @@ type Node struct {
 	topic  *pubsub.Topic
 	sub    *pubsub.Subscription
 	bs     *bitswap.Bitswap
-	bstore blockstore.Blockstore
+	bstore *servedStore
 
 	life   context.Context // lives until Close; pubsub and bitswap hang off it
 	cancel context.CancelFunc
@@ -217,7 +217,7 @@ func New(opts ...Option) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
-	n.bstore = blockstore.NewBlockstore(dssync.MutexWrap(ds.NewMapDatastore()))
+	n.bstore = &servedStore{Blockstore: blockstore.NewBlockstore(dssync.MutexWrap(ds.NewMapDatastore()))}
 	n.bs = bitswap.New(n.life, bsnet.NewFromIpfsHost(h), nil, n.bstore,
 		bitswap.WithTracer(blockTracer{n}))
 	h.SetStreamHandler(p2p.PullProtocol, n.serve(pullTimeout, n.servePull))
@@ -324,6 +324,9 @@ func (n *Node) Close() error {
 		n.disc.close()
 		n.cancel()
 		err = n.host.Close()
+		if n.bstore != nil {
+			n.bstore.stop()
+		}
 	})
 	return err
 }

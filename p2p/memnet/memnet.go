@@ -537,7 +537,12 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 }
 
 // ShareCheckpoint implements p2p.Network.
-func (n *Node) ShareCheckpoint(_ context.Context, epoch uint32, tensors []p2p.Tensor) (coordinator.Hash, error) {
+func (n *Node) ShareCheckpoint(_ context.Context, epoch uint32, src p2p.CheckpointSource) (coordinator.Hash, error) {
+	tensors, err := p2p.ReadTensors(src)
+	src.Close()
+	if err != nil {
+		return coordinator.Hash{}, err
+	}
 	m := p2p.CheckpointManifest{}
 	for _, t := range tensors {
 		m.Tensors = append(m.Tensors, p2p.TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape,
@@ -549,7 +554,7 @@ func (n *Node) ShareCheckpoint(_ context.Context, epoch uint32, tensors []p2p.Te
 	}
 	n.mu.Lock()
 	n.offers[epoch] = id
-	n.checkpoints = map[coordinator.Hash][]p2p.Tensor{id: copyTensors(tensors)}
+	n.checkpoints = map[coordinator.Hash][]p2p.Tensor{id: tensors}
 	n.mu.Unlock()
 	return id, nil
 }

@@ -354,7 +354,7 @@ func Run(t *testing.T, h Harness) {
 		defer cancel()
 		var ids []coordinator.Hash
 		for _, n := range []node{f, g} {
-			id, err := n.ShareCheckpoint(ctx, 3, tensors)
+			id, err := n.ShareCheckpoint(ctx, 3, p2p.TensorsSource(tensors))
 			if err != nil {
 				t.Fatal(err)
 			}

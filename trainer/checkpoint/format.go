@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/psyche-go/psyche/internal/f32le"
 )
 
 // The format's fixed parts.
@@ -126,17 +128,9 @@ func F32ToF16(v float32) uint16 {
 	return sign | uint16(r)
 }
 
-func decodeF32(dst []float32, src []byte) {
-	for i := range dst {
-		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
-	}
-}
+func decodeF32(dst []float32, src []byte) { f32le.Decode(dst, src) }
 
-func encodeF32(dst []byte, src []float32) {
-	for i, v := range src {
-		binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
-	}
-}
+func encodeF32(dst []byte, src []float32) { f32le.Put(dst, src) }
 
 // decodeBF16 widens bfloat16, which is the top half of a float32.
 func decodeBF16(dst []float32, src []byte) {

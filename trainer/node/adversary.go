@@ -148,11 +148,9 @@ func WithAdversary(kind string) (Option, error) {
 		}, nil
 	case "bogus-checkpoint":
 		return func(c *config) error {
-			c.corruptShare = func(ts []p2p.Tensor) {
-				for i := range ts {
-					for j := range ts[i].Data {
-						ts[i].Data[j] = byte(r.IntN(256))
-					}
+			c.corruptShare = func(b []byte) {
+				for j := range b {
+					b[j] = byte(r.IntN(256))
 				}
 			}
 			return nil

@@ -33,7 +33,7 @@ type config struct {
 	// freeRide, in the adversary build, replaces the node's result with one
 	// made from others' results of the step before (copies).
 	freeRide     func(own []byte, others []*distro.Frame) []byte
-	corruptShare func([]p2p.Tensor) // fault injection: what the node offers joiners (adversary build)
+	corruptShare func([]byte) // fault injection: the bytes of the model the node offers joiners (adversary build)
 	// dataShift, in the adversary build, makes the node train on the data
 	// indices this far past its assigned ones (wrong-data).
 	dataShift uint64

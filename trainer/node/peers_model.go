@@ -1,14 +1,16 @@
 package node
 
 import (
+	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/f32le"
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/engine/goengine"
@@ -43,17 +45,9 @@ func (n *Node) shareModel(ctx context.Context, epoch uint32) {
 		n.cfg.log.Warn("sharing the model with joiners failed: the engine cannot give its weights", "engine", e.Name(), "err", err)
 		return
 	}
-	tensors, err := weightTensors(ctx, w)
+	id, err := n.offerWeights(ctx, epoch, w)
 	if err != nil {
-		n.cfg.log.Warn("sharing the model with joiners failed: reading the weights", "engine", e.Name(), "err", err)
-		return
-	}
-	if n.cfg.corruptShare != nil {
-		n.cfg.corruptShare(tensors)
-	}
-	id, err := n.net.ShareCheckpoint(ctx, epoch, tensors)
-	if err != nil {
-		n.cfg.log.Warn("sharing the model with joiners failed", "err", err)
+		n.cfg.log.Warn("sharing the model with joiners failed", "engine", e.Name(), "err", err)
 		return
 	}
 	n.cfg.log.Info("model shared with joiners", "epoch", epoch, "manifest", fmt.Sprintf("%x", id[:8]))
@@ -65,12 +59,20 @@ func (n *Node) offerModel(ctx context.Context, epoch uint32, m runmodel.Model) e
 	if err != nil {
 		return err
 	}
-	tensors, err := weightTensors(ctx, w)
-	if err != nil {
-		return err
-	}
-	_, err = n.net.ShareCheckpoint(ctx, epoch, tensors)
+	_, err = n.offerWeights(ctx, epoch, w)
 	return err
+}
+
+// offerWeights offers w as the P2P checkpoint of epoch: a snapshot written
+// to a file (offerFile), which the network serves from, so that the node
+// holds no copy of the model however large it is while the engine trains
+// on.
+func (n *Node) offerWeights(ctx context.Context, epoch uint32, w runmodel.Weights) (coordinator.Hash, error) {
+	src, err := writeOffer(ctx, w, n.cfg.corruptShare)
+	if err != nil {
+		return coordinator.Hash{}, err
+	}
+	return n.net.ShareCheckpoint(ctx, epoch, src)
 }
 
 // loadFromPeers fetches the model the epoch starts from from the clients
@@ -106,7 +108,7 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 		return nil, fmt.Errorf("%w: checkpoint %x from peers: %w", errLoadLater, id[:8], err)
 	}
 	// This node now holds the epoch's starting model: serve it too.
-	if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, tensors); err != nil {
+	if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, p2p.TensorsSource(tensors)); err != nil {
 		n.cfg.log.Warn("sharing the model with joiners failed", "err", err)
 	}
 	return model, nil
@@ -151,30 +153,61 @@ func tensorSpecs(m runmodel.Model) []p2p.TensorSpec {
 	return out
 }
 
-// weightTensors reads the weights into P2P checkpoint tensors, named and
-// ordered as the model's checkpoint tensors, a chunk at a time.
-func weightTensors(ctx context.Context, w runmodel.Weights) ([]p2p.Tensor, error) {
+// offerFile is a P2P checkpoint in a file that has no name: the weights'
+// bytes, tensor after tensor, in the P2P layout (little-endian float32). The
+// file is unlinked as soon as it is made, so its space returns to the
+// system when the network closes it, and a crash leaves nothing behind.
+type offerFile struct {
+	*os.File
+	specs []p2p.TensorSpec
+}
+
+func (f *offerFile) Specs() []p2p.TensorSpec { return f.specs }
+
+// offerChunk is how many values writeOffer reads from the engine at a time.
+const offerChunk = 1 << 16
+
+// writeOffer writes w's checkpoint tensors, named and ordered as the
+// model's, into an offerFile, a chunk at a time. corrupt, when set, is
+// fault injection: it spoils each chunk's bytes before they are written.
+func writeOffer(ctx context.Context, w runmodel.Weights, corrupt func([]byte)) (p2p.CheckpointSource, error) {
 	ts, err := w.Tensors(false)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]p2p.Tensor, len(ts))
-	for i, t := range ts {
+	f, err := os.CreateTemp("", "psyche-offer-*")
+	if err != nil {
+		return nil, fmt.Errorf("node: a file for the model offered to joiners: %w", err)
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("node: a file for the model offered to joiners: %w", err)
+	}
+	out := &offerFile{File: f}
+	bw := bufio.NewWriterSize(f, 1<<20)
+	var buf []byte
+	for _, t := range ts {
 		shape := make([]uint64, len(t.Shape))
 		for k, d := range t.Shape {
 			shape[k] = uint64(d)
 		}
-		b := make([]byte, 0, 4*modelspec.Size(t.Shape))
-		err := t.Chunks(ctx, 1<<16, func(values []float32) error {
-			for _, v := range values {
-				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+		out.specs = append(out.specs, p2p.TensorSpec{Name: t.Name, DType: tensorDType, Shape: shape})
+		err := t.Chunks(ctx, offerChunk, func(values []float32) error {
+			buf = f32le.Append(buf[:0], values)
+			if corrupt != nil {
+				corrupt(buf)
 			}
-			return nil
+			_, err := bw.Write(buf)
+			return err
 		})
 		if err != nil {
-			return nil, err
+			f.Close()
+			return nil, fmt.Errorf("node: writing the model offered to joiners: %w", err)
 		}
-		out[i] = p2p.Tensor{Name: t.Name, DType: tensorDType, Shape: shape, Data: b}
+	}
+	if err := bw.Flush(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("node: writing the model offered to joiners: %w", err)
 	}
 	return out, nil
 }
@@ -199,12 +232,11 @@ func loadTensors(m runmodel.Model, ts []p2p.Tensor) error {
 		if len(t.Data) != 4*len(w.Data) {
 			return fmt.Errorf("tensor %s has %d bytes, want %d", t.Name, len(t.Data), 4*len(w.Data))
 		}
-		for j := range w.Data {
-			v := math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*j:]))
+		f32le.Decode(w.Data, t.Data)
+		for j, v := range w.Data {
 			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
 				return fmt.Errorf("tensor %s holds %v at %d", t.Name, v, j)
 			}
-			w.Data[j] = v
 		}
 	}
 	return nil

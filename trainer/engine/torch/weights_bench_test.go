@@ -3,13 +3,10 @@ package torch
 import (
 	"context"
 	"path/filepath"
-	"runtime"
-	"runtime/metrics"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/memwatch"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -22,16 +19,7 @@ import (
 // above where it started (peak-heap-MiB) beside the model's bytes
 // (model-MiB), so the two paths' memory is compared in one run.
 func BenchmarkSaveFromEngine(b *testing.B) {
-	cfg := modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 8192, Context: 128, Width: 512, Layers: 6,
-		Heads: 8, KVHeads: 4, Intermediate: 1408, RopeTheta: 10000}}
-	op, err := New()
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, err := runmodel.New(cfg, 1, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	op, m := benchLlama(b)
 	modelMiB := float64(4*m.NumParams()) / (1 << 20)
 	e, err := op.Open(context.Background(), hostSpec(b, m, runOptions(true), 0))
 	if err != nil {
@@ -63,7 +51,7 @@ func BenchmarkSaveFromEngine(b *testing.B) {
 			var peak float64
 			for b.Loop() {
 				dir := filepath.Join(b.TempDir(), "ck")
-				p, err := heapPeak(func() error { return path.save(dir) })
+				p, err := memwatch.HeapPeak(func() error { return path.save(dir) })
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -75,58 +63,15 @@ func BenchmarkSaveFromEngine(b *testing.B) {
 	}
 }
 
-// heapPeak runs f after a collection and returns the most bytes of live
-// and not yet collected heap objects seen above the start while f ran
-// (sampled every millisecond: a whole model held for a save shows; a
-// chunk's buffer, reused, stays small).
-func heapPeak(f func() error) (float64, error) {
-	runtime.GC()
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	read := func() float64 {
-		metrics.Read(sample)
-		return float64(sample[0].Value.Uint64())
-	}
-	base := read()
-	peak := base
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			peak = max(peak, read())
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	})
-	err := f()
-	close(done)
-	wg.Wait()
-	peak = max(peak, read())
-	return peak - base, err
-}
-
 // BenchmarkOpenEngine: a torch engine opened on a host model (a Llama of
 // 25M parameters, 99.5 MiB in fp32), reporting the Go heap's peak above
 // the host model while the weights go to the worker (peak-heap-MiB) beside
 // the model's bytes (model-MiB).
 func BenchmarkOpenEngine(b *testing.B) {
-	cfg := modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 8192, Context: 128, Width: 512, Layers: 6,
-		Heads: 8, KVHeads: 4, Intermediate: 1408, RopeTheta: 10000}}
-	op, err := New()
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, err := runmodel.New(cfg, 1, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	op, m := benchLlama(b)
 	var peak float64
 	for b.Loop() {
-		p, err := heapPeak(func() error {
+		p, err := memwatch.HeapPeak(func() error {
 			e, err := op.Open(context.Background(), hostSpec(b, m, runOptions(true), 0))
 			if err != nil {
 				return err
@@ -140,4 +85,20 @@ func BenchmarkOpenEngine(b *testing.B) {
 	}
 	b.ReportMetric(peak/(1<<20), "peak-heap-MiB")
 	b.ReportMetric(float64(4*m.NumParams())/(1<<20), "model-MiB")
+}
+
+// benchLlama is the model the weights benchmarks move (a Llama of 25M
+// parameters, 99.5 MiB in fp32) and an opener for it.
+func benchLlama(b *testing.B) (*Opener, runmodel.Model) {
+	b.Helper()
+	op, err := New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := runmodel.New(modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 8192, Context: 128,
+		Width: 512, Layers: 6, Heads: 8, KVHeads: 4, Intermediate: 1408, RopeTheta: 10000}}, 1, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return op, m
 }

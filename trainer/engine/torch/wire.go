@@ -7,7 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+
+	"github.com/psyche-go/psyche/internal/f32le"
 )
 
 // The worker protocol. psyche writes requests to the worker's fd 3 and
@@ -100,10 +101,7 @@ func writeMessage(w io.Writer, r request, blobs [][]byte, tensors tensorBlobs) e
 			if err := tensors.read(i, off, values[:k]); err != nil {
 				return fmt.Errorf("torch: reading tensor %d for the worker: %w", i, err)
 			}
-			buf = buf[:0]
-			for _, x := range values[:k] {
-				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
-			}
+			buf = f32le.Append(buf[:0], values[:k])
 			if _, err := w.Write(buf); err != nil {
 				return err
 			}
@@ -181,22 +179,14 @@ func u32Bytes(v []uint32) []byte {
 	return b
 }
 
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
-}
+func f32Bytes(v []float32) []byte { return f32le.Append(nil, v) }
 
 // f32Into decodes b into dst, which must have exactly its length.
 func f32Into(dst []float32, b []byte) error {
 	if len(b) != 4*len(dst) {
 		return fmt.Errorf("torch: %d bytes for %d float32 values", len(b), len(dst))
 	}
-	for i := range dst {
-		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
+	f32le.Decode(dst, b)
 	return nil
 }
 

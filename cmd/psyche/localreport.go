@@ -166,7 +166,15 @@ func bytesString(b uint64) string {
 // heldOutLoss is the mean loss over up to 32 held-out sequences, taken 4 at
 // a time: a model keeps activations and their gradients sized for its last
 // batch, and with Llama 3's 128,256-token vocabulary 32 sequences' logits
-// alone are a gigabyte, twice.
+// alone are a gigabyte, twice. A large model gets fewer (heldOutFLOPs), at
+// least 4.
+// heldOutFLOPs bounds the forward passes of one held-out loss (about
+// 2 FLOPs a parameter a token), which run on this process's Go kernels
+// before the run, after it and at every recorded checkpoint: the 32
+// sequences of the small models localnet trains by default take seconds,
+// while a 0.5B model's would take minutes each on a small machine.
+const heldOutFLOPs = 1e12
+
 func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
 	const chunk = 4
 	cfg, err := runmodel.ConfigOf(m)
@@ -187,7 +195,7 @@ func heldOutLoss(m runmodel.Model, tokens []uint32) (float32, error) {
 		}
 	}
 	t := cfg.Context()
-	seqs := min(32, (len(tokens)-1)/t)
+	seqs := min(32, (len(tokens)-1)/t, max(4, int(heldOutFLOPs/(2*float64(m.NumParams())*float64(t)))))
 	if seqs < 1 {
 		return 0, fmt.Errorf("the held-out tenth of the data has %d tokens, fewer than one sequence of %d needs", len(tokens), t+1)
 	}

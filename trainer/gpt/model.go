@@ -2,7 +2,6 @@ package gpt
 
 import (
 	"math"
-	"math/rand/v2"
 
 	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
@@ -82,20 +81,22 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 	m := &Model{Config: c, be: be}
 	m.Buffers, m.p, m.g = lm.NewBuffers(be, c.NumParams(), func(buf []float32) (params, [][]float32) { return views(c, buf) })
 	m.dp, m.dg = tviews(c, m.ParamsOnBackend()), tviews(c, m.GradsOnBackend())
-	r := rand.New(rand.NewPCG(seed, 0x677074))
-	normal := func(v []float32, std float64) { lm.Normal(r, v, std) }
-	ones := lm.Ones
-	resid := 0.02 / math.Sqrt(2*float64(c.Layers))
-	normal(m.p.wte, 0.02)
-	normal(m.p.wpe, 0.01)
-	ones(m.p.ln1w)
-	ones(m.p.ln2w)
-	ones(m.p.lnfw)
-	normal(m.p.qkvw, 0.02)
-	normal(m.p.projw, resid)
-	normal(m.p.fcw, 0.02)
-	normal(m.p.fcprojw, resid)
+	lm.Draw(m.Tensors(), Inits(c), seed, Stream)
 	return m, nil
+}
+
+// Stream is the PCG stream of the normal draws New takes from its seed.
+const Stream = 0x677074
+
+// Inits are how New fills each tensor (Shapes order): N(0, 0.02) for the
+// matrices, 0.01 for the position embeddings, the residual projections
+// scaled by 1/√(2·layers), zero biases, unit norm weights.
+func Inits(c Config) []lm.Init {
+	resid := 0.02 / math.Sqrt(2*float64(c.Layers))
+	one, zero := lm.Init{Ones: true}, lm.Init{}
+	// wte, wpe, ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc w/b, fcproj w/b, lnf w/b
+	return []lm.Init{{Std: 0.02}, {Std: 0.01}, one, zero, {Std: 0.02}, zero, {Std: resid}, zero,
+		one, zero, {Std: 0.02}, zero, {Std: resid}, zero, one, zero}
 }
 
 // Backend is the kernels implementation the model runs on.

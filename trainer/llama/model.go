@@ -2,7 +2,6 @@ package llama
 
 import (
 	"math"
-	"math/rand/v2"
 
 	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
@@ -82,22 +81,23 @@ func New(c Config, seed uint64, be kernels.Backend) (*Model, error) {
 	m := &Model{Config: c, be: be}
 	m.Buffers, m.p, m.g = lm.NewBuffers(be, c.NumParams(), func(buf []float32) (params, [][]float32) { return views(c, buf) })
 	m.dp, m.dg = tviews(c, m.ParamsOnBackend()), tviews(c, m.GradsOnBackend())
-	r := rand.New(rand.NewPCG(seed, 0x6c6c616d61))
-	normal := func(v []float32, std float64) { lm.Normal(r, v, std) }
-	ones := lm.Ones
-	resid := 0.02 / math.Sqrt(2*float64(c.Layers))
-	normal(m.p.embed, 0.02)
-	ones(m.p.attnNorm)
-	normal(m.p.qkv, 0.02)
-	normal(m.p.o, resid)
-	ones(m.p.mlpNorm)
-	normal(m.p.gateUp, 0.02)
-	normal(m.p.down, resid)
-	ones(m.p.norm)
-	if !c.TiedHead {
-		normal(m.p.head, 0.02)
-	}
+	lm.Draw(m.Tensors(), Inits(c), seed, Stream)
 	return m, nil
+}
+
+// Stream is the PCG stream of the normal draws New takes from its seed.
+const Stream = 0x6c6c616d61
+
+// Inits are how New fills each tensor (Shapes order): N(0, 0.02) for the
+// embeddings, projections and head, the two projections back into the
+// residual stream scaled by 1/√(2·layers), unit norm weights.
+func Inits(c Config) []lm.Init {
+	resid := 0.02 / math.Sqrt(2*float64(c.Layers))
+	in := []lm.Init{{Std: 0.02}, {Ones: true}, {Std: 0.02}, {Std: resid}, {Ones: true}, {Std: 0.02}, {Std: resid}, {Ones: true}}
+	if !c.TiedHead {
+		in = append(in, lm.Init{Std: 0.02})
+	}
+	return in
 }
 
 // Backend is the kernels implementation the model runs on.

@@ -28,24 +28,31 @@ import (
 // A checkpoint whose config (config.json, or a checkpoint file's psyche.model
 // metadata) is not cfg is refused before its model is allocated: whoever
 // recorded the URL may have put any size there.
-func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st coordinator.CheckpointStore) (runmodel.Model, error) {
+func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st coordinator.CheckpointStore) (runmodel.Weights, error) {
 	src, err := modelspec.ParseSource(url)
 	if err != nil {
-		return nil, err
+		return runmodel.Weights{}, err
 	}
 	accept := func(c modelspec.Config) error { return modelspec.Compare(c, cfg) }
 	switch src.Kind {
 	case modelspec.FromSeed:
-		return runmodel.New(cfg, src.Seed, n.cfg.kernels)
+		// Drawn as they are read: an engine that holds the model
+		// elsewhere never has it built here.
+		return runmodel.Seeded(cfg, src.Seed)
 	case modelspec.FromFile:
-		return runmodel.LoadChecked(ctx, src.Path, n.cfg.kernels, accept)
+		return hostWeights(runmodel.LoadChecked(ctx, src.Path, n.cfg.kernels, accept))
 	case modelspec.FromS3:
 		path, err := n.downloadCheckpoint(ctx, url, cfg, st)
 		if err != nil {
-			return nil, err
+			return runmodel.Weights{}, err
 		}
-		return runmodel.LoadChecked(ctx, path, n.cfg.kernels, accept)
+		return hostWeights(runmodel.LoadChecked(ctx, path, n.cfg.kernels, accept))
 	}
+	return hostWeights(n.loadHTTP(ctx, url, cfg, accept))
+}
+
+// loadHTTP loads an http(s):// checkpoint (loadURL).
+func (n *Node) loadHTTP(ctx context.Context, url string, cfg modelspec.Config, accept runmodel.Accept) (runmodel.Model, error) {
 	// modelspec.FromHTTP. A Llama run's URL that does not name a
 	// .safetensors file is a Hugging Face directory.
 	if cfg.Arch == coordinator.ArchLlama && !strings.HasSuffix(strings.SplitN(url, "?", 2)[0], ".safetensors") {

@@ -77,7 +77,11 @@ func TestLoadCheckpointURL(t *testing.T) {
 		{"a terabyte model's metadata over http", srv.URL + "/files/huge.safetensors", modelspec.ErrMismatch},
 		{"a terabyte model's metadata on this machine", "file://" + filepath.Join(dir, "huge.safetensors"), modelspec.ErrMismatch},
 	} {
-		got, err := n.loadURL(context.Background(), tc.url, modelspec.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{})
+		var got runmodel.Model
+		w, err := n.loadURL(context.Background(), tc.url, modelspec.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{})
+		if err == nil {
+			got, err = w.Model(context.Background(), nil)
+		}
 		switch {
 		case tc.err == nil && err != nil:
 			t.Errorf("%s: %v", tc.name, err)

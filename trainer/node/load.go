@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"runtime/debug"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
@@ -67,16 +68,16 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 		source = machine.LoadPeers // the previous epoch's model, from its other holders
 	}
 	var (
-		model runmodel.Model
-		from  string
+		weights runmodel.Weights
+		from    string
 	)
 	switch source {
 	case machine.LoadPeers:
-		model, from, err = n.loadPeers(ctx, s, cfg)
+		weights, from, err = n.loadPeers(ctx, s, cfg)
 	case machine.LoadRecorded:
-		model, from, err = n.loadRecorded(ctx, s, cfg)
+		weights, from, err = n.loadRecorded(ctx, s, cfg)
 	case machine.LoadOffer:
-		model, from, err = n.loadOffered(ctx, s, cfg)
+		weights, from, err = n.loadOffered(ctx, s, cfg)
 	default:
 		return fmt.Errorf("node: no load from %s", source)
 	}
@@ -90,14 +91,18 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	if op == nil {
 		op = goengine.New(n.cfg.kernels)
 	}
-	weights, err := runmodel.HostWeights(model)
-	if err != nil {
-		return err
-	}
 	eng, err := op.Open(ctx, engine.Spec{Weights: weights, Optimizer: opts, Timeout: engineTimeout(s)})
 	if err != nil {
 		return fmt.Errorf("node: opening the %s engine on the model: %w", op.Name(), err)
 	}
+	// An engine that computes elsewhere (a PyTorch worker) copied a host
+	// model it was opened on and let it go: give its pages back to the
+	// system now. The collector would otherwise wait until the heap
+	// doubled again, and a model of gigabytes would stay in this process's
+	// memory beside the worker's copy (a Go engine keeps the model, and
+	// this costs one collection).
+	weights = runmodel.Weights{}
+	debug.FreeOSMemory()
 	// The run's plan is cut from the engine's tensors (a transformers
 	// model's shapes are the engine's to say).
 	plan, err := distro.NewPlan(eng.Shapes(), opts)
@@ -119,13 +124,17 @@ func (n *Node) notLoaded(why machine.LoadFailure, err error) error {
 }
 
 // loadPeers loads the model the previous epoch's clients hold.
-func (n *Node) loadPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, string, error) {
+func (n *Node) loadPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, string, error) {
 	model, err := n.loadFromPeers(ctx, s, cfg)
 	if err != nil {
-		return nil, "", n.peersFailed(err)
+		return runmodel.Weights{}, "", n.peersFailed(err)
 	}
 	const from = "the previous epoch's clients"
-	return model, from, checkShape(model, &s.Model, from)
+	w, err := runmodel.HostWeights(model)
+	if err == nil {
+		err = checkShape(w.Config, &s.Model, from)
+	}
+	return w, from, err
 }
 
 // peersFailed is what a failed load from peers tells the machine.
@@ -142,7 +151,7 @@ func (n *Node) peersFailed(err error) error {
 // loadRecorded loads the run's recorded checkpoint from its own source,
 // checks it is the recorded model, and offers a file or store checkpoint
 // to the epoch's other trainers.
-func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, string, error) {
+func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, string, error) {
 	m := &s.Model
 	url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 	rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
@@ -160,29 +169,30 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 			"url", url, "why", err)
 		return n.notLoaded(machine.LoadUnreadableHere, err)
 	}
+	var none runmodel.Weights
 	if fileMissingHere(url) {
-		return nil, "", unreadable(fmt.Errorf("%s is not readable here", url))
+		return none, "", unreadable(fmt.Errorf("%s is not readable here", url))
 	}
 	var (
-		model runmodel.Model
-		err   error
+		weights runmodel.Weights
+		err     error
 	)
 	if cfg.Arch == coordinator.ArchTransformers {
 		// Built by the engine from the config.json the source names.
-		model, err = runmodel.LoadRunTransformers(m)
+		weights, err = hostWeights(runmodel.LoadRunTransformers(m))
 	} else {
-		model, err = n.loadURL(ctx, url, cfg, m.Store)
+		weights, err = n.loadURL(ctx, url, cfg, m.Store)
 	}
 	switch {
 	case err != nil && ((unreadableHere(err) && isFileURL(url)) || isStoreURL(url)):
-		return nil, "", unreadable(err)
+		return none, "", unreadable(err)
 	case err != nil:
 		// Anything else (an http(s) URL that answers "not found" answers
 		// every trainer so) is no matter of this disk.
-		return nil, "", fmt.Errorf("node: loading the model from %s: %w", url, err)
+		return none, "", fmt.Errorf("node: loading the model from %s: %w", url, err)
 	}
-	if err := checkShape(model, m, url); err != nil {
-		return nil, "", err
+	if err := checkShape(weights.Config, m, url); err != nil {
+		return none, "", err
 	}
 	// A revision that is a model hash names the model the run starts
 	// from: training another (a file replaced on one machine, a seed drawn
@@ -190,60 +200,65 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 	// trainer can use, and no later try loads a different model, so the
 	// node stops. Peers' models are not checked: they are the previous
 	// epoch's, trained past the recorded one.
-	if err := runmodel.CheckRevision(model, url, rev); err != nil {
+	if err := weights.CheckRevision(ctx, url, rev); err != nil {
 		if isStoreURL(url) {
 			// The bucket holds another model than the run recorded
 			// (replaced or damaged there): a trainer that saved or fetched
 			// the recorded one may offer it.
 			n.cfg.log.Warn("refusing the run's checkpoint from its store; waiting for a trainer that holds the recorded model to offer it",
 				"url", url, "err", err)
-			return nil, "", n.notLoaded(machine.LoadUnreadableHere, err)
+			return none, "", n.notLoaded(machine.LoadUnreadableHere, err)
 		}
-		return nil, "", fmt.Errorf("node: %w: refusing to train", err)
+		return none, "", fmt.Errorf("node: %w: refusing to train", err)
 	}
 	// Offer a file or store checkpoint to the epoch's other trainers:
 	// after a full restart on separate machines, this may be the only one
 	// that can read the recorded URL (its own file, or a bucket only its
 	// credentials open).
 	if isFileURL(url) || isStoreURL(url) {
-		if err := n.offerModel(ctx, recordedOffer(s.Progress.Epoch), model); err != nil {
+		if _, err := n.offerWeights(ctx, recordedOffer(s.Progress.Epoch), weights); err != nil {
 			n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
 		}
 	}
-	return model, url, nil
+	return weights, url, nil
+}
+
+// hostWeights are the weights of a model a loader returned, or its error.
+func hostWeights(m runmodel.Model, err error) (runmodel.Weights, error) {
+	if err != nil {
+		return runmodel.Weights{}, err
+	}
+	return runmodel.HostWeights(m)
 }
 
 // loadOffered loads the run's recorded checkpoint as a trainer that could
 // read it offers it.
-func (n *Node) loadOffered(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, string, error) {
+func (n *Node) loadOffered(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, string, error) {
 	m := &s.Model
 	url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 	rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
-	model, err := n.loadRecordedOffer(ctx, s, cfg, url, rev)
+	var none runmodel.Weights
+	weights, err := hostWeights(n.loadRecordedOffer(ctx, s, cfg, url, rev))
 	if err != nil {
-		return nil, "", n.notLoaded(machine.LoadNotYet,
+		return none, "", n.notLoaded(machine.LoadNotYet,
 			fmt.Errorf("the recorded checkpoint %s cannot be read here, and no trainer offers it yet (%w)", url, err))
 	}
 	from := "a trainer holding " + url
-	if err := checkShape(model, m, from); err != nil {
-		return nil, "", err
+	if err := checkShape(weights.Config, m, from); err != nil {
+		return none, "", err
 	}
 	// What it offers must be the recorded checkpoint, as the file would
 	// be: another trainer's word, not this machine's file, so a later
 	// offer may be the right one.
-	if err := runmodel.CheckRevision(model, url, rev); err != nil {
-		return nil, "", n.notLoaded(machine.LoadNotYet, fmt.Errorf("the model offered as %s: %w", url, err))
+	if err := weights.CheckRevision(ctx, url, rev); err != nil {
+		return none, "", n.notLoaded(machine.LoadNotYet, fmt.Errorf("the model offered as %s: %w", url, err))
 	}
-	return model, from, nil
+	return weights, from, nil
 }
 
-// checkShape checks that a loaded model is the run's shape.
-func checkShape(model runmodel.Model, m *coordinator.Model, from string) error {
-	loaded, err := runmodel.ConfigOf(model)
-	if err == nil {
-		err = modelspec.Check(loaded, m)
-	}
-	if err != nil {
+// checkShape checks that a loaded model (its config) is the run's shape.
+func checkShape(loaded modelspec.Config, m *coordinator.Model, from string) error {
+	if err := modelspec.Check(loaded, m); err != nil {
 		return fmt.Errorf("node: the checkpoint from %s: %w", from, err)
 	}
 	return nil

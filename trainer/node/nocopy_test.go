@@ -29,10 +29,11 @@ func liveHeap() uint64 {
 	return s[0].Value.Uint64()
 }
 
-// A torch engine's model leaves the engine only a chunk at a time: the node
-// offers it to joiners over libp2p, saves it and hashes it while the Go
-// heap holds less than a quarter of the model's bytes above where it
-// started, measured after every read from the engine and after each step
+// A torch engine's model crosses the Go process only a chunk at a time: a
+// seeded model is drawn into the engine as it is read, and the node offers
+// it to joiners over libp2p, saves it and hashes it, while the Go heap holds
+// less than a quarter of the model's bytes above where it started,
+// measured after every read of the weights and after each step
 // (a collection first, so the figure is what is held, not what awaits
 // collection). A model copied out whole, or kept by the network, would be
 // held at those points.
@@ -44,24 +45,14 @@ func TestTorchModelLeavesTheEngineInChunks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 4096, Context: 64, Width: 256, Layers: 4,
-		Heads: 4, KVHeads: 2, Intermediate: 704, RopeTheta: 10000}}
-	m, err := runmodel.New(cfg, 1, nil)
+	cfg := modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 8192, Context: 64, Width: 512, Layers: 4,
+		Heads: 8, KVHeads: 4, Intermediate: 1408, RopeTheta: 10000}}
+	seeded, err := runmodel.Seeded(cfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	modelBytes := uint64(4 * m.NumParams())
-	hw, err := runmodel.HostWeights(m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	modelBytes := uint64(4 * cfg.NumParams())
 	ctx := context.Background()
-	e, err := op.Open(ctx, engine.Spec{Weights: hw, Optimizer: distro.Options{Chunk: 16, TopK: 8, Decay: 0.999, Workers: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	m, hw = nil, runmodel.Weights{}
 	seed := sha256.Sum256([]byte("nocopy"))
 	net, err := libp2p.New(libp2p.WithListenAddrs("/ip4/127.0.0.1/tcp/0"), libp2p.WithRunID("nocopy"),
 		libp2p.WithKey(ed25519.NewKeyFromSeed(seed[:])))
@@ -69,10 +60,6 @@ func TestTorchModelLeavesTheEngineInChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer net.Close()
-	n := &Node{cfg: config{log: slog.New(slog.DiscardHandler)}, net: net}
-	n.setEngine(e, nil)
-	dir := t.TempDir()
-
 	base := liveHeap()
 	var peak uint64
 	sample := func() {
@@ -80,17 +67,32 @@ func TestTorchModelLeavesTheEngineInChunks(t *testing.T) {
 			peak = max(peak, l-base)
 		}
 	}
-	id, err := func() (coordinator.Hash, error) {
-		w, err := n.weights(e)
-		if err != nil {
-			return coordinator.Hash{}, err
-		}
+	sampled := func(w runmodel.Weights) runmodel.Weights {
 		read := w.Read
 		w.Read = func(ctx context.Context, i, off int, dst []float32) error {
 			err := read(ctx, i, off, dst)
 			sample()
 			return err
 		}
+		return w
+	}
+	e, err := op.Open(ctx, engine.Spec{Weights: sampled(seeded), Optimizer: distro.Options{Chunk: 16, TopK: 8, Decay: 0.999, Workers: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	sample()
+	n := &Node{cfg: config{log: slog.New(slog.DiscardHandler)}, net: net}
+	n.setEngine(e, nil)
+	dir := t.TempDir()
+
+	var rev string
+	id, err := func() (coordinator.Hash, error) {
+		w, err := n.weights(e)
+		if err != nil {
+			return coordinator.Hash{}, err
+		}
+		w = sampled(w)
 		id, err := n.offerWeights(ctx, 1, w)
 		sample()
 		if err != nil {
@@ -100,14 +102,18 @@ func TestTorchModelLeavesTheEngineInChunks(t *testing.T) {
 			return id, err
 		}
 		sample()
-		_, err = w.Revision(ctx)
+		rev, err = w.Revision(ctx)
 		return id, err
 	}()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("offer %x, save and hash of a %.1f MiB model held at most %.2f MiB of Go heap", id[:4], float64(modelBytes)/(1<<20), float64(peak)/(1<<20))
+	t.Logf("open, offer %x, save and hash of a %.1f MiB model held at most %.2f MiB of Go heap", id[:4], float64(modelBytes)/(1<<20), float64(peak)/(1<<20))
 	if peak > modelBytes/4 {
 		t.Fatalf("the Go heap held %d bytes above its start for a %d-byte model: a copy of the model (or of a large tensor) was kept", peak, modelBytes)
+	}
+	// What went through in chunks is the model the seed draws.
+	if want, err := runmodel.New(cfg, 1, nil); err != nil || rev != runmodel.Revision(want) {
+		t.Fatalf("the engine's model hashes to %s, the seed's to another (%v)", rev, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/psyche-go/psyche/p2p"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/engine"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/node/drive"
 	"github.com/psyche-go/psyche/trainer/node/machine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -22,10 +23,24 @@ import (
 // engineTimeout is how long one computation of a round may take before the
 // engine is taken to hang: twice the run's training limit, at least a
 // minute (a round's gradient, step and apply fit in the training limit on a
-// trainer the run can use at all).
+// trainer the run can use at all), and never less than the round's whole
+// batch takes at slowestFLOPs: a large model on a CPU is slow, not hung
+// (a run on virtual time, whose limits count waiting, not computing, has
+// no other bound on a step).
 func engineTimeout(s *coordinator.Coordinator) time.Duration {
-	return max(time.Minute, 2*time.Duration(s.Config.MaxRoundTrainTime)*time.Second)
+	d := max(time.Minute, 2*time.Duration(s.Config.MaxRoundTrainTime)*time.Second)
+	if cfg, err := modelspec.ModelConfig(&s.Model); err == nil {
+		// About 6 FLOPs a parameter a token: the forward pass and the
+		// backward pass's two products.
+		flops := 6 * float64(cfg.NumParams()) * float64(s.Config.GlobalBatchSizeEnd) * float64(s.Model.MaxSeqLen)
+		d = max(d, time.Duration(flops/slowestFLOPs*float64(time.Second)))
+	}
+	return d
 }
+
+// slowestFLOPs is the slowest compute, in FLOPs a second, engineTimeout
+// allows for: a tenth of one small CPU core's fp32 rate.
+const slowestFLOPs = 1e9
 
 // aheadRun is a gradient trained ahead in the background (machine.TrainWork.Ahead):
 // the engine holds it once done is closed.

@@ -1,6 +1,7 @@
 package runmodel
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -79,6 +80,24 @@ func CheckRevision(model Model, from, revision string) error {
 		return nil
 	}
 	if got := Revision(model); got != revision {
+		return &RevisionError{From: from, Got: got, Want: revision}
+	}
+	return nil
+}
+
+// CheckRevision is CheckRevision for weights wherever they are held, read
+// and hashed a piece at a time (a seed's drawn as they are read).
+func (w Weights) CheckRevision(ctx context.Context, from, revision string) error {
+	if !IsHash(revision) || !w.Drawn() {
+		// Not a model hash, or a seeded transformers run, whose revision
+		// is its config's hash (LoadTransformersConfig).
+		return nil
+	}
+	got, err := w.Revision(ctx)
+	if err != nil {
+		return err
+	}
+	if got != revision {
 		return &RevisionError{From: from, Got: got, Want: revision}
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/gpt"
+	"github.com/psyche-go/psyche/trainer/internal/lm"
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -45,6 +46,46 @@ type Weights struct {
 	// (HostWeights): an engine that computes in this process (the Go
 	// engine) trains it as it is, rather than a copy.
 	Host Model
+	// seeded: Read draws the values New(Config, Seed) holds (Seeded).
+	seeded bool
+}
+
+// Seeded are the weights New(c, seed) draws, read a range at a time
+// without ever being held whole (lm.Seeded): for an engine that holds the
+// model elsewhere (a PyTorch worker), a model of gigabytes never exists in
+// this process. An engine that computes here gets New's model (Model).
+func Seeded(c modelspec.Config, seed uint64) (Weights, error) {
+	var (
+		shapes [][]int
+		inits  []lm.Init
+		stream uint64
+		err    error
+	)
+	switch c.Arch {
+	case coordinator.ArchGPT:
+		err, shapes, inits, stream = c.GPT.Validate(), c.GPT.Shapes(), gpt.Inits(c.GPT), gpt.Stream
+	case coordinator.ArchLlama:
+		err, shapes, inits, stream = c.Llama.Validate(), c.Llama.Shapes(), llama.Inits(c.Llama), llama.Stream
+	default:
+		return Weights{}, fmt.Errorf("%w: %d has no weights drawn here from a seed", modelspec.ErrArchitecture, c.Arch)
+	}
+	if err != nil {
+		return Weights{}, err
+	}
+	sizes := make([]int, len(shapes))
+	for i, sh := range shapes {
+		sizes[i] = modelspec.Size(sh)
+	}
+	draws, err := lm.NewSeeded(sizes, inits, seed, stream)
+	if err != nil {
+		return Weights{}, err
+	}
+	return Weights{Config: c, Shapes: shapes, Seed: seed, seeded: true, Read: func(ctx context.Context, i, off int, dst []float32) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return draws.Read(i, off, dst)
+	}}, nil
 }
 
 // Drawn says whether the weights hold values (Read), rather than a seed an
@@ -94,10 +135,8 @@ func (w Weights) InOrder(names []string, shapes [][]int) (Weights, error) {
 	read := w.Read
 	w.Names, w.Shapes = slices.Clone(names), shapes
 	w.Read = func(ctx context.Context, i, off int, dst []float32) error { return read(ctx, from[i], off, dst) }
-	if w.Host != nil {
-		// The host model's own order is no longer the weights'.
-		w.Host = nil
-	}
+	// The host model's own order, or New's, is no longer the weights'.
+	w.Host, w.seeded = nil, false
 	return w, nil
 }
 
@@ -107,6 +146,9 @@ func (w Weights) InOrder(names []string, shapes [][]int) (Weights, error) {
 func (w Weights) Model(ctx context.Context, be kernels.Backend) (Model, error) {
 	if w.Host != nil {
 		return w.Host, nil
+	}
+	if w.seeded {
+		return New(w.Config, w.Seed, be)
 	}
 	if w.Config.Arch == coordinator.ArchTransformers {
 		t, err := NewTransformers(w.JSON, w.Config.Transformers.Context, w.Seed)

@@ -7,8 +7,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -186,5 +188,65 @@ func TestWeightsModel(t *testing.T) {
 	}
 	if _, err := w.InOrder([]string{"a", "c"}, [][]int{{3}, {2}}); err == nil {
 		t.Fatal("InOrder accepted a name the weights lack")
+	}
+}
+
+// Seeded weights read, in chunks of any size and in any order, exactly the
+// values New draws from the same seed, and hash to New's revision; the
+// model they give an engine that computes here is New's.
+func TestSeededWeightsAreNewsModel(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []modelspec.Config{
+		{Arch: coordinator.ArchGPT, GPT: gpt.Config{Vocab: 96, Context: 16, Width: 32, Layers: 2, Heads: 2}},
+		{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 96, Context: 16, Width: 32, Layers: 2, Heads: 4, KVHeads: 2,
+			Intermediate: 48, RopeTheta: 10000}},
+		{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 96, Context: 16, Width: 32, Layers: 2, Heads: 4, KVHeads: 2,
+			Intermediate: 48, RopeTheta: 10000, TiedHead: true}},
+	} {
+		want, err := New(c, 7, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := Seeded(c, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tensors := want.Tensors()
+		if len(w.Shapes) != len(tensors) {
+			t.Fatalf("%v: %d shapes, New has %d tensors", c.Arch, len(w.Shapes), len(tensors))
+		}
+		// In order a few values at a time, then backwards tensor by
+		// tensor (each read behind the stream starts it again).
+		order := make([]int, 0, 2*len(tensors))
+		for i := range tensors {
+			order = append(order, i)
+		}
+		for i := len(tensors) - 1; i >= 0; i-- {
+			order = append(order, i)
+		}
+		for _, i := range order {
+			got := make([]float32, len(tensors[i]))
+			for off := 0; off < len(got); off += 7 {
+				if err := w.Read(ctx, i, off, got[off:min(off+7, len(got))]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !slices.Equal(got, tensors[i]) {
+				t.Fatalf("%v: tensor %d differs from New's", c.Arch, i)
+			}
+		}
+		if rev, err := w.Revision(ctx); err != nil || rev != Revision(want) {
+			t.Errorf("%v: revision %q (%v), New's %q", c.Arch, rev, err, Revision(want))
+		}
+		m, err := w.Model(ctx, nil)
+		if err != nil || Revision(m) != Revision(want) {
+			t.Errorf("%v: the model here is not New's (%v)", c.Arch, err)
+		}
+		if err := w.Read(ctx, 0, len(tensors[0])-1, make([]float32, 2)); err == nil {
+			t.Errorf("%v: a read past a tensor's end was accepted", c.Arch)
+		}
+	}
+	if _, err := Seeded(modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 96}}, 1); err == nil {
+		t.Error("an invalid config was accepted")
 	}
 }

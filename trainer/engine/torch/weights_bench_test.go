@@ -7,6 +7,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/memwatch"
+	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
@@ -63,28 +64,56 @@ func BenchmarkSaveFromEngine(b *testing.B) {
 	}
 }
 
-// BenchmarkOpenEngine: a torch engine opened on a host model (a Llama of
-// 25M parameters, 99.5 MiB in fp32), reporting the Go heap's peak above
-// the host model while the weights go to the worker (peak-heap-MiB) beside
-// the model's bytes (model-MiB).
+// BenchmarkOpenEngine: a torch engine opened on a Llama of 25M parameters
+// (99.5 MiB in fp32) drawn from a seed, as the node opens a seed:N model
+// now (seed: the weights drawn as the open request reads them) and as it
+// did before (host: the model built on the host first, then read into the
+// request). Each reports the Go heap's peak above where it started
+// (peak-heap-MiB) beside the model's bytes (model-MiB).
 func BenchmarkOpenEngine(b *testing.B) {
 	op, m := benchLlama(b)
-	var peak float64
-	for b.Loop() {
-		p, err := memwatch.HeapPeak(func() error {
-			e, err := op.Open(context.Background(), hostSpec(b, m, runOptions(true), 0))
-			if err != nil {
-				return err
-			}
-			return e.Close()
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		peak = max(peak, p)
+	cfg, err := runmodel.ConfigOf(m)
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.ReportMetric(peak/(1<<20), "peak-heap-MiB")
-	b.ReportMetric(float64(4*m.NumParams())/(1<<20), "model-MiB")
+	modelMiB := float64(4*m.NumParams()) / (1 << 20)
+	m = nil
+	for _, path := range []struct {
+		name    string
+		weights func() (runmodel.Weights, error)
+	}{
+		{"seed", func() (runmodel.Weights, error) { return runmodel.Seeded(cfg, 1) }},
+		{"host", func() (runmodel.Weights, error) {
+			m, err := runmodel.New(cfg, 1, nil)
+			if err != nil {
+				return runmodel.Weights{}, err
+			}
+			return runmodel.HostWeights(m)
+		}},
+	} {
+		b.Run(path.name, func(b *testing.B) {
+			var peak float64
+			for b.Loop() {
+				p, err := memwatch.HeapPeak(func() error {
+					w, err := path.weights()
+					if err != nil {
+						return err
+					}
+					e, err := op.Open(context.Background(), engine.Spec{Weights: w, Optimizer: runOptions(true)})
+					if err != nil {
+						return err
+					}
+					return e.Close()
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				peak = max(peak, p)
+			}
+			b.ReportMetric(peak/(1<<20), "peak-heap-MiB")
+			b.ReportMetric(modelMiB, "model-MiB")
+		})
+	}
 }
 
 // benchLlama is the model the weights benchmarks move (a Llama of 25M

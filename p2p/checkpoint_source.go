@@ -36,8 +36,12 @@ func TensorSize(t TensorSpec) (uint64, error) {
 
 // Manifest reads src once, a block at a time, and lists each tensor with
 // the digests of its blocks: what ShareCheckpoint offers. It also returns
-// where each tensor starts in src.
+// where each tensor starts in src. A CheckpointFile that knows its
+// manifest (Append, Verified) is not read.
 func Manifest(ctx context.Context, src CheckpointSource) (CheckpointManifest, []uint64, error) {
+	if f, ok := src.(*CheckpointFile); ok && f.Complete() {
+		return *f.manifest, f.starts, nil
+	}
 	var m CheckpointManifest
 	var starts []uint64
 	buf := make([]byte, BlockSize)
@@ -86,8 +90,8 @@ func ReadTensors(src CheckpointSource) ([]Tensor, error) {
 	return out, nil
 }
 
-// TensorsSource serves tensors already in memory (a checkpoint just fetched,
-// which the node then offers in turn). Their bytes must not change.
+// TensorsSource serves tensors already in memory (small checkpoints, and
+// tests). Their bytes must not change.
 func TensorsSource(ts []Tensor) CheckpointSource { return &tensorsSource{ts} }
 
 type tensorsSource struct{ ts []Tensor }

@@ -84,11 +84,14 @@ type Network interface {
 	// offers one, the error is ErrNoCheckpoint, with ErrNoHolder too if
 	// every peer of from answered (none was unreachable).
 	FindCheckpoint(ctx context.Context, epoch uint32, from []coordinator.Pubkey) (coordinator.Hash, error)
-	// FetchCheckpoint assembles a checkpoint by manifest id from peers. The
-	// manifest must Match want before any tensor block is fetched. The
-	// tensors' bytes may be shared with the blocks the node serves: callers
-	// must not modify them.
-	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []TensorSpec) ([]Tensor, error)
+	// FetchCheckpoint writes the checkpoint whose manifest id is id, fetched
+	// from peers, into a file of the tensors it must hold: the manifest must
+	// Match into's specs before any tensor block is fetched, and each block
+	// is checked against its digest before it is written. On success the
+	// file knows its manifest (Verified), so sharing it in turn costs no
+	// second read. The caller keeps the file: it closes it, or hands it to
+	// ShareCheckpoint.
+	FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, into *CheckpointFile) error
 
 	// ReportPeer records misconduct the trainer found in what a peer sent (a
 	// result that does not decode or fit the run's model, equivocation):

@@ -136,30 +136,43 @@ func (n *Node) serveBlob(s network.Stream) {
 // the number of blocks received and why the stream ended early, if it did.
 func (n *Node) streamBlocks(ctx context.Context, from peer.ID, ref p2p.BlobRef, idx []int, out []byte, have []bool) (int, error) {
 	req := p2p.WantsOf(ref, idx)
-	dst := make([][]byte, len(idx))
-	for k, i := range idx {
-		off := uint64(i) * p2p.BlockSize
-		dst[k] = out[off : off+uint64(req.Blocks[k].Len)]
-	}
-	return n.streamInto(ctx, from, req, dst,
-		func(k int) {
+	return n.streamInto(ctx, from, req, streamSink{
+		buf: func(k int) []byte {
+			off := uint64(idx[k]) * p2p.BlockSize
+			return out[off : off+uint64(req.Blocks[k].Len)]
+		},
+		reading: func(k int) {
 			if n.cfg.readHook != nil {
 				n.cfg.readHook(idx[k])
 			}
 		},
-		func(k int) { have[idx[k]] = true })
+		arrived: func(k int, _ []byte) error { have[idx[k]] = true; return nil },
+		keep:    true,
+	})
 }
 
-// streamInto asks from for the blocks of req and reads block k straight
-// into dst[k] (exactly req.Blocks[k].Len bytes, a length the requester
-// chose, never the peer). Each block is checked against its digest, then
-// stored (so that bitswap serves it on) and passed to arrived, from a
-// goroutine of its own that hashes each block while the next one is read.
-// reading, if not nil, is called before each block is read. Blocks the peer
+// streamSink says where streamInto puts the blocks it reads.
+type streamSink struct {
+	// buf is where block k is read: exactly req.Blocks[k].Len bytes, a
+	// length the requester chose, never the peer.
+	buf func(k int) []byte
+	// reading, if not nil, is called before block k is read.
+	reading func(k int)
+	// arrived takes block k (in buf(k)) once it is checked against its
+	// digest; an error ends the stream.
+	arrived func(k int, b []byte) error
+	// keep stores the checked blocks too, so that bitswap serves them on.
+	keep bool
+}
+
+// streamInto asks from for the blocks of req and reads each straight into
+// its buffer (sink.buf). Each block is checked against its digest, then
+// stored if sink.keep and passed to sink.arrived, from a goroutine of its
+// own that hashes each block while the next one is read. Blocks the peer
 // does not hold, or that come too slowly or wrong, are not passed on. It
 // returns the number of blocks received and why the stream ended early, if
 // it did.
-func (n *Node) streamInto(ctx context.Context, from peer.ID, req p2p.BlobRequest, dst [][]byte, reading, arrived func(k int)) (int, error) {
+func (n *Node) streamInto(ctx context.Context, from peer.ID, req p2p.BlobRequest, sink streamSink) (int, error) {
 	s, err := n.bulkStream(ctx, from, p2p.BlobProtocol)
 	if err != nil {
 		return 0, err
@@ -224,10 +237,18 @@ func (n *Node) streamInto(ctx context.Context, from peer.ID, req p2p.BlobRequest
 				s.Reset()
 				continue
 			}
-			arrived(a.k)
+			if err := sink.arrived(a.k, a.buf); err != nil {
+				verifErr = err
+				bad.Store(true)
+				s.Reset()
+				continue
+			}
 			got++
 			if k2p != "" {
 				n.m.BlocksFrom.WithLabelValues(k2p).Inc()
+			}
+			if !sink.keep {
+				continue
 			}
 			batch = append(batch, b)
 			if len(batch) >= 8 {
@@ -240,12 +261,13 @@ func (n *Node) streamInto(ctx context.Context, from peer.ID, req p2p.BlobRequest
 	var readErr error
 	r := &watchedReader{r: s, cfg: n.cfg, reset: func() { s.Reset() }}
 	for k, w := range req.Blocks {
-		if reading != nil {
-			reading(k)
+		if sink.reading != nil {
+			sink.reading(k)
 		}
-		held, err := p2p.ReadBlobBlock(r, w, dst[k])
+		buf := sink.buf(k)
+		held, err := p2p.ReadBlobBlock(r, w, buf)
 		if err == nil && held {
-			verify <- block{k: k, buf: dst[k]}
+			verify <- block{k: k, buf: buf}
 		}
 		if r.stalled.Load() {
 			// Too slow, whether or not this block made it in time.

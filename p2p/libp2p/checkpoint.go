@@ -22,30 +22,32 @@ import (
 // src when a peer asks (servedStore): the node holds the manifest, not the
 // model. It takes src over and closes it when done serving it, or at once
 // when sharing fails.
-func (n *Node) ShareCheckpoint(ctx context.Context, epoch uint32, src p2p.CheckpointSource) (coordinator.Hash, error) {
+func (n *Node) ShareCheckpoint(ctx context.Context, epoch uint32, src p2p.CheckpointSource) (id coordinator.Hash, err error) {
+	served := false
+	defer func() {
+		if !served {
+			src.Close()
+		}
+	}()
 	if err := n.alive(); err != nil {
-		src.Close()
-		return coordinator.Hash{}, err
+		return id, err
 	}
 	m, starts, err := p2p.Manifest(ctx, src)
 	if err != nil {
-		src.Close()
-		return coordinator.Hash{}, err
+		return id, err
 	}
 	raw, err := m.MarshalBinary()
 	if err != nil {
-		src.Close()
-		return coordinator.Hash{}, err
+		return id, err
 	}
 	mb, mh := split(raw)
-	hs := slices.Clone(mh)
-	for _, t := range m.Tensors {
-		hs = append(hs, t.Blob.Blocks...)
-	}
-	n.setCheckpoint(hs)
+	// Only the manifest's blocks live in the store; the tensors' are read
+	// from src.
+	n.setCheckpoint(slices.Clone(mh))
 	n.bstore.serve(src, &m, starts)
+	served = true
 	if err := n.store(ctx, mb); err != nil {
-		return coordinator.Hash{}, err
+		return id, err
 	}
 	n.offer(epoch, mh[0])
 	return mh[0], nil
@@ -63,51 +65,58 @@ func (n *Node) setCheckpoint(hs []coordinator.Hash) {
 	n.deleteBlocks(drop)
 }
 
-// FetchCheckpoint assembles the checkpoint whose manifest id is id. It dials
-// the given peers, fetches the manifest, then streams the blocks from those
-// peers (BlobProtocol, the fast path of Fetch too): the missing blocks, in
-// chunks of checkpointChunk that the peers' streams take in turn, each read
-// straight into its place in its tensor and checked against its digest.
-// Whatever the streams do not deliver (a peer left, is too slow, lacks a
-// block or sent a wrong one) is fetched over one bitswap session with at
-// most WithCheckpointConcurrency requests in flight, which spreads the wants
-// over every connected peer that has the blocks; a request that fails is
-// retried with backoff. Blocks already received are kept, so nothing is
-// fetched twice. Afterwards the node shares the checkpoint itself: the
-// tensors' bytes are the blocks it serves, so callers must not modify them.
-func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []p2p.TensorSpec) ([]p2p.Tensor, error) {
+// FetchCheckpoint writes the checkpoint whose manifest id is id into into.
+// It dials the given peers, fetches the manifest, then streams the blocks
+// from those peers (BlobProtocol, the fast path of Fetch too): the missing
+// blocks, in chunks of checkpointChunk that the peers' streams take in turn,
+// each checked against its digest and written at its place in the file
+// through a buffer of one block (the model never sits in this process's
+// memory). Whatever the streams do not deliver (a peer left, is too slow,
+// lacks a block or sent a wrong one) is fetched over one bitswap session
+// with at most WithCheckpointConcurrency requests in flight, which spreads
+// the wants over every connected peer that has the blocks; a request that
+// fails is retried with backoff. Blocks already received are kept, so
+// nothing is fetched twice, and a block the checkpoint holds at several
+// places is copied within the file.
+func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []coordinator.Pubkey, into *p2p.CheckpointFile) error {
 	if err := n.alive(); err != nil {
-		return nil, err
+		return err
 	}
 	n.dialAll(ctx, from, "dial checkpoint peer")
 	get := n.verifiedBlocks(ctx)
 	raw, err := get(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("p2p: checkpoint manifest: %w", err)
+		return fmt.Errorf("p2p: checkpoint manifest: %w", err)
 	}
 	m, err := p2p.DecodeCheckpointManifest(raw)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := m.Match(want); err != nil {
-		return nil, err
+	if err := m.Match(into.Specs()); err != nil {
+		return err
 	}
 	blocks := distinctBlocks(&m)
 	// Hold the blocks from the start, so that a GC running meanwhile cannot
-	// take what this fetch has already received.
+	// take what bitswap has already received; the streams write theirs
+	// straight into the file.
 	n.setCheckpoint(append([]coordinator.Hash{id}, blocks...))
+	// Only the manifest once the blocks are in the file (ShareCheckpoint
+	// serves them from it).
+	defer n.setCheckpoint([]coordinator.Hash{id})
 
-	// The tensors' buffers: their sizes come from the manifest, which
-	// matched the sizes the caller expects.
-	out := make([]p2p.Tensor, len(m.Tensors))
+	// Where each tensor starts in the file: the manifest matched the specs
+	// the file was made for.
+	starts := make([]uint64, len(m.Tensors))
 	have := make([][]bool, len(m.Tensors))
+	off := uint64(0)
 	for t, e := range m.Tensors {
-		out[t] = p2p.Tensor{Name: e.Name, DType: e.DType, Shape: e.Shape, Data: make([]byte, e.Blob.Size)}
+		starts[t], off = off, off+e.Blob.Size
 		have[t] = make([]bool, len(e.Blob.Blocks))
 	}
+	at := func(p blockPlace) int64 { return int64(starts[p.t] + uint64(p.i)*p2p.BlockSize) }
 	prog := &progress{total: len(blocks), f: n.cfg.ckptProgress, m: n.m}
 	// The first place of every distinct block that is not held already;
-	// its other places are filled from the store at the end.
+	// its other places are filled from the file or the store at the end.
 	var todo []blockPlace
 	seen := map[coordinator.Hash]bool{}
 	for t, e := range m.Tensors {
@@ -124,7 +133,7 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 		}
 	}
 	if !n.cfg.noStream && len(todo) > 0 {
-		n.streamCheckpoint(ctx, &m, from, todo, out, have, prog)
+		n.streamCheckpoint(ctx, &m, from, todo, into, at, have, prog)
 	}
 	var rest []coordinator.Hash
 	for _, p := range todo {
@@ -135,16 +144,63 @@ func (n *Node) FetchCheckpoint(ctx context.Context, id coordinator.Hash, from []
 	// A new session: the manifest's may know only a peer that has left
 	// since, while a new one asks every connected peer first.
 	if err := n.fetchAll(ctx, rest, n.verifiedBlocks(ctx), prog); err != nil {
-		return nil, err
+		return err
 	}
-	// Everything is stored now: fill in what the streams did not write,
-	// each block checked again against its digest and its length.
+	if err := n.fillFile(ctx, &m, into, at, have); err != nil {
+		return err
+	}
+	into.Verified(m)
+	return nil
+}
+
+// fillFile writes every place of m that the streams did not: a copy of the
+// same block written at another place of the file, or else the block from
+// the store (where bitswap put it, or where it was held before), checked
+// again against its digest and its length.
+func (n *Node) fillFile(ctx context.Context, m *p2p.CheckpointManifest, into *p2p.CheckpointFile, at func(blockPlace) int64, have [][]bool) error {
+	written := map[coordinator.Hash]int64{}
 	for t, e := range m.Tensors {
-		if err := n.fill(ctx, e.Blob, missing(have[t]), out[t].Data, have[t]); err != nil {
-			return nil, fmt.Errorf("p2p: tensor %q: %w", e.Name, err)
+		for i, h := range e.Blob.Blocks {
+			if have[t][i] {
+				written[h] = at(blockPlace{t, i})
+			}
 		}
 	}
-	return out, nil
+	buf := make([]byte, p2p.BlockSize)
+	for t, e := range m.Tensors {
+		for i, h := range e.Blob.Blocks {
+			if have[t][i] {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			b := buf[:p2p.BlockLen(e.Blob.Size, i)]
+			if from, ok := written[h]; ok {
+				if _, err := into.ReadAt(b, from); err != nil {
+					return fmt.Errorf("p2p: tensor %q: %w", e.Name, err)
+				}
+			} else {
+				blk, err := n.bstore.Get(ctx, cidOf(h))
+				if err != nil {
+					return fmt.Errorf("p2p: tensor %q: %w", e.Name, err)
+				}
+				if len(blk.RawData()) != len(b) {
+					return fmt.Errorf("p2p: tensor %q: %w: block %d has %d bytes, the manifest needs %d", e.Name, p2p.ErrCommitmentMismatch, i, len(blk.RawData()), len(b))
+				}
+				if p2p.BlockDigest(blk.RawData()) != h {
+					return fmt.Errorf("p2p: tensor %q: %w: %x", e.Name, p2p.ErrBlockMismatch, h[:8])
+				}
+				copy(b, blk.RawData())
+			}
+			if _, err := into.WriteAt(b, at(blockPlace{t, i})); err != nil {
+				return fmt.Errorf("p2p: tensor %q: %w", e.Name, err)
+			}
+			have[t][i] = true
+			written[h] = at(blockPlace{t, i})
+		}
+	}
+	return nil
 }
 
 // checkpointChunk is the most blocks one checkpoint stream asks for: large
@@ -162,6 +218,10 @@ const checkpointStreamsPerPeer = 2
 // errNotHeld ends the checkpoint streams to a peer that lacks blocks: it
 // may serve another checkpoint, which is no misconduct.
 var errNotHeld = errors.New("p2p: peer does not hold the blocks")
+
+// errWriteCheckpoint ends a checkpoint stream whose block this node could
+// not write to its file: no fault of the peer's.
+var errWriteCheckpoint = errors.New("p2p: writing a checkpoint block")
 
 // blockPlace is block i of tensor t of a manifest.
 type blockPlace struct{ t, i int }
@@ -191,9 +251,9 @@ func (p *progress) add() {
 // from, checkpointStreamsPerPeer streams to each, every stream taking the
 // next chunk of checkpointChunk blocks; a peer whose stream fails (it left,
 // stalled, lacks a block or sent a wrong one) takes no more. Each verified
-// block is written into its tensor in out, marked in have and stored; what
+// block is written at its place in the file (at) and marked in have; what
 // is left unmarked is for bitswap.
-func (n *Node) streamCheckpoint(ctx context.Context, m *p2p.CheckpointManifest, from []coordinator.Pubkey, todo []blockPlace, out []p2p.Tensor, have [][]bool, prog *progress) {
+func (n *Node) streamCheckpoint(ctx context.Context, m *p2p.CheckpointManifest, from []coordinator.Pubkey, todo []blockPlace, into *p2p.CheckpointFile, at func(blockPlace) int64, have [][]bool, prog *progress) {
 	type source struct {
 		k coordinator.Pubkey
 		p peer.ID
@@ -226,9 +286,9 @@ func (n *Node) streamCheckpoint(ctx context.Context, m *p2p.CheckpointManifest, 
 					if failed.Load() || ctx.Err() != nil {
 						return // the chunk's blocks stay for bitswap
 					}
-					if err := n.streamChunk(ctx, p, m, chunk, out, have, prog); err != nil {
+					if err := n.streamChunk(ctx, p, m, chunk, into, at, have, prog); err != nil {
 						failed.Store(true)
-						if ctx.Err() == nil && !errors.Is(err, errNotHeld) {
+						if ctx.Err() == nil && !errors.Is(err, errNotHeld) && !errors.Is(err, errWriteCheckpoint) {
 							n.peerError(k, "checkpoint stream", err)
 						}
 						return
@@ -241,26 +301,32 @@ func (n *Node) streamCheckpoint(ctx context.Context, m *p2p.CheckpointManifest, 
 }
 
 // streamChunk streams the blocks at chunk from p, within the time a fetch
-// attempt of their size is allowed.
-func (n *Node) streamChunk(ctx context.Context, p peer.ID, m *p2p.CheckpointManifest, chunk []blockPlace, out []p2p.Tensor, have [][]bool, prog *progress) error {
+// attempt of their size is allowed, into the file, each through a block
+// buffer of the pool.
+func (n *Node) streamChunk(ctx context.Context, p peer.ID, m *p2p.CheckpointManifest, chunk []blockPlace, into *p2p.CheckpointFile, at func(blockPlace) int64, have [][]bool, prog *progress) error {
 	req := p2p.BlobRequest{Blocks: make([]p2p.BlockWant, len(chunk))}
-	dst := make([][]byte, len(chunk))
 	var size uint64
 	for k, pl := range chunk {
 		ref := m.Tensors[pl.t].Blob
 		w := p2p.BlockWant{Hash: ref.Blocks[pl.i], Len: uint32(p2p.BlockLen(ref.Size, pl.i))}
 		req.Blocks[k] = w
-		off := uint64(pl.i) * p2p.BlockSize
-		dst[k] = out[pl.t].Data[off : off+uint64(w.Len)]
 		size += uint64(w.Len)
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := n.cfg.clock.AfterFunc(n.cfg.attemptTimeout(size), func() { cancel(errAttemptTimedOut) })
 	defer stop()
-	got, err := n.streamInto(actx, p, req, dst, nil, func(k int) {
-		have[chunk[k].t][chunk[k].i] = true
-		prog.add()
+	got, err := n.streamInto(actx, p, req, streamSink{
+		buf: func(k int) []byte { return getBlockBuf()[:req.Blocks[k].Len] },
+		arrived: func(k int, b []byte) error {
+			defer putBlockBuf(b)
+			if _, err := into.WriteAt(b, at(chunk[k])); err != nil {
+				return fmt.Errorf("%w: %w", errWriteCheckpoint, err)
+			}
+			have[chunk[k].t][chunk[k].i] = true
+			prog.add()
+			return nil
+		},
 	})
 	if err == nil && got < len(chunk) {
 		err = fmt.Errorf("%w: %d of %d blocks", errNotHeld, got, len(chunk))
@@ -269,6 +335,17 @@ func (n *Node) streamChunk(ctx context.Context, p peer.ID, m *p2p.CheckpointMani
 		err = fmt.Errorf("%w: %w", errAttemptTimedOut, err)
 	}
 	return err
+}
+
+// blockBufs are block-sized buffers that a checkpoint's streams read into
+// and give back once the block is written to its file.
+var blockBufs = sync.Pool{New: func() any { b := make([]byte, p2p.BlockSize); return &b }}
+
+func getBlockBuf() []byte { return *blockBufs.Get().(*[]byte) }
+
+func putBlockBuf(b []byte) {
+	b = b[:cap(b)]
+	blockBufs.Put(&b)
 }
 
 // dialAll connects to the peers not connected yet; a failure is counted

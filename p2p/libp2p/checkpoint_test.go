@@ -11,6 +11,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/p2p/p2ptest"
 )
 
 // A joiner assembles a 20 MB checkpoint from three peers, one of which
@@ -79,7 +80,15 @@ func TestCheckpointFromPeersWhileOneLeaves(t *testing.T) {
 		from = append(from, s.ID())
 	}
 	start := time.Now()
-	got, err := joiner.FetchCheckpoint(ctx, id, from, p2p.SpecsOf(tensors))
+	f, err := p2p.NewCheckpointFile(p2p.SpecsOf(tensors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := joiner.FetchCheckpoint(ctx, id, from, f); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	got, err := p2p.ReadTensors(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,14 +120,18 @@ func TestCheckpointFromPeersWhileOneLeaves(t *testing.T) {
 	if joiner.Stats().BlocksFrom[left] == 0 {
 		t.Error("the peer that left had served nothing")
 	}
-	// The joiner now serves the checkpoint itself.
+	// The joiner now serves the checkpoint itself, from the file it
+	// fetched into: the same manifest, known without reading it again.
+	if again, err := joiner.ShareCheckpoint(ctx, 1, f); err != nil || again != id {
+		t.Fatalf("the joiner shares %x, %v; want %x", again, err, id)
+	}
 	late := startNode(t, "late")
 	late.SetClients(ids)
 	joiner.SetClients(append(ids, clientIDOf("late")))
 	if err := late.Connect(ctx, joiner.Addrs()[0]); err != nil {
 		t.Fatal(err)
 	}
-	again, err := late.FetchCheckpoint(ctx, id, []coordinator.Pubkey{joiner.ID()}, p2p.SpecsOf(tensors))
+	again, err := p2ptest.FetchTensors(ctx, late, id, []coordinator.Pubkey{joiner.ID()}, p2p.SpecsOf(tensors))
 	if err != nil || len(again) != len(tensors) {
 		t.Fatalf("fetch from the joiner: %v", err)
 	}
@@ -174,7 +187,7 @@ func TestCheckpointOffers(t *testing.T) {
 		}
 	}
 	// The majority's checkpoint is what the joiner then fetches.
-	got, err := joiner.FetchCheckpoint(ctx, good, from, []p2p.TensorSpec{{Name: "w", DType: "F32", Shape: []uint64{256}}})
+	got, err := p2ptest.FetchTensors(ctx, joiner, good, from, []p2p.TensorSpec{{Name: "w", DType: "F32", Shape: []uint64{256}}})
 	if err != nil || !bytes.Equal(got[0].Data, randomBytes(7, 1024)) {
 		t.Fatalf("fetch: %v", err)
 	}
@@ -225,7 +238,7 @@ func TestCheckpointStreamed(t *testing.T) {
 	if _, err := joiner.Publish(ctx, 1, p2p.BatchRange{Start: 0, End: 1}, c); err != nil {
 		t.Fatal(err)
 	}
-	got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
+	got, err := p2ptest.FetchTensors(ctx, joiner, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +280,7 @@ func TestCheckpointWrongBlockIsRefused(t *testing.T) {
 	want := bytes.Clone(data)
 	data[p2p.BlockSize+777] ^= 1
 	// Streams go to the sharer alone; the helper serves through bitswap.
-	got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
+	got, err := p2ptest.FetchTensors(ctx, joiner, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,6 +320,9 @@ func TestCheckpointServedFromItsSource(t *testing.T) {
 		ts := []p2p.Tensor{
 			{Name: "a", DType: "F32", Shape: []uint64{3, p2p.BlockSize / 4}, Data: randomBytes(seed, 3*p2p.BlockSize)},
 			{Name: "b", DType: "F32", Shape: []uint64{1000}, Data: randomBytes(seed+1, 4000)},
+			// The same block twice (a tensor of zeros): fetched once,
+			// copied within the joiner's file.
+			{Name: "c", DType: "F32", Shape: []uint64{2, p2p.BlockSize / 4}, Data: make([]byte, 2*p2p.BlockSize)},
 		}
 		return closeCounter{p2p.TensorsSource(ts), &closed[k], &mu}, ts
 	}
@@ -332,7 +348,7 @@ func TestCheckpointServedFromItsSource(t *testing.T) {
 	}
 	for _, stream := range []bool{true, false} {
 		joiner.cfg.noStream = !stream
-		got, err := joiner.FetchCheckpoint(ctx, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
+		got, err := p2ptest.FetchTensors(ctx, joiner, id, []coordinator.Pubkey{sharer.ID()}, p2p.SpecsOf(tensors))
 		if err != nil {
 			t.Fatalf("streamed %v: %v", stream, err)
 		}
@@ -341,10 +357,13 @@ func TestCheckpointServedFromItsSource(t *testing.T) {
 				t.Fatalf("streamed %v: tensor %s differs", stream, tensors[i].Name)
 			}
 		}
-		// The joiner now holds it: a fresh store for the next pass.
+		// The blocks went into the joiner's file, not its memory: neither
+		// the streamed ones nor those bitswap stored on their way.
 		for _, e := range m.Tensors {
 			for _, h := range e.Blob.Blocks {
-				_ = joiner.bstore.DeleteBlock(ctx, cidOf(h))
+				if held, _ := joiner.bstore.Blockstore.Has(ctx, cidOf(h)); held {
+					t.Fatalf("streamed %v: block %x of tensor %s stayed in the joiner's store", stream, h[:4], e.Name)
+				}
 			}
 		}
 	}

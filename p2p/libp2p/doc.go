@@ -53,10 +53,10 @@
 // tensors' bytes back to back, in a file or in memory) as blocks per tensor,
 // read from the source when a peer asks for one, plus a manifest block; the
 // manifest's id (its BlockDigest) names the checkpoint, and the node holds
-// the manifest, not the model. FetchCheckpoint gets
-// the manifest, then streams the blocks from the peers that offer it (the blob
-// stream, in chunks that two streams per peer take in turn), each read
-// straight into its tensor and verified on arrival; whatever the streams do
+// the manifest, not the model. FetchCheckpoint gets the manifest, then
+// streams the blocks from the peers that offer it (the blob stream, in
+// chunks that two streams per peer take in turn) into a p2p.CheckpointFile,
+// each verified on arrival and written at its place; whatever the streams do
 // not deliver comes with a bounded number of requests in flight over a
 // bitswap session (which spreads the wants over the peers that have the
 // blocks), verified too and retried, so a peer leaving mid-transfer costs a

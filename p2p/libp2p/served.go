@@ -16,8 +16,8 @@ import (
 // servedStore is the node's blockstore with the shared checkpoint's blocks
 // laid over it: those are read from the checkpoint's source when a peer asks
 // for one (over bitswap or a blob stream), so a model of gigabytes is served
-// without being held in memory. Everything else (results, the manifest, a
-// fetched checkpoint) lives in the blockstore below.
+// without being held in memory. Everything else (results, the manifest)
+// lives in the blockstore below.
 type servedStore struct {
 	blockstore.Blockstore
 
@@ -80,13 +80,13 @@ func (s *servedStore) GetSize(ctx context.Context, c cid.Cid) (int, error) {
 // so the block is what its digest names; whoever receives it checks that
 // anyway.
 func (s *servedStore) Get(ctx context.Context, c cid.Cid) (blocks.Block, error) {
-	src, b, ok := s.lookup(c)
-	if !ok {
+	var buf []byte
+	data, ok, err := s.readServed(c, &buf)
+	switch {
+	case !ok:
 		return s.Blockstore.Get(ctx, c)
-	}
-	data := make([]byte, b.len)
-	if _, err := src.ReadAt(data, b.off); err != nil {
-		return nil, fmt.Errorf("p2p: reading a shared checkpoint block: %w", err)
+	case err != nil:
+		return nil, err
 	}
 	return blocks.NewBlockWithCid(data, c)
 }
@@ -101,7 +101,7 @@ func (s *servedStore) readServed(c cid.Cid, buf *[]byte) ([]byte, bool, error) {
 		return nil, false, nil
 	}
 	if cap(*buf) < b.len {
-		*buf = make([]byte, p2p.BlockSize)
+		*buf = make([]byte, b.len)
 	}
 	data := (*buf)[:b.len]
 	if _, err := src.ReadAt(data, b.off); err != nil {

@@ -57,6 +57,7 @@ type Node struct {
 	blobs       map[coordinator.Hash][]byte                 // own payloads by commitment
 	offers      map[uint32]coordinator.Hash                 // epoch → manifest id served
 	checkpoints map[coordinator.Hash][]p2p.Tensor
+	served      p2p.CheckpointSource // what the checkpoint was read from, closed when it is replaced
 	stats       p2p.Stats
 	nonce       uint64
 	maxPayload  int64
@@ -91,7 +92,12 @@ func (n *Node) Close() {
 	n.closed = true
 	peers := n.peers
 	n.peers = map[coordinator.Pubkey]bool{}
+	served := n.served
+	n.served = nil
 	n.mu.Unlock()
+	if served != nil {
+		served.Close()
+	}
 	for k := range peers {
 		if p := n.hub.node(k); p != nil {
 			p.mu.Lock()
@@ -538,9 +544,12 @@ func (n *Node) Fetch(ctx context.Context, a p2p.Announcement) ([]byte, error) {
 
 // ShareCheckpoint implements p2p.Network.
 func (n *Node) ShareCheckpoint(_ context.Context, epoch uint32, src p2p.CheckpointSource) (coordinator.Hash, error) {
+	// Read whole (this network keeps checkpoints in memory), but kept open
+	// until the next share or Close, as a libp2p node keeps the source it
+	// serves from: a caller may go on reading it meanwhile.
 	tensors, err := p2p.ReadTensors(src)
-	src.Close()
 	if err != nil {
+		src.Close()
 		return coordinator.Hash{}, err
 	}
 	m := p2p.CheckpointManifest{}
@@ -550,12 +559,18 @@ func (n *Node) ShareCheckpoint(_ context.Context, epoch uint32, src p2p.Checkpoi
 	}
 	id, err := m.ID()
 	if err != nil {
+		src.Close()
 		return id, err
 	}
 	n.mu.Lock()
 	n.offers[epoch] = id
 	n.checkpoints = map[coordinator.Hash][]p2p.Tensor{id: tensors}
+	old := n.served
+	n.served = src
 	n.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
 	return id, nil
 }
 
@@ -596,28 +611,39 @@ func (n *Node) reachable(from []coordinator.Pubkey) []*Node {
 	return out
 }
 
-// FetchCheckpoint implements p2p.Network.
-func (n *Node) FetchCheckpoint(_ context.Context, id coordinator.Hash, from []coordinator.Pubkey, want []p2p.TensorSpec) ([]p2p.Tensor, error) {
+// FetchCheckpoint implements p2p.Network: the tensors of a connected
+// peer that serves id, written into the file.
+func (n *Node) FetchCheckpoint(_ context.Context, id coordinator.Hash, from []coordinator.Pubkey, into *p2p.CheckpointFile) error {
 	for _, p := range n.reachable(from) {
 		p.mu.Lock()
 		ts, has := p.checkpoints[id]
 		p.mu.Unlock()
-		if has {
-			// The manifest the libp2p node would fetch first.
-			m := p2p.CheckpointManifest{}
-			for _, t := range ts {
-				m.Tensors = append(m.Tensors, p2p.TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape, Blob: p2p.BlobRef{Size: uint64(len(t.Data))}})
-			}
-			if err := m.Match(want); err != nil {
-				return nil, err
-			}
-			n.mu.Lock()
-			n.stats.CheckpointBlocks += uint64(len(ts))
-			n.mu.Unlock()
-			return copyTensors(ts), nil
+		if !has {
+			continue
 		}
+		// The manifest the libp2p node would fetch first.
+		m := p2p.CheckpointManifest{}
+		for _, t := range ts {
+			m.Tensors = append(m.Tensors, p2p.TensorEntry{Name: t.Name, DType: t.DType, Shape: t.Shape,
+				Blob: p2p.BlobRef{Size: uint64(len(t.Data)), Blocks: p2p.BlockDigests(t.Data)}})
+		}
+		if err := m.Match(into.Specs()); err != nil {
+			return err
+		}
+		off := int64(0)
+		for _, t := range ts {
+			if _, err := into.WriteAt(t.Data, off); err != nil {
+				return err
+			}
+			off += int64(len(t.Data))
+		}
+		into.Verified(m)
+		n.mu.Lock()
+		n.stats.CheckpointBlocks += uint64(len(ts))
+		n.mu.Unlock()
+		return nil
 	}
-	return nil, fmt.Errorf("%w: no connected peer serves %x", p2p.ErrFetchFailed, id[:8])
+	return fmt.Errorf("%w: no connected peer serves %x", p2p.ErrFetchFailed, id[:8])
 }
 
 // Stats implements p2p.Network.
@@ -642,14 +668,6 @@ func clone[K comparable](m map[K]uint64) map[K]uint64 {
 	out := make(map[K]uint64, len(m))
 	for k, v := range m {
 		out[k] = v
-	}
-	return out
-}
-
-func copyTensors(ts []p2p.Tensor) []p2p.Tensor {
-	out := make([]p2p.Tensor, len(ts))
-	for i, t := range ts {
-		out[i] = p2p.Tensor{Name: t.Name, DType: t.DType, Shape: append([]uint64(nil), t.Shape...), Data: append([]byte(nil), t.Data...)}
 	}
 	return out
 }

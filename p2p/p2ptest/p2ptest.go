@@ -372,13 +372,13 @@ func Run(t *testing.T, h Harness) {
 		// any tensor is fetched.
 		bigger := p2p.SpecsOf(tensors)
 		bigger[0].Shape = []uint64{2000, 3000}
-		if _, err := j.FetchCheckpoint(ctx, id, holders, bigger); !errors.Is(err, p2p.ErrMalformed) {
+		if _, err := FetchTensors(ctx, j, id, holders, bigger); !errors.Is(err, p2p.ErrMalformed) {
 			t.Fatalf("a checkpoint of another shape: %v, want ErrMalformed", err)
 		}
-		if _, err := j.FetchCheckpoint(ctx, id, holders, p2p.SpecsOf(tensors[:1])); !errors.Is(err, p2p.ErrMalformed) {
+		if _, err := FetchTensors(ctx, j, id, holders, p2p.SpecsOf(tensors[:1])); !errors.Is(err, p2p.ErrMalformed) {
 			t.Fatalf("a checkpoint with a tensor too many: %v, want ErrMalformed", err)
 		}
-		got, err := j.FetchCheckpoint(ctx, id, holders, p2p.SpecsOf(tensors))
+		got, err := FetchTensors(ctx, j, id, holders, p2p.SpecsOf(tensors))
 		if err != nil || len(got) != 2 || got[0].Name != "w" || !bytes.Equal(got[1].Data, tensors[1].Data) {
 			t.Fatalf("FetchCheckpoint = %+v, %v", got, err)
 		}
@@ -386,4 +386,18 @@ func Run(t *testing.T, h Harness) {
 			t.Fatalf("a checkpoint nobody offers: %v, want ErrNoCheckpoint and ErrNoHolder", err)
 		}
 	})
+}
+
+// FetchTensors fetches checkpoint id from holders into a file of want's
+// tensors and reads them back.
+func FetchTensors(ctx context.Context, n p2p.Network, id coordinator.Hash, holders []coordinator.Pubkey, want []p2p.TensorSpec) ([]p2p.Tensor, error) {
+	f, err := p2p.NewCheckpointFile(want)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if err := n.FetchCheckpoint(ctx, id, holders, f); err != nil {
+		return nil, err
+	}
+	return p2p.ReadTensors(f)
 }

@@ -168,21 +168,12 @@ type TensorInfo struct {
 // Load validates it, and none of its data: the tensors it holds, by name,
 // which a caller checks against a model before reading gigabytes.
 func (l Limits) LoadHeader(path string) ([]TensorInfo, error) {
-	f, size, err := openRegular(path)
+	f, err := l.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	entries, _, _, err := l.readHeader(f, size)
-	if err != nil {
-		return nil, naming(path, err)
-	}
-	out := make([]TensorInfo, len(entries))
-	for i, e := range entries {
-		out[i] = TensorInfo{Name: e.name, Shape: e.shape, DType: e.dtypeName}
-	}
-	slices.SortFunc(out, func(a, b TensorInfo) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
+	return f.Tensors(), nil
 }
 
 // readFull reads len(b) bytes, reporting an early end of input as
@@ -418,6 +409,30 @@ func (c *Checkpoint) DType(name string) string {
 		return s.dtype
 	}
 	return ""
+}
+
+// Infos lists the tensors as the file's header described them, in name
+// order.
+func (c *Checkpoint) Infos() []TensorInfo {
+	out := make([]TensorInfo, len(c.names))
+	for i, name := range c.names {
+		s := c.tensors[name]
+		out[i] = TensorInfo{Name: name, Shape: slices.Clone(s.shape), DType: s.dtype}
+	}
+	return out
+}
+
+// Read copies values [off, off+len(dst)) of the named tensor into dst.
+func (c *Checkpoint) Read(name string, off int, dst []float32) error {
+	s, ok := c.tensors[name]
+	if !ok {
+		return wrap(ErrNotFound, "%q", name)
+	}
+	if off < 0 || off+len(dst) > len(s.data) {
+		return fmt.Errorf("checkpoint: values [%d, %d) of tensor %q, which has %d", off, off+len(dst), name, len(s.data))
+	}
+	copy(dst, s.data[off:])
+	return nil
 }
 
 // Tensor returns the data of the named tensor, checking that it has exactly

@@ -55,11 +55,20 @@ func (m *Model) LoadParams(ck *checkpoint.Checkpoint) error {
 	if err := lm.CheckShape("llama", ck, checkpointConfig(m.Config)); err != nil {
 		return err
 	}
-	l := newLoader(m, "")
-	if err := l.take("checkpoint", ck, nil); err != nil {
+	w, l := newHFCheck(m.Config, "")
+	if err := l.take("checkpoint", ck.Infos(), ck, nil); err != nil {
 		return err
 	}
-	return l.finish("checkpoint")
+	if err := l.finish("checkpoint"); err != nil {
+		return err
+	}
+	w.from = l.from
+	for i, t := range m.Tensors() {
+		if err := w.Read(context.Background(), i, 0, t); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // FromCheckpoint builds the model a decoded checkpoint describes.

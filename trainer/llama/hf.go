@@ -184,88 +184,137 @@ func (m *Model) HFGradTensors() []checkpoint.Tensor { return lm.Cut(m.Pieces(), 
 // this model computes from rope_theta).
 var ignoredTensors = regexp.MustCompile(`^model\.layers\.[0-9]+\.self_attn\.rotary_emb\.inv_freq$`)
 
-// loader fills a model's parameters from the tensors of one or more files,
-// checking each against the config, and reports what never came.
-type loader struct {
-	m      *Model
-	dtype  string // "" accepts any
-	want   map[string]checkpoint.Tensor
-	filled map[string]string // tensor → file it came from
-	// a tied model's lm_head.weight, when a file holds one anyway: it must
-	// equal the embeddings, which may come later (names sort before them)
-	tiedHead     []float32
-	tiedHeadFile string
+// tensorReader reads a range of a named tensor: an opened local file
+// (checkpoint.File) or one read whole (checkpoint.Checkpoint).
+type tensorReader interface {
+	Read(name string, off int, dst []float32) error
 }
 
-func newLoader(m *Model, dtype string) *loader {
-	l := &loader{m: m, dtype: dtype, want: map[string]checkpoint.Tensor{}, filled: map[string]string{}}
-	for _, t := range m.CheckpointTensors() {
-		l.want[t.Name] = t
+// heldTensor is where a tensor of the directory lies.
+type heldTensor struct {
+	file string
+	r    tensorReader
+}
+
+// HFWeights are the weights of a Hugging Face Llama directory, checked
+// against its config.json from the files' headers (every tensor there, of
+// its shape and dtype, nothing extra) and read a range at a time from its
+// files as they are asked for: a local directory's files stay on disk, so
+// a model of gigabytes is handed on (to an engine that holds it elsewhere,
+// to a hash) without being held here. A value that is not finite fails
+// the read that meets it: a damaged file, not a starting point.
+type HFWeights struct {
+	Config  Config
+	pieces  []modelspec.Piece
+	byParam [][]int // the pieces of each parameter tensor
+	from    map[string]heldTensor
+	closers []io.Closer
+}
+
+// Read copies values [off, off+len(dst)) of parameter tensor i (the
+// model's order, Shapes) into dst.
+func (w *HFWeights) Read(ctx context.Context, i, off int, dst []float32) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	return l
-}
-
-// take copies the tensors of one decoded file into the model. expect, if
-// not nil, is the set of names the index says this file holds.
-func (l *loader) take(file string, ck *checkpoint.Checkpoint, expect map[string]bool) error {
-	for _, name := range ck.Names() {
-		if ignoredTensors.MatchString(name) {
+	for _, k := range w.byParam[i] {
+		p := w.pieces[k]
+		lo, hi := max(off, p.Offset), min(off+len(dst), p.Offset+modelspec.Size(p.Shape))
+		if lo >= hi {
 			continue
 		}
-		shape, _ := ck.Shape(name)
-		if name == "lm_head.weight" && l.m.TiedHead {
-			// Some tied checkpoints store the head anyway; finish checks
-			// that it is the embedding it is tied to.
-			data, err := ck.Tensor(name, []int{l.m.Vocab, l.m.Width})
-			if err != nil {
-				return fmt.Errorf("%w: %s: tensor %q has shape %v, config.json's model needs %v", ErrHFMismatch, file, name, shape, []int{l.m.Vocab, l.m.Width})
-			}
-			l.tiedHead, l.tiedHeadFile = data, file
-			continue
+		out := dst[lo-off : hi-off]
+		src := w.from[p.Name]
+		if err := src.r.Read(p.Name, lo-p.Offset, out); err != nil {
+			return fmt.Errorf("llama: %s: %w", src.file, err)
 		}
-		t, ok := l.want[name]
-		if !ok {
-			return fmt.Errorf("%w: %s: extra tensor %q (shape %v) that config.json's model does not have", ErrHFMismatch, file, name, shape)
+		if j := slices.IndexFunc(out, notFinite); j >= 0 {
+			return fmt.Errorf("%w: %s: tensor %q holds %v at index %d", ErrHFMismatch, src.file, p.Name, out[j], lo-p.Offset+j)
 		}
-		if expect != nil && !expect[name] {
-			return fmt.Errorf("%w: %s: tensor %q is not listed for this file in %s", ErrHFMismatch, file, name, HFIndexFile)
-		}
-		if prev := l.filled[name]; prev != "" {
-			return fmt.Errorf("%w: %s: tensor %q is also in %s", ErrHFMismatch, file, name, prev)
-		}
-		if l.dtype != "" && ck.DType(name) != l.dtype {
-			return fmt.Errorf("%w: %s: tensor %q is %s but config.json's torch_dtype is %s", ErrHFMismatch, file, name, ck.DType(name), stToTorch[l.dtype])
-		}
-		data, err := ck.Tensor(name, t.Shape)
-		if err != nil {
-			return fmt.Errorf("%w: %s: tensor %q has shape %v, config.json's model needs %v", ErrHFMismatch, file, name, shape, t.Shape)
-		}
-		// A NaN or infinite weight is a damaged file, not a starting point:
-		// the first forward pass would turn every loss into NaN, rounds
-		// later and far from the cause.
-		if i := slices.IndexFunc(data, notFinite); i >= 0 {
-			return fmt.Errorf("%w: %s: tensor %q holds %v at index %d", ErrHFMismatch, file, name, data[i], i)
-		}
-		copy(t.Data, data)
-		l.filled[name] = file
 	}
 	return nil
 }
 
-func notFinite(v float32) bool { return math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) }
-
-// result is the loaded model, or nil and finish's error.
-func (l *loader) result(where string) (*Model, error) {
-	if err := l.finish(where); err != nil {
-		return nil, err
+// Close closes the directory's files.
+func (w *HFWeights) Close() error {
+	var errs []error
+	for _, c := range w.closers {
+		errs = append(errs, c.Close())
 	}
-	return l.m, nil
+	w.closers = nil
+	return errors.Join(errs...)
 }
 
-func (l *loader) finish(where string) error {
+func notFinite(v float32) bool { return math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) }
+
+// hfCheck checks a directory's files against a config, a file at a time,
+// from their headers, and notes where each tensor lies.
+type hfCheck struct {
+	cfg   Config
+	dtype string // "" accepts any
+	want  map[string]modelspec.Piece
+	from  map[string]heldTensor
+	// a tied model's lm_head.weight, when a file holds one anyway: it must
+	// equal the embeddings, which may come later (names sort before them)
+	tiedHead *heldTensor
+}
+
+// newHFCheck is a check of files against cfg, and the weights it fills in
+// once the check is finished.
+func newHFCheck(cfg Config, dtype string) (*HFWeights, *hfCheck) {
+	w := &HFWeights{Config: cfg, pieces: cfg.Pieces(), byParam: make([][]int, len(cfg.Shapes()))}
+	l := &hfCheck{cfg: cfg, dtype: dtype, want: map[string]modelspec.Piece{}, from: map[string]heldTensor{}}
+	for k, p := range w.pieces {
+		w.byParam[p.Tensor] = append(w.byParam[p.Tensor], k)
+		l.want[p.Name] = p
+	}
+	return w, l
+}
+
+// take checks the tensors of one file. expect, if not nil, is the set of
+// names the index says this file holds.
+func (l *hfCheck) take(file string, infos []checkpoint.TensorInfo, r tensorReader, expect map[string]bool) error {
+	for _, t := range infos {
+		name := t.Name
+		if ignoredTensors.MatchString(name) {
+			continue
+		}
+		if name == "lm_head.weight" && l.cfg.TiedHead {
+			// Some tied checkpoints store the head anyway; finish checks
+			// that it is the embedding it is tied to.
+			if want := []int{l.cfg.Vocab, l.cfg.Width}; !slices.Equal(t.Shape, want) {
+				return fmt.Errorf("%w: %s: tensor %q has shape %v, config.json's model needs %v", ErrHFMismatch, file, name, t.Shape, want)
+			}
+			l.tiedHead = &heldTensor{file, r}
+			continue
+		}
+		p, ok := l.want[name]
+		if !ok {
+			return fmt.Errorf("%w: %s: extra tensor %q (shape %v) that config.json's model does not have", ErrHFMismatch, file, name, t.Shape)
+		}
+		if expect != nil && !expect[name] {
+			return fmt.Errorf("%w: %s: tensor %q is not listed for this file in %s", ErrHFMismatch, file, name, HFIndexFile)
+		}
+		if prev, ok := l.from[name]; ok {
+			return fmt.Errorf("%w: %s: tensor %q is also in %s", ErrHFMismatch, file, name, prev.file)
+		}
+		if l.dtype != "" && t.DType != l.dtype {
+			return fmt.Errorf("%w: %s: tensor %q is %s but config.json's torch_dtype is %s", ErrHFMismatch, file, name, t.DType, stToTorch[l.dtype])
+		}
+		if !slices.Equal(t.Shape, p.Shape) {
+			return fmt.Errorf("%w: %s: tensor %q has shape %v, config.json's model needs %v", ErrHFMismatch, file, name, t.Shape, p.Shape)
+		}
+		l.from[name] = heldTensor{file, r}
+	}
+	return nil
+}
+
+// finish reports a tensor no file held, and a stored tied head that is not
+// the embedding, compared a chunk at a time.
+func (l *hfCheck) finish(where string) error {
 	var missing []string
 	for name := range l.want {
-		if l.filled[name] == "" {
+		if _, ok := l.from[name]; !ok {
 			missing = append(missing, name)
 		}
 	}
@@ -278,8 +327,23 @@ func (l *loader) finish(where string) error {
 		}
 		return fmt.Errorf("%w: %s: missing tensor %s%s", ErrHFMismatch, where, strings.Join(missing, ", "), more)
 	}
-	if l.tiedHead != nil && !slices.Equal(l.tiedHead, l.m.p.embed) {
-		return fmt.Errorf("%w: %s: tensor \"lm_head.weight\": tie_word_embeddings is true but it is not a copy of model.embed_tokens.weight", ErrHFMismatch, l.tiedHeadFile)
+	if l.tiedHead == nil {
+		return nil
+	}
+	const embed = "model.embed_tokens.weight"
+	size := l.cfg.Vocab * l.cfg.Width
+	head, emb := make([]float32, min(size, 1<<16)), make([]float32, min(size, 1<<16))
+	for off := 0; off < size; off += len(head) {
+		n := min(len(head), size-off)
+		if err := l.tiedHead.r.Read("lm_head.weight", off, head[:n]); err != nil {
+			return fmt.Errorf("llama: %s: %w", l.tiedHead.file, err)
+		}
+		if err := l.from[embed].r.Read(embed, off, emb[:n]); err != nil {
+			return fmt.Errorf("llama: %s: %w", l.from[embed].file, err)
+		}
+		if !slices.Equal(head[:n], emb[:n]) {
+			return fmt.Errorf("%w: %s: tensor \"lm_head.weight\": tie_word_embeddings is true but it is not a copy of %s", ErrHFMismatch, l.tiedHead.file, embed)
+		}
 	}
 	return nil
 }
@@ -343,12 +407,8 @@ type hfIndex struct {
 // hostile index cannot name a path outside the directory.
 var shardName = regexp.MustCompile(`^[A-Za-z0-9_.-]+\.safetensors$`)
 
-// LoadHF builds the model a Hugging Face checkpoint directory holds:
-// config.json, then model.safetensors or, if there is none, the shards that
-// model.safetensors.index.json lists. Every tensor is checked against the
-// config (name, shape, dtype) as it is read, and a missing, extra or
-// mismatched tensor is an error naming the file and the tensor, returned
-// before the model is used.
+// LoadHF builds the model a Hugging Face checkpoint directory holds
+// (OpenHF, every value read into a model of config.json's shape).
 func LoadHF(ctx context.Context, d Dir, be kernels.Backend) (*Model, error) {
 	return LoadHFChecked(ctx, d, be, nil)
 }
@@ -357,6 +417,34 @@ func LoadHF(ctx context.Context, d Dir, be kernels.Backend) (*Model, error) {
 // model before anything is allocated for it, and stops with its error: a
 // directory from elsewhere may describe a model of any size.
 func LoadHFChecked(ctx context.Context, d Dir, be kernels.Backend, accept func(Config) error) (*Model, error) {
+	w, err := OpenHF(ctx, d, accept)
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	m, err := New(w.Config, 0, be)
+	if err != nil {
+		return nil, err
+	}
+	for i, t := range m.Tensors() {
+		if err := w.Read(ctx, i, 0, t); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// OpenHF opens a Hugging Face checkpoint directory for reading its weights
+// a range at a time (HFWeights): config.json, then model.safetensors or, if
+// there is none, the shards that model.safetensors.index.json lists. Every
+// tensor is checked against the config (name, shape, dtype) from the
+// files' headers, and a missing, extra or mismatched tensor is an error
+// naming the file and the tensor, returned before any weight is read. A
+// local directory's files are opened, not read; a remote one's are read
+// whole. accept (unless nil) is called with config.json's model before
+// anything is allocated for it, and stops with its error. The caller
+// closes the weights.
+func OpenHF(ctx context.Context, d Dir, accept func(Config) error) (*HFWeights, error) {
 	cb, err := readSmall(ctx, d, HFConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("llama: %s: %w", d, err)
@@ -370,16 +458,27 @@ func LoadHFChecked(ctx context.Context, d Dir, be kernels.Backend, accept func(C
 			return nil, fmt.Errorf("llama: %s/%s: %w", d, HFConfigFile, err)
 		}
 	}
-	m, err := New(cfg, 0, be)
-	if err != nil {
-		return nil, err
-	}
-	l := newLoader(m, dtype)
+	w, l := newHFCheck(cfg, dtype)
+	ok := false
+	defer func() {
+		if !ok {
+			w.Close()
+		}
+	}()
 	// The tensors cannot hold more bytes than the model has F32 values,
 	// and their header no more than the model's tensors need.
 	lim := checkpoint.Limits{MaxDataSize: 4*int64(cfg.NumParams()) + 4*int64(cfg.Vocab*cfg.Width),
 		MaxHeaderSize: checkpoint.HeaderLimit(cfg.Layers)}
 	readFile := func(name string, expect map[string]bool) error {
+		file := d.String() + "/" + name
+		if local, isLocal := d.(LocalDir); isLocal {
+			f, err := lim.Open(filepath.Join(string(local), name))
+			if err != nil {
+				return fmt.Errorf("llama: %s: %w", d, err)
+			}
+			w.closers = append(w.closers, f)
+			return l.take(file, f.Tensors(), f, expect)
+		}
 		r, size, err := d.Open(ctx, name)
 		if err != nil {
 			return fmt.Errorf("llama: %s: %w", d, err)
@@ -389,30 +488,45 @@ func LoadHFChecked(ctx context.Context, d Dir, be kernels.Backend, accept func(C
 		if err != nil {
 			return fmt.Errorf("llama: %s/%s: %w", d, name, err)
 		}
-		return l.take(d.String()+"/"+name, ck, expect)
+		return l.take(file, ck.Infos(), ck, expect)
 	}
+	where := d.String() + "/" + HFSingleFile
 	err = readFile(HFSingleFile, nil)
 	switch {
-	case err == nil:
-		return l.result(d.String() + "/" + HFSingleFile)
-	case !errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, fs.ErrNotExist):
+		where = d.String() + "/" + HFIndexFile
+		err = readShards(ctx, d, l, readFile)
+	case err != nil:
 		return nil, err
 	}
+	if err == nil {
+		err = l.finish(where)
+	}
+	if err != nil {
+		return nil, err
+	}
+	w.from, ok = l.from, true
+	return w, nil
+}
+
+// readShards reads the shards the directory's index lists, each checked
+// to hold exactly the tensors the index places in it.
+func readShards(ctx context.Context, d Dir, l *hfCheck, readFile func(name string, expect map[string]bool) error) error {
 	ib, err := readSmall(ctx, d, HFIndexFile)
 	if err != nil {
-		return nil, fmt.Errorf("llama: %s has neither %s nor %s: %w", d, HFSingleFile, HFIndexFile, err)
+		return fmt.Errorf("llama: %s has neither %s nor %s: %w", d, HFSingleFile, HFIndexFile, err)
 	}
 	var idx hfIndex
 	if err := json.Unmarshal(ib, &idx); err != nil || len(idx.WeightMap) == 0 {
-		return nil, fmt.Errorf("%w: %s/%s: no weight_map (%v)", ErrHFConfig, d, HFIndexFile, err)
+		return fmt.Errorf("%w: %s/%s: no weight_map (%v)", ErrHFConfig, d, HFIndexFile, err)
 	}
 	files := map[string]map[string]bool{}
 	for name, file := range idx.WeightMap {
 		if !shardName.MatchString(file) {
-			return nil, fmt.Errorf("%w: %s/%s: tensor %q is in %q, not a safetensors file of this directory", ErrHFConfig, d, HFIndexFile, name, file)
+			return fmt.Errorf("%w: %s/%s: tensor %q is in %q, not a safetensors file of this directory", ErrHFConfig, d, HFIndexFile, name, file)
 		}
-		if _, ok := l.want[name]; !ok && !ignoredTensors.MatchString(name) && (name != "lm_head.weight" || !cfg.TiedHead) {
-			return nil, fmt.Errorf("%w: %s/%s: extra tensor %q that config.json's model does not have", ErrHFMismatch, d, HFIndexFile, name)
+		if _, ok := l.want[name]; !ok && !ignoredTensors.MatchString(name) && (name != "lm_head.weight" || !l.cfg.TiedHead) {
+			return fmt.Errorf("%w: %s/%s: extra tensor %q that config.json's model does not have", ErrHFMismatch, d, HFIndexFile, name)
 		}
 		if files[file] == nil {
 			files[file] = map[string]bool{}
@@ -426,15 +540,15 @@ func LoadHFChecked(ctx context.Context, d Dir, be kernels.Backend, accept func(C
 	slices.Sort(names)
 	for _, f := range names {
 		if err := readFile(f, files[f]); err != nil {
-			return nil, err
+			return err
 		}
 		for name := range files[f] {
-			if _, ok := l.want[name]; ok && l.filled[name] != d.String()+"/"+f {
-				return nil, fmt.Errorf("%w: %s/%s: lists tensor %q in %s, which does not hold it", ErrHFMismatch, d, HFIndexFile, name, f)
+			if _, ok := l.want[name]; ok && l.from[name].file != d.String()+"/"+f {
+				return fmt.Errorf("%w: %s/%s: lists tensor %q in %s, which does not hold it", ErrHFMismatch, d, HFIndexFile, name, f)
 			}
 		}
 	}
-	return l.result(d.String() + "/" + HFIndexFile)
+	return nil
 }
 
 // HFOptions says how SaveHF writes.

@@ -3,6 +3,7 @@ package llama
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -401,5 +402,73 @@ func TestLayoutIsPinned(t *testing.T) {
 		if got := m.Hash(); hex.EncodeToString(got[:]) != want {
 			t.Errorf("New(%+v, 1) hashes to %x, was %s", *c, got, want)
 		}
+	}
+}
+
+// OpenHF reads a local directory's weights from its files as they are
+// asked for, not at open: any range of a parameter, across the pieces it
+// is cut into and the shards that hold them, is the model's; a value
+// rewritten in the file after the open is what a later read returns.
+func TestOpenHFReadsAsAsked(t *testing.T) {
+	ctx := context.Background()
+	for _, shard := range []int64{0, 3000} {
+		m := newTiny(t, tiny, 5)
+		dir := t.TempDir()
+		if err := m.SaveHF(ctx, dir, HFOptions{MaxShardBytes: shard}); err != nil {
+			t.Fatal(err)
+		}
+		w, err := OpenHF(ctx, LocalDir(dir), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.Config != m.Config {
+			t.Fatalf("config %+v, want %+v", w.Config, m.Config)
+		}
+		for i, want := range m.Tensors() {
+			for _, r := range [][2]int{{0, len(want)}, {1, len(want) - 1}, {len(want) / 2, len(want)/2 + 3}} {
+				got := make([]float32, r[1]-r[0])
+				if err := w.Read(ctx, i, r[0], got); err != nil || !slices.Equal(got, want[r[0]:r[1]]) {
+					t.Fatalf("shards of %d: tensor %d [%d, %d): %v", shard, i, r[0], r[1], err)
+				}
+			}
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Read from the file when asked: rewrite the embeddings' first value
+	// in place after the open.
+	m := newTiny(t, tiny, 6)
+	dir := t.TempDir()
+	if err := m.SaveHF(ctx, dir, HFOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := OpenHF(ctx, LocalDir(dir), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	path := filepath.Join(dir, HFSingleFile)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := binary.LittleEndian.AppendUint32(nil, math.Float32bits(m.Tensors()[0][0]))
+	at := bytes.Index(raw[8+binary.LittleEndian.Uint64(raw):], first)
+	if at < 0 {
+		t.Fatal("the embeddings' first value is not in the file")
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(binary.LittleEndian.AppendUint32(nil, math.Float32bits(42)), int64(8+binary.LittleEndian.Uint64(raw))+int64(at)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	got := make([]float32, 1)
+	if err := w.Read(ctx, 0, 0, got); err != nil || got[0] != 42 {
+		t.Fatalf("after the file changed, the first embedding reads %v, %v; want 42 (read when asked)", got[0], err)
 	}
 }

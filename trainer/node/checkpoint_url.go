@@ -27,7 +27,9 @@ import (
 //
 // A checkpoint whose config (config.json, or a checkpoint file's psyche.model
 // metadata) is not cfg is refused before its model is allocated: whoever
-// recorded the URL may have put any size there.
+// recorded the URL may have put any size there. A Llama directory on this
+// disk (file://, or s3:// once downloaded) is read as the weights are
+// asked for, not loaded here; the caller closes the weights.
 func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st coordinator.CheckpointStore) (runmodel.Weights, error) {
 	src, err := modelspec.ParseSource(url)
 	if err != nil {
@@ -40,13 +42,13 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st
 		// elsewhere never has it built here.
 		return runmodel.Seeded(cfg, src.Seed)
 	case modelspec.FromFile:
-		return hostWeights(runmodel.LoadChecked(ctx, src.Path, n.cfg.kernels, accept))
+		return runmodel.OpenChecked(ctx, src.Path, n.cfg.kernels, accept)
 	case modelspec.FromS3:
 		path, err := n.downloadCheckpoint(ctx, url, cfg, st)
 		if err != nil {
 			return runmodel.Weights{}, err
 		}
-		return hostWeights(runmodel.LoadChecked(ctx, path, n.cfg.kernels, accept))
+		return runmodel.OpenChecked(ctx, path, n.cfg.kernels, accept)
 	}
 	return hostWeights(n.loadHTTP(ctx, url, cfg, accept))
 }

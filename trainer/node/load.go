@@ -92,6 +92,11 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 		op = goengine.New(n.cfg.kernels)
 	}
 	eng, err := op.Open(ctx, engine.Spec{Weights: weights, Optimizer: opts, Timeout: engineTimeout(s)})
+	// The engine holds the model now (or failed to): the files it was
+	// read from are done with.
+	if cerr := weights.Close(); cerr != nil {
+		n.cfg.log.Warn("closing the loaded checkpoint", "err", cerr)
+	}
 	if err != nil {
 		return fmt.Errorf("node: opening the %s engine on the model: %w", op.Name(), err)
 	}
@@ -125,16 +130,12 @@ func (n *Node) notLoaded(why machine.LoadFailure, err error) error {
 
 // loadPeers loads the model the previous epoch's clients hold.
 func (n *Node) loadPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, string, error) {
-	model, err := n.loadFromPeers(ctx, s, cfg)
+	w, err := n.loadFromPeers(ctx, s, cfg)
 	if err != nil {
 		return runmodel.Weights{}, "", n.peersFailed(err)
 	}
 	const from = "the previous epoch's clients"
-	w, err := runmodel.HostWeights(model)
-	if err == nil {
-		err = checkShape(w.Config, &s.Model, from)
-	}
-	return w, from, err
+	return w, from, checkShape(w.Config, &s.Model, from)
 }
 
 // peersFailed is what a failed load from peers tells the machine.
@@ -191,6 +192,12 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 		// every trainer so) is no matter of this disk.
 		return none, "", fmt.Errorf("node: loading the model from %s: %w", url, err)
 	}
+	loaded := false
+	defer func() {
+		if !loaded {
+			weights.Close()
+		}
+	}()
 	if err := checkShape(weights.Config, m, url); err != nil {
 		return none, "", err
 	}
@@ -220,6 +227,7 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 			n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
 		}
 	}
+	loaded = true
 	return weights, url, nil
 }
 
@@ -238,7 +246,7 @@ func (n *Node) loadOffered(ctx context.Context, s *coordinator.Coordinator, cfg 
 	url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 	rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
 	var none runmodel.Weights
-	weights, err := hostWeights(n.loadRecordedOffer(ctx, s, cfg, url, rev))
+	weights, err := n.loadRecordedOffer(ctx, s, cfg, url, rev)
 	if err != nil {
 		return none, "", n.notLoaded(machine.LoadNotYet,
 			fmt.Errorf("the recorded checkpoint %s cannot be read here, and no trainer offers it yet (%w)", url, err))
@@ -247,12 +255,9 @@ func (n *Node) loadOffered(ctx context.Context, s *coordinator.Coordinator, cfg 
 	if err := checkShape(weights.Config, m, from); err != nil {
 		return none, "", err
 	}
-	// What it offers must be the recorded checkpoint, as the file would
-	// be: another trainer's word, not this machine's file, so a later
-	// offer may be the right one.
-	if err := weights.CheckRevision(ctx, url, rev); err != nil {
-		return none, "", n.notLoaded(machine.LoadNotYet, fmt.Errorf("the model offered as %s: %w", url, err))
-	}
+	// What it offers was checked against a revision that is a hash
+	// (loadRecordedOffer): another trainer's word, not this machine's
+	// file, so a later offer may be the right one.
 	return weights, from, nil
 }
 
@@ -288,7 +293,7 @@ func recordedOffer(epoch uint32) uint32 { return epoch | 1<<31 }
 // trainer that wrote the file can offer it, so waiting for a majority would
 // wait for ever). Without such a revision, nothing proves an offer is the
 // checkpoint, and a majority of the holders must agree (loadFromPeers).
-func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config, url, rev string) (runmodel.Model, error) {
+func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config, url, rev string) (runmodel.Weights, error) {
 	if !runmodel.IsHash(rev) {
 		return n.loadFromPeers(ctx, s, cfg)
 	}
@@ -297,36 +302,37 @@ func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator
 		if c.P2P == n.net.ID() {
 			continue
 		}
+		holder := []coordinator.Pubkey{c.P2P}
 		pctx, cancel := context.WithTimeout(ctx, peerLoadTimeout)
-		id, err := n.net.FindCheckpoint(pctx, recordedOffer(s.Progress.Epoch), []coordinator.Pubkey{c.P2P})
-		if err != nil {
-			cancel()
-			errs = append(errs, err)
-			continue
+		id, err := n.net.FindCheckpoint(pctx, recordedOffer(s.Progress.Epoch), holder)
+		var (
+			w runmodel.Weights
+			f *p2p.CheckpointFile
+		)
+		if err == nil {
+			w, f, err = n.fetchWeights(pctx, s, cfg, id, holder)
 		}
-		model, err := runmodel.New(cfg, 0, n.cfg.kernels)
-		if err != nil {
-			cancel()
-			return nil, err
+		if err == nil {
+			// Hashing reads every value: one that is not finite fails too.
+			if err = w.CheckRevision(pctx, url, rev); err != nil {
+				f.Close()
+			}
 		}
-		tensors, err := n.net.FetchCheckpoint(pctx, id, []coordinator.Pubkey{c.P2P}, tensorSpecs(model))
 		cancel()
-		if err == nil {
-			err = loadTensors(model, tensors)
-		}
-		if err == nil {
-			err = runmodel.CheckRevision(model, url, rev)
-		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("the offer of %s: %w", c.Signer, err))
 			continue
 		}
-		return model, nil
+		// Offer it on in turn, as a trainer that read the URL does.
+		if _, err := n.net.ShareCheckpoint(ctx, recordedOffer(s.Progress.Epoch), f); err != nil {
+			n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
+		}
+		return w, nil
 	}
 	if len(errs) == 0 {
-		return nil, errNoOtherHolder
+		return runmodel.Weights{}, errNoOtherHolder
 	}
-	return nil, errors.Join(errs...)
+	return runmodel.Weights{}, errors.Join(errs...)
 }
 
 // isFileURL says whether url names a file on the trainer's own disk.

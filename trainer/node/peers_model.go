@@ -1,12 +1,9 @@
 package node
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"os"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -64,21 +61,23 @@ func (n *Node) offerModel(ctx context.Context, epoch uint32, m runmodel.Model) e
 }
 
 // offerWeights offers w as the P2P checkpoint of epoch: a snapshot written
-// to a file (offerFile), which the network serves from, so that the node
-// holds no copy of the model however large it is while the engine trains
-// on.
+// to a file a chunk at a time, its blocks digested as they are written
+// (writeOffer), which the network serves from, so that the node holds no
+// copy of the model however large it is while the engine trains on.
 func (n *Node) offerWeights(ctx context.Context, epoch uint32, w runmodel.Weights) (coordinator.Hash, error) {
-	src, err := writeOffer(ctx, w, n.cfg.corruptShare)
+	f, err := writeOffer(ctx, w, n.cfg.corruptShare)
 	if err != nil {
 		return coordinator.Hash{}, err
 	}
-	return n.net.ShareCheckpoint(ctx, epoch, src)
+	return n.net.ShareCheckpoint(ctx, epoch, f)
 }
 
 // loadFromPeers fetches the model the epoch starts from from the clients
 // that held it at the end of the previous one: the manifest id most of them
-// offer, then every tensor, checked against the run's model shape.
-func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, error) {
+// offer, then every tensor, checked against the run's model shape, into a
+// file the engine then reads and the network serves from in turn.
+func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, error) {
+	var none runmodel.Weights
 	var from []coordinator.Pubkey
 	for _, c := range s.CheckpointHolders() {
 		if c.P2P != n.net.ID() {
@@ -86,158 +85,163 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 		}
 	}
 	if len(from) == 0 {
-		return nil, fmt.Errorf("%w: %w", errLoadLater, errNoOtherHolder)
+		return none, fmt.Errorf("%w: %w", errLoadLater, errNoOtherHolder)
 	}
 	ctx, cancel := context.WithTimeout(ctx, peerLoadTimeout)
 	defer cancel()
 	id, err := n.net.FindCheckpoint(ctx, s.Progress.Epoch, from)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
+		return none, fmt.Errorf("%w: %w", errLoadLater, err)
 	}
-	model, err := n.emptyModel(ctx, s, cfg)
+	w, f, err := n.fetchWeights(ctx, s, cfg, id, from)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	tensors, err := n.net.FetchCheckpoint(ctx, id, from, tensorSpecs(model))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errLoadLater, err)
-	}
-	if err := loadTensors(model, tensors); err != nil {
+	if err := checkValues(ctx, w); err != nil {
+		f.Close()
 		// The bytes are what the manifest named, so the peers that offered
-		// it serve a model of another shape: a later try may find others.
-		return nil, fmt.Errorf("%w: checkpoint %x from peers: %w", errLoadLater, id[:8], err)
+		// it serve a broken model: a later try may find others.
+		return none, fmt.Errorf("%w: checkpoint %x from peers: %w", errLoadLater, id[:8], err)
 	}
-	// This node now holds the epoch's starting model: serve it too.
-	if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, p2p.TensorsSource(tensors)); err != nil {
+	// This node now holds the epoch's starting model: serve it too, from
+	// the file the weights are read from (the network keeps it open until
+	// it serves the next one).
+	if _, err := n.net.ShareCheckpoint(ctx, s.Progress.Epoch, f); err != nil {
 		n.cfg.log.Warn("sharing the model with joiners failed", "err", err)
 	}
-	return model, nil
+	return w, nil
 }
 
-// emptyModel is a model of the run's shape, all zero, for a P2P checkpoint
-// to fill. A transformers model's tensors are named and shaped by
-// transformers: the engine describes them (engine.Describer).
-func (n *Node) emptyModel(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Model, error) {
+// fetchWeights fetches checkpoint id from peers into a P2P checkpoint file
+// of the run's shape and returns the weights read from it and the file,
+// which the caller shares or closes. Errors are errLoadLater: other peers,
+// or the same later, may serve it.
+func (n *Node) fetchWeights(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config, id coordinator.Hash, from []coordinator.Pubkey) (runmodel.Weights, *p2p.CheckpointFile, error) {
+	var none runmodel.Weights
+	shape, err := n.runShape(ctx, s, cfg)
+	if err != nil {
+		return none, nil, err
+	}
+	specs, err := checkpointSpecs(shape)
+	if err != nil {
+		return none, nil, err
+	}
+	f, err := p2p.NewCheckpointFile(specs)
+	if err != nil {
+		return none, nil, err
+	}
+	if err := n.net.FetchCheckpoint(ctx, id, from, f); err != nil {
+		f.Close()
+		return none, nil, fmt.Errorf("%w: %w", errLoadLater, err)
+	}
+	w, err := shape.InFile(f)
+	if err != nil {
+		f.Close()
+		return none, nil, err
+	}
+	return w, f, nil
+}
+
+// checkValues reads every value of w once, a chunk at a time: weights read
+// from a file refuse values that are not finite, and a model holding one
+// is refused before it is served or trained.
+func checkValues(ctx context.Context, w runmodel.Weights) error {
+	buf := make([]float32, offerChunk)
+	for i, sh := range w.Shapes {
+		size := modelspec.Size(sh)
+		for off := 0; off < size; off += len(buf) {
+			if err := w.Read(ctx, i, off, buf[:min(len(buf), size-off)]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// runShape are weights of the run's model with no values yet: its tensors'
+// names and shapes, for a P2P checkpoint to fill. A transformers model's
+// tensors are named and shaped by transformers: the engine describes them
+// (engine.Describer).
+func (n *Node) runShape(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, error) {
 	if cfg.Arch != coordinator.ArchTransformers {
-		return runmodel.New(cfg, 0, n.cfg.kernels)
+		return runmodel.Shape(cfg)
 	}
 	tf, _, err := runmodel.RunTransformersConfig(&s.Model)
 	if err != nil {
-		return nil, err
+		return runmodel.Weights{}, err
 	}
 	d, ok := n.cfg.engine.(engine.Describer)
 	if !ok {
-		return nil, fmt.Errorf("node: %w", goengine.ErrNeedsTorch)
+		return runmodel.Weights{}, fmt.Errorf("node: %w", goengine.ErrNeedsTorch)
 	}
 	names, shapes, err := d.Describe(ctx, tf)
 	if err != nil {
+		return runmodel.Weights{}, err
+	}
+	w, err := runmodel.HostWeights(tf)
+	if err != nil {
+		return runmodel.Weights{}, err
+	}
+	w.Names, w.Shapes = names, shapes
+	return w, nil
+}
+
+// checkpointSpecs are the tensors of w's P2P checkpoint: its checkpoint
+// pieces in order (runmodel.Weights.InFile reads them back), each as
+// little-endian float32.
+func checkpointSpecs(w runmodel.Weights) ([]p2p.TensorSpec, error) {
+	pieces, err := w.Pieces(false)
+	if err != nil {
 		return nil, err
 	}
-	values := make([][]float32, len(shapes))
-	for i, sh := range shapes {
-		values[i] = make([]float32, modelspec.Size(sh))
-	}
-	return tf.WithTensors(names, shapes, values)
-}
-
-// tensorSpecs is what a P2P checkpoint of m's shape must hold.
-func tensorSpecs(m runmodel.Model) []p2p.TensorSpec {
-	var out []p2p.TensorSpec
-	for _, t := range m.CheckpointTensors() {
-		shape := make([]uint64, len(t.Shape))
-		for i, d := range t.Shape {
-			shape[i] = uint64(d)
+	out := make([]p2p.TensorSpec, len(pieces))
+	for i, p := range pieces {
+		shape := make([]uint64, len(p.Shape))
+		for k, d := range p.Shape {
+			shape[k] = uint64(d)
 		}
-		out = append(out, p2p.TensorSpec{Name: t.Name, DType: tensorDType, Shape: shape})
+		out[i] = p2p.TensorSpec{Name: p.Name, DType: tensorDType, Shape: shape}
 	}
-	return out
+	return out, nil
 }
-
-// offerFile is a P2P checkpoint in a file that has no name: the weights'
-// bytes, tensor after tensor, in the P2P layout (little-endian float32). The
-// file is unlinked as soon as it is made, so its space returns to the
-// system when the network closes it, and a crash leaves nothing behind.
-type offerFile struct {
-	*os.File
-	specs []p2p.TensorSpec
-}
-
-func (f *offerFile) Specs() []p2p.TensorSpec { return f.specs }
 
 // offerChunk is how many values writeOffer reads from the engine at a time.
 const offerChunk = 1 << 16
 
-// writeOffer writes w's checkpoint tensors, named and ordered as the
-// model's, into an offerFile, a chunk at a time. corrupt, when set, is
-// fault injection: it spoils each chunk's bytes before they are written.
-func writeOffer(ctx context.Context, w runmodel.Weights, corrupt func([]byte)) (p2p.CheckpointSource, error) {
+// writeOffer writes w's P2P checkpoint (checkpointSpecs) into a checkpoint
+// file, a chunk at a time, which digests each block as it is written.
+// corrupt, when set, is fault injection: it spoils each chunk's bytes
+// before they are written.
+func writeOffer(ctx context.Context, w runmodel.Weights, corrupt func([]byte)) (*p2p.CheckpointFile, error) {
+	specs, err := checkpointSpecs(w)
+	if err != nil {
+		return nil, err
+	}
 	ts, err := w.Tensors(false)
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.CreateTemp("", "psyche-offer-*")
+	f, err := p2p.NewCheckpointFile(specs)
 	if err != nil {
-		return nil, fmt.Errorf("node: a file for the model offered to joiners: %w", err)
+		return nil, fmt.Errorf("node: the model offered to joiners: %w", err)
 	}
-	if err := os.Remove(f.Name()); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("node: a file for the model offered to joiners: %w", err)
-	}
-	out := &offerFile{File: f}
-	bw := bufio.NewWriterSize(f, 1<<20)
 	var buf []byte
 	for _, t := range ts {
-		shape := make([]uint64, len(t.Shape))
-		for k, d := range t.Shape {
-			shape[k] = uint64(d)
-		}
-		out.specs = append(out.specs, p2p.TensorSpec{Name: t.Name, DType: tensorDType, Shape: shape})
 		err := t.Chunks(ctx, offerChunk, func(values []float32) error {
 			buf = f32le.Append(buf[:0], values)
 			if corrupt != nil {
 				corrupt(buf)
 			}
-			_, err := bw.Write(buf)
-			return err
+			return f.Append(buf)
 		})
 		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("node: writing the model offered to joiners: %w", err)
 		}
 	}
-	if err := bw.Flush(); err != nil {
+	if !f.Complete() {
 		f.Close()
-		return nil, fmt.Errorf("node: writing the model offered to joiners: %w", err)
+		return nil, errors.New("node: the model offered to joiners is shorter than its tensors")
 	}
-	return out, nil
-}
-
-// loadTensors copies P2P checkpoint tensors into m's parameters: the same
-// tensors in the same order with the same shapes, and finite values.
-func loadTensors(m runmodel.Model, ts []p2p.Tensor) error {
-	want := m.CheckpointTensors()
-	if len(ts) != len(want) {
-		return fmt.Errorf("%d tensors, the model has %d", len(ts), len(want))
-	}
-	for i, w := range want {
-		t := ts[i]
-		if t.Name != w.Name || t.DType != tensorDType || len(t.Shape) != len(w.Shape) {
-			return fmt.Errorf("tensor %d is %s %s%v, want %s %s%v", i, t.Name, t.DType, t.Shape, w.Name, tensorDType, w.Shape)
-		}
-		for j, d := range w.Shape {
-			if t.Shape[j] != uint64(d) {
-				return fmt.Errorf("tensor %s has shape %v, want %v", t.Name, t.Shape, w.Shape)
-			}
-		}
-		if len(t.Data) != 4*len(w.Data) {
-			return fmt.Errorf("tensor %s has %d bytes, want %d", t.Name, len(t.Data), 4*len(w.Data))
-		}
-		f32le.Decode(w.Data, t.Data)
-		for j, v := range w.Data {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return fmt.Errorf("tensor %s holds %v at %d", t.Name, v, j)
-			}
-		}
-	}
-	return nil
+	return f, nil
 }

@@ -166,6 +166,30 @@ func LoadChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 	return m, err
 }
 
+// OpenChecked are the weights of the checkpoint at path, as LoadChecked
+// reads it, but a Llama Hugging Face directory's are read from its files as
+// they are needed (llama.OpenHF) rather than built into a model here, so
+// an engine that holds the model elsewhere opens on a checkpoint of
+// gigabytes without this process holding it. Every other form is loaded
+// (LoadChecked). The caller closes the weights.
+func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Accept) (Weights, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() && !gpt.IsHFDir(path) {
+		hf, err := llama.OpenHF(ctx, llama.LocalDir(path), func(c llama.Config) error {
+			return accept.check(modelspec.Config{Arch: coordinator.ArchLlama, Llama: c})
+		})
+		if err != nil {
+			return Weights{}, err
+		}
+		return Weights{Config: modelspec.Config{Arch: coordinator.ArchLlama, Llama: hf.Config}, Shapes: hf.Config.Shapes(),
+			Read: hf.Read, close: hf.Close}, nil
+	}
+	m, err := LoadChecked(ctx, path, be, accept)
+	if err != nil {
+		return Weights{}, err
+	}
+	return HostWeights(m)
+}
+
 // LoadHFChecked loads a Hugging Face Llama directory, asking accept about
 // its config.json before building the model.
 func LoadHFChecked(ctx context.Context, d llama.Dir, be kernels.Backend, accept Accept) (*llama.Model, error) {

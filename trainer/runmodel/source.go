@@ -74,15 +74,11 @@ func CheckRevision(model Model, from, revision string) error {
 	if !IsHash(revision) {
 		return nil
 	}
-	if t, ok := model.(*Transformers); ok && !t.Drawn() {
-		// A seeded transformers run's revision is its config's hash,
-		// checked when the config was read (LoadTransformersConfig).
-		return nil
+	w, err := HostWeights(model)
+	if err != nil {
+		return err
 	}
-	if got := Revision(model); got != revision {
-		return &RevisionError{From: from, Got: got, Want: revision}
-	}
-	return nil
+	return w.CheckRevision(context.Background(), from, revision)
 }
 
 // CheckRevision is CheckRevision for weights wherever they are held, read

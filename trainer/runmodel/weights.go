@@ -7,12 +7,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/f32le"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/internal/lm"
@@ -48,6 +51,18 @@ type Weights struct {
 	Host Model
 	// seeded: Read draws the values New(Config, Seed) holds (Seeded).
 	seeded bool
+	// close releases what Read reads from (Close).
+	close func() error
+}
+
+// Close releases what the weights are read from (a checkpoint's open
+// files: OpenChecked); weights held in memory or drawn from a seed have
+// nothing to release. They cannot be read afterwards.
+func (w Weights) Close() error {
+	if w.close == nil {
+		return nil
+	}
+	return w.close()
 }
 
 // Seeded are the weights New(c, seed) draws, read a range at a time
@@ -55,37 +70,56 @@ type Weights struct {
 // model elsewhere (a PyTorch worker), a model of gigabytes never exists in
 // this process. An engine that computes here gets New's model (Model).
 func Seeded(c modelspec.Config, seed uint64) (Weights, error) {
-	var (
-		shapes [][]int
-		inits  []lm.Init
-		stream uint64
-		err    error
-	)
-	switch c.Arch {
-	case coordinator.ArchGPT:
-		err, shapes, inits, stream = c.GPT.Validate(), c.GPT.Shapes(), gpt.Inits(c.GPT), gpt.Stream
-	case coordinator.ArchLlama:
-		err, shapes, inits, stream = c.Llama.Validate(), c.Llama.Shapes(), llama.Inits(c.Llama), llama.Stream
-	default:
-		return Weights{}, fmt.Errorf("%w: %d has no weights drawn here from a seed", modelspec.ErrArchitecture, c.Arch)
-	}
+	w, err := Shape(c)
 	if err != nil {
 		return Weights{}, err
 	}
-	sizes := make([]int, len(shapes))
-	for i, sh := range shapes {
+	var (
+		inits  []lm.Init
+		stream uint64
+	)
+	if c.Arch == coordinator.ArchGPT {
+		inits, stream = gpt.Inits(c.GPT), gpt.Stream
+	} else {
+		inits, stream = llama.Inits(c.Llama), llama.Stream
+	}
+	sizes := make([]int, len(w.Shapes))
+	for i, sh := range w.Shapes {
 		sizes[i] = modelspec.Size(sh)
 	}
 	draws, err := lm.NewSeeded(sizes, inits, seed, stream)
 	if err != nil {
 		return Weights{}, err
 	}
-	return Weights{Config: c, Shapes: shapes, Seed: seed, seeded: true, Read: func(ctx context.Context, i, off int, dst []float32) error {
+	w.Seed, w.seeded = seed, true
+	w.Read = func(ctx context.Context, i, off int, dst []float32) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		return draws.Read(i, off, dst)
-	}}, nil
+	}
+	return w, nil
+}
+
+// Shape are weights of a GPT or Llama config with no values yet (Read is
+// nil): their shapes, for a file to give them values (InFile).
+func Shape(c modelspec.Config) (Weights, error) {
+	var (
+		shapes [][]int
+		err    error
+	)
+	switch c.Arch {
+	case coordinator.ArchGPT:
+		err, shapes = c.GPT.Validate(), c.GPT.Shapes()
+	case coordinator.ArchLlama:
+		err, shapes = c.Llama.Validate(), c.Llama.Shapes()
+	default:
+		return Weights{}, fmt.Errorf("%w: %d has its shapes from its engine", modelspec.ErrArchitecture, c.Arch)
+	}
+	if err != nil {
+		return Weights{}, err
+	}
+	return Weights{Config: c, Shapes: shapes}, nil
 }
 
 // Drawn says whether the weights hold values (Read), rather than a seed an
@@ -140,6 +174,61 @@ func (w Weights) InOrder(names []string, shapes [][]int) (Weights, error) {
 	return w, nil
 }
 
+// InFile are weights of the same model whose values are those r holds:
+// the checkpoint tensors (Pieces(false)) back to back, each as
+// little-endian float32, the layout a P2P checkpoint carries. Each such
+// piece is a run of one parameter's values in their own order, so reading
+// a range of a parameter is one read of r for each piece it overlaps, and
+// nothing is held. A value that is not finite fails the read.
+func (w Weights) InFile(r io.ReaderAt) (Weights, error) {
+	pieces, err := w.Pieces(false)
+	if err != nil {
+		return Weights{}, err
+	}
+	// Where each parameter's runs lie in r.
+	type run struct {
+		name      string
+		off, size int   // in the parameter
+		at        int64 // in r
+	}
+	runs := make([][]run, len(w.Shapes))
+	at := int64(0)
+	for _, p := range pieces {
+		if p.Transposed {
+			return Weights{}, fmt.Errorf("runmodel: piece %s is transposed; a P2P checkpoint holds none", p.Name)
+		}
+		size := modelspec.Size(p.Shape)
+		runs[p.Tensor] = append(runs[p.Tensor], run{p.Name, p.Offset, size, at})
+		at += 4 * int64(size)
+	}
+	w.Host, w.seeded = nil, false
+	w.Read = func(ctx context.Context, i, off int, dst []float32) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var buf []byte
+		for _, u := range runs[i] {
+			lo, hi := max(off, u.off), min(off+len(dst), u.off+u.size)
+			if lo >= hi {
+				continue
+			}
+			buf = slices.Grow(buf[:0], 4*(hi-lo))[:4*(hi-lo)]
+			if _, err := r.ReadAt(buf, u.at+4*int64(lo-u.off)); err != nil {
+				return fmt.Errorf("runmodel: reading %s: %w", u.name, err)
+			}
+			out := dst[lo-off : hi-off]
+			f32le.Decode(out, buf)
+			for k, v := range out {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					return fmt.Errorf("runmodel: %s holds %v at %d", u.name, v, lo-u.off+k)
+				}
+			}
+		}
+		return nil
+	}
+	return w, nil
+}
+
 // Model is a model in this process holding the weights: Host itself, or a
 // model of their config that every tensor is read into (a copy, for the
 // engines that compute here and for tests).
@@ -183,12 +272,10 @@ func (w Weights) Model(ctx context.Context, be kernels.Backend) (Model, error) {
 }
 
 // Pieces are the tensors of the checkpoint file the weights are saved as
-// (hf: a Hugging Face directory, as Save decides) and hashed as (the
-// model's own layout: CheckpointTensors').
+// (hf: a Hugging Face directory, as Save decides) and hashed and offered to
+// peers as (the model's own layout: CheckpointTensors'). They need the
+// weights' shapes, not their values.
 func (w Weights) Pieces(hf bool) ([]modelspec.Piece, error) {
-	if !w.Drawn() {
-		return nil, errNotDrawn
-	}
 	var p []modelspec.Piece
 	switch w.Config.Arch {
 	case coordinator.ArchGPT:
@@ -215,6 +302,9 @@ func (w Weights) Pieces(hf bool) ([]modelspec.Piece, error) {
 // written or hashed: a piece is read in the chunks asked for, a transposed
 // one whole (a GPT layer's matrix) and kept until the next piece.
 func (w Weights) Tensors(hf bool) ([]checkpoint.Tensor, error) {
+	if !w.Drawn() {
+		return nil, errNotDrawn
+	}
 	pieces, err := w.Pieces(hf)
 	if err != nil {
 		return nil, err

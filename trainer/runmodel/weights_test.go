@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/f32le"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -248,5 +251,93 @@ func TestSeededWeightsAreNewsModel(t *testing.T) {
 	}
 	if _, err := Seeded(modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 96}}, 1); err == nil {
 		t.Error("an invalid config was accepted")
+	}
+}
+
+// Weights read from a P2P checkpoint's bytes (each checkpoint piece in
+// order, little-endian float32) are the model's: any range of a parameter,
+// across the pieces it is cut into, the hash, and the model built from
+// them. A value that is not finite fails the read that meets it; a GPT or
+// Llama config gives its shapes without any values.
+func TestWeightsInFile(t *testing.T) {
+	ctx := context.Background()
+	g, _ := gpt.New(modelspec.GPTConfig{Vocab: 300, Context: 16, Width: 64, Layers: 2, Heads: 4}, 3, nil)
+	l, _ := llama.New(modelspec.LlamaConfig{Vocab: 300, Context: 16, Width: 64, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 96, RopeTheta: 10000}, 4, nil)
+	for _, m := range []Model{g, l} {
+		host, err := HostWeights(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shape, err := Shape(host.Config)
+		if err != nil || shape.Drawn() || !slices.EqualFunc(shape.Shapes, host.Shapes, slices.Equal) {
+			t.Fatalf("Shape = %v drawn %v, %v; want the model's shapes, undrawn", shape.Shapes, shape.Drawn(), err)
+		}
+		var file []byte
+		for _, ct := range m.CheckpointTensors() {
+			file = f32le.Append(file, ct.Data)
+		}
+		w, err := shape.InFile(bytes.NewReader(file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range m.Tensors() {
+			for _, r := range [][2]int{{0, len(want)}, {1, len(want) - 2}, {len(want) / 3, len(want)/3 + 5}} {
+				got := make([]float32, r[1]-r[0])
+				if err := w.Read(ctx, i, r[0], got); err != nil || !slices.Equal(got, want[r[0]:r[1]]) {
+					t.Fatalf("%s tensor %d [%d, %d): %v", host.Config.Arch, i, r[0], r[1], err)
+				}
+			}
+		}
+		if sum, err := w.Hash(ctx); err != nil || sum != m.Hash() {
+			t.Fatalf("%s: hash from the file %x, %v; the model's %x", host.Config.Arch, sum[:4], err, m.Hash())
+		}
+		back, err := w.Model(ctx, nil)
+		if err != nil || back.Hash() != m.Hash() {
+			t.Fatalf("%s: the model built from the file differs (%v)", host.Config.Arch, err)
+		}
+		bad := slices.Clone(file)
+		f32le.Put(bad[len(bad)-4:], []float32{float32(math.NaN())})
+		w, _ = shape.InFile(bytes.NewReader(bad))
+		if _, err := w.Hash(ctx); err == nil || !strings.Contains(err.Error(), "NaN") {
+			t.Errorf("%s: a NaN in the file read as %v", host.Config.Arch, err)
+		}
+	}
+	if _, err := Shape(modelspec.Config{Arch: coordinator.ArchTransformers}); !errors.Is(err, modelspec.ErrArchitecture) {
+		t.Errorf("Shape of a transformers config: %v, want ErrArchitecture", err)
+	}
+}
+
+// OpenChecked reads a Llama directory's weights from its files (the hash
+// is the saved model's, no host model behind them) and refuses another
+// config before reading anything; a GPT file is loaded as LoadChecked
+// loads it.
+func TestOpenChecked(t *testing.T) {
+	ctx := context.Background()
+	l, _ := llama.New(modelspec.LlamaConfig{Vocab: 300, Context: 16, Width: 64, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 96, RopeTheta: 10000}, 7, nil)
+	g, _ := gpt.New(modelspec.GPTConfig{Vocab: 300, Context: 16, Width: 64, Layers: 2, Heads: 4}, 8, nil)
+	dir := t.TempDir()
+	for _, m := range []Model{l, g} {
+		c, _ := ConfigOf(m)
+		path := filepath.Join(dir, c.Arch.String())
+		if err := Save(ctx, m, path, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		w, err := OpenChecked(ctx, path, nil, func(got modelspec.Config) error { return modelspec.Compare(got, c) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum, err := w.Hash(ctx); err != nil || sum != m.Hash() {
+			t.Fatalf("%s: hash %x, %v; the model's %x", c.Arch, sum[:4], err, m.Hash())
+		}
+		if (w.Host == nil) != (c.Arch == coordinator.ArchLlama) {
+			t.Errorf("%s: host model %v", c.Arch, w.Host != nil)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		refuse := errors.New("not this run's model")
+		if _, err := OpenChecked(ctx, path, nil, func(modelspec.Config) error { return refuse }); !errors.Is(err, refuse) {
+			t.Errorf("%s: a config the run refuses: %v", c.Arch, err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"runtime/debug"
+	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
@@ -25,6 +26,7 @@ import (
 // not give the model answers a *drive.NotLoaded that says why; the
 // machine decides what next.
 func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
+	began := time.Now()
 	n.dropAhead()
 	s := w.State
 	m := &s.Model
@@ -119,7 +121,8 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	// No honest result of this model is larger: bigger announcements are
 	// refused before anything is fetched.
 	n.net.SetMaxPayload(plan.MaxFrameBytes())
-	n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams(), "engine", eng.Name())
+	n.cfg.log.Info("model loaded", "from", from, "params", cfg.NumParams(), "engine", eng.Name(),
+		"took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
 

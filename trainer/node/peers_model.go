@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -130,10 +131,14 @@ func (n *Node) fetchWeights(ctx context.Context, s *coordinator.Coordinator, cfg
 	if err != nil {
 		return none, nil, err
 	}
+	start := time.Now()
 	if err := n.net.FetchCheckpoint(ctx, id, from, f); err != nil {
 		f.Close()
 		return none, nil, fmt.Errorf("%w: %w", errLoadLater, err)
 	}
+	took := time.Since(start)
+	n.cfg.log.Info("checkpoint fetched from peers", "manifest", fmt.Sprintf("%x", id[:8]), "bytes", f.Size(),
+		"took", took.Round(time.Millisecond), "mib_per_s", math.Round(float64(f.Size())/(1<<20)/max(took.Seconds(), 1e-6)))
 	w, err := shape.InFile(f)
 	if err != nil {
 		f.Close()

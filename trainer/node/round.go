@@ -259,7 +259,8 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 	if err != nil {
 		return p2p.Announcement{}, nil, machine.TrainStats{}, fmt.Errorf("node: step %d: %w", w.Step, err)
 	}
-	frame.Losses = seqLosses // what this trainer saw of its batch, for the witnesses' claim checks
+	stepped := time.Since(start) // DisTrO's compression of the gradient
+	frame.Losses = seqLosses     // what this trainer saw of its batch, for the witnesses' claim checks
 	payload, err := frame.MarshalBinary()
 	if err != nil {
 		return p2p.Announcement{}, nil, machine.TrainStats{}, err
@@ -290,7 +291,8 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 	// Per step: DEBUG (the progress line, the explorer and the epoch's
 	// INFO line say it).
 	n.cfg.log.Debug("trained", "step", w.Step, "batch", fmt.Sprintf("[%d,%d)", w.Batch.Start, w.Batch.End), "loss", loss,
-		"bytes", len(payload), "took", (computed + time.Since(start)).Round(time.Millisecond), "ahead", reused)
+		"bytes", len(payload), "took", (computed + time.Since(start)).Round(time.Millisecond), "distro", stepped.Round(time.Millisecond),
+		"ahead", reused)
 	// The rates cover training and publishing: what the batch cost this
 	// trainer (its gradient's compute too when trained ahead), reported in
 	// its witness metadata.
@@ -322,7 +324,7 @@ func (n *Node) apply(ctx context.Context, w *machine.ApplyWork) error {
 	}
 	n.cfg.metrics.RoundsApplied.Inc()
 	n.cfg.metrics.ResultsApplied.Add(float64(len(w.Frames)))
-	n.cfg.log.Debug("applied", "step", w.Step, "results", len(w.Frames))
+	n.cfg.log.Debug("applied", "step", w.Step, "results", len(w.Frames), "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -96,7 +96,7 @@ func (c *CheckpointFile) Append(p []byte) error {
 		if take < want {
 			return nil
 		}
-		// The block is whole: the tensor's end cuts it short.
+		// The block is complete: a full one, or the tensor's last.
 		if _, err := c.f.WriteAt(c.block, int64(c.starts[c.tensor]+c.done)); err != nil {
 			return fmt.Errorf("p2p: writing a checkpoint: %w", err)
 		}
@@ -126,7 +126,8 @@ func (c *CheckpointFile) next() {
 	c.manifest, c.block, c.digests = &m, nil, nil
 }
 
-// Complete says whether every byte has been appended.
+// Complete says whether the file knows its manifest: every byte appended,
+// or a fetch's blocks verified.
 func (c *CheckpointFile) Complete() bool {
 	c.next()
 	return c.manifest != nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
@@ -167,13 +168,19 @@ func LoadChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 }
 
 // OpenChecked are the weights of the checkpoint at path, as LoadChecked
-// reads it, but a Llama Hugging Face directory's are read from its files as
-// they are needed (llama.OpenHF) rather than built into a model here, so
-// an engine that holds the model elsewhere opens on a checkpoint of
-// gigabytes without this process holding it. Every other form is loaded
-// (LoadChecked). The caller closes the weights.
+// reads it, but read from its files as they are needed rather than built
+// into a model here, so an engine that holds the model elsewhere opens on a
+// checkpoint of gigabytes without this process holding it: a checkpoint
+// file Save wrote (openFile) or a Llama Hugging Face directory
+// (llama.OpenHF). A GPT-2 Hugging Face directory, whose matrices are
+// stored transposed, is loaded (LoadChecked). The caller closes the
+// weights.
 func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Accept) (Weights, error) {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() && !gpt.IsHFDir(path) {
+	fi, err := os.Stat(path)
+	if err == nil && !fi.IsDir() {
+		return openFile(path, accept)
+	}
+	if err == nil && !gpt.IsHFDir(path) {
 		hf, err := llama.OpenHF(ctx, llama.LocalDir(path), func(c llama.Config) error {
 			return accept.check(modelspec.Config{Arch: coordinator.ArchLlama, Llama: c})
 		})
@@ -188,6 +195,76 @@ func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 		return Weights{}, err
 	}
 	return HostWeights(m)
+}
+
+// openFile are the weights of a checkpoint file Save wrote, read from it as
+// they are asked for: its psyche.model metadata names the config (which
+// accept must take before anything else is read), and the file must hold
+// every piece of that model with its shape, and nothing else.
+func openFile(path string, accept Accept) (Weights, error) {
+	f, err := checkpoint.Limits{}.Open(path)
+	if err != nil {
+		return Weights{}, err
+	}
+	opened := false
+	defer func() {
+		if !opened {
+			f.Close()
+		}
+	}()
+	meta, ok := f.Metadata()[checkpoint.ModelKey]
+	if !ok {
+		return Weights{}, fmt.Errorf("runmodel: %s: %w (a Hugging Face checkpoint is loaded from its directory, with config.json)", path, checkpoint.ErrNoModelConfig)
+	}
+	mc, err := checkpoint.ParseModelConfig(meta)
+	if err != nil {
+		return Weights{}, fmt.Errorf("runmodel: %s: %w", path, err)
+	}
+	var c modelspec.Config
+	if mc.Architecture == checkpoint.ArchLlama {
+		c.Arch = coordinator.ArchLlama
+		c.Llama, err = llama.ConfigFromCheckpoint(mc)
+	} else {
+		c.Arch = coordinator.ArchGPT
+		c.GPT, err = gpt.ConfigFromCheckpoint(mc)
+	}
+	if err == nil {
+		err = accept.check(c)
+	}
+	if err != nil {
+		return Weights{}, fmt.Errorf("runmodel: %s: %w", path, err)
+	}
+	shape, err := Shape(c)
+	if err != nil {
+		return Weights{}, err
+	}
+	pieces, err := shape.Pieces(false)
+	if err != nil {
+		return Weights{}, err
+	}
+	held := map[string][]int{}
+	for _, t := range f.Tensors() {
+		held[t.Name] = t.Shape
+	}
+	for _, p := range pieces {
+		got, ok := held[p.Name]
+		switch {
+		case !ok:
+			return Weights{}, fmt.Errorf("runmodel: %s: %w: %q", path, checkpoint.ErrNotFound, p.Name)
+		case !slices.Equal(got, p.Shape):
+			return Weights{}, fmt.Errorf("runmodel: %s: %w: tensor %q has shape %v, the model's is %v", path, checkpoint.ErrShapeMismatch, p.Name, got, p.Shape)
+		}
+		delete(held, p.Name)
+	}
+	for name := range held {
+		return Weights{}, fmt.Errorf("runmodel: %s: tensor %q is not the %s model's", path, name, c.Arch)
+	}
+	w, err := shape.readPieces(pieces, func(k, off int, dst []float32) error { return f.Read(pieces[k].Name, off, dst) })
+	if err != nil {
+		return Weights{}, err
+	}
+	w.close, opened = f.Close, true
+	return w, nil
 }
 
 // LoadHFChecked loads a Hugging Face Llama directory, asking accept about

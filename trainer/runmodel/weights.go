@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/f32le"
@@ -185,49 +186,61 @@ func (w Weights) InFile(r io.ReaderAt) (Weights, error) {
 	if err != nil {
 		return Weights{}, err
 	}
-	// Where each parameter's runs lie in r.
-	type run struct {
-		name      string
-		off, size int   // in the parameter
-		at        int64 // in r
+	at := make([]int64, len(pieces))
+	end := int64(0)
+	for k, p := range pieces {
+		at[k], end = end, end+4*int64(modelspec.Size(p.Shape))
 	}
-	runs := make([][]run, len(w.Shapes))
-	at := int64(0)
-	for _, p := range pieces {
-		if p.Transposed {
-			return Weights{}, fmt.Errorf("runmodel: piece %s is transposed; a P2P checkpoint holds none", p.Name)
+	var buf []byte
+	return w.readPieces(pieces, func(k, off int, dst []float32) error {
+		buf = slices.Grow(buf[:0], 4*len(dst))[:4*len(dst)]
+		if _, err := r.ReadAt(buf, at[k]+4*int64(off)); err != nil {
+			return err
 		}
-		size := modelspec.Size(p.Shape)
-		runs[p.Tensor] = append(runs[p.Tensor], run{p.Name, p.Offset, size, at})
-		at += 4 * int64(size)
+		f32le.Decode(dst, buf)
+		return nil
+	})
+}
+
+// readPieces are weights of the same model whose values are read a piece
+// at a time: piece k's values [off, off+len(dst)) by read. Pieces must not
+// be transposed (only a Hugging Face GPT-2 file's are).
+func (w Weights) readPieces(pieces []modelspec.Piece, read func(k, off int, dst []float32) error) (Weights, error) {
+	byParam := make([][]int, len(w.Shapes))
+	for k, p := range pieces {
+		if p.Transposed {
+			return Weights{}, fmt.Errorf("runmodel: piece %s is transposed", p.Name)
+		}
+		byParam[p.Tensor] = append(byParam[p.Tensor], k)
 	}
 	w.Host, w.seeded = nil, false
+	var mu sync.Mutex // read may reuse a buffer
 	w.Read = func(ctx context.Context, i, off int, dst []float32) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		var buf []byte
-		for _, u := range runs[i] {
-			lo, hi := max(off, u.off), min(off+len(dst), u.off+u.size)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range byParam[i] {
+			p := pieces[k]
+			lo, hi := max(off, p.Offset), min(off+len(dst), p.Offset+modelspec.Size(p.Shape))
 			if lo >= hi {
 				continue
 			}
-			buf = slices.Grow(buf[:0], 4*(hi-lo))[:4*(hi-lo)]
-			if _, err := r.ReadAt(buf, u.at+4*int64(lo-u.off)); err != nil {
-				return fmt.Errorf("runmodel: reading %s: %w", u.name, err)
-			}
 			out := dst[lo-off : hi-off]
-			f32le.Decode(out, buf)
-			for k, v := range out {
-				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-					return fmt.Errorf("runmodel: %s holds %v at %d", u.name, v, lo-u.off+k)
-				}
+			if err := read(k, lo-p.Offset, out); err != nil {
+				return fmt.Errorf("runmodel: reading %s: %w", p.Name, err)
+			}
+			if j := slices.IndexFunc(out, notFinite); j >= 0 {
+				return fmt.Errorf("runmodel: %s holds %v at %d", p.Name, out[j], lo-p.Offset+j)
 			}
 		}
 		return nil
 	}
 	return w, nil
 }
+
+func notFinite(v float32) bool { return math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) }
 
 // Model is a model in this process holding the weights: Host itself, or a
 // model of their config that every tensor is read into (a copy, for the

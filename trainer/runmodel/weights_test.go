@@ -14,6 +14,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/f32le"
+	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -307,10 +308,11 @@ func TestWeightsInFile(t *testing.T) {
 	}
 }
 
-// OpenChecked reads a Llama directory's weights from its files (the hash
-// is the saved model's, no host model behind them) and refuses another
-// config before reading anything; a GPT file is loaded as LoadChecked
-// loads it.
+// OpenChecked reads a Llama directory's and a GPT file's weights from
+// their files (the hash is the saved model's, no host model behind them)
+// and refuses another config before reading anything; a file without its
+// model's metadata, or with a tensor the model lacks, is refused, and a
+// value that is not finite fails the read that meets it.
 func TestOpenChecked(t *testing.T) {
 	ctx := context.Background()
 	l, _ := llama.New(modelspec.LlamaConfig{Vocab: 300, Context: 16, Width: 64, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 96, RopeTheta: 10000}, 7, nil)
@@ -329,8 +331,8 @@ func TestOpenChecked(t *testing.T) {
 		if sum, err := w.Hash(ctx); err != nil || sum != m.Hash() {
 			t.Fatalf("%s: hash %x, %v; the model's %x", c.Arch, sum[:4], err, m.Hash())
 		}
-		if (w.Host == nil) != (c.Arch == coordinator.ArchLlama) {
-			t.Errorf("%s: host model %v", c.Arch, w.Host != nil)
+		if w.Host != nil {
+			t.Errorf("%s: the weights are a host model's", c.Arch)
 		}
 		if err := w.Close(); err != nil {
 			t.Fatal(err)
@@ -339,5 +341,41 @@ func TestOpenChecked(t *testing.T) {
 		if _, err := OpenChecked(ctx, path, nil, func(modelspec.Config) error { return refuse }); !errors.Is(err, refuse) {
 			t.Errorf("%s: a config the run refuses: %v", c.Arch, err)
 		}
+	}
+
+	// GPT files that are not the model's.
+	ts := g.CheckpointTensors()
+	meta := map[string]string{}
+	mc, _ := ConfigOf(g)
+	save := func(name string, ts []checkpoint.Tensor, meta map[string]string) string {
+		path := filepath.Join(dir, name)
+		if err := checkpoint.Save(ctx, path, ts, meta); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	if _, err := OpenChecked(ctx, save("bare.safetensors", ts, nil), nil, nil); !errors.Is(err, checkpoint.ErrNoModelConfig) {
+		t.Errorf("a file without the model's metadata: %v, want ErrNoModelConfig", err)
+	}
+	good := filepath.Join(dir, mc.Arch.String())
+	withMeta, err := checkpoint.Load(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta = withMeta.Metadata()
+	extra := append(slices.Clone(ts), checkpoint.Tensor{Name: "extra", Shape: []int{1}, Data: []float32{1}})
+	if _, err := OpenChecked(ctx, save("extra.safetensors", extra, meta), nil, nil); err == nil || !strings.Contains(err.Error(), `"extra"`) {
+		t.Errorf("a file with a tensor too many: %v", err)
+	}
+	nan := slices.Clone(ts)
+	nan[0].Data = slices.Clone(nan[0].Data)
+	nan[0].Data[3] = float32(math.Inf(1))
+	w, err := OpenChecked(ctx, save("nan.safetensors", nan, meta), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Hash(ctx); err == nil || !strings.Contains(err.Error(), "+Inf at 3") {
+		t.Errorf("a file holding +Inf read as %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -26,12 +27,49 @@ func (l Limits) Open(path string) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
-	entries, meta, dataSize, err := l.readHeader(f, size)
+	return l.open(f, size, path)
+}
+
+// Spool copies a checkpoint of size bytes from r (a download) into a file
+// that has no name, unlinked at once so that closing the File frees its
+// space and a crash leaves nothing behind, and opens it: a remote model of
+// gigabytes lands on disk, not in memory. A size beyond the limits is
+// refused before anything is copied; name says where it came from.
+func (l Limits) Spool(r io.Reader, size int64, name string) (*File, error) {
+	maxHeader := l.MaxHeaderSize
+	if maxHeader <= 0 {
+		maxHeader = DefaultMaxHeaderSize
+	}
+	if l.MaxDataSize > 0 && size > lengthSize+maxHeader+l.MaxDataSize {
+		return nil, naming(name, formatErr(ErrTooLarge, "%d bytes exceed the limit of %d", size, lengthSize+maxHeader+l.MaxDataSize))
+	}
+	f, err := os.CreateTemp("", "psyche-download-*")
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: a file for %s: %w", name, err)
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("checkpoint: a file for %s: %w", name, err)
+	}
+	n, err := io.Copy(f, io.LimitReader(r, size))
+	if err == nil && n < size {
+		err = formatErr(ErrTruncated, "%d bytes of %d", n, size)
+	}
 	if err != nil {
 		f.Close()
-		return nil, naming(path, err)
+		return nil, naming(name, fmt.Errorf("checkpoint: %s: %w", name, err))
 	}
-	c := &File{path: path, f: f, data: size - dataSize, entries: make(map[string]entry, len(entries)), meta: meta}
+	return l.open(f, size, name)
+}
+
+// open reads and validates the header of f, a checkpoint of size bytes.
+func (l Limits) open(f *os.File, size int64, name string) (*File, error) {
+	entries, meta, dataSize, err := l.readHeader(io.NewSectionReader(f, 0, size), size)
+	if err != nil {
+		f.Close()
+		return nil, naming(name, err)
+	}
+	c := &File{path: name, f: f, data: size - dataSize, entries: make(map[string]entry, len(entries)), meta: meta}
 	for _, e := range entries {
 		c.entries[e.name] = e
 		c.infos = append(c.infos, TensorInfo{Name: e.name, Shape: e.shape, DType: e.dtypeName})
@@ -39,6 +77,10 @@ func (l Limits) Open(path string) (*File, error) {
 	slices.SortFunc(c.infos, func(a, b TensorInfo) int { return strings.Compare(a.Name, b.Name) })
 	return c, nil
 }
+
+// Name says where the file came from: its path, or what it was
+// downloaded from.
+func (c *File) Name() string { return c.path }
 
 // Tensors lists the file's tensors in name order.
 func (c *File) Tensors() []TensorInfo { return c.infos }

@@ -1,8 +1,10 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -56,4 +58,41 @@ func TestFileReadsRanges(t *testing.T) {
 	if err := f.Read("absent", 0, nil); !errors.Is(err, ErrNotFound) {
 		t.Errorf("an absent tensor: %v, want ErrNotFound", err)
 	}
+}
+
+// A spooled download opens as the file it copied; one that ends early is
+// ErrTruncated, and one larger than the limits allow is ErrTooLarge before
+// a byte is copied.
+func TestSpool(t *testing.T) {
+	data, err := Encode([]Tensor{{Name: "w", Shape: []int{3}, Data: []float32{1, 2, 3}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := Limits{}.Spool(bytes.NewReader(data), int64(len(data)), "http://example/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, 3)
+	if err := f.Read("w", 0, got); err != nil || !slices.Equal(got, []float32{1, 2, 3}) || f.Name() != "http://example/w" {
+		t.Fatalf("Read = %v, %v (%s)", got, err, f.Name())
+	}
+	f.Close()
+	if _, err := (Limits{}).Spool(bytes.NewReader(data[:len(data)-1]), int64(len(data)), "short"); !errors.Is(err, ErrTruncated) {
+		t.Errorf("a short download: %v, want ErrTruncated", err)
+	}
+	r := &countingReader{r: bytes.NewReader(data)}
+	if _, err := (Limits{MaxDataSize: 4, MaxHeaderSize: 16}).Spool(r, int64(len(data)), "big"); !errors.Is(err, ErrTooLarge) || r.n != 0 {
+		t.Errorf("a download over the limits: %v after %d bytes, want ErrTooLarge before any", err, r.n)
+	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

@@ -1,7 +1,6 @@
 package llama
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -440,10 +439,11 @@ func LoadHFChecked(ctx context.Context, d Dir, be kernels.Backend, accept func(C
 // tensor is checked against the config (name, shape, dtype) from the
 // files' headers, and a missing, extra or mismatched tensor is an error
 // naming the file and the tensor, returned before any weight is read. A
-// local directory's files are opened, not read; a remote one's are read
-// whole. accept (unless nil) is called with config.json's model before
-// anything is allocated for it, and stops with its error. The caller
-// closes the weights.
+// local directory's files are opened, not read; a remote one's are
+// downloaded into files that have no name (checkpoint.Limits.Spool).
+// accept (unless nil) is called with config.json's model before anything
+// is allocated for it, and stops with its error. The caller closes the
+// weights.
 func OpenHF(ctx context.Context, d Dir, accept func(Config) error) (*HFWeights, error) {
 	cb, err := readSmall(ctx, d, HFConfigFile)
 	if err != nil {
@@ -479,16 +479,18 @@ func OpenHF(ctx context.Context, d Dir, accept func(Config) error) (*HFWeights, 
 			w.closers = append(w.closers, f)
 			return l.take(file, f.Tensors(), f, expect)
 		}
+		// A remote file is downloaded to disk, not into memory.
 		r, size, err := d.Open(ctx, name)
 		if err != nil {
 			return fmt.Errorf("llama: %s: %w", d, err)
 		}
 		defer r.Close()
-		ck, err := lim.Read(bufio.NewReaderSize(r, 4<<20), size)
+		f, err := lim.Spool(r, size, file)
 		if err != nil {
 			return fmt.Errorf("llama: %s/%s: %w", d, name, err)
 		}
-		return l.take(file, ck.Infos(), ck, expect)
+		w.closers = append(w.closers, f)
+		return l.take(file, f.Tensors(), f, expect)
 	}
 	where := d.String() + "/" + HFSingleFile
 	err = readFile(HFSingleFile, nil)

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"bufio"
 	"context"
 
 	"github.com/psyche-go/psyche/coordinator"
@@ -50,33 +49,34 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st
 		}
 		return runmodel.OpenChecked(ctx, path, n.cfg.kernels, accept)
 	}
-	return hostWeights(n.loadHTTP(ctx, url, cfg, accept))
+	return n.loadHTTP(ctx, url, cfg, accept)
 }
 
-// loadHTTP loads an http(s):// checkpoint (loadURL).
-func (n *Node) loadHTTP(ctx context.Context, url string, cfg modelspec.Config, accept runmodel.Accept) (runmodel.Model, error) {
-	// modelspec.FromHTTP. A Llama run's URL that does not name a
-	// .safetensors file is a Hugging Face directory.
+// loadHTTP opens an http(s):// checkpoint (loadURL), downloaded to disk
+// with range requests and read-ahead, never into memory: a Hugging Face
+// directory's files (a Llama run's URL that does not name a .safetensors
+// file), or one file that Save wrote.
+func (n *Node) loadHTTP(ctx context.Context, url string, cfg modelspec.Config, accept runmodel.Accept) (runmodel.Weights, error) {
 	if cfg.Arch == coordinator.ArchLlama && !strings.HasSuffix(strings.SplitN(url, "?", 2)[0], ".safetensors") {
-		return runmodel.LoadHFChecked(ctx, llama.HTTPDir{URL: url, Opts: n.cfg.dataOpts}, n.cfg.kernels, accept)
+		return runmodel.OpenHF(ctx, llama.HTTPDir{URL: url, Opts: n.cfg.dataOpts}, accept)
 	}
 	hs, err := data.NewHTTPSource(url, n.cfg.dataOpts...)
 	if err != nil {
-		return nil, err
+		return runmodel.Weights{}, err
 	}
 	defer hs.Close()
 	size, err := hs.Size(ctx)
 	if err != nil {
-		return nil, err
+		return runmodel.Weights{}, err
 	}
 	lim := checkpoint.Limits{MaxDataSize: 4 * int64(cfg.NumParams()), MaxHeaderSize: checkpoint.HeaderLimit(cfg.Layers())}
 	body := data.ReadAhead(ctx, hs, size, 4<<20, 4)
 	defer body.Close()
-	ck, err := lim.Read(bufio.NewReaderSize(body, 4<<20), size)
+	f, err := lim.Spool(body, size, url)
 	if err != nil {
-		return nil, err
+		return runmodel.Weights{}, err
 	}
-	return runmodel.FromCheckpointChecked(ck, n.cfg.kernels, accept)
+	return runmodel.OpenFile(f, accept)
 }
 
 // downloadCheckpoint fetches an s3:// checkpoint through the run's store

@@ -178,17 +178,14 @@ func LoadChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Accept) (Weights, error) {
 	fi, err := os.Stat(path)
 	if err == nil && !fi.IsDir() {
-		return openFile(path, accept)
-	}
-	if err == nil && !gpt.IsHFDir(path) {
-		hf, err := llama.OpenHF(ctx, llama.LocalDir(path), func(c llama.Config) error {
-			return accept.check(modelspec.Config{Arch: coordinator.ArchLlama, Llama: c})
-		})
+		f, err := checkpoint.Limits{}.Open(path)
 		if err != nil {
 			return Weights{}, err
 		}
-		return Weights{Config: modelspec.Config{Arch: coordinator.ArchLlama, Llama: hf.Config}, Shapes: hf.Config.Shapes(),
-			Read: hf.Read, close: hf.Close}, nil
+		return OpenFile(f, accept)
+	}
+	if err == nil && !gpt.IsHFDir(path) {
+		return OpenHF(ctx, llama.LocalDir(path), accept)
 	}
 	m, err := LoadChecked(ctx, path, be, accept)
 	if err != nil {
@@ -197,15 +194,27 @@ func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 	return HostWeights(m)
 }
 
-// openFile are the weights of a checkpoint file Save wrote, read from it as
-// they are asked for: its psyche.model metadata names the config (which
-// accept must take before anything else is read), and the file must hold
-// every piece of that model with its shape, and nothing else.
-func openFile(path string, accept Accept) (Weights, error) {
-	f, err := checkpoint.Limits{}.Open(path)
+// OpenHF are the weights of a Hugging Face Llama directory, local or
+// remote, read from its files as they are asked for (llama.OpenHF). The
+// caller closes them.
+func OpenHF(ctx context.Context, d llama.Dir, accept Accept) (Weights, error) {
+	hf, err := llama.OpenHF(ctx, d, func(c llama.Config) error {
+		return accept.check(modelspec.Config{Arch: coordinator.ArchLlama, Llama: c})
+	})
 	if err != nil {
 		return Weights{}, err
 	}
+	return Weights{Config: modelspec.Config{Arch: coordinator.ArchLlama, Llama: hf.Config}, Shapes: hf.Config.Shapes(),
+		Read: hf.Read, close: hf.Close}, nil
+}
+
+// OpenFile are the weights of a checkpoint file Save wrote, read from f as
+// they are asked for: its psyche.model metadata names the config (which
+// accept must take before anything else is read), and the file must hold
+// every piece of that model with its shape, and nothing else. The weights
+// own f: closing them closes it (and so does a refusal).
+func OpenFile(f *checkpoint.File, accept Accept) (Weights, error) {
+	path := f.Name()
 	opened := false
 	defer func() {
 		if !opened {

@@ -156,21 +156,31 @@ func (n *Node) getBlocks(ctx context.Context, hs []coordinator.Hash) error {
 // not fit its size (ErrCommitmentMismatch).
 func (n *Node) fill(ctx context.Context, ref p2p.BlobRef, idx []int, out []byte, have []bool) error {
 	for _, i := range idx {
-		h := ref.Blocks[i]
-		b, err := n.bstore.Get(ctx, cidOf(h))
+		b, err := n.storedBlock(ctx, ref, i)
 		if err != nil {
 			return err
 		}
-		if want := p2p.BlockLen(ref.Size, i); len(b.RawData()) != want {
-			return fmt.Errorf("%w: block %d has %d bytes, the announced size needs %d", p2p.ErrCommitmentMismatch, i, len(b.RawData()), want)
-		}
-		if p2p.BlockDigest(b.RawData()) != h {
-			return fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
-		}
-		copy(out[i*p2p.BlockSize:], b.RawData())
+		copy(out[i*p2p.BlockSize:], b)
 		have[i] = true
 	}
 	return nil
+}
+
+// storedBlock is block i of ref from the local store, checked again
+// against its digest and the length ref's size gives it.
+func (n *Node) storedBlock(ctx context.Context, ref p2p.BlobRef, i int) ([]byte, error) {
+	h := ref.Blocks[i]
+	b, err := n.bstore.Get(ctx, cidOf(h))
+	if err != nil {
+		return nil, err
+	}
+	if want := p2p.BlockLen(ref.Size, i); len(b.RawData()) != want {
+		return nil, fmt.Errorf("%w: block %d has %d bytes, the announced size needs %d", p2p.ErrCommitmentMismatch, i, len(b.RawData()), want)
+	}
+	if p2p.BlockDigest(b.RawData()) != h {
+		return nil, fmt.Errorf("%w: %x", p2p.ErrBlockMismatch, h[:8])
+	}
+	return b.RawData(), nil
 }
 
 // missing lists the indices of the blocks not marked in have.

@@ -181,17 +181,11 @@ func (n *Node) fillFile(ctx context.Context, m *p2p.CheckpointManifest, into *p2
 					return fmt.Errorf("p2p: tensor %q: %w", e.Name, err)
 				}
 			} else {
-				blk, err := n.bstore.Get(ctx, cidOf(h))
+				blk, err := n.storedBlock(ctx, e.Blob, i)
 				if err != nil {
 					return fmt.Errorf("p2p: tensor %q: %w", e.Name, err)
 				}
-				if len(blk.RawData()) != len(b) {
-					return fmt.Errorf("p2p: tensor %q: %w: block %d has %d bytes, the manifest needs %d", e.Name, p2p.ErrCommitmentMismatch, i, len(blk.RawData()), len(b))
-				}
-				if p2p.BlockDigest(blk.RawData()) != h {
-					return fmt.Errorf("p2p: tensor %q: %w: %x", e.Name, p2p.ErrBlockMismatch, h[:8])
-				}
-				copy(b, blk.RawData())
+				copy(b, blk)
 			}
 			if _, err := into.WriteAt(b, at(blockPlace{t, i})); err != nil {
 				return fmt.Errorf("p2p: tensor %q: %w", e.Name, err)

@@ -49,11 +49,16 @@ const (
 
 // Reach backoff: a client that cannot be reached yet (it does not list us
 // yet, or it is still starting) is tried again after 1 s, then 2, 4, … up to
-// 30 s; a disconnection resets it.
+// 30 s. A dial that connects counts as a try too: a peer whose allowlist
+// does not hold us yet (we joined for its next epoch) completes the
+// handshake and closes the connection at once, and redialling it every
+// second would churn connections until its epoch ends. The loss of a
+// connection that stayed up reachStable or longer resets the backoff.
 const (
 	reachFirstBackoff = time.Second
 	reachMaxBackoff   = 30 * time.Second
 	reachTimeout      = 10 * time.Second
+	reachStable       = 10 * time.Second
 )
 
 type reachState struct {
@@ -61,6 +66,20 @@ type reachState struct {
 	backoff time.Duration
 	busy    bool
 	warned  bool
+}
+
+// tried schedules the next dial of a peer just dialled (connected or not).
+func (st *reachState) tried(now time.Time) {
+	st.next = now.Add(st.backoff)
+	st.backoff = min(2*st.backoff, reachMaxBackoff)
+}
+
+// dropped notes that the last connection to the peer closed after lived:
+// one that had stayed up is redialled at once.
+func (st *reachState) dropped(lived time.Duration) {
+	if lived >= reachStable {
+		st.backoff, st.next = reachFirstBackoff, time.Time{}
+	}
 }
 
 // discovery holds the node's DHT, mDNS service and reach bookkeeping.
@@ -190,12 +209,11 @@ func (n *Node) reachOne(ctx context.Context, p peer.ID) {
 	defer d.mu.Unlock()
 	st := d.reach[p]
 	st.busy = false
+	st.tried(time.Now())
 	if err == nil {
-		st.backoff, st.next, st.warned = reachFirstBackoff, time.Time{}, false
+		st.warned = false
 		return
 	}
-	st.next = time.Now().Add(st.backoff)
-	st.backoff = min(2*st.backoff, reachMaxBackoff)
 	if ctx.Err() != nil && n.life.Err() != nil {
 		return
 	}
@@ -286,8 +304,7 @@ func (n *Node) countPaths() {
 	}
 }
 
-// onConnected logs a new connection with its path and resets the peer's
-// reach backoff.
+// onConnected logs a new connection with its path.
 func (n *Node) onConnected(c network.Conn) {
 	n.m.Peers.Set(float64(len(n.host.Network().Peers())))
 	n.countPaths()
@@ -301,7 +318,7 @@ func (n *Node) onDisconnected(c network.Conn) {
 		n.disc.mu.Lock()
 		delete(n.disc.punched, c.RemotePeer())
 		if st := n.disc.reach[c.RemotePeer()]; st != nil && !st.busy {
-			st.backoff, st.next = reachFirstBackoff, time.Time{}
+			st.dropped(time.Since(c.Stat().Opened))
 		}
 		n.disc.mu.Unlock()
 	}

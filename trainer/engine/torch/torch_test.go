@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -397,41 +399,110 @@ func TestDeterministicApply(t *testing.T) {
 }
 
 // TestTryUndo: Try moves the model, Undo puts back every bit, and the kept
-// gradient survives both.
+// gradient survives both; a second try after an undo (what a witness's
+// next result does) and a try after an apply (the parameters moved on)
+// are undone to the model as it then is. The worker keeps what a try
+// replaced in a file; where no file can be written (here: a file size
+// limit of 1 KiB) it keeps it in memory, says so, and undoes the same.
 func TestTryUndo(t *testing.T) {
+	for _, tc := range []struct {
+		name, ulimit, says string
+	}{
+		{"in a file", "", ""},
+		{"in memory", "ulimit -f 2\n", "kept in memory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			py := filepath.Join(t.TempDir(), "python")
+			if err := os.WriteFile(py, []byte("#!/bin/sh\n"+tc.ulimit+"exec "+torchPython(t)+" \"$@\"\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			var logs lockedBuffer
+			op, err := New(WithPython(py), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tryUndo(t, op)
+			if got := logs.String(); tc.says != "" && !strings.Contains(got, tc.says) {
+				t.Errorf("the worker did not say %q:\n%s", tc.says, got)
+			} else if tc.says == "" && strings.Contains(got, "kept in memory") {
+				t.Errorf("the undo was kept in memory where a file could be written:\n%s", got)
+			}
+		})
+	}
+}
+
+func tryUndo(t *testing.T, op *Opener) {
 	ctx := context.Background()
-	_, torchOp := openers(t)
 	pm := parityModels[0]
 	o := runOptions(true)
-	e := open(t, torchOp, pm.cfg, 3, o)
+	e := open(t, op, pm.cfg, 3, o)
 	b := randomBatch(rand.New(rand.NewPCG(1, 1)), vocabOf(pm.cfg), 2, pm.cfg.Context())
 	if _, err := e.Gradient(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	before, err := e.Losses(ctx, b)
-	if err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Undo(ctx); !errors.Is(err, engine.ErrNoUndo) {
 		t.Fatalf("Undo before Try: %v, want ErrNoUndo", err)
 	}
-	if err := e.Try(ctx, combine(t, planOf(t, e, o), frames(t, pm.cfg, o, 2)), 0.05); err != nil {
+	plan := planOf(t, e, o)
+	fs := frames(t, pm.cfg, o, 2)
+	one, other := combine(t, plan, fs[:1]), combine(t, plan, fs[1:])
+	losses := func() engine.Losses {
+		t.Helper()
+		l, err := e.Losses(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	// tryThenUndo tries c and undoes it, which must leave the losses at want.
+	tryThenUndo := func(what string, c *distro.Combined, want engine.Losses) {
+		t.Helper()
+		if err := e.Try(ctx, c, 0.05); err != nil {
+			t.Fatal(err)
+		}
+		if moved := losses(); moved.Mean == want.Mean {
+			t.Fatalf("%s: Try did not change the model", what)
+		}
+		if err := e.Undo(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if after := losses(); after.Mean != want.Mean || !slices.Equal(after.Seqs, want.Seqs) {
+			t.Fatalf("%s: after Undo the loss is %v, before Try %v", what, after.Mean, want.Mean)
+		}
+	}
+	before := losses()
+	tryThenUndo("a first try", one, before)
+	tryThenUndo("a second try", other, before)
+	if err := e.Apply(ctx, one, 0.05); err != nil {
 		t.Fatal(err)
 	}
-	moved, _ := e.Losses(ctx, b)
-	if moved.Mean == before.Mean {
-		t.Fatal("Try did not change the model")
+	applied := losses()
+	if applied.Mean == before.Mean {
+		t.Fatal("Apply did not change the model")
 	}
-	if err := e.Undo(ctx); err != nil {
-		t.Fatal(err)
-	}
-	after, _ := e.Losses(ctx, b)
-	if after.Mean != before.Mean || !slices.Equal(after.Seqs, before.Seqs) {
-		t.Fatalf("after Undo the loss is %v, before Try %v", after.Mean, before.Mean)
-	}
+	tryThenUndo("a try after an apply", other, applied)
 	if _, err := e.Step(ctx, 0.01); err != nil {
 		t.Fatalf("the gradient did not survive Try and Undo: %v", err)
 	}
+}
+
+// lockedBuffer is a log's bytes, written by the worker's stderr reader and
+// read by the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestWorkerKilled: a worker killed mid-run makes the next call fail with

@@ -23,6 +23,7 @@ import registry
 from protocol import (BatchRequest, DescribeRequest, HelloRequest, Kind, LRRequest, OpenRequest, ReadRequest, Refused,
                       Request, StatsRequest, say)
 from tensors import allocated, cpu_threads, f32_bytes, resolve_devices
+from undo import Undo
 
 Answer = Tuple[Dict, List[bytes]]
 Handler = Callable[[Dict, Optional[List[bytes]]], Answer]
@@ -35,7 +36,7 @@ class Worker:
         self.g = g  # ranks.Group of a multi-device worker
         self.answers = answers  # rank 0: where a rank's failure is said
         self.place: Optional[placement.Single] = None  # the open model, as placed
-        self.saved: Optional[List[torch.Tensor]] = None  # what try saved (this rank's part of the parameters)
+        self.before_try = Undo()  # what try saved (this rank's part of the parameters)
         self.trying = False
         self.has_grad = False
         self.timeout = protocol.DEFAULT_TIMEOUT_S
@@ -141,7 +142,8 @@ class Worker:
         place.load(tensors, None if drawn else blobs, drawn)
         place.amp = torch.bfloat16 if h.get("precision") == "bf16" else None
         place.demo = place.optimizer(h["layouts"], h["distro"])
-        self.saved, self.trying, self.has_grad = None, False, False
+        self.before_try.close()
+        self.trying, self.has_grad = False, False
         compiled = bool(h.get("compile")) and place.compile()
         params = sum(p.numel() for p in tensors)
         mem = place.memory()
@@ -207,19 +209,14 @@ class Worker:
 
     def apply(self, h: LRRequest, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
+        self.before_try.changed()
         place.apply(place.combined(h, blobs), float(h["lr"]))
         return {}, []
 
     def try_(self, h: LRRequest, blobs: Optional[List[bytes]]) -> Answer:
         place = self.need_model()
         comb = place.combined(h, blobs)
-        with torch.no_grad():
-            own = place.locals()
-            if self.saved is None:
-                self.saved = [t.clone() for t in own]
-            else:
-                for s, t in zip(self.saved, own):
-                    s.copy_(t)
+        self.before_try.keep(place.locals())
         self.trying = True
         place.apply(comb, float(h["lr"]))
         return {}, []
@@ -228,9 +225,7 @@ class Worker:
         place = self.need_model()
         if not self.trying:
             raise Refused(Kind.INPUT, "undo without a try")
-        with torch.no_grad():
-            for s, p in zip(self.saved, place.locals()):
-                p.copy_(s)
+        self.before_try.restore(place.locals())
         self.trying = False
         return {}, []
 

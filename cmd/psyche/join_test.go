@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/psyche-go/psyche/chain/serverclient"
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/filelock"
+	"github.com/psyche-go/psyche/internal/syncbuf"
 )
 
 // TestJoinTrains runs `psyche join` against a server backend run that needs a
@@ -59,7 +58,7 @@ func TestJoinTrains(t *testing.T) {
 	}
 	jctx, stop := context.WithCancel(ctx)
 	done := make(chan int, 1)
-	var out, errb syncBuffer
+	var out, errb syncbuf.Buffer
 	go func() {
 		done <- runContext(jctx, []string{"psyche", "--log-level", "warn", "join", "--server", url, "--key", trainer, "--run-id", "joined",
 			"--data-dir", filepath.Join(dir, "data"), "--listen", "/ip4/127.0.0.1/tcp/0",
@@ -224,22 +223,4 @@ func TestTrainerPaths(t *testing.T) {
 	if _, err := checkpointDir("", "", "run1", "Addr"); err == nil || !strings.Contains(err.Error(), "--data-dir") {
 		t.Errorf("no data directory: %v", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a command can write while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/psyche-go/psyche/chain"
 	"github.com/psyche-go/psyche/chain/solana"
+	"github.com/psyche-go/psyche/internal/syncbuf"
 	"github.com/psyche-go/psyche/programs/validator"
 )
 
@@ -34,7 +35,7 @@ func TestAdminFlowOnSolana(t *testing.T) {
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node is not installed: the local validator needs it")
 	}
-	var out syncBuffer
+	var out syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- runContext(ctx, []string{"psyche", "--log-level", "warn", "validator", "--port", "0"}, &out, &out)

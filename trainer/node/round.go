@@ -224,12 +224,11 @@ func (n *Node) train(ctx context.Context, w *machine.TrainWork) (p2p.Announcemen
 			n.notify(ctx, w)
 		}
 	}
-	if a := n.reusable(w); a != nil && !a.failed() {
+	a := n.reusable(w)
+	if a != nil && !a.failed() {
 		notify() // begun before the round: say so as it begins, not once the gradient is done
 	}
-	n.finishAhead()
-	a := n.reusable(w)
-	n.ahead = nil
+	n.dropAhead()
 	var (
 		loss      float32
 		seqLosses []float32

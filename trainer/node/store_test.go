@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/internal/s3test"
+	"github.com/psyche-go/psyche/internal/syncbuf"
 	"github.com/psyche-go/psyche/p2p/memnet"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -50,12 +50,12 @@ func TestStoreCheckpoints(t *testing.T) {
 	_ = coordinator.SetFixedString(st.Endpoint[:], srv.Endpoint)
 
 	hub := memnet.NewHub()
-	logs := map[string]*syncBuffer{}
+	logs := map[string]*syncbuf.Buffer{}
 	trainer := func(name string) (*Node, coordinator.ClientID) {
 		key := sha256.Sum256([]byte("p2p " + name))
 		signer := coordinator.Pubkey{name[0]}
 		net := hub.Join("run", ed25519.NewKeyFromSeed(key[:]), signer)
-		logs[name] = &syncBuffer{}
+		logs[name] = &syncbuf.Buffer{}
 		return &Node{runID: "run", cfg: config{log: slog.New(slog.NewTextHandler(logs[name], nil)), workers: 1, checkpoints: t.TempDir()}, net: net},
 			coordinator.ClientID{Signer: signer, P2P: net.ID()}
 	}
@@ -193,7 +193,7 @@ func TestStoreEndpointGetsNoCredentials(t *testing.T) {
 	_ = coordinator.SetFixedString(st.URL[:], "s3://ckpt/runs")
 	_ = coordinator.SetFixedString(st.Endpoint[:], run.URL)
 	_ = coordinator.SetFixedString(st.Region[:], "us-east-1")
-	var log syncBuffer
+	var log syncbuf.Buffer
 	n := &Node{runID: "run", cfg: config{log: slog.New(slog.NewTextHandler(&log, nil)), workers: 1, checkpoints: t.TempDir()}}
 	ctx := context.Background()
 	n.checkStore(ctx, st)
@@ -221,24 +221,6 @@ func TestStoreEndpointGetsNoCredentials(t *testing.T) {
 	if errDownload == nil || errUpload == nil {
 		t.Errorf("download: %v; upload: %v; want both refused", errDownload, errUpload)
 	}
-}
-
-// syncBuffer is a log's buffer, written by the node's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func must[T any](v T, err error) T {

@@ -316,7 +316,7 @@ func TestWorkerRefusesValuesBeyondTheBound(t *testing.T) {
 			blobs = append(blobs, u32Bytes([]uint32{0}), u32Bytes([]uint32{0}), f32Bytes([]float32{v}))
 		}
 		e.mu.Lock()
-		_, err := e.do(ctx, e.timeout, &lrRequest{op: op{Op: "apply"}, LR: 0.01}, blobs)
+		_, err := e.do(ctx, e.timeout, &lrRequest{op: op{Op: opApply}, LR: 0.01}, blobs)
 		e.mu.Unlock()
 		if m, err2 := engine.HostModel(ctx, e, nil); err2 != nil {
 			t.Fatal(err2)

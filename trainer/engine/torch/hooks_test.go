@@ -17,7 +17,7 @@ func (e *eng) Pids() []int { return slices.Clone(e.w.pids) }
 func (e *eng) Digests(ctx context.Context) ([]string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.bulkTimeout(), bare("digests"), nil)
+	a, err := e.do(ctx, e.bulkTimeout(), bare(opDigests), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -29,13 +29,13 @@ func (e *eng) Digests(ctx context.Context) ([]string, error) {
 
 // Gradients copies out the kept gradient, tensor by tensor in the model's
 // order (parity tests and diagnostics; nothing in a round needs it).
-func (e *eng) Gradients(ctx context.Context) ([][]float32, error) { return e.tensors(ctx, "grads") }
+func (e *eng) Gradients(ctx context.Context) ([][]float32, error) { return e.tensors(ctx, opGrads) }
 
 // SetGradients replaces the kept gradient (parity tests feed both engines
 // one gradient).
 func (e *eng) SetGradients(ctx context.Context, grads [][]float32) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.bulkTimeout(), bare("set_grads"), nil, sliceBlobs(grads))
+	_, err := e.do(ctx, e.bulkTimeout(), bare(opSetGrads), nil, sliceBlobs(grads))
 	return err
 }

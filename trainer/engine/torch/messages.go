@@ -5,10 +5,37 @@ package torch
 // fields are read into the types beside each call. Every request's header
 // is JSON; its blobs follow it (wire.go).
 
+// opName is a request's op: one of protocol.json's ops, each answered by
+// one handler of the worker (ops.py checks it has one for every op the file
+// declares; this side, that the file declares every op it sends).
+type opName string
+
+const (
+	opHello    opName = "hello"
+	opDescribe opName = "describe"
+	opOpen     opName = "open"
+	opGradient opName = "gradient"
+	opLosses   opName = "losses"
+	opStep     opName = "step"
+	opApply    opName = "apply"
+	opTry      opName = "try"
+	opUndo     opName = "undo"
+	opRead     opName = "read"
+	opParams   opName = "params"
+	opStats    opName = "stats"
+	// The tests' ops (hooks_test.go).
+	opGrads    opName = "grads"
+	opSetGrads opName = "set_grads"
+	opDigests  opName = "digests"
+)
+
+var goOps = []opName{opHello, opDescribe, opOpen, opGradient, opLosses, opStep, opApply, opTry, opUndo, opRead,
+	opParams, opStats, opGrads, opSetGrads, opDigests}
+
 // op is what every request carries: its name, and the byte length of each
 // blob that follows (set by writeMessage).
 type op struct {
-	Op    string `json:"op"`
+	Op    opName `json:"op"`
 	Blobs []int  `json:"blobs"`
 }
 
@@ -103,4 +130,4 @@ type readRequest struct {
 }
 
 // bare is a request of no fields (undo, params, and the tests' ops).
-func bare(name string) *op { return &op{Op: name} }
+func bare(name opName) *op { return &op{Op: name} }

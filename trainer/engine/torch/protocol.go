@@ -22,6 +22,7 @@ type protocolSpec struct {
 	DefaultTimeoutS float64           `json:"default_timeout_s"`
 	LogPrefix       string            `json:"log_prefix"`
 	Kinds           map[string]string `json:"kinds"` // an error kind and what it means
+	Ops             map[string]string `json:"ops"`   // a request's op and what it does
 }
 
 // errorKind is a failed answer's "kind": one of protocol.json's kinds.
@@ -86,5 +87,18 @@ func parseProtocol(b []byte) (protocolSpec, error) {
 	if !slices.Equal(declared, ours) {
 		return p, fmt.Errorf("torch engine: worker/protocol.json declares the error kinds %v, psyche knows %v", declared, ours)
 	}
+	if ops, sent := slices.Sorted(maps.Keys(p.Ops)), sortedOps(); !slices.Equal(ops, sent) {
+		return p, fmt.Errorf("torch engine: worker/protocol.json declares the ops %v, psyche sends %v", ops, sent)
+	}
 	return p, nil
+}
+
+// sortedOps is goOps as sorted strings.
+func sortedOps() []string {
+	var out []string
+	for _, o := range goOps {
+		out = append(out, string(o))
+	}
+	slices.Sort(out)
+	return out
 }

@@ -31,6 +31,7 @@ func TestProtocolSidesAgree(t *testing.T) {
 		DefaultTimeoutS float64  `json:"default_timeout_s"`
 		LogPrefix       string   `json:"log_prefix"`
 		Kinds           []string `json:"kinds"`
+		Ops             []string `json:"ops"`
 	}
 	if err := json.Unmarshal(out, &py); err != nil {
 		t.Fatalf("protocol.py printed %q: %v", out, err)
@@ -41,9 +42,9 @@ func TestProtocolSidesAgree(t *testing.T) {
 	}
 	slices.Sort(ours)
 	if py.Version != protocolVersion || py.MinTorch != MinTorch || py.LogPrefix != logPrefix ||
-		py.DefaultTimeoutS != defaultTimeout.Seconds() || !slices.Equal(py.Kinds, ours) {
-		t.Fatalf("the worker reads %+v; psyche: version %d, min torch %s, timeout %v, prefix %q, kinds %v",
-			py, protocolVersion, MinTorch, defaultTimeout, logPrefix, ours)
+		py.DefaultTimeoutS != defaultTimeout.Seconds() || !slices.Equal(py.Kinds, ours) || !slices.Equal(py.Ops, sortedOps()) {
+		t.Fatalf("the worker reads %+v; psyche: version %d, min torch %s, timeout %v, prefix %q, kinds %v, ops %v",
+			py, protocolVersion, MinTorch, defaultTimeout, logPrefix, ours, sortedOps())
 	}
 }
 
@@ -62,6 +63,8 @@ func TestProtocolFileChecked(t *testing.T) {
 		"not json":         good[:len(good)/2],
 		"an unknown kind":  strings.Replace(good, `"kinds": {`, `"kinds": {"new": "?",`, 1),
 		"no minimum torch": strings.Replace(good, `"min_torch":`, `"x-min":`, 1),
+		"an op dropped":    strings.Replace(good, `"undo":`, `"x-undo":`, 1),
+		"an unknown op":    strings.Replace(good, `"ops": {`, `"ops": {"new": "?",`, 1),
 	} {
 		if bad == good {
 			t.Fatalf("%s: the replacement changed nothing", name)

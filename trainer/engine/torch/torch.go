@@ -414,7 +414,7 @@ func (op *Opener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 // model's parameters, in transformers' order (it builds the model on the
 // meta device: nothing is allocated).
 func describe(ctx context.Context, w *worker, timeout time.Duration, c modelspec.TransformersConfig, json []byte) ([]string, [][]int, error) {
-	a, err := w.call(ctx, timeout, &describeRequest{op: op{Op: "describe"}, Config: transformersConfig(c, json)}, nil, tensorBlobs{})
+	a, err := w.call(ctx, timeout, &describeRequest{op: op{Op: opDescribe}, Config: transformersConfig(c, json)}, nil, tensorBlobs{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("torch engine: %w", err)
 	}
@@ -703,7 +703,7 @@ func (e *eng) open(ctx context.Context, src runmodel.Weights, o distro.Options) 
 			seed = &e.seed
 		}
 	}
-	h := &openRequest{op: op{Op: "open"}, Arch: arch, Config: mc, Seed: seed, Layouts: layouts, Shapes: e.shapes,
+	h := &openRequest{op: op{Op: opOpen}, Arch: arch, Config: mc, Seed: seed, Layouts: layouts, Shapes: e.shapes,
 		Distro: distroOptions{Decay: o.Decay, WeightDecay: o.WeightDecay, Clip: o.ClipGradNorm,
 			Quantize: o.Quantize1Bit, NormalizeRMS: o.NormalizeRMS, MaxValue: distro.MaxValue},
 		Precision: e.o.precision, Compile: e.o.compile, Placement: e.o.placement}
@@ -729,7 +729,7 @@ func (e *eng) open(ctx context.Context, src runmodel.Weights, o distro.Options) 
 	return f.Placement, a.fields(&f)
 }
 
-func (e *eng) batchCall(ctx context.Context, name string, b engine.Batch) (engine.Losses, error) {
+func (e *eng) batchCall(ctx context.Context, name opName, b engine.Batch) (engine.Losses, error) {
 	if err := b.Check(e.cfg.Context()); err != nil {
 		return engine.Losses{}, err
 	}
@@ -759,17 +759,17 @@ func (e *eng) batchCall(ctx context.Context, name string, b engine.Batch) (engin
 }
 
 func (e *eng) Gradient(ctx context.Context, b engine.Batch) (engine.Losses, error) {
-	return e.batchCall(ctx, "gradient", b)
+	return e.batchCall(ctx, opGradient, b)
 }
 
 func (e *eng) Losses(ctx context.Context, b engine.Batch) (engine.Losses, error) {
-	return e.batchCall(ctx, "losses", b)
+	return e.batchCall(ctx, opLosses, b)
 }
 
 func (e *eng) Step(ctx context.Context, lr float32) (*distro.Frame, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.timeout, &lrRequest{op: op{Op: "step"}, LR: lr}, nil)
+	a, err := e.do(ctx, e.timeout, &lrRequest{op: op{Op: opStep}, LR: lr}, nil)
 	if err != nil {
 		var we *workerError
 		if errors.As(err, &we) && we.kind == kindNonFinite {
@@ -808,15 +808,15 @@ func (e *eng) combined(c *distro.Combined) ([][]byte, error) {
 }
 
 func (e *eng) Apply(ctx context.Context, c *distro.Combined, lr float32) error {
-	return e.applyOp(ctx, "apply", c, lr)
+	return e.applyOp(ctx, opApply, c, lr)
 }
 
 func (e *eng) Try(ctx context.Context, c *distro.Combined, lr float32) error {
-	return e.applyOp(ctx, "try", c, lr)
+	return e.applyOp(ctx, opTry, c, lr)
 }
 
 // applyOp sends an aggregate to the worker under op (apply or try).
-func (e *eng) applyOp(ctx context.Context, name string, c *distro.Combined, lr float32) error {
+func (e *eng) applyOp(ctx context.Context, name opName, c *distro.Combined, lr float32) error {
 	blobs, err := e.combined(c)
 	if err != nil {
 		return err
@@ -830,7 +830,7 @@ func (e *eng) applyOp(ctx context.Context, name string, c *distro.Combined, lr f
 func (e *eng) Undo(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, err := e.do(ctx, e.timeout, bare("undo"), nil)
+	_, err := e.do(ctx, e.timeout, bare(opUndo), nil)
 	var we *workerError
 	if errors.As(err, &we) && we.kind == kindInput {
 		return engine.ErrNoUndo
@@ -839,7 +839,7 @@ func (e *eng) Undo(ctx context.Context) error {
 }
 
 // tensors fetches what op returns: one float32 blob per parameter tensor.
-func (e *eng) tensors(ctx context.Context, name string) ([][]float32, error) {
+func (e *eng) tensors(ctx context.Context, name opName) ([][]float32, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	a, err := e.do(ctx, e.bulkTimeout(), bare(name), nil)
@@ -870,7 +870,7 @@ type Memory struct {
 func (e *eng) Memory(ctx context.Context, reset bool) (Memory, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.timeout, &statsRequest{op: op{Op: "stats"}, Reset: reset}, nil)
+	a, err := e.do(ctx, e.timeout, &statsRequest{op: op{Op: opStats}, Reset: reset}, nil)
 	if err != nil {
 		return Memory{}, err
 	}
@@ -888,7 +888,7 @@ func (e *eng) Weights() (runmodel.Weights, error) {
 func (e *eng) read(ctx context.Context, i, off int, dst []float32) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	a, err := e.do(ctx, e.bulkTimeout(), &readRequest{op: op{Op: "read"}, Tensor: i, Offset: off, Count: len(dst)}, nil)
+	a, err := e.do(ctx, e.bulkTimeout(), &readRequest{op: op{Op: opRead}, Tensor: i, Offset: off, Count: len(dst)}, nil)
 	if err != nil {
 		return err
 	}
@@ -902,7 +902,7 @@ func (e *eng) read(ctx context.Context, i, off int, dst []float32) error {
 // (the worker's params op): tests check the weights read a range at a
 // time against it, and a benchmark the memory the two paths take.
 func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {
-	ts, err := e.tensors(ctx, "params")
+	ts, err := e.tensors(ctx, opParams)
 	if err != nil {
 		return nil, err
 	}

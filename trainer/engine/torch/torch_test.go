@@ -12,13 +12,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
+	"github.com/psyche-go/psyche/internal/syncbuf"
 	"github.com/psyche-go/psyche/trainer/engine"
 	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/gpt"
@@ -416,7 +416,7 @@ func TestTryUndo(t *testing.T) {
 			if err := os.WriteFile(py, []byte("#!/bin/sh\n"+tc.ulimit+"exec "+torchPython(t)+" \"$@\"\n"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			var logs lockedBuffer
+			var logs syncbuf.Buffer
 			op, err := New(WithPython(py), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 			if err != nil {
 				t.Fatal(err)
@@ -484,25 +484,6 @@ func tryUndo(t *testing.T, op *Opener) {
 	if _, err := e.Step(ctx, 0.01); err != nil {
 		t.Fatalf("the gradient did not survive Try and Undo: %v", err)
 	}
-}
-
-// lockedBuffer is a log's bytes, written by the worker's stderr reader and
-// read by the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestWorkerKilled: a worker killed mid-run makes the next call fail with

@@ -269,7 +269,7 @@ func (w *worker) hello(ctx context.Context, o *options, timeout time.Duration) (
 	// Importing torch takes seconds on a loaded machine, and a CUDA
 	// torch initialises its device: a minute is ample, two when the
 	// worker starts a process per device and they meet.
-	req := &helloRequest{op: op{Op: "hello"}, Protocol: protocolVersion, Device: o.device}
+	req := &helloRequest{op: op{Op: opHello}, Protocol: protocolVersion, Device: o.device}
 	wait := time.Minute
 	if len(o.devices) > 0 {
 		req.Devices = o.devices
@@ -352,7 +352,7 @@ func (w *worker) call(ctx context.Context, timeout time.Duration, req request, b
 // deadError says why the worker is gone: what a multi-device worker said
 // of a rank as its last message (unread when no request was in flight),
 // else its exit status; and its last stderr lines.
-func (w *worker) deadError(op string) error {
+func (w *worker) deadError(op opName) error {
 	w.waitExit()
 	// A call that timed out may still be reading (until the pipe's end):
 	// what it reads is lost, as is the call.
@@ -369,7 +369,7 @@ func (w *worker) deadError(op string) error {
 // rankError is the end of a multi-device worker that stopped itself when a
 // rank stopped or a collective failed, saying why (kindRank): that is the
 // reason, whatever the exit status.
-func (w *worker) rankError(op, why string) error {
+func (w *worker) rankError(op opName, why string) error {
 	w.waitExit()
 	return fmt.Errorf("%w: %s, during %s (the worker %s)%s", errWorker, why, op, w.howExited(), w.tail.quote())
 }
@@ -479,7 +479,7 @@ func (w *worker) release() {
 // workerError is the worker's own refusal of a request: the worker lives
 // on (a batch too large for the device, a gradient that is not finite).
 type workerError struct {
-	op   string
+	op   opName
 	kind errorKind
 	msg  string
 	raw  json.RawMessage // the answer's header, for a kind's own fields

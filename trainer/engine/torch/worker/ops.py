@@ -20,8 +20,8 @@ import torch
 import placement
 import protocol
 import registry
-from protocol import (BatchRequest, DescribeRequest, HelloRequest, Kind, LRRequest, OpenRequest, ReadRequest, Refused,
-                      Request, StatsRequest, say)
+from protocol import (BatchRequest, DescribeRequest, HelloRequest, Kind, LRRequest, Op, OpenRequest, ReadRequest,
+                      Refused, Request, StatsRequest, say)
 from tensors import allocated, cpu_threads, f32_bytes, resolve_devices
 from undo import Undo
 
@@ -48,17 +48,22 @@ class Worker:
     def forwarded(self, op: str) -> bool:
         """Whether the other ranks take part in op (with no model open, only
         open itself)."""
-        if self.g is None or op in ("hello", "describe", "stats"):
+        if self.g is None or op in (Op.HELLO, Op.DESCRIBE, Op.STATS):
             return False
         if self.place is None:
-            return op == "open"
-        return op == "open" or self.place.forwards(op)
+            return op == Op.OPEN
+        return op == Op.OPEN or self.place.forwards(op)
 
     def handlers(self) -> Dict[str, Handler]:
-        return {"hello": self.hello, "describe": self.describe, "open": self.open, "gradient": self.gradient,
-                "losses": self.losses, "step": self.step, "apply": self.apply, "try": self.try_, "undo": self.undo,
-                "params": self.params, "read": self.read, "grads": self.grads, "set_grads": self.set_grads,
-                "stats": self.stats, "digests": self.digests}
+        """The handler of each of protocol.json's ops, by the op's name."""
+        hs = {Op.HELLO: self.hello, Op.DESCRIBE: self.describe, Op.OPEN: self.open, Op.GRADIENT: self.gradient,
+              Op.LOSSES: self.losses, Op.STEP: self.step, Op.APPLY: self.apply, Op.TRY: self.try_, Op.UNDO: self.undo,
+              Op.PARAMS: self.params, Op.READ: self.read, Op.GRADS: self.grads, Op.SET_GRADS: self.set_grads,
+              Op.STATS: self.stats, Op.DIGESTS: self.digests}
+        unhandled = [o.value for o in Op if o not in hs]
+        if unhandled:
+            raise RuntimeError("protocol.json declares ops no handler answers: %s" % ", ".join(unhandled))
+        return {o.value: fn for o, fn in hs.items()}
 
     def need_model(self) -> placement.Single:
         if self.place is None or self.place.model is None:

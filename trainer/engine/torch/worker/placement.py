@@ -23,7 +23,7 @@ import torch
 import distro
 import models
 import registry
-from protocol import Kind, Refused, say
+from protocol import Kind, Op, Refused, say
 from tensors import allocated, f32_bytes, from_f32, from_u32, is_oom, u32_bytes
 
 # The most elements one bucketed collective carries (64 MiB of float32).
@@ -226,7 +226,7 @@ class Ranks(Single):
 
     def forwards(self, op: str) -> bool:
         # Rank 0 alone answers hello, describe and stats.
-        return op not in ("hello", "describe", "stats")
+        return op not in (Op.HELLO, Op.DESCRIBE, Op.STATS)
 
     def describe(self) -> str:
         return ",".join(str(d) for d in self.g.devices)
@@ -325,7 +325,7 @@ class Replicated(Ranks):
         # Rank 0 alone steps, holds the gradient psyche reads or sets, and
         # hands out the parameters, whole or a range (every rank holds them
         # whole).
-        return super().forwards(op) and op not in ("step", "grads", "set_grads", "params", "read")
+        return super().forwards(op) and op not in (Op.STEP, Op.GRADS, Op.SET_GRADS, Op.PARAMS, Op.READ)
 
     def load(self, tensors: Sequence[torch.Tensor], blobs: Optional[List[bytes]], drawn: bool) -> None:
         super().load(tensors, blobs, drawn)

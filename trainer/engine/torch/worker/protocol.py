@@ -36,6 +36,10 @@ LOG_PREFIX: str = SPEC["log_prefix"]
 # (Kind.OOM is "oom"): a kind the file does not declare does not exist here.
 Kind = enum.Enum("Kind", {k.upper(): k for k in SPEC["kinds"]}, type=str)
 
+# The ops a request may name, after protocol.json's keys (Op.SET_GRADS is
+# "set_grads"): the worker's handlers are exactly these (ops.py checks).
+Op = enum.Enum("Op", {k.upper(): k for k in SPEC["ops"]}, type=str)
+
 # psyche's ends of the two pipes: requests arrive on fd 3, answers leave on fd 4.
 REQUEST_FD, ANSWER_FD = 3, 4
 
@@ -182,5 +186,6 @@ def refuse_start(msg: str, **fields) -> None:
 
 if __name__ == "__main__":
     json.dump({"version": VERSION, "min_torch": MIN_TORCH, "default_timeout_s": DEFAULT_TIMEOUT_S,
-               "log_prefix": LOG_PREFIX, "kinds": sorted(k.value for k in Kind)}, sys.stdout)
+               "log_prefix": LOG_PREFIX, "kinds": sorted(k.value for k in Kind),
+               "ops": sorted(o.value for o in Op)}, sys.stdout)
     sys.stdout.write("\n")

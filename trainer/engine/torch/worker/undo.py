@@ -16,7 +16,7 @@ the copy is kept in memory as before, and the worker says so once.
 """
 
 import tempfile
-from typing import BinaryIO, List, Optional
+from typing import BinaryIO, Callable, List, Optional
 
 import torch
 
@@ -135,17 +135,19 @@ def bytes_of(t: torch.Tensor) -> memoryview:
 
 
 def write_all(f: BinaryIO, b: memoryview) -> None:
-    # One write moves at most about 2 GiB on Linux; a tensor may be larger.
-    while len(b):
-        n = f.write(b)
-        if not n:
-            raise OSError("undo: the file took no bytes")
-        b = b[n:]
+    whole(f.write, b, "undo: the file took no bytes")
 
 
 def read_all(f: BinaryIO, b: memoryview) -> None:
+    whole(f.readinto, b, "undo: the file ended early")
+
+
+def whole(move: Callable[[memoryview], Optional[int]], b: memoryview, stuck: str) -> None:
+    """Moves all of b by move (a write or a readinto of a file), which may
+    move less than asked: one call moves at most about 2 GiB on Linux, and a
+    tensor may be larger."""
     while len(b):
-        n = f.readinto(b)
+        n = move(b)
         if not n:
-            raise OSError("undo: the file ended early")
+            raise OSError(stuck)
         b = b[n:]

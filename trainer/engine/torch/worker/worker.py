@@ -25,7 +25,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402  (beside this file; the standard library only)
-from protocol import Kind, Refused, read_message, say  # noqa: E402
+from protocol import Kind, Op, Refused, read_message, say  # noqa: E402
 
 # A python that cannot run the worker says so in its answer to psyche's
 # hello, naming every module it lacks at once (so that the user installs
@@ -104,7 +104,7 @@ def main() -> int:
             return 0
         op = h.get("op")
         try:
-            if op == "hello" and h.get("protocol") != protocol.VERSION:
+            if op == Op.HELLO and h.get("protocol") != protocol.VERSION:
                 raise Refused(Kind.INPUT, "protocol %s, this worker speaks %d" % (h.get("protocol"), protocol.VERSION))
             fn = handlers.get(op)
             if fn is None:

@@ -54,20 +54,21 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	}
 	n.checkStore(ctx, m.Store)
 	source := w.Source
-	if held := n.engine(); source == machine.LoadKeep {
-		if held != nil && held.Config() == cfg {
-			// A kept model follows the run's options: its rule may have
-			// changed while the run was paused, and every trainer must
-			// combine a round the same way.
-			if p := n.runPlan(); p.Options() != opts {
-				if p, err = distro.NewPlan(p.Shapes(), opts); err != nil {
-					return fmt.Errorf("node: %w", err)
-				}
-				n.setEngine(held, p)
-			}
-			return nil
+	if source == machine.LoadKeep {
+		held := n.engine()
+		if held == nil || held.Config() != cfg {
+			return n.notLoaded(machine.LoadNotYet, errors.New("the model this node held is gone"))
 		}
-		source = machine.LoadPeers // the previous epoch's model, from its other holders
+		// A kept model follows the run's options: its rule may have
+		// changed while the run was paused, and every trainer must
+		// combine a round the same way.
+		if p := n.runPlan(); p.Options() != opts {
+			if p, err = distro.NewPlan(p.Shapes(), opts); err != nil {
+				return fmt.Errorf("node: %w", err)
+			}
+			n.setEngine(held, p)
+		}
+		return nil
 	}
 	var (
 		weights runmodel.Weights

@@ -119,6 +119,7 @@ func names(kv *transcript.Args, key string) []string {
 //	                                 (c/2: c's version 2)
 //	checkpoint who=b                 b records the epoch's checkpoint
 //	pause, resume                    the run's authority pauses or resumes it
+//	update-model [d-model=N]         the run's authority changes the model (a paused run's)
 //	state                            the coordinator, described
 func (h *harness) run(kv *transcript.Args) string {
 	cmd := kv.Cmd
@@ -142,6 +143,14 @@ func (h *harness) run(kv *transcript.Args) string {
 		}
 		return h.s.Describe()
 	case "state":
+		return h.s.Describe()
+	case "update-model":
+		admin := sha256.Sum256([]byte("admin"))
+		m := h.s.Model
+		m.DModel = uint32(kv.Uint(h.t, "d-model", uint64(m.DModel)))
+		if _, err := h.s.Apply(coordinator.Context{Sender: admin, Now: h.now}, &coordinator.Update{Model: &m}); err != nil {
+			return cmd + ": " + err.Error()
+		}
 		return h.s.Describe()
 	case "pause", "resume":
 		admin := sha256.Sum256([]byte("admin"))

@@ -1,6 +1,9 @@
 package machine
 
-import "github.com/psyche-go/psyche/coordinator"
+import (
+	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/trainer/modelspec"
+)
 
 // Where an epoch's model comes from is decided here, and a load that did
 // not give it comes back as an event (LoadFailed) that moves the decision
@@ -8,8 +11,11 @@ import "github.com/psyche-go/psyche/coordinator"
 //
 // The order, for one epoch:
 //   - the model in memory stays (LoadKeep) when this node ended the
-//     previous epoch holding its final model and the run shares models
-//     over P2P;
+//     previous epoch holding its final model, the run's model is still of
+//     that model's config (the run's authority may have changed it while
+//     the run was paused), and the run shares models over P2P; a kept
+//     model the driver no longer holds is a failed load (LoadFailed), after
+//     which the previous epoch's other holders are asked;
 //   - a P2P run's joiner asks the previous epoch's clients (LoadPeers)
 //     until one serves it, until every holder has answered that it holds
 //     none (a full restart: LoadNoHolder), or until it has asked for the
@@ -94,6 +100,9 @@ type loadBook struct {
 	peersGaveUp bool
 	// unreadable: the recorded checkpoint cannot be read here this epoch.
 	unreadable bool
+	// keepLost: the model this node held is gone (the driver could not
+	// keep it); its holders are the previous epoch's other clients.
+	keepLost bool
 }
 
 // CheckpointWait sets how long a joiner asks unreachable holders for the
@@ -120,11 +129,21 @@ func (m *Machine) loadWork() *LoadWork {
 	src := m.recordedSource()
 	if s.Model.Checkpoint.Kind == coordinator.CheckpointP2P && !book.load.peersGaveUp {
 		src = LoadPeers
-		if s.Progress.Epoch > 0 && m.prev.epoch == s.Progress.Epoch-1 && m.prev.held {
+		if s.Progress.Epoch > 0 && m.prev.epoch == s.Progress.Epoch-1 && m.prev.keeps(&s.Model) && !book.load.keepLost {
 			src = LoadKeep
 		}
 	}
 	return &LoadWork{Epoch: s.Progress.Epoch, Source: src, State: s}
+}
+
+// keeps reports whether the model this book's epoch ended holding is a
+// model of model's config.
+func (b *epochBook) keeps(model *coordinator.Model) bool {
+	if !b.held || !b.heldKnown {
+		return false
+	}
+	cfg, err := modelspec.ModelConfig(model)
+	return err == nil && cfg == b.heldAs
 }
 
 // recordedSource is where the recorded checkpoint comes from: its own
@@ -145,10 +164,12 @@ func (m *Machine) LoadFailed(epoch uint32, source LoadSource, why LoadFailure, n
 		return Ready{}
 	}
 	lb := &m.book.load
-	// A model this node could not keep (its engine is gone) is the
-	// previous epoch's: its holders are the peers.
-	fromPeers := source == LoadPeers || source == LoadKeep
+	fromPeers := source == LoadPeers
 	switch {
+	case source == LoadKeep:
+		// The model this node could not keep is the previous epoch's:
+		// its other holders are asked at once.
+		lb.keepLost = true
 	case fromPeers && why == LoadNoHolder:
 		lb.peersGaveUp = true
 	case fromPeers:

@@ -6,6 +6,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
 	"github.com/psyche-go/psyche/p2p"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 )
 
 // Machine holds the trainer's decisions and none of its I/O, in the manner
@@ -84,9 +85,14 @@ type epochBook struct {
 	ready    bool // the model is loaded for it
 	warmedUp bool // the warmup witness was sent
 	held     bool // it ended as a client with every result applied: it holds the final model
-	saved    bool // the checkpoint was asked for
-	counted  bool // counted in trained
-	load     loadBook
+	// heldAs is the model config the epoch's model had (of the run's model
+	// as it then was), which the next epoch's must equal for it to be
+	// kept; heldKnown is false where the run's model named no config.
+	heldAs    modelspec.Config
+	heldKnown bool
+	saved     bool // the checkpoint was asked for
+	counted   bool // counted in trained
+	load      loadBook
 }
 
 // epochBook returns the book of epoch e, turning the page when e is new.
@@ -283,6 +289,8 @@ func (m *Machine) cooldown(rd *Ready) {
 	s := m.snap
 	if !book.held && !m.diverged {
 		book.held = true // this node holds the epoch's final model
+		cfg, err := modelspec.ModelConfig(&s.Model)
+		book.heldAs, book.heldKnown = cfg, err == nil
 		next := s.Progress.Epoch + 1
 		rd.Share = &next
 	}

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/psyche-go/psyche/coordinator"
-	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/urfave/cli/v2"
@@ -68,13 +67,23 @@ func initModel(c *cli.Context) error {
 	if u.Model.Architecture == coordinator.ArchTransformers {
 		return initTransformers(c, path, u.Model, seed)
 	}
-	model, err := runmodel.Init(u.Model, seed, nil)
+	// The weights are drawn a range at a time as they are hashed and
+	// written (twice over: the hash first, so that the file's header can
+	// name it), never held whole: a 1B model is 5 GB of float32.
+	cfg, err := modelspec.ModelConfig(u.Model)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	weights, err := runmodel.Seeded(cfg, seed)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	w := c.App.Writer
-	rev := runmodel.Revision(model)
-	fmt.Fprintf(w, "model: %d parameters, weights drawn from %s\n", model.NumParams(), modelspec.SeedURL(seed))
+	fmt.Fprintf(w, "model: %d parameters, weights drawn from %s\n", cfg.NumParams(), modelspec.SeedURL(seed))
+	rev, err := weights.Revision(c.Context)
+	if err != nil {
+		return err
+	}
 	url = modelspec.SeedURL(seed)
 	if out := c.String("out"); out != "" {
 		abs, err := filepath.Abs(out)
@@ -84,13 +93,13 @@ func initModel(c *cli.Context) error {
 		if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
 			return err
 		}
-		if lm, ok := model.(*llama.Model); ok && !strings.HasSuffix(abs, ".safetensors") {
+		if cfg.Arch == coordinator.ArchLlama && !strings.HasSuffix(abs, ".safetensors") {
 			// F32, so the directory's model hashes as this one.
-			err = lm.SaveHF(c.Context, abs, llama.HFOptions{})
+			err = weights.Save(c.Context, abs, false, nil)
 		} else {
 			// The seed and hash in the metadata say where the file came
 			// from; the hash a trainer checks is computed from the tensors.
-			err = model.Save(c.Context, abs, map[string]string{"seed": fmt.Sprint(seed), "revision": rev})
+			err = weights.SaveFile(c.Context, abs, map[string]string{"seed": fmt.Sprint(seed), "revision": rev})
 		}
 		if err != nil {
 			return err

@@ -5,11 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/psyche-go/psyche/coordinator"
+	"github.com/psyche-go/psyche/internal/memwatch"
 	"github.com/psyche-go/psyche/trainer/data"
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/modelspec"
@@ -275,5 +277,69 @@ print(type(m).__name__, sum(p.numel() for p in m.parameters()))
 	}
 	if !strings.Contains(out, "model: 108928 parameters, weights drawn from seed:5") {
 		t.Errorf("output:\n%s", out)
+	}
+}
+
+// TestInitModelStreams: init-model draws, hashes and writes a model a range
+// at a time, never holding it whole: for a Llama of about 20M parameters
+// (79 MB of float32), written as a Hugging Face directory and as one
+// safetensors file, the Go heap's peak stays under a third of the model,
+// and what it wrote is the seeded model (its hash is the printed revision).
+func TestInitModelStreams(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "examples", "llama-1b-run.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(raw)
+	for key, v := range map[string]string{"vocab_size": "4096", "d_model": "512", "n_layers": "6", "n_heads": "8",
+		"n_kv_heads": "4", "intermediate_size": "1408", "max_seq_len": "64", "token_size": "2"} {
+		text = regexp.MustCompile(`(?m)^`+key+` = \S+`).ReplaceAllString(text, key+" = "+v)
+	}
+	run := filepath.Join(t.TempDir(), "run.toml")
+	if err := os.WriteFile(run, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	u, err := loadRunFile(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := modelspec.ModelConfig(u.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := runmodel.New(cfg, 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	modelBytes := 4 * float64(cfg.NumParams())
+	if modelBytes < 60e6 {
+		t.Fatalf("the test's model is %.0f bytes: too small to tell a chunk from the whole", modelBytes)
+	}
+	for _, out := range []string{"dir", "model.safetensors"} {
+		path := filepath.Join(t.TempDir(), out)
+		var stdout, errs string
+		var code int
+		peak, err := memwatch.HeapPeak(func() error {
+			stdout, errs, code = psyche(t, "init-model", "--config", run, "--seed", "3", "--out", path)
+			return nil
+		})
+		if err != nil || code != 0 {
+			t.Fatalf("%s: exit %d (%v): %s", out, code, err, errs)
+		}
+		if peak > modelBytes/3 {
+			t.Errorf("%s: the Go heap peaked %.1f MB above its start writing a %.1f MB model: it held the model",
+				out, peak/1e6, modelBytes/1e6)
+		}
+		if rev := printedLine(t, stdout, "revision"); rev != runmodel.Revision(want) {
+			t.Errorf("%s: printed revision %s, the seeded model's is %s", out, rev, runmodel.Revision(want))
+		}
+		t.Logf("%s: heap peak %.1f MB for a %.1f MB model", out, peak/1e6, modelBytes/1e6)
+		got, err := runmodel.Load(context.Background(), path, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", out, err)
+		}
+		if got.Hash() != want.Hash() {
+			t.Errorf("%s: the written model is not the one drawn from seed 3", out)
+		}
 	}
 }

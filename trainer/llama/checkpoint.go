@@ -39,6 +39,13 @@ func ConfigFromCheckpoint(mc checkpoint.ModelConfig) (Config, error) {
 // peers exchange and transformers' safetensors loader reads as is. SaveHF
 // writes a whole Hugging Face directory.
 func (m *Model) Save(ctx context.Context, path string, meta map[string]string) error {
+	return SaveTensors(ctx, path, m.Config, m.CheckpointTensors(), meta)
+}
+
+// SaveTensors is Save of a model of config c whose checkpoint tensors are
+// tensors: their values may come from Fill, so a model held elsewhere (or
+// drawn from a seed a range at a time) is written a chunk at a time.
+func SaveTensors(ctx context.Context, path string, c Config, tensors []checkpoint.Tensor, meta map[string]string) error {
 	// transformers' safetensors loader wants to be told the tensors are
 	// PyTorch's.
 	meta = maps.Clone(meta)
@@ -46,7 +53,7 @@ func (m *Model) Save(ctx context.Context, path string, meta map[string]string) e
 		meta = map[string]string{}
 	}
 	meta["format"] = "pt"
-	return lm.Save(ctx, path, m.CheckpointTensors(), checkpointConfig(m.Config), meta)
+	return lm.Save(ctx, path, tensors, checkpointConfig(c), meta)
 }
 
 // LoadParams copies a checkpoint's tensors into the model, checking that the

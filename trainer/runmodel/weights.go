@@ -392,6 +392,23 @@ func (w Weights) Save(ctx context.Context, path string, hf bool, meta map[string
 	return saveTransformers(ctx, path, w.JSON, tensors)
 }
 
+// SaveFile writes GPT or Llama weights as one safetensors file with meta in
+// its header, as a model's Save does (a Llama's Save writes a Hugging Face
+// directory; this its single file).
+func (w Weights) SaveFile(ctx context.Context, path string, meta map[string]string) error {
+	tensors, err := w.Tensors(false)
+	if err != nil {
+		return err
+	}
+	switch w.Config.Arch {
+	case coordinator.ArchLlama:
+		return llama.SaveTensors(ctx, path, w.Config.Llama, tensors, meta)
+	case coordinator.ArchGPT:
+		return gpt.SaveTensors(ctx, path, w.Config.GPT, tensors, meta)
+	}
+	return fmt.Errorf("runmodel: a %s model has no single-file checkpoint", w.Config.Arch)
+}
+
 // saveTransformers writes a transformers model's Hugging Face directory:
 // the run's config.json as it was read and model.safetensors in F32 (so its
 // hash is the model's), which AutoModelForCausalLM.from_pretrained loads (a

@@ -3,6 +3,7 @@ package lm
 import (
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"sync"
 )
 
@@ -39,26 +40,44 @@ func fill(r *rand.Rand, v []float32, in Init) {
 // without holding them: a model of gigabytes drawn for an engine that holds
 // it elsewhere (a PyTorch worker) never exists whole in this process. The
 // stream's place is kept between reads, so reading the tensors in order
-// draws each value once; a read behind it starts the stream again from the
-// seed (a second pass, for a hash).
+// draws each value once. A read behind it resumes from the stream's state
+// saved at the last mark before it (every markEvery draws, saved as the
+// stream first passes them): a checkpoint's order, which visits a stacked
+// tensor one layer at a time between other tensors, costs at most a mark's
+// worth of skipped draws a read, where starting again from the seed made
+// writing a model quadratic in its size.
 type Seeded struct {
 	inits        []Init
 	sizes        []int
 	seed, stream uint64
+	every        int // draws between marks
 
-	mu   sync.Mutex
-	r    *rand.Rand
-	next int // draws taken from r so far
+	mu    sync.Mutex
+	src   *rand.PCG
+	r     *rand.Rand
+	next  int // draws taken from src so far
+	marks []mark
 	// before[i] is how many normal draws the tensors before i take.
 	before []int
 }
+
+// mark is the stream's state after at draws.
+type mark struct {
+	at    int
+	state []byte
+}
+
+// markEvery is how many draws a mark is saved after: a 1B model's stream
+// keeps about 1,200 of 20 bytes, and a read skips at most about 10 ms of
+// draws to reach its place.
+const markEvery = 1 << 20
 
 // NewSeeded reads what Draw(tensors of sizes, inits, seed, stream) writes.
 func NewSeeded(sizes []int, inits []Init, seed, stream uint64) (*Seeded, error) {
 	if len(sizes) != len(inits) {
 		return nil, fmt.Errorf("lm: %d tensors, %d initialisations", len(sizes), len(inits))
 	}
-	s := &Seeded{inits: inits, sizes: sizes, seed: seed, stream: stream, before: make([]int, len(sizes))}
+	s := &Seeded{inits: inits, sizes: sizes, seed: seed, stream: stream, every: markEvery, before: make([]int, len(sizes))}
 	n := 0
 	for i, in := range inits {
 		s.before[i] = n
@@ -83,12 +102,51 @@ func (s *Seeded) Read(i, off int, dst []float32) error {
 	defer s.mu.Unlock()
 	at := s.before[i] + off
 	if s.r == nil || at < s.next {
-		s.r, s.next = rand.New(rand.NewPCG(s.seed, s.stream)), 0
+		if err := s.resume(at); err != nil {
+			return err
+		}
 	}
-	for ; s.next < at; s.next++ {
+	for s.next < at {
 		s.r.NormFloat64()
+		s.advanced(1)
 	}
-	Normal(s.r, dst, in.Std)
-	s.next += len(dst)
+	// The draws into dst, cut where marks fall (each value is still the
+	// stream's next draw, in order).
+	for len(dst) > 0 {
+		n := min(len(dst), s.every-s.next%s.every)
+		Normal(s.r, dst[:n], in.Std)
+		s.advanced(n)
+		dst = dst[n:]
+	}
 	return nil
+}
+
+// resume puts the stream at the last mark at or before at (its start if
+// none).
+func (s *Seeded) resume(at int) error {
+	k := sort.Search(len(s.marks), func(j int) bool { return s.marks[j].at > at }) - 1
+	s.src = rand.NewPCG(s.seed, s.stream)
+	s.r, s.next = rand.New(s.src), 0
+	if k < 0 {
+		return nil
+	}
+	if err := s.src.UnmarshalBinary(s.marks[k].state); err != nil {
+		return fmt.Errorf("lm: a saved stream state: %w", err)
+	}
+	s.next = s.marks[k].at
+	return nil
+}
+
+// advanced counts n draws taken and saves a mark where the stream first
+// reaches one.
+func (s *Seeded) advanced(n int) {
+	s.next += n
+	if s.next%s.every != 0 || (len(s.marks) > 0 && s.marks[len(s.marks)-1].at >= s.next) {
+		return
+	}
+	state, err := s.src.MarshalBinary()
+	if err != nil {
+		return // a mark not saved: a later read behind it draws further
+	}
+	s.marks = append(s.marks, mark{at: s.next, state: state})
 }

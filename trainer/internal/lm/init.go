@@ -40,12 +40,15 @@ func fill(r *rand.Rand, v []float32, in Init) {
 // without holding them: a model of gigabytes drawn for an engine that holds
 // it elsewhere (a PyTorch worker) never exists whole in this process. The
 // stream's place is kept between reads, so reading the tensors in order
-// draws each value once. A read behind it resumes from the stream's state
-// saved at the last mark before it (every markEvery draws, saved as the
-// stream first passes them): a checkpoint's order, which visits a stacked
-// tensor one layer at a time between other tensors, costs at most a mark's
-// worth of skipped draws a read, where starting again from the seed made
-// writing a model quadratic in its size.
+// draws each value once. A read elsewhere resumes from the stream's state
+// saved at the last mark before its place (every markEvery draws, saved as
+// the stream first passes them), when that is behind the stream or nearer
+// than the stream's place: a checkpoint's order, which visits each stacked
+// tensor one layer at a time between the others, costs one sweep of the
+// stream and then at most a mark's worth of skipped draws a read, where
+// starting again from the seed, and skipping forward draw by draw, made
+// writing a model quadratic in its size (a 0.5B Llama: 300 s against 20 s
+// for building it whole).
 type Seeded struct {
 	inits        []Init
 	sizes        []int
@@ -56,6 +59,7 @@ type Seeded struct {
 	src   *rand.PCG
 	r     *rand.Rand
 	next  int // draws taken from src so far
+	taken int // draws taken since NewSeeded, resumes and all (tests)
 	marks []mark
 	// before[i] is how many normal draws the tensors before i take.
 	before []int
@@ -101,8 +105,11 @@ func (s *Seeded) Read(i, off int, dst []float32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	at := s.before[i] + off
-	if s.r == nil || at < s.next {
-		if err := s.resume(at); err != nil {
+	if k := s.markAtOrBefore(at); s.r == nil || at < s.next || (k >= 0 && s.marks[k].at > s.next) {
+		// Behind the stream, or a mark is nearer ahead than the stream's
+		// place: a checkpoint's order jumps forward over the layers
+		// between too.
+		if err := s.resume(k); err != nil {
 			return err
 		}
 	}
@@ -121,10 +128,14 @@ func (s *Seeded) Read(i, off int, dst []float32) error {
 	return nil
 }
 
-// resume puts the stream at the last mark at or before at (its start if
+// markAtOrBefore is the index of the last mark at or before draw at (-1:
 // none).
-func (s *Seeded) resume(at int) error {
-	k := sort.Search(len(s.marks), func(j int) bool { return s.marks[j].at > at }) - 1
+func (s *Seeded) markAtOrBefore(at int) int {
+	return sort.Search(len(s.marks), func(j int) bool { return s.marks[j].at > at }) - 1
+}
+
+// resume puts the stream at mark k (its start if k is -1).
+func (s *Seeded) resume(k int) error {
 	s.src = rand.NewPCG(s.seed, s.stream)
 	s.r, s.next = rand.New(s.src), 0
 	if k < 0 {
@@ -141,6 +152,7 @@ func (s *Seeded) resume(at int) error {
 // reaches one.
 func (s *Seeded) advanced(n int) {
 	s.next += n
+	s.taken += n
 	if s.next%s.every != 0 || (len(s.marks) > 0 && s.marks[len(s.marks)-1].at >= s.next) {
 		return
 	}

@@ -67,3 +67,35 @@ func TestSeededReadsAnyOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestSeededLayerOrder: a checkpoint's order (two stacked tensors of four
+// layers, read a layer of each in turn) draws the stream once and then at
+// most a mark's worth a read, jumping forward by the marks as well as back.
+func TestSeededLayerOrder(t *testing.T) {
+	const layers, size, every = 4, 10, 5
+	sizes := []int{layers * size, layers * size}
+	inits := []Init{{Std: 1}, {Std: 1}}
+	want := [][]float32{make([]float32, layers*size), make([]float32, layers*size)}
+	Draw(want, inits, 3, 3)
+	s, err := NewSeeded(sizes, inits, 3, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.every = every
+	reads := 0
+	for l := range layers {
+		for i := range sizes {
+			got := make([]float32, size)
+			if err := s.Read(i, l*size, got); err != nil {
+				t.Fatal(err)
+			}
+			reads++
+			if !slices.Equal(got, want[i][l*size:(l+1)*size]) {
+				t.Fatalf("layer %d of tensor %d differs from Draw's", l, i)
+			}
+		}
+	}
+	if bound := 2*layers*size + reads*every; s.taken > bound {
+		t.Errorf("took %d draws for a stream of %d read in %d pieces, want at most %d", s.taken, 2*layers*size, reads, bound)
+	}
+}

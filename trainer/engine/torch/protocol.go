@@ -79,25 +79,21 @@ func parseProtocol(b []byte) (protocolSpec, error) {
 		return p, fmt.Errorf("torch engine: worker/protocol.json lacks a version, min_torch, default_timeout_s or log_prefix")
 	}
 	declared := slices.Sorted(maps.Keys(p.Kinds))
-	var ours []string
-	for _, k := range goKinds {
-		ours = append(ours, string(k))
-	}
-	slices.Sort(ours)
-	if !slices.Equal(declared, ours) {
+	if ours := sortedNames(goKinds); !slices.Equal(declared, ours) {
 		return p, fmt.Errorf("torch engine: worker/protocol.json declares the error kinds %v, psyche knows %v", declared, ours)
 	}
-	if ops, sent := slices.Sorted(maps.Keys(p.Ops)), sortedOps(); !slices.Equal(ops, sent) {
+	if ops, sent := slices.Sorted(maps.Keys(p.Ops)), sortedNames(goOps); !slices.Equal(ops, sent) {
 		return p, fmt.Errorf("torch engine: worker/protocol.json declares the ops %v, psyche sends %v", ops, sent)
 	}
 	return p, nil
 }
 
-// sortedOps is goOps as sorted strings.
-func sortedOps() []string {
-	var out []string
-	for _, o := range goOps {
-		out = append(out, string(o))
+// sortedNames are the error kinds or ops psyche knows as sorted strings,
+// to be compared with what protocol.json declares.
+func sortedNames[T ~string](names []T) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		out = append(out, string(n))
 	}
 	slices.Sort(out)
 	return out

@@ -36,15 +36,11 @@ func TestProtocolSidesAgree(t *testing.T) {
 	if err := json.Unmarshal(out, &py); err != nil {
 		t.Fatalf("protocol.py printed %q: %v", out, err)
 	}
-	var ours []string
-	for _, k := range goKinds {
-		ours = append(ours, string(k))
-	}
-	slices.Sort(ours)
+	ours, ops := sortedNames(goKinds), sortedNames(goOps)
 	if py.Version != protocolVersion || py.MinTorch != MinTorch || py.LogPrefix != logPrefix ||
-		py.DefaultTimeoutS != defaultTimeout.Seconds() || !slices.Equal(py.Kinds, ours) || !slices.Equal(py.Ops, sortedOps()) {
+		py.DefaultTimeoutS != defaultTimeout.Seconds() || !slices.Equal(py.Kinds, ours) || !slices.Equal(py.Ops, ops) {
 		t.Fatalf("the worker reads %+v; psyche: version %d, min torch %s, timeout %v, prefix %q, kinds %v, ops %v",
-			py, protocolVersion, MinTorch, defaultTimeout, logPrefix, ours, sortedOps())
+			py, protocolVersion, MinTorch, defaultTimeout, logPrefix, ours, ops)
 	}
 }
 

@@ -30,13 +30,17 @@ var pureRules = map[string][]string{
 	"trainer/modelspec": {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/distro"},
 	// The trainer's decision machine: its driver (trainer/node) does the
 	// clock, the network, the engine and the logs. p2p is the network's
-	// contract (types and interfaces), not a network.
+	// contract (types and interfaces), not a network; modelspec (pure) reads
+	// the config of the model an epoch ended holding, which decides whether
+	// it is kept.
 	"trainer/node/machine": {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/distro",
-		"github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule"},
+		"github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule",
+		"github.com/psyche-go/psyche/trainer/modelspec"},
 	// How a machine's Readies are carried out (field order, pauses): the
 	// node and the simulator bring the effects.
 	"trainer/node/drive": {"github.com/psyche-go/psyche/coordinator", "github.com/psyche-go/psyche/distro",
-		"github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/node/machine"},
+		"github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/node/machine",
+		"github.com/psyche-go/psyche/trainer/modelspec"},
 }
 
 // forbidden are standard packages that bring time, randomness, I/O or logging.
@@ -130,10 +134,11 @@ func TestPurePackagesDependencyClosure(t *testing.T) {
 			"github.com/psyche-go/psyche/distro"},
 		"trainer/node/machine": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
 			"github.com/psyche-go/psyche/distro", "github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule",
-			"lukechampine.com/blake3", "github.com/klauspost/cpuid/v2"},
+			"lukechampine.com/blake3", "github.com/klauspost/cpuid/v2", "github.com/psyche-go/psyche/trainer/modelspec"},
 		"trainer/node/drive": {"github.com/psyche-go/psyche/coordinator", "github.com/bits-and-blooms/bloom/v3", "github.com/bits-and-blooms/bitset",
 			"github.com/psyche-go/psyche/distro", "github.com/psyche-go/psyche/p2p", "github.com/psyche-go/psyche/trainer/schedule",
-			"github.com/psyche-go/psyche/trainer/node/machine", "lukechampine.com/blake3", "github.com/klauspost/cpuid/v2"},
+			"github.com/psyche-go/psyche/trainer/node/machine", "lukechampine.com/blake3", "github.com/klauspost/cpuid/v2",
+			"github.com/psyche-go/psyche/trainer/modelspec"},
 	}
 	for dir, allowed := range allowedModules {
 		out := goList(t, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+dir)
@@ -322,6 +327,14 @@ var dependencyBans = []struct {
 	// with -tags cuda, the CUDA bindings they bring).
 	{"explorer", []string{"trainer/runmodel", "trainer/gpt", "trainer/llama", "trainer/kernels", "trainer/internal/lm", "trainer/engine"},
 		"the explorer reads runs through trainer/modelspec and builds no model"},
+	// The engine seam is a contract: models cross it as trainer/weights
+	// (named tensors read a range at a time), so it compiles no model and no
+	// kernel, and an engine that builds none (the torch engine's protocol,
+	// a test's fake) need not either.
+	{"trainer/engine", []string{"trainer/runmodel", "trainer/gpt", "trainer/llama", "trainer/kernels", "trainer/internal/lm"},
+		"the engine contract hands models across as trainer/weights and builds none"},
+	{"trainer/weights", []string{"trainer/runmodel", "trainer/gpt", "trainer/llama", "trainer/kernels", "trainer/internal/lm", "trainer/engine"},
+		"weights are named tensors; building a model of them is trainer/runmodel's"},
 	// The client speaks serverwire's formats; the server is another program.
 	{"chain/serverclient", []string{"chain/server"}, "a program that only talks to a server does not compile one"},
 	// The server answers clients; it never is one (its tests may use one).

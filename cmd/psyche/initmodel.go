@@ -9,6 +9,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 	"github.com/urfave/cli/v2"
 )
 
@@ -74,13 +75,13 @@ func initModel(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	weights, err := runmodel.Seeded(cfg, seed)
+	seeded, err := runmodel.Seeded(cfg, seed)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	w := c.App.Writer
 	fmt.Fprintf(w, "model: %d parameters, weights drawn from %s\n", cfg.NumParams(), modelspec.SeedURL(seed))
-	rev, err := weights.Revision(c.Context)
+	rev, err := seeded.Revision(c.Context)
 	if err != nil {
 		return err
 	}
@@ -95,11 +96,11 @@ func initModel(c *cli.Context) error {
 		}
 		if cfg.Arch == coordinator.ArchLlama && !strings.HasSuffix(abs, ".safetensors") {
 			// F32, so the directory's model hashes as this one.
-			err = weights.Save(c.Context, abs, false, nil)
+			err = runmodel.SaveWeights(c.Context, seeded, abs, false, nil)
 		} else {
 			// The seed and hash in the metadata say where the file came
 			// from; the hash a trainer checks is computed from the tensors.
-			err = weights.SaveFile(c.Context, abs, map[string]string{"seed": fmt.Sprint(seed), "revision": rev})
+			err = runmodel.SaveWeightsFile(c.Context, seeded, abs, map[string]string{"seed": fmt.Sprint(seed), "revision": rev})
 		}
 		if err != nil {
 			return err
@@ -111,7 +112,7 @@ func initModel(c *cli.Context) error {
 	fmt.Fprintln(w, "[model.checkpoint]")
 	fmt.Fprintf(w, "url = %q\n", url)
 	fmt.Fprintf(w, "revision = %q\n", rev)
-	if recorded := coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:]); runmodel.IsHash(recorded) && recorded != rev {
+	if recorded := coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:]); weights.IsHash(recorded) && recorded != rev {
 		fmt.Fprintf(w, "note: %s records revision %q: trainers would refuse this model\n", path, recorded)
 	}
 	return nil

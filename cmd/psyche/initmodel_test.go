@@ -16,6 +16,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 var tinyRun = filepath.Join("..", "..", "examples", "tiny-run.toml")
@@ -174,7 +175,7 @@ func checkSeedExample(t *testing.T, path string) *coordinator.Update {
 		t.Fatal(err)
 	}
 	rev := coordinator.FixedString(u.Model.Checkpoint.Source.Revision[:])
-	if !runmodel.IsHash(rev) || rev != runmodel.Revision(m) {
+	if !weights.IsHash(rev) || rev != runmodel.Revision(m) {
 		t.Fatalf("%s records revision %q; the model of %s hashes to %s", path, rev, url, runmodel.Revision(m))
 	}
 	if got, want := m.NumParams(), int(u.Metadata.NumParameters); got != want {

@@ -38,5 +38,9 @@ func drawTransformers(ctx context.Context, m *runmodel.Transformers) (runmodel.M
 		return nil, err
 	}
 	defer e.Close()
-	return engine.HostModel(ctx, e, nil)
+	w, err := e.Weights()
+	if err != nil {
+		return nil, err
+	}
+	return runmodel.FromWeights(ctx, w, nil)
 }

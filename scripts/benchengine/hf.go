@@ -88,8 +88,14 @@ func describeHF(ctx context.Context, python string, tf *runmodel.Transformers) (
 	if err != nil {
 		return nil, err
 	}
-	_, shapes, err := op.Describe(ctx, tf)
-	return shapes, err
+	w, err := runmodel.HostWeights(tf)
+	if err != nil {
+		return nil, err
+	}
+	if w, err = op.Describe(ctx, w); err != nil {
+		return nil, err
+	}
+	return w.Shapes, nil
 }
 
 // notShardedYet says whether err is the torch worker's refusal to shard a

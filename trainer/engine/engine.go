@@ -25,9 +25,8 @@ import (
 
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/distro"
-	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/modelspec"
-	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // Batch is b sequences of t tokens: the inputs and, shifted by one, the
@@ -97,37 +96,25 @@ type Engine interface {
 	// from, never copying it whole. A read is a call like the others (one
 	// goroutine at a time, between rounds) and sees the parameters as
 	// they are when it runs.
-	Weights() (runmodel.Weights, error)
+	Weights() (weights.Weights, error)
 	// Close releases what the engine holds (a worker process, device
 	// memory). The engine is unusable afterwards.
 	Close() error
 }
 
 // Spec is what an engine is opened on: the model it starts from, as named
-// tensors (runmodel.Weights: the config, the tensors' shapes and names, a
+// tensors (weights.Weights: the config, the tensors' shapes and names, a
 // read of their values, or the seed a transformers model is drawn from),
 // and the run's optimizer options, under which the engine compresses its
 // steps. The weights are read while Open runs; an engine keeps nothing of
 // them but what it copies.
 type Spec struct {
-	Weights   runmodel.Weights
+	Weights   weights.Weights
 	Optimizer distro.Options
 	// Timeout bounds one round's computation (a gradient, a step, an
 	// apply): an engine whose computation takes longer is taken to hang.
 	// Zero means the engine's default.
 	Timeout time.Duration
-}
-
-// HostModel is a model in this process holding the engine's current
-// weights: the Go engine's own model (not a copy), or a copy read from the
-// engine a tensor at a time (be builds it; nil: the default kernels) — for
-// tests and the reports of small runs, never on a trainer's path.
-func HostModel(ctx context.Context, e Engine, be kernels.Backend) (runmodel.Model, error) {
-	w, err := e.Weights()
-	if err != nil {
-		return nil, err
-	}
-	return w.Model(ctx, be)
 }
 
 // Opener opens engines of one kind; a node opens one per model it loads
@@ -159,11 +146,13 @@ type ModelChecker interface {
 }
 
 // Describer is an Opener that builds a model psyche cannot shape itself (a
-// transformers model: runmodel.Transformers) and can name its tensors and
-// their shapes without drawing it, so that a node fetching it from peers
-// knows what a P2P checkpoint of it must hold.
+// transformers model) and can name its tensors and their shapes without
+// drawing it, so that a node fetching it from peers knows what a P2P
+// checkpoint of it must hold: Describe answers w (the weights of such a
+// model not drawn yet: its config and config.json) with its Names and
+// Shapes set.
 type Describer interface {
-	Describe(ctx context.Context, m runmodel.Model) (names []string, shapes [][]int, err error)
+	Describe(ctx context.Context, w weights.Weights) (weights.Weights, error)
 }
 
 // ErrClosed is returned by an engine used after Close.

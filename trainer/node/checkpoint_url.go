@@ -15,6 +15,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // loadURL loads the run's checkpoint source (as modelspec.ParseSource reads
@@ -29,10 +30,10 @@ import (
 // recorded the URL may have put any size there. A Llama directory on this
 // disk (file://, or s3:// once downloaded) is read as the weights are
 // asked for, not loaded here; the caller closes the weights.
-func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st coordinator.CheckpointStore) (runmodel.Weights, error) {
+func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st coordinator.CheckpointStore) (weights.Weights, error) {
 	src, err := modelspec.ParseSource(url)
 	if err != nil {
-		return runmodel.Weights{}, err
+		return weights.Weights{}, err
 	}
 	accept := func(c modelspec.Config) error { return modelspec.Compare(c, cfg) }
 	switch src.Kind {
@@ -45,7 +46,7 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st
 	case modelspec.FromS3:
 		path, err := n.downloadCheckpoint(ctx, url, cfg, st)
 		if err != nil {
-			return runmodel.Weights{}, err
+			return weights.Weights{}, err
 		}
 		return runmodel.OpenChecked(ctx, path, n.cfg.kernels, accept)
 	}
@@ -56,25 +57,25 @@ func (n *Node) loadURL(ctx context.Context, url string, cfg modelspec.Config, st
 // with range requests and read-ahead, never into memory: a Hugging Face
 // directory's files (a Llama run's URL that does not name a .safetensors
 // file), or one file that Save wrote.
-func (n *Node) loadHTTP(ctx context.Context, url string, cfg modelspec.Config, accept runmodel.Accept) (runmodel.Weights, error) {
+func (n *Node) loadHTTP(ctx context.Context, url string, cfg modelspec.Config, accept runmodel.Accept) (weights.Weights, error) {
 	if cfg.Arch == coordinator.ArchLlama && !strings.HasSuffix(strings.SplitN(url, "?", 2)[0], ".safetensors") {
 		return runmodel.OpenHF(ctx, llama.HTTPDir{URL: url, Opts: n.cfg.dataOpts}, accept)
 	}
 	hs, err := data.NewHTTPSource(url, n.cfg.dataOpts...)
 	if err != nil {
-		return runmodel.Weights{}, err
+		return weights.Weights{}, err
 	}
 	defer hs.Close()
 	size, err := hs.Size(ctx)
 	if err != nil {
-		return runmodel.Weights{}, err
+		return weights.Weights{}, err
 	}
 	lim := checkpoint.Limits{MaxDataSize: 4 * int64(cfg.NumParams()), MaxHeaderSize: checkpoint.HeaderLimit(cfg.Layers())}
 	body := data.ReadAhead(ctx, hs, size, 4<<20, 4)
 	defer body.Close()
 	f, err := lim.Spool(body, size, url)
 	if err != nil {
-		return runmodel.Weights{}, err
+		return weights.Weights{}, err
 	}
 	return runmodel.OpenFile(f, accept)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // The run's checkpoint source may be a file on this machine or an HTTP(S)
@@ -80,7 +81,7 @@ func TestLoadCheckpointURL(t *testing.T) {
 		var got runmodel.Model
 		w, err := n.loadURL(context.Background(), tc.url, modelspec.Config{Arch: coordinator.ArchGPT, GPT: cfg}, coordinator.CheckpointStore{})
 		if err == nil {
-			got, err = w.Model(context.Background(), nil)
+			got, err = runmodel.FromWeights(context.Background(), w, nil)
 		}
 		switch {
 		case tc.err == nil && err != nil:
@@ -147,7 +148,7 @@ func TestLoadChecksRevision(t *testing.T) {
 				t.Errorf("%s, %s: other weights", url, tc.name)
 			case tc.refused:
 				want := fmt.Sprintf("node: the model from %s has hash %s, the run records %s: refusing to train", url, hash, otherHash)
-				if !errors.Is(err, runmodel.ErrRevision) || errors.Is(err, errLoadLater) || err.Error() != want {
+				if !errors.Is(err, weights.ErrRevision) || errors.Is(err, errLoadLater) || err.Error() != want {
 					t.Errorf("%s, %s: %v, want %q (not to be retried)", url, tc.name, err, want)
 				}
 				if n.engine() != nil {
@@ -253,7 +254,7 @@ func TestRestartOnSeparateMachines(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = loadTry(context.Background(), d, idD, state(idC, idD))
-	if !retryable(err) || !errors.Is(err, runmodel.ErrRevision) || d.engine() != nil {
+	if !retryable(err) || !errors.Is(err, weights.ErrRevision) || d.engine() != nil {
 		t.Fatalf("D offered another model: %v (model kept: %v), want a retryable revision error", err, d.engine() != nil)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/node/drive"
 	"github.com/psyche-go/psyche/trainer/node/machine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // load makes the model, optimizer and data of w's epoch ready, the model
@@ -71,16 +72,16 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 		return nil
 	}
 	var (
-		weights runmodel.Weights
-		from    string
+		model weights.Weights
+		from  string
 	)
 	switch source {
 	case machine.LoadPeers:
-		weights, from, err = n.loadPeers(ctx, s, cfg)
+		model, from, err = n.loadPeers(ctx, s, cfg)
 	case machine.LoadRecorded:
-		weights, from, err = n.loadRecorded(ctx, s, cfg)
+		model, from, err = n.loadRecorded(ctx, s, cfg)
 	case machine.LoadOffer:
-		weights, from, err = n.loadOffered(ctx, s, cfg)
+		model, from, err = n.loadOffered(ctx, s, cfg)
 	default:
 		return fmt.Errorf("node: no load from %s", source)
 	}
@@ -94,10 +95,10 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	if op == nil {
 		op = goengine.New(n.cfg.kernels)
 	}
-	eng, err := op.Open(ctx, engine.Spec{Weights: weights, Optimizer: opts, Timeout: engineTimeout(s)})
+	eng, err := op.Open(ctx, engine.Spec{Weights: model, Optimizer: opts, Timeout: engineTimeout(s)})
 	// The engine holds the model now (or failed to): the files it was
 	// read from are done with.
-	if cerr := weights.Close(); cerr != nil {
+	if cerr := model.Close(); cerr != nil {
 		n.cfg.log.Warn("closing the loaded checkpoint", "err", cerr)
 	}
 	if err != nil {
@@ -109,7 +110,7 @@ func (n *Node) load(ctx context.Context, w *machine.LoadWork) error {
 	// doubled again, and a model of gigabytes would stay in this process's
 	// memory beside the worker's copy (a Go engine keeps the model, and
 	// this costs one collection).
-	weights = runmodel.Weights{}
+	model = weights.Weights{}
 	debug.FreeOSMemory()
 	// The run's plan is cut from the engine's tensors (a transformers
 	// model's shapes are the engine's to say).
@@ -133,10 +134,10 @@ func (n *Node) notLoaded(why machine.LoadFailure, err error) error {
 }
 
 // loadPeers loads the model the previous epoch's clients hold.
-func (n *Node) loadPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, string, error) {
+func (n *Node) loadPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (weights.Weights, string, error) {
 	w, err := n.loadFromPeers(ctx, s, cfg)
 	if err != nil {
-		return runmodel.Weights{}, "", n.peersFailed(err)
+		return weights.Weights{}, "", n.peersFailed(err)
 	}
 	const from = "the previous epoch's clients"
 	return w, from, checkShape(w.Config, &s.Model, from)
@@ -156,7 +157,7 @@ func (n *Node) peersFailed(err error) error {
 // loadRecorded loads the run's recorded checkpoint from its own source,
 // checks it is the recorded model, and offers a file or store checkpoint
 // to the epoch's other trainers.
-func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, string, error) {
+func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (weights.Weights, string, error) {
 	m := &s.Model
 	url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 	rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
@@ -174,19 +175,19 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 			"url", url, "why", err)
 		return n.notLoaded(machine.LoadUnreadableHere, err)
 	}
-	var none runmodel.Weights
+	var none weights.Weights
 	if fileMissingHere(url) {
 		return none, "", unreadable(fmt.Errorf("%s is not readable here", url))
 	}
 	var (
-		weights runmodel.Weights
-		err     error
+		model weights.Weights
+		err   error
 	)
 	if cfg.Arch == coordinator.ArchTransformers {
 		// Built by the engine from the config.json the source names.
-		weights, err = hostWeights(runmodel.LoadRunTransformers(m))
+		model, err = hostWeights(runmodel.LoadRunTransformers(m))
 	} else {
-		weights, err = n.loadURL(ctx, url, cfg, m.Store)
+		model, err = n.loadURL(ctx, url, cfg, m.Store)
 	}
 	switch {
 	case err != nil && ((unreadableHere(err) && isFileURL(url)) || isStoreURL(url)):
@@ -199,10 +200,10 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 	loaded := false
 	defer func() {
 		if !loaded {
-			weights.Close()
+			model.Close()
 		}
 	}()
-	if err := checkShape(weights.Config, m, url); err != nil {
+	if err := checkShape(model.Config, m, url); err != nil {
 		return none, "", err
 	}
 	// A revision that is a model hash names the model the run starts
@@ -211,7 +212,7 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 	// trainer can use, and no later try loads a different model, so the
 	// node stops. Peers' models are not checked: they are the previous
 	// epoch's, trained past the recorded one.
-	if err := weights.CheckRevision(ctx, url, rev); err != nil {
+	if err := model.CheckRevision(ctx, url, rev); err != nil {
 		if isStoreURL(url) {
 			// The bucket holds another model than the run recorded
 			// (replaced or damaged there): a trainer that saved or fetched
@@ -227,42 +228,42 @@ func (n *Node) loadRecorded(ctx context.Context, s *coordinator.Coordinator, cfg
 	// that can read the recorded URL (its own file, or a bucket only its
 	// credentials open).
 	if isFileURL(url) || isStoreURL(url) {
-		if _, err := n.offerWeights(ctx, recordedOffer(s.Progress.Epoch), weights); err != nil {
+		if _, err := n.offerWeights(ctx, recordedOffer(s.Progress.Epoch), model); err != nil {
 			n.cfg.log.Warn("offering the loaded checkpoint to the other trainers failed", "err", err)
 		}
 	}
 	loaded = true
-	return weights, url, nil
+	return model, url, nil
 }
 
 // hostWeights are the weights of a model a loader returned, or its error.
-func hostWeights(m runmodel.Model, err error) (runmodel.Weights, error) {
+func hostWeights(m runmodel.Model, err error) (weights.Weights, error) {
 	if err != nil {
-		return runmodel.Weights{}, err
+		return weights.Weights{}, err
 	}
 	return runmodel.HostWeights(m)
 }
 
 // loadOffered loads the run's recorded checkpoint as a trainer that could
 // read it offers it.
-func (n *Node) loadOffered(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, string, error) {
+func (n *Node) loadOffered(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (weights.Weights, string, error) {
 	m := &s.Model
 	url := coordinator.FixedString(m.Checkpoint.Source.URL[:])
 	rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:])
-	var none runmodel.Weights
-	weights, err := n.loadRecordedOffer(ctx, s, cfg, url, rev)
+	var none weights.Weights
+	model, err := n.loadRecordedOffer(ctx, s, cfg, url, rev)
 	if err != nil {
 		return none, "", n.notLoaded(machine.LoadNotYet,
 			fmt.Errorf("the recorded checkpoint %s cannot be read here, and no trainer offers it yet (%w)", url, err))
 	}
 	from := "a trainer holding " + url
-	if err := checkShape(weights.Config, m, from); err != nil {
+	if err := checkShape(model.Config, m, from); err != nil {
 		return none, "", err
 	}
 	// What it offers was checked against a revision that is a hash
 	// (loadRecordedOffer): another trainer's word, not this machine's
 	// file, so a later offer may be the right one.
-	return weights, from, nil
+	return model, from, nil
 }
 
 // checkShape checks that a loaded model (its config) is the run's shape.
@@ -297,8 +298,8 @@ func recordedOffer(epoch uint32) uint32 { return epoch | 1<<31 }
 // trainer that wrote the file can offer it, so waiting for a majority would
 // wait for ever). Without such a revision, nothing proves an offer is the
 // checkpoint, and a majority of the holders must agree (loadFromPeers).
-func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config, url, rev string) (runmodel.Weights, error) {
-	if !runmodel.IsHash(rev) {
+func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config, url, rev string) (weights.Weights, error) {
+	if !weights.IsHash(rev) {
 		return n.loadFromPeers(ctx, s, cfg)
 	}
 	var errs []error
@@ -310,7 +311,7 @@ func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator
 		pctx, cancel := context.WithTimeout(ctx, peerLoadTimeout)
 		id, err := n.net.FindCheckpoint(pctx, recordedOffer(s.Progress.Epoch), holder)
 		var (
-			w runmodel.Weights
+			w weights.Weights
 			f *p2p.CheckpointFile
 		)
 		if err == nil {
@@ -334,9 +335,9 @@ func (n *Node) loadRecordedOffer(ctx context.Context, s *coordinator.Coordinator
 		return w, nil
 	}
 	if len(errs) == 0 {
-		return runmodel.Weights{}, errNoOtherHolder
+		return weights.Weights{}, errNoOtherHolder
 	}
-	return runmodel.Weights{}, errors.Join(errs...)
+	return weights.Weights{}, errors.Join(errs...)
 }
 
 // isFileURL says whether url names a file on the trainer's own disk.

@@ -20,6 +20,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // liveHeap collects and returns the bytes of heap objects that survived:
@@ -101,7 +102,7 @@ func TestTorchModelLeavesTheEngineInChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	base = liveHeap()
-	sampled := func(w runmodel.Weights) runmodel.Weights {
+	sampled := func(w weights.Weights) weights.Weights {
 		read := w.Read
 		w.Read = func(ctx context.Context, i, off int, dst []float32) error {
 			err := read(ctx, i, off, dst)
@@ -132,7 +133,7 @@ func TestTorchModelLeavesTheEngineInChunks(t *testing.T) {
 		if err != nil {
 			return id, err
 		}
-		if err := w.Save(ctx, filepath.Join(dir, "model.safetensors"), false, nil); err != nil {
+		if err := runmodel.SaveWeights(ctx, w, filepath.Join(dir, "model.safetensors"), false, nil); err != nil {
 			return id, err
 		}
 		sample()
@@ -146,7 +147,7 @@ func TestTorchModelLeavesTheEngineInChunks(t *testing.T) {
 	// reopen opens another torch engine on w, each read sampled, runs then
 	// (if set) while it is open, and says which model the engine holds.
 	joiner := &Node{cfg: config{log: slog.New(slog.DiscardHandler)}, net: joinNet}
-	reopen := func(w runmodel.Weights, then func() error) (string, error) {
+	reopen := func(w weights.Weights, then func() error) (string, error) {
 		e, err := op.Open(ctx, engine.Spec{Weights: sampled(w), Optimizer: distro.Options{Chunk: 16, TopK: 8, Decay: 0.999, Workers: 1}})
 		if err != nil {
 			return "", err

@@ -188,12 +188,23 @@ func (n *Node) Model() runmodel.Model {
 	if e == nil {
 		return last
 	}
-	m, err := engine.HostModel(context.Background(), e, n.cfg.kernels)
+	m, err := n.hostModel(e)
 	if err != nil {
 		n.cfg.log.Warn("the engine cannot give its model", "engine", e.Name(), "err", err)
 		return nil
 	}
 	return m
+}
+
+// hostModel is a model in this process holding e's current parameters:
+// the Go engine's own model, or a copy read from e a tensor at a time (for
+// tests and the reports of small runs, never on a trainer's path).
+func (n *Node) hostModel(e engine.Engine) (runmodel.Model, error) {
+	w, err := e.Weights()
+	if err != nil {
+		return nil, err
+	}
+	return runmodel.FromWeights(context.Background(), w, n.cfg.kernels)
 }
 
 // engine is the node's engine (nil until a model is loaded).
@@ -241,7 +252,7 @@ func (n *Node) closeEngine() {
 	var m runmodel.Model
 	if !n.cfg.noFinal {
 		var err error
-		if m, err = engine.HostModel(context.Background(), e, n.cfg.kernels); err != nil {
+		if m, err = n.hostModel(e); err != nil {
 			n.cfg.log.Warn("the engine cannot give its model", "engine", e.Name(), "err", err)
 		}
 	}

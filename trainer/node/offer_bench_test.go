@@ -13,6 +13,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // BenchmarkOfferFromEngine: a torch engine's model (a Llama of 50M
@@ -46,7 +47,7 @@ func BenchmarkOfferFromEngine(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	m, hw = nil, runmodel.Weights{} // the engine holds the model now; the heap starts without it
+	m, hw = nil, weights.Weights{} // the engine holds the model now; the heap starts without it
 	w, err := e.Weights()
 	if err != nil {
 		b.Fatal(err)

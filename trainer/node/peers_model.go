@@ -14,6 +14,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/engine/goengine"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // errLoadLater marks a load that may work on a later try (the peers holding
@@ -65,7 +66,7 @@ func (n *Node) offerModel(ctx context.Context, epoch uint32, m runmodel.Model) e
 // to a file a chunk at a time, its blocks digested as they are written
 // (writeOffer), which the network serves from, so that the node holds no
 // copy of the model however large it is while the engine trains on.
-func (n *Node) offerWeights(ctx context.Context, epoch uint32, w runmodel.Weights) (coordinator.Hash, error) {
+func (n *Node) offerWeights(ctx context.Context, epoch uint32, w weights.Weights) (coordinator.Hash, error) {
 	f, err := writeOffer(ctx, w, n.cfg.corruptShare)
 	if err != nil {
 		return coordinator.Hash{}, err
@@ -77,8 +78,8 @@ func (n *Node) offerWeights(ctx context.Context, epoch uint32, w runmodel.Weight
 // that held it at the end of the previous one: the manifest id most of them
 // offer, then every tensor, checked against the run's model shape, into a
 // file the engine then reads and the network serves from in turn.
-func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, error) {
-	var none runmodel.Weights
+func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (weights.Weights, error) {
+	var none weights.Weights
 	var from []coordinator.Pubkey
 	for _, c := range s.CheckpointHolders() {
 		if c.P2P != n.net.ID() {
@@ -117,8 +118,8 @@ func (n *Node) loadFromPeers(ctx context.Context, s *coordinator.Coordinator, cf
 // of the run's shape and returns the weights read from it and the file,
 // which the caller shares or closes. Errors are errLoadLater: other peers,
 // or the same later, may serve it.
-func (n *Node) fetchWeights(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config, id coordinator.Hash, from []coordinator.Pubkey) (runmodel.Weights, *p2p.CheckpointFile, error) {
-	var none runmodel.Weights
+func (n *Node) fetchWeights(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config, id coordinator.Hash, from []coordinator.Pubkey) (weights.Weights, *p2p.CheckpointFile, error) {
+	var none weights.Weights
 	shape, err := n.runShape(ctx, s, cfg)
 	if err != nil {
 		return none, nil, err
@@ -150,7 +151,7 @@ func (n *Node) fetchWeights(ctx context.Context, s *coordinator.Coordinator, cfg
 // checkValues reads every value of w once, a chunk at a time: weights read
 // from a file refuse values that are not finite, and a model holding one
 // is refused before it is served or trained.
-func checkValues(ctx context.Context, w runmodel.Weights) error {
+func checkValues(ctx context.Context, w weights.Weights) error {
 	buf := make([]float32, offerChunk)
 	for i, sh := range w.Shapes {
 		size := modelspec.Size(sh)
@@ -167,34 +168,29 @@ func checkValues(ctx context.Context, w runmodel.Weights) error {
 // names and shapes, for a P2P checkpoint to fill. A transformers model's
 // tensors are named and shaped by transformers: the engine describes them
 // (engine.Describer).
-func (n *Node) runShape(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (runmodel.Weights, error) {
+func (n *Node) runShape(ctx context.Context, s *coordinator.Coordinator, cfg modelspec.Config) (weights.Weights, error) {
 	if cfg.Arch != coordinator.ArchTransformers {
 		return runmodel.Shape(cfg)
 	}
 	tf, _, err := runmodel.RunTransformersConfig(&s.Model)
 	if err != nil {
-		return runmodel.Weights{}, err
+		return weights.Weights{}, err
 	}
 	d, ok := n.cfg.engine.(engine.Describer)
 	if !ok {
-		return runmodel.Weights{}, fmt.Errorf("node: %w", goengine.ErrNeedsTorch)
-	}
-	names, shapes, err := d.Describe(ctx, tf)
-	if err != nil {
-		return runmodel.Weights{}, err
+		return weights.Weights{}, fmt.Errorf("node: %w", goengine.ErrNeedsTorch)
 	}
 	w, err := runmodel.HostWeights(tf)
 	if err != nil {
-		return runmodel.Weights{}, err
+		return weights.Weights{}, err
 	}
-	w.Names, w.Shapes = names, shapes
-	return w, nil
+	return d.Describe(ctx, w)
 }
 
 // checkpointSpecs are the tensors of w's P2P checkpoint: its checkpoint
-// pieces in order (runmodel.Weights.InFile reads them back), each as
+// pieces in order (weights.Weights.InFile reads them back), each as
 // little-endian float32.
-func checkpointSpecs(w runmodel.Weights) ([]p2p.TensorSpec, error) {
+func checkpointSpecs(w weights.Weights) ([]p2p.TensorSpec, error) {
 	pieces, err := w.Pieces(false)
 	if err != nil {
 		return nil, err
@@ -217,7 +213,7 @@ const offerChunk = 1 << 16
 // file, a chunk at a time, which digests each block as it is written.
 // corrupt, when set, is fault injection: it spoils each chunk's bytes
 // before they are written.
-func writeOffer(ctx context.Context, w runmodel.Weights, corrupt func([]byte)) (*p2p.CheckpointFile, error) {
+func writeOffer(ctx context.Context, w weights.Weights, corrupt func([]byte)) (*p2p.CheckpointFile, error) {
 	specs, err := checkpointSpecs(w)
 	if err != nil {
 		return nil, err

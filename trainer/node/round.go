@@ -18,6 +18,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/node/machine"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // engineTimeout is how long one computation of a round may take before the
@@ -81,7 +82,7 @@ func computing(ctx context.Context) context.Context { return context.WithoutCanc
 // weights are the engine's weights, each read of which is a computation
 // (computing): a save or a hash that Run's end interrupts stops between two
 // reads, never in one.
-func (n *Node) weights(e engine.Engine) (runmodel.Weights, error) {
+func (n *Node) weights(e engine.Engine) (weights.Weights, error) {
 	w, err := e.Weights()
 	if err != nil {
 		return w, err
@@ -336,7 +337,7 @@ func (n *Node) saveCheckpoint(ctx context.Context, w machine.SaveWork) {
 	st := store.FromRun(w.Store)
 	name := fmt.Sprintf("%s-epoch%d-step%d", n.runID, w.Epoch, w.Step)
 	e := n.engine()
-	weights, err := n.weights(e)
+	saved, err := n.weights(e)
 	if err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed: the engine cannot give its weights", "engine", e.Name(), "err", err)
 		return
@@ -355,13 +356,13 @@ func (n *Node) saveCheckpoint(ctx context.Context, w machine.SaveWork) {
 	meta := map[string]string{"run": n.runID, "epoch": fmt.Sprint(w.Epoch), "step": fmt.Sprint(w.Step)}
 	// Written as it is read from the engine, a chunk at a time: a model on
 	// a worker's device is never copied whole into this process.
-	if err := weights.Save(ctx, path, hf, meta); err != nil {
+	if err := runmodel.SaveWeights(ctx, saved, path, hf, meta); err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed", "err", err)
 		return
 	}
 	// The saved model's hash as the revision: whoever loads the run from
 	// this URL later checks that the checkpoint is still this model.
-	rev, err := weights.Revision(ctx)
+	rev, err := saved.Revision(ctx)
 	if err != nil {
 		n.cfg.log.Warn("saving a checkpoint failed: hashing the model", "err", err)
 		return

@@ -23,6 +23,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/psyche-go/psyche/trainer/store"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // TestStoreCheckpoints: an elected checkpointer's model goes to the run's
@@ -155,7 +156,7 @@ func TestStoreCheckpoints(t *testing.T) {
 	d, idD := trainer("D")
 	err = loadTry(ctx, d, idD, state(idD))
 	d.uploads.Wait()
-	if !retryable(err) || !errors.Is(err, runmodel.ErrRevision) || d.engine() != nil ||
+	if !retryable(err) || !errors.Is(err, weights.ErrRevision) || d.engine() != nil ||
 		!strings.Contains(err.Error(), rev) || !strings.Contains(err.Error(), runmodel.Revision(other)) {
 		t.Fatalf("D loading a replaced model: %v (model kept: %v), want a retryable error naming hashes %s and %s",
 			err, d.engine() != nil, rev, runmodel.Revision(other))

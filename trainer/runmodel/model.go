@@ -14,6 +14,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // Model is what a trainer trains, whatever the architecture: *gpt.Model or
@@ -175,12 +176,12 @@ func LoadChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 // (llama.OpenHF). A GPT-2 Hugging Face directory, whose matrices are
 // stored transposed, is loaded (LoadChecked). The caller closes the
 // weights.
-func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Accept) (Weights, error) {
+func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Accept) (weights.Weights, error) {
 	fi, err := os.Stat(path)
 	if err == nil && !fi.IsDir() {
 		f, err := checkpoint.Limits{}.Open(path)
 		if err != nil {
-			return Weights{}, err
+			return weights.Weights{}, err
 		}
 		return OpenFile(f, accept)
 	}
@@ -189,7 +190,7 @@ func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 	}
 	m, err := LoadChecked(ctx, path, be, accept)
 	if err != nil {
-		return Weights{}, err
+		return weights.Weights{}, err
 	}
 	return HostWeights(m)
 }
@@ -197,15 +198,15 @@ func OpenChecked(ctx context.Context, path string, be kernels.Backend, accept Ac
 // OpenHF are the weights of a Hugging Face Llama directory, local or
 // remote, read from its files as they are asked for (llama.OpenHF). The
 // caller closes them.
-func OpenHF(ctx context.Context, d llama.Dir, accept Accept) (Weights, error) {
+func OpenHF(ctx context.Context, d llama.Dir, accept Accept) (weights.Weights, error) {
 	hf, err := llama.OpenHF(ctx, d, func(c llama.Config) error {
 		return accept.check(modelspec.Config{Arch: coordinator.ArchLlama, Llama: c})
 	})
 	if err != nil {
-		return Weights{}, err
+		return weights.Weights{}, err
 	}
-	return Weights{Config: modelspec.Config{Arch: coordinator.ArchLlama, Llama: hf.Config}, Shapes: hf.Config.Shapes(),
-		Read: hf.Read, close: hf.Close}, nil
+	return weights.Weights{Config: modelspec.Config{Arch: coordinator.ArchLlama, Llama: hf.Config}, Shapes: hf.Config.Shapes(),
+		Read: hf.Read, Release: hf.Close}, nil
 }
 
 // OpenFile are the weights of a checkpoint file Save wrote, read from f as
@@ -213,7 +214,7 @@ func OpenHF(ctx context.Context, d llama.Dir, accept Accept) (Weights, error) {
 // accept must take before anything else is read), and the file must hold
 // every piece of that model with its shape, and nothing else. The weights
 // own f: closing them closes it (and so does a refusal).
-func OpenFile(f *checkpoint.File, accept Accept) (Weights, error) {
+func OpenFile(f *checkpoint.File, accept Accept) (weights.Weights, error) {
 	path := f.Name()
 	opened := false
 	defer func() {
@@ -223,11 +224,11 @@ func OpenFile(f *checkpoint.File, accept Accept) (Weights, error) {
 	}()
 	meta, ok := f.Metadata()[checkpoint.ModelKey]
 	if !ok {
-		return Weights{}, fmt.Errorf("runmodel: %s: %w (a Hugging Face checkpoint is loaded from its directory, with config.json)", path, checkpoint.ErrNoModelConfig)
+		return weights.Weights{}, fmt.Errorf("runmodel: %s: %w (a Hugging Face checkpoint is loaded from its directory, with config.json)", path, checkpoint.ErrNoModelConfig)
 	}
 	mc, err := checkpoint.ParseModelConfig(meta)
 	if err != nil {
-		return Weights{}, fmt.Errorf("runmodel: %s: %w", path, err)
+		return weights.Weights{}, fmt.Errorf("runmodel: %s: %w", path, err)
 	}
 	var c modelspec.Config
 	if mc.Architecture == checkpoint.ArchLlama {
@@ -241,15 +242,15 @@ func OpenFile(f *checkpoint.File, accept Accept) (Weights, error) {
 		err = accept.check(c)
 	}
 	if err != nil {
-		return Weights{}, fmt.Errorf("runmodel: %s: %w", path, err)
+		return weights.Weights{}, fmt.Errorf("runmodel: %s: %w", path, err)
 	}
 	shape, err := Shape(c)
 	if err != nil {
-		return Weights{}, err
+		return weights.Weights{}, err
 	}
 	pieces, err := shape.Pieces(false)
 	if err != nil {
-		return Weights{}, err
+		return weights.Weights{}, err
 	}
 	held := map[string][]int{}
 	for _, t := range f.Tensors() {
@@ -259,20 +260,20 @@ func OpenFile(f *checkpoint.File, accept Accept) (Weights, error) {
 		got, ok := held[p.Name]
 		switch {
 		case !ok:
-			return Weights{}, fmt.Errorf("runmodel: %s: %w: %q", path, checkpoint.ErrNotFound, p.Name)
+			return weights.Weights{}, fmt.Errorf("runmodel: %s: %w: %q", path, checkpoint.ErrNotFound, p.Name)
 		case !slices.Equal(got, p.Shape):
-			return Weights{}, fmt.Errorf("runmodel: %s: %w: tensor %q has shape %v, the model's is %v", path, checkpoint.ErrShapeMismatch, p.Name, got, p.Shape)
+			return weights.Weights{}, fmt.Errorf("runmodel: %s: %w: tensor %q has shape %v, the model's is %v", path, checkpoint.ErrShapeMismatch, p.Name, got, p.Shape)
 		}
 		delete(held, p.Name)
 	}
 	for name := range held {
-		return Weights{}, fmt.Errorf("runmodel: %s: tensor %q is not the %s model's", path, name, c.Arch)
+		return weights.Weights{}, fmt.Errorf("runmodel: %s: tensor %q is not the %s model's", path, name, c.Arch)
 	}
-	w, err := shape.readPieces(pieces, func(k, off int, dst []float32) error { return f.Read(pieces[k].Name, off, dst) })
+	w, err := shape.InPieces(pieces, func(k, off int, dst []float32) error { return f.Read(pieces[k].Name, off, dst) })
 	if err != nil {
-		return Weights{}, err
+		return weights.Weights{}, err
 	}
-	w.close, opened = f.Close, true
+	w.Release, opened = f.Close, true
 	return w, nil
 }
 

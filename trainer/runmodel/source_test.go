@@ -9,6 +9,7 @@ import (
 
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 func TestInit(t *testing.T) {
@@ -32,7 +33,7 @@ func TestRevision(t *testing.T) {
 	model, _ := Init(&m, 1, nil)
 	rev := Revision(model)
 	sum := model.Hash()
-	if !IsHash(rev) || rev != hex.EncodeToString(sum[:16]) {
+	if !weights.IsHash(rev) || rev != hex.EncodeToString(sum[:16]) {
 		t.Fatalf("Revision = %q (hash %x)", rev, sum)
 	}
 	other, _ := Init(&m, 2, nil)
@@ -57,8 +58,8 @@ func TestRevision(t *testing.T) {
 			continue
 		}
 		want := "the model from seed:1 has hash " + Revision(other) + ", the run records " + rev
-		var re *RevisionError
-		if !errors.Is(err, ErrRevision) || !errors.As(err, &re) || err.Error() != want {
+		var re *weights.RevisionError
+		if !errors.Is(err, weights.ErrRevision) || !errors.As(err, &re) || err.Error() != want {
 			t.Errorf("%s: %v, want %q", tt.name, err, want)
 		}
 	}

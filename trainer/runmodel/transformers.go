@@ -14,6 +14,7 @@ import (
 	"github.com/psyche-go/psyche/coordinator"
 	"github.com/psyche-go/psyche/trainer/checkpoint"
 	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // ErrComputesElsewhere is returned by a Transformers model asked to
@@ -62,9 +63,9 @@ func LoadTransformersConfig(path string, m *coordinator.Model, seed uint64) (*Tr
 	if err != nil {
 		return nil, fmt.Errorf("runmodel: the run's transformers config: %w", err)
 	}
-	if rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:]); IsHash(rev) {
+	if rev := coordinator.FixedString(m.Checkpoint.Source.Revision[:]); weights.IsHash(rev) {
 		if got := modelspec.ConfigHash(data); got != rev {
-			return nil, fmt.Errorf("%w: the config %s hashes to %s, the run records %s (it was edited after the run was made)", ErrRevision, path, got, rev)
+			return nil, fmt.Errorf("%w: the config %s hashes to %s, the run records %s (it was edited after the run was made)", weights.ErrRevision, path, got, rev)
 		}
 	}
 	t, err := NewTransformers(data, int(m.MaxSeqLen), seed)
@@ -129,57 +130,6 @@ func (t *Transformers) CheckpointTensors() []checkpoint.Tensor {
 	return out
 }
 
-// MatchTensors says in one line how the tensors a checkpoint holds (have,
-// by name) differ from those transformers builds from the config (names
-// and shapes): the first tensor missing, misshapen or extra, and how many
-// are. Nil means the same names with the same shapes.
-func MatchTensors(haveNames []string, haveShapes [][]int, names []string, shapes [][]int) error {
-	have := make(map[string][]int, len(haveNames))
-	for i, n := range haveNames {
-		have[n] = haveShapes[i]
-	}
-	want := make(map[string]bool, len(names))
-	var missing, misshapen []int
-	for j, n := range names {
-		want[n] = true
-		s, ok := have[n]
-		switch {
-		case !ok:
-			missing = append(missing, j)
-		case !slices.Equal(s, shapes[j]):
-			misshapen = append(misshapen, j)
-		}
-	}
-	var extra []string
-	for _, n := range haveNames {
-		if !want[n] {
-			extra = append(extra, n)
-		}
-	}
-	slices.Sort(extra)
-	more := func(n int, what string) string {
-		if n <= 1 {
-			return ""
-		}
-		return fmt.Sprintf(" (and %d more %s)", n-1, what)
-	}
-	const fix = "the checkpoint is not of this config.json's model: start from its own config.json, or save the model with this one"
-	switch {
-	case len(missing) > 0:
-		j := missing[0]
-		return fmt.Errorf("runmodel: the checkpoint has no tensor %s %v, which transformers builds from the config%s; %s",
-			names[j], shapes[j], more(len(missing), "missing"), fix)
-	case len(misshapen) > 0:
-		j := misshapen[0]
-		return fmt.Errorf("runmodel: tensor %s is %v in the checkpoint, transformers builds it %v from the config%s; %s",
-			names[j], have[names[j]], shapes[j], more(len(misshapen), "of another shape"), fix)
-	case len(extra) > 0:
-		return fmt.Errorf("runmodel: the checkpoint's tensor %s %v is not one transformers builds from the config%s; %s",
-			extra[0], have[extra[0]], more(len(extra), "extra"), fix)
-	}
-	return nil
-}
-
 // Save writes a Hugging Face directory (saveTransformers).
 func (t *Transformers) Save(ctx context.Context, dir string, _ map[string]string) error {
 	if !t.Drawn() {
@@ -189,9 +139,9 @@ func (t *Transformers) Save(ctx context.Context, dir string, _ map[string]string
 }
 
 // Hash is the hash of the model's config.json (byte for byte) and its
-// named tensors (transformersHash).
+// named tensors (weights.TransformersHash).
 func (t *Transformers) Hash() [sha256.Size]byte {
-	return transformersHash(t.JSON, checkpoint.HashTensors(t.CheckpointTensors()))
+	return weights.TransformersHash(t.JSON, checkpoint.HashTensors(t.CheckpointTensors()))
 }
 
 // NumParams counts the values held (0 before the engine draws them).
@@ -298,7 +248,7 @@ func transformersWeights(dir string) (string, error) {
 // CheckTransformersDir says, from the header of the directory's weights
 // file alone (nothing else is read), whether the checkpoint directory dir
 // holds exactly the tensors transformers builds from its config (names and
-// shapes, as an engine describes them): a one-line error (MatchTensors)
+// shapes, as an engine describes them): a one-line error (weights.MatchTensors)
 // naming the first that differs.
 func CheckTransformersDir(dir string, names []string, shapes [][]int) error {
 	path, err := transformersWeights(dir)
@@ -313,7 +263,7 @@ func CheckTransformersDir(dir string, names []string, shapes [][]int) error {
 	for i, ti := range infos {
 		haveNames[i], haveShapes[i] = ti.Name, ti.Shape
 	}
-	if err := MatchTensors(haveNames, haveShapes, names, shapes); err != nil {
+	if err := weights.MatchTensors(haveNames, haveShapes, names, shapes); err != nil {
 		return fmt.Errorf("%w (%s)", err, path)
 	}
 	return nil

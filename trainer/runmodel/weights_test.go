@@ -18,10 +18,11 @@ import (
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // readCounter wraps a Weights' Read, keeping the largest read.
-func readCounter(w *Weights, largest *int) {
+func readCounter(w *weights.Weights, largest *int) {
 	read := w.Read
 	w.Read = func(ctx context.Context, i, off int, dst []float32) error {
 		*largest = max(*largest, len(dst))
@@ -103,8 +104,8 @@ func TestWeightsSaveAndHashAsTheModel(t *testing.T) {
 		}
 		dir := t.TempDir()
 		meta := map[string]string{"run": "r", "step": "3"}
-		if err := w.Save(ctx, filepath.Join(dir, "weights"), tc.hf, meta); err != nil {
-			t.Fatalf("%s: Weights.Save: %v", tc.name, err)
+		if err := SaveWeights(ctx, w, filepath.Join(dir, "weights"), tc.hf, meta); err != nil {
+			t.Fatalf("%s: SaveWeights: %v", tc.name, err)
 		}
 		if err := Save(ctx, tc.m, filepath.Join(dir, "model"), tc.hf, meta); err != nil {
 			t.Fatalf("%s: Save: %v", tc.name, err)
@@ -133,7 +134,7 @@ func TestWeightsReadFails(t *testing.T) {
 		t.Fatalf("Hash = %v", err)
 	}
 	path := filepath.Join(t.TempDir(), "m.safetensors")
-	if err := w.Save(context.Background(), path, false, nil); !errors.Is(err, gone) {
+	if err := SaveWeights(context.Background(), w, path, false, nil); !errors.Is(err, gone) {
 		t.Fatalf("Save = %v", err)
 	}
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
@@ -145,10 +146,10 @@ func TestWeightsReadFails(t *testing.T) {
 	if err != nil || tw.Drawn() || tw.Seed != 1 || string(tw.JSON) != qwenJSON {
 		t.Fatalf("the weights of a transformers model not drawn yet: %+v, %v", tw, err)
 	}
-	if err := tw.Save(context.Background(), t.TempDir(), true, nil); !errors.Is(err, errNotDrawn) {
+	if err := SaveWeights(context.Background(), tw, t.TempDir(), true, nil); !errors.Is(err, weights.ErrNotDrawn) {
 		t.Fatalf("saving them: %v", err)
 	}
-	if _, err := tw.Hash(context.Background()); !errors.Is(err, errNotDrawn) {
+	if _, err := tw.Hash(context.Background()); !errors.Is(err, weights.ErrNotDrawn) {
 		t.Fatalf("hashing them: %v", err)
 	}
 }
@@ -163,11 +164,11 @@ func TestWeightsModel(t *testing.T) {
 	l, _ := llama.New(modelspec.LlamaConfig{Vocab: 11, Context: 6, Width: 16, Layers: 2, Heads: 4, KVHeads: 2, Intermediate: 12, RopeTheta: 10000}, 1, nil)
 	for _, m := range []Model{g, l} {
 		w, _ := HostWeights(m)
-		if same, err := w.Model(ctx, nil); err != nil || same != m {
+		if same, err := FromWeights(ctx, w, nil); err != nil || same != m {
 			t.Fatalf("a host model's weights gave %T (%v), not the model", same, err)
 		}
 		w.Host = nil
-		copied, err := w.Model(ctx, nil)
+		copied, err := FromWeights(ctx, w, nil)
 		if err != nil || copied == m || copied.Hash() != m.Hash() {
 			t.Fatalf("%T read into a model of its own: %v, same hash %v", m, err, err == nil && copied.Hash() == m.Hash())
 		}
@@ -186,7 +187,7 @@ func TestWeightsModel(t *testing.T) {
 	if err := in.Read(ctx, 0, 0, got); err != nil || got[0] != 3 || got[2] != 5 {
 		t.Fatalf("tensor a read as %v, %v", got, err)
 	}
-	back, err := in.Model(ctx, nil)
+	back, err := FromWeights(ctx, in, nil)
 	if err != nil || back.Hash() != tfm.Hash() {
 		t.Fatalf("the reordered weights as a model: %v", err)
 	}
@@ -242,7 +243,7 @@ func TestSeededWeightsAreNewsModel(t *testing.T) {
 		if rev, err := w.Revision(ctx); err != nil || rev != Revision(want) {
 			t.Errorf("%v: revision %q (%v), New's %q", c.Arch, rev, err, Revision(want))
 		}
-		m, err := w.Model(ctx, nil)
+		m, err := FromWeights(ctx, w, nil)
 		if err != nil || Revision(m) != Revision(want) {
 			t.Errorf("%v: the model here is not New's (%v)", c.Arch, err)
 		}
@@ -292,7 +293,7 @@ func TestWeightsInFile(t *testing.T) {
 		if sum, err := w.Hash(ctx); err != nil || sum != m.Hash() {
 			t.Fatalf("%s: hash from the file %x, %v; the model's %x", host.Config.Arch, sum[:4], err, m.Hash())
 		}
-		back, err := w.Model(ctx, nil)
+		back, err := FromWeights(ctx, w, nil)
 		if err != nil || back.Hash() != m.Hash() {
 			t.Fatalf("%s: the model built from the file differs (%v)", host.Config.Arch, err)
 		}

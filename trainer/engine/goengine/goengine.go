@@ -16,6 +16,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // New is the engine of this module's own models and kernels: the model's
@@ -60,7 +61,7 @@ func (o goOpener) Open(ctx context.Context, s engine.Spec) (engine.Engine, error
 	}
 	// The node's host model as it is (the Go engine computes in this
 	// process); weights from elsewhere are read into a model of their own.
-	m, err := w.Model(ctx, o.be)
+	m, err := runmodel.FromWeights(ctx, w, o.be)
 	if err != nil {
 		return nil, err
 	}
@@ -184,12 +185,12 @@ func (e *goEngine) restore() {
 	e.trying = false
 }
 
-func (e *goEngine) Weights() (runmodel.Weights, error) {
+func (e *goEngine) Weights() (weights.Weights, error) {
 	e.mu.Lock()
 	closed := e.closed
 	e.mu.Unlock()
 	if closed {
-		return runmodel.Weights{}, engine.ErrClosed
+		return weights.Weights{}, engine.ErrClosed
 	}
 	w, err := runmodel.HostWeights(e.m)
 	if err != nil {

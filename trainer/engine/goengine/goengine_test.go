@@ -88,7 +88,11 @@ func TestGoEngineTryUndo(t *testing.T) {
 	if err := e.Undo(ctx); !errors.Is(err, engine.ErrNoUndo) {
 		t.Fatalf("Undo before Try: %v", err)
 	}
-	m, _ := engine.HostModel(ctx, e, nil)
+	w, err := e.Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := w.Host.(runmodel.Model) // the Go engine's own model
 	before := slices.Clone(m.Tensors()[0])
 	plan, err := distro.NewPlan(m.Shapes(), smallOpt)
 	if err != nil {

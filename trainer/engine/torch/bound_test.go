@@ -162,11 +162,11 @@ func TestHostileFramesKeepEnginesEqual(t *testing.T) {
 				round, refused := received(plan, payloads)
 				c := combine(t, plan, round)
 				// Both start the round from the torch trainer's weights.
-				tm, err := engine.HostModel(ctx, tt, nil)
+				tm, err := hostModel(ctx, tt)
 				if err != nil {
 					t.Fatal(err)
 				}
-				gm, _ := engine.HostModel(ctx, g, nil)
+				gm, _ := hostModel(ctx, g)
 				for i, w := range gm.Tensors() {
 					copy(w, tm.Tensors()[i])
 				}
@@ -176,7 +176,7 @@ func TestHostileFramesKeepEnginesEqual(t *testing.T) {
 						t.Fatalf("%s: %s: %v", name, e.Name(), err)
 					}
 				}
-				if tm, err = engine.HostModel(ctx, tt, nil); err != nil {
+				if tm, err = hostModel(ctx, tt); err != nil {
 					t.Fatal(err)
 				}
 				value, scale := decodedF64(plan, c)
@@ -227,7 +227,7 @@ func TestStepClampsAsGo(t *testing.T) {
 	if _, err := g.Gradient(ctx, randomBatch(rand.New(rand.NewPCG(5, 6)), vocabOf(pm.cfg), 2, pm.cfg.Context())); err != nil {
 		t.Fatal(err)
 	}
-	gm, _ := engine.HostModel(ctx, g, nil)
+	gm, _ := hostModel(ctx, g)
 	for step, scale := range []float32{1e20, 0} {
 		for _, gr := range gm.GradTensors() {
 			for j := range gr {
@@ -290,7 +290,7 @@ func TestWorkerRefusesValuesBeyondTheBound(t *testing.T) {
 	_, torchOp := openers(t)
 	pm := parityModels[0]
 	e := open(t, torchOp, pm.cfg, 3, runOptions(false)).(*eng)
-	m, err := engine.HostModel(ctx, e, nil)
+	m, err := hostModel(ctx, e)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +318,7 @@ func TestWorkerRefusesValuesBeyondTheBound(t *testing.T) {
 		e.mu.Lock()
 		_, err := e.do(ctx, e.timeout, &lrRequest{op: op{Op: opApply}, LR: 0.01}, blobs)
 		e.mu.Unlock()
-		if m, err2 := engine.HostModel(ctx, e, nil); err2 != nil {
+		if m, err2 := hostModel(ctx, e); err2 != nil {
 			t.Fatal(err2)
 		} else if moved := runmodel.Revision(m) != rev; tc.ok != (err == nil) || moved != tc.ok {
 			t.Fatalf("a combined value of %v: %v (the model moved: %v)", tc.v, err, moved)

@@ -132,7 +132,7 @@ func TestTransformersFromDirectory(t *testing.T) {
 			t.Fatalf("sequence %d: the engine's loss %v, transformers' %v", i, l.Seqs[i], w)
 		}
 	}
-	held, err := engine.HostModel(ctx, e, nil)
+	held, err := hostModel(ctx, e)
 	if err != nil {
 		t.Fatal(err)
 	}

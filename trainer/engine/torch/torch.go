@@ -33,6 +33,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/kernels"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 type options struct {
@@ -467,7 +468,7 @@ func (op *Opener) CheckModel(ctx context.Context, m *coordinator.Model) error {
 	if err != nil {
 		return err
 	}
-	op.remember(tf, names, shapes)
+	op.remember(tf.JSON, names, shapes)
 	mem, bounded := op.memory(h)
 	if err := fits(modelspec.NumParams(shapes), mem, h.Device, bounded); err != nil {
 		return err
@@ -496,40 +497,39 @@ func (op *Opener) memory(h *hello) (memory int64, bounded bool) {
 	return m, false
 }
 
-func (op *Opener) remember(tf *runmodel.Transformers, names []string, shapes [][]int) {
+func (op *Opener) remember(json []byte, names []string, shapes [][]int) {
 	op.mu.Lock()
 	defer op.mu.Unlock()
 	if op.described == nil {
 		op.described = map[string]description{}
 	}
-	op.described[modelspec.ConfigHash(tf.JSON)] = description{names: names, shapes: shapes}
+	op.described[modelspec.ConfigHash(json)] = description{names: names, shapes: shapes}
 }
 
 // Describe names and shapes a transformers model's tensors as transformers
 // builds them from its config: what CheckModel found, or a worker started
-// to ask.
-func (op *Opener) Describe(ctx context.Context, m runmodel.Model) ([]string, [][]int, error) {
-	tf, ok := m.(*runmodel.Transformers)
-	if !ok {
-		return nil, nil, fmt.Errorf("torch engine: describe: a %T is shaped by its own config", m)
+// to ask. The weights it is handed need only their config and config.json.
+func (op *Opener) Describe(ctx context.Context, w weights.Weights) (weights.Weights, error) {
+	if w.Config.Arch != coordinator.ArchTransformers {
+		return weights.Weights{}, fmt.Errorf("torch engine: describe: a %s model is shaped by its own config", w.Config.Arch)
 	}
 	op.mu.Lock()
-	d, ok := op.described[modelspec.ConfigHash(tf.JSON)]
+	d, ok := op.described[modelspec.ConfigHash(w.JSON)]
 	op.mu.Unlock()
-	if ok {
-		return slices.Clone(d.names), cloneShapes(d.shapes), nil
+	if !ok {
+		wk, _, err := startWorker(ctx, &op.o, 0)
+		if err != nil {
+			return weights.Weights{}, err
+		}
+		defer wk.close()
+		d.names, d.shapes, err = describe(ctx, wk, workerTimeout(0), w.Config.Transformers, w.JSON)
+		if err != nil {
+			return weights.Weights{}, err
+		}
+		op.remember(w.JSON, d.names, d.shapes)
 	}
-	w, _, err := startWorker(ctx, &op.o, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer w.close()
-	names, shapes, err := describe(ctx, w, workerTimeout(0), tf.Config, tf.JSON)
-	if err != nil {
-		return nil, nil, err
-	}
-	op.remember(tf, names, shapes)
-	return slices.Clone(names), cloneShapes(shapes), nil
+	w.Names, w.Shapes = slices.Clone(d.names), cloneShapes(d.shapes)
+	return w, nil
 }
 
 func cloneShapes(shapes [][]int) [][]int {
@@ -690,7 +690,7 @@ func ModelConfig(c modelspec.Config) (arch string, config map[string]any) {
 		"norm_eps": kernels.LayerNormEps}
 }
 
-func (e *eng) open(ctx context.Context, src runmodel.Weights, o distro.Options) (string, error) {
+func (e *eng) open(ctx context.Context, src weights.Weights, o distro.Options) (string, error) {
 	arch, mc := ModelConfig(e.cfg)
 	var layouts []layout
 	for _, l := range e.plan.Layouts() {
@@ -880,8 +880,8 @@ func (e *eng) Memory(ctx context.Context, reset bool) (Memory, error) {
 
 // Weights are the parameters on the worker's device, read a range at a time
 // (the worker's read op; sharded ranks gather the tensor read).
-func (e *eng) Weights() (runmodel.Weights, error) {
-	return runmodel.Weights{Config: e.cfg, Shapes: cloneShapes(e.shapes), Names: slices.Clone(e.names), JSON: e.json,
+func (e *eng) Weights() (weights.Weights, error) {
+	return weights.Weights{Config: e.cfg, Shapes: cloneShapes(e.shapes), Names: slices.Clone(e.names), JSON: e.json,
 		Seed: e.seed, Read: e.read}, nil
 }
 
@@ -911,7 +911,7 @@ func (e *eng) Model(ctx context.Context) (runmodel.Model, error) {
 		return nil, err
 	}
 	w.Read = sliceBlobs(ts).readCtx
-	return w.Model(ctx, e.o.kernels)
+	return runmodel.FromWeights(ctx, w, e.o.kernels)
 }
 
 func (e *eng) Close() error {

@@ -201,7 +201,7 @@ func TestGradientParity(t *testing.T) {
 						t.Errorf("t=%d: sequence %d's loss %v, go %v", seqLen, i, tl.Seqs[i], gl.Seqs[i])
 					}
 				}
-				gm, _ := engine.HostModel(ctx, g, nil)
+				gm, _ := hostModel(ctx, g)
 				tg, err := tt.(*eng).Gradients(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -227,7 +227,7 @@ func TestSeededHash(t *testing.T) {
 	for _, pm := range parityModels {
 		want, _ := runmodel.New(pm.cfg, 11, nil)
 		e := open(t, torchOp, pm.cfg, 11, runOptions(true))
-		got, err := engine.HostModel(context.Background(), e, nil)
+		got, err := hostModel(context.Background(), e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -258,7 +258,7 @@ func TestFrameParity(t *testing.T) {
 				o.NormalizeRMS = norm
 				g := open(t, goOp, pm.cfg, 3, o)
 				tt := open(t, torchOp, pm.cfg, 3, o)
-				gm, _ := engine.HostModel(ctx, g, nil)
+				gm, _ := hostModel(ctx, g)
 				exact := newExactMomentum(planOf(t, g, o).Layouts(), o)
 				r := rand.New(rand.NewPCG(5, 6))
 				var sum choiceCount
@@ -340,8 +340,8 @@ func TestApplyParity(t *testing.T) {
 				}
 			}
 			value, scale := decodedF64(plan, comb)
-			gm, _ := engine.HostModel(ctx, g, nil)
-			tm, err := engine.HostModel(ctx, tt, nil)
+			gm, _ := hostModel(ctx, g)
+			tm, err := hostModel(ctx, tt)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -387,7 +387,7 @@ func TestDeterministicApply(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		m, err := engine.HostModel(ctx, e, nil)
+		m, err := hostModel(ctx, e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -739,11 +739,11 @@ func TestRanksMatchOneDevice(t *testing.T) {
 				}
 				// Both start from the same weights (sent, or drawn from
 				// the seed by each).
-				s0, err := engine.HostModel(ctx, single, nil)
+				s0, err := hostModel(ctx, single)
 				if err != nil {
 					t.Fatal(err)
 				}
-				m0, err := engine.HostModel(ctx, multi, nil)
+				m0, err := hostModel(ctx, multi)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -798,8 +798,8 @@ func TestRanksMatchOneDevice(t *testing.T) {
 					}
 				}
 				sameRanks(t, multi)
-				sm, _ := engine.HostModel(ctx, single, nil)
-				mm, err := engine.HostModel(ctx, multi, nil)
+				sm, _ := hostModel(ctx, single)
+				mm, err := hostModel(ctx, multi)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -815,7 +815,7 @@ func TestRanksMatchOneDevice(t *testing.T) {
 					t.Fatal(err)
 				}
 				sameRanks(t, multi)
-				if back, _ := engine.HostModel(ctx, multi, nil); runmodel.Revision(back) != runmodel.Revision(mm) {
+				if back, _ := hostModel(ctx, multi); runmodel.Revision(back) != runmodel.Revision(mm) {
 					t.Errorf("Undo left %s, not %s", runmodel.Revision(back), runmodel.Revision(mm))
 				}
 				if placement == "shard" {
@@ -942,4 +942,15 @@ func oneSequence(t *testing.T, single, multi *eng, vocab, seqLen int) {
 	if worst, _, _ := compareGradients(t, multi, single); worst > 1e-5 {
 		t.Errorf("one sequence: a gradient tensor differs by %.3g of its norm", worst)
 	}
+}
+
+// hostModel is a model in this process holding e's current weights, read
+// from the engine a tensor at a time: what the tests compare with the Go
+// engine's model.
+func hostModel(ctx context.Context, e engine.Engine) (runmodel.Model, error) {
+	w, err := e.Weights()
+	if err != nil {
+		return nil, err
+	}
+	return runmodel.FromWeights(ctx, w, nil)
 }

@@ -124,11 +124,11 @@ func TestTorch2Trains(t *testing.T) {
 			if !(losses[rounds-1] < losses[0]) {
 				t.Errorf("the loss did not fall: %v", losses)
 			}
-			ma, err := engine.HostModel(ctx, a, nil)
+			ma, err := hostModel(ctx, a)
 			if err != nil {
 				t.Fatal(err)
 			}
-			mb, err := engine.HostModel(ctx, b, nil)
+			mb, err := hostModel(ctx, b)
 			if err != nil {
 				t.Fatal(err)
 			}

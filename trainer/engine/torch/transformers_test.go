@@ -61,7 +61,7 @@ func TestTransformersSeededInit(t *testing.T) {
 			var drawn runmodel.Model
 			for _, seed := range []uint64{7, 7, 8} {
 				e := openModel(t, op, transformersModel(t, path, seed))
-				m, err := engine.HostModel(ctx, e, nil)
+				m, err := hostModel(ctx, e)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -86,7 +86,7 @@ func TestTransformersSeededInit(t *testing.T) {
 			}
 			reopened := openModel(t, op, drawn)
 			weightsMatchModel(t, reopened)
-			again, err := engine.HostModel(ctx, reopened, nil)
+			again, err := hostModel(ctx, reopened)
 			if err != nil || runmodel.Revision(again) != hashes[2] {
 				t.Fatalf("reopened on its tensors: %v, hash %s, want %s", err, runmodel.Revision(again), hashes[2])
 			}

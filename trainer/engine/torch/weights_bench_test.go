@@ -11,6 +11,7 @@ import (
 	"github.com/psyche-go/psyche/trainer/llama"
 	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
+	"github.com/psyche-go/psyche/trainer/weights"
 )
 
 // BenchmarkSaveFromEngine: a checkpoint of a torch engine's model (a Llama
@@ -38,7 +39,7 @@ func BenchmarkSaveFromEngine(b *testing.B) {
 			if err != nil {
 				return err
 			}
-			return w.Save(ctx, dir, false, nil)
+			return runmodel.SaveWeights(ctx, w, dir, false, nil)
 		}},
 		{"copy", func(dir string) error {
 			m, err := e.(*eng).Model(ctx)
@@ -80,13 +81,13 @@ func BenchmarkOpenEngine(b *testing.B) {
 	m = nil
 	for _, path := range []struct {
 		name    string
-		weights func() (runmodel.Weights, error)
+		weights func() (weights.Weights, error)
 	}{
-		{"seed", func() (runmodel.Weights, error) { return runmodel.Seeded(cfg, 1) }},
-		{"host", func() (runmodel.Weights, error) {
+		{"seed", func() (weights.Weights, error) { return runmodel.Seeded(cfg, 1) }},
+		{"host", func() (weights.Weights, error) {
 			m, err := runmodel.New(cfg, 1, nil)
 			if err != nil {
-				return runmodel.Weights{}, err
+				return weights.Weights{}, err
 			}
 			return runmodel.HostWeights(m)
 		}},

@@ -39,7 +39,7 @@ func weightsMatchModel(t *testing.T, e engine.Engine) {
 	for _, hf := range []bool{false, true} {
 		dir := t.TempDir()
 		meta := map[string]string{"run": "r", "step": "2"}
-		if err := w.Save(ctx, filepath.Join(dir, "weights"), hf, meta); err != nil {
+		if err := runmodel.SaveWeights(ctx, w, filepath.Join(dir, "weights"), hf, meta); err != nil {
 			t.Fatalf("hf %v: saving the weights: %v", hf, err)
 		}
 		if err := runmodel.Save(ctx, m, filepath.Join(dir, "model"), hf, meta); err != nil {

@@ -54,7 +54,7 @@ func sliceBlobs(ts [][]float32) tensorBlobs {
 	}}
 }
 
-// readCtx is read with a context: the tensors as runmodel.Weights reads
+// readCtx is read with a context: the tensors as weights.Weights reads
 // them.
 func (t tensorBlobs) readCtx(_ context.Context, i, off int, dst []float32) error {
 	return t.read(i, off, dst)

@@ -596,3 +596,13 @@ func inductorCacheEnv() (string, bool) {
 	}
 	return "TORCHINDUCTOR_CACHE_DIR=" + filepath.Join(dir, "psyche", "torchinductor"), true
 }
+
+// alive reports whether the worker process has not exited.
+func (w *worker) alive() bool {
+	select {
+	case <-w.exited:
+		return false
+	default:
+		return true
+	}
+}

@@ -79,26 +79,34 @@ func TestTransformersHostModel(t *testing.T) {
 	}
 }
 
+// savedTwoTensors is a transformers model of two tensors, held out of
+// transformers' order, and the directory it was saved as.
+func savedTwoTensors(t *testing.T) (held *Transformers, dir string) {
+	t.Helper()
+	tf, err := NewTransformers([]byte(qwenJSON), 64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err = tf.WithTensors([]string{"z.weight", "a.weight"}, [][]int{{2, 2}, {3}}, [][]float32{{1, 2, 3, 4}, {5, 6, 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	if err := held.Save(t.Context(), dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	return held, dir
+}
+
 // TestTransformersDirectoryRoundTrip: a saved transformers model, named as
 // the run's source (file://dir, its hash the revision), loads with the same
 // hash, whatever order its tensors were held in, and InOrder puts them back
 // in transformers' order.
 func TestTransformersDirectoryRoundTrip(t *testing.T) {
-	tf, err := NewTransformers([]byte(qwenJSON), 64, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, shapes := []string{"z.weight", "a.weight"}, [][]int{{2, 2}, {3}}
-	held, err := tf.WithTensors(names, shapes, [][]float32{{1, 2, 3, 4}, {5, 6, 7}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := held.Save(t.Context(), dir, nil); err != nil {
-		t.Fatal(err)
-	}
+	held, dir := savedTwoTensors(t)
+	names, shapes := held.Names(), held.Shapes()
 	m := &coordinator.Model{}
-	modelspec.SetTransformers(m, tf.Config)
+	modelspec.SetTransformers(m, held.Config)
 	_ = coordinator.SetFixedString(m.Checkpoint.Source.URL[:], "file://"+dir)
 	_ = coordinator.SetFixedString(m.Checkpoint.Source.Revision[:], Revision(held))
 	loaded, err := LoadRunTransformers(m)
@@ -136,19 +144,8 @@ func TestTransformersDirectoryRoundTrip(t *testing.T) {
 // weights file's header; a directory of shards or without weights is
 // refused saying what psyche reads.
 func TestCheckTransformersDir(t *testing.T) {
-	tf, err := NewTransformers([]byte(qwenJSON), 64, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, shapes := []string{"z.weight", "a.weight"}, [][]int{{2, 2}, {3}}
-	held, err := tf.WithTensors(names, shapes, [][]float32{{1, 2, 3, 4}, {5, 6, 7}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := held.Save(t.Context(), dir, nil); err != nil {
-		t.Fatal(err)
-	}
+	held, dir := savedTwoTensors(t)
+	names, shapes := held.Names(), held.Shapes()
 	if err := CheckTransformersDir(dir, names, shapes); err != nil {
 		t.Fatal(err)
 	}

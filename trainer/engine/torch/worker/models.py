@@ -27,7 +27,7 @@ one attention op.
 """
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -88,22 +88,40 @@ class Model(torch.nn.Module):
         stacked = set(self.layer_index)
         return [i for i in range(len(self.tensors)) if i not in stacked]
 
+    # Whether the head is the token embeddings (rest[0]) itself.
+    tied_head = False
+
     def logits(self, inputs: torch.Tensor, amp_dtype: Optional[torch.dtype]) -> torch.Tensor:
         """The head's output for inputs [b, t]: [b*t, vocab], float32 or
         amp_dtype (call inside autocast when amp_dtype is set)."""
         rest = [self.tensors[i] for i in self.rest_index]
-        stacked = [layer_views(self.tensors[i], amp_dtype if cast else None)
-                   for i, cast in zip(self.layer_index, self.layer_cast)]
-        x, extra = self.embed_tokens(inputs, rest)
+        head_rest, lookup = rest, F.embedding
+        if amp_dtype is None and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            # A float32 pass with a backward to come, eager: each gradient
+            # goes into the parameter's .grad as soon as autograd has it
+            # (layer_leaves, TiedGrad), rather than whole at the end of the
+            # backward beside its parts. torch.compile and autocast keep
+            # autograd's own way (the graph's backward, the cast stacks).
+            stacked = [layer_leaves(self.tensors[i]) for i in self.layer_index]
+            if self.tied_head:
+                tied = TiedGrad(rest[0])
+                head_rest, lookup = [tied.head_leaf()] + rest[1:], tied.lookup
+        else:
+            stacked = [layer_views(self.tensors[i], amp_dtype if cast else None)
+                       for i, cast in zip(self.layer_index, self.layer_cast)]
+        x, extra = self.embed_tokens(inputs, rest, lookup)
         for l in range(self.layers):
             x = self.block(x, [s[l] for s in stacked], extra)
-        return self.head(x, rest)
+        return self.head(x, head_rest)
 
-    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, object]:
+    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor],
+                     lookup: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.embedding
+                     ) -> Tuple[torch.Tensor, object]:
         """The residual stream [b, t, C] before the first block, and what
         every block needs besides its own tensors (Llama: the rotary
-        tables). GPT and Llama define it, block and head; this base class
-        is never built on its own."""
+        tables); lookup(inputs, weight) is the token embeddings' (the
+        tensor rest[0]). GPT and Llama define it, block and head; this base
+        class is never built on its own."""
         raise TypeError("%s is not a model psyche builds (GPT or Llama)" % type(self).__name__)
 
     def block(self, x: torch.Tensor, ps: Sequence[torch.Tensor], extra: object) -> torch.Tensor:
@@ -181,6 +199,113 @@ def layer_views(p: torch.Tensor, dtype: Optional[torch.dtype]) -> Tuple[torch.Te
     return p.unbind(0)
 
 
+def layer_leaves(p: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """The layers of a stacked [L, ...] parameter as leaves of their own
+    (views of p, the same memory) whose gradient is copied into its layer
+    of p.grad as soon as autograd has it, and let go.
+
+    unbind's backward (layer_views) waits for every layer's gradient and
+    stacks them into a new tensor: for that moment the tensor's gradient
+    is held twice (at Qwen2.5-0.5B's shape the MLP's gate|up, 0.78 GiB,
+    at the backward's peak). Here it is held once, and a layer's more.
+    The bits are unbind's: each layer's gradient copied, and a layer no
+    gradient reached zero. p.grad, when the pass starts with one, is added
+    to (as autograd would)."""
+    add = p.grad is not None
+    base = p.detach()
+
+    def keep(l: int, leaf: torch.Tensor) -> None:
+        with torch.no_grad():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if add:
+                p.grad[l].add_(leaf.grad)
+            else:
+                p.grad[l].copy_(leaf.grad)
+        leaf.grad = None
+
+    leaves = []
+    for l in range(p.shape[0]):
+        leaf = base[l].requires_grad_()
+        leaf.register_post_accumulate_grad_hook(lambda leaf, l=l: keep(l, leaf))
+        leaves.append(leaf)
+    return tuple(leaves)
+
+
+class TiedGrad:
+    """The gradient of token embeddings that are also the head, from its
+    two uses, summed into p.grad without a dense gradient of the lookup.
+
+    Autograd would give the lookup a gradient of the embeddings' whole
+    size, zero but for the rows of the tokens seen, and sum it with the
+    head's: two such tensors at once (at Qwen2.5-0.5B's shape 0.54 GiB
+    each). Here the lookup's backward computes the seen rows alone and
+    adds them to the head's gradient in place. The bits are autograd's:
+    each row of the lookup sums its tokens' gradients in their order
+    (embedding's own backward, over the distinct tokens), and the head's
+    gradient g becomes g + e, e being +0 off the seen rows (which turns a
+    -0 there into +0)."""
+
+    def __init__(self, p: torch.Tensor) -> None:
+        self.p = p
+        self.add = p.grad is not None
+        self.head: Optional[torch.Tensor] = None  # the head's gradient, once autograd has it
+        self.rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # the lookup's: tokens, their rows
+
+    def head_leaf(self) -> torch.Tensor:
+        """The embeddings as the head uses them (a leaf viewing p)."""
+        leaf = self.p.detach().requires_grad_()
+        leaf.register_post_accumulate_grad_hook(self._took_head)
+        return leaf
+
+    def lookup(self, inputs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _TiedLookup.apply(weight.detach().requires_grad_(), inputs, self)
+
+    def _took_head(self, leaf: torch.Tensor) -> None:
+        self.head, leaf.grad = leaf.grad, None
+        self._sum()
+
+    def took_rows(self, tokens: torch.Tensor, rows: torch.Tensor) -> None:
+        self.rows = (tokens, rows)
+        self._sum()
+
+    def _sum(self) -> None:
+        if self.head is None or self.rows is None:
+            return
+        g, (tokens, rows) = self.head, self.rows
+        self.head = self.rows = None
+        with torch.no_grad():
+            seen = g.index_select(0, tokens).add_(rows)
+            g.add_(0.0)  # g + e off the seen rows: -0 + 0 is +0
+            g.index_copy_(0, tokens, seen)
+            if not self.add:
+                self.p.grad = g
+            else:
+                self.p.grad.add_(g)
+
+
+class _TiedLookup(torch.autograd.Function):
+    """F.embedding whose backward hands TiedGrad the gradient's rows of the
+    tokens seen, and autograd nothing."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, inputs: torch.Tensor, tied: TiedGrad) -> torch.Tensor:
+        ctx.save_for_backward(inputs)
+        ctx.tied = tied
+        return F.embedding(inputs, weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (inputs,) = ctx.saved_tensors
+        tokens, at = torch.unique(inputs, return_inverse=True)
+        # Embedding's backward as autograd runs it (no padding index, no
+        # scaling by frequency), over the distinct tokens in place of the
+        # vocabulary: each row sums its tokens' gradients in their order.
+        rows = torch.ops.aten.embedding_dense_backward(grad, at, tokens.numel(), -1, False)
+        ctx.tied.took_rows(tokens, rows)
+        return None, None, None
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(d) + causal mask) v for q [b, heads, t, d] and k,
     v [b, kv_heads, t, d], query head h reading key/value head h // (heads /
@@ -190,6 +315,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 class GPT(Model):
     arch = "gpt"
+    tied_head = True  # the head is wte
 
     def __init__(self, cfg: Dict, device: torch.device):
         super().__init__()
@@ -227,14 +353,16 @@ class GPT(Model):
     layer_index = list(range(2, 14))
     layer_cast = [False, False, True, True, True, True, False, False, True, True, True, True]
 
-    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, object]:
+    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor],
+                     lookup: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.embedding
+                     ) -> Tuple[torch.Tensor, object]:
         t = inputs.shape[1]
         if t > self.context:
             raise ValueError("gpt: %d tokens exceed the context of %d" % (t, self.context))
         wte, wpe = rest[0], rest[1]
         # The residual stream is float32 throughout (float32 + amp_dtype
         # promotes), as Go keeps it.
-        return F.embedding(inputs, wte) + wpe[:t], None
+        return lookup(inputs, wte) + wpe[:t], None
 
     def block(self, x: torch.Tensor, ps: Sequence[torch.Tensor], extra: object) -> torch.Tensor:
         b, t, C = x.shape
@@ -345,11 +473,13 @@ class Llama(Model):
         cos, sin = rope_tables(self.context, self.head_dim, self.rope_theta)
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
-    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, object]:
+    def embed_tokens(self, inputs: torch.Tensor, rest: Sequence[torch.Tensor],
+                     lookup: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.embedding
+                     ) -> Tuple[torch.Tensor, object]:
         t = inputs.shape[1]
         if t > self.context:
             raise ValueError("llama: %d tokens exceed the context of %d" % (t, self.context))
-        return F.embedding(inputs, rest[0]), (self.rope_cos[:t], self.rope_sin[:t])
+        return lookup(inputs, rest[0]), (self.rope_cos[:t], self.rope_sin[:t])
 
     def block(self, x: torch.Tensor, ps: Sequence[torch.Tensor], extra: object) -> torch.Tensor:
         b, t, C = x.shape

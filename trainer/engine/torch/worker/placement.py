@@ -80,8 +80,12 @@ class Single:
         if blobs is None:
             return
         with torch.no_grad():
-            for p, b in zip(tensors, blobs):
-                p.copy_(from_f32(b, p.shape))
+            for i, p in enumerate(tensors):
+                p.copy_(from_f32(blobs[i], p.shape))
+                # Each blob let go once copied (the request's list is the
+                # only other holder): the weights are not held twice while
+                # the rest load and DisTrO's state is made.
+                blobs[i] = b""
 
     def optimizer(self, layouts: List[Dict], opts: Dict) -> distro.DeMo:
         return distro.DeMo(layouts, opts, self.device)

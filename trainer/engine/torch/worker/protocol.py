@@ -117,17 +117,23 @@ class Refused(Exception):
         self.kind = Kind(kind)
 
 
-def read_exact(f: BinaryIO, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = f.read(n - len(buf))
-        if not chunk:
+def read_exact(f: BinaryIO, n: int) -> bytearray:
+    """n bytes of f, read into one buffer (a blob may be a tensor of
+    hundreds of MiB: read in pieces and joined, it would be held two or
+    three times over for a moment). Writable, so that a tensor can be made
+    on it without a copy (tensors.from_f32)."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
             raise EOFError
-        buf += chunk
-    return bytes(buf)
+        got += k
+    return buf
 
 
-def read_message(f: BinaryIO) -> Tuple[Optional[dict], List[bytes]]:
+def read_message(f: BinaryIO) -> Tuple[Optional[dict], List[bytearray]]:
     """One message; (None, []) when the other end closed between messages."""
     head = f.read(4)
     if not head:

@@ -2,7 +2,8 @@
 the worker needs and none of them owns. Blobs are little-endian: tokens and
 indices uint32, values and losses float32 (protocol.py)."""
 
-from typing import List, Sequence
+import sys
+from typing import List, Sequence, Union
 
 import numpy as np
 import torch
@@ -10,8 +11,15 @@ import torch
 from protocol import Kind, Refused
 
 
-def f32_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+def f32_bytes(t: torch.Tensor) -> Union[bytes, memoryview]:
+    """t's values as little-endian float32 bytes, for an answer. A float32
+    tensor in CPU memory, contiguous, is answered from its own memory (no
+    copy: a parameter read whole would otherwise be held twice while it is
+    written); the answer is written before anything changes it."""
+    t = t.detach()
+    if t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() and sys.byteorder == "little":
+        return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
 
 
 def u32_bytes(t: torch.Tensor) -> bytes:
@@ -20,9 +28,14 @@ def u32_bytes(t: torch.Tensor) -> bytes:
     return t.detach().to("cpu", torch.int32).contiguous().numpy().astype("<i4", copy=False).tobytes()
 
 
-def from_f32(b: bytes, shape: Sequence[int]) -> torch.Tensor:
-    """A float32 tensor of shape holding blob b (on the CPU)."""
-    return torch.from_numpy(np.frombuffer(b, dtype="<f4").astype(np.float32)).view(*shape)
+def from_f32(b: Union[bytes, bytearray], shape: Sequence[int]) -> torch.Tensor:
+    """A float32 tensor of shape holding blob b (on the CPU): b's own
+    memory when it is writable (a bytearray, as protocol.read_message
+    reads them) and little-endian, else a copy."""
+    a = np.frombuffer(b, dtype="<f4").astype(np.float32, copy=False)
+    if not a.flags.writeable:
+        a = a.copy()
+    return torch.from_numpy(a).view(*shape)
 
 
 def from_u32(b: bytes) -> torch.Tensor:

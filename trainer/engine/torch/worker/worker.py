@@ -130,6 +130,10 @@ def main() -> int:
                 traceback.print_exc()
                 ans, out = protocol.failure(Kind.INTERNAL, "%s: %s" % (type(exc).__name__, exc)), []
         answers.write(ans, out)
+        # Let go of the request's blobs and the answer's before waiting for
+        # the next request, which may be long in coming: an open's weights
+        # or a tensor read whole would otherwise stay in memory until then.
+        h = blobs = ans = out = None
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import hashlib
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -39,6 +38,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "..", "trainer", "engine", "torch", "worker")
+sys.path.insert(0, WORKER)
+import protocol  # noqa: E402  the framing psyche and the worker speak, from this tree
 
 SHAPES = {
     "qwen2.5-0.5b": dict(vocab=151936, context=128, width=896, layers=24, heads=14, kv_heads=2,
@@ -112,32 +113,17 @@ class Worker:
         with open("/proc/%d/clear_refs" % self.p.pid, "w") as f:
             f.write("5")
 
-    def send(self, h, blobs=(), sizes=None):
-        """A request; blobs may be an iterable made as it is written (sizes then gives their lengths)."""
-        h = dict(h)
-        if sizes is None:
-            blobs = list(blobs)
-            sizes = [len(b) for b in blobs]
-        h["blobs"] = list(sizes)
-        js = json.dumps(h).encode()
-        self.wr.write(struct.pack("<I", len(js)) + js)
-        for b in blobs:
-            self.wr.write(b)
-        self.wr.flush()
+    def send(self, h, blobs=()):
+        """A request, framed as psyche frames it (the worker's protocol.py)."""
+        protocol.write_message(self.wr, h, blobs)
 
     def answer(self):
-        (n,) = struct.unpack("<I", self.read(4))
-        h = json.loads(self.read(n))
-        blobs = [self.read(int(k)) for k in h.get("blobs", [])]
+        h, blobs = protocol.read_message(self.rd)
+        if h is None:
+            raise EOFError("the worker closed its answers")
         if not h.get("ok"):
             raise RuntimeError("worker: %s: %s" % (h.get("kind"), h.get("error")))
         return h, blobs
-
-    def read(self, n):
-        b = self.rd.read(n)
-        if len(b) != n:
-            raise EOFError("the worker closed its answers")
-        return b
 
     def close(self):
         self.wr.close()
@@ -166,11 +152,11 @@ def main():
 
     w = Worker(a.python, os.path.join(os.path.abspath(a.worker), "worker.py"))
 
-    def phase(name, h, blobs=(), sizes=None):
+    def phase(name, h, blobs=()):
         w.reset_peak()
         _, before = w.status()
         t0 = time.monotonic()
-        w.send(h, blobs, sizes)
+        w.send(h, blobs)
         ans = w.answer()
         secs = time.monotonic() - t0
         peak, rss = w.status()
@@ -187,8 +173,9 @@ def main():
         rng = np.random.default_rng(1)
 
         def weights():
-            # Drawn one tensor at a time, as it is written: this process
-            # never holds the model.
+            # Drawn in float32 a tensor at a time (this process holds the
+            # model's bytes once, as psyche's open request does not: what
+            # is measured is the worker).
             for name, s in specs:
                 if "norm" in name:
                     yield np.ones(math.prod(s), dtype="<f4").tobytes()
@@ -198,7 +185,7 @@ def main():
                   "distro": {"decay": 0.97, "weight_decay": 0.0, "clip": 1.0, "quantize": True,
                              "normalize_rms": False, "max_value": float(2 ** 40)},
                   "precision": "fp32", "compile": False}
-        phase("open", opened, weights(), [4 * math.prod(s) for s in shapes])
+        phase("open", opened, list(weights()))
 
         batches = np.random.default_rng(7)
         losses = []

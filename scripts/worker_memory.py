@@ -20,7 +20,9 @@ versions of the worker show whether they computed the same bits.
 The default shape is Qwen2.5-0.5B's (vocab 151936, width 896, 24 layers, 14
 heads, 2 key/value heads, MLP 4864, the head tied to the embeddings) at a
 context of 128, one sequence of 128 tokens a step, fp32, DisTrO as
-scripts/big-run trains it (chunk 64, top-k 12, decay 0.97, 1-bit, clip 1).
+scripts/big-run trains it (chunk 64, top-k 12, decay 0.97, 1-bit, clip 1,
+and a run's default normalization, RMS: DisTrO keeps a running mean square
+of every coefficient beside the momentum, another 4 bytes a parameter).
 The weights are drawn here (normal, 0.02; the norms 1) and sent once.
 """
 
@@ -183,7 +185,7 @@ def main():
                     yield (rng.standard_normal(math.prod(s), dtype=np.float32) * np.float32(0.02)).astype("<f4").tobytes()
         opened = {"op": "open", "arch": "llama", "config": cfg, "seed": None, "layouts": layouts, "shapes": shapes,
                   "distro": {"decay": 0.97, "weight_decay": 0.0, "clip": 1.0, "quantize": True,
-                             "normalize_rms": False, "max_value": float(2 ** 40)},
+                             "normalize_rms": True, "max_value": float(2 ** 40)},
                   "precision": "fp32", "compile": False}
         phase("open", opened, list(weights()))
 
@@ -219,7 +221,7 @@ def main():
         w.close()
 
     most = max(figures, key=lambda f: f["peak"])
-    print("largest peak %.2f GiB (%s); parameters %d (%.2f GiB each of weights, gradient, momentum); losses %s"
+    print("largest peak %.2f GiB (%s); parameters %d (%.2f GiB each of weights, gradient, momentum, mean squares); losses %s"
           % (most["peak"] / gib, most["phase"], params, 4 * params / gib, " ".join("%.6f" % x for x in losses)), flush=True)
     digests["losses"] = losses
     print(json.dumps({"label": a.label, "shape": a.shape, "params": params, "peak": most["peak"],

@@ -247,7 +247,6 @@ func TestSeededHash(t *testing.T) {
 // momentum computed exactly (exactMomentum), and both engines' values must
 // lie within that bound of it.
 func TestFrameParity(t *testing.T) {
-	ctx := context.Background()
 	goOp, torchOp := openers(t)
 	for _, pm := range parityModels {
 		for _, quantize := range []bool{true, false} {
@@ -255,37 +254,63 @@ func TestFrameParity(t *testing.T) {
 				name := fmt.Sprintf("%s 1-bit=%v rms=%v", pm.name, quantize, norm)
 				o := runOptions(quantize)
 				o.NormalizeRMS = norm
-				g := open(t, goOp, pm.cfg, 3, o)
-				tt := open(t, torchOp, pm.cfg, 3, o)
-				gm, _ := hostModel(ctx, g)
-				exact := newExactMomentum(planOf(t, g, o).Layouts(), o)
-				r := rand.New(rand.NewPCG(5, 6))
-				var sum choiceCount
-				for step := range 4 {
-					if _, err := g.Gradient(ctx, randomBatch(r, vocabOf(pm.cfg), 2, pm.cfg.Context())); err != nil {
-						t.Fatal(err)
-					}
-					grads := gm.GradTensors()
-					if err := tt.(*eng).SetGradients(ctx, grads); err != nil {
-						t.Fatal(err)
-					}
-					lr := float32(0.01) * float32(step+1)
-					gf, err := g.Step(ctx, lr)
-					if err != nil {
-						t.Fatal(err)
-					}
-					tf, err := tt.Step(ctx, lr)
-					if err != nil {
-						t.Fatal(err)
-					}
-					exact.step(grads, lr)
-					sum.add(exact.compare(gf, tf))
-				}
-				t.Logf("%s: %v", name, sum)
-				reportBad(t, name, sum.bad)
+				frameParity(t, name, goOp, torchOp, pm.cfg, o, 4)
 			}
 		}
 	}
+}
+
+// TestFrameParityAcrossChunks is TestFrameParity on a model whose embedding
+// and head the worker's DisTrO takes in two pieces each on a CPU (a piece is
+// 2^20 coefficients there: 128 of their 256 rows of 16×16 tiles), as it takes
+// every large tensor of a real model: a tile's coefficients, and so the
+// frame, must not depend on which piece the tile fell in, nor the RMS
+// normalization's running state.
+func TestFrameParityAcrossChunks(t *testing.T) {
+	goOp, torchOp := openers(t)
+	o := runOptions(false)
+	o.NormalizeRMS = true
+	frameParity(t, "llama-wide rms", goOp, torchOp, wideModel, o, 2)
+}
+
+// wideModel's embedding and head are 4096×512: two of the worker's pieces
+// each on a CPU.
+var wideModel = modelspec.Config{Arch: coordinator.ArchLlama, Llama: llama.Config{Vocab: 4096, Context: 8, Width: 512,
+	Layers: 1, Heads: 4, KVHeads: 2, Intermediate: 128, RopeTheta: 10000}}
+
+// frameParity steps a Go and a torch engine of cfg on the same gradients
+// and fails on any tile whose frames differ beyond what rounding allows.
+func frameParity(t *testing.T, name string, goOp, torchOp engine.Opener, cfg modelspec.Config, o distro.Options, steps int) {
+	t.Helper()
+	ctx := context.Background()
+	g := open(t, goOp, cfg, 3, o)
+	tt := open(t, torchOp, cfg, 3, o)
+	gm, _ := hostModel(ctx, g)
+	exact := newExactMomentum(planOf(t, g, o).Layouts(), o)
+	r := rand.New(rand.NewPCG(5, 6))
+	var sum choiceCount
+	for step := range steps {
+		if _, err := g.Gradient(ctx, randomBatch(r, vocabOf(cfg), 2, cfg.Context())); err != nil {
+			t.Fatal(err)
+		}
+		grads := gm.GradTensors()
+		if err := tt.(*eng).SetGradients(ctx, grads); err != nil {
+			t.Fatal(err)
+		}
+		lr := float32(0.01) * float32(step+1)
+		gf, err := g.Step(ctx, lr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tf, err := tt.Step(ctx, lr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exact.step(grads, lr)
+		sum.add(exact.compare(gf, tf))
+	}
+	t.Logf("%s: %v", name, sum)
+	reportBad(t, name, sum.bad)
 }
 
 // frames makes n frames of distinct gradients with the Go engine.
@@ -322,50 +347,65 @@ func framesOf(t *testing.T, op engine.Opener, model func(seed uint64) runmodel.M
 // the other engine's does not: such elements are counted, and every other
 // element is equal to the float32 rounding of the update.
 func TestApplyParity(t *testing.T) {
-	ctx := context.Background()
 	goOp, torchOp := openers(t)
 	for _, pm := range parityModels {
 		for _, quantize := range []bool{true, false} {
-			o := runOptions(quantize)
-			fs := frames(t, pm.cfg, o, 4)
-			g := open(t, goOp, pm.cfg, 3, o)
-			tt := open(t, torchOp, pm.cfg, 3, o)
-			const lr = 0.01
-			plan := planOf(t, g, o)
-			comb := combine(t, plan, fs)
-			for _, e := range []engine.Engine{g, tt} {
-				if err := e.Apply(ctx, comb, lr); err != nil {
-					t.Fatal(err)
-				}
-			}
-			value, scale := decodedF64(plan, comb)
-			gm, _ := hostModel(ctx, g)
-			tm, err := hostModel(ctx, tt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			total, flipped, worst := 0, 0, 0.0
-			for i, want := range gm.Tensors() {
-				got := tm.Tensors()[i]
-				for j := range want {
-					total++
-					d := math.Abs(float64(got[j] - want[j]))
-					if d > lr/2 {
-						if rel := math.Abs(value[i][j]) / scale[i][j]; !(rel <= nearZero) {
-							t.Errorf("%s 1-bit=%v: tensor %d [%d] is %g on torch, %g on go, where the aggregate decodes to %.6g (%.2g of its terms' magnitudes: not rounding)",
-								pm.name, quantize, i, j, got[j], want[j], value[i][j], rel)
-						}
-						flipped++
-						continue
-					}
-					worst = max(worst, d/max(math.Abs(float64(want[j])), 1e-3))
-				}
-			}
-			t.Logf("%s 1-bit=%v: %d of %d parameters took another sign (decoded within rounding of zero); the rest within %.2g relative", pm.name, quantize, flipped, total, worst)
-			if worst > 1e-6 {
-				t.Errorf("%s: a parameter differs by %.2g relative", pm.name, worst)
-			}
+			applyParity(t, fmt.Sprintf("%s 1-bit=%v", pm.name, quantize), goOp, torchOp, pm.cfg, runOptions(quantize))
 		}
+	}
+}
+
+// TestApplyParityAcrossChunks is TestApplyParity on wideModel, whose
+// embedding and head the worker decodes in two pieces each: a round's
+// entries are split between the pieces by tile, and no tile's update may
+// depend on the split.
+func TestApplyParityAcrossChunks(t *testing.T) {
+	goOp, torchOp := openers(t)
+	applyParity(t, "llama-wide", goOp, torchOp, wideModel, runOptions(false))
+}
+
+// applyParity applies the same round of four frames with a Go and a torch
+// engine of cfg and compares the weights.
+func applyParity(t *testing.T, name string, goOp, torchOp engine.Opener, cfg modelspec.Config, o distro.Options) {
+	t.Helper()
+	ctx := context.Background()
+	fs := frames(t, cfg, o, 4)
+	g := open(t, goOp, cfg, 3, o)
+	tt := open(t, torchOp, cfg, 3, o)
+	const lr = 0.01
+	plan := planOf(t, g, o)
+	comb := combine(t, plan, fs)
+	for _, e := range []engine.Engine{g, tt} {
+		if err := e.Apply(ctx, comb, lr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	value, scale := decodedF64(plan, comb)
+	gm, _ := hostModel(ctx, g)
+	tm, err := hostModel(ctx, tt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total, flipped, worst := 0, 0, 0.0
+	for i, want := range gm.Tensors() {
+		got := tm.Tensors()[i]
+		for j := range want {
+			total++
+			d := math.Abs(float64(got[j] - want[j]))
+			if d > lr/2 {
+				if rel := math.Abs(value[i][j]) / scale[i][j]; !(rel <= nearZero) {
+					t.Errorf("%s: tensor %d [%d] is %g on torch, %g on go, where the aggregate decodes to %.6g (%.2g of its terms' magnitudes: not rounding)",
+						name, i, j, got[j], want[j], value[i][j], rel)
+				}
+				flipped++
+				continue
+			}
+			worst = max(worst, d/max(math.Abs(float64(want[j])), 1e-3))
+		}
+	}
+	t.Logf("%s: %d of %d parameters took another sign (decoded within rounding of zero); the rest within %.2g relative", name, flipped, total, worst)
+	if worst > 1e-6 {
+		t.Errorf("%s: a parameter differs by %.2g relative", name, worst)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"github.com/psyche-go/psyche/trainer/gpt"
 	"github.com/psyche-go/psyche/trainer/llama"
+	"github.com/psyche-go/psyche/trainer/modelspec"
 	"github.com/psyche-go/psyche/trainer/runmodel"
 	"github.com/urfave/cli/v2"
 )
@@ -60,6 +61,6 @@ func export(c *cli.Context) error {
 		return err
 	}
 	fmt.Fprintf(c.App.Writer, "wrote %s (%s, %d parameters, hash %s): config.json and model.safetensors\n",
-		out, archName(cfg.Arch), m.NumParams(), runmodel.Revision(m))
+		out, modelspec.ArchTitle(cfg.Arch), m.NumParams(), runmodel.Revision(m))
 	return nil
 }

@@ -241,7 +241,7 @@ func localnet(c *cli.Context) (err error) {
 		return err
 	}
 	fmt.Fprintf(out, "localnet: run %s, %d trainers, %d-parameter %s, %d sequences per trainer per round, %s, files in %s\n",
-		runID, n, files.Initial.NumParams(), archName(model.Architecture), perTrainer, lb.where, dir)
+		runID, n, files.Initial.NumParams(), modelspec.ArchTitle(model.Architecture), perTrainer, lb.where, dir)
 	if err := startLocalExplorer(runCtx, c.String("explorer-addr"), out, log, lb, runID, epochs, files); err != nil {
 		return err
 	}

@@ -391,19 +391,6 @@ func diffWeights(a, b runmodel.Model) weightsDiff {
 	return d
 }
 
-// archName names an architecture as run files do.
-func archName(a coordinator.Architecture) string {
-	switch a {
-	case coordinator.ArchGPT:
-		return "GPT"
-	case coordinator.ArchLlama:
-		return "Llama"
-	case coordinator.ArchTransformers:
-		return "transformers"
-	}
-	return fmt.Sprintf("architecture %d", a)
-}
-
 // dropLast runs the last trainer until the run reaches step at (0: to the
 // end), then stops it as a machine that fails would stop: its node and its
 // libp2p host end, and the others' witnesses report it missing. Its result

@@ -228,8 +228,11 @@ func loadRunFile(path string) (*coordinator.Update, error) {
 			sort.Strings(names)
 			errs = append(errs, fmt.Errorf("%s = %q: want one of %s", name, value, strings.Join(names, ", ")))
 		}
-		choose("model.architecture", m.Architecture, map[string]uint8{"gpt": uint8(coordinator.ArchGPT),
-			"llama": uint8(coordinator.ArchLlama), "transformers": uint8(coordinator.ArchTransformers)}, (*uint8)(&cm.Architecture))
+		archs := map[string]uint8{}
+		for a := coordinator.ArchGPT; a <= coordinator.ArchTransformers; a++ {
+			archs[modelspec.ArchName(a)] = uint8(a)
+		}
+		choose("model.architecture", m.Architecture, archs, (*uint8)(&cm.Architecture))
 		choose("model.checkpoint.kind", m.Checkpoint.Kind, map[string]uint8{"hub": uint8(coordinator.CheckpointHub),
 			"p2p": uint8(coordinator.CheckpointP2P), "ephemeral": uint8(coordinator.CheckpointEphemeral)}, (*uint8)(&cm.Checkpoint.Kind))
 		choose("model.lr.schedule", m.LR.Schedule, map[string]uint8{"constant": uint8(coordinator.LRConstant),

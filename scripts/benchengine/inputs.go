@@ -123,7 +123,7 @@ func writeSpec(s *settings, specPath, weightsPath string) error {
 		}
 		o := s.opts
 		spec := map[string]any{
-			"shape": s.shape, "arch": archName(s.cfg), "config": config, "shapes": shapes, "layouts": layouts,
+			"shape": s.shape, "arch": modelspec.ArchName(s.cfg.Arch), "config": config, "shapes": shapes, "layouts": layouts,
 			"params": params, "flops_per_token": flops,
 			"distro": map[string]any{"decay": o.Decay, "weight_decay": o.WeightDecay, "clip": o.ClipGradNorm,
 				"quantize": o.Quantize1Bit, "normalize_rms": o.NormalizeRMS, "max_value": distro.MaxValue},

@@ -378,16 +378,6 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "benchengine: "+format+"\n", args...)
 }
 
-func archName(c modelspec.Config) string {
-	switch c.Arch {
-	case coordinator.ArchLlama:
-		return "llama"
-	case coordinator.ArchTransformers:
-		return "transformers"
-	}
-	return "gpt"
-}
-
 func vocab(c modelspec.Config) int {
 	switch c.Arch {
 	case coordinator.ArchLlama:
@@ -412,7 +402,7 @@ func newResult(s *settings, eng, mode string) result {
 	} else {
 		flops = flopsPerToken(s.cfg, s.seq)
 	}
-	return result{Engine: eng, Mode: mode, Shape: s.shape, Arch: archName(s.cfg), Params: params, Seq: s.seq,
+	return result{Engine: eng, Mode: mode, Shape: s.shape, Arch: modelspec.ArchName(s.cfg.Arch), Params: params, Seq: s.seq,
 		Rounds: s.rounds, Peers: s.peers, Precision: s.prec, Device: s.device, Threads: s.threads,
 		FLOPsPerToken: flops, SameWeights: true}
 }

@@ -99,7 +99,7 @@ func (e *eng) explain(err error, req request) error {
 	if !errors.As(err, &we) || we.kind != kindOOM {
 		return err
 	}
-	what := fmt.Sprintf("the %s of %d parameters", archName(e.cfg.Arch), e.params)
+	what := fmt.Sprintf("the %s model of %d parameters", modelspec.ArchTitle(e.cfg.Arch), e.params)
 	if b, ok := req.(*batchRequest); ok {
 		what += fmt.Sprintf(" at a batch of %d×%d tokens", b.B, b.T)
 	}
@@ -114,16 +114,6 @@ func firstLine(s string) string {
 	return s
 }
 
-func archName(a coordinator.Architecture) string {
-	switch a {
-	case coordinator.ArchLlama:
-		return "Llama"
-	case coordinator.ArchTransformers:
-		return "transformers model"
-	}
-	return "GPT"
-}
-
 // ModelConfig is one of psyche's own models (GPT or Llama) as the worker's
 // models.build reads it: its architecture's name and its shape, every value
 // given (the norms' ε too: the worker fills in no default of its own).
@@ -131,12 +121,12 @@ func archName(a coordinator.Architecture) string {
 func ModelConfig(c modelspec.Config) (arch string, config map[string]any) {
 	if c.Arch == coordinator.ArchLlama {
 		l := c.Llama
-		return "llama", map[string]any{"vocab": l.Vocab, "context": l.Context, "width": l.Width, "layers": l.Layers,
+		return modelspec.ArchName(coordinator.ArchLlama), map[string]any{"vocab": l.Vocab, "context": l.Context, "width": l.Width, "layers": l.Layers,
 			"heads": l.Heads, "kv_heads": l.KVHeads, "intermediate": l.Intermediate, "rope_theta": l.RopeTheta,
 			"tied_head": l.TiedHead, "norm_eps": l.Eps()}
 	}
 	g := c.GPT
-	return "gpt", map[string]any{"vocab": g.Vocab, "context": g.Context, "width": g.Width, "layers": g.Layers, "heads": g.Heads,
+	return modelspec.ArchName(coordinator.ArchGPT), map[string]any{"vocab": g.Vocab, "context": g.Context, "width": g.Width, "layers": g.Layers, "heads": g.Heads,
 		"norm_eps": kernels.LayerNormEps}
 }
 
@@ -148,7 +138,7 @@ func (e *eng) open(ctx context.Context, src weights.Weights, o distro.Options) (
 	}
 	var seed *uint64
 	if e.cfg.Arch == coordinator.ArchTransformers {
-		arch, mc = "transformers", transformersConfig(e.cfg.Transformers, e.json)
+		arch, mc = modelspec.ArchName(coordinator.ArchTransformers), transformersConfig(e.cfg.Transformers, e.json)
 		if !src.Drawn() {
 			seed = &e.seed
 		}

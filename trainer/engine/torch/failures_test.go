@@ -182,7 +182,7 @@ func TestOutOfMemory(t *testing.T) {
 	e := open(t, op, cfg, 1, runOptions(true))
 	r := rand.New(rand.NewPCG(1, 1))
 	_, err = e.Gradient(ctx, randomBatch(r, 4096, 1024, 512))
-	want := "out of memory on cpu for the GPT of"
+	want := "out of memory on cpu for the GPT model of"
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "1024×512 tokens") {
 		t.Fatalf("a batch too large: %v, want %q naming the batch", err, want)
 	}

@@ -45,7 +45,7 @@ NORM_FLOOR = 0.1
 # float32), and a sixteenth of that on CPU: there a chunk's temporaries (the
 # RMS normalization's are float64, 8 bytes a coefficient, several at once)
 # stay a few MiB each, which the C allocator reuses instead of keeping them
-# resident beside the model, and stay in cache. (A 0.5B step's peak was 0.3-0.45
+# resident beside the model, and stay in cache. (A 0.5B step's peak was 0.2-0.45
 # GiB above its start at a quarter, nothing at a sixteenth, and no slower.)
 CHUNK_ELEMS = 1 << 24
 CPU_CHUNK_ELEMS = 1 << 20
